@@ -1,0 +1,16 @@
+#include "cli/cli.h"
+
+namespace spark::cli {
+
+// The command table. Add a line here for each new command (one file per command).
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"help", "Show commands, or the help of one command", cmd_help},
+      {"version", "Print versions of sparkctl and what it found (CUDA driver, NCCL)", cmd_version},
+      {"config", "Show the resolved cluster file (config show) or validate it (config check)",
+       cmd_config},
+  };
+  return table;
+}
+
+}  // namespace spark::cli

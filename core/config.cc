@@ -1,0 +1,483 @@
+#include "core/config.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <regex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/strings.h"
+
+extern char** environ;
+
+namespace spark {
+
+// The ring-wide keys. Keep man/sparkctl.env.5 in step (a test checks every key is there).
+const std::vector<KeySpec>& ring_keys() {
+  static const std::vector<KeySpec> k = {
+      {"RING_NAME", KeyType::string, "spark", nullptr, "Name of the ring; names its state directory."},
+      {"MODEL", KeyType::string, nullptr, nullptr, "Model name served on the API (default: the last component of MODEL_PATH)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on every node unless NODE<i>_MODEL_PATH says otherwise."},
+      {"ENGINE", KeyType::choice, "native", "native|exec", "Engine backend: our own engine (native) or an external command (exec)."},
+      {"ENGINE_EXEC", KeyType::string, nullptr, nullptr, "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
+      {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr, "Health URL of the external engine (ENGINE=exec)."},
+      {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
+      {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
+      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key (mode 0600)."},
+      {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},
+      {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
+      {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
+      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type."},
+      {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
+      {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
+      {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},
+      {"MEM_WAIT", KeyType::duration, "120s", nullptr, "How long start waits for MEM_FREE_MIN on every node."},
+      {"DISK_MAX_USE", KeyType::integer, "85", nullptr, "Highest disk use in percent allowed after staging."},
+      {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr, "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
+      {"MTU_MIN", KeyType::integer, "9000", nullptr, "MTU below which preflight warns."},
+      {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
+      {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
+      {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: beside sparkctl."},
+      {"SSH_USER", KeyType::string, nullptr, nullptr, "SSH user when a node's target names none (default: the current user)."},
+      {"SSH_PORT", KeyType::port, "22", nullptr, "SSH port when a node's target names none."},
+      {"SSH_IDENTITY", KeyType::path, nullptr, nullptr, "Private key file (default: the agent, then ~/.ssh/id_*)."},
+      {"SSH_KNOWN_HOSTS", KeyType::path, nullptr, nullptr, "known_hosts file (default ~/.ssh/known_hosts)."},
+      {"SSH_TIMEOUT", KeyType::duration, "10s", nullptr, "Connect timeout per node."},
+      {"READY_TIMEOUT", KeyType::duration, "30m", nullptr, "How long start waits for READY."},
+      {"START_RETRIES", KeyType::integer, "0", nullptr, "Extra start attempts after a failed start."},
+      {"WATCH_FAILURES", KeyType::integer, "3", nullptr, "Consecutive failed checks before watch restarts the ring."},
+      {"WATCH_GRACE", KeyType::duration, "30m", nullptr, "Start-up grace period during which watch does not restart."},
+      {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr, "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
+      {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
+      {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
+      {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
+  };
+  return k;
+}
+
+const std::vector<KeySpec>& node_keys() {
+  static const std::vector<KeySpec> k = {
+      {"NAME", KeyType::string, nullptr, nullptr, "Node name used in reports (default node<i>)."},
+      {"SSH", KeyType::string, nullptr, nullptr, "SSH target [user@]host[:port], or 'local' for this machine."},
+      {"FABRIC_IP", KeyType::ipv4, nullptr, nullptr, "The node's IPv4 address on the fabric (RoCE) link."},
+      {"NETDEVS", KeyType::list, nullptr, nullptr, "Fabric netdev(s), comma-separated (both twins allowed)."},
+      {"HCAS", KeyType::list, nullptr, nullptr, "RDMA device(s), comma-separated, in the order of NETDEVS."},
+      {"GID_INDEX", KeyType::gid, "auto", nullptr, "RoCE v2 GID index, or auto (resolved at start)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on this node (default MODEL_PATH)."},
+      {"GPUS", KeyType::list, "0", nullptr, "GPU ordinals on this node, one rank each."},
+  };
+  return k;
+}
+
+bool is_documentation_ipv4(uint32_t ip) {
+  uint32_t net = ip & 0xFFFFFF00u;
+  return net == 0xC0000200u || net == 0xC6336400u || net == 0xCB007100u;
+}
+
+Environment Environment::current() {
+  Environment e;
+  for (char** p = environ; p && *p; ++p) {
+    std::string_view kv(*p);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    e.vars.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return e;
+}
+
+const std::string& RingConfig::get(const std::string& key) const {
+  static const std::string empty;
+  auto it = settings.find(key);
+  return it == settings.end() ? empty : it->second.value;
+}
+int64_t RingConfig::get_int(const std::string& key) const {
+  return parse_i64(get(key)).value_or(0);
+}
+uint64_t RingConfig::get_size(const std::string& key) const {
+  return parse_size(get(key), nullptr).value_or(0);
+}
+uint64_t RingConfig::get_duration_ms(const std::string& key) const {
+  return parse_duration_ms(get(key), nullptr).value_or(0);
+}
+bool RingConfig::get_bool(const std::string& key) const {
+  const auto& v = get(key);
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+std::vector<RankPlace> RingConfig::ranks() const {
+  std::vector<RankPlace> out;
+  int r = 0;
+  for (const auto& n : nodes)
+    for (size_t l = 0; l < n.gpus.size(); ++l)
+      out.push_back(RankPlace{r++, n.index, static_cast<int>(l), n.gpus[l]});
+  return out;
+}
+
+int RingConfig::world_size() const { return static_cast<int>(ranks().size()); }
+
+std::string RingConfig::canonical_text() const {
+  std::string out;
+  for (const auto& [k, s] : settings) out += fmt::format("{}={}\n", k, s.value);
+  return out;
+}
+
+std::string RingConfig::digest() const {
+  auto text = canonical_text();
+  XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+namespace {
+
+struct Raw {
+  std::string value;
+  std::string source;
+  bool from_env = false;
+};
+
+const std::regex& node_key_re() {
+  static const std::regex re("^NODE([0-9]+)_([A-Z0-9_]+)$");
+  return re;
+}
+
+std::vector<std::string> all_key_names(int nodes) {
+  std::vector<std::string> names;
+  for (const auto& k : ring_keys()) names.emplace_back(k.name);
+  for (int i = 0; i < std::max(nodes, 1); ++i)
+    for (const auto& k : node_keys()) names.push_back(fmt::format("NODE{}_{}", i, k.name));
+  return names;
+}
+
+// Validates one value against its type; returns an error text or "".
+std::string check_value(const KeySpec& spec, const std::string& v) {
+  if (v.empty()) return "";
+  std::string why;
+  switch (spec.type) {
+    case KeyType::string:
+    case KeyType::path:
+    case KeyType::list:
+      return "";
+    case KeyType::integer:
+      if (!parse_i64(v)) return fmt::format("'{}' is not a whole number", v);
+      return "";
+    case KeyType::port: {
+      auto p = parse_u64(v);
+      if (!p || *p < 1 || *p > 65535) return fmt::format("port '{}' is out of range 1-65535", v);
+      return "";
+    }
+    case KeyType::size:
+      if (!parse_size(v, &why)) return why;
+      return "";
+    case KeyType::duration:
+      if (!parse_duration_ms(v, &why)) return why;
+      return "";
+    case KeyType::ipv4: {
+      auto ip = parse_ipv4(v);
+      if (!ip) return fmt::format("'{}' is not an IPv4 address (dotted quad)", v);
+      if (is_documentation_ipv4(*ip))
+        return fmt::format("{} is a documentation address (RFC 5737), not a real one: put the "
+                           "node's own address here", v);
+      return "";
+    }
+    case KeyType::gid: {
+      if (v == "auto") return "";
+      auto g = parse_u64(v);
+      if (!g || *g > 255) return fmt::format("GID index '{}' must be 'auto' or 0-255", v);
+      return "";
+    }
+    case KeyType::choice: {
+      auto opts = split_list(spec.choices, '|');
+      if (std::find(opts.begin(), opts.end(), v) == opts.end())
+        return fmt::format("'{}' is not one of {}", v, spec.choices);
+      return "";
+    }
+    case KeyType::boolean:
+      if (v != "0" && v != "1" && v != "true" && v != "false" && v != "yes" && v != "no")
+        return fmt::format("'{}' is not a boolean (true/false)", v);
+      return "";
+  }
+  return "";
+}
+
+const KeySpec* find_spec(const std::vector<KeySpec>& specs, const std::string& name) {
+  for (const auto& s : specs)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+bool has_placeholder(const std::string& v) {
+  auto lt = v.find('<');
+  return lt != std::string::npos && v.find('>', lt) != std::string::npos;
+}
+
+}  // namespace
+
+Result<RingConfig> load_config_text(std::string_view text, std::string_view file,
+                                    const Environment& env, std::vector<Diagnostic>* diags) {
+  std::vector<Diagnostic> local_diags;
+  auto& d = diags ? *diags : local_diags;
+  size_t first_diag = d.size();
+  auto parsed = parse_env_text(text, file);
+  if (!parsed) return parsed.error();
+
+  RingConfig cfg;
+  cfg.path = std::string(file);
+  std::map<std::string, Raw> raw;     // every known key that was set
+  std::set<int> node_ids;
+  std::map<int, std::string> node_first_where;
+
+  auto classify = [&](const std::string& key, int* node, std::string* suffix) -> const KeySpec* {
+    std::smatch m;
+    if (std::regex_match(key, m, node_key_re())) {
+      auto idx = parse_u64(m[1].str());
+      *node = idx ? static_cast<int>(std::min<uint64_t>(*idx, 1000)) : 1000;
+      *suffix = m[2].str();
+      return find_spec(node_keys(), *suffix);
+    }
+    *node = -1;
+    return find_spec(ring_keys(), key);
+  };
+
+  // The file.
+  for (const auto& e : parsed.value()) {
+    std::string where = fmt::format("{}:{}", e.file, e.line);
+    int node = -1;
+    std::string suffix;
+    const KeySpec* spec = classify(e.key, &node, &suffix);
+    if (!spec) {
+      auto hint = did_you_mean(e.key, all_key_names(std::max(4, static_cast<int>(node_ids.size()))));
+      d.push_back({false, where,
+                   fmt::format("unknown key {}{}; it is ignored", e.key,
+                               hint.empty() ? "" : fmt::format(" (did you mean {}?)", hint))});
+      continue;
+    }
+    if (node >= 0) {
+      if (node >= kMaxNodes) {
+        d.push_back({true, where, fmt::format("{}: node index {} is over the limit of {} nodes",
+                                              e.key, node, kMaxNodes)});
+        continue;
+      }
+      node_ids.insert(node);
+      node_first_where.emplace(node, where);
+    }
+    if (auto it = raw.find(e.key); it != raw.end())
+      d.push_back({false, where, fmt::format("{} is set again (first at {}); the last value wins",
+                                             e.key, it->second.source)});
+    raw[e.key] = Raw{e.value, where, false};
+  }
+  // The environment overrides, an explicit empty value included.
+  for (const auto& [k, v] : env.vars) {
+    int node = -1;
+    std::string suffix;
+    const KeySpec* spec = classify(k, &node, &suffix);
+    if (!spec) continue;  // the environment holds plenty of unrelated names
+    if (node >= kMaxNodes) continue;
+    if (node >= 0) {
+      node_ids.insert(node);
+      node_first_where.emplace(node, "environment");
+    }
+    raw[k] = Raw{v, "environment", true};
+  }
+
+  // Validate each set value.
+  for (const auto& [k, r] : raw) {
+    int node = -1;
+    std::string suffix;
+    const KeySpec* spec = classify(k, &node, &suffix);
+    if (has_placeholder(r.value)) {
+      d.push_back({true, r.source,
+                   fmt::format("{}={} is still a placeholder: replace it with the real value", k,
+                               r.value)});
+      continue;
+    }
+    auto why = check_value(*spec, r.value);
+    if (!why.empty()) d.push_back({true, r.source, fmt::format("{}: {}", k, why)});
+  }
+
+  // Resolve ring-wide keys.
+  for (const auto& spec : ring_keys()) {
+    auto it = raw.find(spec.name);
+    if (it != raw.end() && !it->second.value.empty()) {
+      cfg.settings[spec.name] = Setting{it->second.value, it->second.source};
+    } else if (spec.default_value) {
+      cfg.settings[spec.name] =
+          Setting{spec.default_value, it != raw.end() ? it->second.source + " (empty: default)"
+                                                      : "default"};
+    } else {
+      cfg.settings[spec.name] = Setting{"", it != raw.end() ? it->second.source : "unset"};
+    }
+  }
+
+  // Nodes: indices must run 0..n-1 without gaps.
+  int expect = 0;
+  for (int id : node_ids) {
+    if (id != expect) {
+      d.push_back({true, node_first_where[id],
+                   fmt::format("NODE{} is defined but NODE{} is not: nodes are numbered 0, 1, 2, "
+                               "... in rank order without gaps",
+                               id, expect)});
+      break;
+    }
+    ++expect;
+  }
+  if (node_ids.empty())
+    d.push_back({true, std::string(file),
+                 "no nodes: define at least NODE0_SSH (use NODE0_SSH=local for this machine)"});
+
+  for (int id : node_ids) {
+    if (id >= kMaxNodes) continue;
+    NodeConfig n;
+    n.index = id;
+    for (const auto& spec : node_keys()) {
+      std::string key = fmt::format("NODE{}_{}", id, spec.name);
+      auto it = raw.find(key);
+      Setting s;
+      if (it != raw.end() && !it->second.value.empty()) s = Setting{it->second.value, it->second.source};
+      else if (spec.default_value) s = Setting{spec.default_value, "default"};
+      else s = Setting{"", it != raw.end() ? it->second.source : "unset"};
+      cfg.settings[key] = s;
+    }
+    auto val = [&](const char* f) { return cfg.settings[fmt::format("NODE{}_{}", id, f)].value; };
+    auto where = [&](const char* f) {
+      auto& src = cfg.settings[fmt::format("NODE{}_{}", id, f)].source;
+      return src == "unset" || src == "default" ? node_first_where[id] : src;
+    };
+    n.name = val("NAME").empty() ? fmt::format("node{}", id) : val("NAME");
+    if (val("NAME").empty()) cfg.settings[fmt::format("NODE{}_NAME", id)] = Setting{n.name, "default"};
+    n.ssh = val("SSH");
+    if (n.ssh.empty()) {
+      d.push_back({true, where("SSH"),
+                   fmt::format("NODE{}_SSH is not set: give [user@]host[:port], or 'local' for "
+                               "this machine", id)});
+    } else if (n.ssh == "local") {
+      n.local = true;
+      n.ssh_host = "localhost";
+    } else {
+      std::string t = n.ssh;
+      if (auto at = t.find('@'); at != std::string::npos) {
+        n.ssh_user = t.substr(0, at);
+        t = t.substr(at + 1);
+      }
+      n.ssh_port = static_cast<int>(cfg.get_int("SSH_PORT"));
+      if (auto colon = t.rfind(':'); colon != std::string::npos) {
+        auto p = parse_u64(t.substr(colon + 1));
+        if (!p || *p < 1 || *p > 65535) {
+          d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: port is out of range 1-65535",
+                                                       id, n.ssh)});
+        } else {
+          n.ssh_port = static_cast<int>(*p);
+        }
+        t = t.substr(0, colon);
+      }
+      n.ssh_host = t;
+      if (n.ssh_user.empty()) n.ssh_user = cfg.get("SSH_USER");
+      if (t.empty() || t.find_first_of(" \t/") != std::string::npos)
+        d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: not a host name", id, n.ssh)});
+      if (auto ip = parse_ipv4(t); ip && is_documentation_ipv4(*ip))
+        d.push_back({true, where("SSH"),
+                     fmt::format("NODE{}_SSH={}: {} is a documentation address (RFC 5737)", id,
+                                 n.ssh, t)});
+    }
+    n.fabric_ip = val("FABRIC_IP");
+    if (n.fabric_ip.empty()) {
+      if (n.local) n.fabric_ip = "127.0.0.1";
+      else
+        d.push_back({true, where("FABRIC_IP"),
+                     fmt::format("NODE{}_FABRIC_IP is not set: the node's IPv4 on the fabric link",
+                                 id)});
+    }
+    if (auto ip = parse_ipv4(n.fabric_ip); ip && (*ip >> 24) == 127 && !n.local)
+      d.push_back({true, where("FABRIC_IP"),
+                   fmt::format("NODE{}_FABRIC_IP={} is a loopback address on a remote node; NCCL "
+                               "cannot use loopback", id, n.fabric_ip)});
+    n.netdevs = split_list(val("NETDEVS"));
+    n.hcas = split_list(val("HCAS"));
+    if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
+      d.push_back({true, where("HCAS"),
+                   fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
+                               "netdev per HCA", id, n.hcas.size(), n.netdevs.size())});
+    if (val("GID_INDEX") != "auto" && !val("GID_INDEX").empty())
+      if (auto g = parse_u64(val("GID_INDEX")); g && *g <= 255) n.gid_index = static_cast<int>(*g);
+    n.model_path = val("MODEL_PATH").empty() ? cfg.get("MODEL_PATH") : val("MODEL_PATH");
+    for (const auto& g : split_list(val("GPUS"))) {
+      auto v = parse_u64(g);
+      if (!v || *v > 1023) {
+        d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS: '{}' is not a GPU ordinal", id, g)});
+        continue;
+      }
+      if (std::find(n.gpus.begin(), n.gpus.end(), static_cast<int>(*v)) != n.gpus.end())
+        d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS lists GPU {} twice", id, *v)});
+      n.gpus.push_back(static_cast<int>(*v));
+    }
+    if (n.gpus.empty()) n.gpus.push_back(0);
+    cfg.nodes.push_back(std::move(n));
+  }
+
+  // Duplicates across nodes.
+  for (size_t i = 0; i < cfg.nodes.size(); ++i)
+    for (size_t j = i + 1; j < cfg.nodes.size(); ++j) {
+      const auto& a = cfg.nodes[i];
+      const auto& b = cfg.nodes[j];
+      auto where_b = cfg.settings[fmt::format("NODE{}_NAME", b.index)].source;
+      if (where_b == "default") where_b = node_first_where[b.index];
+      if (a.name == b.name)
+        d.push_back({true, where_b, fmt::format("NODE{} and NODE{} are both named '{}'", a.index,
+                                                b.index, a.name)});
+      if (!a.local && !b.local && a.ssh_host == b.ssh_host && a.ssh_port == b.ssh_port)
+        d.push_back({true, cfg.settings[fmt::format("NODE{}_SSH", b.index)].source,
+                     fmt::format("NODE{} and NODE{} have the same SSH target {}:{}", a.index,
+                                 b.index, a.ssh_host, a.ssh_port)});
+      if (!a.fabric_ip.empty() && a.fabric_ip == b.fabric_ip)
+        d.push_back({true, cfg.settings[fmt::format("NODE{}_FABRIC_IP", b.index)].source,
+                     fmt::format("NODE{} and NODE{} have the same fabric address {}", a.index,
+                                 b.index, a.fabric_ip)});
+    }
+
+  // Ring-wide consistency.
+  if (cfg.get("ENGINE") == "exec" && cfg.get("ENGINE_EXEC").empty())
+    d.push_back({true, cfg.settings["ENGINE"].source,
+                 "ENGINE=exec needs ENGINE_EXEC, the command to run on every rank"});
+  if (cfg.get("LINK_SPEED_MIN") != "auto" && !parse_u64(cfg.get("LINK_SPEED_MIN")))
+    d.push_back({true, cfg.settings["LINK_SPEED_MIN"].source,
+                 fmt::format("LINK_SPEED_MIN: '{}' must be 'auto' or Gb/s as a whole number",
+                             cfg.get("LINK_SPEED_MIN"))});
+  if (auto b = parse_ipv4(cfg.get("API_BIND")); b && (*b >> 24) != 127 &&
+                                                cfg.get("API_KEY_FILE").empty())
+    d.push_back({true, cfg.settings["API_BIND"].source,
+                 fmt::format("API_BIND={} is not loopback: set API_KEY_FILE (a file of mode 0600 "
+                             "holding the key) or bind 127.0.0.1",
+                             cfg.get("API_BIND"))});
+  for (const char* k : {"SLOTS", "CONTEXT_LEN"})
+    if (cfg.get_int(k) < 1)
+      d.push_back({true, cfg.settings[k].source, fmt::format("{} must be at least 1", k)});
+  if (auto pct = cfg.get_int("DISK_MAX_USE"); pct < 1 || pct > 100)
+    d.push_back({true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
+  if (cfg.get("API_PORT") == cfg.get("RDZV_PORT"))
+    d.push_back({true, cfg.settings["RDZV_PORT"].source, "RDZV_PORT and API_PORT must differ"});
+  if (cfg.get("MODEL").empty() && !cfg.get("MODEL_PATH").empty()) {
+    auto p = cfg.get("MODEL_PATH");
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    cfg.settings["MODEL"] = Setting{p.substr(p.rfind('/') + 1), "derived from MODEL_PATH"};
+  }
+
+  std::vector<std::string> errors;
+  for (size_t i = first_diag; i < d.size(); ++i)
+    if (d[i].error) errors.push_back(fmt::format("{}: {}", d[i].where, d[i].message));
+  if (!errors.empty()) return make_error(Errc::config, join(errors, "\n"));
+  return cfg;
+}
+
+Result<RingConfig> load_config(const std::string& path, const Environment& env,
+                               std::vector<Diagnostic>* diags) {
+  auto text = read_file(path);
+  if (!text)
+    return make_error(Errc::not_found,
+                      fmt::format("{}: cannot read the cluster file (pass --config FILE or set "
+                                  "SPARK_CONFIG)", path));
+  return load_config_text(*text, path, env, diags);
+}
+
+}  // namespace spark
