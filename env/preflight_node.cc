@@ -476,6 +476,7 @@ void check_model(NodeRun& r, const ModelFiles& mf) {
     if (ends_with(f.name, ".safetensors")) ++shards;
     total += f.size.value_or(0);
     if (!f.size) {
+      if (f.name == "config.json" && !mf.config_error.empty()) continue;  // said above
       if (++missing <= 3) problems.push_back(fmt::format("{} is missing", f.name));
     } else if (f.expected && *f.expected != *f.size) {
       if (++wrong <= 3)
@@ -550,6 +551,16 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
     r.add("gpu", "", Verdict::skip, "probe not built (the GPU probe comes with the gpu branch)");
   check_ports(r, facts);
   check_model(r, mf);
+
+  // Report order is the catalog's, whatever order the probes ran in.
+  auto order = [](const std::string& id) {
+    const auto& cat = check_catalog();
+    for (size_t i = 0; i < cat.size(); ++i)
+      if (id == cat[i].id) return i;
+    return cat.size();
+  };
+  std::stable_sort(rep.checks.begin(), rep.checks.end(),
+                   [&](const CheckResult& a, const CheckResult& b) { return order(a.id) < order(b.id); });
 
   rep.identity["sparkctl_version"] = kVersion;
   rep.identity["nccl_path"] = facts.nccl.path;

@@ -430,7 +430,7 @@ std::string format_report_table(const RingReport& r, bool verbose) {
   for (const auto& c : r.checks) {
     o << fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<7}  {}\n", c.node, wn, c.id, wc, c.subject, ws,
                      verdict_name(c.verdict), c.message);
-    if (!c.fix.empty()) o << fmt::format("{:<{}}  fix: {}\n", "", wn + wc + ws + 13, c.fix);
+    if (!c.fix.empty()) o << fmt::format("{:<{}}fix: {}\n", "", wn + wc + ws + 15, c.fix);
   }
   auto n = [&](const char* k) {
     auto it = r.counts.find(k);
