@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <libssh/libssh.h>
 #include <poll.h>
+#include <pthread.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -81,6 +83,33 @@ class LocalRunner final : public Runner {
 };
 
 // ---- ssh
+
+// Blocks SIGPIPE in this thread while libssh writes to a socket the peer may have closed
+// (EPIPE instead of death), and swallows a SIGPIPE that arrived meanwhile.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    if (!sigismember(&old_, SIGPIPE)) {
+      timespec zero{};
+      while (::sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+};
+
+// Output kept per stream; the rest is read and dropped (as run_process does).
+constexpr size_t kOutputLimit = size_t{64} << 20;
 
 void init_libssh() {
   static std::once_flag once;
@@ -374,7 +403,8 @@ Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_po
       for (;;) {
         int n = ssh_channel_read_nonblocking(ch, buf, sizeof buf, stream);
         if (n > 0) {
-          dst.append(buf, static_cast<size_t>(n));
+          if (dst.size() < kOutputLimit)
+            dst.append(buf, std::min(static_cast<size_t>(n), kOutputLimit - dst.size()));
           got = true;
           continue;
         }
@@ -406,6 +436,7 @@ Result<CommandResult> SshRunner::run(const std::string& command, milliseconds ti
                                      const std::string& input) {
   auto t0 = Clock::now();
   auto deadline = t0 + timeout;
+  SigpipeGuard no_sigpipe;
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool fresh = false;
     if (s_ && !ssh_is_connected(s_)) drop();

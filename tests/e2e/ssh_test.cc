@@ -78,6 +78,11 @@ TEST_CASE("ssh: a command's stdout, stderr and exit status come back") {
   CHECK(bad->exit_status == 7);
   CHECK(bad->out == "partial\n");
 
+  // Killed by a signal: no exit code, as with the local runner.
+  auto killed = runner->run("kill -9 $$", 10s);
+  REQUIRE(killed.ok());
+  CHECK(killed->exit_status == -1);
+
   // Quoting survives the remote shell and the wrapper.
   auto q = runner->run("printf '%s|' \"it's\" '$HOME' \"a  b\"", 10s);
   REQUIRE(q.ok());
