@@ -19,9 +19,9 @@ namespace spark::test {
 struct SshdOptions {
   std::string host = "127.0.0.1";  // listen address (and the address clients use)
   int port = 0;                    // 0: a free port (22 inside a namespace)
-  std::string netns;               // run inside this network namespace (see netns.h)
-  std::string identity;            // authorize this existing private key; empty: generate one
-  std::vector<std::string> extra_config;  // more sshd_config lines
+  std::string netns{};             // run inside this network namespace (see netns.h)
+  std::string identity{};          // authorize this existing private key; empty: generate one
+  std::vector<std::string> extra_config{};  // more sshd_config lines
 };
 
 /// Why a real sshd cannot run here ("" when it can); tests print "SKIP: <reason>".
