@@ -1,8 +1,8 @@
 // sparkctl env --rank N: the engine environment of one rank, from the resolved node facts.
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "cli/args.h"
@@ -19,7 +19,8 @@ int cmd_env(Context& ctx, const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("rank", 1);
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "env", "env --rank N [--sysroot DIR] [--export]", desc, args, vm, &pos))
+  if (auto rc =
+          parse_args(ctx, "env", "env --rank N [--sysroot DIR] [--export]", desc, args, vm, &pos))
     return *rc;
   if (!vm.count("rank")) return ctx.fail(make_error(Errc::usage, "env: --rank N is required"));
   auto cfg = load_ring_config(ctx);
@@ -27,14 +28,16 @@ int cmd_env(Context& ctx, const std::vector<std::string>& args) {
   int rank = vm["rank"].as<int>();
   auto ranks = cfg->ranks();
   if (rank < 0 || rank >= static_cast<int>(ranks.size()))
-    return ctx.fail(make_error(Errc::usage, fmt::format("rank {} does not exist: the ring has ranks 0-{}",
-                                                        rank, static_cast<int>(ranks.size()) - 1)));
+    return ctx.fail(
+        make_error(Errc::usage, fmt::format("rank {} does not exist: the ring has ranks 0-{}", rank,
+                                            static_cast<int>(ranks.size()) - 1)));
   int node = ranks[static_cast<size_t>(rank)].node;
   env::CheckFilter filter;
   filter.only = {"rdma", "net.link", "gpu"};
   std::optional<env::NodeReport> report;
   if (vm.count("sysroot")) {
-    report = env::run_node_checks(*cfg, node, env::Sysroot(vm["sysroot"].as<std::string>()), filter, false);
+    report = env::run_node_checks(*cfg, node, env::Sysroot(vm["sysroot"].as<std::string>()), filter,
+                                  false);
   } else {
     PreflightRun run;
     run.filter = filter;

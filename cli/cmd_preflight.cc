@@ -46,14 +46,16 @@ class SysrootHandle {
   Status open(const std::string& path) {
     if (!ends_with(path, ".tar.gz") && !ends_with(path, ".tgz")) {
       if (!std::filesystem::is_directory(path))
-        return make_error(Errc::not_found, fmt::format("--sysroot {}: not a directory or .tar.gz", path));
+        return make_error(Errc::not_found,
+                          fmt::format("--sysroot {}: not a directory or .tar.gz", path));
       dir_ = path;
       return Status::Ok();
     }
     std::string tmpl = "/tmp/sparkctl-sysroot-XXXXXX";
     if (!::mkdtemp(tmpl.data())) return make_error(Errc::io, "mkdtemp failed");
     tmp_ = dir_ = tmpl;
-    auto r = run_process(ProcessSpec{{"tar", "-xzf", path, "-C", dir_}, {}, {}, {}, std::chrono::seconds(60)});
+    auto r = run_process(
+        ProcessSpec{{"tar", "-xzf", path, "-C", dir_}, {}, {}, {}, std::chrono::seconds(60)});
     if (!r || !r->success())
       return make_error(Errc::io, fmt::format("--sysroot {}: cannot unpack: {}", path,
                                               r ? tail(r->err) : r.error().message));
@@ -68,19 +70,22 @@ class SysrootHandle {
 
 int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("preflight options");
-  desc.add_options()
-      ("local", "node mode: run this node's checks only and print its node report")
-      ("node", po::value<int>()->default_value(-1), "node mode: which node of the ring this is")
-      ("sysroot", po::value<std::vector<std::string>>()->composing(),
-       "read a captured tree (directory or capture-node .tar.gz) instead of the live node; "
-       "without --local, once per node in rank order to replay a whole ring")
-      ("only", po::value<std::vector<std::string>>()->composing(), "run only these check IDs or groups (comma-separated)")
-      ("skip", po::value<std::vector<std::string>>()->composing(), "skip these check IDs or groups")
-      ("bandwidth", "also measure TCP throughput per twin between neighbouring nodes")
-      ("bw-seconds", po::value<double>()->default_value(2.0), "length of the bandwidth test")
-      ("timeout", po::value<std::string>()->default_value("30s"), "deadline for every node's answer")
-      ("bw-listen", po::value<std::vector<std::string>>()->composing(), "(internal) bandwidth receiver ADDR:PORT")
-      ("bw-send", po::value<std::vector<std::string>>()->composing(), "(internal) bandwidth sender BIND>ADDR:PORT");
+  desc.add_options()("local", "node mode: run this node's checks only and print its node report")(
+      "node", po::value<int>()->default_value(-1), "node mode: which node of the ring this is")(
+      "sysroot", po::value<std::vector<std::string>>()->composing(),
+      "read a captured tree (directory or capture-node .tar.gz) instead of the live node; "
+      "without --local, once per node in rank order to replay a whole ring")(
+      "only", po::value<std::vector<std::string>>()->composing(),
+      "run only these check IDs or groups (comma-separated)")(
+      "skip", po::value<std::vector<std::string>>()->composing(), "skip these check IDs or groups")(
+      "bandwidth", "also measure TCP throughput per twin between neighbouring nodes")(
+      "bw-seconds", po::value<double>()->default_value(2.0), "length of the bandwidth test")(
+      "timeout", po::value<std::string>()->default_value("30s"),
+      "deadline for every node's answer")("bw-listen",
+                                          po::value<std::vector<std::string>>()->composing(),
+                                          "(internal) bandwidth receiver ADDR:PORT")(
+      "bw-send", po::value<std::vector<std::string>>()->composing(),
+      "(internal) bandwidth sender BIND>ADDR:PORT");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "preflight",
                            "preflight [--only IDS] [--skip IDS] [--bandwidth] [--local [--node N]] "
@@ -120,12 +125,13 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
 
   env::RingReport rep;
   if (vm.count("local")) {
-    if (sysroots.size() > 1) return ctx.fail(make_error(Errc::usage, "--local takes one --sysroot"));
+    if (sysroots.size() > 1)
+      return ctx.fail(make_error(Errc::usage, "--local takes one --sysroot"));
     auto node = this_node(*cfg, vm["node"].as<int>());
     if (!node) return ctx.fail(node.error());
     auto t0 = std::chrono::steady_clock::now();
-    auto nr = env::run_node_checks(*cfg, *node, env::Sysroot(sysroots.empty() ? "/" : handles[0]->dir()),
-                                   filter, verbose);
+    auto nr = env::run_node_checks(
+        *cfg, *node, env::Sysroot(sysroots.empty() ? "/" : handles[0]->dir()), filter, verbose);
     if (ctx.opts.json) {
       *ctx.out << env::report_to_json(nr).dump(2) << "\n";
       env::add_checks(&rep, nr.checks);
@@ -136,9 +142,10 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else if (!sysroots.empty()) {
     if (sysroots.size() != cfg->nodes.size())
-      return ctx.fail(make_error(Errc::usage,
-                                 fmt::format("replaying a ring needs one --sysroot per node ({} given, "
-                                             "{} nodes)", sysroots.size(), cfg->nodes.size())));
+      return ctx.fail(make_error(
+          Errc::usage, fmt::format("replaying a ring needs one --sysroot per node ({} given, "
+                                   "{} nodes)",
+                                   sysroots.size(), cfg->nodes.size())));
     std::vector<std::string> dirs;
     for (const auto& h : handles) dirs.push_back(h->dir());
     auto t0 = std::chrono::steady_clock::now();

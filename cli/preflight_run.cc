@@ -19,9 +19,9 @@
 
 namespace spark::cli {
 
-using nlohmann::json;
 using env::NodeOutcome;
 using env::NodeReport;
+using nlohmann::json;
 
 std::string config_wire_text(const RingConfig& cfg) {
   std::string out = "# the head's resolved cluster file (sparkctl preflight)\n";
@@ -30,12 +30,23 @@ std::string config_wire_text(const RingConfig& cfg) {
     std::string q;
     for (char c : s.value) {
       switch (c) {
-        case '"': q += "\\\""; break;
-        case '\\': q += "\\\\"; break;
-        case '\n': q += "\\n"; break;
-        case '\t': q += "\\t"; break;
-        case '$': q += "\\$"; break;
-        default: q += c;
+        case '"':
+          q += "\\\"";
+          break;
+        case '\\':
+          q += "\\\\";
+          break;
+        case '\n':
+          q += "\\n";
+          break;
+        case '\t':
+          q += "\\t";
+          break;
+        case '$':
+          q += "\\$";
+          break;
+        default:
+          q += c;
       }
     }
     out += fmt::format("{}=\"{}\"\n", k, q);
@@ -69,7 +80,8 @@ Result<int> this_node(const RingConfig& cfg, int requested) {
     }
   if (count == 1) return local;
   return make_error(Errc::usage, fmt::format("cannot tell which node this is (hostname {}): pass "
-                                             "--node N", host));
+                                             "--node N",
+                                             host));
 }
 
 namespace {
@@ -114,9 +126,11 @@ std::vector<NodeOutcome> collect_node_reports(const RingConfig& cfg, const Prefl
     local.push_back(std::async(std::launch::async, [&, k, idx = n.index] {
       auto t0 = std::chrono::steady_clock::now();
       outcomes[k].sent_ms = env::now_ms();
-      outcomes[k].report = env::run_node_checks(cfg, idx, env::Sysroot("/"), opt.filter, opt.verbose);
+      outcomes[k].report =
+          env::run_node_checks(cfg, idx, env::Sysroot("/"), opt.filter, opt.verbose);
       outcomes[k].recv_ms = env::now_ms();
-      outcomes[k].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      outcomes[k].seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }));
   }
   int64_t sent = env::now_ms();
@@ -169,8 +183,9 @@ std::vector<env::CheckResult> run_pings(const RingConfig& cfg, const PreflightRu
   for (const auto& [node, idx] : by_node) {
     std::string script;
     for (size_t i : idx)
-      script += fmt::format("(out=$({} 2>&1); rc=$?; echo \"@@{} $rc $(printf '%s' \"$out\" | tail -n 1)\") & ",
-                            plans[i].command, i);
+      script += fmt::format(
+          "(out=$({} 2>&1); rc=$?; echo \"@@{} $rc $(printf '%s' \"$out\" | tail -n 1)\") & ",
+          plans[i].command, i);
     script += "wait";
     nodes.push_back(node);
     commands.push_back(script);
@@ -226,10 +241,11 @@ std::vector<env::CheckResult> run_bandwidth(const RingConfig& cfg, const Preflig
       int port = base_port + static_cast<int>(t);
       if (t < prev.links.size() && !prev.links[t].ipv4.empty() && !me.links[t].ipv4.empty() &&
           (reports.size() > 2 || k == 1))
-        args += fmt::format(" --bw-listen {}:{}", me.links[t].ipv4, port);
+        args += " --bw-listen " + shell_quote(fmt::format("{}:{}", me.links[t].ipv4, port));
       if (t < next.links.size() && !next.links[t].ipv4.empty() && !me.links[t].ipv4.empty() &&
           (reports.size() > 2 || k == 0)) {
-        args += fmt::format(" --bw-send {}>{}:{}", me.links[t].ipv4, next.links[t].ipv4, port);
+        args += " --bw-send " +
+                shell_quote(fmt::format("{}>{}:{}", me.links[t].ipv4, next.links[t].ipv4, port));
         env::BandwidthResult b;
         b.from_node = me.node;
         b.to_node = next.node;
@@ -242,11 +258,12 @@ std::vector<env::CheckResult> run_bandwidth(const RingConfig& cfg, const Preflig
     }
     if (args.empty()) continue;
     nodes.push_back(me.index);
-    commands.push_back(fmt::format("{} preflight --bw-seconds {}{} --json", shell_quote(opt.sparkctl_bin),
-                                   opt.bw_seconds, args));
+    commands.push_back(fmt::format("{} preflight --bw-seconds {}{} --json",
+                                   shell_quote(opt.sparkctl_bin), opt.bw_seconds, args));
   }
-  auto results = exec_on_nodes(cfg, nodes, commands, "",
-                               std::chrono::milliseconds(static_cast<int>(opt.bw_seconds * 1000) + 20000));
+  auto results =
+      exec_on_nodes(cfg, nodes, commands, "",
+                    std::chrono::milliseconds(static_cast<int>(opt.bw_seconds * 1000) + 20000));
   for (size_t r = 0; r < results.size(); ++r) {
     size_t k = 0;
     for (size_t i = 0; i < reports.size(); ++i)
@@ -259,7 +276,8 @@ std::vector<env::CheckResult> run_bandwidth(const RingConfig& cfg, const Preflig
       if (!res) {
         b.error = res.error().message;
       } else if (!j.is_object() || !j.contains("sent") || s >= j["sent"].size()) {
-        b.error = fmt::format("{}: bandwidth test gave no result ({})", b.from_node, tail_of(res->err));
+        b.error =
+            fmt::format("{}: bandwidth test gave no result ({})", b.from_node, tail_of(res->err));
       } else {
         b.error = j["sent"][s].value("error", "");
         b.gbps = j["sent"][s].value("gbps", 0.0);

@@ -101,7 +101,8 @@ json send_to(const std::string& spec, double seconds) {
     s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (!bind_addr.empty()) {
       sockaddr_in src{};
-      if (parse_endpoint(bind_addr + ":0", &src)) ::bind(s.fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
+      if (parse_endpoint(bind_addr + ":0", &src))
+        ::bind(s.fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
     }
     if (::connect(s.fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) == 0) break;
     last = std::strerror(errno);
@@ -140,8 +141,10 @@ json send_to(const std::string& spec, double seconds) {
 
 json run_bw_node(const BwSpec& spec) {
   std::vector<std::future<json>> rx, tx;
-  for (const auto& l : spec.listen) rx.push_back(std::async(std::launch::async, receive, l, spec.seconds));
-  for (const auto& s : spec.send) tx.push_back(std::async(std::launch::async, send_to, s, spec.seconds));
+  for (const auto& l : spec.listen)
+    rx.push_back(std::async(std::launch::async, receive, l, spec.seconds));
+  for (const auto& s : spec.send)
+    tx.push_back(std::async(std::launch::async, send_to, s, spec.seconds));
   json out = {{"sent", json::array()}, {"received", json::array()}};
   for (auto& f : tx) out["sent"].push_back(f.get());
   for (auto& f : rx) out["received"].push_back(f.get());

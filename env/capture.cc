@@ -35,8 +35,9 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
   // capture.
   for (const auto& h : list_hcas(root)) (void)read_hca(root, h);
   for (const auto& d : root.list("/sys/class/net")) (void)read_netdev(root, d);
-  for (const char* f : {"/proc/meminfo", "/proc/cmdline", "/sys/kernel/mm/transparent_hugepage/enabled",
-                        "/sys/class/dmi/id/product_name", "/sys/module/nvidia/version"})
+  for (const char* f :
+       {"/proc/meminfo", "/proc/cmdline", "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/sys/class/dmi/id/product_name", "/sys/module/nvidia/version"})
     (void)root.read(f);
   (void)root.list("/dev/infiniband");
   root.record(false);
@@ -72,7 +73,8 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
   // Device nodes under /dev/infiniband replay as empty files (existence is what is read).
   for (const auto& u : root.list("/dev/infiniband")) {
     fs::create_directories(dest("/dev/infiniband"), ec);
-    if (!fs::exists(dest("/dev/infiniband/" + u))) write_file_atomic(dest("/dev/infiniband/" + u), "", nullptr);
+    if (!fs::exists(dest("/dev/infiniband/" + u)))
+      write_file_atomic(dest("/dev/infiniband/" + u), "", nullptr);
   }
   for (const auto& f : root.recorded_sized()) {
     auto size = root.file_size(f);

@@ -559,8 +559,9 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
       if (id == cat[i].id) return i;
     return cat.size();
   };
-  std::stable_sort(rep.checks.begin(), rep.checks.end(),
-                   [&](const CheckResult& a, const CheckResult& b) { return order(a.id) < order(b.id); });
+  std::stable_sort(
+      rep.checks.begin(), rep.checks.end(),
+      [&](const CheckResult& a, const CheckResult& b) { return order(a.id) < order(b.id); });
 
   rep.identity["sparkctl_version"] = kVersion;
   rep.identity["nccl_path"] = facts.nccl.path;
