@@ -22,8 +22,8 @@ std::optional<int> parse_args(Context& ctx, const char* name, const char* synops
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    return ctx.fail(make_error(
-        Errc::usage, fmt::format("{}: {} (see sparkctl {} --help)", name, e.what(), name)));
+    return ctx.fail(make_error(Errc::usage, fmt::format("{}: {} (see sparkctl {} --help)", name,
+                                                        e.what(), name)));
   }
   return std::nullopt;
 }

@@ -15,8 +15,7 @@ int config_show(Context& ctx, bool all) {
   auto cfg = ctx.load_config(&diags);
   if (!cfg) {
     for (const auto& d : diags)
-      if (!d.error && !ctx.opts.json)
-        *ctx.err << fmt::format("sparkctl: warning: {}: {}\n", d.where, d.message);
+      if (!d.error && !ctx.opts.json) *ctx.err << fmt::format("sparkctl: warning: {}: {}\n", d.where, d.message);
     return ctx.fail(cfg.error());
   }
   if (ctx.opts.json) {
@@ -28,28 +27,19 @@ int config_show(Context& ctx, bool all) {
       if (all || s.source != "default" || !s.value.empty())
         j["settings"][k] = {{"value", s.value}, {"source", s.source}};
     for (const auto& n : cfg->nodes) {
-      nlohmann::json jn = {{"index", n.index},
-                           {"name", n.name},
-                           {"ssh", n.ssh},
-                           {"local", n.local},
-                           {"fabric_ip", n.fabric_ip},
-                           {"netdevs", n.netdevs},
-                           {"hcas", n.hcas},
-                           {"model_path", n.model_path},
-                           {"gpus", n.gpus}};
+      nlohmann::json jn = {{"index", n.index}, {"name", n.name}, {"ssh", n.ssh},
+                           {"local", n.local}, {"fabric_ip", n.fabric_ip}, {"netdevs", n.netdevs},
+                           {"hcas", n.hcas}, {"model_path", n.model_path}, {"gpus", n.gpus}};
       jn["gid_index"] = n.gid_index ? nlohmann::json(*n.gid_index) : nlohmann::json("auto");
       j["nodes"].push_back(jn);
     }
     for (const auto& r : cfg->ranks())
-      j["ranks"].push_back(
-          {{"rank", r.rank}, {"node", r.node}, {"local_rank", r.local_rank}, {"gpu", r.gpu}});
-    for (const auto& d : diags)
-      j["warnings"].push_back({{"where", d.where}, {"message", d.message}});
+      j["ranks"].push_back({{"rank", r.rank}, {"node", r.node}, {"local_rank", r.local_rank}, {"gpu", r.gpu}});
+    for (const auto& d : diags) j["warnings"].push_back({{"where", d.where}, {"message", d.message}});
     *ctx.out << j.dump(2) << "\n";
     return 0;
   }
-  for (const auto& d : diags)
-    *ctx.err << fmt::format("sparkctl: warning: {}: {}\n", d.where, d.message);
+  for (const auto& d : diags) *ctx.err << fmt::format("sparkctl: warning: {}: {}\n", d.where, d.message);
   size_t w = 0;
   for (const auto& [k, s] : cfg->settings) w = std::max(w, k.size());
   *ctx.out << fmt::format("# cluster file {}  digest {}  {} node(s), {} rank(s)\n", cfg->path,
@@ -58,13 +48,11 @@ int config_show(Context& ctx, bool all) {
   for (const auto& [k, s] : cfg->settings) {
     if (!all && s.source == "default" && s.value.empty()) continue;
     if (!all && s.source == "unset") continue;
-    *ctx.out << fmt::format("{:<{}}  {:<30}  {}\n", k, w, s.value.empty() ? "\"\"" : s.value,
-                            s.source);
+    *ctx.out << fmt::format("{:<{}}  {:<30}  {}\n", k, w, s.value.empty() ? "\"\"" : s.value, s.source);
   }
   *ctx.out << "# ranks:";
   for (const auto& r : cfg->ranks())
-    *ctx.out << fmt::format(" {}={}/gpu{}", r.rank, cfg->nodes[static_cast<size_t>(r.node)].name,
-                            r.gpu);
+    *ctx.out << fmt::format(" {}={}/gpu{}", r.rank, cfg->nodes[static_cast<size_t>(r.node)].name, r.gpu);
   *ctx.out << "\n";
   return 0;
 }
@@ -78,13 +66,9 @@ int config_check(Context& ctx) {
     j["ok"] = cfg.ok();
     j["diagnostics"] = nlohmann::json::array();
     for (const auto& d : diags)
-      j["diagnostics"].push_back({{"severity", d.error ? "error" : "warning"},
-                                  {"where", d.where},
+      j["diagnostics"].push_back({{"severity", d.error ? "error" : "warning"}, {"where", d.where},
                                   {"message", d.message}});
-    if (!cfg && diags.empty())
-      j["diagnostics"].push_back({{"severity", "error"},
-                                  {"where", ctx.opts.config_path},
-                                  {"message", cfg.error().message}});
+    if (!cfg && diags.empty()) j["diagnostics"].push_back({{"severity", "error"}, {"where", ctx.opts.config_path}, {"message", cfg.error().message}});
     *ctx.out << j.dump(2) << "\n";
     return cfg ? 0 : exit_code(cfg.error().code);
   }
@@ -113,8 +97,8 @@ int cmd_config(Context& ctx, const std::vector<std::string>& args) {
   auto action = vm["action"].as<std::string>();
   if (action == "show") return config_show(ctx, vm.count("all") > 0);
   if (action == "check") return config_check(ctx);
-  return ctx.fail(
-      make_error(Errc::usage, fmt::format("config: unknown action '{}' (show or check)", action)));
+  return ctx.fail(make_error(Errc::usage,
+                             fmt::format("config: unknown action '{}' (show or check)", action)));
 }
 
 }  // namespace spark::cli
