@@ -56,10 +56,19 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
   fs::create_directories(out_dir, ec);
   if (ec) return make_error(Errc::io, fmt::format("{}: {}", out_dir, ec.message()));
   auto dest = [&](const std::string& abs) { return out_dir + abs; };
+  // A listing is a read too: every name in a listed directory exists in the capture (as an
+  // empty directory or file unless its content was read as well).
   for (const auto& d : root.recorded_dirs()) {
     if (!root.exists(d)) continue;
     fs::create_directories(dest(d), ec);
     ++sum.dirs;
+    for (const auto& name : root.list(d)) {
+      std::string child = d + "/" + name;
+      if (fs::is_directory(root.path(child), ec))
+        fs::create_directories(dest(child), ec);
+      else if (!fs::exists(dest(child)))
+        write_file_atomic(dest(child), "", nullptr);
+    }
   }
   for (const auto& f : root.recorded_files()) {
     auto text = read_file(root.path(f));
@@ -78,7 +87,7 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
   }
   for (const auto& f : root.recorded_sized()) {
     auto size = root.file_size(f);
-    if (!size || fs::exists(dest(f))) continue;
+    if (!size || root.recorded_files().count(f)) continue;  // content captured above
     fs::create_directories(fs::path(dest(f)).parent_path(), ec);
     int fd = ::open(dest(f).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(*size)) != 0) {
