@@ -20,6 +20,7 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
   std::vector<EnvEntry> out;
   int lineno = 0;
   size_t pos = 0;
+  if (starts_with(text, "\xEF\xBB\xBF")) pos = 3;  // a UTF-8 byte order mark from an editor
   while (pos <= text.size()) {
     size_t eol = text.find('\n', pos);
     if (eol == std::string_view::npos) eol = text.size();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -120,6 +121,32 @@ bool split_number_unit(std::string_view s, std::string_view* num, std::string_vi
   *unit = s.substr(i);
   return !num->empty() && num->front() != '.' && num->back() != '.';
 }
+
+// The value of a number split by split_number_unit (digits, at most one dot), locale-free.
+// nullopt when it does not fit a double.
+std::optional<double> number_value(std::string_view num) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+  if (ec != std::errc() || end != num.data() + num.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// Scales a parsed number to a count of the base unit. A fraction needs a unit larger than
+// the base one (1.5GiB, 1.5s are fine; 1.5B, 1.5 bytes and 0.5ms are refused); the result is
+// rounded to the nearest whole base unit. nullopt with *why set when refused.
+std::optional<uint64_t> scale_whole(std::string_view s, std::string_view num, double v,
+                                    double factor, std::string_view base, std::string* why) {
+  if (factor == 1 && num.find('.') != std::string_view::npos) {
+    if (why) *why = fmt::format("'{}' is not a whole number of {}", s, base);
+    return std::nullopt;
+  }
+  double x = v * factor;
+  if (!std::isfinite(x) || x >= 1.8e19) {
+    if (why) *why = fmt::format("'{}' is too large", s);
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(std::llround(x));
+}
 }  // namespace
 
 std::optional<uint64_t> parse_size(std::string_view s, std::string* why) {
@@ -141,16 +168,12 @@ std::optional<uint64_t> parse_size(std::string_view s, std::string* why) {
                          s, unit);
     return std::nullopt;
   }
-  if (unit.empty() && num.find('.') != std::string_view::npos) {
-    if (why) *why = fmt::format("'{}': a byte count must be a whole number", s);
-    return std::nullopt;
-  }
-  double v = std::stod(std::string(num)) * factor;
-  if (!std::isfinite(v) || v >= 1.8e19) {
+  auto v = number_value(num);
+  if (!v) {
     if (why) *why = fmt::format("'{}' is too large", s);
     return std::nullopt;
   }
-  return static_cast<uint64_t>(std::llround(v));
+  return scale_whole(s, num, *v, factor, "bytes", why);
 }
 
 std::string format_size(uint64_t bytes) {
@@ -181,12 +204,12 @@ std::optional<uint64_t> parse_duration_ms(std::string_view s, std::string* why) 
     if (why) *why = fmt::format("'{}': unknown duration unit '{}' (use ms, s, m, h, d)", s, unit);
     return std::nullopt;
   }
-  double v = std::stod(std::string(num)) * factor;
-  if (!std::isfinite(v) || v >= 1.8e19) {
+  auto v = number_value(num);
+  if (!v) {
     if (why) *why = fmt::format("'{}' is too large", s);
     return std::nullopt;
   }
-  return static_cast<uint64_t>(std::llround(v));
+  return scale_whole(s, num, *v, factor, "milliseconds", why);
 }
 
 std::optional<uint32_t> parse_ipv4(std::string_view s) {
