@@ -1,6 +1,7 @@
 #include "core/strings.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,14 +13,13 @@
 #include <limits>
 #include <sstream>
 
-#include <fmt/format.h>
-
 namespace spark {
 
 std::string_view trim(std::string_view s) {
   size_t b = 0, e = s.size();
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r' || s[b] == '\n')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n')) --e;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n'))
+    --e;
   return s.substr(b, e - b);
 }
 
@@ -45,7 +45,9 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
 bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
@@ -104,8 +106,14 @@ struct Unit {
   double factor;
 };
 constexpr Unit kSizeUnits[] = {
-    {"B", 1.0},          {"KiB", 1024.0},     {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-    {"TiB", 1099511627776.0}, {"KB", 1e3},    {"MB", 1e6},        {"GB", 1e9},
+    {"B", 1.0},
+    {"KiB", 1024.0},
+    {"MiB", 1048576.0},
+    {"GiB", 1073741824.0},
+    {"TiB", 1099511627776.0},
+    {"KB", 1e3},
+    {"MB", 1e6},
+    {"GB", 1e9},
     {"TB", 1e12},
 };
 
@@ -164,8 +172,8 @@ std::optional<uint64_t> parse_size(std::string_view s, std::string* why) {
   }
   if (factor == 0) {
     if (why)
-      *why = fmt::format("'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)",
-                         s, unit);
+      *why = fmt::format(
+          "'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)", s, unit);
     return std::nullopt;
   }
   auto v = number_value(num);
@@ -195,11 +203,16 @@ std::optional<uint64_t> parse_duration_ms(std::string_view s, std::string* why) 
     return std::nullopt;
   }
   double factor = 0;
-  if (unit.empty() || unit == "s") factor = 1000;
-  else if (unit == "ms") factor = 1;
-  else if (unit == "m" || unit == "min") factor = 60000;
-  else if (unit == "h") factor = 3600000;
-  else if (unit == "d") factor = 86400000;
+  if (unit.empty() || unit == "s")
+    factor = 1000;
+  else if (unit == "ms")
+    factor = 1;
+  else if (unit == "m" || unit == "min")
+    factor = 60000;
+  else if (unit == "h")
+    factor = 3600000;
+  else if (unit == "d")
+    factor = 86400000;
   if (factor == 0) {
     if (why) *why = fmt::format("'{}': unknown duration unit '{}' (use ms, s, m, h, d)", s, unit);
     return std::nullopt;
