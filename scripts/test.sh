@@ -33,7 +33,7 @@ export CCACHE_NOHASHDIR=1
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
-passed=0 failed=0 failures=()
+passed=0 failed=0 skipped=0 failures=()
 t_start=$SECONDS
 
 # stage NAME CMD...: runs CMD, counts it, logs the time; output goes to the terminal.
@@ -51,6 +51,16 @@ stage() {
   return 1
 }
 
+# quiet CMD...: runs CMD with its output in a log, shown only when it fails.
+quiet() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  ((rc == 0)) || tail -n 60 "$log"
+  rm -f "$log"
+  return $rc
+}
+
 # tier BUILD LABEL: runs one ctest label; each test counts as one pass or fail.
 tier() {
   local dir=$1 label=$2 t0=$SECONDS log
@@ -66,7 +76,9 @@ tier() {
       failed=$((failed + 1)); failures+=("ctest-$label(no result)")
     fi
   else
-    passed=$((passed + total - fail)); failed=$((failed + fail))
+    local skip
+    skip=$(grep -c '(Skipped)' "$log" || true)
+    passed=$((passed + total - fail - skip)); failed=$((failed + fail)); skipped=$((skipped + skip))
     ((fail > 0)) && failures+=($(sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p" "$log"))
   fi
   echo "=== ctest -L $label: done ($((SECONDS - t0)) s)"
@@ -81,23 +93,23 @@ run_fuzz() {
     -max_len=8192 -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$SRC/build-fuzz/artifacts/$t-" "$work" >"$log" 2>&1
   rc=$?
-  grep -v -e '^#[0-9]' -e '^"' -e 'recommended dictionary' "$log" | tail -n 25
+  grep -Ev '^(#[0-9]|"|[[:space:]]+NEW_FUNC|###### )' "$log" | tail -n 25
   return $rc
 }
 
 if ((do_deps)); then stage deps bash scripts/install-deps.sh; fi
 
 # Main build: warnings are errors; CUDA for the two architectures when nvcc is there.
-if stage configure cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
-     "${LAUNCHER[@]}" >/dev/null &&
+if stage configure quiet cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
+     "${LAUNCHER[@]}" &&
    stage build ninja -C build-ci -j "$JOBS"; then
   for label in unit e2e script hw; do tier build-ci "$label"; done
 fi
 
 # Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time.
 if ((do_asan)); then
-  if stage asan-configure cmake -S . -B build-asan -G Ninja -DSPARK_SANITIZE=ON -DSPARK_CUDA=OFF \
-       -DSPARK_TESTS=ON "${LAUNCHER[@]}" >/dev/null &&
+  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DSPARK_SANITIZE=ON \
+       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON "${LAUNCHER[@]}" &&
      stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
@@ -108,9 +120,9 @@ fi
 # libFuzzer: clang, every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its
 # seed corpus. A crash leaves its input in build-fuzz/artifacts/.
 if ((do_fuzz)); then
-  if stage fuzz-configure cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang \
+  if stage fuzz-configure quiet cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang \
        -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_FUZZ=ON \
-       -DSPARK_TESTS=OFF -DSPARK_CUDA=OFF "${LAUNCHER[@]}" >/dev/null; then
+       -DSPARK_TESTS=OFF -DSPARK_CUDA=OFF "${LAUNCHER[@]}"; then
     mapfile -t targets < <(grep -v '^$' build-fuzz/tests/fuzz/fuzz_targets.txt)
     if stage fuzz-build ninja -C build-fuzz -j "$JOBS" "${targets[@]}"; then
       mkdir -p build-fuzz/artifacts
@@ -127,5 +139,6 @@ fi
 echo
 echo "=== total time $((SECONDS - t_start)) s"
 ((failed > 0)) && echo "=== failed: ${failures[*]}"
+((skipped > 0)) && echo "=== skipped (with a printed reason): $skipped"
 echo "$passed passed, $failed failed"
 ((failed == 0))
