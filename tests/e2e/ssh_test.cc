@@ -350,4 +350,24 @@ TEST_CASE("ssh: nodes in network namespaces are reached by their addresses") {
     REQUIRE_MESSAGE(res[i].result.ok(), res[i].result.error().message);
     CHECK(contains(res[i].result->out, n.ip(i + 1) + "/24"));  // it ran in that namespace
   }
+
+  // The node drops every connection (sshd and its sessions die) and comes back: the
+  // runner's reused session is dead, and the next call reconnects by itself.
+  std::vector<std::string> outs;
+  REQUIRE(n.run_in(0, [&] {
+             auto r1 = make_ssh_runner(t1);
+             auto first = r1->run("echo one", 10s);
+             outs.push_back(first.ok() ? first->out : first.error().message);
+             auto kill = run_shell("ip netns pids " + n.ns(1) + " | xargs -r kill -9", 10s);
+             outs.push_back(kill.ok() && kill->success() ? "killed" : "kill failed");
+             auto back = s1->restart();
+             outs.push_back(back.ok() ? "restarted" : back.message());
+             auto second = r1->run("echo two", 10s);
+             outs.push_back(second.ok() ? second->out : second.error().message);
+           }).ok());
+  REQUIRE(outs.size() == 4);
+  CHECK(outs[0] == "one\n");
+  CHECK(outs[1] == "killed");
+  CHECK(outs[2] == "restarted");
+  CHECK(outs[3] == "two\n");
 }
