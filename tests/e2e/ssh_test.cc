@@ -1,7 +1,10 @@
 // core/remote against a real OpenSSH server (tests/support/sshd.h) on loopback and inside
 // network namespaces.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -229,6 +232,37 @@ TEST_CASE("ssh: a closed port is a network error naming the node") {
   CHECK(contains(r.error().message, "n-down"));
   CHECK(contains(r.error().message, "refused"));
   CHECK(Clock::now() - t0 < 5s);
+}
+
+TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the deadline") {
+  // A listening socket nobody accepts from: the kernel completes the TCP handshake, then
+  // silence (a hung sshd, a wrong service on the port).
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  SshTarget t;
+  t.node = "n-silent";
+  t.host = "127.0.0.1";
+  t.port = ntohs(a.sin_port);
+  // First the call's deadline is the tighter bound, then the connect timeout.
+  for (auto [deadline, connect] : {std::pair{700ms, 5000ms}, std::pair{10000ms, 800ms}}) {
+    t.connect_timeout = connect;
+    auto t0 = Clock::now();
+    auto r = make_ssh_runner(t)->run("true", deadline);
+    auto took = Clock::now() - t0;
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    CHECK(r.error().code == Errc::timeout);
+    CHECK(contains(r.error().message, "n-silent"));
+    CHECK(took < 2s);
+  }
+  ::close(fd);
 }
 
 TEST_CASE("ssh: fan_out runs on every node at once and reports per node") {
