@@ -1,0 +1,63 @@
+// The CUDA entry points of a build without CUDA: each says so instead of failing to link.
+#if !defined(SPARK_HAVE_CUDA)
+
+#include <utility>
+
+#include "kernels/cuda_runtime.h"
+#include "kernels/rmsnorm.h"
+
+namespace spark::kernels {
+namespace {
+Error no_cuda(const char* what) {
+  return make_error(Errc::unsupported,
+                    std::string(what) +
+                        ": built without CUDA (nvcc was not found at configure time; "
+                        "reconfigure with CUDA installed and SPARK_CUDA=ON)");
+}
+}  // namespace
+
+bool built_with_cuda() {
+  return false;
+}
+Result<int> cuda_device_count() {
+  return no_cuda("cuda_device_count");
+}
+std::string cuda_runtime_version() {
+  return {};
+}
+
+Status cuda_synchronize() {
+  return no_cuda("cuda_synchronize");
+}
+Result<DeviceMemory> DeviceMemory::allocate(size_t) {
+  return no_cuda("DeviceMemory::allocate");
+}
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
+  std::swap(p_, o.p_), std::swap(n_, o.n_);
+  return *this;
+}
+DeviceMemory::~DeviceMemory() = default;
+Status DeviceMemory::copy_from_host(const void*, size_t) {
+  return no_cuda("DeviceMemory::copy_from_host");
+}
+Status DeviceMemory::copy_to_host(void*, size_t) const {
+  return no_cuda("DeviceMemory::copy_to_host");
+}
+
+Status rmsnorm_cuda(const float*, const float*, float*, size_t, size_t, float) {
+  return no_cuda("rmsnorm_cuda");
+}
+Status rmsnorm_bf16_cuda(const bf16_bits*, const bf16_bits*, bf16_bits*, size_t, size_t, float) {
+  return no_cuda("rmsnorm_bf16_cuda");
+}
+Status rmsnorm_cuda_device(const float*, const float*, float*, size_t, size_t, float, void*) {
+  return no_cuda("rmsnorm_cuda_device");
+}
+Status rmsnorm_bf16_cuda_device(const bf16_bits*, const bf16_bits*, bf16_bits*, size_t, size_t,
+                                float, void*) {
+  return no_cuda("rmsnorm_bf16_cuda_device");
+}
+
+}  // namespace spark::kernels
+
+#endif
