@@ -43,6 +43,14 @@ bool built_with_cuda() {
   return true;
 }
 
+std::string cuda_architectures() {
+#ifdef SPARK_CUDA_ARCHITECTURES
+  return SPARK_CUDA_ARCHITECTURES;
+#else
+  return "unknown";
+#endif
+}
+
 std::string cuda_runtime_version() {
   return std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
 }

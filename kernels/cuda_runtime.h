@@ -16,6 +16,9 @@ bool built_with_cuda();
 /// none can be used ("no CUDA device: <CUDA error string>").
 Result<int> cuda_device_count();
 
+/// The GPU architectures this build has kernels for, e.g. "90,121"; empty without CUDA.
+std::string cuda_architectures();
+
 /// Version of the CUDA runtime compiled in, e.g. "13.0"; empty without CUDA.
 std::string cuda_runtime_version();
 

@@ -25,6 +25,9 @@ Result<int> cuda_device_count() {
 std::string cuda_runtime_version() {
   return {};
 }
+std::string cuda_architectures() {
+  return {};
+}
 
 Status cuda_synchronize() {
   return no_cuda("cuda_synchronize");
