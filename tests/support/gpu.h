@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
@@ -20,10 +21,17 @@ inline std::string cuda_skip_reason() {
 }
 
 /// Prints "SKIP: <reason>" (stdout and doctest MESSAGE) and returns true when no CUDA
-/// device is usable; use as `if (skip_without_cuda()) return;`.
+/// device is usable; use as `if (skip_without_cuda()) return;`. With SPARK_REQUIRE_GPU=1
+/// (set by the GPU machine's run script) a missing device fails the test instead, so a
+/// broken driver setup cannot pass as a row of skips.
 inline bool skip_without_cuda() {
   std::string why = cuda_skip_reason();
   if (why.empty()) return false;
+  const char* require = std::getenv("SPARK_REQUIRE_GPU");
+  if (require && std::string(require) == "1") {
+    FAIL_CHECK("SPARK_REQUIRE_GPU=1 but " << why);
+    return true;
+  }
   std::cout << "SKIP: " << why << "\n";
   MESSAGE("SKIP: " << why);
   return true;
