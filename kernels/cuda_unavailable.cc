@@ -47,17 +47,24 @@ Status DeviceMemory::copy_to_host(void*, size_t) const {
   return no_cuda("DeviceMemory::copy_to_host");
 }
 
-Status rmsnorm_cuda(const float*, const float*, float*, size_t, size_t, float) {
+// Argument errors come first, as in the CUDA build, so callers see the same contract.
+Status rmsnorm_cuda(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(float)));
   return no_cuda("rmsnorm_cuda");
 }
-Status rmsnorm_bf16_cuda(const bf16_bits*, const bf16_bits*, bf16_bits*, size_t, size_t, float) {
+Status rmsnorm_bf16_cuda(const bf16_bits* x, const bf16_bits* w, bf16_bits* y, size_t rows,
+                         size_t dim, float eps) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(bf16_bits)));
   return no_cuda("rmsnorm_bf16_cuda");
 }
-Status rmsnorm_cuda_device(const float*, const float*, float*, size_t, size_t, float, void*) {
+Status rmsnorm_cuda_device(const float* x, const float* w, float* y, size_t rows, size_t dim,
+                           float eps, void*) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(float)));
   return no_cuda("rmsnorm_cuda_device");
 }
-Status rmsnorm_bf16_cuda_device(const bf16_bits*, const bf16_bits*, bf16_bits*, size_t, size_t,
-                                float, void*) {
+Status rmsnorm_bf16_cuda_device(const bf16_bits* x, const bf16_bits* w, bf16_bits* y, size_t rows,
+                                size_t dim, float eps, void*) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(bf16_bits)));
   return no_cuda("rmsnorm_bf16_cuda_device");
 }
 
