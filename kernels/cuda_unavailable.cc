@@ -5,6 +5,7 @@
 
 #include "kernels/cuda_runtime.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 
 namespace spark::kernels {
 namespace {
@@ -66,6 +67,24 @@ Status rmsnorm_bf16_cuda_device(const bf16_bits* x, const bf16_bits* w, bf16_bit
                                 size_t dim, float eps, void*) {
   SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(bf16_bits)));
   return no_cuda("rmsnorm_bf16_cuda_device");
+}
+
+Status swiglu_cuda(const float* gate_up, float* y, size_t rows, size_t dim) {
+  SPARK_TRY(swiglu_check_args(gate_up, y, rows, dim, sizeof(float)));
+  return no_cuda("swiglu_cuda");
+}
+Status swiglu_bf16_cuda(const bf16_bits* gate_up, bf16_bits* y, size_t rows, size_t dim) {
+  SPARK_TRY(swiglu_check_args(gate_up, y, rows, dim, sizeof(bf16_bits)));
+  return no_cuda("swiglu_bf16_cuda");
+}
+Status swiglu_cuda_device(const float* gate_up, float* y, size_t rows, size_t dim, void*) {
+  SPARK_TRY(swiglu_check_args(gate_up, y, rows, dim, sizeof(float)));
+  return no_cuda("swiglu_cuda_device");
+}
+Status swiglu_bf16_cuda_device(const bf16_bits* gate_up, bf16_bits* y, size_t rows, size_t dim,
+                               void*) {
+  SPARK_TRY(swiglu_check_args(gate_up, y, rows, dim, sizeof(bf16_bits)));
+  return no_cuda("swiglu_bf16_cuda_device");
 }
 
 }  // namespace spark::kernels
