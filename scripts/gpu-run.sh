@@ -19,7 +19,9 @@
 # summary.txt (one line per step, '#' header), summary.json, one <step>.log per step,
 # version.json, nvidia-smi.txt. The run exits non-zero when any step failed.
 #
-# Environment for `stage`: BUILD_DIR (build-gpu), CUDA_ARCHS (90), JOBS (2).
+# Environment: for `stage` BUILD_DIR (build-gpu), CUDA_ARCHS (90), JOBS (2), STAGE_DIR
+# (.device), STAGE_FROM (stage an existing build instead of building); for `device`
+# GPU_RUN_STEPS (default "libraries version hw gpu-kernels unit"), OUT.
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -34,17 +36,23 @@ stage() {
   local src; src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   cd "$src"
   local build=${BUILD_DIR:-build-gpu} archs=${CUDA_ARCHS:-90} jobs=${JOBS:-2}
-  export CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
-  local launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-  [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "nvcc not found: the GPU build needs the CUDA toolkit (/usr/local/cuda)"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
-    '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-  local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests fault_inject_libcuda)
-  ninja -C "$build" -j"$jobs" "${targets[@]}"
+  if [ -n "${STAGE_FROM:-}" ]; then
+    build=$STAGE_FROM  # an existing build (the script test uses this); no configure/build
+    archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+  else
+    export CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
+    local launcher=()
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "nvcc not found: the GPU build needs the CUDA toolkit (/usr/local/cuda)"
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
+      '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
+    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests fault_inject_libcuda)
+    ninja -C "$build" -j"$jobs" "${targets[@]}"
+    build="$src/$build"
+  fi
 
-  local dev="$src/.device"
+  local dev=${STAGE_DIR:-$src/.device}
   rm -rf "$dev"
   mkdir -p "$dev/bin" "$dev/lib"
   local f
@@ -79,7 +87,7 @@ EOF
     echo "commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$src" diff --quiet 2>/dev/null || echo -dirty)"
     echo "staged=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "source_dir=$src"
-    echo "build_dir=$src/$build"
+    echo "build_dir=$build"
     echo "cuda_architectures=$archs"
     echo "libraries=${copied[*]}"
   } > "$dev/MANIFEST"
@@ -88,7 +96,7 @@ EOF
   [ "$mib" -lt "$MAX_STAGE_MIB" ] || die ".device is ${mib} MiB, over the ${MAX_STAGE_MIB} MiB limit (du -a .device | sort -n | tail)"
   echo "# staged .device (${mib} MiB): $(ls "$dev/bin" | tr '\n' ' ')"
   echo "# libraries: ${copied[*]}"
-  echo "# device call: command 'bash .device/run.sh', carry [\".device\"]"
+  echo "# device call: command 'bash .device/run.sh', carry [\".device\"], kind nvidia-h200"
 }
 
 # ---- on the GPU machine -------------------------------------------------------------------
@@ -140,12 +148,17 @@ device() {
     echo "# no GPU here (nvidia-smi missing or lists none): GPU tests will print SKIP" | tee "$out/nvidia-smi.txt"
   fi
 
-  step libraries 30 bash -c 'for f in "$0"/bin/*; do ldd "$f"; done | grep "not found" && exit 1 || exit 0' "$dev"
-  step version 60 "$dev/bin/sparkctl" -v version
-  timeout 60 "$dev/bin/sparkctl" version --json > "$out/version.json" 2>> "$out/version.log" || true
-  step hw 240 "$dev/bin/spark_hw_tests"
-  step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*bf16*,*CUDA*' -s
-  step unit 240 "$dev/bin/spark_unit_tests"
+  local want=" ${GPU_RUN_STEPS:-libraries version hw gpu-kernels unit} "
+  [[ $want == *" libraries "* ]] &&
+    step libraries 30 bash -c 'for f in "$0"/bin/*; do ldd "$f"; done | grep "not found" && exit 1 || exit 0' "$dev"
+  if [[ $want == *" version "* ]]; then
+    step version 60 "$dev/bin/sparkctl" -v version
+    timeout 60 "$dev/bin/sparkctl" version --json > "$out/version.json" 2>> "$out/version.log" || true
+  fi
+  [[ $want == *" hw "* ]] && step hw 240 "$dev/bin/spark_hw_tests"
+  [[ $want == *" gpu-kernels "* ]] &&
+    step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*' -s
+  [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
 
   cat "$summary"
   local joined; joined=$(IFS=,; echo "${steps_json[*]}")
@@ -156,5 +169,5 @@ device() {
 case "${1:-}" in
   stage) stage ;;
   device) device ;;
-  *) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  *) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
