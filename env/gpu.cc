@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -359,6 +360,49 @@ nlohmann::json to_json(const GpuReport& r) {
       {"holders", holders},
       {"holders_unreadable", r.holders_unreadable},
   };
+}
+
+Result<GpuReport> gpu_report_from_json(const nlohmann::json& j) {
+  // nlohmann throws on missing keys and wrong types; this is the boundary that turns that
+  // into an Error.
+  try {
+    GpuReport r;
+    const auto& drv = j.at("driver");
+    r.driver_loaded = drv.at("loaded").get<bool>();
+    r.driver_library = drv.at("library").get<std::string>();
+    r.driver_api_version = drv.at("cuda_version_code").get<int>();
+    r.kernel_module_version = drv.at("kernel_module_version").get<std::string>();
+    r.driver_initialized = drv.at("initialized").get<bool>();
+    r.driver_reason = drv.at("reason").get<std::string>();
+    for (const auto& jd : j.at("devices")) {
+      GpuDevice d;
+      d.index = jd.at("index").get<int>();
+      d.name = jd.at("name").get<std::string>();
+      d.pci_bus_id = jd.at("pci_bus_id").get<std::string>();
+      const auto cc = jd.at("compute_capability").get<std::string>();
+      if (std::sscanf(cc.c_str(), "%d.%d", &d.cc_major, &d.cc_minor) != 2)
+        return make_error(Errc::io, fmt::format("GPU report: device {}: compute_capability '{}' is "
+                                                "not MAJOR.MINOR",
+                                                d.index, cc));
+      d.total_memory = jd.at("total_memory_bytes").get<uint64_t>();
+      d.max_smem_per_block_optin = jd.at("max_shared_memory_per_block_optin_bytes").get<int>();
+      d.multiprocessors = jd.at("multiprocessors").get<int>();
+      d.errors = jd.at("errors").get<std::vector<std::string>>();
+      r.devices.push_back(std::move(d));
+    }
+    const auto& nccl = j.at("nccl");
+    r.nccl_loaded = nccl.at("loaded").get<bool>();
+    r.nccl_version_code = nccl.at("version_code").get<int>();
+    r.nccl_library = nccl.at("library").get<std::string>();
+    r.nccl_reason = nccl.at("reason").get<std::string>();
+    for (const auto& jh : j.at("holders"))
+      r.holders.push_back({jh.at("pid").get<int>(), jh.at("comm").get<std::string>(),
+                           jh.at("devices").get<std::vector<std::string>>()});
+    r.holders_unreadable = j.at("holders_unreadable").get<int>();
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(Errc::io, fmt::format("GPU report: {}", e.what()));
+  }
 }
 
 }  // namespace spark::env

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace spark::env {
 
 /// One CUDA device as the driver reports it. A failed query leaves its field at zero/empty
@@ -79,5 +81,8 @@ std::vector<GpuHolder> find_gpu_holders(const std::string& root, int exclude_pid
 
 /// The report as JSON (the schema `sparkctl version --json` prints under "gpu").
 nlohmann::json to_json(const GpuReport& r);
+/// Reads a report back from to_json's output (a node capture, another node's answer);
+/// Errc::io naming the first missing or mistyped field.
+Result<GpuReport> gpu_report_from_json(const nlohmann::json& j);
 
 }  // namespace spark::env

@@ -211,3 +211,34 @@ TEST_CASE("kernel module version and GPU holders come from a captured /proc tree
   REQUIRE(r.holders.size() == 1);
   CHECK(to_json(r)["holders"][0]["comm"] == "python3");
 }
+
+TEST_CASE("a GPU report survives a JSON round trip; a damaged one is refused with the field") {
+  GpuReport r;
+  r.driver_loaded = r.driver_initialized = true;
+  r.driver_library = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+  r.driver_api_version = 13000;
+  r.kernel_module_version = "580.95.05";
+  r.devices.push_back({0, "NVIDIA H200", "0000:19:00.0", 9, 0, 150ull << 30, 232448, 132, {}});
+  r.devices.push_back(
+      {1, "NVIDIA GB10", "", 12, 1, 120ull << 30, 101376, 48, {"cuDeviceGetPCIBusId: x"}});
+  r.nccl_loaded = true;
+  r.nccl_version_code = 22809;
+  r.nccl_library = "/usr/lib/libnccl.so.2";
+  r.holders.push_back({77, "python3", {"/dev/nvidia0"}});
+  r.holders_unreadable = 2;
+  auto back = gpu_report_from_json(to_json(r));
+  REQUIRE(back.ok());
+  CHECK(to_json(*back) == to_json(r));
+  CHECK(back->devices[1].cc_minor == 1);
+  CHECK(back->has_gpu());
+
+  auto j = to_json(r);
+  j["nccl"].erase("version_code");
+  auto bad = gpu_report_from_json(j);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::io);
+  CHECK(contains(bad.error().message, "version_code"));
+  j = to_json(r);
+  j["devices"][0]["compute_capability"] = "nine";
+  CHECK(contains(gpu_report_from_json(j).error().message, "compute_capability 'nine'"));
+}
