@@ -3,6 +3,10 @@
 #include "env/gpu.h"
 
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -90,4 +94,42 @@ TEST_CASE("hw: RMSNorm at LLM shapes matches the reference; bandwidth is reporte
     CHECK(wrong == 0);
   }
   std::cout << "# json: " << nlohmann::json{{"rmsnorm_fp32", rows}}.dump() << "\n";
+}
+
+TEST_CASE("hw: a process holding /dev/nvidiactl is listed as a GPU holder; the prober is not") {
+  if (access("/dev/nvidiactl", R_OK) != 0) {
+    std::cout << "SKIP: /dev/nvidiactl is not readable here (no NVIDIA driver)\n";
+    MESSAGE("SKIP: no /dev/nvidiactl");
+    return;
+  }
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // No CUDA here (the parent may have initialised it): just hold the device file.
+    int fd = open("/dev/nvidiactl", O_RDONLY);
+    char c = fd >= 0 ? 'y' : 'n';
+    (void)!write(ready[1], &c, 1);
+    sleep(20);  // bounded; the parent kills us sooner
+    _exit(0);
+  }
+  close(ready[1]);
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+  int unreadable = 0;
+  auto holders = env::find_gpu_holders("/", getpid(), &unreadable);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  REQUIRE(c == 'y');
+  bool found = false;
+  for (const auto& h : holders) {
+    CHECK(h.pid != getpid());
+    if (h.pid == child) {
+      found = true;
+      CHECK(h.devices == std::vector<std::string>{"/dev/nvidiactl"});
+    }
+  }
+  CHECK(found);
 }
