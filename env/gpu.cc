@@ -202,13 +202,28 @@ DriverPart query_driver(const std::string& lib) {
   return p;
 }
 
-void probe_nccl(const std::string& lib, GpuReport* r) {
+// Where NCCL is usually installed; named in the message when the loader cannot find it
+// but a copy sits in one of these directories.
+const char* const kNcclDirs[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/lib",
+                                 "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+                                 "/usr/local/lib"};
+
+void probe_nccl(const std::string& lib, const std::string& root, GpuReport* r) {
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    r->nccl_reason = fmt::format(
-        "{} not found: {}; install NCCL or add its directory to "
-        "LD_LIBRARY_PATH",
-        lib, last_dlerror());
+    std::string err = last_dlerror();
+    std::string hint = "install NCCL or add its directory to LD_LIBRARY_PATH";
+    for (const char* dir : kNcclDirs) {
+      std::string candidate = std::string(dir) + "/" + lib;
+      if (access(under(root, candidate).c_str(), F_OK) == 0) {
+        hint = fmt::format(
+            "{} exists but is not on the loader's path: add {} to LD_LIBRARY_PATH "
+            "or /etc/ld.so.conf.d and run ldconfig",
+            candidate, dir);
+        break;
+      }
+    }
+    r->nccl_reason = fmt::format("{} not found: {}; {}", lib, err, hint);
     return;
   }
   r->nccl_library = loaded_path(h);
@@ -300,7 +315,7 @@ GpuReport probe_gpu(const GpuProbeOptions& opts) {
   std::thread worker(
       [promise, lib = opts.driver_library] { promise->set_value(query_driver(lib)); });
   r.kernel_module_version = read_kernel_module_version(opts.root);
-  probe_nccl(opts.nccl_library, &r);
+  probe_nccl(opts.nccl_library, opts.root, &r);
   if (opts.scan_holders) {
     int self = opts.exclude_pid;
     if (self == -1 && opts.root == "/") self = static_cast<int>(getpid());

@@ -208,6 +208,14 @@ TEST_CASE("kernel module version and GPU holders come from a captured /proc tree
   o.exclude_pid = 300;
   GpuReport r = probe_gpu(o);
   CHECK(r.kernel_module_version == "580.95.05");
+  // NCCL the loader cannot find, but present in a usual directory: the message says where.
+  o.nccl_library = "libnccl-spark-fault-injection.so.2";
+  root.write("usr/local/cuda/lib64/libnccl-spark-fault-injection.so.2", "not really a library");
+  r = probe_gpu(o);
+  CHECK_FALSE(r.nccl_loaded);
+  CHECK(contains(r.nccl_reason,
+                 "/usr/local/cuda/lib64/libnccl-spark-fault-injection.so.2 exists but is not on "
+                 "the loader's path"));
   REQUIRE(r.holders.size() == 1);
   CHECK(to_json(r)["holders"][0]["comm"] == "python3");
 }
