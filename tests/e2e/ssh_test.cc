@@ -1,7 +1,10 @@
 // core/remote against a real OpenSSH server (tests/support/sshd.h) on loopback and inside
 // network namespaces.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -129,7 +132,7 @@ TEST_CASE("ssh: a deadline stops the remote command and names node and command")
   CHECK(r.error().code == Errc::timeout);
   CHECK(contains(r.error().message, "slow-node"));
   CHECK(contains(r.error().message, marker));
-  CHECK(took < 2s);
+  CHECK(took < 2500ms);
   CHECK_MESSAGE(no_process_matches(marker, 1500ms), "the remote `" << marker
                                                                    << "` still runs; sshd log:\n"
                                                                    << d->log());
@@ -229,6 +232,37 @@ TEST_CASE("ssh: a closed port is a network error naming the node") {
   CHECK(contains(r.error().message, "n-down"));
   CHECK(contains(r.error().message, "refused"));
   CHECK(Clock::now() - t0 < 5s);
+}
+
+TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the deadline") {
+  // A listening socket nobody accepts from: the kernel completes the TCP handshake, then
+  // silence (a hung sshd, a wrong service on the port).
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  SshTarget t;
+  t.node = "n-silent";
+  t.host = "127.0.0.1";
+  t.port = ntohs(a.sin_port);
+  // First the call's deadline is the tighter bound, then the connect timeout.
+  for (auto [deadline, connect] : {std::pair{700ms, 5000ms}, std::pair{10000ms, 800ms}}) {
+    t.connect_timeout = connect;
+    auto t0 = Clock::now();
+    auto r = make_ssh_runner(t)->run("true", deadline);
+    auto took = Clock::now() - t0;
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    CHECK(r.error().code == Errc::timeout);
+    CHECK(contains(r.error().message, "n-silent"));
+    CHECK(took < 2s);
+  }
+  ::close(fd);
 }
 
 TEST_CASE("ssh: fan_out runs on every node at once and reports per node") {
@@ -350,4 +384,24 @@ TEST_CASE("ssh: nodes in network namespaces are reached by their addresses") {
     REQUIRE_MESSAGE(res[i].result.ok(), res[i].result.error().message);
     CHECK(contains(res[i].result->out, n.ip(i + 1) + "/24"));  // it ran in that namespace
   }
+
+  // The node drops every connection (sshd and its sessions die) and comes back: the
+  // runner's reused session is dead, and the next call reconnects by itself.
+  std::vector<std::string> outs;
+  REQUIRE(n.run_in(0, [&] {
+             auto r1 = make_ssh_runner(t1);
+             auto first = r1->run("echo one", 10s);
+             outs.push_back(first.ok() ? first->out : first.error().message);
+             auto kill = run_shell("ip netns pids " + n.ns(1) + " | xargs -r kill -9", 10s);
+             outs.push_back(kill.ok() && kill->success() ? "killed" : "kill failed");
+             auto back = s1->restart();
+             outs.push_back(back.ok() ? "restarted" : back.message());
+             auto second = r1->run("echo two", 10s);
+             outs.push_back(second.ok() ? second->out : second.error().message);
+           }).ok());
+  REQUIRE(outs.size() == 4);
+  CHECK(outs[0] == "one\n");
+  CHECK(outs[1] == "killed");
+  CHECK(outs[2] == "restarted");
+  CHECK(outs[3] == "two\n");
 }
