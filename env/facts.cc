@@ -1,11 +1,9 @@
 #include "env/facts.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <ifaddrs.h>
-#include <link.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -23,6 +21,7 @@
 #include <filesystem>
 
 #include "core/strings.h"
+#include "env/gpu.h"
 
 namespace spark::env {
 
@@ -121,28 +120,6 @@ PortProbe try_bind(const std::string& address, int port) {
   return p;
 }
 
-NcclLib find_nccl() {
-  NcclLib n;
-  void* h = ::dlopen("libnccl.so.2", RTLD_LAZY | RTLD_LOCAL);
-  if (!h) {
-    const char* e = ::dlerror();
-    n.error = e ? e : "libnccl.so.2 not found";
-    return n;
-  }
-  struct link_map* lm = nullptr;
-  if (::dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name) n.path = lm->l_name;
-  using GetVersion = int (*)(int*);
-  auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion"));
-  if (fn) {
-    int v = 0;
-    if (fn(&v) == 0) n.version = v;
-  } else {
-    n.error = "ncclGetVersion not found";
-  }
-  // Leave it loaded: unloading NCCL is not supported and we exit soon anyway.
-  return n;
-}
-
 }  // namespace
 
 Residency page_cache_residency(const std::string& dir) {
@@ -218,7 +195,13 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
     f.memlock_hard = rl.rlim_max == RLIM_INFINITY ? kUnlimited : rl.rlim_max;
   }
   for (const auto& [addr, port] : req.ports) f.ports.push_back(try_bind(addr, port));
-  f.nccl = find_nccl();
+  // One probe for the driver, the devices, the processes holding them and NCCL (dlopen).
+  GpuProbeOptions go;
+  go.root = root.root();
+  go.deadline_ms = 10000;
+  GpuReport g = probe_gpu(go);
+  f.gpu = to_json(g);
+  f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
   f.uid = static_cast<int>(::getuid());
   if (auto* pw = ::getpwuid(::getuid())) f.user = pw->pw_name;
   for (const auto& name : root.list("/dev/infiniband"))
