@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/process.h"
 #include "core/strings.h"
 #include "env/gpu.h"
 
@@ -202,6 +203,13 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
   GpuReport g = probe_gpu(go);
   f.gpu = to_json(g);
   f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
+  if (!req.sparkd_bin.empty()) {
+    ProcessSpec ps;
+    ps.argv = {req.sparkd_bin, "--version"};
+    ps.timeout = std::chrono::milliseconds(3000);
+    if (auto r = run_process(ps); r && r->success())
+      f.sparkd_version = std::string(trim(r->out.substr(0, r->out.find('\n'))));
+  }
   f.uid = static_cast<int>(::getuid());
   if (auto* pw = ::getpwuid(::getuid())) f.user = pw->pw_name;
   for (const auto& name : root.list("/dev/infiniband"))
@@ -240,6 +248,7 @@ json facts_to_json(const NodeFacts& f) {
                        {"files", f.residency->files},
                        {"error", f.residency->error}};
   j["nccl"] = {{"path", f.nccl.path}, {"version", f.nccl.version}, {"error", f.nccl.error}};
+  j["sparkd_version"] = f.sparkd_version;
   j["user"] = f.user;
   j["uid"] = f.uid;
   j["uverbs"] = json::array();
@@ -286,6 +295,7 @@ Result<NodeFacts> facts_from_json(const json& j) {
       f.nccl =
           NcclLib{get_or<std::string>(j["nccl"], "path", ""), get_or<int>(j["nccl"], "version", 0),
                   get_or<std::string>(j["nccl"], "error", "")};
+    f.sparkd_version = get_or<std::string>(j, "sparkd_version", "");
     f.user = get_or<std::string>(j, "user", "");
     f.uid = get_or<int>(j, "uid", -1);
     for (const auto& u : j.value("uverbs", json::array()))

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "core/strings.h"
 #include "env/facts.h"
@@ -562,6 +563,14 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
 
   FactsRequest req;
   req.model_path = node.model_path;
+  req.sparkd_bin = cfg.get("SPARKD_BIN");
+  if (req.sparkd_bin.empty() && root.live()) {
+    // Default: beside this sparkctl.
+    std::error_code ec;
+    auto self = std::filesystem::canonical("/proc/self/exe", ec);
+    if (!ec) req.sparkd_bin = (self.parent_path() / "sparkd").string();
+    if (!std::filesystem::exists(req.sparkd_bin, ec)) req.sparkd_bin.clear();
+  }
   if (node.index == 0) {
     req.ports.emplace_back(cfg.get("API_BIND"), static_cast<int>(cfg.get_int("API_PORT")));
     req.ports.emplace_back(node.fabric_ip, static_cast<int>(cfg.get_int("RDZV_PORT")));
@@ -625,6 +634,7 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
       [&](const CheckResult& a, const CheckResult& b) { return order(a.id) < order(b.id); });
 
   rep.identity["sparkctl_version"] = kVersion;
+  rep.identity["sparkd_version"] = facts.sparkd_version;
   rep.identity["nccl_path"] = facts.nccl.path;
   rep.identity["nccl_version"] = facts.nccl.version ? std::to_string(facts.nccl.version) : "";
   rep.identity["nvidia_driver"] = gpu ? gpu->kernel_module_version : "";

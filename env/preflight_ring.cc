@@ -188,8 +188,9 @@ void add_checks(RingReport* r, const std::vector<CheckResult>& more) {
 
 namespace {
 
-const char* kParityFields[] = {"sparkctl_version", "nccl_path",     "nccl_version",
-                               "nvidia_driver",    "config_digest", "manifest_digest"};
+const char* kParityFields[] = {"sparkctl_version", "sparkd_version", "nccl_path",
+                               "nccl_version",     "nvidia_driver",  "cuda_driver",
+                               "config_digest",    "manifest_digest"};
 
 std::string show(const std::string& v) {
   return v.empty() ? "(none)" : v;
