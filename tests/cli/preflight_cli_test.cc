@@ -35,6 +35,10 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
   auto ok = sparkctl({"--config", fx("healthy-pair/cluster.env"), "preflight", "--sysroot",
                       fx("healthy-pair/node0"), "--sysroot", fx("healthy-pair/node1")});
   CHECK_MESSAGE(ok.rc == 0, ok.out);
+  CHECK(
+      ok.out.find(
+          "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
+          "rocep1s0f1:3\n") != std::string::npos);
   CHECK(ok.out.find("# 43 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
@@ -45,6 +49,9 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
   CHECK(j["counts"]["FAIL"] == 1);
   CHECK(j["nodes"][1]["links"][0]["gid_index"].is_null());
   CHECK(j["nodes"][1]["links"][1]["gid_index"] == 3);
+  CHECK(j["ranks"][1]["node"] == "spark-b");
+  CHECK(j["ranks"][1]["gid_index"]["rocep1s0f0"].is_null());
+  CHECK(j["ranks"][0]["gid_index"]["rocep1s0f1"] == 3);
   auto warn = sparkctl({"--config", fx("mtu1500/cluster.env"), "preflight", "--local", "--node",
                         "1", "--sysroot", fx("mtu1500/node1")});
   CHECK_MESSAGE(warn.rc == 15, warn.out);
