@@ -15,6 +15,7 @@
 #include "core/strings.h"
 #include "env/capture.h"
 #include "env/facts.h"
+#include "env/meminfo.h"
 #include "env/plan.h"
 #include "env/preflight.h"
 #include "env/rank_env.h"
@@ -388,4 +389,26 @@ TEST_CASE("Sysroot records reads, listings and sizes for capture") {
   CHECK(r.recorded_dirs() == std::set<std::string>{"/dev/infiniband"});
   CHECK(r.recorded_sized() == std::set<std::string>{"/models/qwen3-32b/config.json"});
   CHECK(Sysroot("/").live());
+}
+
+TEST_CASE("fuzz corpus: every fuzz_node_report seed parses or is refused, never crashes") {
+  int n = 0, reports = 0, facts = 0;
+  for (const auto& e : std::filesystem::directory_iterator(SPARK_SOURCE_DIR
+                                                           "/tests/fuzz/corpus/fuzz_node_report")) {
+    auto data = read_file(e.path().string());
+    REQUIRE(data.has_value());
+    INFO(e.path().filename().string());
+    std::array<uint8_t, 16> g{};
+    (void)parse_gid(*data, &g);
+    (void)parse_meminfo(*data);
+    auto j = nlohmann::json::parse(*data, nullptr, false);
+    if (!j.is_discarded()) {
+      reports += report_from_json(j).ok();
+      facts += facts_from_json(j).ok();
+    }
+    ++n;
+  }
+  CHECK(n >= 4);
+  CHECK(reports >= 1);  // the seed node report
+  CHECK(facts >= 1);    // the seed facts.json
 }
