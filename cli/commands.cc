@@ -1,4 +1,5 @@
 #include "cli/cli.h"
+#include "cli/cmd_stage.h"
 
 namespace spark::cli {
 
@@ -9,6 +10,12 @@ const std::vector<Command>& commands() {
       {"version", "Print versions of sparkctl and what it found (CUDA driver, NCCL)", cmd_version},
       {"config", "Show the resolved cluster file (config show) or validate it (config check)",
        cmd_config},
+      {"manifest", "Create or verify a model directory's manifest (xxh3-128 per file and chunk)", cmd_manifest},
+      {"stage-weights", "Copy the model to every node over the fabric, verified and resumable", cmd_stage_weights},
+      {"evict", "Drop the page cache of the model files on every node (no root needed)", cmd_evict},
+      {"cache-stat", "Show how much of each file is in the page cache (like vmtouch -v)", cmd_cache_stat},
+      {"stage-recv", "(internal) receiving half of stage-weights, started on a target over SSH", cmd_stage_recv},
+      {"stage-send", "(internal) sending half of stage-weights, given receivers and tokens", cmd_stage_send},
   };
   return table;
 }
