@@ -124,18 +124,18 @@ Status plan_target(TargetRun& t, const Manifest& m, const std::string& manifest_
   auto c = connect_to(t.spec.addrs[0].first, t.spec.addrs[0].second, o.timeout, t.spec.node);
   if (!c) return c.error();
   t.control = std::move(*c);
-  SPARK_TRY(hello(t.control, t.spec.token, 0));
   json req = {{"manifest", manifest_text}, {"deep", o.deep}, {"keep_cache", o.keep_cache}};
   std::string body = req.dump();
-  SPARK_TRY(t.control.send_frame(Header{Frame::manifest, 0, 0, 0, body.size()}, body.data()));
+  Status sent = hello(t.control, t.spec.token, 0);
+  if (sent) sent = t.control.send_frame(Header{Frame::manifest, 0, 0, 0, body.size()}, body.data());
   t.control.set_timeout(o.plan_timeout);
-  auto h = t.control.recv_header();
+  Result<Header> h = sent ? t.control.recv_header() : Result<Header>(sent.error());
   if (!h) {
     if (h.error().code == Errc::network)
       return make_error(Errc::auth, fmt::format("{}: the receiver closed the control connection "
                                                 "before answering (wrong token, or it exited: "
-                                                "see its log)",
-                                                t.spec.node));
+                                                "see its log): {}",
+                                                t.spec.node, h.error().message));
     return h.error();
   }
   if (h->type == Frame::error) return wire_error(t.control, *h);
