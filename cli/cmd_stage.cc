@@ -494,18 +494,20 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   so.timeout =
       std::chrono::milliseconds(std::max<uint64_t>(cfg->get_duration_ms("STAGE_TIMEOUT"), 5000));
   apply_faults(ctx, so);
-  if (src->local) return run_send(ctx, src->model_path, targets, so, chunk ? chunk : kDefaultChunkSize);
+  if (src->local)
+    return run_send(ctx, src->model_path, targets, so, chunk ? chunk : kDefaultChunkSize);
   // The source is another node: it runs the sending half, with the tokens on its stdin.
   // Its progress lines arrive when it ends (the runner returns output at exit).
-  std::string cmd = fmt::format("{} --json stage-send --dir {} --streams {} --chunk-size {} "
-                                "--max-use {}{}{}",
-                                shell_quote(bin), shell_quote(src->model_path), so.streams,
-                                chunk ? chunk : kDefaultChunkSize, so.max_use_pct,
-                                so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
+  std::string cmd = fmt::format(
+      "{} --json stage-send --dir {} --streams {} --chunk-size {} "
+      "--max-use {}{}{}",
+      shell_quote(bin), shell_quote(src->model_path), so.streams, chunk ? chunk : kDefaultChunkSize,
+      so.max_use_pct, so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
   std::string input;
   for (const auto& t : targets) {
     std::string addrs;
-    for (const auto& a : t.addrs) addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
+    for (const auto& a : t.addrs)
+      addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
     cmd += fmt::format(" --target {}", shell_quote(t.node + "=" + addrs));
     input += t.node + " " + t.token + "\n";
   }
@@ -516,15 +518,16 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   }
   auto j = json::parse(res[0]->out, nullptr, false);
   if (j.is_discarded() || !j.is_object())
-    return ctx.fail(make_error(Errc::remote, fmt::format("{}: stage-send exited {} without a report",
-                                                         src->name, res[0]->exit_status)));
+    return ctx.fail(make_error(
+        Errc::remote,
+        fmt::format("{}: stage-send exited {} without a report", src->name, res[0]->exit_status)));
   if (j.contains("error") && j["error"].is_object()) {
     auto rcode = Errc::remote;
     for (int e = 1; e <= static_cast<int>(Errc::internal); ++e)
       if (errc_name(static_cast<Errc>(e)) == j["error"].value("code", std::string()))
         rcode = static_cast<Errc>(e);
-    return ctx.fail(make_error(rcode, fmt::format("{}: {}", src->name,
-                                                 j["error"].value("message", std::string()))));
+    return ctx.fail(make_error(
+        rcode, fmt::format("{}: {}", src->name, j["error"].value("message", std::string()))));
   }
   if (ctx.opts.json)
     *ctx.out << j.dump(2) << "\n";

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -167,9 +168,10 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
   keep_cache_ = j.value("keep_cache", false);
   deep_ = deep;
   std::error_code ec;
-  if (::mkdir(opts_.dir.c_str(), 0755) != 0 && errno != EEXIST)
+  std::filesystem::create_directories(opts_.dir, ec);  // like mkdir -p
+  if (ec)
     return make_error(Errc::io, fmt::format("{}: cannot create target directory {}: {}", opts_.node,
-                                            opts_.dir, std::strerror(errno)));
+                                            opts_.dir, ec.message()));
   struct stat dsb {};
   if (::lstat(opts_.dir.c_str(), &dsb) != 0 || !S_ISDIR(dsb.st_mode))
     return make_error(Errc::io,
