@@ -222,6 +222,14 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
         }
       }
     }
+    if (f->skip && stat_mtime_ns(sb) != e.mtime_ns) {
+      // Same content, other time (touched, or copied by another tool): take the source's
+      // time so that the next run trusts size+mtime without reading the file.
+      timespec ts[2];
+      ts[0].tv_sec = ts[1].tv_sec = static_cast<time_t>(e.mtime_ns / 1000000000LL);
+      ts[0].tv_nsec = ts[1].tv_nsec = static_cast<long>(e.mtime_ns % 1000000000LL);
+      ::utimensat(AT_FDCWD, f->final_path.c_str(), ts, AT_SYMLINK_NOFOLLOW);
+    }
     if (f->skip) {
       ++skip_files;
       skip_bytes += e.size;
@@ -537,7 +545,7 @@ json ReceiverImpl::final_report() {
       why = "missing after staging";
     else if (static_cast<uint64_t>(sb.st_size) != f.entry->size)
       why = fmt::format("size {} != {}", sb.st_size, f.entry->size);
-    else if (stat_mtime_ns(sb) != f.entry->mtime_ns && !f.skip)
+    else if (stat_mtime_ns(sb) != f.entry->mtime_ns)
       why = "mtime was not applied";
     if (!why.empty()) problems.push_back({{"path", f.entry->path}, {"problem", why}});
   }

@@ -135,6 +135,22 @@ TEST_CASE("stage: byte-identical copy, manifest written on the target, second ru
   CHECK(rep2->targets[0].bytes_sent == 0);
   CHECK(rep2->bytes_read == 0);
   CHECK(rep2->targets[0].skip_files == m.files.size());
+  rx2.th.join();
+
+  // The source is touched (same content, new time): nothing is sent, the time is carried.
+  timespec later[2] = {{a.st_mtim.tv_sec + 100, 0}, {a.st_mtim.tv_sec + 100, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, (src / "config.json").c_str(), later, 0) == 0);
+  ManifestOptions o;
+  o.chunk_size = kChunk;
+  auto m3 = build_manifest(src.path(), o);
+  REQUIRE(m3.ok());
+  LoopReceiver rx3(dst / "model");
+  auto rep3 = send_model(src.path(), *m3, {rx3.spec()}, fast());
+  REQUIRE(rep3.ok());
+  CHECK(rep3->ok);
+  CHECK(rep3->targets[0].bytes_sent == 0);
+  REQUIRE(::stat((dst / "model/config.json").c_str(), &b) == 0);
+  CHECK(b.st_mtim.tv_sec == a.st_mtim.tv_sec + 100);
 }
 
 TEST_CASE(
