@@ -2,6 +2,7 @@
 // real files on /var/tmp. Network namespaces and the real binaries are in tests/e2e.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -253,4 +254,24 @@ TEST_CASE("stage: free-space verdicts include the DISK_MAX_USE mark") {
   auto mark = space_problem("n1", 100, 200, 1000, 800, 85);  // would reach 90%
   CHECK(mark.find("DISK_MAX_USE=85%") != std::string::npos);
   CHECK(space_problem("n1", 100, 200, 1000, 800, 95).empty());
+}
+
+TEST_CASE("stage: a target directory that cannot be written is a clear error before sending") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIP: needs root to mount a read-only filesystem as the target");
+    return;
+  }
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  REQUIRE(::mount("tmpfs", dst.path().c_str(), "tmpfs", MS_RDONLY, "size=1m") == 0);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{dst.path()};
+  LoopReceiver rx(dst.path());
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(!rep.ok());
+  CHECK(rep.error().code == Errc::io);
+  CHECK(rep.error().message.find(dst.path()) != std::string::npos);
+  CHECK(rep.error().message.find("not writable") != std::string::npos);
 }
