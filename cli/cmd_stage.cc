@@ -1,10 +1,14 @@
 // sparkctl stage-weights, and its internal halves stage-recv (target) and stage-send (source).
 #include "cli/cmd_stage.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -194,6 +198,21 @@ Result<uint64_t> size_opt(const po::variables_map& vm, const char* name, uint64_
   return *v;
 }
 
+// The first IPv4 address of a network interface ("" when it has none).
+std::string netdev_ipv4(const std::string& dev) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* a = list; a && out.empty(); a = a->ifa_next)
+    if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && dev == a->ifa_name) {
+      char buf[INET_ADDRSTRLEN];
+      auto* sin = reinterpret_cast<sockaddr_in*>(a->ifa_addr);
+      if (::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof buf)) out = buf;
+    }
+  ::freeifaddrs(list);
+  return out;
+}
+
 // Tells a receiver that was started but will not be used to exit now.
 void release_receiver(const stage::TargetSpec& t, const std::string& why) {
   auto c = stage::connect_to(t.addrs[0].first, t.addrs[0].second, std::chrono::seconds(5), t.node);
@@ -216,7 +235,9 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
       "foreground",
       "serve in the foreground and print the report (default: detach after the banner)")(
       "log", po::value<std::string>(),
-      "log file when detached (default /tmp/sparkctl-stage-recv-PORT.log)");
+      "log file when detached (default /tmp/sparkctl-stage-recv-PORT.log)")(
+      "netdevs", po::value<std::string>(),
+      "also listen on the IPv4 address of each of these netdevs (both twins of a cable)");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-recv", "stage-recv --dir DIR --bind IP[,IP] < token", desc,
                            args, vm))
@@ -232,19 +253,34 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   stage::ReceiverOptions ro;
   ro.dir = vm["dir"].as<std::string>();
   ro.bind_ips = split_list(vm["bind"].as<std::string>(), ',');
+  if (vm.count("netdevs"))
+    for (const auto& dev : split_list(vm["netdevs"].as<std::string>(), ',')) {
+      auto ip = netdev_ipv4(dev);
+      if (ip.empty())
+        *ctx.err << fmt::format(
+            "sparkctl: stage-recv: warning: netdev {} has no IPv4 address; "
+            "not listening there\n",
+            dev);
+      else if (std::find(ro.bind_ips.begin(), ro.bind_ips.end(), ip) == ro.bind_ips.end())
+        ro.bind_ips.push_back(ip);
+    }
   ro.port = vm["port"].as<int>();
   ro.token = token;
   ro.idle_timeout = std::chrono::milliseconds(*idle);
   ro.node = vm["node"].as<std::string>();
   auto r = stage::Receiver::create(ro);
   if (!r) return ctx.fail(r.error());
-  std::string ports;
-  for (int p : (*r)->ports()) ports += (ports.empty() ? "" : ",") + std::to_string(p);
+  std::string ports, addrs;
+  for (size_t i = 0; i < (*r)->ports().size(); ++i) {
+    ports += fmt::format("{}{}", i ? "," : "", (*r)->ports()[i]);
+    addrs += fmt::format("{}{}:{}", i ? "," : "", ro.bind_ips[i], (*r)->ports()[i]);
+  }
   std::string logpath = vm.count("log")
                             ? vm["log"].as<std::string>()
                             : fmt::format("/tmp/sparkctl-stage-recv-{}.log", (*r)->ports()[0]);
   if (vm.count("foreground")) {
-    *ctx.out << fmt::format("{} ports={} pid={} log=-\n", kRecvBanner, ports, ::getpid())
+    *ctx.out << fmt::format("{} ports={} addrs={} pid={} log=-\n", kRecvBanner, ports, addrs,
+                            ::getpid())
              << std::flush;
     auto rep = (*r)->run();
     if (!rep) return ctx.fail(rep.error());
@@ -256,7 +292,8 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   pid_t pid = ::fork();
   if (pid < 0) return ctx.fail(make_error(Errc::io, "stage-recv: fork failed"));
   if (pid > 0) {
-    *ctx.out << fmt::format("{} ports={} pid={} log={}\n", kRecvBanner, ports, pid, logpath)
+    *ctx.out << fmt::format("{} ports={} addrs={} pid={} log={}\n", kRecvBanner, ports, addrs, pid,
+                            logpath)
              << std::flush;
     return 0;
   }
@@ -445,11 +482,14 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
     auto tok = stage::make_token();
     if (!tok) return ctx.fail(tok.error());
     tokens.push_back(*tok);
-    jobs.push_back({n,
-                    fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s",
-                                shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
-                                shell_quote(n->name), std::max<uint64_t>(idle_s, 5)),
-                    *tok + "\n"});
+    jobs.push_back(
+        {n,
+         fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}",
+                     shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
+                     shell_quote(n->name), std::max<uint64_t>(idle_s, 5),
+                     n->netdevs.size() > 1 ? " --netdevs " + shell_quote(join(n->netdevs, ","))
+                                           : std::string()),
+         *tok + "\n"});
   }
   auto started = run_on_nodes(*cfg, jobs, std::chrono::seconds(60));
   std::vector<stage::TargetSpec> targets;
@@ -475,9 +515,13 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
     t.node = n->name;
     t.token = tokens[i];
     for (const auto& kv : split_list(line, ' '))
-      if (starts_with(kv, "ports="))
-        for (const auto& p : split_list(kv.substr(6), ','))
-          t.addrs.emplace_back(n->fabric_ip, static_cast<int>(parse_u64(p).value_or(0)));
+      if (starts_with(kv, "addrs="))
+        for (const auto& a : split_list(kv.substr(6), ',')) {
+          auto colon = a.rfind(':');
+          if (colon == std::string::npos) continue;
+          t.addrs.emplace_back(a.substr(0, colon),
+                               static_cast<int>(parse_u64(a.substr(colon + 1)).value_or(0)));
+        }
     targets.push_back(std::move(t));
   }
   if (!errs.empty()) {

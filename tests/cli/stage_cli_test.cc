@@ -51,9 +51,10 @@ TEST_CASE("cli: manifest creates, verifies, and fails with 13 on a damaged file"
   CHECK(bad.rc == exit_code(Errc::integrity));
   CHECK(bad.out.find("MISMATCH") != std::string::npos);
   // A hostile manifest on disk is refused with its name in the message.
-  d.write(kManifestName, "{\"format\":\"sparkctl-manifest/1\",\"chunk_size\":65536,\"files\":"
-                         "[{\"path\":\"../../etc/shadow\",\"size\":0,\"xxh3_128\":\"" +
-                             std::string(32, 'a') + "\",\"chunks\":[]}]}");
+  d.write(kManifestName,
+          "{\"format\":\"sparkctl-manifest/1\",\"chunk_size\":65536,\"files\":"
+          "[{\"path\":\"../../etc/shadow\",\"size\":0,\"xxh3_128\":\"" +
+              std::string(32, 'a') + "\",\"chunks\":[]}]}");
   auto h = sparkctl({"manifest", d.path(), "--verify"});
   CHECK(h.rc == exit_code(Errc::integrity));
   CHECK(h.err.find("../../etc/shadow") != std::string::npos);

@@ -54,11 +54,11 @@ struct Ring {
 
   std::string path(int i) const { return dir / fmt::format("node{}/model", i); }
 
-  std::string setup(int n) {
+  std::string setup(int n, int links = 1) {
     if (auto why = netns_unavailable_reason(); !why.empty()) return why;
     if (auto why = sshd_unavailable_reason(); !why.empty()) return why;
     nodes = n;
-    auto created = NetNs::create({.hosts = n});
+    auto created = NetNs::create({.hosts = n, .links = links});
     REQUIRE_MESSAGE(created.ok(), created.error().message);
     net = std::move(*created);
     std::string known;
@@ -77,6 +77,8 @@ struct Ring {
     for (int i = 0; i < n; ++i) {
       text += fmt::format("NODE{}_NAME=n{}\nNODE{}_FABRIC_IP={}\nNODE{}_MODEL_PATH={}\n", i, i, i,
                           net->ip(i), i, path(i));
+      if (links > 1)
+        text += fmt::format("NODE{}_NETDEVS={},{}\n", i, net->ifname(0), net->ifname(1));
       text += i == 0 ? "NODE0_SSH=local\n"
                      : fmt::format("NODE{}_SSH={}@{}\n", i,
                                    sshd[static_cast<size_t>(i - 1)]->user(), net->ip(i));
@@ -351,4 +353,26 @@ TEST_CASE("stage-weights e2e: a target filesystem too small fails before anythin
   auto ok = ring.sparkctl("--json stage-weights");
   CHECK(ok.exit_status == 0);
   CHECK(ring.identical(2));
+}
+
+TEST_CASE("stage-weights e2e: with two netdevs per node the streams use both twins") {
+  Ring ring;
+  if (auto why = ring.setup(2, 2); !why.empty()) {
+    MESSAGE("SKIP: " << why);
+    return;
+  }
+  auto rx = [&](int link) {
+    auto r = ring.net->exec_in(
+        1, "cat /sys/class/net/" + ring.net->ifname(link) + "/statistics/rx_bytes");
+    REQUIRE(r.ok());
+    return parse_u64(std::string(trim(r->out))).value_or(0);
+  };
+  uint64_t before0 = rx(0), before1 = rx(1);
+  auto r = ring.sparkctl("--json stage-weights");
+  REQUIRE_MESSAGE(r.exit_status == 0, std::string(r.out + r.err));
+  CHECK(ring.identical(1));
+  uint64_t got0 = rx(0) - before0, got1 = rx(1) - before1;
+  MESSAGE("twin 0 received " << got0 << " bytes, twin 1 " << got1);
+  CHECK(got0 > (512u << 10));  // 3 streams over 2 addresses: both carry model data
+  CHECK(got1 > (512u << 10));
 }
