@@ -206,6 +206,15 @@ TEST_CASE("stage-weights e2e: 4 namespaces over sshd, identical copies, verify-o
     CHECK(n["bytes_after"].get<uint64_t>() == 0);
     CHECK(n.contains("mem_free_after"));
   }
+  // A source other than this machine: n1 sends to n3 (stage-send runs on n1 over SSH).
+  std::filesystem::remove_all(ring.path(3));
+  auto from = ring.sparkctl("--json stage-weights --from n1 --to n3");
+  INFO(from.out << from.err);
+  CHECK(from.exit_status == 0);
+  auto fj = parse_json(from);
+  CHECK(fj["ok"].get<bool>());
+  CHECK(by_node(fj)["n3"]["bytes_sent"].get<uint64_t>() == m->total_bytes());
+  CHECK(ring.identical(3));
   // A damaged target is caught by --verify-only and named.
   {
     std::string p = ring.path(3) + "/model-00002-of-00002.safetensors";
