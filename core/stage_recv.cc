@@ -422,17 +422,20 @@ void ReceiverImpl::data(Conn& c) {
                              h->b, h->length));
       break;
     }
+    bool already = false;
+    bool open_failed = false;
     {
       std::lock_guard<std::mutex> g(f.mu);
-      if (!f.finalized && !f.open) {
+      already = f.finalized || f.verified[h->b];
+      if (!already && !f.open) {
         if (auto s = open_file(f); !s) {
           send_error(s.message(), s.code());
-          break;
+          open_failed = true;
         }
       }
     }
+    if (open_failed) break;
     const uint64_t off0 = h->b * manifest_.chunk_size;
-    bool already = f.finalized || f.verified[h->b];
     XXH3_128bits_reset(st);
     uint64_t left = h->length, off = off0;
     bool io_failed = false;
