@@ -40,7 +40,10 @@ class ProgressPrinter {
     if (!tty_ && p.seconds - last_ < 5.0 && p.done < p.total) return;
     last_ = p.seconds;
     double rate = p.rate();
-    double eta = rate > 0 ? static_cast<double>(p.total - std::min(p.done, p.total)) / rate : 0;
+    std::string eta =
+        rate > 0 ? fmt::format("{:.0f} s",
+                               static_cast<double>(p.total - std::min(p.done, p.total)) / rate)
+                 : std::string("?");
     std::string per;
     for (const auto& t : p.targets)
       per += fmt::format(
@@ -51,14 +54,13 @@ class ProgressPrinter {
       int fill =
           p.total ? static_cast<int>(w * static_cast<double>(p.done) / static_cast<double>(p.total))
                   : w;
-      err_ << fmt::format("\r\033[K[{}{}] {} / {}  {}/s  ETA {:.0f} s |{}", std::string(fill, '#'),
+      err_ << fmt::format("\r\033[K[{}{}] {} / {}  {}/s  ETA {} |{}", std::string(fill, '#'),
                           std::string(w - std::min(fill, w), '.'), format_size(p.done),
                           format_size(p.total), format_size(static_cast<uint64_t>(rate)), eta, per)
            << std::flush;
     } else {
       err_ << fmt::format(
-          "stage: {} / {} ({:.0f}%), {}/s, ETA {:.0f} s;{}\n", format_size(p.done),
-          format_size(p.total),
+          "stage: {} / {} ({:.0f}%), {}/s, ETA {};{}\n", format_size(p.done), format_size(p.total),
           p.total ? 100.0 * static_cast<double>(p.done) / static_cast<double>(p.total) : 100.0,
           format_size(static_cast<uint64_t>(rate)), eta, per);
     }
