@@ -138,8 +138,8 @@ identical() { diff -r -x .sparkctl-manifest.json "$SRC" "$1" >/dev/null; }
 WRONG=0
 
 # stage N targets with stage-recv / stage-send (the halves stage-weights runs over SSH).
-stage_run() {  # $1 = number of targets; prints seconds
-  local n=$1 args=() tokens="" i
+stage_run() {  # $1 = number of targets, $2 = extra stage-send option; prints seconds
+  local n=$1 extra=${2:-} args=() tokens="" i
   for i in $(seq 1 "$n"); do
     rm -rf "$WORK/t$i"
     local tok
@@ -153,8 +153,8 @@ stage_run() {  # $1 = number of targets; prints seconds
   drop_caches
   local t0
   t0=$(now)
-  ip netns exec "$(ns s)" "$SPARKCTL" --json stage-send --dir "$SRC" "${args[@]}" \
-    <<<"$tokens" >"$WORK/stage-$n.json" 2>/dev/null
+  ip netns exec "$(ns s)" "$SPARKCTL" --json stage-send --dir "$SRC" "${args[@]}" $extra \
+    <<<"$tokens" >"$WORK/stage-$n$extra.json" 2>/dev/null
   python3 -c "print($(now)-$t0)"
   for i in $(seq 1 "$n"); do identical "$WORK/t$i" || { echo "# WRONG: t$i differs" >&2; WRONG=1; }; done
 }
@@ -179,8 +179,11 @@ TARNC_S=$(python3 -c "print($(now)-$t0)")
 identical "$WORK/t1" || { echo "# WRONG: tar|nc copy differs" >&2; WRONG=1; }
 rm -rf "$WORK/t1"
 
-SN=""
-if ((TARGETS > 1)); then SN=$(stage_run "$TARGETS"); fi
+SN="" SC=""
+if ((TARGETS > 1)); then
+  SN=$(stage_run "$TARGETS")
+  SC=$(stage_run "$TARGETS" --chain)
+fi
 
 # --- evict vs vmtouch -e --------------------------------------------------------------------
 resident() { "$SPARKCTL" --json cache-stat "$SRC" | python3 -c "import json,sys; print(json.load(sys.stdin)['resident_bytes'])"; }
@@ -209,11 +212,11 @@ VM_S=$(median "${vm[@]}")
 # --- report --------------------------------------------------------------------------------
 python3 - "$TOTAL" "$S1" "$RSYNC_S" "$TARNC_S" "${SN:-0}" "$TARGETS" "$READ_MBS" "$LINK_MBS" \
   "$WRITE_MBS" "$SLOWEST" "$MANIFEST_S" "$EV_S" "$EV_BEFORE" "$EV_AFTER" "$VM_S" "$VM_BEFORE" \
-  "$VM_AFTER" "$WRONG" "$WORK/stage-1.json" "$JSON_OUT" <<'EOF'
+  "$VM_AFTER" "$WRONG" "$WORK/stage-1.json" "$JSON_OUT" "${SC:-0}" <<'EOF'
 import json, sys
 (total, s1, rs, tn, sn, nt, rd, lk, wr, slow, mf, evs, evb, eva, vms, vmb, vma, wrong,
- stage_json, out) = sys.argv[1:]
-total = int(total); s1, rs, tn, sn, mf = map(float, (s1, rs, tn, sn, mf))
+ stage_json, out, sc) = sys.argv[1:]
+total = int(total); s1, rs, tn, sn, mf, sc = map(float, (s1, rs, tn, sn, mf, sc))
 rd, lk, wr, slow = map(int, (rd, lk, wr, slow))
 rate = lambda s: total / s / 1e6 if s > 0 else 0
 st = json.load(open(stage_json))
@@ -221,6 +224,7 @@ rows = [("stage-weights 1 target", s1, rate(s1)), ("rsync -a over ssh", rs, rate
         ("tar | nc", tn, rate(tn))]
 if int(nt) > 1:
     rows.append((f"stage-weights {nt} targets", sn, rate(sn) * int(nt)))
+    rows.append((f"stage-weights {nt} chain", sc, rate(sc) * int(nt)))
 print(f"# {'method':<28} {'seconds':>8} {'MB/s':>8}")
 for name, s, r in rows:
     print(f"{name:<30} {s:8.2f} {r:8.0f}")
@@ -229,13 +233,15 @@ print(f"# limits MB/s: source read (O_DIRECT dd) {rd}, link (iperf3 -P 4) {lk}, 
 print(f"# stage-weights: {rate(s1)/slow*100:.0f}% of the slowest limit, {rs/s1:.1f}x rsync, "
       f"{tn/s1:.1f}x tar|nc; manifest creation (hashing) {mf:.2f} s = {rate(mf):.0f} MB/s")
 if int(nt) > 1:
-    print(f"# {nt} targets take {sn/s1:.2f}x the wall time of 1 (aggregate {rate(sn)*int(nt):.0f} MB/s)")
+    print(f"# {nt} targets take {sn/s1:.2f}x the wall time of 1 in parallel (aggregate "
+          f"{rate(sn)*int(nt):.0f} MB/s), {sc/s1:.2f}x as a chain (aggregate {rate(sc)*int(nt):.0f} MB/s)")
 print(f"# evict: sparkctl {float(evs):.3f} s ({int(evb)>>20} MiB -> {int(eva)>>20} MiB resident), "
       f"vmtouch -e {float(vms):.3f} s ({int(vmb)>>20} MiB -> {int(vma)>>20} MiB); "
       f"time ratio sparkctl/vmtouch {float(evs)/max(float(vms),1e-6):.2f}")
 j = {"total_bytes": total, "stage_1_target_s": s1, "stage_1_target_MBps": rate(s1),
      "rsync_ssh_s": rs, "rsync_ssh_MBps": rate(rs), "tar_nc_s": tn, "tar_nc_MBps": rate(tn),
      "targets": int(nt), "stage_n_targets_s": sn, "stage_n_targets_aggregate_MBps": rate(sn) * int(nt) if sn else 0,
+     "stage_n_chain_s": sc, "stage_n_chain_aggregate_MBps": rate(sc) * int(nt) if sc else 0,
      "limit_source_read_MBps": rd, "limit_link_MBps": lk, "limit_target_write_MBps": wr,
      "slowest_limit_MBps": slow, "fraction_of_slowest": rate(s1) / slow, "x_rsync": rs / s1,
      "x_tar_nc": tn / s1, "manifest_s": mf,

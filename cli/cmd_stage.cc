@@ -328,7 +328,8 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
                                          "TCP streams per target")(
       "chunk-size", po::value<std::string>()->default_value("64MiB"), "manifest chunk size")(
       "max-use", po::value<int>()->default_value(85), "DISK_MAX_USE percent")(
-      "deep", "targets rehash existing files")("keep-cache", "do not evict page cache");
+      "deep", "targets rehash existing files")("keep-cache", "do not evict page cache")(
+      "chain", "feed the first target only; each forwards to the next");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-send",
                            "stage-send --dir DIR --target NAME=IP:PORT... < 'NAME TOKEN' lines",
@@ -358,6 +359,7 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
   so.deep = vm.count("deep") > 0;
   so.keep_cache = vm.count("keep-cache") > 0;
   so.max_use_pct = vm["max-use"].as<int>();
+  so.chain = vm.count("chain") > 0;
   apply_faults(ctx, so);
   return run_send(ctx, vm["dir"].as<std::string>(), targets, so, *cs);
 }
@@ -369,10 +371,12 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
       "streams", po::value<int>(), "TCP streams per target (default STAGE_STREAMS)")(
       "verify-only", "check every node against the source manifest; copy nothing")(
       "deep", "rehash files on the targets instead of trusting size+mtime+manifest")(
-      "keep-cache", "leave the page cache of read and written files alone");
+      "keep-cache", "leave the page cache of read and written files alone")(
+      "chain",
+      "feed the targets as a chain (source -> first -> second ...) instead of in parallel");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-weights",
-                           "stage-weights [--from NODE] [--to NODE,...] [--streams N] "
+                           "stage-weights [--from NODE] [--to NODE,...] [--streams N] [--chain] "
                            "[--verify-only] [--deep] [--keep-cache]",
                            desc, args, vm))
     return *rc;
@@ -536,6 +540,7 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   so.streams = std::clamp(so.streams, 1, 64);
   so.deep = vm.count("deep") > 0;
   so.keep_cache = vm.count("keep-cache") > 0;
+  so.chain = vm.count("chain") > 0;
   so.max_use_pct = static_cast<int>(cfg->get_int("DISK_MAX_USE"));
   so.timeout =
       std::chrono::milliseconds(std::max<uint64_t>(cfg->get_duration_ms("STAGE_TIMEOUT"), 5000));

@@ -52,22 +52,24 @@ struct LoopReceiver {
   std::thread th;
   Result<std::string> result{Error{Errc::internal, "not run"}};
   std::string token;
+  std::string name;
 
-  explicit LoopReceiver(const std::string& dir, std::string tok = "") {
+  explicit LoopReceiver(const std::string& dir, std::string tok = "", std::string node = "t1") {
     token = tok.empty() ? *make_token() : tok;
     ReceiverOptions o;
     o.dir = dir;
     o.bind_ips = {"127.0.0.1"};
     o.token = token;
     o.idle_timeout = std::chrono::seconds(10);
-    o.node = "t1";
+    o.node = node;
+    name = node;
     auto c = Receiver::create(o);
     REQUIRE(c.ok());
     r = std::move(*c);
     th = std::thread([this] { result = r->run(); });
   }
   TargetSpec spec(const std::string& tok = "") const {
-    return TargetSpec{"t1", {{"127.0.0.1", r->ports()[0]}}, tok.empty() ? token : tok};
+    return TargetSpec{name, {{"127.0.0.1", r->ports()[0]}}, tok.empty() ? token : tok};
   }
   ~LoopReceiver() {
     if (th.joinable()) th.join();
@@ -274,4 +276,40 @@ TEST_CASE("stage: a target directory that cannot be written is a clear error bef
   CHECK(rep.error().code == Errc::io);
   CHECK(rep.error().message.find(dst.path()) != std::string::npos);
   CHECK(rep.error().message.find("not writable") != std::string::npos);
+}
+
+TEST_CASE("stage: chain mode feeds the first target only; each forwards what the next lacks") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  // t2 already holds one shard: the chain must still deliver everything else to t3 through it.
+  std::filesystem::create_directories(dst / "t2");
+  std::filesystem::copy_file(src / "model-00002-of-00002.safetensors",
+                             dst / "t2/model-00002-of-00002.safetensors");
+  LoopReceiver a(dst / "t1", "", "t1"), b(dst / "t2", "", "t2"), c(dst / "t3", "", "t3");
+  auto o = fast();
+  o.chain = true;
+  o.fault_corrupt_chunk = 2;  // a damaged chunk on the first hop is still re-sent
+  auto rep = send_model(src.path(), m, {a.spec(), b.spec(), c.spec()}, o);
+  REQUIRE(rep.ok());
+  for (const auto& t : rep->targets) INFO(t.node << ": " << t.error);
+  CHECK(rep->ok);
+  CHECK(rep->bytes_read == m.total_bytes());
+  REQUIRE(rep->targets.size() == 3);
+  // The source sent one copy (plus the resent chunk), to t1 only.
+  CHECK(rep->targets[0].bytes_sent == m.total_bytes() + kChunk);
+  CHECK(rep->targets[0].chunks_resent == 1);
+  // t1 forwarded everything to t2 (t3 needs it all); t2 forwarded everything to t3.
+  CHECK(rep->targets[1].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[2].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[1].skip_files == 1);
+  for (const char* t : {"t1", "t2", "t3"}) {
+    CHECK(same_tree(src.path(), dst / t, m));
+    CHECK(verify_manifest(dst / t, m, true).ok);
+  }
+  // Again: nothing needed anywhere, nothing forwarded.
+  LoopReceiver a2(dst / "t1", "", "t1"), b2(dst / "t2", "", "t2"), c2(dst / "t3", "", "t3");
+  auto again = send_model(src.path(), m, {a2.spec(), b2.spec(), c2.spec()}, o);
+  REQUIRE(again.ok());
+  CHECK(again->ok);
+  for (const auto& t : again->targets) CHECK(t.bytes_sent == 0);
 }

@@ -215,6 +215,20 @@ TEST_CASE("stage-weights e2e: 4 namespaces over sshd, identical copies, verify-o
   CHECK(fj["ok"].get<bool>());
   CHECK(by_node(fj)["n3"]["bytes_sent"].get<uint64_t>() == m->total_bytes());
   CHECK(ring.identical(3));
+  // Chain mode over the namespaces: n0 feeds n1, n1 forwards to n2, n2 to n3.
+  std::filesystem::remove_all(ring.path(2));
+  std::filesystem::remove_all(ring.path(3));
+  auto ch = ring.sparkctl("--json stage-weights --chain");
+  INFO(ch.out << ch.err);
+  CHECK(ch.exit_status == 0);
+  auto cj = by_node(parse_json(ch));
+  // n1 already had the model: it only relays (the source's link still carries one copy).
+  CHECK(cj["n1"]["bytes_sent"].get<uint64_t>() == m->total_bytes());
+  CHECK(cj["n1"]["skip_files"].get<uint64_t>() == m->files.size());
+  CHECK(cj["n2"]["bytes_sent"].get<uint64_t>() == m->total_bytes());  // forwarded by n1
+  CHECK(cj["n3"]["bytes_sent"].get<uint64_t>() == m->total_bytes());  // forwarded by n2
+  CHECK(ring.identical(2));
+  CHECK(ring.identical(3));
   // A damaged target is caught by --verify-only and named.
   {
     std::string p = ring.path(3) + "/model-00002-of-00002.safetensors";
