@@ -42,7 +42,6 @@ const std::vector<KeySpec>& ring_keys() {
       {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
       {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
       {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: beside sparkctl."},
-      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight runs it there); default: the head's own path."},
       {"SSH_USER", KeyType::string, nullptr, nullptr, "SSH user when a node's target names none (default: the current user)."},
       {"SSH_PORT", KeyType::port, "22", nullptr, "SSH port when a node's target names none."},
       {"SSH_IDENTITY", KeyType::path, nullptr, nullptr, "Private key file (default: the agent, then ~/.ssh/id_*)."},
@@ -55,6 +54,10 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr, "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
+      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight, env, stage-weights and evict run it there); default: the path of this sparkctl."},
+      {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
+      {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
+      {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
   };
   return k;
