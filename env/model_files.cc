@@ -1,12 +1,12 @@
 #include "env/model_files.h"
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <map>
 #include <set>
 
+#include "core/manifest.h"
 #include "core/strings.h"
 
 namespace spark::env {
@@ -23,16 +23,12 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   std::map<std::string, uint64_t> expected;
   if (auto text = root.read(model_path + "/" + kManifestName)) {
     m.has_manifest = true;
-    XXH128_hash_t h = XXH3_128bits(text->data(), text->size());
-    m.manifest_digest = fmt::format("{:016x}{:016x}", h.high64, h.low64);
-    json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.contains("files")) {
-      m.manifest_error =
-          fmt::format("{}/{}: not a manifest (no \"files\")", model_path, kManifestName);
+    auto man = parse_manifest_json(*text, model_path + "/" + kManifestName);
+    if (!man) {
+      m.manifest_error = man.error().message;
     } else {
-      for (const auto& f : j["files"])
-        if (f.contains("path") && f.contains("size") && f["size"].is_number_unsigned())
-          expected[f["path"].get<std::string>()] = f["size"].get<uint64_t>();
+      m.manifest_digest = man->digest();
+      for (const auto& f : man->files) expected[f.path] = f.size;
     }
   }
   auto add = [&](const std::string& name) {

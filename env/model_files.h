@@ -1,6 +1,7 @@
 #pragma once
 // The model directory as preflight sees it: config.json, the safetensors index and every
-// shard it names, and the staging manifest when there is one (sizes and its digest).
+// shard it names, and the staging manifest (core/manifest.h) when there is one: the sizes
+// it records and its content digest.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -10,10 +11,6 @@
 #include "env/sysroot.h"
 
 namespace spark::env {
-
-/// The staging manifest beside the weights (written by `sparkctl stage-weights` /
-/// `sparkctl manifest`): {"files":[{"path":"model-00001-of-00004.safetensors","size":N,...}]}.
-inline constexpr const char* kManifestName = ".sparkctl-manifest.json";
 
 /// One file the model needs.
 struct ModelFile {
@@ -33,7 +30,7 @@ struct ModelFiles {
   std::vector<ModelFile> files;  // config.json, index, shards, in that order
   bool has_manifest = false;
   std::string manifest_error;
-  std::string manifest_digest;  // xxh3-128 hex of the manifest bytes
+  std::string manifest_digest;  // Manifest::digest() (content: names, sizes, hashes)
   uint64_t weight_bytes = 0;    // index metadata total_size, else the shards' sizes
 };
 

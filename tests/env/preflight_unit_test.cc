@@ -412,3 +412,29 @@ TEST_CASE("fuzz corpus: every fuzz_node_report seed parses or is refused, never 
   CHECK(reports >= 1);  // the seed node report
   CHECK(facts >= 1);    // the seed facts.json
 }
+
+TEST_CASE("model.files: a shard of the wrong size or missing is named against the manifest") {
+  std::string fx = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/preflight/healthy-pair";
+  auto cfg = load_config(fx + "/cluster.env", Environment{}, nullptr);
+  REQUIRE(cfg.ok());
+  test::TempDir tmp("spark-model");
+  std::filesystem::copy(fx + "/node1", tmp.path(), std::filesystem::copy_options::recursive);
+  std::string m = tmp / "models/qwen3-32b";
+  tmp.write("models/qwen3-32b/model-00002-of-00004.safetensors", "short");
+  std::filesystem::remove(m + "/model-00004-of-00004.safetensors");
+  CheckFilter only;
+  only.only = {"model.files", "sw.parity"};
+  auto rep = run_node_checks(*cfg, 1, Sysroot(tmp.path()), only, false);
+  REQUIRE(rep.checks.size() == 1);
+  CHECK(rep.checks[0].verdict == Verdict::fail);
+  CHECK(rep.checks[0].message.find(
+            "model-00002-of-00004.safetensors is 5 bytes, the manifest says 16") !=
+        std::string::npos);
+  CHECK(rep.checks[0].message.find("model-00004-of-00004.safetensors is missing") !=
+        std::string::npos);
+  CHECK(rep.checks[0].fix == "run `sparkctl stage-weights --to spark-b`");
+  // The manifest digest is its content digest, the same on both fixture nodes.
+  auto other = run_node_checks(*cfg, 0, Sysroot(fx + "/node0"), only, false);
+  CHECK(rep.identity.at("manifest_digest") == other.identity.at("manifest_digest"));
+  CHECK(rep.identity.at("manifest_digest").size() == 32);
+}

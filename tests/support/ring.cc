@@ -29,7 +29,7 @@ Result<std::unique_ptr<TestRing>> TestRing::create(const TestRingOptions& opts) 
   }
   r->known_hosts_ = r->dir_.write("known_hosts", known);
 
-  // A small model: GQA, 4 layers, two shards, a manifest with their sizes.
+  // A small model: GQA, 4 layers, two shards, and its manifest.
   std::string model = r->dir_ / "model";
   r->dir_.write(
       "model/config.json",
@@ -41,9 +41,15 @@ Result<std::unique_ptr<TestRing>> TestRing::create(const TestRingOptions& opts) 
       R"("b":"model-00002-of-00002.safetensors"}})");
   r->dir_.write("model/model-00001-of-00002.safetensors", std::string(2048, 'a'));
   r->dir_.write("model/model-00002-of-00002.safetensors", std::string(2048, 'b'));
-  r->dir_.write("model/.sparkctl-manifest.json",
-                R"({"files":[{"path":"model-00001-of-00002.safetensors","size":2048},)"
-                R"({"path":"model-00002-of-00002.safetensors","size":2048}]})");
+  // The manifest as staging writes it.
+  ProcessSpec man;
+  man.argv = {opts.sparkctl_bin, "manifest", model};
+  man.timeout = std::chrono::seconds(30);
+  auto made = run_process(man);
+  if (!made || !made->success())
+    return make_error(Errc::internal, fmt::format("sparkctl manifest {}: {}", model,
+                                                  made ? made->describe() + " " + made->err
+                                                       : made.error().message));
 
   std::string netdevs;
   for (int l = 0; l < opts.links; ++l) netdevs += (l ? "," : "") + r->net_->ifname(l);
