@@ -70,6 +70,20 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
     }
   }
   if (want_devices) {
+    // A twin left out halves the fabric (98 vs 161 Gb/s measured with one twin vs both).
+    std::vector<std::string> idle;
+    for (const auto& name : present) {
+      if (std::find(n.hcas.begin(), n.hcas.end(), name) != n.hcas.end()) continue;
+      auto h = read_hca(r.root, name);
+      const RdmaPort* p = h ? h->port(1) : nullptr;
+      if (p && p->state_code == 4 && p->link_layer == "Ethernet") idle.push_back(name);
+    }
+    if (!idle.empty())
+      r.add("rdma.devices", "twins", Verdict::warn,
+            fmt::format("{} {} ACTIVE but not in {}: NCCL uses only the configured HCAs",
+                        join(idle, ", "), idle.size() == 1 ? "is" : "are", r.key("HCAS")),
+            fmt::format("add {} to {} (and its netdev to {}) to use both twins", join(idle, ","),
+                        r.key("HCAS"), r.key("NETDEVS")));
     std::vector<std::string> uverbs;
     for (const auto& e : r.root.list("/dev/infiniband"))
       if (starts_with(e, "uverbs")) uverbs.push_back(e);

@@ -438,3 +438,27 @@ TEST_CASE("model.files: a shard of the wrong size or missing is named against th
   CHECK(rep.identity.at("manifest_digest") == other.identity.at("manifest_digest"));
   CHECK(rep.identity.at("manifest_digest").size() == 32);
 }
+
+TEST_CASE("rdma.devices warns when an ACTIVE twin is left out of NODE<i>_HCAS") {
+  std::string fx = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/preflight/healthy-pair";
+  auto text = read_file(fx + "/cluster.env");
+  REQUIRE(text);
+  std::string one = *text;
+  for (auto [from, to] : {std::pair<std::string, std::string>{
+                              "NODE1_NETDEVS=enp1s0f0np0,enp1s0f1np1", "NODE1_NETDEVS=enp1s0f0np0"},
+                          {"NODE1_HCAS=rocep1s0f0,rocep1s0f1", "NODE1_HCAS=rocep1s0f0"}})
+    one.replace(one.find(from), from.size(), to);
+  auto cfg = load_config_text(one, "one-twin.env", Environment{}, nullptr);
+  REQUIRE(cfg.ok());
+  CheckFilter only;
+  only.only = {"rdma.devices"};
+  auto rep = run_node_checks(*cfg, 1, Sysroot(fx + "/node1"), only, false);
+  bool warned = false;
+  for (const auto& c : rep.checks)
+    if (c.subject == "twins") {
+      warned = c.verdict == Verdict::warn;
+      CHECK(c.message ==
+            "rocep1s0f1 is ACTIVE but not in NODE1_HCAS: NCCL uses only the configured HCAs");
+    }
+  CHECK(warned);
+}
