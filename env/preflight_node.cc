@@ -650,7 +650,7 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   rep.identity["sparkctl_version"] = kVersion;
   rep.identity["sparkd_version"] = facts.sparkd_version;
   rep.identity["nccl_path"] = facts.nccl.path;
-  rep.identity["nccl_version"] = facts.nccl.version ? std::to_string(facts.nccl.version) : "";
+  rep.identity["nccl_version"] = nccl_version_text(facts.nccl.version);
   rep.identity["nvidia_driver"] = gpu ? gpu->kernel_module_version : "";
   rep.identity["cuda_driver"] = gpu ? cuda_version_text(gpu->driver_api_version) : "";
   rep.identity["config_digest"] = cfg.digest();

@@ -229,25 +229,27 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
 
   // No RoCE v2 entry for our address on this port.
   std::string ndev = hca.netdevs.empty() ? std::string("its netdev") : hca.netdevs[0];
+  auto append = [&](const std::string& s) {
+    r.message += r.message.empty() ? fmt::format("{}: {}", where, s) : "; " + s;
+  };
   if (v1) {
     if (!configured) r.fault = GidFault::roce_v1;
-    r.message += (r.message.empty() ? fmt::format("{}: ", where) : std::string(" ")) +
-                 fmt::format("{} is present only as {} (index {})", want, v1->type, v1->index);
+    if (r.fault != GidFault::roce_v1 || !configured)  // else the message already says so
+      append(fmt::format("{} is present only as {} (index {})", want, v1->type, v1->index));
     r.fix = "enable RoCE v2 on the HCA (the default for ConnectX; check `cma_roce_mode -d " +
             hca.name + "` and the switch/peer settings), then rerun preflight";
   } else if (other) {
     if (!configured || r.fault == GidFault::not_found) r.fault = GidFault::other_node;
-    r.message +=
-        (r.message.empty() ? fmt::format("{}: ", where) : std::string(" ")) +
-        fmt::format("{} carries {} (index {}), node {}'s fabric address, not this node's {}", ndev,
-                    other->text(), other->index, other_node, fabric_ip);
+    append(fmt::format("{} carries {} (index {}), node {}'s fabric address, not this node's {}",
+                       ndev, other->text(), other->index, other_node, fabric_ip));
     r.fix = "this node has another node's address: fix the address on " + ndev +
             " or the NODE<i>_FABRIC_IP values (swapped?)";
   } else if (any_ipv6) {
     if (!configured) r.fault = GidFault::ipv6_only;
-    r.message += (r.message.empty() ? fmt::format("{}: ", where) : std::string(" ")) +
-                 fmt::format("only IPv6 GIDs, no IPv4-mapped entry: {} has no IPv4 address {}",
-                             ndev, fabric_ip);
+    append(
+        fmt::format("only IPv6 GIDs, no IPv4-mapped entry: {} has no IPv4 address (the fabric "
+                    "address is {})",
+                    ndev, fabric_ip));
     r.fix = fmt::format(
         "assign {} to {} (e.g. `ip addr add {}/24 dev {}` and make it "
         "persistent), then rerun preflight",

@@ -208,7 +208,7 @@ TEST_CASE("fixture nccl-mismatch: sw.parity names the node and the field") {
   auto r = replay("nccl-mismatch");
   CHECK(not_pass(r) == with({"spark-b sw.parity  FAIL"}));
   const auto& c = find(r, "spark-b", "sw.parity", "");
-  CHECK(c.message.find("nccl_version 22105 here, 22304 on spark-a") != std::string::npos);
+  CHECK(c.message.find("nccl_version 2.21.5 here, 2.23.4 on spark-a") != std::string::npos);
   CHECK(c.message.find("nccl_path") != std::string::npos);
 }
 
