@@ -18,7 +18,10 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   m.dir = model_path;
   auto entries = root.list(model_path);
   m.dir_exists = root.exists(model_path);
-  if (!m.dir_exists) return m;
+  if (!m.dir_exists) {
+    m.config_error = "the model directory does not exist";
+    return m;
+  }
 
   std::map<std::string, uint64_t> expected;
   if (auto text = root.read(model_path + "/" + kManifestName)) {

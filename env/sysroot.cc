@@ -16,6 +16,7 @@ Sysroot::Sysroot(std::string root) : rec_(std::make_shared<Recorder>()) {
 
 std::string Sysroot::path(std::string_view abs) const {
   std::string p(abs);
+  if (root_.empty() && !p.empty()) return p;  // live: relative paths stay relative to the cwd
   if (p.empty() || p[0] != '/') p = "/" + p;
   return root_ + p;
 }

@@ -389,6 +389,9 @@ TEST_CASE("Sysroot records reads, listings and sizes for capture") {
   CHECK(r.recorded_dirs() == std::set<std::string>{"/dev/infiniband"});
   CHECK(r.recorded_sized() == std::set<std::string>{"/models/qwen3-32b/config.json"});
   CHECK(Sysroot("/").live());
+  CHECK(Sysroot("/").path("models/m") == "models/m");  // live: relative to the cwd
+  CHECK(Sysroot("/").path("/sys/class/net") == "/sys/class/net");
+  CHECK(r.path("sys/class/net") == fx + "/sys/class/net");
 }
 
 TEST_CASE("fuzz corpus: every fuzz_node_report seed parses or is refused, never crashes") {
