@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
     }
     auto j = nlohmann::json::parse(p->out, nullptr, false);
     int reported = j.is_object() ? static_cast<int>(j["nodes"].size()) : 0;
-    if (reported != nodes) {
+    auto cnt_fail = [](const nlohmann::json& x) { return x.is_object() ? x["counts"].value("FAIL", 1) : 1; };
+    if (reported != nodes || cnt_fail(j) != 0) {
       all_reported = false;
       std::cerr << p->out << p->err;
     }
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   double median = sorted[sorted.size() / 2], worst = sorted.back();
   bool ok = all_reported && median < limit_s;
   std::cout << fmt::format("# median {:.3f} s, worst {:.3f} s, limit {:.1f} s: {}\n", median, worst,
-                           limit_s, ok ? "OK" : "OVER LIMIT OR MISSING NODES");
+                           limit_s, ok ? "OK" : "OVER LIMIT, MISSING NODES OR FAILED CHECKS");
   std::cout << nlohmann::json{{"bench", "preflight"},
                               {"nodes", nodes},
                               {"runs", rows},
