@@ -147,7 +147,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   size_t T = 0;
   for (const auto& ch : chunks) T += static_cast<size_t>(ch.n);
   if (T == 0) {
-    logits->clear();
+    if (logits) logits->clear();
     return Status::Ok();
   }
   const size_t qw = static_cast<size_t>(nh_ * hd), kw = static_cast<size_t>(nkv_ * hd);
@@ -224,6 +224,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     for (size_t i = 0; i < o_.size(); ++i)
       x_[i] += o_[i] + (L.b_down.empty() ? 0.0f : L.b_down[i % static_cast<size_t>(H)]);
   }
+  if (!logits) return Status::Ok();  // a tensor-parallel worker: rank 0 samples
   // Final norm and lm_head only for the rows whose logits are wanted.
   std::vector<size_t> rows;
   {

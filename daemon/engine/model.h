@@ -48,7 +48,8 @@ class Model {
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
   /// want_logits the vocab_size logits of its last token into `logits` (in chunk order).
-  /// With `all_logits`, instead writes the logits of every token of every chunk.
+  /// With `all_logits`, instead writes the logits of every token of every chunk. With
+  /// logits == nullptr (tensor-parallel workers) the final norm and lm_head are skipped.
   Status forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                  std::vector<float>* logits, bool all_logits = false);
 
