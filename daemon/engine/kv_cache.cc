@@ -3,8 +3,7 @@
 namespace spark::engine {
 
 KVCache::KVCache(int num_layers, int num_blocks, int block_size, int n_kv_heads, int head_dim)
-    : num_layers_(num_layers),
-      num_blocks_(num_blocks),
+    : num_blocks_(num_blocks),
       block_size_(block_size),
       n_kv_heads_(n_kv_heads),
       head_dim_(head_dim),

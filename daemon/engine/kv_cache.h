@@ -20,7 +20,7 @@ class KVCache {
   size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
 
  private:
-  int num_layers_, num_blocks_, block_size_, n_kv_heads_, head_dim_;
+  int num_blocks_, block_size_, n_kv_heads_, head_dim_;
   size_t per_layer_;
   std::vector<float> k_, v_;
 };
