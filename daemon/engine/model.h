@@ -76,6 +76,10 @@ class Model {
   std::vector<int32_t> pos_;
 };
 
+/// Threads OpenBLAS may use for one matrix product (process-wide; 1 suits small models and
+/// busy machines, where OpenBLAS's thread hand-offs cost more than they save).
+void set_blas_threads(int n);
+
 /// y[T][out] = x[T][in] * W^T (+ b), W is [out][in] row-major as Hugging Face stores it.
 void linear(const float* x, const float* w, const float* b, float* y, int rows, int in, int out);
 

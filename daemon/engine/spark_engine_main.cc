@@ -2,7 +2,7 @@
 //   spark-engine generate --model DIR --prompt 1,2,3 [--max-tokens N] [--temperature T]
 //                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
 //   spark-engine bench --model DIR [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens 64]
-//                [--slots 4] [--json]
+//                [--slots 4] [--threads 1] [--json]
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped"} when rank 0 is done. Exit codes as sparkctl(1).
 #include <cstdio>
@@ -154,6 +154,9 @@ int cmd_generate(const Args& a) {
 }
 
 int cmd_bench(const Args& a) {
+  auto threads = int_opt(a, "threads", 1);
+  if (!threads) return fail(threads.error());
+  set_blas_threads(*threads);
   auto model = Model::load(a.get("model"), 0, 1);
   if (!model) return fail(model.error());
   auto conc = int_list(a.get("concurrency", "1,4"));
