@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/model.h"
 
 using namespace spark;
@@ -119,5 +120,42 @@ TEST_CASE("reference: logits and greedy tokens match Hugging Face transformers")
     CHECK(worst <= kMaxLogitDiff);
     CHECK(first_mismatch == -1);
     CHECK(got == expect_ids.get<std::vector<int32_t>>());
+  }
+}
+
+TEST_CASE(
+    "reference: the scheduler (chunked prefill, batching, prefix cache) keeps the greedy tokens") {
+  const auto dirs = fixture_dirs();
+  if (dirs.empty()) {
+    MESSAGE("SKIP: no reference fixtures under " << kFixtures);
+    std::cout << "SKIP: reference fixtures absent: " << kFixtures << "\n";
+    return;
+  }
+  for (const auto& dir : dirs) {
+    CAPTURE(dir);
+    auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    auto m = Model::load(dir, 0, 1);
+    REQUIRE(m.ok());
+    EngineOptions o;
+    o.slots = 2;
+    o.block_size = 8;
+    o.max_batch_tokens = 5;  // the prompt prefills in uneven chunks next to decodes
+    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+    REQUIRE(eng.ok());
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = ref["greedy_steps"].get<int>();
+    p.ignore_eos = true;
+    p.n = 2;  // two sequences of the same prompt in the same steps
+    const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+    auto r = generate_blocking(**eng, prompt, p);
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    const auto expect = ref["greedy_ids"].get<std::vector<int32_t>>();
+    CHECK(r->tokens[0] == expect);
+    CHECK(r->tokens[1] == expect);
+    auto again = generate_blocking(**eng, prompt, p);  // now from the prefix cache
+    REQUIRE(again.ok());
+    CHECK(again->cached_prompt_tokens > 0);
+    CHECK(again->tokens[0] == expect);
   }
 }

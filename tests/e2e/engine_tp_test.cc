@@ -151,3 +151,44 @@ TEST_CASE(
   CHECK(err.find("not set within") != std::string::npos);
   CHECK(err.find("rank 0 of 2") != std::string::npos);
 }
+
+TEST_CASE(
+    "engine TP: two processes reproduce the Hugging Face greedy tokens of every reference "
+    "fixture") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
+  const std::string fixtures = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models";
+  if (!std::filesystem::is_directory(fixtures)) {
+    MESSAGE("SKIP: no reference fixtures under " << fixtures);
+    return;
+  }
+  test::TempDir tmp;
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(fixtures)) {
+    if (!std::filesystem::exists(e.path() / "reference.json")) continue;
+    const std::string name = e.path().filename().string();
+    CAPTURE(name);
+    auto ref = nlohmann::json::parse(*read_file((e.path() / "reference.json").string()));
+    std::string prompt;
+    for (const auto& t : ref["prompt_ids"])
+      prompt += (prompt.empty() ? "" : ",") + std::to_string(t.get<int>());
+    const std::string store = "127.0.0.1:" + std::to_string(free_port());
+    auto args = [&](int rank) {
+      return std::vector<std::string>{
+          kTool,       "generate", "--model",      e.path().string(),
+          "--prompt",  prompt,     "--max-tokens", std::to_string(ref["greedy_steps"].get<int>()),
+          "--tp-size", "2",        "--tp-rank",    std::to_string(rank),
+          "--store",   store,      "--timeout-ms", "20000"};
+    };
+    auto r1 = spawn(args(1), tmp / (name + ".r1.out"), tmp / (name + ".r1.err"));
+    auto r0 = spawn(args(0), tmp / (name + ".r0.out"), tmp / (name + ".r0.err"));
+    const int rc0 = wait_for(r0, std::chrono::seconds(90));
+    const int rc1 = wait_for(r1, std::chrono::seconds(30));
+    INFO("rank 0 stderr: " << read_file(tmp / (name + ".r0.err")).value_or(""));
+    REQUIRE(rc0 == 0);
+    REQUIRE(rc1 == 0);
+    auto out = last_json(tmp / (name + ".r0.out"));
+    CHECK(out["tokens"][0] == ref["greedy_ids"]);
+    ++checked;
+  }
+  CHECK(checked >= 4);
+}
