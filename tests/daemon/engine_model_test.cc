@@ -1,6 +1,10 @@
 // Model forward pass against an independent naive implementation (double precision,
 // contiguous attention, no paging), and paged/chunked/decode equivalence.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -322,4 +326,34 @@ TEST_CASE("model: TP slicing needs divisible head counts") {
   // A rank of two reads its slices of the split matrices, not everything.
   CHECK(half.bytes_read < full.bytes_read);
   CHECK(half.weight_bytes < full.weight_bytes);
+}
+
+TEST_CASE("model: loading leaves none of the weight files in the page cache") {
+  test::TempDir dir;
+  REQUIRE(write_random_checkpoint(dir.path(), {small_config(Family::mistral), DType::bf16, 5, 2}).ok());
+  auto resident = [](const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    struct stat st {};
+    ::fstat(fd, &st);
+    const size_t len = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> v((len + page - 1) / page);
+    REQUIRE(::mincore(p, len, v.data()) == 0);
+    size_t n = 0;
+    for (auto b : v) n += b & 1;
+    ::munmap(p, len);
+    ::close(fd);
+    return n;
+  };
+  const std::string f1 = dir / "model-00001-of-00002.safetensors", f2 = dir / "model-00002-of-00002.safetensors";
+  CHECK(resident(f1) > 0);  // just written: cached
+  LoadReport rep;
+  auto m = Model::load(dir.path(), 0, 1, &rep);
+  REQUIRE(m.ok());
+  CHECK(rep.files.size() == 2);
+  CHECK(resident(f1) == 0);
+  CHECK(resident(f2) == 0);
 }
