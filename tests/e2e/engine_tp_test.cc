@@ -192,3 +192,40 @@ TEST_CASE(
   }
   CHECK(checked >= 4);
 }
+
+TEST_CASE("engine TP: a worker killed mid-generation fails rank 0 with a Gloo error, not a hang") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
+  test::TempDir dir;
+  auto cfg = small_config(Family::llama, 512, 128, 4);
+  cfg.max_position = 8192;
+  cfg.eos_token_ids = {};
+  REQUIRE(write_random_checkpoint(dir / "model", {cfg, DType::f32, 9, 1}).ok());
+  const std::string store = "127.0.0.1:" + std::to_string(free_port());
+  auto args = [&](int rank) {
+    return std::vector<std::string>{kTool,       "generate", "--model",      dir / "model",
+                                    "--prompt",  "1,2,3",    "--max-tokens", "8000",
+                                    "--tp-size", "2",        "--tp-rank",    std::to_string(rank),
+                                    "--store",   store,      "--timeout-ms", "5000"};
+  };
+  auto r1 = spawn(args(1), dir / "r1.out", dir / "r1.err");
+  auto r0 = spawn(args(0), dir / "r0.out", dir / "r0.err");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int st = 0;
+  if (::waitpid(r0.pid, &st, WNOHANG) == r0.pid) {
+    wait_for(r1, std::chrono::seconds(10));
+    MESSAGE("SKIP: rank 0 finished 8000 tokens within 1.5 s; nothing left to interrupt");
+    return;
+  }
+  ::kill(r1.pid, SIGKILL);
+  wait_for(r1, std::chrono::seconds(10));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = wait_for(r0, std::chrono::seconds(60));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto err = read_file(dir / "r0.err").value_or("");
+  INFO("rank 0 stderr: " << err);
+  CHECK(rc != 0);
+  CHECK(rc != -1);  // exited by itself
+  CHECK(s < 30.0);
+  CHECK(err.find("Gloo") != std::string::npos);
+  CHECK(err.find("rank 0 of 2") != std::string::npos);
+}
