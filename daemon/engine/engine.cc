@@ -135,8 +135,8 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                     need, total, opts_.num_blocks));
   if (!req.on_event) return make_error(Errc::usage, "the request has no event callback");
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
   if (stats_.failed) return make_error(Errc::internal, "the engine failed: " + stats_.error);
+  if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
   const RequestId id = next_id_++;
   inbox_.submits.emplace_back(id, std::move(req));
   cv_.notify_all();

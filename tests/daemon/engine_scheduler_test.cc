@@ -236,3 +236,39 @@ TEST_CASE("engine: requests that cannot fit are refused with a reason") {
   CHECK(capped->tokens[0].size() == 4);
   CHECK(capped->finish[0] == FinishReason::length);
 }
+
+namespace {
+// Fault injection (a test double): a world of one whose all_reduce fails from call N on.
+class FailingCollectiveForTest final : public Collective {
+ public:
+  explicit FailingCollectiveForTest(int fail_from) : fail_from_(fail_from) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Status all_reduce_sum(float*, size_t) override {
+    if (++calls_ >= fail_from_) return make_error(Errc::network, "injected: peer rank 1 vanished");
+    return Status::Ok();
+  }
+  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
+  Status barrier() override { return Status::Ok(); }
+
+ private:
+  int fail_from_;
+  int calls_ = 0;
+};
+}  // namespace
+
+TEST_CASE("engine: a failing step ends in-flight requests with an error and refuses new ones") {
+  Fixture fx;
+  auto m = fx.model();
+  const int V = m->config().vocab_size;
+  auto eng = Engine::start(std::move(m), std::make_shared<FailingCollectiveForTest>(40), {});
+  REQUIRE(eng.ok());
+  auto r = generate_blocking(**eng, prompt_of(8, 1, V), greedy(100), 20000);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("peer rank 1 vanished") != std::string::npos);
+  auto st = (*eng)->stats();
+  CHECK(st.failed);
+  auto again = (*eng)->submit({prompt_of(8, 1, V), greedy(4), [](const TokenEvent&) {}});
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().message.find("engine failed") != std::string::npos);
+}
