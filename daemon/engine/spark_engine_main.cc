@@ -102,14 +102,28 @@ Result<std::shared_ptr<Collective>> make_comm(const Args& a, int* rank, int* wor
   return std::shared_ptr<Collective>(*c);
 }
 
+// VmHWM (peak resident set) of this process in bytes, from /proc/self/status.
+uint64_t peak_rss_bytes() {
+  auto text = read_file("/proc/self/status");
+  if (!text) return 0;
+  for (const auto& line : split_list(*text, '\n'))
+    if (starts_with(line, "VmHWM:")) {
+      auto v = parse_u64(trim(line.substr(6, line.size() - 6 - 3)));  // "VmHWM:   1234 kB"
+      return v ? *v * 1024 : 0;
+    }
+  return 0;
+}
+
 int cmd_generate(const Args& a) {
   int rank = 0, world = 1;
   auto comm = make_comm(a, &rank, &world);
   if (!comm) return fail(comm.error());
   log::set_rank(rank);
   LoadReport load;
+  const uint64_t rss_before = peak_rss_bytes();
   auto model = Model::load(a.get("model"), rank, world, &load);
   if (!model) return fail(model.error());
+  const uint64_t rss_after = peak_rss_bytes();
   if (rank > 0) {
     auto st = run_tp_worker(**model, **comm);
     if (!st.ok()) return fail(st.error());
@@ -147,7 +161,8 @@ int cmd_generate(const Args& a) {
                       {"tokens", res->tokens},
                       {"finish", nlohmann::json::array()},
                       {"bytes_read", load.bytes_read},
-                      {"load_seconds", load.seconds}};
+                      {"load_seconds", load.seconds}, {"weight_bytes", load.weight_bytes},
+                      {"peak_rss_before_load", rss_before}, {"peak_rss_after_load", rss_after}};
   for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
   std::cout << j.dump() << "\n";
   return 0;

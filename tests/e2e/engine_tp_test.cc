@@ -229,3 +229,24 @@ TEST_CASE("engine TP: a worker killed mid-generation fails rank 0 with a Gloo er
   CHECK(err.find("Gloo") != std::string::npos);
   CHECK(err.find("rank 0 of 2") != std::string::npos);
 }
+
+TEST_CASE("engine load: peak memory grows by about the fp32 weights, not weights + file") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
+  test::TempDir dir;
+  auto cfg =
+      small_config(Family::llama, 8192, 512, 4);  // ~23M parameters: 46 MB BF16 file, 92 MB fp32
+  cfg.intermediate_size = 2048;
+  REQUIRE(write_random_checkpoint(dir / "model", {cfg, DType::bf16, 2, 2}).ok());
+  auto p = spawn({kTool, "generate", "--model", dir / "model", "--max-tokens", "1"}, dir / "out",
+                 dir / "err");
+  REQUIRE(wait_for(p, std::chrono::seconds(120)) == 0);
+  auto j = last_json(dir / "out");
+  const double weights = j["weight_bytes"].get<double>();
+  const double grew =
+      j["peak_rss_after_load"].get<double>() - j["peak_rss_before_load"].get<double>();
+  MESSAGE("weights " << weights / 1e6 << " MB, peak RSS grew " << grew / 1e6
+                     << " MB while loading");
+  CHECK(weights > 80e6);
+  CHECK(grew > 0.9 * weights);   // the weights are really resident
+  CHECK(grew < weights + 16e6);  // plus a small bounce buffer; a file-sized copy (46 MB) fails this
+}
