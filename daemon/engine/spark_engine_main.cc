@@ -1,11 +1,14 @@
 // spark-engine: the engine without the HTTP server, for tests, benchmarks and bring-up.
 //   spark-engine generate --model DIR --prompt 1,2,3 [--max-tokens N] [--temperature T]
 //                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
-//   spark-engine bench --model DIR [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens 64]
+//   spark-engine bench --model DIR|--demo [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens
+//   64]
 //                [--slots 4] [--threads 1] [--json]
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped"} when rank 0 is done. Exit codes as sparkctl(1).
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/engine/bench.h"
+#include "daemon/engine/demo_model.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gloo_collective.h"
 
@@ -47,14 +51,15 @@ Result<Args> parse(int argc, char** argv) {
     std::string k = argv[i];
     if (!starts_with(k, "--")) return make_error(Errc::usage, "unexpected argument " + k);
     k = k.substr(2);
-    if (k == "json") {
+    if (k == "json" || k == "demo") {
       a.opt[k] = "1";
       continue;
     }
     if (i + 1 >= argc) return make_error(Errc::usage, "--" + k + " needs a value");
     a.opt[k] = argv[++i];
   }
-  if (!a.has("model")) return make_error(Errc::usage, "--model DIR is required");
+  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")))
+    return make_error(Errc::usage, "--model DIR is required (bench also takes --demo)");
   return a;
 }
 
@@ -161,8 +166,10 @@ int cmd_generate(const Args& a) {
                       {"tokens", res->tokens},
                       {"finish", nlohmann::json::array()},
                       {"bytes_read", load.bytes_read},
-                      {"load_seconds", load.seconds}, {"weight_bytes", load.weight_bytes},
-                      {"peak_rss_before_load", rss_before}, {"peak_rss_after_load", rss_after}};
+                      {"load_seconds", load.seconds},
+                      {"weight_bytes", load.weight_bytes},
+                      {"peak_rss_before_load", rss_before},
+                      {"peak_rss_after_load", rss_after}};
   for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
   std::cout << j.dump() << "\n";
   return 0;
@@ -172,7 +179,24 @@ int cmd_bench(const Args& a) {
   auto threads = int_opt(a, "threads", 1);
   if (!threads) return fail(threads.error());
   set_blas_threads(*threads);
-  auto model = Model::load(a.get("model"), 0, 1);
+  std::string dir = a.get("model");
+  std::string tmp;
+  if (dir.empty()) {  // --demo: the embedded demo checkpoint in a temporary directory
+    char tmpl[] = "/tmp/spark-engine-demo-XXXXXX";
+    if (!::mkdtemp(tmpl)) return fail(make_error(Errc::io, "mkdtemp failed"));
+    tmp = tmpl;
+    dir = tmp + "/demo";
+    auto d = write_demo_model(dir, false);
+    if (!d) return fail(d.error());
+  }
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{tmp};
+  auto model = Model::load(dir, 0, 1);
   if (!model) return fail(model.error());
   auto conc = int_list(a.get("concurrency", "1,4"));
   auto pt = int_opt(a, "prompt-tokens", 32);
@@ -190,7 +214,7 @@ int cmd_bench(const Args& a) {
   auto rep = run_bench(**eng, *conc, *pt, *mt);
   (*eng)->stop();
   if (!rep) return fail(rep.error());
-  rep->model = a.get("model");
+  rep->model = a.has("model") ? a.get("model") : "demo (sparkctl demo-model)";
   std::cout << (a.has("json") ? bench_json(*rep) : bench_table(*rep));
   return rep->ok() ? 0 : 1;
 }
