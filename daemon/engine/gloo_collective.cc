@@ -36,7 +36,8 @@ class StoreAdapter final : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> full;
     for (const auto& k : keys) full.push_back(prefix_ + k);
-    auto st = c_->wait(full, std::min(timeout, timeout_));
+    (void)timeout;  // Gloo passes its operation timeout; joining ranks get the rendezvous one
+    auto st = c_->wait(full, timeout_);
     if (!st.ok()) throw std::runtime_error(st.message());
   }
 
@@ -80,6 +81,8 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
     return make_error(Errc::config,
                       fmt::format("Gloo: rank {} of world {} is invalid", o.rank, o.world));
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  const auto join_timeout = std::chrono::milliseconds(
+      o.rendezvous_timeout_ms > 0 ? o.rendezvous_timeout_ms : o.timeout_ms);
   if (o.rank == 0 && o.store_port == 0) {
     auto s = start_rendezvous_store(o.store_host, 0);
     if (!s) return s.error();
@@ -90,7 +93,7 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
     auto s = start_rendezvous_store(o.store_host, o.store_port);
     if (s) im.server = *s;
   }
-  auto client = TcpStoreClient::connect(o.store_host, im.opts.store_port, timeout);
+  auto client = TcpStoreClient::connect(o.store_host, im.opts.store_port, join_timeout);
   if (!client) return client.error();
   im.client = std::move(*client);
   try {
@@ -99,7 +102,7 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
     im.dev = gloo::transport::tcp::CreateDevice(attr);
     im.ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world);
     im.ctx->setTimeout(timeout);
-    StoreAdapter store(im.client.get(), o.prefix + "/", timeout);
+    StoreAdapter store(im.client.get(), o.prefix + "/", join_timeout);
     im.ctx->connectFullMesh(store, im.dev);
   } catch (const std::exception& e) {
     return make_error(Errc::network,

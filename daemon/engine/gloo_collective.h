@@ -17,12 +17,13 @@ struct GlooOptions {
   int store_port = 0;                    // rank 0 may pass 0 and read GlooCollective::store_port()
   std::string bind_host = "127.0.0.1";   // this rank's address for Gloo traffic (its fabric IP)
   std::string prefix = "sparkd";         // key namespace, e.g. a ring generation
-  int timeout_ms = 30000;                // rendezvous and every collective operation
+  int timeout_ms = 30000;                // every collective operation
+  int rendezvous_timeout_ms = 0;         // waiting for the other ranks to join; 0: timeout_ms
 };
 
 class GlooCollective final : public Collective {
  public:
-  /// Rendezvous + full-mesh connect + a checked all_reduce; every step has the deadline.
+  /// Rendezvous + full-mesh connect + a checked all_reduce; every step has a deadline.
   static Result<std::shared_ptr<GlooCollective>> connect(const GlooOptions& opts);
   ~GlooCollective() override;
   int rank() const override;

@@ -18,6 +18,11 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   auto progress = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
+  progress("loading weights");
+  auto m = Model::load(o.model_dir, o.rank, o.world, &rt->load_);
+  if (!m) return m.error();
+  log::info("engine", "rank {}: loaded {} ({} MiB read, {:.2f} s)", o.rank,
+            (*m)->config().architecture, rt->load_.bytes_read >> 20, rt->load_.seconds);
   if (o.world > 1) {
     GlooOptions g;
     g.rank = o.rank;
@@ -26,6 +31,7 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     g.store_host = o.store_host.empty() ? o.bind_host : o.store_host;
     g.store_port = o.store_port;
     g.timeout_ms = o.timeout_ms;
+    g.rendezvous_timeout_ms = o.rendezvous_timeout_ms;
     std::shared_ptr<TcpStoreServer> server;
     if (g.store_port == 0) {
       if (!o.share)
@@ -55,11 +61,6 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   } else {
     rt->comm_ = std::make_shared<LocalCollective>();
   }
-  progress("loading weights");
-  auto m = Model::load(o.model_dir, o.rank, o.world, &rt->load_);
-  if (!m) return m.error();
-  log::info("engine", "rank {}: loaded {} ({} MiB read, {:.2f} s)", o.rank,
-            (*m)->config().architecture, rt->load_.bytes_read >> 20, rt->load_.seconds);
   if (o.rank == 0) {
     auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
     if (!e) return e.error();

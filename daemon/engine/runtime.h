@@ -3,7 +3,9 @@
 // model, joins the tensor-parallel mesh (Gloo over TCP; rank 0 serves the rendezvous store
 // and publishes its address through the daemon's `share` function), then rank 0 runs the
 // Engine (the HTTP layer submits to engine()) and the other ranks run the TP worker loop
-// on a thread of their own. status() is cheap and thread-safe.
+// on a thread of their own. Each rank loads its weights first and then joins the mesh, so a
+// slow loader delays the join (bounded by rendezvous_timeout_ms) instead of timing out a
+// collective. status() is cheap and thread-safe.
 //
 // The backend adapter is then a few lines:
 //   start(ctx): RuntimeOptions o{model_dir, rank, world, fabric_ip, ...};
@@ -35,7 +37,8 @@ struct RuntimeOptions {
       share;
   std::function<void(const std::string&)> progress;  // "loading weights", ...
   EngineOptions engine;
-  int timeout_ms = 30000;  // rendezvous and each collective operation
+  int timeout_ms = 30000;              // each collective operation
+  int rendezvous_timeout_ms = 600000;  // waiting for the other ranks to load and join
 };
 
 struct RuntimeStatus {

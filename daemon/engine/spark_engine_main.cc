@@ -120,15 +120,20 @@ uint64_t peak_rss_bytes() {
 }
 
 int cmd_generate(const Args& a) {
+  // Load first, then join: a slow loader delays the join instead of timing out a collective.
+  auto w = int_opt(a, "tp-size", 1);
+  auto r = int_opt(a, "tp-rank", 0);
+  if (!w) return fail(w.error());
+  if (!r) return fail(r.error());
+  log::set_rank(*r);
+  LoadReport load;
+  const uint64_t rss_before = peak_rss_bytes();
+  auto model = Model::load(a.get("model"), *r, *w, &load);
+  if (!model) return fail(model.error());
+  const uint64_t rss_after = peak_rss_bytes();
   int rank = 0, world = 1;
   auto comm = make_comm(a, &rank, &world);
   if (!comm) return fail(comm.error());
-  log::set_rank(rank);
-  LoadReport load;
-  const uint64_t rss_before = peak_rss_bytes();
-  auto model = Model::load(a.get("model"), rank, world, &load);
-  if (!model) return fail(model.error());
-  const uint64_t rss_after = peak_rss_bytes();
   if (rank > 0) {
     auto st = run_tp_worker(**model, **comm);
     if (!st.ok()) return fail(st.error());
