@@ -77,7 +77,6 @@ int BlockManager::match_prefix(const std::vector<int32_t>& tokens, int max_block
     prev = h;
     ++matched;
   }
-  hit_blocks_ += static_cast<uint64_t>(matched);
   return matched;
 }
 

@@ -37,7 +37,9 @@ class BlockManager {
   /// Drops one reference on each block.
   void release(const std::vector<int32_t>& blocks);
 
-  /// Prefix-cache statistics.
+  /// Prefix-cache statistics: blocks reused by admitted sequences (the caller reports a
+  /// match once it keeps it; a match given back because allocation failed does not count).
+  void note_hits(int blocks) { hit_blocks_ += static_cast<uint64_t>(blocks); }
   uint64_t hit_blocks() const { return hit_blocks_; }
 
  private:

@@ -227,6 +227,7 @@ void Engine::admit() {
       blocks_->release(s->blocks);
       break;  // wait for running sequences to free blocks (submit() made sure it can ever fit)
     }
+    blocks_->note_hits(matched);
     s->computed = s->cached = matched * bs;
     s->sampler = std::make_unique<Sampler>(r.r.params, model_->config().vocab_size, r.r.prompt,
                                            static_cast<uint64_t>(s->choice));

@@ -127,6 +127,7 @@ TEST_CASE("engine: block-aligned prefix caching is shared across requests") {
   CHECK(third->cached_prompt_tokens == 16);
   auto model = fx.model();
   CHECK(third->tokens[0] == direct_greedy(*model, q, 8));
+  CHECK(eng->stats().cached_tokens == 32 + 16);
   // Without prefix caching nothing is reused.
   EngineOptions off = o;
   off.prefix_caching = false;
