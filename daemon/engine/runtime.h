@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "core/config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/tcp_store.h"
 
@@ -47,6 +48,11 @@ struct RuntimeStatus {
   std::string reason;  // why not ready / why fatal
   EngineStats stats;   // rank 0
 };
+
+/// Engine options from the cluster file: SLOTS -> slots, CONTEXT_LEN -> max_context, a KV
+/// cache of SLOTS full contexts. KV_DTYPE must be auto or fp32 on the CPU path
+/// (Errc::unsupported otherwise).
+Result<EngineOptions> engine_options_from(const RingConfig& cfg);
 
 class Runtime {
  public:

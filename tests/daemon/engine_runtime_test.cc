@@ -76,3 +76,31 @@ TEST_CASE("runtime: two ranks via a share function equal one rank; status report
   CHECK_FALSE(s1.fatal);
   CHECK_FALSE(s1.ready);
 }
+
+TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN and KV_DTYPE") {
+  test::TempDir dir;
+  auto path = dir.write("ring.env", "NODE0_SSH=local\nSLOTS=3\nCONTEXT_LEN=256\n");
+  auto cfg = load_config(path, Environment{}, nullptr);
+  REQUIRE_MESSAGE(cfg.ok(), cfg.error().message);
+  auto o = engine_options_from(*cfg);
+  REQUIRE_MESSAGE(o.ok(), o.error().message);
+  CHECK(o->slots == 3);
+  CHECK(o->max_context == 256);
+  auto fp8 =
+      load_config(dir.write("fp8.env", "NODE0_SSH=local\nKV_DTYPE=fp8\n"), Environment{}, nullptr);
+  REQUIRE(fp8.ok());
+  auto bad = engine_options_from(*fp8);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::unsupported);
+  CHECK(bad.error().message.find("KV_DTYPE=fp8") != std::string::npos);
+  // The sizes reach the engine: 3 slots x 256 tokens of 16-token blocks.
+  auto mdir = dir / "m";
+  REQUIRE(write_random_checkpoint(mdir, {small_config(Family::llama), DType::f32, 1, 1}).ok());
+  RuntimeOptions ro;
+  ro.model_dir = mdir;
+  ro.engine = *o;
+  auto rt = Runtime::start(ro);
+  REQUIRE(rt.ok());
+  CHECK((*rt)->engine()->stats().blocks_total == 3 * 256 / 16);
+  CHECK((*rt)->engine()->max_context() == 256);
+}
