@@ -15,7 +15,9 @@
 
 namespace spark::engine {
 
-void set_blas_threads(int n) { openblas_set_num_threads(n); }
+void set_blas_threads(int n) {
+  openblas_set_num_threads(n);
+}
 
 void linear(const float* x, const float* w, const float* b, float* y, int rows, int in, int out) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y,

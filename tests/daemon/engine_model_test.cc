@@ -330,7 +330,8 @@ TEST_CASE("model: TP slicing needs divisible head counts") {
 
 TEST_CASE("model: loading leaves none of the weight files in the page cache") {
   test::TempDir dir;
-  REQUIRE(write_random_checkpoint(dir.path(), {small_config(Family::mistral), DType::bf16, 5, 2}).ok());
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::mistral), DType::bf16, 5, 2}).ok());
   auto resident = [](const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY);
     REQUIRE(fd >= 0);
@@ -348,7 +349,8 @@ TEST_CASE("model: loading leaves none of the weight files in the page cache") {
     ::close(fd);
     return n;
   };
-  const std::string f1 = dir / "model-00001-of-00002.safetensors", f2 = dir / "model-00002-of-00002.safetensors";
+  const std::string f1 = dir / "model-00001-of-00002.safetensors",
+                    f2 = dir / "model-00002-of-00002.safetensors";
   CHECK(resident(f1) > 0);  // just written: cached
   LoadReport rep;
   auto m = Model::load(dir.path(), 0, 1, &rep);

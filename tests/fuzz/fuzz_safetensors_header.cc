@@ -16,9 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Invariants the reader relies on.
     uint64_t prev_end = 0;
     for (const auto& t : h->tensors) {
-      if (t.begin < h->data_start || t.end < t.begin || t.end > bytes.size() + tail) __builtin_trap();
+      if (t.begin < h->data_start || t.end < t.begin || t.end > bytes.size() + tail)
+        __builtin_trap();
       if (t.begin < prev_end) __builtin_trap();
-      if (t.end - t.begin != static_cast<uint64_t>(t.numel()) * spark::engine::dtype_size(t.dtype)) __builtin_trap();
+      if (t.end - t.begin != static_cast<uint64_t>(t.numel()) * spark::engine::dtype_size(t.dtype))
+        __builtin_trap();
       prev_end = t.end;
     }
   }
