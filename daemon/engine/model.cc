@@ -118,12 +118,22 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       SPARK_TRY(read_into(*ck, p + "self_attn.q_norm.weight", {hd}, all, &L.q_norm));
       SPARK_TRY(read_into(*ck, p + "self_attn.k_norm.weight", {hd}, all, &L.k_norm));
     }
-    SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.weight", {I, H}, mlp_rows, &L.w_gate));
-    SPARK_TRY(read_into(*ck, p + "mlp.up_proj.weight", {I, H}, mlp_rows, &L.w_up));
+    // gate and up fused into one [2*inter][hidden] matrix: one product, then SwiGLU reads
+    // each row as [gate | up] (the layout of kernels/swiglu.h).
+    {
+      std::vector<float> g, u;
+      SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.weight", {I, H}, mlp_rows, &g));
+      SPARK_TRY(read_into(*ck, p + "mlp.up_proj.weight", {I, H}, mlp_rows, &u));
+      L.w_gate_up = std::move(g);
+      L.w_gate_up.insert(L.w_gate_up.end(), u.begin(), u.end());
+    }
     SPARK_TRY(read_into(*ck, p + "mlp.down_proj.weight", {H, I}, down_cols, &L.w_down));
     if (c.mlp_bias) {
-      SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.bias", {I}, mlp_rows, &L.b_gate));
-      SPARK_TRY(read_into(*ck, p + "mlp.up_proj.bias", {I}, mlp_rows, &L.b_up));
+      std::vector<float> g, u;
+      SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.bias", {I}, mlp_rows, &g));
+      SPARK_TRY(read_into(*ck, p + "mlp.up_proj.bias", {I}, mlp_rows, &u));
+      L.b_gate_up = std::move(g);
+      L.b_gate_up.insert(L.b_gate_up.end(), u.begin(), u.end());
       SPARK_TRY(read_into(*ck, p + "mlp.down_proj.bias", {H}, all, &L.b_down));
     }
   }
@@ -134,7 +144,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     for (const auto& L : layers_)
       for (const auto* v :
            {&L.in_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq,
-            &L.bk, &L.bv, &L.bo, &L.w_gate, &L.w_up, &L.w_down, &L.b_gate, &L.b_up, &L.b_down})
+            &L.bk, &L.bv, &L.bo, &L.w_gate_up, &L.w_down, &L.b_gate_up, &L.b_down})
         n += v->size();
     report->weight_bytes = n * sizeof(float);
     report->files = ck->files();
@@ -162,8 +172,8 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   att_.resize(T * qw);
   k_.resize(T * kw);
   v_.resize(T * kw);
-  gate_.resize(T * static_cast<size_t>(inter_));
-  up_.resize(T * static_cast<size_t>(inter_));
+  gate_up_.resize(T * 2 * static_cast<size_t>(inter_));
+  act_.resize(T * static_cast<size_t>(inter_));
   pos_.resize(T);
   {
     size_t t = 0;
@@ -218,12 +228,10 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     for (size_t i = 0; i < o_.size(); ++i)
       x_[i] += o_[i] + (L.bo.empty() ? 0.0f : L.bo[i % static_cast<size_t>(H)]);
     kernels::rmsnorm_ref(x_.data(), L.post_norm.data(), h_.data(), T, static_cast<size_t>(H), eps);
-    linear(h_.data(), L.w_gate.data(), L.b_gate.empty() ? nullptr : L.b_gate.data(), gate_.data(),
-           Ti, H, inter_);
-    linear(h_.data(), L.w_up.data(), L.b_up.empty() ? nullptr : L.b_up.data(), up_.data(), Ti, H,
-           inter_);
-    kernels::swiglu_ref(gate_.data(), up_.data(), gate_.data(), gate_.size());
-    linear(gate_.data(), L.w_down.data(), nullptr, o_.data(), Ti, inter_, H);
+    linear(h_.data(), L.w_gate_up.data(), L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(),
+           gate_up_.data(), Ti, H, 2 * inter_);
+    kernels::swiglu_ref(gate_up_.data(), act_.data(), T, static_cast<size_t>(inter_));
+    linear(act_.data(), L.w_down.data(), nullptr, o_.data(), Ti, inter_, H);
     SPARK_TRY(comm.all_reduce_sum(o_.data(), o_.size()));
     for (size_t i = 0; i < o_.size(); ++i)
       x_[i] += o_[i] + (L.b_down.empty() ? 0.0f : L.b_down[i % static_cast<size_t>(H)]);

@@ -60,7 +60,7 @@ class Model {
   struct Layer {
     std::vector<float> in_norm, post_norm, q_norm, k_norm;
     std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
-    std::vector<float> w_gate, w_up, w_down, b_gate, b_up, b_down;
+    std::vector<float> w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
   };
   Model() = default;
   Status load_weights(const std::string& dir, LoadReport* report);
@@ -72,7 +72,7 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   // Scratch reused across steps.
-  std::vector<float> x_, h_, q_, k_, v_, att_, o_, gate_, up_;
+  std::vector<float> x_, h_, q_, k_, v_, att_, o_, gate_up_, act_;
   std::vector<int32_t> pos_;
 };
 

@@ -1,4 +1,4 @@
-// Reference twins used by the engine: RoPE frequencies and rotation, SwiGLU, paged attention.
+// Reference twins used by the engine: RoPE frequencies and rotation, paged attention.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -6,7 +6,6 @@
 
 #include "kernels/paged_attention.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 
 using namespace spark::kernels;
 
@@ -49,14 +48,6 @@ TEST_CASE("rope: rotation pairs element i with i + head_dim/2 and keeps the norm
   auto y0 = y;
   rope_apply_ref(y.data(), 1, 1, 8, &zero, inv.data());
   CHECK(y == y0);  // position 0 is the identity
-}
-
-TEST_CASE("swiglu: silu(gate) * up") {
-  std::vector<float> g = {0, 1, -2}, u = {3, 2, 1}, o(3);
-  swiglu_ref(g.data(), u.data(), o.data(), 3);
-  CHECK(o[0] == 0.0f);
-  CHECK(o[1] == doctest::Approx(2.0 / (1 + std::exp(-1.0))));
-  CHECK(o[2] == doctest::Approx(-2.0 / (1 + std::exp(2.0))));
 }
 
 TEST_CASE("paged attention: equals contiguous attention, GQA and sliding window included") {
