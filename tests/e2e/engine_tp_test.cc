@@ -12,11 +12,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/strings.h"
 #include "daemon/engine/random_checkpoint.h"
+#include "support/netns.h"
 #include "support/tempdir.h"
 
 extern char** environ;
@@ -249,4 +251,45 @@ TEST_CASE("engine load: peak memory grows by about the fp32 weights, not weights
   CHECK(weights > 80e6);
   CHECK(grew > 0.9 * weights);   // the weights are really resident
   CHECK(grew < weights + 16e6);  // plus a small bounce buffer; a file-sized copy (46 MB) fails this
+}
+
+TEST_CASE("engine TP: two ranks in two network namespaces give the same greedy tokens as one") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
+  if (auto why = test::netns_unavailable_reason(); !why.empty()) {
+    MESSAGE("SKIP: " << why);
+    std::cout << "SKIP: " << why << "\n";
+    return;
+  }
+  test::TempDir dir;
+  auto cfg = small_config(Family::mistral, 512, 64, 2);
+  cfg.eos_token_ids = {};
+  REQUIRE(write_random_checkpoint(dir / "model", {cfg, DType::f32, 33, 2}).ok());
+  const std::string base = kTool + " generate --model " + (dir / "model") +
+                           " --prompt 1,9,8,7,6,5,300,301 --max-tokens 64";
+  auto one = spawn({kTool, "generate", "--model", dir / "model", "--prompt", "1,9,8,7,6,5,300,301",
+                    "--max-tokens", "64"},
+                   dir / "tp1.out", dir / "tp1.err");
+  REQUIRE(wait_for(one, std::chrono::seconds(60)) == 0);
+  auto net = test::NetNs::create({.hosts = 2});
+  REQUIRE_MESSAGE(net.ok(), net.error().message);
+  const std::string store = (*net)->ip(0) + ":29551";
+  auto cmd = [&](int rank) {
+    return base + " --tp-size 2 --tp-rank " + std::to_string(rank) + " --store " + store +
+           " --bind " + (*net)->ip(rank) + " --timeout-ms 20000";
+  };
+  Result<ProcessResult> r1 = Error{};
+  std::thread t1([&] { r1 = (*net)->exec_in(1, cmd(1), std::chrono::seconds(90)); });
+  auto r0 = (*net)->exec_in(0, cmd(0), std::chrono::seconds(90));
+  t1.join();
+  REQUIRE(r0.ok());
+  REQUIRE(r1.ok());
+  INFO("rank 0: " << r0->describe() << " " << r0->err);
+  INFO("rank 1: " << r1->describe() << " " << r1->err);
+  REQUIRE(r0->success());
+  REQUIRE(r1->success());
+  auto j1 = last_json(dir / "tp1.out");
+  auto j2 = nlohmann::json::parse(split_list(r0->out, '\n').back());
+  CHECK(j2["tp"] == 2);
+  CHECK(j2["tokens"] == j1["tokens"]);
+  CHECK(nlohmann::json::parse(split_list(r1->out, '\n').back())["worker"] == "stopped");
 }
