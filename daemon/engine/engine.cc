@@ -152,8 +152,19 @@ void Engine::cancel(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s = stats_;
+  }
+  const int64_t started = step_started_ns_.load();
+  if (started != 0) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    s.step_running_ms = (now - started) / 1000000;
+  }
+  return s;
 }
 
 void Engine::publish_stats() {
@@ -365,7 +376,11 @@ void Engine::loop() {
     admit();
     Status st = Status::Ok();
     if (!running_.empty()) {
+      step_started_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
       st = step();
+      step_started_ns_ = 0;
       last_broadcast = clock::now();
     } else if (comm_->world_size() > 1 &&
                clock::now() - last_broadcast >= std::chrono::milliseconds(opts_.heartbeat_ms)) {

@@ -273,3 +273,44 @@ TEST_CASE("engine: a failing step ends in-flight requests with an error and refu
   REQUIRE_FALSE(again.ok());
   CHECK(again.error().message.find("engine failed") != std::string::npos);
 }
+
+namespace {
+// Fault injection (a test double): a world of one whose all_reduce takes `ms` (a slow peer).
+class SlowCollectiveForTest final : public Collective {
+ public:
+  explicit SlowCollectiveForTest(int ms) : ms_(ms) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Status all_reduce_sum(float*, size_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    return Status::Ok();
+  }
+  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
+  Status barrier() override { return Status::Ok(); }
+
+ private:
+  int ms_;
+};
+}  // namespace
+
+TEST_CASE("engine: stats show how long the running step has taken (stall detection)") {
+  Fixture fx;
+  auto m = fx.model();
+  const int V = m->config().vocab_size;
+  auto eng = Engine::start(std::move(m), std::make_shared<SlowCollectiveForTest>(40), {});
+  REQUIRE(eng.ok());
+  CHECK((*eng)->stats().step_running_ms == 0);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    (void)generate_blocking(**eng, prompt_of(4, 1, V), greedy(2), 20000);
+    done = true;
+  });
+  int64_t seen = 0;
+  for (int i = 0; i < 2000 && !done; ++i) {
+    seen = std::max(seen, (*eng)->stats().step_running_ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  t.join();
+  CHECK(seen >= 50);  // each step does 2 layers x 2 all_reduces of 40 ms
+  CHECK((*eng)->stats().step_running_ms == 0);
+}
