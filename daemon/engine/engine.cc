@@ -124,8 +124,8 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                       fmt::format("context_length_exceeded: the prompt has {} tokens; this model's "
                                   "context is {} tokens, leaving no room to generate",
                                   req.prompt.size(), max_context_));
-  const int total =
-      std::min(static_cast<int>(req.prompt.size()) + req.params.max_tokens, max_context_);
+  const int total = static_cast<int>(std::min<int64_t>(
+      static_cast<int64_t>(req.prompt.size()) + req.params.max_tokens, max_context_));
   const int need = (total + opts_.block_size - 1) / opts_.block_size;
   if (need > opts_.num_blocks)
     return make_error(
@@ -229,7 +229,8 @@ void Engine::admit() {
     s->choice = r.admitted;
     s->tokens = r.r.prompt;
     s->prompt_len = static_cast<int>(s->tokens.size());
-    s->max_total = std::min(s->prompt_len + r.r.params.max_tokens, max_context_);
+    s->max_total = static_cast<int>(std::min<int64_t>(
+        static_cast<int64_t>(s->prompt_len) + r.r.params.max_tokens, max_context_));
     // Reuse cached full blocks, but always compute at least the last prompt token.
     const int matched =
         blocks_->match_prefix(s->tokens, (s->prompt_len - 1) / bs, &s->blocks, &s->hashes);

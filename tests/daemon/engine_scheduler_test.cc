@@ -231,6 +231,11 @@ TEST_CASE("engine: requests that cannot fit are refused with a reason") {
   auto bad = eng->submit({{static_cast<int32_t>(V)}, greedy(4), [](const TokenEvent&) {}});
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().code == Errc::usage);
+  // max_tokens near INT_MAX is capped by the context, not overflowed.
+  auto huge = greedy(2147483647);
+  auto h = generate_blocking(*eng, prompt_of(60, 2, V), huge);
+  REQUIRE_MESSAGE(h.ok(), h.error().message);
+  CHECK(h->tokens[0].size() == 4);
   // A long completion is capped by the context: finish "length" at 64 tokens total.
   auto capped = generate_blocking(*eng, prompt_of(60, 1, V), greedy(100));
   REQUIRE(capped.ok());
