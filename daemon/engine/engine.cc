@@ -409,18 +409,19 @@ void Engine::loop() {
   std::vector<RequestId> ids;
   for (const auto& [id, r] : reqs_) ids.push_back(id);
   for (RequestId id : ids) cancel_req(id, FinishReason::cancelled, "the engine stopped");
+  Inbox left;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [id, req] : inbox_.submits) {
-      TokenEvent ev;
-      ev.request = id;
-      ev.finish = FinishReason::cancelled;
-      ev.request_done = true;
-      ev.error = "the engine stopped";
-      req.on_event(ev);
-    }
-    inbox_.submits.clear();
-    stopping_ = true;
+    std::swap(left, inbox_);
+    stopping_ = true;  // submit() refuses from here on
+  }
+  for (auto& [id, req] : left.submits) {  // callbacks run without the lock held
+    TokenEvent ev;
+    ev.request = id;
+    ev.finish = FinishReason::cancelled;
+    ev.request_done = true;
+    ev.error = "the engine stopped";
+    req.on_event(ev);
   }
   if (comm_->world_size() > 1 && !stats().failed) {
     int64_t n = kPlanStop;
