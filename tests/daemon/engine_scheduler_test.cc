@@ -54,7 +54,7 @@ struct Fixture {
     auto m = Model::load(dir.path(), 0, 1);
     REQUIRE(m.ok());
     auto e = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-    REQUIRE_MESSAGE(e.ok(), e.error().message);
+    REQUIRE_MESSAGE(e.ok(), (e.ok() ? std::string() : e.error().message));
     return std::move(*e);
   }
   std::unique_ptr<Model> model() {
@@ -95,7 +95,8 @@ TEST_CASE(
   for (auto& t : ts) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
-    REQUIRE_MESSAGE(results[i].ok(), results[i].error().message);
+    REQUIRE_MESSAGE(results[i].ok(),
+                    (results[i].ok() ? std::string() : results[i].error().message));
     CHECK(results[i]->tokens[0] == expect[i]);
     CHECK(results[i]->finish[0] == FinishReason::length);
   }
@@ -234,7 +235,7 @@ TEST_CASE("engine: requests that cannot fit are refused with a reason") {
   // max_tokens near INT_MAX is capped by the context, not overflowed.
   auto huge = greedy(2147483647);
   auto h = generate_blocking(*eng, prompt_of(60, 2, V), huge);
-  REQUIRE_MESSAGE(h.ok(), h.error().message);
+  REQUIRE_MESSAGE(h.ok(), (h.ok() ? std::string() : h.error().message));
   CHECK(h->tokens[0].size() == 4);
   // A long completion is capped by the context: finish "length" at 64 tokens total.
   auto capped = generate_blocking(*eng, prompt_of(60, 1, V), greedy(100));
