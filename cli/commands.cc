@@ -1,6 +1,7 @@
 #include "cli/cli.h"
 #include "cli/cmd_preflight.h"
 #include "cli/cmd_stage.h"
+#include "cli/cmd_demo_model.h"
 
 namespace spark::cli {
 
@@ -24,6 +25,7 @@ const std::vector<Command>& commands() {
       {"cache-stat", "Show how much of each file is in the page cache (like vmtouch -v)", cmd_cache_stat},
       {"stage-recv", "(internal) receiving half of stage-weights, started on a target over SSH", cmd_stage_recv},
       {"stage-send", "(internal) sending half of stage-weights, given receivers and tokens", cmd_stage_send},
+      {"demo-model", "Write a small demo checkpoint with random weights (runs without a GPU)", cmd_demo_model},
   };
   return table;
 }
