@@ -2,6 +2,8 @@
 // holds what the library gave (tools/tokenizer/gen_fixtures.js) for every corpus entry.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
@@ -81,4 +83,18 @@ TEST_CASE("tokenizer: Llama 3-style (ignore_merges, string merges, BOS template)
 TEST_CASE(
     "tokenizer: GPT-2-style (ByteLevel regex, prefix space, NFKC+Lowercase, flags) equals HF") {
   check_against_reference(fixture("gpt2"));
+}
+
+TEST_CASE("tokenizer: external references (SPARK_TOKENIZER_REF_DIRS) equal HF") {
+  // Vendor tokenizer.json files cannot be committed or downloaded here; where they exist,
+  // tools/tokenizer/gen_reference.py writes DIR/{tokenizer.json,reference.json}.
+  const char* dirs = std::getenv("SPARK_TOKENIZER_REF_DIRS");
+  if (!dirs || !*dirs) {
+    MESSAGE("SKIP: SPARK_TOKENIZER_REF_DIRS is not set (see tools/tokenizer/gen_reference.py)");
+    return;
+  }
+  for (const auto& dir : split_list(dirs, ':')) {
+    INFO("reference dir " << dir);
+    check_against_reference(dir);
+  }
 }
