@@ -15,7 +15,7 @@ std::string py_strip(std::string_view s) {
   auto is_ws_at = [&](size_t i, size_t* len) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F)) return *len = 1, true;
-    static const char* multi[] = {"\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\xA8",
+    static const char* multi[] = {"\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\xA8",
                                   "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"};
     for (const char* m : multi) {
       std::string_view mv(m);
@@ -70,12 +70,14 @@ std::string render_chatml(const ChatFormat& f, const std::vector<ChatMessage>& m
     out += "<|im_start|>system\n";
     const std::string& sys = has_system ? m[0].content : f.default_system;
     if (!sys.empty()) out += sys + "\n\n";
-    out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-           "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    out +=
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
     for (const auto& t : tools) out += "\n" + py_dumps(t);
-    out += "\n</tools>\n\nFor each function call, return a json object with function name and "
-           "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-           "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+    out +=
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
   } else if (has_system) {
     out += "<|im_start|>system\n" + m[0].content + "<|im_end|>\n";
   } else if (!f.default_system.empty()) {
@@ -137,13 +139,15 @@ Result<std::string> render_llama3(const ChatFormat& f, std::vector<ChatMessage> 
   }
   if (has_tools) {
     if (m.empty() || m[0].role != "user")
-      return make_error(Errc::usage, "Llama 3 puts tool definitions into the first user message, "
-                                     "but the conversation has no user message first");
+      return make_error(Errc::usage,
+                        "Llama 3 puts tool definitions into the first user message, "
+                        "but the conversation has no user message first");
     out += "<|start_header_id|>user<|end_header_id|>\n\n";
-    out += "Given the following functions, please respond with a JSON for a function call with "
-           "its proper arguments that best answers the given prompt.\n\n"
-           "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
-           "argument name and its value}.Do not use variables.\n\n";
+    out +=
+        "Given the following functions, please respond with a JSON for a function call with "
+        "its proper arguments that best answers the given prompt.\n\n"
+        "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
+        "argument name and its value}.Do not use variables.\n\n";
     for (const auto& t : tools) out += py_dumps(t, 4) + "\n\n";
     out += py_strip(m[0].content) + "<|eot_id|>";
     m.erase(m.begin());
@@ -270,7 +274,8 @@ void refine(ChatFormat& f, const std::string& tmpl, const Json& cfg) {
   };
   if (f.family == ChatFamily::llama3) {
     if (auto b = token_field("bos_token")) f.bos_token = *b;
-    f.llama_knowledge_header = tmpl.empty() || tmpl.find("Cutting Knowledge Date") != std::string::npos;
+    f.llama_knowledge_header =
+        tmpl.empty() || tmpl.find("Cutting Knowledge Date") != std::string::npos;
   } else if (f.family == ChatFamily::chatml) {
     if (tmpl.find(kQwen25System) != std::string::npos)
       f.default_system = kQwen25System;
@@ -286,9 +291,12 @@ void refine(ChatFormat& f, const std::string& tmpl, const Json& cfg) {
 
 std::string_view chat_family_name(ChatFamily f) {
   switch (f) {
-    case ChatFamily::llama3: return "llama3";
-    case ChatFamily::chatml: return "chatml";
-    case ChatFamily::mistral: return "mistral";
+    case ChatFamily::llama3:
+      return "llama3";
+    case ChatFamily::chatml:
+      return "chatml";
+    case ChatFamily::mistral:
+      return "mistral";
   }
   return "?";
 }
@@ -302,15 +310,18 @@ std::optional<ChatFamily> parse_chat_family(std::string_view s) {
 
 std::vector<std::string> ChatFormat::stop_tokens() const {
   switch (family) {
-    case ChatFamily::llama3: return {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
-    case ChatFamily::chatml: return {"<|im_end|>", "<|endoftext|>"};
-    case ChatFamily::mistral: return {eos_token.empty() ? "</s>" : eos_token};
+    case ChatFamily::llama3:
+      return {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+    case ChatFamily::chatml:
+      return {"<|im_end|>", "<|endoftext|>"};
+    case ChatFamily::mistral:
+      return {eos_token.empty() ? "</s>" : eos_token};
   }
   return {};
 }
 
-Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg,
-                                      std::string_view arch, const Tokenizer* tok) {
+Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std::string_view arch,
+                                      const Tokenizer* tok) {
   std::string tmpl = template_text(cfg);
   auto finish = [&](ChatFamily fam, std::string source) {
     ChatFormat f = defaults(fam);
@@ -347,12 +358,12 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg,
       return finish(ChatFamily::chatml, "vocabulary has <|im_start|>");
     if (tok->token_to_id("[INST]")) return finish(ChatFamily::mistral, "vocabulary has [INST]");
   }
-  return make_error(Errc::unsupported,
-                    fmt::format("cannot tell the chat format: tokenizer_config.json has {}, "
-                                "architecture '{}', no <|start_header_id|>/<|im_start|>/[INST] "
-                                "token; set CHAT_FORMAT=llama3|chatml|mistral",
-                                tmpl.empty() ? "no chat_template" : "an unrecognized chat_template",
-                                arch));
+  return make_error(
+      Errc::unsupported,
+      fmt::format("cannot tell the chat format: tokenizer_config.json has {}, "
+                  "architecture '{}', no <|start_header_id|>/<|im_start|>/[INST] "
+                  "token; set CHAT_FORMAT=llama3|chatml|mistral",
+                  tmpl.empty() ? "no chat_template" : "an unrecognized chat_template", arch));
 }
 
 Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages,
@@ -362,9 +373,12 @@ Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessa
     if (msg.role == "ipython") msg.role = "tool";
   SPARK_TRY(check_roles(m));
   switch (f.family) {
-    case ChatFamily::chatml: return render_chatml(f, m, tools, add_generation_prompt);
-    case ChatFamily::llama3: return render_llama3(f, std::move(m), tools, add_generation_prompt);
-    case ChatFamily::mistral: return render_mistral(f, std::move(m), tools);
+    case ChatFamily::chatml:
+      return render_chatml(f, m, tools, add_generation_prompt);
+    case ChatFamily::llama3:
+      return render_llama3(f, std::move(m), tools, add_generation_prompt);
+    case ChatFamily::mistral:
+      return render_mistral(f, std::move(m), tools);
   }
   return make_error(Errc::internal, "unknown chat family");
 }

@@ -42,13 +42,13 @@ struct ChatMessage {
 /// The resolved format of one checkpoint, with the variant details the templates differ in.
 struct ChatFormat {
   ChatFamily family = ChatFamily::chatml;
-  std::string bos_token;               // prepended by the format (Llama 3, Mistral)
-  std::string eos_token;               // ends assistant turns in the prompt (Mistral)
-  std::string default_system;          // ChatML: system prompt used when none is given
-  bool llama_knowledge_header = true;  // Llama 3.1+: "Cutting Knowledge Date" system block
+  std::string bos_token;                    // prepended by the format (Llama 3, Mistral)
+  std::string eos_token;                    // ends assistant turns in the prompt (Mistral)
+  std::string default_system;               // ChatML: system prompt used when none is given
+  bool llama_knowledge_header = true;       // Llama 3.1+: "Cutting Knowledge Date" system block
   std::string date_string = "26 Jul 2024";  // Llama 3.1 template default
-  bool qwen3_thinking = false;  // Qwen3: strip <think> from earlier assistant turns
-  std::string source;           // how it was chosen, for logs and /v1/models
+  bool qwen3_thinking = false;              // Qwen3: strip <think> from earlier assistant turns
+  std::string source;                       // how it was chosen, for logs and /v1/models
   /// Token strings that end a turn (the engine stops on their ids).
   std::vector<std::string> stop_tokens() const;
 };

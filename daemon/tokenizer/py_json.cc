@@ -1,8 +1,8 @@
 #include "daemon/tokenizer/py_json.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 namespace spark::tok {
 

@@ -2,9 +2,8 @@
 // JSON text the way Python's json.dumps(obj, ensure_ascii=False) writes it (", " and ": "
 // separators, insertion order, optional indent) - what Jinja's `tojson` puts into Hugging
 // Face chat templates, so that our native chat formats reproduce them byte for byte.
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace spark::tok {
 

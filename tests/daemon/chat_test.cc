@@ -1,9 +1,10 @@
 // Native chat formats against the text the families' Hugging Face templates produce
 // (expected strings written from the templates: Qwen2.5, Llama 3.1, Mistral-Nemo).
+#include "daemon/tokenizer/chat.h"
+
 #include <doctest/doctest.h>
 
 #include "core/strings.h"
-#include "daemon/tokenizer/chat.h"
 #include "daemon/tokenizer/tokenizer.h"
 
 using namespace spark;
@@ -28,16 +29,21 @@ std::string fixture_dir(const std::string& sub) {
 }  // namespace
 
 TEST_CASE("ChatML (Qwen2.5) system, multi-turn and generation prompt") {
-  ChatFormat f = fmt_of(ChatFamily::chatml, "...You are Qwen, created by Alibaba Cloud. You are a helpful assistant....");
-  std::vector<ChatMessage> m = {{"user", "Hi", {}, ""}, {"assistant", "Hello!", {}, ""}, {"user", "Bye", {}, ""}};
+  ChatFormat f =
+      fmt_of(ChatFamily::chatml,
+             "...You are Qwen, created by Alibaba Cloud. You are a helpful assistant....");
+  std::vector<ChatMessage> m = {
+      {"user", "Hi", {}, ""}, {"assistant", "Hello!", {}, ""}, {"user", "Bye", {}, ""}};
   auto p = render_chat(f, m, Json(), true);
   REQUIRE(p.ok());
   CHECK(*p ==
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-        "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+        "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_"
+        "end|>\n"
         "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
   m.insert(m.begin(), ChatMessage{"system", "Be brief.", {}, ""});
-  CHECK(render_chat(f, m, Json(), false)->starts_with("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"));
+  CHECK(render_chat(f, m, Json(), false)
+            ->starts_with("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"));
 }
 
 TEST_CASE("ChatML (Qwen) tools, tool calls and grouped tool responses") {
@@ -46,27 +52,33 @@ TEST_CASE("ChatML (Qwen) tools, tool calls and grouped tool responses") {
   std::vector<ChatMessage> m = {
       {"system", "Sys.", {}, ""},
       {"user", "Weather in Berlin and Paris?", {}, ""},
-      {"assistant", "", {{"call_1", "get_weather", R"({"city": "Berlin"})"}, {"call_2", "get_weather", R"({"city":"Paris"})"}}, ""},
+      {"assistant",
+       "",
+       {{"call_1", "get_weather", R"({"city": "Berlin"})"},
+        {"call_2", "get_weather", R"({"city":"Paris"})"}},
+       ""},
       {"tool", "{\"temp\": 20}", {}, "call_1"},
       {"tool", "{\"temp\": 22}", {}, "call_2"},
   };
   auto p = render_chat(f, m, tools, true);
   REQUIRE(p.ok());
-  CHECK(*p ==
-        "<|im_start|>system\nSys.\n\n# Tools\n\nYou may call one or more functions to assist with "
-        "the user query.\n\nYou are provided with function signatures within <tools></tools> XML "
-        "tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
-        "\"description\": \"Current weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
-        "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each "
-        "function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-        "<args-json-object>}\n</tool_call><|im_end|>\n"
-        "<|im_start|>user\nWeather in Berlin and Paris?<|im_end|>\n"
-        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-        "\"Berlin\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-        "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\n{\"temp\": 20}\n</tool_response>\n<tool_response>\n"
-        "{\"temp\": 22}\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+  CHECK(
+      *p ==
+      "<|im_start|>system\nSys.\n\n# Tools\n\nYou may call one or more functions to assist with "
+      "the user query.\n\nYou are provided with function signatures within <tools></tools> XML "
+      "tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+      "\"description\": \"Current weather\", \"parameters\": {\"type\": \"object\", "
+      "\"properties\": "
+      "{\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each "
+      "function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\nWeather in Berlin and Paris?<|im_end|>\n"
+      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Berlin\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\n<tool_response>\n{\"temp\": 20}\n</tool_response>\n<tool_response>\n"
+      "{\"temp\": 22}\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
 }
 
 TEST_CASE("ChatML (Qwen3) has no default system and drops earlier reasoning") {
@@ -101,21 +113,23 @@ TEST_CASE("Llama 3.0: no header block; system is an ordinary turn") {
 
 TEST_CASE("Llama 3.1 tools in the first user message, JSON tool call, ipython result") {
   ChatFormat f = fmt_of(ChatFamily::llama3);
-  Json tools = Json::array({Json::parse(R"({"type": "function", "function": {"name": "f", "parameters": {"a": 1}}})")});
+  Json tools = Json::array(
+      {Json::parse(R"({"type": "function", "function": {"name": "f", "parameters": {"a": 1}}})")});
   std::vector<ChatMessage> m = {{"user", "Call f", {}, ""},
                                 {"assistant", "", {{"c1", "f", R"({"a": 1})"}}, ""},
                                 {"tool", "ok", {}, "c1"}};
-  CHECK(*render_chat(f, m, tools, true) ==
-        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
-        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
-        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond "
-        "with a JSON for a function call with its proper arguments that best answers the given "
-        "prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
-        "argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n    "
-        "\"function\": {\n        \"name\": \"f\",\n        \"parameters\": {\n            \"a\": 1\n"
-        "        }\n    }\n}\n\nCall f<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-        "{\"name\": \"f\", \"parameters\": {\"a\": 1}}<|eot_id|><|start_header_id|>ipython"
-        "<|end_header_id|>\n\n\"ok\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(
+      *render_chat(f, m, tools, true) ==
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+      "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond "
+      "with a JSON for a function call with its proper arguments that best answers the given "
+      "prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
+      "argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n    "
+      "\"function\": {\n        \"name\": \"f\",\n        \"parameters\": {\n            \"a\": 1\n"
+      "        }\n    }\n}\n\nCall f<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+      "{\"name\": \"f\", \"parameters\": {\"a\": 1}}<|eot_id|><|start_header_id|>ipython"
+      "<|end_header_id|>\n\n\"ok\"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
   std::vector<ChatMessage> two = {{"user", "x", {}, ""},
                                   {"assistant", "", {{"a", "f", "{}"}, {"b", "f", "{}"}}, ""}};
   auto r = render_chat(f, two, Json(), false);
@@ -130,7 +144,8 @@ TEST_CASE("Mistral: system joins the last user turn; tools, tool calls, results"
                                 {"assistant", "A", {}, ""},
                                 {"user", "b", {}, ""}};
   CHECK(*render_chat(f, m, Json(), true) == "<s>[INST]a[/INST]A</s>[INST]S\n\nb[/INST]");
-  Json tools = Json::array({Json::parse(R"({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})")});
+  Json tools = Json::array({Json::parse(
+      R"({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})")});
   std::vector<ChatMessage> t = {{"user", "go", {}, ""},
                                 {"assistant", "", {{"abcdefghi", "f", R"({"x": 1})"}}, ""},
                                 {"tool", "42", {}, "abcdefghi"}};
@@ -165,11 +180,14 @@ TEST_CASE("choose_chat_format: key, then template markers, then architecture, th
   CHECK(l->family == ChatFamily::llama3);
   CHECK(l->llama_knowledge_header);
   CHECK(l->bos_token == "<|begin_of_text|>");
-  CHECK(l->stop_tokens() == std::vector<std::string>{"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"});
+  CHECK(l->stop_tokens() ==
+        std::vector<std::string>{"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"});
 
   CHECK(choose_chat_format("mistral", cfg, "", nullptr)->family == ChatFamily::mistral);
-  CHECK(choose_chat_format("", Json::object(), "Qwen3ForCausalLM", nullptr)->family == ChatFamily::chatml);
-  CHECK(choose_chat_format("", Json::object(), "MistralForCausalLM", nullptr)->family == ChatFamily::mistral);
+  CHECK(choose_chat_format("", Json::object(), "Qwen3ForCausalLM", nullptr)->family ==
+        ChatFamily::chatml);
+  CHECK(choose_chat_format("", Json::object(), "MistralForCausalLM", nullptr)->family ==
+        ChatFamily::mistral);
 
   auto tok = Tokenizer::from_file(fixture_dir("/llama3/tokenizer.json"));
   REQUIRE(tok.ok());

@@ -3,7 +3,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
