@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Trains small byte-level BPE tokenizers (Qwen2-, Llama 3- and GPT-2-style pipelines over
-// one learned vocabulary) on corpus/train.txt plus this repository's core/ sources, writes
+// one learned vocabulary) on corpus/train.txt + corpus/code.txt, writes
 // them as Hugging Face tokenizer.json fixtures, and records what the Hugging Face
 // `tokenizers` library (npm, native Rust core) gives for every test string:
 //   tests/fixtures/tokenizer/{tokenizer.json,tokenizer_config.json,reference.json}
@@ -12,7 +12,7 @@ const path = require('path');
 const { Tokenizer } = require('tokenizers');
 
 const ROOT = path.resolve(__dirname, '../..');
-const OUT = path.join(ROOT, 'tests/fixtures/tokenizer');
+const OUT = process.env.SPARK_TOKENIZER_OUT || path.join(ROOT, 'tests/fixtures/tokenizer');
 const MERGES = 3000;
 
 const QWEN_RE = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -39,11 +39,10 @@ const toByteLevel = (s) => Array.from(Buffer.from(s, 'utf8'), (b) => BC.map[b]).
 const TRAIN_RE = /'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu;
 
 function trainingText() {
-  let text = fs.readFileSync(path.join(__dirname, 'corpus/train.txt'), 'utf8');
-  for (const f of fs.readdirSync(path.join(ROOT, 'core')).sort()) {
-    if (/\.(h|cc)$/.test(f)) text += '\n' + fs.readFileSync(path.join(ROOT, 'core', f), 'utf8');
-  }
-  return text;
+  // corpus/code.txt: this project's own early core/ sources, frozen so the fixture stays
+  // reproducible when the code changes.
+  return fs.readFileSync(path.join(__dirname, 'corpus/train.txt'), 'utf8') +
+    fs.readFileSync(path.join(__dirname, 'corpus/code.txt'), 'utf8');
 }
 
 function train(text) {
@@ -106,7 +105,7 @@ function tokenizerJson(base, v) {
     model: {
       type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
       end_of_word_suffix: null, fuse_unk: false, byte_fallback: false,
-      ignore_merges: !!v.ignore_merges, vocab: base.vocab,
+      ignore_merges: !!v.ignore_merges, vocab: v.vocab || base.vocab,
       merges: v.string_merges ? base.merges.map(([a, b]) => a + ' ' + b) : base.merges,
     },
   };
@@ -131,7 +130,15 @@ function variants(base) {
   const llamaNames = ['<|begin_of_text|>', '<|end_of_text|>', '<|reserved_special_token_0|>',
     '<|reserved_special_token_1|>', '<|finetune_right_pad_id|>', '<|step_id|>',
     '<|start_header_id|>', '<|end_header_id|>', '<|eom_id|>', '<|eot_id|>', '<|python_tag|>'];
-  const llamaAdded = llamaNames.map((c, i) => added(n + i, c, { special: true }));
+  // Llama 3's vocabulary has whole-word tokens that its merges do not build; with
+  // ignore_merges they win. Add a few such words so the fixture exercises that path.
+  const llamaVocab = { ...base.vocab };
+  for (const w of [' quick', 'Hello', ' world', ' lazy', 'Größe', ' 東京', ' Berlin', 'ing', ' the']) {
+    const t = toByteLevel(w);
+    if (!(t in llamaVocab)) llamaVocab[t] = Object.keys(llamaVocab).length;
+  }
+  const nl = Object.keys(llamaVocab).length;
+  const llamaAdded = llamaNames.map((c, i) => added(nl + i, c, { special: true }));
   const gptAdded = [
     added(n, '<|endoftext|>', { special: true }),
     added(n + 1, '<s>', { special: true }),
@@ -156,7 +163,7 @@ function variants(base) {
       },
     },
     {
-      dir: 'llama3', family: 'llama3', ignore_merges: true, string_merges: true,
+      dir: 'llama3', family: 'llama3', ignore_merges: true, string_merges: true, vocab: llamaVocab,
       added: llamaAdded,
       normalizer: null,
       pre_tokenizer: { type: 'Sequence', pretokenizers: [
@@ -168,7 +175,7 @@ function variants(base) {
           single: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
           pair: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } },
             { SpecialToken: { id: '<|begin_of_text|>', type_id: 1 } }, { Sequence: { id: 'B', type_id: 1 } }],
-          special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [n], tokens: ['<|begin_of_text|>'] } } }] },
+          special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [nl], tokens: ['<|begin_of_text|>'] } } }] },
       config: {
         bos_token: '<|begin_of_text|>', eos_token: '<|eot_id|>', model_max_length: 131072,
         tokenizer_class: 'PreTrainedTokenizerFast',
