@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <ctime>
+
 #include "daemon/tokenizer/tokenizer.h"
 
 namespace spark::tok {
@@ -276,6 +278,15 @@ void refine(ChatFormat& f, const std::string& tmpl, const Json& cfg) {
     if (auto b = token_field("bos_token")) f.bos_token = *b;
     f.llama_knowledge_header =
         tmpl.empty() || tmpl.find("Cutting Knowledge Date") != std::string::npos;
+    // Llama 3.2+ templates take today's date from transformers' strftime_now("%d %b %Y").
+    if (tmpl.find("strftime_now") != std::string::npos) {
+      std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      gmtime_r(&now, &tm);
+      char buf[32];
+      std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+      f.date_string = buf;
+    }
   } else if (f.family == ChatFamily::chatml) {
     if (tmpl.find(kQwen25System) != std::string::npos)
       f.default_system = kQwen25System;

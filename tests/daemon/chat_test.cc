@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <ctime>
+
 #include "core/strings.h"
 #include "daemon/tokenizer/tokenizer.h"
 
@@ -213,4 +215,18 @@ TEST_CASE("a rendered ChatML prompt encodes its special tokens as single ids") {
   CHECK(ids.front() == im_start);
   CHECK(std::count(ids.begin(), ids.end(), im_start) == 2);
   CHECK(tok->decode(ids, false) == *p);
+}
+
+TEST_CASE("Llama 3.2+ templates that call strftime_now get today's date") {
+  ChatFormat old = fmt_of(ChatFamily::llama3, "<|start_header_id|> Cutting Knowledge Date");
+  CHECK(old.date_string == "26 Jul 2024");
+  ChatFormat now =
+      fmt_of(ChatFamily::llama3,
+             "Cutting Knowledge Date {%- set date_string = strftime_now(\"%d %b %Y\") %}");
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  CHECK(now.date_string == buf);
 }

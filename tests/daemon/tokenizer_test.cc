@@ -153,3 +153,18 @@ TEST_CASE("a minimal tokenizer.json with array merges and a Llama-style template
   CHECK(t->decode(std::vector<TokenId>{5, 2, 4}, false) == "<s>ab ab");
   CHECK(t->vocab_size() == 6);
 }
+
+TEST_CASE("pathological inputs stay fast and round-trip: long whitespace, one huge CJK word") {
+  const Tokenizer& t = fixture();
+  std::string spaces(200000, ' ');
+  spaces += "x\n";
+  auto ids = t.encode(spaces, false);
+  CHECK(t.decode(ids, false) == spaces);
+  std::string cjk;
+  for (int i = 0; i < 20000; ++i) cjk += "漢字仮名";
+  auto cid = t.encode(cjk, false);
+  CHECK(t.decode(cid, false) == cjk);
+  std::string specials;
+  for (int i = 0; i < 20000; ++i) specials += "<|im_end|><|im_";
+  CHECK(t.decode(t.encode(specials, false), false) == specials);
+}
