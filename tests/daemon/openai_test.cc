@@ -3,6 +3,7 @@
 
 #include "daemon/openai/requests.h"
 #include "daemon/openai/responses.h"
+#include "daemon/openai/session.h"
 #include "daemon/openai/stream.h"
 #include "daemon/tokenizer/tokenizer.h"
 
@@ -342,4 +343,103 @@ TEST_CASE("/tokenize and /detokenize bodies") {
       models_list("demo", 5, 4096).dump() ==
       R"({"object":"list","data":[{"id":"demo","object":"model","created":5,"owned_by":"sparkctl","max_model_len":4096}]})");
   CHECK(make_response_id("chatcmpl-").size() == 9 + 24);
+}
+
+namespace {
+ChatRequest chat_req(const std::string& extra) {
+  auto r = parse_chat_request(with(extra), Limits{});
+  REQUIRE_MESSAGE(r.ok(), r.error.message);
+  return *r.value;
+}
+tok::ChatFormat chatml() {
+  return *tok::choose_chat_format("chatml", Json::object(), "", nullptr);
+}
+// Splits an SSE body into its JSON events (and "[DONE]").
+std::vector<std::string> events(const std::string& sse) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+    size_t end = sse.find("\n\n", pos);
+    out.push_back(sse.substr(pos + 6, end - pos - 6));
+    pos = end + 2;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("prepare_chat renders, encodes and budgets; context overflow is an API error") {
+  const tok::Tokenizer& t = fixture();
+  auto p = prepare_chat(chat_req(R"("max_tokens": 5)"), t, chatml(), 4096);
+  REQUIRE(p.ok());
+  CHECK(p.value->text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  CHECK(p.value->ids == t.encode(p.value->text, false));
+  CHECK(p.value->max_tokens == 5);
+  auto over = prepare_chat(chat_req(R"("max_tokens": 5)"), t, chatml(), 8);
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.error.code == "context_length_exceeded");
+  auto cr = parse_completion_request(R"({"prompt": [1, 999999]})", {});
+  REQUIRE(cr.ok());
+  CHECK(prepare_completion(*cr.value, t, 4096).error.param == "prompt");
+}
+
+TEST_CASE("Responder streaming: role, content, finish on the stop token, usage, [DONE]") {
+  const tok::Tokenizer& t = fixture();
+  ChatRequest req = chat_req(R"("stream": true, "stream_options": {"include_usage": true})");
+  int32_t eot = *t.token_to_id("<|im_end|>");
+  Responder r(req, t, chatml(), "demo", 9, {eot});
+  CHECK(std::string(r.content_type()) == "text/event-stream");
+  std::string sse = r.start();
+  for (auto id : t.encode("Hi 👋", false)) sse += r.token(0, id);
+  sse += r.token(0, eot);
+  CHECK(r.finished(0));
+  CHECK(r.token(0, 42).empty());  // after the end nothing more is sent
+  sse += r.done();
+  auto ev = events(sse);
+  REQUIRE(ev.size() >= 4);
+  CHECK(Json::parse(ev.front())["choices"][0]["delta"]["role"] == "assistant");
+  std::string text;
+  for (size_t i = 1; i + 2 < ev.size(); ++i)
+    text += Json::parse(ev[i])["choices"][0]["delta"].value("content", "");
+  CHECK(text == "Hi 👋");
+  Json fin = Json::parse(ev[ev.size() - 3]);
+  CHECK(fin["choices"][0]["finish_reason"] == "stop");
+  Json usage = Json::parse(ev[ev.size() - 2]);
+  CHECK(usage["choices"].empty());
+  CHECK(usage["usage"]["prompt_tokens"] == 9);
+  CHECK(usage["usage"]["completion_tokens"] == t.encode("Hi 👋", false).size() + 1);
+  CHECK(ev.back() == "[DONE]");
+}
+
+TEST_CASE("Responder non-streaming: n choices, stop string, length, logprobs") {
+  const tok::Tokenizer& t = fixture();
+  ChatRequest req = chat_req(R"("n": 2, "stop": ["world"], "logprobs": true, "top_logprobs": 1)");
+  Responder r(req, t, chatml(), "demo", 3, {});
+  CHECK(r.start().empty());
+  for (auto id : t.encode("Hello world and more", false)) {
+    CHECK(r.token(0, id, TokenLogprobs{id, -1.0f, {{id, -1.0f}}}).empty());
+    if (r.finished(0)) break;
+  }
+  CHECK(r.finished(0));
+  for (auto id : t.encode("Hello", false)) r.token(1, id, TokenLogprobs{id, -1.0f, {}});
+  CHECK(r.finish(1, "length").empty());
+  Json body = Json::parse(r.done());
+  CHECK(body["object"] == "chat.completion");
+  CHECK(body["choices"][0]["message"]["content"] == "Hello ");
+  CHECK(body["choices"][0]["finish_reason"] == "stop");
+  CHECK(body["choices"][1]["message"]["content"] == "Hello");
+  CHECK(body["choices"][1]["finish_reason"] == "length");
+  CHECK(body["choices"][0]["logprobs"]["content"].size() >= 1);
+}
+
+TEST_CASE("Responder completions with echo") {
+  const tok::Tokenizer& t = fixture();
+  auto req = parse_completion_request(R"({"prompt": "Once", "echo": true, "max_tokens": 3})", {});
+  REQUIRE(req.ok());
+  Responder r(*req.value, t, "demo", 1, {}, "Once");
+  for (auto id : t.encode(" upon", false)) r.token(0, id);
+  r.finish(0, "length");
+  Json body = Json::parse(r.done());
+  CHECK(body["object"] == "text_completion");
+  CHECK(body["choices"][0]["text"] == "Once upon");
+  CHECK(body["choices"][0]["finish_reason"] == "length");
 }

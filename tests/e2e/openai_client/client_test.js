@@ -101,6 +101,28 @@ async function main() {
   for await (const c of cs) for (const ch of c.choices) ctext += ch.text;
   check('streamed completion text equals non-streamed', ctext === comp.choices[0].text, [ctext, comp.choices[0].text]);
 
+  const st = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7 });
+  const full = st.choices[0].message.content || '';
+  if (full.length > 4) {
+    const stopAt = full.slice(2, 4);
+    const cut = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7, stop: [stopAt] });
+    check('stop string cuts the text before it', cut.choices[0].message.content === full.slice(0, full.indexOf(stopAt)) && cut.choices[0].finish_reason === 'stop', [full, stopAt, cut.choices[0].message.content]);
+  }
+  const echo = await client.completions.create({ model, prompt: 'Once', max_tokens: 3, echo: true });
+  check('echo prepends the prompt', echo.choices[0].text.startsWith('Once'), echo.choices[0].text);
+
+  // /tokenize and /detokenize are not in the client: plain HTTP through the same transport.
+  const post = async (p, body) => {
+    const url = wire ? 'http://wire.invalid' + p : new URL(p, opt('--base-url')).toString();
+    const f = wire ? wireFetch(args[args.indexOf('--wire') + 1], args[args.indexOf('--wire') + 2]) : fetch;
+    const r = await f(url, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' } });
+    return { status: r.status, json: await r.json() };
+  };
+  const tk = await post('/tokenize', { model, prompt: 'Hello 👋 world', add_special_tokens: false });
+  check('/tokenize counts tokens', tk.status === 200 && tk.json.count === tk.json.tokens.length && tk.json.count > 0, tk);
+  const dt = await post('/detokenize', { model, tokens: tk.json.tokens });
+  check('/detokenize inverts /tokenize', dt.status === 200 && dt.json.prompt === 'Hello 👋 world', dt);
+
   try {
     await client.chat.completions.create({ model, messages, temperature: 5 });
     check('temperature 5 rejected', false);
