@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
@@ -167,4 +169,18 @@ TEST_CASE("pathological inputs stay fast and round-trip: long whitespace, one hu
   std::string specials;
   for (int i = 0; i < 20000; ++i) specials += "<|im_end|><|im_";
   CHECK(t.decode(t.encode(specials, false), false) == specials);
+}
+
+TEST_CASE("concurrent encode from several threads gives the sequential result") {
+  const Tokenizer& t = fixture();
+  std::string text = *read_file(std::string(SPARK_SOURCE_DIR) + "/tools/tokenizer/corpus/train.txt");
+  auto want = t.encode(text, true);
+  std::vector<std::vector<TokenId>> got(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 5; ++k) got[i] = t.encode(text, true);
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& g : got) CHECK(g == want);
 }
