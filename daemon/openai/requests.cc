@@ -282,6 +282,23 @@ Sampling parse_sampling(const Json& j, const Limits& limits, bool chat) {
   return s;
 }
 
+// Fields whose meaning we cannot honour are refused rather than silently ignored.
+void refuse_unsupported(const Json& j) {
+  if (present(j, "response_format")) {
+    const Json& rf = j["response_format"];
+    if (!rf.is_object() || rf.value("type", std::string()) != "text")
+      fail(
+          "'response_format' other than {\"type\": \"text\"} needs constrained decoding, which "
+          "this server does not have.",
+          "response_format");
+  }
+  if (present(j, "logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
+    fail("'logit_bias' is not supported.", "logit_bias");
+  if (present(j, "functions") || present(j, "function_call"))
+    fail("'functions' and 'function_call' are deprecated; send 'tools' instead.",
+         present(j, "functions") ? "functions" : "function_call");
+}
+
 void parse_stream(const Json& j, bool* stream, bool* include_usage) {
   *stream = boolean(j, "stream", false);
   *include_usage = false;
@@ -316,6 +333,7 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const Limits& l
     r.tools = parse_tools(j);
     r.tool_choice = parse_tool_choice(j, r.tools);
     r.sampling = parse_sampling(j, limits, true);
+    refuse_unsupported(j);
     parse_stream(j, &r.stream, &r.include_usage);
     r.add_generation_prompt = boolean(j, "add_generation_prompt", true);
     return r;
@@ -354,6 +372,7 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body, con
     if (present(j, "best_of") && integer(j, "best_of", 1, 1, 1) != 1)
       fail("'best_of' is not supported.", "best_of");
     r.sampling = parse_sampling(j, limits, false);
+    refuse_unsupported(j);
     parse_stream(j, &r.stream, &r.include_usage);
     r.echo = boolean(j, "echo", false);
     return r;

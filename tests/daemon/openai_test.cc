@@ -127,6 +127,12 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
   CHECK(chat_error(with(R"("max_tokens": 5000)"),
                    limits_with([](Limits& l) { l.max_tokens_cap = 4096; }))
             .param == "max_tokens");
+  CHECK(chat_error(with(R"("response_format": {"type": "json_object"})")).param ==
+        "response_format");
+  CHECK(parse_chat_request(with(R"("response_format": {"type": "text"}, "logit_bias": {})"), {})
+            .ok());
+  CHECK(chat_error(with(R"("logit_bias": {"5": 10})")).param == "logit_bias");
+  CHECK(chat_error(with(R"("functions": [])")).param == "functions");
   ApiError big = chat_error(with(""), limits_with([](Limits& l) { l.max_body_bytes = 10; }));
   CHECK(big.status == 413);
   CHECK(big.code == "request_too_large");
