@@ -86,10 +86,10 @@ AddedVocab::AddedVocab(std::vector<AddedToken> tokens, const Normalizer* normali
   }
 }
 
-void AddedVocab::split_with(std::string_view s, const TokenMatcher& m,
+void AddedVocab::split_with(std::string_view s, const TokenMatcher& m, bool at_start,
                             std::vector<Segment>& out) const {
   if (m.empty()) {
-    if (!s.empty()) out.push_back({std::string(s), std::nullopt});
+    if (!s.empty()) out.push_back({std::string(s), std::nullopt, at_start});
     return;
   }
   size_t emitted = 0;  // end of the last emitted piece
@@ -134,16 +134,18 @@ void AddedVocab::split_with(std::string_view s, const TokenMatcher& m,
       pos = std::max(pos, stop);
     }
     if (emitted < start)
-      out.push_back({std::string(s.substr(emitted, start - emitted)), std::nullopt});
-    out.push_back({std::string(s.substr(start, stop - start)), t.id});
+      out.push_back({std::string(s.substr(emitted, start - emitted)), std::nullopt,
+                     at_start && emitted == 0});
+    out.push_back({std::string(s.substr(start, stop - start)), t.id, at_start && start == 0});
     emitted = stop;
   }
-  if (emitted < s.size()) out.push_back({std::string(s.substr(emitted)), std::nullopt});
+  if (emitted < s.size())
+    out.push_back({std::string(s.substr(emitted)), std::nullopt, at_start && emitted == 0});
 }
 
 std::vector<Segment> AddedVocab::split(std::string_view text, const Normalizer* normalizer) const {
   std::vector<Segment> first;
-  split_with(text, raw_, first);
+  split_with(text, raw_, true, first);
   std::vector<Segment> out;
   for (auto& seg : first) {
     if (seg.token) {
@@ -151,7 +153,7 @@ std::vector<Segment> AddedVocab::split(std::string_view text, const Normalizer* 
       continue;
     }
     if (normalizer) normalizer->apply(seg.text);
-    split_with(seg.text, normalized_, out);
+    split_with(seg.text, normalized_, seg.at_start, out);
   }
   return out;
 }

@@ -24,6 +24,7 @@ struct AddedToken {
 struct Segment {
   std::string text;
   std::optional<TokenId> token;
+  bool at_start = false;  // begins at offset 0 of the input (Metaspace "first")
 };
 
 /// Leftmost-longest multi-pattern matcher over bytes (a trie walked from each position).
@@ -54,7 +55,8 @@ class AddedVocab {
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:
-  void split_with(std::string_view text, const TokenMatcher& m, std::vector<Segment>& out) const;
+  void split_with(std::string_view text, const TokenMatcher& m, bool at_start,
+                  std::vector<Segment>& out) const;
   std::vector<AddedToken> tokens_;
   TokenMatcher raw_, normalized_;
 };

@@ -190,12 +190,17 @@ Result<std::string> render_mistral(const ChatFormat& f, std::vector<ChatMessage>
   for (size_t i = 0; i < m.size(); ++i)
     if (m[i].role == "user") last_user = i;
   bool has_tools = tools.is_array() && !tools.empty();
+  bool v3 = f.mistral_style == ChatFormat::MistralStyle::v3;
+  bool v1 = f.mistral_style == ChatFormat::MistralStyle::v1;
+  std::string inst = v1 || v3 ? "[INST] " : "[INST]", close = v1 ? " [/INST]" : "[/INST]";
+  if (v1 && has_tools)
+    return make_error(Errc::usage, "this Mistral chat template (v0.1/v0.2) defines no tool format");
   std::string out = f.bos_token;
   for (size_t i = 0; i < m.size(); ++i) {
     const ChatMessage& msg = m[i];
     if (msg.role == "user") {
       if (has_tools && i == last_user) {
-        out += "[AVAILABLE_TOOLS][";
+        out += v3 ? "[AVAILABLE_TOOLS] [" : "[AVAILABLE_TOOLS][";
         for (size_t k = 0; k < tools.size(); ++k) {
           const Json& fn = tools[k].contains("function") ? tools[k]["function"] : tools[k];
           out += "{\"type\": \"function\", \"function\": {";
@@ -215,11 +220,11 @@ Result<std::string> render_mistral(const ChatFormat& f, std::vector<ChatMessage>
         out += "[/AVAILABLE_TOOLS]";
       }
       if (i + 1 == m.size() && system)
-        out += "[INST]" + *system + "\n\n" + msg.content + "[/INST]";
+        out += inst + *system + "\n\n" + msg.content + close;
       else
-        out += "[INST]" + msg.content + "[/INST]";
+        out += inst + msg.content + close;
     } else if (msg.role == "assistant" && !msg.tool_calls.empty()) {
-      out += "[TOOL_CALLS][";
+      out += v3 ? "[TOOL_CALLS] [" : "[TOOL_CALLS][";
       for (size_t k = 0; k < msg.tool_calls.size(); ++k) {
         const ToolCall& tc = msg.tool_calls[k];
         Json fn = Json::object();
@@ -231,9 +236,10 @@ Result<std::string> render_mistral(const ChatFormat& f, std::vector<ChatMessage>
         out += k + 1 < msg.tool_calls.size() ? ", " : "]" + f.eos_token;
       }
     } else if (msg.role == "assistant") {
-      out += msg.content + f.eos_token;
+      out += (v3 ? " " + py_strip(msg.content) : msg.content) + f.eos_token;
     } else if (msg.role == "tool") {
-      out += "[TOOL_RESULTS]{\"content\": " + msg.content + ", \"call_id\": \"" + msg.tool_call_id +
+      out += std::string(v3 ? "[TOOL_RESULTS] {" : "[TOOL_RESULTS]{") +
+             "\"content\": " + msg.content + ", \"call_id\": \"" + msg.tool_call_id +
              "\"}[/TOOL_RESULTS]";
     } else {
       return make_error(Errc::usage, "Mistral formats allow one system message, first");
@@ -296,6 +302,11 @@ void refine(ChatFormat& f, const std::string& tmpl, const Json& cfg) {
   } else {
     if (auto b = token_field("bos_token")) f.bos_token = *b;
     if (auto e = token_field("eos_token")) f.eos_token = *e;
+    if (tmpl.find("' [/INST]'") != std::string::npos ||
+        tmpl.find("\" [/INST]\"") != std::string::npos)
+      f.mistral_style = ChatFormat::MistralStyle::v1;
+    else if (tmpl.find("[INST] ") != std::string::npos)
+      f.mistral_style = ChatFormat::MistralStyle::v3;
   }
 }
 }  // namespace

@@ -48,7 +48,11 @@ struct ChatFormat {
   bool llama_knowledge_header = true;       // Llama 3.1+: "Cutting Knowledge Date" system block
   std::string date_string = "26 Jul 2024";  // Llama 3.1 template default
   bool qwen3_thinking = false;              // Qwen3: strip <think> from earlier assistant turns
-  std::string source;                       // how it was chosen, for logs and /v1/models
+  /// Mistral template generation: tekken (Nemo: "[INST]x[/INST]"), v3 (7B v0.3:
+  /// "[INST] x[/INST]", " answer</s>", "[TOOL_CALLS] [...]"), v1 (v0.1/v0.2:
+  /// "[INST] x [/INST]answer</s>", no tools).
+  enum class MistralStyle { tekken, v3, v1 } mistral_style = MistralStyle::tekken;
+  std::string source;  // how it was chosen, for logs and /v1/models
   /// Token strings that end a turn (the engine stops on their ids).
   std::vector<std::string> stop_tokens() const;
 };

@@ -87,7 +87,7 @@ void emit(const std::string& s, const std::vector<Span>& spans, std::vector<std:
 class Split final : public PreTokenizer {
  public:
   Split(Regex re, Behavior b, bool invert) : re_(std::move(re)), b_(b), invert_(invert) {}
-  void split(std::vector<std::string>& pieces) const override {
+  void split(std::vector<std::string>& pieces, bool /*at_start*/) const override {
     std::vector<std::string> out;
     out.reserve(pieces.size() * 4);
     for (const auto& p : pieces) {
@@ -115,7 +115,7 @@ class ByteLevel final : public PreTokenizer {
  public:
   ByteLevel(bool add_prefix_space, bool use_regex)
       : add_prefix_space_(add_prefix_space), use_regex_(use_regex) {}
-  void split(std::vector<std::string>& pieces) const override {
+  void split(std::vector<std::string>& pieces, bool /*at_start*/) const override {
     std::vector<std::string> out;
     out.reserve(pieces.size() * (use_regex_ ? 4 : 1));
     for (auto& p : pieces) {
@@ -138,7 +138,7 @@ class ByteLevel final : public PreTokenizer {
 class Digits final : public PreTokenizer {
  public:
   explicit Digits(bool individual) : individual_(individual) {}
-  void split(std::vector<std::string>& pieces) const override {
+  void split(std::vector<std::string>& pieces, bool /*at_start*/) const override {
     std::vector<std::string> out;
     for (const auto& p : pieces) {
       std::vector<Span> matches;
@@ -161,11 +161,50 @@ class Digits final : public PreTokenizer {
   bool individual_;
 };
 
+class Metaspace final : public PreTokenizer {
+ public:
+  enum class Prepend { always, first, never };
+  Metaspace(std::string replacement, Prepend prepend, bool split)
+      : rep_(std::move(replacement)), prepend_(prepend), split_(split) {}
+  void split(std::vector<std::string>& pieces, bool at_start) const override {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      std::string p;
+      for (char c : pieces[i]) {
+        if (c == ' ')
+          p += rep_;
+        else
+          p += c;
+      }
+      bool prepend =
+          prepend_ == Prepend::always || (prepend_ == Prepend::first && at_start && i == 0);
+      if (prepend && !p.starts_with(rep_)) p.insert(0, rep_);
+      if (!split_) {
+        if (!p.empty()) out.push_back(std::move(p));
+        continue;
+      }
+      // Split before every replacement character (MergedWithNext).
+      size_t b = 0;
+      for (size_t k = p.find(rep_, 1); k != std::string::npos; k = p.find(rep_, k + 1)) {
+        if (k > b) out.push_back(p.substr(b, k - b));
+        b = k;
+      }
+      if (b < p.size()) out.push_back(p.substr(b));
+    }
+    pieces = std::move(out);
+  }
+
+ private:
+  std::string rep_;
+  Prepend prepend_;
+  bool split_;
+};
+
 class Sequence final : public PreTokenizer {
  public:
   explicit Sequence(std::vector<Ptr> steps) : steps_(std::move(steps)) {}
-  void split(std::vector<std::string>& pieces) const override {
-    for (const auto& s : steps_) s->split(pieces);
+  void split(std::vector<std::string>& pieces, bool at_start) const override {
+    for (const auto& s : steps_) s->split(pieces, at_start);
   }
 
  private:
@@ -210,6 +249,26 @@ Result<Ptr> make_pre_tokenizer(const nlohmann::json& j) {
   if (type == "ByteLevel")
     return Ptr(
         std::make_shared<ByteLevel>(flag("add_prefix_space", true), flag("use_regex", true)));
+  if (type == "Metaspace") {
+    std::string rep = j.contains("replacement") && j["replacement"].is_string()
+                          ? j["replacement"].get<std::string>()
+                          : "\xE2\x96\x81";
+    if (rep.empty()) return make_error(Errc::config, "pre_tokenizer Metaspace: empty replacement");
+    auto prepend = Metaspace::Prepend::always;
+    if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
+      std::string ps = j["prepend_scheme"].get<std::string>();
+      if (ps == "first")
+        prepend = Metaspace::Prepend::first;
+      else if (ps == "never")
+        prepend = Metaspace::Prepend::never;
+      else if (ps != "always")
+        return make_error(Errc::config,
+                          fmt::format("pre_tokenizer Metaspace: unknown prepend_scheme '{}'", ps));
+    } else if (!flag("add_prefix_space", true)) {
+      prepend = Metaspace::Prepend::never;
+    }
+    return Ptr(std::make_shared<Metaspace>(rep, prepend, flag("split", true)));
+  }
   if (type == "Digits") return Ptr(std::make_shared<Digits>(flag("individual_digits", false)));
   if (type == "Sequence") {
     if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())

@@ -8,6 +8,7 @@
 #include "core/strings.h"
 #include "daemon/tokenizer/added_vocab.h"
 #include "daemon/tokenizer/byte_level.h"
+#include "daemon/tokenizer/decoder.h"
 #include "daemon/tokenizer/normalizer.h"
 #include "daemon/tokenizer/pre_tokenizer.h"
 #include "daemon/tokenizer/utf8.h"
@@ -23,7 +24,6 @@ struct TemplatePiece {
   std::vector<TokenId> ids;  // special token ids when !is_sequence
 };
 
-enum class DecoderKind { none, byte_level };
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -34,8 +34,9 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, TokenId> added_by_content;
   std::unordered_map<TokenId, size_t> added_by_id;  // index into added->tokens()
   std::vector<TemplatePiece> single;                // empty: no post-processing template
-  DecoderKind decoder = DecoderKind::none;
-  std::vector<std::string> bytes;  // per id: what decoding it contributes
+  std::shared_ptr<const Decoder> decoder;           // null: tokens joined by spaces
+  bool byte_level = false;                          // decoder is plain ByteLevel: fast path
+  std::vector<std::string> bytes;                   // per id: what decoding it contributes
   std::vector<bool> special;
   size_t limit = 0;
 };
@@ -108,19 +109,6 @@ Status parse_post_processor(const json& j, Tokenizer::Impl& t, const std::string
                                 where, type));
 }
 
-Result<DecoderKind> parse_decoder(const json& j, const std::string& where) {
-  if (j.is_null()) return DecoderKind::none;
-  std::string type = j.value("type", std::string());
-  if (type == "ByteLevel") return DecoderKind::byte_level;
-  if (type == "Sequence") {
-    const json& ds = j.value("decoders", json::array());
-    if (ds.size() == 1) return parse_decoder(ds[0], where);
-  }
-  return make_error(Errc::unsupported,
-                    fmt::format("{}: decoder '{}' is not supported (byte-level BPE tokenizers "
-                                "use ByteLevel)",
-                                where, type.empty() ? j.dump() : type));
-}
 }  // namespace
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view text, std::string_view origin) {
@@ -178,8 +166,8 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, std::string_view o
       impl->added_by_id.emplace(toks[i].id, i);
     }
     SPARK_TRY(parse_post_processor(j.value("post_processor", json()), *impl, where));
-    auto dec = parse_decoder(j.value("decoder", json()), where);
-    if (!dec) return dec.error();
+    auto dec = make_decoder(j.value("decoder", json()), &impl->byte_level);
+    if (!dec) return wrap(dec.error());
     impl->decoder = *dec;
   } catch (const json::exception& e) {
     return make_error(Errc::config, fmt::format("{}: malformed field: {}", where, e.what()));
@@ -208,7 +196,7 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, std::string_view o
       s = impl->model->id_to_token(static_cast<TokenId>(id));
     }
     if (!s) continue;
-    impl->bytes[id] = impl->decoder == DecoderKind::byte_level ? byte_level_to_bytes(*s) : *s;
+    impl->bytes[id] = impl->byte_level ? byte_level_to_bytes(*s) : *s;
   }
   Tokenizer t;
   t.impl_ = std::move(impl);
@@ -243,7 +231,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text_in, bool add_specia
     }
     pieces.clear();
     pieces.push_back(std::move(seg.text));
-    if (t.pre) t.pre->split(pieces);
+    if (t.pre) t.pre->split(pieces, seg.at_start);
     for (const auto& p : pieces) t.model->tokenize(p, ids);
   }
   if (!add_special_tokens || t.single.empty()) return ids;
@@ -260,20 +248,27 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text_in, bool add_specia
 
 std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
-  std::string out;
-  bool first = true;
+  if (t.byte_level) {
+    std::string out;
+    for (TokenId id : ids) {
+      if (id < 0 || static_cast<size_t>(id) >= t.limit) continue;
+      if (skip_special_tokens && t.special[static_cast<size_t>(id)]) continue;
+      out += t.bytes[static_cast<size_t>(id)];
+    }
+    return utf8_lossy(out);
+  }
+  std::vector<std::string> tokens;
   for (TokenId id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= t.limit) continue;
-    auto u = static_cast<size_t>(id);
-    if (skip_special_tokens && t.special[u]) continue;
-    if (t.decoder == DecoderKind::none) {
-      if (!id_to_token(id)) continue;
-      if (!first) out += ' ';
-      first = false;
-    }
-    out += t.bytes[u];
+    if (skip_special_tokens && t.special[static_cast<size_t>(id)]) continue;
+    if (!id_to_token(id)) continue;
+    tokens.push_back(t.bytes[static_cast<size_t>(id)]);
   }
-  return t.decoder == DecoderKind::byte_level ? utf8_lossy(out) : out;
+  if (!t.decoder) return join(tokens, " ");
+  t.decoder->decode_chain(tokens);
+  std::string out;
+  for (const auto& x : tokens) out += x;
+  return out;
 }
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
@@ -309,20 +304,34 @@ std::string_view Tokenizer::token_bytes(TokenId id) const {
 }
 
 bool Tokenizer::byte_level_decoder() const {
-  return impl_->decoder == DecoderKind::byte_level;
+  return impl_->byte_level;
 }
+
+namespace {
+// First code point boundary at or after byte i of valid UTF-8 s.
+size_t char_boundary(const std::string& s, size_t i) {
+  while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+  return i;
+}
+}  // namespace
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens)
     : tok_(&tok), skip_special_(skip_special_tokens) {}
 
 std::string StreamDecoder::push(TokenId id) {
   if (!tok_->byte_level_decoder()) {
-    // Generic path: decode everything so far and emit what is new and complete.
+    // Hugging Face's DecodeStream: decode a short window of ids, emit what it adds to the
+    // window's previous text once that does not end in U+FFFD, then slide the window.
     ids_.push_back(id);
-    std::string all = tok_->decode(ids_, skip_special_);
-    if (all.size() <= emitted_chars_ || ends_with(all, "\xEF\xBF\xBD")) return {};
-    std::string out = all.substr(emitted_chars_);
-    emitted_chars_ = all.size();
+    std::string text = tok_->decode(ids_, skip_special_);
+    // (Hugging Face fails when the text no longer starts with the window's old text, which
+    // byte-fallback groups can cause on invalid UTF-8; we go on with what is new.)
+    if (text.size() <= prefix_.size() || ends_with(text, "\xEF\xBF\xBD")) return {};
+    std::string out = text.substr(char_boundary(text, prefix_.size()));
+    size_t new_prefix_index = ids_.size() - prefix_index_;
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
+    prefix_ = tok_->decode(ids_, skip_special_);
+    prefix_index_ = new_prefix_index;
     return out;
   }
   if (skip_special_ && tok_->is_special(id)) return {};
@@ -335,9 +344,12 @@ std::string StreamDecoder::push(TokenId id) {
 
 std::string StreamDecoder::finish() {
   if (!tok_->byte_level_decoder()) {
-    std::string all = tok_->decode(ids_, skip_special_);
-    std::string out = all.size() > emitted_chars_ ? all.substr(emitted_chars_) : std::string();
-    emitted_chars_ = all.size();
+    std::string text = tok_->decode(ids_, skip_special_);
+    std::string out =
+        text.size() > prefix_.size() ? text.substr(char_boundary(text, prefix_.size())) : "";
+    ids_.clear();
+    prefix_.clear();
+    prefix_index_ = 0;
     return out;
   }
   std::string out = utf8_lossy(pending_);

@@ -54,8 +54,9 @@ class Tokenizer {
 };
 
 /// Incremental detokenizer for streaming: push() returns the new text, never a broken
-/// UTF-8 sequence (incomplete bytes are held until they complete); the concatenation of
-/// all push() results and finish() equals Tokenizer::decode of all ids.
+/// UTF-8 sequence (incomplete bytes are held until they complete). With the ByteLevel
+/// decoder the concatenation of all push() results and finish() equals Tokenizer::decode
+/// of all ids; with other decoders it follows Hugging Face's DecodeStream (a sliding window).
 class StreamDecoder {
  public:
   StreamDecoder(const Tokenizer& tok, bool skip_special_tokens);
@@ -67,9 +68,11 @@ class StreamDecoder {
  private:
   const Tokenizer* tok_;
   bool skip_special_;
-  std::string pending_;       // bytes not yet emitted (ByteLevel decoders)
-  std::vector<TokenId> ids_;  // other decoders: ids decoded so far
-  size_t emitted_chars_ = 0;  // other decoders: bytes of text emitted
+  std::string pending_;  // bytes not yet emitted (ByteLevel decoders)
+  // Other decoders (Hugging Face DecodeStream): a window of ids and its decoded text.
+  std::vector<TokenId> ids_;
+  std::string prefix_;
+  size_t prefix_index_ = 0;
 };
 
 }  // namespace spark::tok

@@ -230,3 +230,49 @@ TEST_CASE("Llama 3.2+ templates that call strftime_now get today's date") {
   std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
   CHECK(now.date_string == buf);
 }
+
+TEST_CASE("Mistral v0.3 (spaced) and v0.1 styles are read from the template") {
+  Json cfg = Json::parse(*read_file(fixture_dir("/spm/tokenizer_config.json")));
+  auto f = choose_chat_format("", cfg, "MistralForCausalLM", nullptr);
+  REQUIRE(f.ok());
+  CHECK(f->family == ChatFamily::mistral);
+  CHECK(f->mistral_style == ChatFormat::MistralStyle::v3);
+  std::vector<ChatMessage> m = {{"system", "S", {}, ""},
+                                {"user", "a", {}, ""},
+                                {"assistant", " A ", {}, ""},
+                                {"user", "b", {}, ""}};
+  CHECK(*render_chat(*f, m, Json(), true) == "<s>[INST] a[/INST] A</s>[INST] S\n\nb[/INST]");
+  Json tools = Json::array({Json::parse(R"({"type": "function", "function": {"name": "f"}})")});
+  std::vector<ChatMessage> t = {{"user", "go", {}, ""},
+                                {"assistant", "", {{"abcdefghi", "f", "{}"}}, ""},
+                                {"tool", "1", {}, "abcdefghi"}};
+  CHECK(*render_chat(*f, t, tools, true) ==
+        "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]"
+        "[/AVAILABLE_TOOLS][INST] go[/INST][TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, "
+        "\"id\": \"abcdefghi\"}]</s>[TOOL_RESULTS] {\"content\": 1, \"call_id\": \"abcdefghi\"}"
+        "[/TOOL_RESULTS]");
+  Json v1cfg = Json::object();
+  v1cfg["chat_template"] = "{{ '[INST] ' + message['content'] + ' [/INST]' }}";
+  auto v1 = choose_chat_format("", v1cfg, "", nullptr);
+  REQUIRE(v1.ok());
+  CHECK(v1->mistral_style == ChatFormat::MistralStyle::v1);
+  std::vector<ChatMessage> u = {
+      {"user", "a", {}, ""}, {"assistant", "A", {}, ""}, {"user", "b", {}, ""}};
+  CHECK(*render_chat(*v1, u, Json(), true) == "<s>[INST] a [/INST]A</s>[INST] b [/INST]");
+  CHECK_FALSE(render_chat(*v1, u, tools, true).ok());
+}
+
+TEST_CASE("a rendered Mistral prompt encodes [INST] as control tokens with the spm fixture") {
+  auto tok = Tokenizer::from_file(fixture_dir("/spm/tokenizer.json"));
+  REQUIRE(tok.ok());
+  Json cfg = Json::parse(*read_file(fixture_dir("/spm/tokenizer_config.json")));
+  auto f = choose_chat_format("", cfg, "", &*tok);
+  REQUIRE(f.ok());
+  auto p = render_chat(*f, {{"user", "Hello world", {}, ""}}, Json(), true);
+  auto ids = tok->encode(*p, false);
+  CHECK(ids.front() == 1);  // <s>
+  CHECK(ids[1] == *tok->token_to_id("[INST]"));
+  CHECK(ids.back() == *tok->token_to_id("[/INST]"));
+  // Legacy SentencePiece normalization prepends U+2581 to the segment after [INST] too.
+  CHECK(tok->decode(ids, true) == " Hello world");
+}

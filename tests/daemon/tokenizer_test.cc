@@ -4,9 +4,8 @@
 
 #include <doctest/doctest.h>
 
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/strings.h"
 #include "daemon/tokenizer/byte_level.h"
@@ -173,7 +172,8 @@ TEST_CASE("pathological inputs stay fast and round-trip: long whitespace, one hu
 
 TEST_CASE("concurrent encode from several threads gives the sequential result") {
   const Tokenizer& t = fixture();
-  std::string text = *read_file(std::string(SPARK_SOURCE_DIR) + "/tools/tokenizer/corpus/train.txt");
+  std::string text =
+      *read_file(std::string(SPARK_SOURCE_DIR) + "/tools/tokenizer/corpus/train.txt");
   auto want = t.encode(text, true);
   std::vector<std::vector<TokenId>> got(4);
   std::vector<std::thread> threads;

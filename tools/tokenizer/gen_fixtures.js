@@ -4,7 +4,8 @@
 // them as Hugging Face tokenizer.json fixtures, and records what the Hugging Face
 // `tokenizers` library (npm, native Rust core) gives for every test string:
 //   tests/fixtures/tokenizer/{tokenizer.json,tokenizer_config.json,reference.json}
-//   tests/fixtures/tokenizer/llama3/...   tests/fixtures/tokenizer/gpt2/...
+//   tests/fixtures/tokenizer/{llama3,gpt2,spm,metaspace}/... (spm, metaspace: SentencePiece-style
+//   BPE with byte fallback, as Mistral 7B v0.1-v0.3 ship)
 // Deterministic: same inputs -> byte-identical outputs. Usage: npm ci && node gen_fixtures.js
 'use strict';
 const fs = require('fs');
@@ -85,6 +86,53 @@ function train(text) {
   return { vocab, merges };
 }
 
+// SentencePiece-style BPE (Mistral 7B v0.1-v0.3, Llama 2 conversions): text with spaces as
+// U+2581, no pre-tokenizer, characters plus <0xXX> byte tokens (byte fallback) and merges.
+const SP = '\u2581';
+function trainSpm(text) {
+  const norm = SP + text.replace(/ /g, SP);
+  const charCount = new Map();
+  for (const c of norm) charCount.set(c, (charCount.get(c) || 0) + 1);
+  const alphabet = [...charCount.entries()].filter(([c, n]) => n >= 3 && c !== '\n')
+    .map(([c]) => c).sort((a, b) => a.codePointAt(0) - b.codePointAt(0));
+  const vocab = { '<unk>': 0, '<s>': 1, '</s>': 2 };
+  for (let b = 0; b < 256; b++) vocab['<0x' + b.toString(16).toUpperCase().padStart(2, '0') + '>'] = 3 + b;
+  for (const c of alphabet) vocab[c] = Object.keys(vocab).length;
+  const known = new Set(alphabet);
+  const counts = new Map();
+  for (const m of norm.matchAll(new RegExp(SP + '?[^' + SP + ']+|' + SP + '+', 'gu'))) {
+    // Words are runs of known characters; the rest falls back to bytes at encode time.
+    for (const w of m[0].split(/(?:)/u).reduce((acc, c) => {
+      if (known.has(c)) acc[acc.length - 1] += c; else acc.push('');
+      return acc;
+    }, [''])) if (w.length > 1) counts.set(w, (counts.get(w) || 0) + 1);
+  }
+  const words = [...counts.entries()].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
+    .map(([w, c]) => ({ syms: Array.from(w), count: c }));
+  const merges = [];
+  for (let it = 0; it < 1500; it++) {
+    const pairs = new Map();
+    for (const w of words) for (let i = 0; i + 1 < w.syms.length; i++) {
+      const k = w.syms[i] + '\u0000' + w.syms[i + 1];
+      pairs.set(k, (pairs.get(k) || 0) + w.count);
+    }
+    let best = null, bestCount = 1;
+    for (const [k, c] of pairs) if (c > bestCount || (c === bestCount && best !== null && k < best)) { best = k; bestCount = c; }
+    if (best === null) break;
+    const [a, b] = best.split('\u0000');
+    merges.push([a, b]);
+    if (!((a + b) in vocab)) vocab[a + b] = Object.keys(vocab).length;
+    for (const w of words) {
+      const out = [];
+      for (let i = 0; i < w.syms.length; i++) {
+        if (i + 1 < w.syms.length && w.syms[i] === a && w.syms[i + 1] === b) { out.push(a + b); i++; } else out.push(w.syms[i]);
+      }
+      w.syms = out;
+    }
+  }
+  return { vocab, merges };
+}
+
 function added(id, content, opts = {}) {
   return {
     id, content,
@@ -101,20 +149,35 @@ function tokenizerJson(base, v) {
     normalizer: v.normalizer,
     pre_tokenizer: v.pre_tokenizer,
     post_processor: v.post_processor,
-    decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+    decoder: v.decoder || { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
     model: {
-      type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
-      end_of_word_suffix: null, fuse_unk: false, byte_fallback: false,
+      type: 'BPE', dropout: null, unk_token: v.spm ? '<unk>' : null, continuing_subword_prefix: null,
+      end_of_word_suffix: null, fuse_unk: !!v.spm, byte_fallback: !!v.spm,
       ignore_merges: !!v.ignore_merges, vocab: v.vocab || base.vocab,
-      merges: v.string_merges ? base.merges.map(([a, b]) => a + ' ' + b) : base.merges,
+      merges: v.string_merges ? (v.merges || base.merges).map(([a, b]) => a + ' ' + b) : (v.merges || base.merges),
     },
   };
 }
 
 const byteLevelNoRegex = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: false };
 
-function variants(base) {
+function variants(base, spm) {
   const n = Object.keys(base.vocab).length;
+  const ns = Object.keys(spm.vocab).length;
+  const spmAdded = [added(0, '<unk>', { special: true }), added(1, '<s>', { special: true }),
+    added(2, '</s>', { special: true }),
+    ...['[INST]', '[/INST]', '[TOOL_CALLS]', '[AVAILABLE_TOOLS]', '[/AVAILABLE_TOOLS]', '[TOOL_RESULTS]',
+      '[/TOOL_RESULTS]'].map((c, i) => added(ns + i, c, { special: true }))];
+  const spmPost = { type: 'TemplateProcessing',
+    single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+    pair: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } },
+      { SpecialToken: { id: '<s>', type_id: 1 } }, { Sequence: { id: 'B', type_id: 1 } }],
+    special_tokens: { '<s>': { id: '<s>', ids: [1], tokens: ['<s>'] } } };
+  const mistralConfig = {
+    bos_token: '<s>', eos_token: '</s>', unk_token: '<unk>', model_max_length: 32768,
+    tokenizer_class: 'LlamaTokenizer',
+    chat_template: fs.readFileSync(path.join(__dirname, 'templates/mistral_v3.jinja'), 'utf8'),
+  };
   const qwenAdded = [
     added(n, '<|endoftext|>', { special: true }),
     added(n + 1, '<|im_start|>', { special: true }),
@@ -195,6 +258,27 @@ function variants(base) {
           '</s>': { id: '</s>', ids: [n + 2], tokens: ['</s>'] } } },
       config: { bos_token: '<s>', eos_token: '</s>', model_max_length: 1024, tokenizer_class: 'GPT2Tokenizer' },
     },
+    {
+      dir: 'spm', family: 'mistral', spm: true, vocab: spm.vocab, merges: spm.merges,
+      added: spmAdded,
+      normalizer: { type: 'Sequence', normalizers: [{ type: 'Prepend', prepend: SP },
+        { type: 'Replace', pattern: { String: ' ' }, content: SP }] },
+      pre_tokenizer: null,
+      post_processor: spmPost,
+      decoder: { type: 'Sequence', decoders: [
+        { type: 'Replace', pattern: { String: SP }, content: ' ' }, { type: 'ByteFallback' },
+        { type: 'Fuse' }, { type: 'Strip', content: ' ', start: 1, stop: 0 }] },
+      config: mistralConfig,
+    },
+    {
+      dir: 'metaspace', family: 'mistral', spm: true, vocab: spm.vocab, merges: spm.merges,
+      added: spmAdded,
+      normalizer: null,
+      pre_tokenizer: { type: 'Metaspace', replacement: SP, prepend_scheme: 'first', split: false },
+      post_processor: spmPost,
+      decoder: { type: 'Metaspace', replacement: SP, prepend_scheme: 'first', split: false },
+      config: mistralConfig,
+    },
   ];
 }
 
@@ -247,7 +331,8 @@ async function reference(tok, vocabSize, seed) {
 
 async function main() {
   const base = train(trainingText());
-  for (const v of variants(base)) {
+  const spm = trainSpm(trainingText());
+  for (const v of variants(base, spm)) {
     const dir = path.join(OUT, v.dir);
     fs.mkdirSync(dir, { recursive: true });
     const json = JSON.stringify(tokenizerJson(base, v), null, 1) + '\n';
