@@ -1,6 +1,6 @@
 #pragma once
-// A Hugging Face tokenizer.json byte-level BPE tokenizer: encode/decode give exactly what
-// the `tokenizers` library gives (tests/daemon/tokenizer_reference_test.cc checks it
+// A Hugging Face tokenizer.json BPE tokenizer (byte-level, or SentencePiece-style with byte
+// fallback): encode/decode give exactly what the `tokenizers` library gives (tests/daemon/tokenizer_reference_test.cc checks it
 // against references the library produced). Pipeline: added/special tokens are cut out of
 // the text, the rest is normalized, pre-tokenized, BPE-merged, and the post-processor adds
 // BOS/EOS when asked. Decoding maps byte-level characters back to bytes.
