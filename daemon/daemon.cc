@@ -170,6 +170,8 @@ struct Daemon::Impl {
   void on_watchdog();
   void run_lifecycle();
   void add_routes();
+  std::string log_dir() const;
+  std::map<std::string, std::string> rank_env() const;
 };
 
 Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engine)
@@ -315,13 +317,47 @@ void Daemon::Impl::on_watchdog() {
   }
 }
 
+std::string Daemon::Impl::log_dir() const {
+  if (!opts.log_file.empty()) {
+    auto p = std::filesystem::path(opts.log_file).parent_path();
+    return p.empty() ? "." : p.string();
+  }
+  if (!cfg.get("LOG_DIR").empty()) return cfg.get("LOG_DIR");
+  if (!cfg.get("STATE_DIR").empty()) return cfg.get("STATE_DIR") + "/logs";
+  return "/tmp/sparkd-" + std::to_string(::getuid());
+}
+
+std::map<std::string, std::string> Daemon::Impl::rank_env() const {
+  std::map<std::string, std::string> e;
+  const NodeConfig& n = cfg.nodes.at(static_cast<size_t>(place.node));
+  e["SPARK_RANK"] = std::to_string(place.rank);
+  e["SPARK_WORLD_SIZE"] = std::to_string(world);
+  e["SPARK_LOCAL_RANK"] = std::to_string(place.local_rank);
+  e["SPARK_GPU"] = std::to_string(place.gpu);
+  e["SPARK_NODE"] = n.name;
+  e["SPARK_NODE_INDEX"] = std::to_string(place.node);
+  e["SPARK_FABRIC_IP"] = n.fabric_ip;
+  e["SPARK_MASTER_ADDR"] = cfg.nodes.at(0).fabric_ip;
+  e["SPARK_RDZV_PORT"] = cfg.get("RDZV_PORT");
+  e["SPARK_API_PORT"] = cfg.get("API_PORT");
+  e["SPARK_MODEL"] = cfg.get("MODEL");
+  e["SPARK_MODEL_PATH"] = n.model_path.empty() ? cfg.get("MODEL_PATH") : n.model_path;
+  e["SPARK_CONFIG"] = cfg.path;
+  e["SPARKD_PID"] = std::to_string(::getpid());
+  return e;
+}
+
 void Daemon::Impl::run_lifecycle() {
   EngineContext ctx;
   ctx.cfg = &cfg;
   ctx.place = place;
   ctx.world_size = world;
-  ctx.log_dir = opts.log_file.empty() ? std::string()
-                                      : std::filesystem::path(opts.log_file).parent_path().string();
+  ctx.log_dir = log_dir();
+  std::error_code ec;
+  std::filesystem::create_directories(ctx.log_dir, ec);
+  ctx.pidfile = opts.pidfile;
+  ctx.env = rank_env();
+  ctx.stall_timeout = timing.stall_timeout;
   ctx.progress = [this](const std::string& what) { health.set(State::loading, what); };
   health.set(State::loading, std::string("starting the ") + engine->name() + " engine");
   Status st = engine->start(ctx);

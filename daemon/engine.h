@@ -5,6 +5,7 @@
 // status(), which must be cheap and thread-safe. Engine work never runs on the reactor.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -35,7 +36,12 @@ struct EngineContext {
   const RingConfig* cfg = nullptr;
   RankPlace place;
   int world_size = 1;
-  std::string log_dir;  // where the engine may keep its own logs
+  std::string log_dir;  // where the engine may keep its own logs (exists)
+  std::string pidfile;  // sparkd's pidfile ("" when none); exec writes <pidfile>.engine
+  /// Variables for this rank (SPARK_RANK, SPARK_WORLD_SIZE, SPARK_MASTER_ADDR, ...); the exec
+  /// backend adds them to the engine's environment.
+  std::map<std::string, std::string> env;
+  std::chrono::milliseconds stall_timeout{60000};
   Metrics* metrics = nullptr;
   /// Exchanges an opaque blob through rendezvous (rank 0 publishes, others receive), e.g.
   /// the NCCL unique id. Null when the ring has one rank.
