@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/http_server.h"
+#include "daemon/rendezvous.h"
 #include "spark/version.h"
 
 namespace spark::daemon {
@@ -166,6 +167,20 @@ struct Daemon::Impl {
   std::atomic<bool> engine_started{false};
   std::atomic<bool> stopping{false};
 
+  // Rendezvous (world > 1): the store on rank 0, a client per rank, heartbeats on followers.
+  std::unique_ptr<RendezvousServer> rdzv_server;
+  std::unique_ptr<RendezvousClient> rdzv;
+  std::mutex rdzv_mu;  // guards creating `rdzv` against abort() from wait(); calls go unlocked
+  std::thread heartbeat;
+  std::atomic<bool> joined{false};
+  std::string rdzv_host;
+  uint16_t rdzv_port = 0;
+
+  RankIdentity identity() const;
+  Status join_ring();
+  void run_heartbeats();
+  void fail(const std::string& why, Errc code);
+
   void arm_watchdog();
   void on_watchdog();
   void run_lifecycle();
@@ -203,7 +218,7 @@ uint16_t Daemon::http_port() const {
   return impl_->http ? impl_->http->port() : 0;
 }
 uint16_t Daemon::rdzv_port() const {
-  return 0;
+  return impl_->rdzv_server ? impl_->rdzv_server->port() : impl_->rdzv_port;
 }
 
 Status Daemon::start() {
@@ -251,6 +266,20 @@ Status Daemon::start() {
     SPARK_TRY(I.http->start());
   }
 
+  if (I.world > 1) {
+    I.rdzv_host = I.cfg.nodes.at(0).fabric_ip;
+    I.rdzv_port =
+        I.opts.rdzv_port ? *I.opts.rdzv_port : static_cast<uint16_t>(I.cfg.get_int("RDZV_PORT"));
+    if (I.opts.rank == 0) {
+      std::vector<std::string> nodes;
+      for (const auto& p : I.cfg.ranks())
+        nodes.push_back(I.cfg.nodes.at(static_cast<size_t>(p.node)).name);
+      I.rdzv_server = std::make_unique<RendezvousServer>(I.ctl, I.identity(), nodes,
+                                                         I.timing.heartbeat_timeout);
+      SPARK_TRY(I.rdzv_server->listen(I.rdzv_host, I.rdzv_port));
+      I.rdzv_port = I.rdzv_server->port();
+    }
+  }
   I.health.set(State::loading, "starting");
   I.ctl_thread = std::thread([this] {
     for (;;) {
@@ -297,7 +326,17 @@ void Daemon::Impl::arm_watchdog() {
 }
 
 void Daemon::Impl::on_watchdog() {
-  if (!engine_started.load() || stopping.load()) return;
+  if (stopping.load()) return;
+  if (rdzv_server) {
+    rdzv_server->set_ring_state(health.state(), health.reason());
+    if (auto p = rdzv_server->problem()) {
+      if (p->state == State::fatal || engine_started.load()) {
+        health.set(p->state, p->reason);
+        return;
+      }
+    }
+  }
+  if (!engine_started.load()) return;
   EngineStatus es = engine->status();
   if (es.fatal) {
     health.set(State::fatal, es.reason.empty() ? "engine failed" : es.reason);
@@ -310,7 +349,10 @@ void Daemon::Impl::on_watchdog() {
                                    std::to_string(timing.stall_timeout.count() / 1000) + " s)");
     return;
   }
-  if (es.ready) {
+  std::string why;
+  if (es.ready && rdzv_server && !rdzv_server->followers_ready(&why)) {
+    health.set(State::loading, "waiting for " + why);
+  } else if (es.ready) {
     health.set(State::ready, "");
   } else {
     health.set(State::loading, es.reason.empty() ? "engine loading" : es.reason);
@@ -359,16 +401,118 @@ void Daemon::Impl::run_lifecycle() {
   ctx.env = rank_env();
   ctx.stall_timeout = timing.stall_timeout;
   ctx.progress = [this](const std::string& what) { health.set(State::loading, what); };
+  if (world > 1) {
+    Status js = join_ring();
+    if (!js.ok()) return fail(js.message(), js.code());
+    ctx.barrier = [this](const std::string& name) -> Status {
+      return rdzv->barrier(name, place.rank, timing.join_timeout);
+    };
+    ctx.share = [this](const std::string& key, const std::string& value) -> Result<std::string> {
+      if (place.rank == 0) {
+        SPARK_TRY(rdzv->set(key, value));
+        return value;
+      }
+      return rdzv->get(key, timing.join_timeout);
+    };
+  }
   health.set(State::loading, std::string("starting the ") + engine->name() + " engine");
   Status st = engine->start(ctx);
   if (stopping.load()) return;
-  if (!st.ok()) {
-    log::error(kComp, "engine {} failed to start: {}", engine->name(), st.message());
-    health.set(State::fatal, st.message());
-    return;
-  }
+  if (!st.ok())
+    return fail("engine " + std::string(engine->name()) + " failed to start: " + st.message(),
+                st.code());
   engine_started = true;
   log::info(kComp, "engine {} started", engine->name());
+}
+
+RankIdentity Daemon::Impl::identity() const {
+  RankIdentity id;
+  id.rank = place.rank;
+  id.world_size = world;
+  id.node = node;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  id.host = host;
+  id.pid = static_cast<int>(::getpid());
+  id.version = kVersion;
+  id.config_digest = cfg.digest();
+  // The model manifest digest: sparkctl start passes it once the stage tooling writes one.
+  if (const char* md = std::getenv("SPARK_MODEL_DIGEST")) id.model_digest = md;
+  return id;
+}
+
+// The lifecycle thread gives up: the state says why. A follower also exits (non-zero) so
+// that no half-joined rank lingers; rank 0 stays up to report the reason on /health.
+void Daemon::Impl::fail(const std::string& why, Errc code) {
+  if (stopping.load()) return;
+  log::error(kComp, "{}", why);
+  health.set(State::fatal, why);
+  if (place.rank != 0) self->request_stop(why, spark::exit_code(code));
+}
+
+Status Daemon::Impl::join_ring() {
+  std::string who = "rank " + std::to_string(place.rank) + " (node " + node + ")";
+  {
+    std::lock_guard lk(rdzv_mu);
+    rdzv = std::make_unique<RendezvousClient>(rdzv_host, rdzv_port, who);
+  }
+  if (stopping.load()) return make_error(Errc::network, "stopping");
+  health.set(State::loading,
+             "connecting to rank 0's rendezvous at " + rdzv_host + ":" + std::to_string(rdzv_port));
+  SPARK_TRY(rdzv->connect(timing.join_timeout));
+  SPARK_TRY(rdzv->join(identity(), milliseconds(10000)));
+  joined = true;
+  log::info(kComp, "joined the ring at {}:{}", rdzv_host, rdzv_port);
+  if (place.rank != 0) heartbeat = std::thread([this] { run_heartbeats(); });
+  health.set(State::loading, "waiting for every rank to join");
+  SPARK_TRY(rdzv->barrier("joined", place.rank, timing.join_timeout));
+  log::info(kComp, "all {} ranks joined", world);
+  return Status::Ok();
+}
+
+void Daemon::Impl::run_heartbeats() {
+  RendezvousClient hb(rdzv_host, rdzv_port, "rank " + std::to_string(place.rank) + " heartbeat");
+  auto last_ok = std::chrono::steady_clock::now();
+  std::string last_err;
+  while (!stopping.load()) {
+    Status st = Status::Ok();
+    auto c = hb.connect(std::min(timing.heartbeat_timeout, milliseconds(2000)));
+    if (c.ok()) {
+      while (!stopping.load()) {
+        EngineStatus es = engine->status();
+        nlohmann::json req = {{"op", "heartbeat"},
+                              {"rank", place.rank},
+                              {"state", state_name(health.state())},
+                              {"reason", health.reason()},
+                              {"pid", static_cast<int>(::getpid())},
+                              {"slots_total", es.slots_total},
+                              {"slots_busy", es.slots_busy}};
+        auto r = hb.call(req, timing.heartbeat_timeout);
+        if (!r.ok()) {
+          st = r.error();
+          break;
+        }
+        last_ok = std::chrono::steady_clock::now();
+        std::unique_lock lk(mu);
+        cv.wait_for(lk, timing.heartbeat_interval, [&] { return stop_requested; });
+      }
+    } else {
+      st = c;
+    }
+    if (stopping.load()) break;
+    if (st.code() == Errc::precondition) {  // rank 0 declared this rank lost: do not linger
+      fail(st.message(), st.code());
+      break;
+    }
+    last_err = st.message();
+    if (std::chrono::steady_clock::now() - last_ok > timing.heartbeat_timeout) {
+      fail("lost rank 0 (" + rdzv_host + ":" + std::to_string(rdzv_port) + "): " + last_err,
+           Errc::network);
+      break;
+    }
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, milliseconds(200), [&] { return stop_requested; });
+  }
 }
 
 HealthSnapshot Daemon::snapshot() const {
@@ -396,10 +540,15 @@ HealthSnapshot Daemon::snapshot() const {
   self.state = state_name(s.state);
   if (s.state != State::ready) self.reason = s.reason;
   self.joined = true;
-  self.alive = s.state != State::fatal;
+  self.alive = true;  // this process answers; its state says whether it is well
   self.last_seen_s = 0;
   self.pid = s.pid;
-  s.ranks.push_back(self);
+  if (I.rdzv_server) {
+    s.ranks = I.rdzv_server->ranks();
+    if (!s.ranks.empty()) s.ranks[0] = self;
+  } else {
+    s.ranks.push_back(self);
+  }
   return s;
 }
 
@@ -426,8 +575,14 @@ int Daemon::wait() {
     int cut = I.http->shutdown(I.timing.shutdown_grace);
     if (cut > 0) log::warn(kComp, "{} request(s) cut off at shutdown", cut);
   }
+  {
+    std::lock_guard lk(I.rdzv_mu);
+    if (I.rdzv) I.rdzv->abort();
+  }
   I.engine->stop(I.timing.shutdown_grace);
   if (I.lifecycle.joinable()) I.lifecycle.join();
+  if (I.heartbeat.joinable()) I.heartbeat.join();
+  if (I.rdzv_server) I.rdzv_server->close();
   net::post(I.ctl, [&I] {
     if (I.watchdog) I.watchdog->cancel();
     if (I.signals) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <boost/asio.hpp>
 #include <sstream>
 #include <thread>
 
@@ -229,4 +230,110 @@ TEST_CASE("daemon: command line") {
   const char* a4[] = {"sparkd", "--help"};
   CHECK(std::get<int>(parse_daemon_args(2, a4, out, err)) == 0);
   CHECK(out.str().find("--config") != std::string::npos);
+}
+
+namespace {
+RingConfig two_rank_ring(const std::string& extra = "") {
+  return local_ring("NODE0_GPUS=0,1\n" + extra);
+}
+struct Rank {
+  FaultInjectionEngine* engine = nullptr;
+  std::unique_ptr<Daemon> d;
+};
+Rank start_rank(const RingConfig& cfg, int rank, uint16_t rdzv_port, bool start = true) {
+  auto eng = std::make_unique<FaultInjectionEngine>();
+  Rank r;
+  r.engine = eng.get();
+  DaemonOptions o = opts_port0();
+  o.rank = rank;
+  o.rdzv_port = rdzv_port;
+  r.d = std::make_unique<Daemon>(cfg, o, std::move(eng));
+  DaemonTiming t;
+  t.heartbeat_interval = 100ms;
+  t.heartbeat_timeout = 800ms;
+  t.join_timeout = 3000ms;
+  t.watchdog_period = 20ms;
+  r.d->set_timing(t);
+  if (start) REQUIRE(r.d->start().ok());
+  return r;
+}
+uint16_t any_free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor a(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+}  // namespace
+
+TEST_CASE("daemon ring: rank 0 is ready only when every rank joined and is ready") {
+  uint16_t rp = any_free_port();
+  auto cfg = two_rank_ring();
+  Rank r0 = start_rank(cfg, 0, rp);
+  CHECK(r0.d->rdzv_port() == rp);
+  int st = 0;
+  REQUIRE(eventually([&] {
+    return health(r0.d->http_port(), &st)["reason"].get<std::string>().find("join") !=
+           std::string::npos;
+  }));
+  Rank r1 = start_rank(cfg, 1, rp);
+  CHECK(r1.d->http_port() == 0);  // followers serve no HTTP
+  r0.engine->ready = true;
+  REQUIRE(eventually([&] {
+    return health(r0.d->http_port(), &st)["reason"].get<std::string>().find("rank 1") !=
+           std::string::npos;
+  }));
+  CHECK(health(r0.d->http_port(), &st)["ready"] == false);  // rank 1 still loading
+  r1.engine->ready = true;
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st, "?strict")["ready"] == true; }));
+  CHECK(st == 200);
+  auto j = health(r0.d->http_port(), &st);
+  CHECK(j["ranks_alive"] == 2);
+  CHECK(j["ranks"][1]["state"] == "ready");
+  CHECK(j["ranks"][1]["joined"] == true);
+
+  // A follower that goes away makes rank 0 fatal within a heartbeat timeout.
+  auto t0 = std::chrono::steady_clock::now();
+  r1.d->request_stop("test kills rank 1", 0);
+  r1.d->wait();
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }, 3000ms));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2000ms);
+  j = health(r0.d->http_port(), &st, "?strict");
+  CHECK(st == 503);
+  CHECK(j["reason"].get<std::string>().find("rank 1 (node node0) lost") != std::string::npos);
+  CHECK(j["ranks_alive"] == 1);
+}
+
+TEST_CASE("daemon ring: a follower stalled is reported stalled by rank 0") {
+  uint16_t rp = any_free_port();
+  auto cfg = two_rank_ring();
+  Rank r0 = start_rank(cfg, 0, rp);
+  Rank r1 = start_rank(cfg, 1, rp);
+  DaemonTiming t;
+  r0.engine->ready = true;
+  r1.engine->ready = true;
+  int st = 0;
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["ready"] == true; }));
+  r1.engine->stuck_ms = 120000;  // older than the default STALL_TIMEOUT (60 s)
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["stalled"] == true; }));
+  auto j = health(r0.d->http_port(), &st);
+  CHECK(j["reason"].get<std::string>().find("rank 1 (node node0) is stalled") != std::string::npos);
+}
+
+TEST_CASE("daemon ring: a follower with a different config digest is refused and exits") {
+  uint16_t rp = any_free_port();
+  Rank r0 = start_rank(two_rank_ring(), 0, rp);
+  Rank r1 = start_rank(two_rank_ring("SLOTS=5\n"), 1, rp);
+  int rc = r1.d->wait();  // the follower gives up by itself
+  CHECK(rc == exit_code(Errc::integrity));
+  int st = 0;
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }));
+  auto j = health(r0.d->http_port(), &st);
+  CHECK(j["reason"].get<std::string>().find("rank 1") != std::string::npos);
+  CHECK(j["reason"].get<std::string>().find("config_digest") != std::string::npos);
+}
+
+TEST_CASE("daemon ring: a follower without rank 0 gives up naming the address") {
+  uint16_t rp = any_free_port();
+  Rank r1 = start_rank(two_rank_ring(), 1, rp);
+  int rc = r1.d->wait();
+  CHECK(rc == exit_code(Errc::timeout));
 }
