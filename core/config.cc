@@ -55,6 +55,11 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
+      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
+      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr, "How often follower ranks send heartbeats to rank 0."},
+      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
+      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
+      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
   };
   return k;
 }

@@ -1,0 +1,137 @@
+// The exec backend running the real fault-injection server (tests/support/fault_server_main.cc)
+// as its external engine: readiness from its health URL, crash -> fatal, hang -> stalled,
+// fatal health -> fatal, stop kills the whole process group.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "core/strings.h"
+#include "daemon/engine.h"
+#include "daemon/process_group.h"
+#include "support/spawn.h"
+#include "support/tempdir.h"
+
+using namespace spark;
+using namespace spark::daemon;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct ExecFixture {
+  test::TempDir dir{"sparkd-exec"};
+  int port = test::free_port();
+  std::unique_ptr<Engine> eng;
+  EngineContext ctx;
+  RingConfig cfg;
+
+  explicit ExecFixture(const std::string& args, const std::string& url_suffix = "/health") {
+    Environment env;
+    env.vars["ENGINE_EXEC"] = std::string(FAULT_SERVER_BIN) + " --port ${FAULT_PORT} " + args;
+    env.vars["ENGINE_HEALTH_URL"] = "http://127.0.0.1:${FAULT_PORT}" + url_suffix;
+    std::vector<Diagnostic> d;
+    auto c = load_config_text("ENGINE=exec\nSLOTS=3\nNODE0_SSH=local\n", "t.env", env, &d);
+    REQUIRE(c.ok());
+    cfg = *c;
+    eng = make_engine(cfg, 0);
+    ctx.cfg = &cfg;
+    ctx.log_dir = dir.path();
+    ctx.pidfile = dir / "sparkd.pid";
+    ctx.env = {{"FAULT_PORT", std::to_string(port)}, {"SPARK_RANK", "0"}};
+    ctx.stall_timeout = 600ms;
+  }
+  ~ExecFixture() {
+    if (eng) eng->stop(1000ms);
+  }
+};
+
+template <typename Pred>
+bool eventually(Pred p, std::chrono::milliseconds limit = 8000ms) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (p()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return p();
+}
+
+}  // namespace
+
+TEST_CASE("exec engine: ready from the engine's health URL; stop kills the process group") {
+  ExecFixture f("--mode slow-start --after 1500ms");
+  CHECK(std::string(f.eng->name()) == "exec");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().reason.find("503") != std::string::npos; }));
+  CHECK_FALSE(f.eng->status().ready);
+  CHECK(f.eng->status().slots_total == 3);
+  REQUIRE(eventually([&] { return f.eng->status().ready; }));
+  auto pg = read_file(f.ctx.pidfile + ".engine");
+  REQUIRE(pg.has_value());
+  pid_t pgid = static_cast<pid_t>(*parse_i64(trim(*pg)));
+  CHECK(group_alive(pgid));
+  f.eng->stop(2000ms);
+  CHECK_FALSE(group_alive(pgid));
+  CHECK_FALSE(read_file(f.ctx.pidfile + ".engine").has_value());
+  auto log = read_file(f.dir / "engine-rank0.log");
+  REQUIRE(log.has_value());
+  CHECK(log->find("mode slow-start") != std::string::npos);
+  CHECK(log->find("SIGTERM") != std::string::npos);
+}
+
+TEST_CASE("exec engine: a crashing engine is fatal with its exit status and last log lines") {
+  ExecFixture f("--mode crash --after 300ms");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().fatal; }));
+  auto s = f.eng->status();
+  CHECK(s.reason.find("exited with status 3") != std::string::npos);
+  CHECK(s.reason.find("crashing as asked") != std::string::npos);
+}
+
+TEST_CASE("exec engine: a hung health endpoint ages into a stalled call") {
+  ExecFixture f("--mode hang --after 200ms");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().oldest_call > 600ms; }));
+  auto s = f.eng->status();
+  CHECK_FALSE(s.fatal);
+  CHECK(s.oldest_call_what.find("/health") != std::string::npos);
+}
+
+TEST_CASE("exec engine: an engine whose health says fatal is fatal") {
+  ExecFixture f("--mode fatal-health --after 200ms");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().fatal; }));
+  CHECK(f.eng->status().reason.find("injected fault") != std::string::npos);
+}
+
+TEST_CASE("exec engine: an engine that ignores SIGTERM is killed after the grace") {
+  ExecFixture f("--mode healthy --ignore-term");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().ready; }));
+  pid_t pgid = static_cast<pid_t>(*parse_i64(trim(*read_file(f.ctx.pidfile + ".engine"))));
+  auto t0 = std::chrono::steady_clock::now();
+  f.eng->stop(300ms);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
+  CHECK_FALSE(group_alive(pgid));
+}
+
+TEST_CASE("exec engine: an engine command that does not exist is fatal, not ready") {
+  ExecFixture f("");
+  Environment env;
+  env.vars["ENGINE_EXEC"] = "/nonexistent/engine --serve";
+  std::vector<Diagnostic> d;
+  auto c = load_config_text("ENGINE=exec\nNODE0_SSH=local\n", "t.env", env, &d);
+  REQUIRE(c.ok());
+  f.cfg = *c;
+  f.eng = make_engine(f.cfg, 0);
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().fatal; }));
+  CHECK_FALSE(f.eng->status().ready);
+  CHECK(f.eng->status().reason.find("exited with status 127") != std::string::npos);
+}
+
+TEST_CASE("process group helpers") {
+  CHECK(expand_vars("http://h:${P}/x/{rank}", {{"P", "81"}}, 2) == "http://h:81/x/2");
+  CHECK(expand_vars("${NOPE_NOT_SET_XYZ}a", {}, 0) == "a");
+  CHECK(describe_wait_status(3 << 8) == "exited with status 3");
+  CHECK(describe_wait_status(SIGKILL).find("SIGKILL") != std::string::npos);
+}
