@@ -1,4 +1,5 @@
 #include "cli/cli.h"
+#include "cli/cmd_preflight.h"
 
 namespace spark::cli {
 
@@ -9,6 +10,13 @@ const std::vector<Command>& commands() {
       {"version", "Print versions of sparkctl and what it found (CUDA driver, NCCL)", cmd_version},
       {"config", "Show the resolved cluster file (config show) or validate it (config check)",
        cmd_config},
+      {"preflight", "Check every node for what breaks rings (GID, pins, memory, disk, parity)",
+       cmd_preflight},
+      {"env", "Print a rank's engine environment (NCCL_*, GLOO_*, CUDA_VISIBLE_DEVICES)", cmd_env},
+      {"plan", "Memory per rank for 1-4 nodes from the model's config.json; largest context",
+       cmd_plan},
+      {"capture-node", "Capture what preflight reads on this node into a replayable .tar.gz",
+       cmd_capture_node},
   };
   return table;
 }
