@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 #include "cli/cmd_preflight.h"
+#include "cli/cmd_stage.h"
 
 namespace spark::cli {
 
@@ -17,6 +18,12 @@ const std::vector<Command>& commands() {
        cmd_plan},
       {"capture-node", "Capture what preflight reads on this node into a replayable .tar.gz",
        cmd_capture_node},
+      {"manifest", "Create or verify a model directory's manifest (xxh3-128 per file and chunk)", cmd_manifest},
+      {"stage-weights", "Copy the model to every node over the fabric, verified and resumable", cmd_stage_weights},
+      {"evict", "Drop the page cache of the model files on every node (no root needed)", cmd_evict},
+      {"cache-stat", "Show how much of each file is in the page cache (like vmtouch -v)", cmd_cache_stat},
+      {"stage-recv", "(internal) receiving half of stage-weights, started on a target over SSH", cmd_stage_recv},
+      {"stage-send", "(internal) sending half of stage-weights, given receivers and tokens", cmd_stage_send},
   };
   return table;
 }
