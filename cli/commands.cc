@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 #include "cli/cmd_preflight.h"
+#include "cli/cmd_ring.h"
 #include "cli/cmd_stage.h"
 
 namespace spark::cli {
@@ -24,6 +25,13 @@ const std::vector<Command>& commands() {
       {"cache-stat", "Show how much of each file is in the page cache (like vmtouch -v)", cmd_cache_stat},
       {"stage-recv", "(internal) receiving half of stage-weights, started on a target over SSH", cmd_stage_recv},
       {"stage-send", "(internal) sending half of stage-weights, given receivers and tokens", cmd_stage_send},
+      {"start", "Start sparkd on every node and wait until the ring is READY", cmd_start},
+      {"stop", "Stop every rank, verify nothing is left, and keep the ring down (DISABLED)", cmd_stop},
+      {"restart", "Stop and start the whole ring together (clears DISABLED and GAVE_UP)", cmd_restart},
+      {"status", "Per rank and node: state, pid, uptime, memory, slots; READY, markers, watch", cmd_status},
+      {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
+      {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
+      {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
   };
   return table;
 }
