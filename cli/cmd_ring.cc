@@ -50,11 +50,13 @@ void print_start(const Context& ctx, const StartReport& r) {
   if (r.ready) {
     out << fmt::format("READY: model {} on {} rank(s), endpoint {} (attempt {}, {:.1f} s)\n",
                        r.model, r.world_size, r.endpoint, r.attempts, r.seconds);
-    for (const auto& k : r.ranks) out << fmt::format("  rank {} on {}: sparkd pid {}\n", k.rank, k.node, k.pid);
+    for (const auto& k : r.ranks)
+      out << fmt::format("  rank {} on {}: sparkd pid {}\n", k.rank, k.node, k.pid);
   } else if (!r.error) {
-    out << fmt::format("launched {} rank(s); not waiting for READY (--no-wait): sparkctl status "
-                       "shows progress; endpoint {}\n",
-                       r.ranks.size(), r.endpoint);
+    out << fmt::format(
+        "launched {} rank(s); not waiting for READY (--no-wait): sparkctl status "
+        "shows progress; endpoint {}\n",
+        r.ranks.size(), r.endpoint);
   }
 }
 
@@ -75,14 +77,13 @@ int finish_start(const Context& ctx, const StartReport& r) {
 
 void print_stop(const Context& ctx, const StopReport& r) {
   for (const auto& k : r.ranks)
-    *ctx.out << fmt::format("rank {} on {}: {}{}{}\n", k.rank, k.node,
-                            k.pid ? fmt::format("pid {} stopped by {}", k.pid, k.how)
-                                  : std::string("not running"),
-                            k.left.empty() ? "" : "; STILL RUNNING: " + join(k.left, ", "),
-                            k.error.empty() ? "" : "; " + k.error);
+    *ctx.out << fmt::format(
+        "rank {} on {}: {}{}{}\n", k.rank, k.node,
+        k.pid ? fmt::format("pid {} stopped by {}", k.pid, k.how) : std::string("not running"),
+        k.left.empty() ? "" : "; STILL RUNNING: " + join(k.left, ", "),
+        k.error.empty() ? "" : "; " + k.error);
   if (r.clean) *ctx.out << "nothing of the ring is left on any node\n";
-  if (r.disabled)
-    *ctx.out << "DISABLED: watch will not restart the ring until `sparkctl start`\n";
+  if (r.disabled) *ctx.out << "DISABLED: watch will not restart the ring until `sparkctl start`\n";
 }
 
 std::optional<int> parse_start_flags(Context& ctx, const char* name, const char* synopsis,
@@ -107,8 +108,8 @@ std::optional<int> parse_start_flags(Context& ctx, const char* name, const char*
 
 int cmd_start(Context& ctx, const std::vector<std::string>& args) {
   StartOptions opt;
-  if (auto rc = parse_start_flags(ctx, "start", "start [--skip-preflight] [--no-wait] [--lock-wait D]",
-                                  args, &opt))
+  if (auto rc = parse_start_flags(
+          ctx, "start", "start [--skip-preflight] [--no-wait] [--lock-wait D]", args, &opt))
     return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
@@ -168,9 +169,9 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   auto& out = *ctx.out;
   out << fmt::format("ring {}  model {}  engine {}  endpoint {}\n", s.ring, s.model, s.engine,
                      s.endpoint);
-  out << fmt::format("READY: {}{}\n", s.ready ? "yes" : "NO",
-                     s.ready ? "" : fmt::format(" ({}{}{})", s.state, s.reason.empty() ? "" : ": ",
-                                                s.reason));
+  out << fmt::format(
+      "READY: {}{}\n", s.ready ? "yes" : "NO",
+      s.ready ? "" : fmt::format(" ({}{}{})", s.state, s.reason.empty() ? "" : ": ", s.reason));
   out << fmt::format("DISABLED: {}   GAVE_UP: {}\n",
                      s.disabled ? "yes, " + age(s.disabled->value("at_ms", int64_t{0})) : "no",
                      s.gave_up ? "yes, " + age(s.gave_up->value("at_ms", int64_t{0})) + " (" +
@@ -214,7 +215,8 @@ int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
   int rc = 0;
   if (w.verdict == "gave_up") rc = exit_code(Errc::precondition);
   if (w.verdict == "restart_failed")
-    rc = w.restart && w.restart->error ? exit_code(w.restart->error->code) : exit_code(Errc::remote);
+    rc =
+        w.restart && w.restart->error ? exit_code(w.restart->error->code) : exit_code(Errc::remote);
   if (ctx.opts.json) {
     *ctx.out << to_json(w).dump(2) << "\n";
     return rc;
@@ -233,7 +235,8 @@ int cmd_logs(Context& ctx, const std::vector<std::string>& args) {
       "lines,n", po::value<int>()->default_value(50), "how many lines from the end")(
       "for", po::value<std::string>(), "with -f: stop after this long (e.g. 10s)");
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "logs", "logs [--rank N] [-f] [-n LINES] [--for D]", desc, args, vm))
+  if (auto rc =
+          parse_args(ctx, "logs", "logs [--rank N] [-f] [-n LINES] [--for D]", desc, args, vm))
     return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
@@ -284,7 +287,8 @@ int cmd_logs(Context& ctx, const std::vector<std::string>& args) {
     int64_t size = parse_i64(trim(r->out.substr(0, k))).value_or(0);
     std::string chunk = r->out.substr(k + 1);
     *ctx.out << chunk << std::flush;
-    offset = size < offset ? static_cast<int64_t>(chunk.size()) : offset + static_cast<int64_t>(chunk.size());
+    offset = size < offset ? static_cast<int64_t>(chunk.size())
+                           : offset + static_cast<int64_t>(chunk.size());
   }
   return 0;
 }

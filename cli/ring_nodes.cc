@@ -69,7 +69,9 @@ int to_int(const std::string& s, int def = 0) {
   return v ? static_cast<int>(*v) : def;
 }
 
-std::string pidfile(int rank) { return fmt::format("\"$S/run/sparkd-{}.pid\"", rank); }
+std::string pidfile(int rank) {
+  return fmt::format("\"$S/run/sparkd-{}.pid\"", rank);
+}
 
 }  // namespace
 
@@ -129,7 +131,8 @@ std::vector<NodeProbe> probe_nodes(const RingConfig& cfg, const RingLayout& lay)
           "up=$(ps -o etimes= -p \"$p\" 2>/dev/null | tr -dc 0-9); fi; "
           "echo \"@@rank {r} ${{p:-0}} $a ${{up:--1}}\"\n",
           fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
-    s += "grep -E '^(MemTotal|MemFree|MemAvailable):' /proc/meminfo | tr -s ' ' | sed 's/^/@@mem /'\n"
+    s += "grep -E '^(MemTotal|MemFree|MemAvailable):' /proc/meminfo | tr -s ' ' | sed 's/^/@@mem "
+         "/'\n"
          "if command -v nvidia-smi >/dev/null 2>&1; then timeout 5 nvidia-smi "
          "--query-gpu=memory.used,memory.total --format=csv,noheader,nounits 2>/dev/null | "
          "tr -d ' ' | tr ',' ' ' | sed 's/^/@@gpu /'; fi\n"
@@ -179,7 +182,8 @@ std::vector<LaunchResult> launch_ranks(
   std::vector<std::string> cmds;
   for (int n : nodes) {
     std::string s = node_dirs_prelude(cfg) + kShellFns;
-    s += "mkdir -p \"$S/run\" \"$L\" || { echo \"@@fatal x cannot create $S/run and $L\"; exit 1; }\n";
+    s += "mkdir -p \"$S/run\" \"$L\" || { echo \"@@fatal x cannot create $S/run and $L\"; exit 1; "
+         "}\n";
     s += fmt::format("C=\"$S/run/ring-node{}.env\"\n", n);
     s += "cat >\"$C.tmp.$$\" && mv -f \"$C.tmp.$$\" \"$C\" || "
          "{ echo \"@@fatal x cannot write $C\"; exit 1; }\n";
@@ -265,9 +269,10 @@ std::vector<StopResult> stop_ranks(const RingConfig& cfg, const RingLayout& lay,
     s += " [ $w = 0 ] && break; sleep 0.1; i=$((i+1)); done\n";
     for (int r : ranks)
       s += fmt::format(
-          "if alive \"$p{r}\"; then kill -KILL \"$p{r}\" 2>/dev/null; echo \"@@kill {r} $p{r}\"; fi\n"
+          "if alive \"$p{r}\"; then kill -KILL \"$p{r}\" 2>/dev/null; echo \"@@kill {r} $p{r}\"; "
+          "fi\n"
           "if [ -n \"$e{r}\" ] && [ \"$e{r}\" -gt 1 ] && [ -n \"$(pgrep -g \"$e{r}\")\" ]; then "
-          "kill -KILL -- \"-$e{r}\" 2>/dev/null; echo \"@@killengine {r} $e{r}\"; fi\n",
+          "kill -KILL -\"$e{r}\" 2>/dev/null; echo \"@@killengine {r} $e{r}\"; fi\n",
           fmt::arg("r", r));
     // Any sparkd of this node the pidfiles do not know (a pidfile lost or overwritten): found by
     // its --config path. The pattern is built at run time so it never matches this script.
@@ -323,11 +328,12 @@ std::vector<StopResult> stop_ranks(const RingConfig& cfg, const RingLayout& lay,
         sr->how += " (engine group)";
       }
     for (const auto& row : tagged(run.out, "left", 2))
-      if (auto* sr = rank_of(row[0])) sr->left.push_back(fmt::format("{}: {}", run.node, row.back()));
+      if (auto* sr = rank_of(row[0]))
+        sr->left.push_back(fmt::format("{}: {}", run.node, row.back()));
     if (!run.error && run.exit_status != 0)
       for (auto& [r, sr] : by_rank)
-        sr.error = fmt::format("{}: stop script exited {}: {}", run.node, run.exit_status,
-                               trim(run.err));
+        sr.error =
+            fmt::format("{}: stop script exited {}: {}", run.node, run.exit_status, trim(run.err));
     for (auto& [r, sr] : by_rank) out.push_back(sr);
   }
   std::sort(out.begin(), out.end(),
@@ -339,9 +345,10 @@ Result<std::string> read_rank_log(const RingConfig& cfg, const RingLayout& lay, 
                                   int lines) {
   auto p = place_of(cfg, rank);
   std::string s = node_dirs_prelude(cfg) +
-                  fmt::format("if [ -r \"$L/sparkd-{r}.log\" ]; then tail -n {n} \"$L/sparkd-{r}.log\"; "
-                              "else echo \"no log $L/sparkd-{r}.log\" >&2; exit 4; fi\n",
-                              fmt::arg("r", rank), fmt::arg("n", lines));
+                  fmt::format(
+                      "if [ -r \"$L/sparkd-{r}.log\" ]; then tail -n {n} \"$L/sparkd-{r}.log\"; "
+                      "else echo \"no log $L/sparkd-{r}.log\" >&2; exit 4; fi\n",
+                      fmt::arg("r", rank), fmt::arg("n", lines));
   auto runs = run_on(cfg, {p.node}, {s}, "", lay.node_timeout);
   if (runs.empty()) return make_error(Errc::internal, "no result");
   if (runs[0].error) return *runs[0].error;
@@ -372,13 +379,14 @@ Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
     c.timeout = timeout;
     auto r = daemon::http_call(c);
     if (!r)
-      return make_error(r.error().code, fmt::format("rank 0 ({}) /health: {}", n0.name,
-                                                    r.error().message));
+      return make_error(r.error().code,
+                        fmt::format("rank 0 ({}) /health: {}", n0.name, r.error().message));
     body = r->body;
     status = r->status;
   } else {
-    std::string cmd = fmt::format("{} health-get --host {} --port {} --timeout-ms {}",
-                                  spark::shell_quote(lay.sparkctl_bin), host, port, timeout.count());
+    std::string cmd =
+        fmt::format("{} health-get --host {} --port {} --timeout-ms {}",
+                    spark::shell_quote(lay.sparkctl_bin), host, port, timeout.count());
     auto runs = run_on(cfg, {0}, {cmd}, "", timeout + lay.node_timeout);
     if (runs.empty() || runs[0].error)
       return runs.empty() ? make_error(Errc::internal, "no result") : *runs[0].error;
@@ -392,8 +400,8 @@ Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
   }
   json h = json::parse(body, nullptr, false);
   if (!h.is_object())
-    return make_error(Errc::network, fmt::format("rank 0 ({}) /health answered {} without JSON",
-                                                 n0.name, status));
+    return make_error(Errc::network,
+                      fmt::format("rank 0 ({}) /health answered {} without JSON", n0.name, status));
   return h;
 }
 

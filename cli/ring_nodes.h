@@ -37,7 +37,7 @@ std::string node_dirs_prelude(const RingConfig& cfg);
 /// One rank's process as its node sees it.
 struct RankProcess {
   int rank = 0;
-  int pid = 0;        // from the pidfile; 0 none
+  int pid = 0;         // from the pidfile; 0 none
   bool alive = false;  // the pid runs and is not a zombie
   int64_t uptime_s = -1;
 };
@@ -49,7 +49,7 @@ struct NodeProbe {
   std::optional<Error> error;  // unreachable
   std::vector<RankProcess> ranks;
   int64_t mem_free = -1, mem_available = -1, mem_total = -1;  // bytes; -1 unknown
-  std::vector<std::pair<int64_t, int64_t>> gpu_mem_mib;  // used, total per GPU; empty: unknown
+  std::vector<std::pair<int64_t, int64_t>> gpu_mem_mib;       // used, total per GPU; empty: unknown
 };
 
 /// Probes every node at once.
@@ -72,10 +72,10 @@ std::vector<LaunchResult> launch_ranks(
 struct StopResult {
   int rank = 0;
   std::string node;
-  int pid = 0;          // 0: nothing was running
-  std::string how;      // none, sigterm, sigkill
+  int pid = 0;                    // 0: nothing was running
+  std::string how;                // none, sigterm, sigkill
   std::vector<std::string> left;  // what is still running (must be empty)
-  std::string error;    // node unreachable
+  std::string error;              // node unreachable
 };
 /// SIGTERM to every rank, up to `grace`, then SIGKILL to the rank and its engine's process
 /// group; then proves that no process of the ring is left on any node.

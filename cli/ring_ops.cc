@@ -34,7 +34,9 @@ milliseconds dur(const RingConfig& cfg, const char* key, milliseconds def) {
   return cfg.get(key).empty() ? def : milliseconds(cfg.get_duration_ms(key));
 }
 
-std::string secs(milliseconds d) { return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0); }
+std::string secs(milliseconds d) {
+  return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0);
+}
 
 // One step of start: timed, recorded in the report.
 struct Step {
@@ -53,8 +55,7 @@ std::string first_lines(const std::string& s, size_t max = 600) {
 
 // Fast preflight, fail-closed. Returns the node reports (for the rank environment).
 Result<std::vector<env::NodeReport>> run_start_preflight(const RingConfig& cfg,
-                                                         const RingLayout& lay,
-                                                         StartReport& rep) {
+                                                         const RingLayout& lay, StartReport& rep) {
   Step st{rep, "preflight"};
   PreflightRun run;
   auto only = split_list(cfg.get("START_CHECKS"));
@@ -69,8 +70,9 @@ Result<std::vector<env::NodeReport>> run_start_preflight(const RingConfig& cfg,
   int warns = 0;
   for (const auto& c : pr.checks) {
     if (c.verdict == env::Verdict::fail)
-      fails.push_back(fmt::format("{} {}{}: {}{}", c.node, c.id, c.subject.empty() ? "" : " " + c.subject,
-                                  c.message, c.fix.empty() ? "" : " (fix: " + c.fix + ")"));
+      fails.push_back(fmt::format("{} {}{}: {}{}", c.node, c.id,
+                                  c.subject.empty() ? "" : " " + c.subject, c.message,
+                                  c.fix.empty() ? "" : " (fix: " + c.fix + ")"));
     if (c.verdict == env::Verdict::warn) {
       ++warns;
       rep.warnings.push_back(fmt::format("preflight {} {}: {}", c.node, c.id, c.message));
@@ -142,9 +144,10 @@ Status evict_models(const RingConfig& cfg, const RingLayout& lay, StartReport& r
       return e;
     }
     if (!j.value("ok", true))
-      rep.warnings.push_back(fmt::format("{}: some model files stay in the page cache (mapped by "
-                                         "a process?): sparkctl cache-stat shows which",
-                                         r.node));
+      rep.warnings.push_back(
+          fmt::format("{}: some model files stay in the page cache (mapped by "
+                      "a process?): sparkctl cache-stat shows which",
+                      r.node));
     parts.push_back(fmt::format("{} {} -> {}", r.node,
                                 format_size(j.value("bytes_before", uint64_t{0})),
                                 format_size(j.value("bytes_after", uint64_t{0}))));
@@ -167,9 +170,10 @@ Status wait_memory(const RingConfig& cfg, const RingLayout& lay, StartReport& re
         return *p.error;
       }
       if (p.mem_free < 0 || static_cast<uint64_t>(p.mem_free) < need)
-        short_of.push_back(fmt::format("{}: MemFree {} < MEM_FREE_MIN {}", p.node,
-                                       p.mem_free < 0 ? "unknown" : format_size(static_cast<uint64_t>(p.mem_free)),
-                                       format_size(need)));
+        short_of.push_back(
+            fmt::format("{}: MemFree {} < MEM_FREE_MIN {}", p.node,
+                        p.mem_free < 0 ? "unknown" : format_size(static_cast<uint64_t>(p.mem_free)),
+                        format_size(need)));
     }
     if (short_of.empty()) {
       st.done(true, fmt::format("MemFree >= {} on every node", format_size(need)));
@@ -216,8 +220,8 @@ Status wait_ready(const RingConfig& cfg, const RingLayout& lay, StartReport& rep
       }
       last = problem;
       if (h->value("fatal", false)) {
-        Error e = make_error(Errc::remote, "rank 0 reports the ring fatal: " +
-                                               h->value("reason", std::string("?")));
+        Error e = make_error(
+            Errc::remote, "rank 0 reports the ring fatal: " + h->value("reason", std::string("?")));
         st.done(false, e.message);
         return e;
       }
@@ -229,9 +233,9 @@ Status wait_ready(const RingConfig& cfg, const RingLayout& lay, StartReport& rep
       for (const auto& p : probe_nodes(cfg, lay)) {
         for (const auto& r : p.ranks) {
           if (r.alive) continue;
-          std::string why = p.error ? p.error->message
-                                    : fmt::format("rank {} (node {}) exited during start", r.rank,
-                                                  p.node);
+          std::string why =
+              p.error ? p.error->message
+                      : fmt::format("rank {} (node {}) exited during start", r.rank, p.node);
           auto h2 = fetch_health(cfg, lay, milliseconds(1000));
           if (h2 && h2->contains("reason"))
             why += "; rank 0 says: " + (*h2)["reason"].get<std::string>();
@@ -243,9 +247,9 @@ Status wait_ready(const RingConfig& cfg, const RingLayout& lay, StartReport& rep
       }
     }
     if (Clock::now() >= deadline) {
-      Error e = make_error(Errc::timeout,
-                           fmt::format("the ring was not READY within READY_TIMEOUT {}: {}",
-                                       secs(limit), last));
+      Error e = make_error(
+          Errc::timeout,
+          fmt::format("the ring was not READY within READY_TIMEOUT {}: {}", secs(limit), last));
       st.done(false, e.message);
       return e;
     }
@@ -293,7 +297,8 @@ StartReport start_locked(const RingConfig& cfg, const RingLayout& lay, const Sta
         return fail(*p.error);
       }
       for (const auto& r : p.ranks)
-        if (r.alive) running.push_back(fmt::format("rank {} on {} (pid {})", r.rank, p.node, r.pid));
+        if (r.alive)
+          running.push_back(fmt::format("rank {} on {} (pid {})", r.rank, p.node, r.pid));
     }
     if (!running.empty()) {
       st.done(false, "already running");
@@ -402,8 +407,10 @@ void run_alert(const RingConfig& cfg, const std::string& event, const std::strin
   spec.env["SPARK_RING"] = cfg.get("RING_NAME");
   spec.env["SPARK_REASON"] = reason;
   auto r = run_process(spec);
-  w.alerts.push_back(event + (r && r->success() ? "" : " (alert command failed: " +
-                                                          (r ? r->describe() : r.error().message) + ")"));
+  w.alerts.push_back(
+      event + (r && r->success()
+                   ? ""
+                   : " (alert command failed: " + (r ? r->describe() : r.error().message) + ")"));
 }
 
 std::string timestamp_name() {
@@ -442,7 +449,8 @@ std::string ring_problem(const RingConfig& cfg, const RingLayout& lay, bool* onl
       continue;
     }
     for (const auto& r : p.ranks)
-      if (!r.alive) problems.push_back(fmt::format("rank {} on {}: sparkd is not running", r.rank, p.node));
+      if (!r.alive)
+        problems.push_back(fmt::format("rank {} on {}: sparkd is not running", r.rank, p.node));
   }
   auto h = fetch_health(cfg, lay, milliseconds(5000));
   if (!h) {
@@ -457,7 +465,7 @@ std::string ring_problem(const RingConfig& cfg, const RingLayout& lay, bool* onl
     bool dead = false;
     if (h->contains("ranks"))
       for (const auto& r : (*h)["ranks"])
-        if (!r.value("alive", false)) dead = true;
+        if (r.value("joined", true) && !r.value("alive", false)) dead = true;
     *only_loading = !dead && (state == "starting" || state == "loading");
   }
   return join(problems, "; ");
@@ -495,7 +503,7 @@ std::string strict_problem(const json& h) {
   if (h.value("stalled", false)) return "stalled: " + reason;
   if (h.contains("ranks") && h["ranks"].is_array())
     for (const auto& r : h["ranks"])
-      if (!r.value("alive", false))
+      if (r.value("joined", true) && !r.value("alive", false))  // not joined yet: loading
         return fmt::format("rank {} (node {}) is not alive", r.value("rank", -1),
                            r.value("node", "?"));
   if (!h.value("ready", false)) return state + (reason.empty() ? "" : ": " + reason);
@@ -699,7 +707,8 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
   }
   if (!ring.started) {
     w.verdict = "not_started";
-    w.reason = "the ring was never started with `sparkctl start`; watch only keeps a started ring up";
+    w.reason =
+        "the ring was never started with `sparkctl start`; watch only keeps a started ring up";
     return w;
   }
   bool only_loading = false;
@@ -721,9 +730,10 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
   int max_restarts = static_cast<int>(cfg.get_int("WATCH_MAX_RESTARTS"));
   int k = static_cast<int>(rec.restarts_ms.size());
   if (k >= max_restarts) {
-    std::string why = fmt::format("{} restart(s) in the last {:.0f} s (WATCH_MAX_RESTARTS {} per "
-                                  "WATCH_WINDOW) and the ring is unhealthy again: {}",
-                                  k, window / 1000.0, max_restarts, problem);
+    std::string why = fmt::format(
+        "{} restart(s) in the last {:.0f} s (WATCH_MAX_RESTARTS {} per "
+        "WATCH_WINDOW) and the ring is unhealthy again: {}",
+        k, window / 1000.0, max_restarts, problem);
     (void)set_marker(state, Marker::gave_up, why);
     save("gave_up", why);
     run_alert(cfg, "gave_up", why, w);
@@ -777,7 +787,8 @@ json to_json(const StartReport& r) {
   j["seconds"] = r.seconds;
   j["steps"] = json::array();
   for (const auto& s : r.steps)
-    j["steps"].push_back({{"step", s.name}, {"ok", s.ok}, {"detail", s.detail}, {"seconds", s.seconds}});
+    j["steps"].push_back(
+        {{"step", s.name}, {"ok", s.ok}, {"detail", s.detail}, {"seconds", s.seconds}});
   j["ranks"] = json::array();
   for (const auto& k : r.ranks) {
     json rj = {{"rank", k.rank}, {"node", k.node}, {"pid", k.pid}};
@@ -799,7 +810,8 @@ json to_json(const StopReport& r) {
   j["seconds"] = r.seconds;
   j["ranks"] = json::array();
   for (const auto& k : r.ranks) {
-    json rj = {{"rank", k.rank}, {"node", k.node}, {"pid", k.pid}, {"how", k.how}, {"left", k.left}};
+    json rj = {
+        {"rank", k.rank}, {"node", k.node}, {"pid", k.pid}, {"how", k.how}, {"left", k.left}};
     if (!k.error.empty()) rj["error"] = k.error;
     j["ranks"].push_back(rj);
   }

@@ -19,9 +19,9 @@ namespace spark::cli {
 /// Options of start (and of the start half of restart and of a watch heal).
 struct StartOptions {
   bool skip_preflight = false;
-  bool wait_ready = true;         // false: return once launched (watch's grace covers loading)
+  bool wait_ready = true;  // false: return once launched (watch's grace covers loading)
   int64_t lock_wait_ms = 30000;
-  std::string by = "start";       // start, restart, watch
+  std::string by = "start";  // start, restart, watch
 };
 
 /// One step of start, for the report.
@@ -78,10 +78,10 @@ struct NodeStatus {
 /// Everything status shows.
 struct RingStatus {
   std::string ring, model, endpoint, engine;
-  bool ready = false;        // strict: rank 0 ready, not fatal/stalled, every rank alive
-  std::string state;         // rank 0's state, or down
+  bool ready = false;  // strict: rank 0 ready, not fatal/stalled, every rank alive
+  std::string state;   // rank 0's state, or down
   std::string reason;
-  bool answered = false;     // rank 0's /health answered
+  bool answered = false;  // rank 0's /health answered
   std::optional<nlohmann::json> health;
   std::optional<nlohmann::json> disabled, gave_up;
   int slots_total = 0, slots_busy = 0, requests_in_flight = 0;
@@ -103,7 +103,7 @@ struct WatchReport {
   int failures_needed = 0;
   int restarts_in_window = 0;
   std::optional<StartReport> restart;
-  std::string incident_dir;  // where the log tails were saved before a restart
+  std::string incident_dir;         // where the log tails were saved before a restart
   std::vector<std::string> alerts;  // events the alert command ran for
 };
 

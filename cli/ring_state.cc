@@ -1,6 +1,7 @@
 #include "cli/ring_state.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "core/strings.h"
 
@@ -75,8 +74,8 @@ Result<RingLock> RingLock::acquire(const std::string& state_dir, const std::stri
   std::string path = state_dir + "/ring.lock";
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0)
-    return make_error(Errc::io, fmt::format("cannot open the ring lock {}: {}", path,
-                                            std::strerror(errno)));
+    return make_error(Errc::io,
+                      fmt::format("cannot open the ring lock {}: {}", path, std::strerror(errno)));
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   for (;;) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
@@ -152,8 +151,12 @@ RingRecord read_ring_record(const std::string& state_dir) {
 
 Status write_ring_record(const std::string& state_dir, const RingRecord& r) {
   SPARK_TRY(ensure_dir(state_dir));
-  json j = {{"started", r.started},   {"launched_ms", r.launched_ms}, {"ready_ms", r.ready_ms},
-            {"endpoint", r.endpoint}, {"model", r.model},             {"pids", r.pids},
+  json j = {{"started", r.started},
+            {"launched_ms", r.launched_ms},
+            {"ready_ms", r.ready_ms},
+            {"endpoint", r.endpoint},
+            {"model", r.model},
+            {"pids", r.pids},
             {"by", r.by}};
   std::string why;
   if (!write_file_atomic(state_dir + "/ring.json", j.dump(2) + "\n", &why))
@@ -179,8 +182,10 @@ WatchRecord read_watch_record(const std::string& state_dir) {
 
 Status write_watch_record(const std::string& state_dir, const WatchRecord& w) {
   SPARK_TRY(ensure_dir(state_dir));
-  json j = {{"failures", w.failures},         {"restarts_ms", w.restarts_ms},
-            {"last_check_ms", w.last_check_ms}, {"last_verdict", w.last_verdict},
+  json j = {{"failures", w.failures},
+            {"restarts_ms", w.restarts_ms},
+            {"last_check_ms", w.last_check_ms},
+            {"last_verdict", w.last_verdict},
             {"last_reason", w.last_reason}};
   std::string why;
   if (!write_file_atomic(state_dir + "/watch.json", j.dump(2) + "\n", &why))

@@ -58,18 +58,18 @@ struct RingRecord {
   int64_t ready_ms = 0;     // when READY was seen (0: not yet)
   std::string endpoint;     // http://host:port
   std::string model;
-  std::vector<int> pids;    // per rank, as launched
-  std::string by;           // "start", "restart", "watch"
+  std::vector<int> pids;  // per rank, as launched
+  std::string by;         // "start", "restart", "watch"
 };
 RingRecord read_ring_record(const std::string& state_dir);
 Status write_ring_record(const std::string& state_dir, const RingRecord& r);
 
 /// What watch keeps between runs (watch.json).
 struct WatchRecord {
-  int failures = 0;                   // consecutive failed checks
-  std::vector<int64_t> restarts_ms;   // restarts by watch inside the window
+  int failures = 0;                  // consecutive failed checks
+  std::vector<int64_t> restarts_ms;  // restarts by watch inside the window
   int64_t last_check_ms = 0;
-  std::string last_verdict;           // healthy, grace, unhealthy, restarted, backoff, gave_up, ...
+  std::string last_verdict;  // healthy, grace, unhealthy, restarted, backoff, gave_up, ...
   std::string last_reason;
 };
 WatchRecord read_watch_record(const std::string& state_dir);
