@@ -136,12 +136,13 @@ Status evict_models(const RingConfig& cfg, const RingLayout& lay, StartReport& r
       if (j.is_object() && j.contains("error") && j["error"].is_object())
         j = j["error"].value("message", "");
       std::string why = j.is_string() ? j.get<std::string>() : first_lines(r.err + r.out);
-      Error e = make_error(Errc::remote,
-                           fmt::format("{}: evicting the page cache of the model files failed "
-                                       "(exit {}): {}",
-                                       r.node, r.exit_status, why));
-      st.done(false, e.message);
-      return e;
+      // Not fatal by itself: the memory gate that follows decides whether the node has room;
+      // a missing model directory is preflight's model.files check.
+      rep.warnings.push_back(fmt::format("{}: evicting the page cache of the model files failed "
+                                         "(exit {}): {}",
+                                         r.node, r.exit_status, why));
+      parts.push_back(r.node + " FAILED (see warnings)");
+      continue;
     }
     if (!j.value("ok", true))
       rep.warnings.push_back(

@@ -220,6 +220,12 @@ TEST_CASE(
   CHECK_MESSAGE(follow.rc == 0, follow.all());
   CHECK_FALSE(follow.out.empty());
 
+  // What the head runs on node 0 when node 0 is another machine.
+  auto hg = ring.run({"health-get", "--port", std::to_string(ring.api_port)});
+  CHECK_MESSAGE(hg.rc == 0, hg.all());
+  CHECK(hg.j["status"] == 200);
+  CHECK(json::parse(hg.j.value("body", "{}"), nullptr, false)["ready"] == true);
+
   // A second start on a running ring is refused, naming what runs.
   auto again = ring.run({"start"});
   CHECK(again.rc == exit_code(Errc::busy));
