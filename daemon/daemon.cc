@@ -17,7 +17,9 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/http_server.h"
+#include "daemon/metrics.h"
 #include "daemon/rendezvous.h"
+#include "env/meminfo.h"
 #include "spark/version.h"
 
 namespace spark::daemon {
@@ -152,6 +154,7 @@ struct Daemon::Impl {
   std::string node;
 
   std::unique_ptr<HttpServer> http;
+  std::unique_ptr<Metrics> metrics;
   net::io_context ctl{1};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> ctl_work;
   std::thread ctl_thread;
@@ -202,6 +205,7 @@ Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engin
     if (p.rank == I.opts.rank) I.place = p;
   I.node = node_name(I.cfg, I.opts.rank);
   I.engine = engine ? std::move(engine) : make_engine(I.cfg, I.opts.rank);
+  I.metrics = std::make_unique<Metrics>(I.cfg.get("MODEL"));
 }
 
 Daemon::~Daemon() {
@@ -307,6 +311,32 @@ void Daemon::Impl::add_routes() {
     int status = strict && !strict_ok(s) ? 503 : 200;
     return Response::json(status, health_json(s));
   });
+  http->route("GET", "/metrics", [this](const Request&) {
+    HealthSnapshot s = self->snapshot();
+    Metrics& m = *metrics;
+    m.set("sparkd_up", 1);
+    m.set("sparkd_ready", s.state == State::ready ? 1 : 0);
+    m.set("sparkd_fatal", s.state == State::fatal ? 1 : 0);
+    m.set("sparkd_stalled", s.state == State::stalled ? 1 : 0);
+    int alive = 0;
+    for (const auto& r : s.ranks) alive += r.alive ? 1 : 0;
+    m.set("sparkd_ranks_alive", alive);
+    m.set("sparkd_world_size", s.world_size);
+    m.set("sparkd_uptime_seconds", s.uptime_s);
+    m.set("sparkd_slots_configured", s.slots_total);
+    m.set("sparkd_slots_busy", s.slots_busy);
+    EngineStatus es = engine->status();
+    m.set("sparkd_requests_running", s.requests_in_flight);
+    m.set("sparkd_requests_waiting", es.requests_waiting);
+    for (const auto& [code, n] : http->responses_by_status())
+      m.set("sparkd_http_requests_total", static_cast<double>(n), {{"code", std::to_string(code)}});
+    if (auto mi = env::read_meminfo("/"); mi.ok())
+      m.set("sparkd_mem_available_bytes", static_cast<double>(mi->get("MemAvailable")));
+    Response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = m.render();
+    return r;
+  });
   http->route("GET", "/v1/models", [this](const Request&) {
     nlohmann::json m = {
         {"id", cfg.get("MODEL")}, {"object", "model"}, {"owned_by", "sparkctl"}, {"created", 0}};
@@ -400,6 +430,7 @@ void Daemon::Impl::run_lifecycle() {
   ctx.pidfile = opts.pidfile;
   ctx.env = rank_env();
   ctx.stall_timeout = timing.stall_timeout;
+  ctx.metrics = metrics.get();
   ctx.progress = [this](const std::string& what) { health.set(State::loading, what); };
   if (world > 1) {
     Status js = join_ring();
@@ -513,6 +544,10 @@ void Daemon::Impl::run_heartbeats() {
     std::unique_lock lk(mu);
     cv.wait_for(lk, milliseconds(200), [&] { return stop_requested; });
   }
+}
+
+Metrics& Daemon::metrics() {
+  return *impl_->metrics;
 }
 
 HealthSnapshot Daemon::snapshot() const {
