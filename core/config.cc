@@ -3,8 +3,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
+#include <climits>
 #include <cstdlib>
-#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -143,17 +144,61 @@ struct Raw {
   bool from_env = false;
 };
 
-const std::regex& node_key_re() {
-  static const std::regex re("^NODE([0-9]+)_([A-Z0-9_]+)$");
-  return re;
+// Splits NODE<digits>_<SUFFIX> (SUFFIX: A-Z 0-9 _). A hand-written matcher: std::regex
+// recurses per character and overflows the stack on a long key.
+bool split_node_key(std::string_view key, std::string_view* digits, std::string_view* suffix) {
+  if (!starts_with(key, "NODE")) return false;
+  size_t i = 4;
+  while (i < key.size() && key[i] >= '0' && key[i] <= '9') ++i;
+  if (i == 4 || i >= key.size() || key[i] != '_' || i + 1 == key.size()) return false;
+  for (size_t j = i + 1; j < key.size(); ++j) {
+    char c = key[j];
+    if (!((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  *digits = key.substr(4, i - 4);
+  *suffix = key.substr(i + 1);
+  return true;
 }
 
-std::vector<std::string> all_key_names(int nodes) {
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// "did you mean" for an unknown key: compared upper-cased, against the ring keys and, for a
+// NODE<i>_ key, against the node keys of the same index.
+std::string suggest_key(const std::string& key) {
+  if (key.size() > 64) return "";  // no key is that long; spare the quadratic distance
+  std::string up = upper(key);
   std::vector<std::string> names;
   for (const auto& k : ring_keys()) names.emplace_back(k.name);
-  for (int i = 0; i < std::max(nodes, 1); ++i)
-    for (const auto& k : node_keys()) names.push_back(fmt::format("NODE{}_{}", i, k.name));
-  return names;
+  std::string_view digits, suffix;
+  std::string prefix = "NODE0_";
+  if (split_node_key(up, &digits, &suffix)) prefix = fmt::format("NODE{}_", digits);
+  for (const auto& k : node_keys()) names.push_back(prefix + k.name);
+  if (std::find(names.begin(), names.end(), up) != names.end()) return up;  // wrong case
+  return did_you_mean(up, names);
+}
+
+// The line of a diagnostic's `where` ("file:12", "file:12 (empty: default)"); 0 for the
+// file as a whole, INT_MAX for the environment, so that sorting puts them first and last.
+int diag_order(const std::string& where, std::string_view file) {
+  if (where == "environment" || starts_with(where, "environment")) return INT_MAX;
+  if (!file.empty() && starts_with(where, file) && where.size() > file.size() &&
+      where[file.size()] == ':') {
+    size_t i = file.size() + 1, j = i;
+    while (j < where.size() && where[j] >= '0' && where[j] <= '9') ++j;
+    if (auto n = parse_u64(std::string_view(where).substr(i, j - i)); n && *n < INT_MAX)
+      return static_cast<int>(*n);
+  }
+  return 0;
+}
+
+// A Linux interface name: 1-15 bytes, no '/', ':' or whitespace.
+bool valid_netdev_name(const std::string& n) {
+  if (n.empty() || n.size() > 15 || n == "." || n == "..") return false;
+  return n.find_first_of("/: \t") == std::string::npos;
 }
 
 // Validates one value against its type; returns an error text or "".
@@ -213,9 +258,17 @@ const KeySpec* find_spec(const std::vector<KeySpec>& specs, const std::string& n
   return nullptr;
 }
 
+// A template placeholder such as <head-ip> or <user@host>: '<', then text without '<' or
+// '>' that neither starts nor ends with a space, then '>'. Shell redirections in a command
+// ("cmd < in > out") are not placeholders.
 bool has_placeholder(const std::string& v) {
-  auto lt = v.find('<');
-  return lt != std::string::npos && v.find('>', lt) != std::string::npos;
+  for (size_t lt = v.find('<'); lt != std::string::npos; lt = v.find('<', lt + 1)) {
+    size_t gt = v.find_first_of("<>", lt + 1);
+    if (gt == std::string::npos || v[gt] != '>' || gt == lt + 1) continue;
+    if (v[lt + 1] == ' ' || v[gt - 1] == ' ') continue;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -235,11 +288,11 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   std::map<int, std::string> node_first_where;
 
   auto classify = [&](const std::string& key, int* node, std::string* suffix) -> const KeySpec* {
-    std::smatch m;
-    if (std::regex_match(key, m, node_key_re())) {
-      auto idx = parse_u64(m[1].str());
+    std::string_view digits, sfx;
+    if (split_node_key(key, &digits, &sfx)) {
+      auto idx = parse_u64(digits);
       *node = idx ? static_cast<int>(std::min<uint64_t>(*idx, 1000)) : 1000;
-      *suffix = m[2].str();
+      *suffix = std::string(sfx);
       return find_spec(node_keys(), *suffix);
     }
     *node = -1;
@@ -253,7 +306,7 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     std::string suffix;
     const KeySpec* spec = classify(e.key, &node, &suffix);
     if (!spec) {
-      auto hint = did_you_mean(e.key, all_key_names(std::max(4, static_cast<int>(node_ids.size()))));
+      auto hint = suggest_key(e.key);
       d.push_back({false, where,
                    fmt::format("unknown key {}{}; it is ignored", e.key,
                                hint.empty() ? "" : fmt::format(" (did you mean {}?)", hint))});
@@ -280,14 +333,15 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     const KeySpec* spec = classify(k, &node, &suffix);
     if (!spec) continue;  // the environment holds plenty of unrelated names
     if (node >= kMaxNodes) continue;
-    if (node >= 0) {
+    if (node >= 0 && !v.empty()) {  // an empty override clears a key; it adds no node
       node_ids.insert(node);
       node_first_where.emplace(node, "environment");
     }
     raw[k] = Raw{v, "environment", true};
   }
 
-  // Validate each set value.
+  // Validate each set value. A key whose value is refused here is not checked again below.
+  std::set<std::string> refused;
   for (const auto& [k, r] : raw) {
     int node = -1;
     std::string suffix;
@@ -296,10 +350,14 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       d.push_back({true, r.source,
                    fmt::format("{}={} is still a placeholder: replace it with the real value", k,
                                r.value)});
+      refused.insert(k);
       continue;
     }
     auto why = check_value(*spec, r.value);
-    if (!why.empty()) d.push_back({true, r.source, fmt::format("{}: {}", k, why)});
+    if (!why.empty()) {
+      d.push_back({true, r.source, fmt::format("{}: {}", k, why)});
+      refused.insert(k);
+    }
   }
 
   // Resolve ring-wide keys.
@@ -398,8 +456,23 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       d.push_back({true, where("FABRIC_IP"),
                    fmt::format("NODE{}_FABRIC_IP={} is a loopback address on a remote node; NCCL "
                                "cannot use loopback", id, n.fabric_ip)});
+    if (auto ip = parse_ipv4(n.fabric_ip);
+        ip && (*ip == 0 || *ip == 0xFFFFFFFFu || (*ip >> 28) == 0xE || (*ip >> 24) == 0))
+      d.push_back({true, where("FABRIC_IP"),
+                   fmt::format("NODE{}_FABRIC_IP={} is not a unicast host address: give the "
+                               "address configured on the node's fabric netdev", id, n.fabric_ip)});
     n.netdevs = split_list(val("NETDEVS"));
     n.hcas = split_list(val("HCAS"));
+    for (const auto& nd : n.netdevs)
+      if (!valid_netdev_name(nd))
+        d.push_back({true, where("NETDEVS"),
+                     fmt::format("NODE{}_NETDEVS: '{}' is not an interface name (1-15 characters, "
+                                 "no '/', ':' or spaces; see `ip -br link`)", id, nd)});
+    for (const auto& h : n.hcas)
+      if (h.size() > 63 || h.find_first_of("/ \t") != std::string::npos)
+        d.push_back({true, where("HCAS"),
+                     fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
+                                 "`ibv_devices` or /sys/class/infiniband)", id, h)});
     if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
       d.push_back({true, where("HCAS"),
                    fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
@@ -445,7 +518,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   if (cfg.get("ENGINE") == "exec" && cfg.get("ENGINE_EXEC").empty())
     d.push_back({true, cfg.settings["ENGINE"].source,
                  "ENGINE=exec needs ENGINE_EXEC, the command to run on every rank"});
-  if (cfg.get("LINK_SPEED_MIN") != "auto" && !parse_u64(cfg.get("LINK_SPEED_MIN")))
+  if (!refused.count("LINK_SPEED_MIN") && cfg.get("LINK_SPEED_MIN") != "auto" &&
+      !parse_u64(cfg.get("LINK_SPEED_MIN")))
     d.push_back({true, cfg.settings["LINK_SPEED_MIN"].source,
                  fmt::format("LINK_SPEED_MIN: '{}' must be 'auto' or Gb/s as a whole number",
                              cfg.get("LINK_SPEED_MIN"))});
@@ -456,9 +530,9 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
                              "holding the key) or bind 127.0.0.1",
                              cfg.get("API_BIND"))});
   for (const char* k : {"SLOTS", "CONTEXT_LEN"})
-    if (cfg.get_int(k) < 1)
+    if (!refused.count(k) && cfg.get_int(k) < 1)
       d.push_back({true, cfg.settings[k].source, fmt::format("{} must be at least 1", k)});
-  if (auto pct = cfg.get_int("DISK_MAX_USE"); pct < 1 || pct > 100)
+  if (auto pct = cfg.get_int("DISK_MAX_USE"); !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
     d.push_back({true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
   if (cfg.get("API_PORT") == cfg.get("RDZV_PORT"))
     d.push_back({true, cfg.settings["RDZV_PORT"].source, "RDZV_PORT and API_PORT must differ"});
@@ -468,6 +542,11 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     cfg.settings["MODEL"] = Setting{p.substr(p.rfind('/') + 1), "derived from MODEL_PATH"};
   }
 
+  // Diagnostics in file order: whole-file ones first, then by line, the environment last.
+  std::stable_sort(d.begin() + static_cast<std::ptrdiff_t>(first_diag), d.end(),
+                   [&](const Diagnostic& a, const Diagnostic& b) {
+                     return diag_order(a.where, file) < diag_order(b.where, file);
+                   });
   std::vector<std::string> errors;
   for (size_t i = first_diag; i < d.size(); ++i)
     if (d[i].error) errors.push_back(fmt::format("{}: {}", d[i].where, d[i].message));

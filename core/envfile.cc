@@ -7,8 +7,12 @@
 namespace spark {
 namespace {
 
-bool is_key_start(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
-bool is_key_char(char c) { return is_key_start(c) || (c >= '0' && c <= '9'); }
+bool is_key_start(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+}
+bool is_key_char(char c) {
+  return is_key_start(c) || (c >= '0' && c <= '9');
+}
 
 Error syntax(std::string_view file, int line, size_t col, std::string_view what) {
   return make_error(Errc::config, fmt::format("{}:{}:{}: {}", file, line, col + 1, what));
@@ -20,6 +24,7 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
   std::vector<EnvEntry> out;
   int lineno = 0;
   size_t pos = 0;
+  if (starts_with(text, "\xEF\xBB\xBF")) pos = 3;  // a UTF-8 byte order mark from an editor
   while (pos <= text.size()) {
     size_t eol = text.find('\n', pos);
     if (eol == std::string_view::npos) eol = text.size();
@@ -58,7 +63,8 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
     if (i < raw.size() && raw[i] == '\'') {
       size_t close = raw.find('\'', i + 1);
       if (close == std::string_view::npos)
-        return syntax(file, lineno, i, fmt::format("unterminated single quote in value of {}", key));
+        return syntax(file, lineno, i,
+                      fmt::format("unterminated single quote in value of {}", key));
       value = std::string(raw.substr(i + 1, close - i - 1));
       i = close + 1;
     } else if (i < raw.size() && raw[i] == '"') {
@@ -73,11 +79,21 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
         if (c == '\\' && j + 1 < raw.size()) {
           char n = raw[++j];
           switch (n) {
-            case 'n': value += '\n'; break;
-            case 't': value += '\t'; break;
-            case '"': value += '"'; break;
-            case '\\': value += '\\'; break;
-            case '$': value += '$'; break;
+            case 'n':
+              value += '\n';
+              break;
+            case 't':
+              value += '\t';
+              break;
+            case '"':
+              value += '"';
+              break;
+            case '\\':
+              value += '\\';
+              break;
+            case '$':
+              value += '$';
+              break;
             default:
               return syntax(file, lineno, j - 1,
                             fmt::format("unknown escape '\\{}' in value of {}", n, key));
@@ -87,16 +103,17 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
         value += c;
       }
       if (!closed)
-        return syntax(file, lineno, i, fmt::format("unterminated double quote in value of {}", key));
+        return syntax(file, lineno, i,
+                      fmt::format("unterminated double quote in value of {}", key));
       i = j + 1;
     } else {
       size_t vstart = i;
       while (i < raw.size()) {
         if (raw[i] == '#' && i > vstart && (raw[i - 1] == ' ' || raw[i - 1] == '\t')) break;
         if (raw[i] == '"' || raw[i] == '\'')
-          return syntax(file, lineno, i,
-                        fmt::format("quote inside an unquoted value of {}; quote the whole value",
-                                    key));
+          return syntax(
+              file, lineno, i,
+              fmt::format("quote inside an unquoted value of {}; quote the whole value", key));
         ++i;
       }
       value = std::string(trim(raw.substr(vstart, i - vstart)));
@@ -113,7 +130,8 @@ Result<std::vector<EnvEntry>> parse_env_text(std::string_view text, std::string_
 
 Result<std::vector<EnvEntry>> parse_env_file(const std::string& path) {
   auto text = read_file(path);
-  if (!text) return make_error(Errc::not_found, fmt::format("{}: cannot read the cluster file", path));
+  if (!text)
+    return make_error(Errc::not_found, fmt::format("{}: cannot read the cluster file", path));
   return parse_env_text(*text, path);
 }
 

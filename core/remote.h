@@ -2,6 +2,15 @@
 // Running commands on the ring's nodes: locally (a node that is this machine) or over SSH
 // (libssh). Every call has a deadline. Host keys are verified against known_hosts; an
 // unknown or changed key is an Errc::auth error naming the host and the fix.
+//
+// A command that passes its deadline is stopped, with its children: locally by killing its
+// process group; remotely by SIGTERM to the process group of its SSH session (through a
+// second channel, since sshd refuses signal requests for root logins), and, should the
+// connection be lost, by coreutils `timeout` wrapped around it on the node. A call returns
+// when the command exited AND its stdout/stderr closed, so a command that starts a daemon
+// must detach it: `setsid -f sparkd ... </dev/null >LOG 2>&1` (see spawn_detached() for the
+// local side). Threads: one Runner is used by one thread at a time; fan_out gives each
+// runner its own thread.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,7 +23,7 @@ namespace spark {
 
 /// What a command did.
 struct CommandResult {
-  int exit_status = -1;   // -1 when killed by a signal or the deadline
+  int exit_status = -1;  // -1 when killed by a signal or the deadline
   std::string out;
   std::string err;
   bool timed_out = false;
@@ -23,11 +32,11 @@ struct CommandResult {
 
 /// SSH connection parameters for one node.
 struct SshTarget {
-  std::string node;       // node name, for messages
+  std::string node;  // node name, for messages
   std::string host;
   int port = 22;
-  std::string user;       // empty: current user
-  std::string identity;   // private key file; empty: agent, then ~/.ssh/id_*
+  std::string user;         // empty: current user
+  std::string identity;     // private key file; empty: agent, then ~/.ssh/id_*
   std::string known_hosts;  // empty: ~/.ssh/known_hosts
   std::chrono::milliseconds connect_timeout{10000};
 };
@@ -37,8 +46,9 @@ class Runner {
  public:
   virtual ~Runner() = default;
   /// Runs `command` with /bin/sh -c, feeding `input` on stdin; fails with Errc::timeout
-  /// (naming the node) when `timeout` passes, Errc::network/auth when the node cannot be
-  /// reached. A non-zero exit is NOT an error: it is in CommandResult::exit_status.
+  /// (naming the node and command) when `timeout` passes (connecting included),
+  /// Errc::network/auth when the node cannot be reached. A non-zero exit is NOT an error:
+  /// it is in CommandResult::exit_status.
   virtual Result<CommandResult> run(const std::string& command, std::chrono::milliseconds timeout,
                                     const std::string& input = {}) = 0;
   /// The node's name, for messages.

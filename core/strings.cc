@@ -1,24 +1,25 @@
 #include "core/strings.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
-#include <fmt/format.h>
-
 namespace spark {
 
 std::string_view trim(std::string_view s) {
   size_t b = 0, e = s.size();
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r' || s[b] == '\n')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n')) --e;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n'))
+    --e;
   return s.substr(b, e - b);
 }
 
@@ -44,7 +45,9 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
 bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
@@ -103,8 +106,14 @@ struct Unit {
   double factor;
 };
 constexpr Unit kSizeUnits[] = {
-    {"B", 1.0},          {"KiB", 1024.0},     {"MiB", 1048576.0}, {"GiB", 1073741824.0},
-    {"TiB", 1099511627776.0}, {"KB", 1e3},    {"MB", 1e6},        {"GB", 1e9},
+    {"B", 1.0},
+    {"KiB", 1024.0},
+    {"MiB", 1048576.0},
+    {"GiB", 1073741824.0},
+    {"TiB", 1099511627776.0},
+    {"KB", 1e3},
+    {"MB", 1e6},
+    {"GB", 1e9},
     {"TB", 1e12},
 };
 
@@ -119,6 +128,32 @@ bool split_number_unit(std::string_view s, std::string_view* num, std::string_vi
   *num = s.substr(0, i);
   *unit = s.substr(i);
   return !num->empty() && num->front() != '.' && num->back() != '.';
+}
+
+// The value of a number split by split_number_unit (digits, at most one dot), locale-free.
+// nullopt when it does not fit a double.
+std::optional<double> number_value(std::string_view num) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+  if (ec != std::errc() || end != num.data() + num.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// Scales a parsed number to a count of the base unit. A fraction needs a unit larger than
+// the base one (1.5GiB, 1.5s are fine; 1.5B, 1.5 bytes and 0.5ms are refused); the result is
+// rounded to the nearest whole base unit. nullopt with *why set when refused.
+std::optional<uint64_t> scale_whole(std::string_view s, std::string_view num, double v,
+                                    double factor, std::string_view base, std::string* why) {
+  if (factor == 1 && num.find('.') != std::string_view::npos) {
+    if (why) *why = fmt::format("'{}' is not a whole number of {}", s, base);
+    return std::nullopt;
+  }
+  double x = v * factor;
+  if (!std::isfinite(x) || x >= 1.8e19) {
+    if (why) *why = fmt::format("'{}' is too large", s);
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(std::llround(x));
 }
 }  // namespace
 
@@ -137,20 +172,16 @@ std::optional<uint64_t> parse_size(std::string_view s, std::string* why) {
   }
   if (factor == 0) {
     if (why)
-      *why = fmt::format("'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)",
-                         s, unit);
+      *why = fmt::format(
+          "'{}': unknown size unit '{}' (use B, KiB, MiB, GiB, TiB or KB, MB, GB, TB)", s, unit);
     return std::nullopt;
   }
-  if (unit.empty() && num.find('.') != std::string_view::npos) {
-    if (why) *why = fmt::format("'{}': a byte count must be a whole number", s);
-    return std::nullopt;
-  }
-  double v = std::stod(std::string(num)) * factor;
-  if (!std::isfinite(v) || v >= 1.8e19) {
+  auto v = number_value(num);
+  if (!v) {
     if (why) *why = fmt::format("'{}' is too large", s);
     return std::nullopt;
   }
-  return static_cast<uint64_t>(std::llround(v));
+  return scale_whole(s, num, *v, factor, "bytes", why);
 }
 
 std::string format_size(uint64_t bytes) {
@@ -172,21 +203,26 @@ std::optional<uint64_t> parse_duration_ms(std::string_view s, std::string* why) 
     return std::nullopt;
   }
   double factor = 0;
-  if (unit.empty() || unit == "s") factor = 1000;
-  else if (unit == "ms") factor = 1;
-  else if (unit == "m" || unit == "min") factor = 60000;
-  else if (unit == "h") factor = 3600000;
-  else if (unit == "d") factor = 86400000;
+  if (unit.empty() || unit == "s")
+    factor = 1000;
+  else if (unit == "ms")
+    factor = 1;
+  else if (unit == "m" || unit == "min")
+    factor = 60000;
+  else if (unit == "h")
+    factor = 3600000;
+  else if (unit == "d")
+    factor = 86400000;
   if (factor == 0) {
     if (why) *why = fmt::format("'{}': unknown duration unit '{}' (use ms, s, m, h, d)", s, unit);
     return std::nullopt;
   }
-  double v = std::stod(std::string(num)) * factor;
-  if (!std::isfinite(v) || v >= 1.8e19) {
+  auto v = number_value(num);
+  if (!v) {
     if (why) *why = fmt::format("'{}' is too large", s);
     return std::nullopt;
   }
-  return static_cast<uint64_t>(std::llround(v));
+  return scale_whole(s, num, *v, factor, "milliseconds", why);
 }
 
 std::optional<uint32_t> parse_ipv4(std::string_view s) {

@@ -25,11 +25,13 @@ std::optional<uint64_t> parse_u64(std::string_view s);
 /// Strict signed decimal integer.
 std::optional<int64_t> parse_i64(std::string_view s);
 /// Parses a size: "123" bytes, or a number with a unit B, KiB, MiB, GiB, TiB (powers of
-/// 1024) or KB, MB, GB, TB (powers of 1000); "1.5GiB" allowed. Error text in *why.
+/// 1024) or KB, MB, GB, TB (powers of 1000). No space, no sign. A fraction needs a unit
+/// above bytes ("1.5GiB" ok, "1.5B" refused); rounded to whole bytes. Error text in *why.
 std::optional<uint64_t> parse_size(std::string_view s, std::string* why);
 /// Formats bytes as "1.50 GiB".
 std::string format_size(uint64_t bytes);
-/// Parses a duration: "30s", "5m", "2h", "250ms", or plain seconds. Result in milliseconds.
+/// Parses a duration: "30s", "5m", "2h", "1d", "250ms", or plain seconds ("1.5m" ok, "0.5ms"
+/// refused). Result in milliseconds.
 std::optional<uint64_t> parse_duration_ms(std::string_view s, std::string* why);
 /// Parses dotted-quad IPv4 into host-order value.
 std::optional<uint32_t> parse_ipv4(std::string_view s);

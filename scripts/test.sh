@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The whole test run, as CI does it (.ci/run calls exactly this):
+#   1. install the Debian packages (scripts/install-deps.sh; skips what is there)
+#   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
+#      unit, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
+#   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off) and run it
+#   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
+#      time on its seed corpus (tests/fuzz/corpus/<target>/)
+# It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
+# nothing failed.
+#
+# Options: --no-asan, --no-fuzz, --no-deps.  Environment: SPARK_TEST_JOBS (default: nproc),
+# SPARK_FUZZ_SECONDS (default 30 per target), CCACHE_DIR (default ~/.cache/ccache).
+set -uo pipefail
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$SRC"
+JOBS=${SPARK_TEST_JOBS:-$(nproc)}
+FUZZ_SECONDS=${SPARK_FUZZ_SECONDS:-30}
+do_asan=1 do_fuzz=1 do_deps=1
+for a in "$@"; do
+  case "$a" in
+    --no-asan) do_asan=0 ;;
+    --no-fuzz) do_fuzz=0 ;;
+    --no-deps) do_deps=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option $a (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+export CCACHE_BASEDIR="$SRC"      # cache hits across checkouts and build directories
+export CCACHE_NOHASHDIR=1
+LAUNCHER=()
+command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+
+passed=0 failed=0 skipped=0 failures=()
+t_start=$SECONDS
+
+# stage NAME CMD...: runs CMD, counts it, logs the time; output goes to the terminal.
+stage() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== $name: $*"
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "=== $name: ok ($((SECONDS - t0)) s)"
+    return 0
+  fi
+  failed=$((failed + 1)); failures+=("$name")
+  echo "=== $name: FAILED ($((SECONDS - t0)) s)"
+  return 1
+}
+
+# quiet CMD...: runs CMD with its output in a log, shown only when it fails.
+quiet() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  ((rc == 0)) || tail -n 60 "$log"
+  rm -f "$log"
+  return $rc
+}
+
+# tier BUILD LABEL: runs one ctest label; each test counts as one pass or fail.
+tier() {
+  local dir=$1 label=$2 t0=$SECONDS log
+  log=$(mktemp)
+  echo "=== ctest -L $label ($dir)"
+  ctest --test-dir "$dir" -L "^${label}\$" --output-on-failure --timeout 900 -j "$JOBS" 2>&1 | tee "$log"
+  local total fail
+  read -r fail total < <(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1 \2/p' "$log" | tail -1)
+  if [[ -z "${total:-}" ]]; then
+    if grep -q "No tests were found" "$log"; then
+      echo "=== ctest -L $label: no tests in this tier yet"
+    else
+      failed=$((failed + 1)); failures+=("ctest-$label(no result)")
+    fi
+  else
+    local skip
+    skip=$(grep -c '(Skipped)' "$log" || true)
+    passed=$((passed + total - fail - skip)); failed=$((failed + fail)); skipped=$((skipped + skip))
+    ((fail > 0)) && failures+=($(sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p" "$log"))
+  fi
+  echo "=== ctest -L $label: done ($((SECONDS - t0)) s)"
+  rm -f "$log"
+}
+
+# run_fuzz TARGET CORPUS_DIR: bounded libFuzzer run; prints the tail of its log.
+run_fuzz() {
+  local t=$1 work=$2 log rc
+  log=build-fuzz/artifacts/$t.log
+  timeout $((FUZZ_SECONDS + 120)) build-fuzz/tests/fuzz/"$t" -max_total_time="$FUZZ_SECONDS" \
+    -max_len=8192 -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$SRC/build-fuzz/artifacts/$t-" "$work" >"$log" 2>&1
+  rc=$?
+  grep -Ev '^(#[0-9]|"|[[:space:]]+NEW_FUNC|###### )' "$log" | tail -n 25
+  return $rc
+}
+
+if ((do_deps)); then stage deps bash scripts/install-deps.sh; fi
+
+# Main build: warnings are errors; CUDA for the two architectures when nvcc is there.
+if stage configure quiet cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
+     "${LAUNCHER[@]}" &&
+   stage build ninja -C build-ci -j "$JOBS"; then
+  for label in unit e2e script hw; do tier build-ci "$label"; done
+fi
+
+# Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time.
+if ((do_asan)); then
+  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DSPARK_SANITIZE=ON \
+       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON "${LAUNCHER[@]}" &&
+     stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+      stage asan-unit build-asan/tests/spark_unit_tests
+  fi
+fi
+
+# libFuzzer: clang, every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its
+# seed corpus. A crash leaves its input in build-fuzz/artifacts/.
+if ((do_fuzz)); then
+  if stage fuzz-configure quiet cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang \
+       -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_FUZZ=ON \
+       -DSPARK_TESTS=OFF -DSPARK_CUDA=OFF "${LAUNCHER[@]}"; then
+    mapfile -t targets < <(grep -v '^$' build-fuzz/tests/fuzz/fuzz_targets.txt)
+    if stage fuzz-build ninja -C build-fuzz -j "$JOBS" "${targets[@]}"; then
+      mkdir -p build-fuzz/artifacts
+      for t in "${targets[@]}"; do
+        work=$(mktemp -d)
+        [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
+        stage "fuzz:$t" run_fuzz "$t" "$work"
+        rm -rf "$work"
+      done
+    fi
+  fi
+fi
+
+echo
+echo "=== total time $((SECONDS - t_start)) s"
+((failed > 0)) && echo "=== failed: ${failures[*]}"
+((skipped > 0)) && echo "=== skipped (with a printed reason): $skipped"
+echo "$passed passed, $failed failed"
+((failed == 0))
