@@ -60,6 +60,9 @@ const std::vector<KeySpec>& ring_keys() {
       {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
       {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
       {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
+      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
+      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
+      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
   };
   return k;
 }
