@@ -132,6 +132,8 @@ TEST_CASE("exec engine: an engine command that does not exist is fatal, not read
 TEST_CASE("process group helpers") {
   CHECK(expand_vars("http://h:${P}/x/{rank}", {{"P", "81"}}, 2) == "http://h:81/x/2");
   CHECK(expand_vars("${NOPE_NOT_SET_XYZ}a", {}, 0) == "a");
+  CHECK(expand_vars("http://h:{8100+rank}/health", {}, 3) == "http://h:8103/health");
+  CHECK(expand_vars("{x+rank}{12", {}, 3) == "{x+rank}{12");
   CHECK(describe_wait_status(3 << 8) == "exited with status 3");
   CHECK(describe_wait_status(SIGKILL).find("SIGKILL") != std::string::npos);
 }
