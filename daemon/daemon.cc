@@ -19,6 +19,7 @@
 #include "daemon/http_server.h"
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
+#include "daemon/probe.h"
 #include "daemon/rendezvous.h"
 #include "spark/version.h"
 
@@ -157,6 +158,13 @@ struct Daemon::Impl {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MemoryGuard> memguard;
   int watchdog_ticks = 0;
+  mutable std::mutex probe_mu;
+  ProbeResult probe;  // rank 0
+  bool probe_done() const {
+    std::lock_guard lk(probe_mu);
+    return probe.status == "passed" || probe.status == "skipped";
+  }
+  void run_probes();
   net::io_context ctl{1};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> ctl_work;
   std::thread ctl_thread;
@@ -389,6 +397,10 @@ void Daemon::Impl::on_watchdog() {
   std::string why;
   if (es.ready && rdzv_server && !rdzv_server->followers_ready(&why)) {
     health.set(State::loading, "waiting for " + why);
+  } else if (es.ready && place.rank == 0 && !probe_done()) {
+    std::lock_guard lk(probe_mu);
+    health.set(State::loading, probe.reason.empty() ? std::string("waiting for the readiness probe")
+                                                    : "readiness probe: " + probe.reason);
   } else if (es.ready) {
     health.set(State::ready, "");
   } else {
@@ -462,6 +474,39 @@ void Daemon::Impl::run_lifecycle() {
                 st.code());
   engine_started = true;
   log::info(kComp, "engine {} started", engine->name());
+  if (place.rank == 0) run_probes();
+}
+
+// Rank 0, on the lifecycle thread: once every rank reports ready, one real completion (and
+// the RDMA counters) decide READY. Retried every few seconds until it passes.
+void Daemon::Impl::run_probes() {
+  ProbeSpec spec = probe_spec(cfg);
+  int attempts = 0;
+  while (!stopping.load()) {
+    {
+      std::unique_lock lk(mu);
+      cv.wait_for(lk, milliseconds(attempts == 0 ? 100 : 3000), [&] { return stop_requested; });
+    }
+    if (stopping.load() || health.state() == State::fatal) continue;
+    EngineStatus es = engine->status();
+    std::string why;
+    if (!es.ready || (rdzv_server && !rdzv_server->followers_ready(&why))) continue;
+    ProbeResult r = run_probe(*engine, spec);
+    r.attempts = ++attempts;
+    if (r.status == "passed")
+      log::info(kComp, "readiness probe passed in {:.2f} s: '{}'{}", r.seconds, r.text,
+                r.rdma_checked ? fmt::format(", RDMA {} bytes", r.rdma_bytes * 4) : "");
+    else if (r.status == "skipped")
+      log::warn(kComp, "readiness probe skipped: {}", r.reason);
+    else
+      log::warn(kComp, "readiness probe failed (attempt {}): {}", attempts, r.reason);
+    bool done = r.status == "passed" || r.status == "skipped";
+    {
+      std::lock_guard lk(probe_mu);
+      probe = r;
+    }
+    if (done) return;
+  }
 }
 
 RankIdentity Daemon::Impl::identity() const {
@@ -574,6 +619,10 @@ HealthSnapshot Daemon::snapshot() const {
   s.model = I.cfg.get("MODEL");
   s.version = kVersion;
   s.pid = static_cast<int>(::getpid());
+  if (I.place.rank == 0 && I.engine_started.load()) {
+    std::lock_guard lk(I.probe_mu);
+    s.probe = to_json(I.probe);
+  }
   RankHealth self;
   self.rank = I.opts.rank;
   self.node = I.node;

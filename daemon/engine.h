@@ -69,6 +69,13 @@ class Engine {
   virtual EngineStatus status() = 0;
   /// Stops: graceful within `grace`, then forced. Idempotent.
   virtual void stop(std::chrono::milliseconds grace) = 0;
+  /// Rank 0: one real completion of `prompt` (greedy, a few tokens) for the readiness probe;
+  /// the generated text. Errc::unsupported when this engine cannot be probed (READY then
+  /// rests on its own health, and /health says the probe was skipped).
+  virtual Result<std::string> probe(const std::string& /*prompt*/,
+                                    std::chrono::milliseconds /*timeout*/) {
+    return make_error(Errc::unsupported, std::string(name()) + " engine has no probe");
+  }
   /// Rank 0: adds the engine's API routes (/v1/...) before the listener starts.
   virtual void add_routes(HttpServer& /*server*/) {}
 };
