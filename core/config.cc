@@ -25,6 +25,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"ENGINE", KeyType::choice, "native", "native|exec", "Engine backend: our own engine (native) or an external command (exec)."},
       {"ENGINE_EXEC", KeyType::string, nullptr, nullptr, "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
       {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr, "Health URL of the external engine (ENGINE=exec)."},
+      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0", "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine process runs)."},
       {"ENGINE_API_URL", KeyType::string, nullptr, nullptr, "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
       {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr, "Prompt of the readiness probe completion."},
       {"PROBE_EXPECT", KeyType::string, nullptr, nullptr, "Text the probe completion must contain (empty: any non-empty text)."},

@@ -31,6 +31,8 @@ class ExecEngine final : public Engine {
     command_ = cfg.get("ENGINE_EXEC");
     health_url_ = cfg.get("ENGINE_HEALTH_URL");
     api_url_ = cfg.get("ENGINE_API_URL");
+    // Headless followers (ENGINE_HEALTH_RANKS=0) have no endpoint: their process is their health.
+    if (rank != 0 && cfg.get("ENGINE_HEALTH_RANKS") == "0") health_url_.clear();
     model_ = cfg.get("MODEL");
     slots_ = static_cast<int>(cfg.get("SLOTS").empty() ? 0 : cfg.get_int("SLOTS"));
   }
@@ -69,7 +71,9 @@ class ExecEngine final : public Engine {
       url_ = url;
       poller_ = std::thread([this] { poll(); });
     } else {
-      log::warn(kComp, "ENGINE_HEALTH_URL is empty: readiness only means the engine process runs");
+      log::warn(kComp,
+                "no health URL for this rank (ENGINE_HEALTH_URL empty or ENGINE_HEALTH_RANKS=0): "
+                "readiness only means the engine process runs");
     }
     return Status::Ok();
   }

@@ -149,6 +149,22 @@ TEST_CASE("exec engine: without ENGINE_API_URL the probe is unsupported, not fak
   CHECK(t.error().message.find("ENGINE_API_URL") != std::string::npos);
 }
 
+TEST_CASE("exec engine: ENGINE_HEALTH_RANKS=0 leaves followers to process liveness") {
+  ExecFixture f("--mode healthy");
+  f.cfg.settings["ENGINE_HEALTH_RANKS"].value = "0";
+  f.cfg.settings["ENGINE_HEALTH_URL"].value = "http://127.0.0.1:1/never";
+  f.eng = make_engine(f.cfg, 1);  // a follower: never polls the (unreachable) URL
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().ready; }, 2000ms));
+  ExecFixture g("--mode healthy");  // rank 0 still polls the URL, and is not ready
+  g.cfg = f.cfg;
+  g.eng = make_engine(g.cfg, 0);
+  REQUIRE(g.eng->start(g.ctx).ok());
+  std::this_thread::sleep_for(500ms);
+  CHECK_FALSE(g.eng->status().ready);
+  CHECK(g.eng->status().reason.find("/never") != std::string::npos);
+}
+
 TEST_CASE("process group helpers") {
   CHECK(expand_vars("http://h:${P}/x/{rank}", {{"P", "81"}}, 2) == "http://h:81/x/2");
   CHECK(expand_vars("${NOPE_NOT_SET_XYZ}a", {}, 0) == "a");
