@@ -17,6 +17,9 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/http_server.h"
+#include "daemon/memory_guard.h"
+#include "daemon/metrics.h"
+#include "daemon/probe.h"
 #include "daemon/rendezvous.h"
 #include "spark/version.h"
 
@@ -152,6 +155,16 @@ struct Daemon::Impl {
   std::string node;
 
   std::unique_ptr<HttpServer> http;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<MemoryGuard> memguard;
+  int watchdog_ticks = 0;
+  mutable std::mutex probe_mu;
+  ProbeResult probe;  // rank 0
+  bool probe_done() const {
+    std::lock_guard lk(probe_mu);
+    return probe.status == "passed" || probe.status == "skipped";
+  }
+  void run_probes();
   net::io_context ctl{1};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> ctl_work;
   std::thread ctl_thread;
@@ -202,6 +215,8 @@ Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engin
     if (p.rank == I.opts.rank) I.place = p;
   I.node = node_name(I.cfg, I.opts.rank);
   I.engine = engine ? std::move(engine) : make_engine(I.cfg, I.opts.rank);
+  I.metrics = std::make_unique<Metrics>(I.cfg.get("MODEL"));
+  I.memguard = std::make_unique<MemoryGuard>(mem_guard_config(I.cfg), I.metrics.get());
 }
 
 Daemon::~Daemon() {
@@ -307,6 +322,31 @@ void Daemon::Impl::add_routes() {
     int status = strict && !strict_ok(s) ? 503 : 200;
     return Response::json(status, health_json(s));
   });
+  http->route("GET", "/metrics", [this](const Request&) {
+    HealthSnapshot s = self->snapshot();
+    Metrics& m = *metrics;
+    if (memguard->available() == 0) memguard->sample();
+    m.set("sparkd_up", 1);
+    m.set("sparkd_ready", s.state == State::ready ? 1 : 0);
+    m.set("sparkd_fatal", s.state == State::fatal ? 1 : 0);
+    m.set("sparkd_stalled", s.state == State::stalled ? 1 : 0);
+    int alive = 0;
+    for (const auto& r : s.ranks) alive += r.alive ? 1 : 0;
+    m.set("sparkd_ranks_alive", alive);
+    m.set("sparkd_world_size", s.world_size);
+    m.set("sparkd_uptime_seconds", s.uptime_s);
+    m.set("sparkd_slots_configured", s.slots_total);
+    m.set("sparkd_slots_busy", s.slots_busy);
+    EngineStatus es = engine->status();
+    m.set("sparkd_requests_running", s.requests_in_flight);
+    m.set("sparkd_requests_waiting", es.requests_waiting);
+    for (const auto& [code, n] : http->responses_by_status())
+      m.set("sparkd_http_requests_total", static_cast<double>(n), {{"code", std::to_string(code)}});
+    Response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = m.render();
+    return r;
+  });
   http->route("GET", "/v1/models", [this](const Request&) {
     nlohmann::json m = {
         {"id", cfg.get("MODEL")}, {"object", "model"}, {"owned_by", "sparkctl"}, {"created", 0}};
@@ -327,6 +367,11 @@ void Daemon::Impl::arm_watchdog() {
 
 void Daemon::Impl::on_watchdog() {
   if (stopping.load()) return;
+  // MemAvailable about once a second: cheap, and enough for the guard's floors.
+  if (watchdog_ticks++ %
+          std::max<int64_t>(1, 1000 / std::max<int64_t>(1, timing.watchdog_period.count())) ==
+      0)
+    memguard->sample();
   if (rdzv_server) {
     rdzv_server->set_ring_state(health.state(), health.reason());
     if (auto p = rdzv_server->problem()) {
@@ -352,6 +397,10 @@ void Daemon::Impl::on_watchdog() {
   std::string why;
   if (es.ready && rdzv_server && !rdzv_server->followers_ready(&why)) {
     health.set(State::loading, "waiting for " + why);
+  } else if (es.ready && place.rank == 0 && !probe_done()) {
+    std::lock_guard lk(probe_mu);
+    health.set(State::loading, probe.reason.empty() ? std::string("waiting for the readiness probe")
+                                                    : "readiness probe: " + probe.reason);
   } else if (es.ready) {
     health.set(State::ready, "");
   } else {
@@ -400,6 +449,8 @@ void Daemon::Impl::run_lifecycle() {
   ctx.pidfile = opts.pidfile;
   ctx.env = rank_env();
   ctx.stall_timeout = timing.stall_timeout;
+  ctx.metrics = metrics.get();
+  ctx.memory_guard = memguard.get();
   ctx.progress = [this](const std::string& what) { health.set(State::loading, what); };
   if (world > 1) {
     Status js = join_ring();
@@ -423,6 +474,39 @@ void Daemon::Impl::run_lifecycle() {
                 st.code());
   engine_started = true;
   log::info(kComp, "engine {} started", engine->name());
+  if (place.rank == 0) run_probes();
+}
+
+// Rank 0, on the lifecycle thread: once every rank reports ready, one real completion (and
+// the RDMA counters) decide READY. Retried every few seconds until it passes.
+void Daemon::Impl::run_probes() {
+  ProbeSpec spec = probe_spec(cfg);
+  int attempts = 0;
+  while (!stopping.load()) {
+    {
+      std::unique_lock lk(mu);
+      cv.wait_for(lk, milliseconds(attempts == 0 ? 100 : 3000), [&] { return stop_requested; });
+    }
+    if (stopping.load() || health.state() == State::fatal) continue;
+    EngineStatus es = engine->status();
+    std::string why;
+    if (!es.ready || (rdzv_server && !rdzv_server->followers_ready(&why))) continue;
+    ProbeResult r = run_probe(*engine, spec);
+    r.attempts = ++attempts;
+    if (r.status == "passed")
+      log::info(kComp, "readiness probe passed in {:.2f} s: '{}'{}", r.seconds, r.text,
+                r.rdma_checked ? fmt::format(", RDMA {} bytes", r.rdma_bytes * 4) : "");
+    else if (r.status == "skipped")
+      log::warn(kComp, "readiness probe skipped: {}", r.reason);
+    else
+      log::warn(kComp, "readiness probe failed (attempt {}): {}", attempts, r.reason);
+    bool done = r.status == "passed" || r.status == "skipped";
+    {
+      std::lock_guard lk(probe_mu);
+      probe = r;
+    }
+    if (done) return;
+  }
 }
 
 RankIdentity Daemon::Impl::identity() const {
@@ -515,6 +599,10 @@ void Daemon::Impl::run_heartbeats() {
   }
 }
 
+Metrics& Daemon::metrics() {
+  return *impl_->metrics;
+}
+
 HealthSnapshot Daemon::snapshot() const {
   auto& I = *impl_;
   HealthSnapshot s;
@@ -531,6 +619,10 @@ HealthSnapshot Daemon::snapshot() const {
   s.model = I.cfg.get("MODEL");
   s.version = kVersion;
   s.pid = static_cast<int>(::getpid());
+  if (I.place.rank == 0 && I.engine_started.load()) {
+    std::lock_guard lk(I.probe_mu);
+    s.probe = to_json(I.probe);
+  }
   RankHealth self;
   self.rank = I.opts.rank;
   self.node = I.node;

@@ -21,6 +21,8 @@
 
 namespace spark::daemon {
 
+class Metrics;
+
 /// sparkd's command line.
 struct DaemonOptions {
   std::string config_path;
@@ -83,6 +85,8 @@ class Daemon {
   int wait();
   /// What /health reports now.
   HealthSnapshot snapshot() const;
+  /// The metrics registry /metrics renders (the engine adds its counters through it).
+  Metrics& metrics();
 
   struct Impl;
 

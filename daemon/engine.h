@@ -16,6 +16,7 @@ namespace spark::daemon {
 
 class HttpServer;
 class Metrics;
+class MemoryGuard;
 
 /// What an engine reports about itself.
 struct EngineStatus {
@@ -43,6 +44,9 @@ struct EngineContext {
   std::map<std::string, std::string> env;
   std::chrono::milliseconds stall_timeout{60000};
   Metrics* metrics = nullptr;
+  /// Call admit() before taking a new request (blocks while memory is short) and register a
+  /// cancel hook for the newest request. Null in tests that do not need it.
+  MemoryGuard* memory_guard = nullptr;
   /// Exchanges an opaque blob through rendezvous (rank 0 publishes, others receive), e.g.
   /// the NCCL unique id. Null when the ring has one rank.
   std::function<Result<std::string>(const std::string& key, const std::string& value_if_rank0)>
@@ -65,6 +69,13 @@ class Engine {
   virtual EngineStatus status() = 0;
   /// Stops: graceful within `grace`, then forced. Idempotent.
   virtual void stop(std::chrono::milliseconds grace) = 0;
+  /// Rank 0: one real completion of `prompt` (greedy, a few tokens) for the readiness probe;
+  /// the generated text. Errc::unsupported when this engine cannot be probed (READY then
+  /// rests on its own health, and /health says the probe was skipped).
+  virtual Result<std::string> probe(const std::string& /*prompt*/,
+                                    std::chrono::milliseconds /*timeout*/) {
+    return make_error(Errc::unsupported, std::string(name()) + " engine has no probe");
+  }
   /// Rank 0: adds the engine's API routes (/v1/...) before the listener starts.
   virtual void add_routes(HttpServer& /*server*/) {}
 };

@@ -30,6 +30,10 @@ class ExecEngine final : public Engine {
   ExecEngine(const RingConfig& cfg, int rank) : rank_(rank) {
     command_ = cfg.get("ENGINE_EXEC");
     health_url_ = cfg.get("ENGINE_HEALTH_URL");
+    api_url_ = cfg.get("ENGINE_API_URL");
+    // Headless followers (ENGINE_HEALTH_RANKS=0) have no endpoint: their process is their health.
+    if (rank != 0 && cfg.get("ENGINE_HEALTH_RANKS") == "0") health_url_.clear();
+    model_ = cfg.get("MODEL");
     slots_ = static_cast<int>(cfg.get("SLOTS").empty() ? 0 : cfg.get_int("SLOTS"));
   }
   ~ExecEngine() override { stop(milliseconds(2000)); }
@@ -45,6 +49,8 @@ class ExecEngine final : public Engine {
     std::string dir = ctx.log_dir.empty() ? "/tmp" : ctx.log_dir;
     log_path_ = dir + "/engine-rank" + std::to_string(rank_) + ".log";
     std::string url = expand_vars(health_url_, ctx.env, rank_);
+    api_url_ = expand_vars(api_url_, ctx.env, rank_);
+    while (!api_url_.empty() && api_url_.back() == '/') api_url_.pop_back();
     auto pid = spawn_shell_group(command_, ctx.env, log_path_);
     if (!pid) return pid.error();
     {
@@ -65,7 +71,9 @@ class ExecEngine final : public Engine {
       url_ = url;
       poller_ = std::thread([this] { poll(); });
     } else {
-      log::warn(kComp, "ENGINE_HEALTH_URL is empty: readiness only means the engine process runs");
+      log::warn(kComp,
+                "no health URL for this rank (ENGINE_HEALTH_URL empty or ENGINE_HEALTH_RANKS=0): "
+                "readiness only means the engine process runs");
     }
     return Status::Ok();
   }
@@ -100,6 +108,41 @@ class ExecEngine final : public Engine {
       s.oldest_call_what = "GET " + url_;
     }
     return s;
+  }
+
+  Result<std::string> probe(const std::string& prompt, milliseconds timeout) override {
+    if (api_url_.empty())
+      return make_error(Errc::unsupported,
+                        "ENGINE_API_URL is not set: the external engine's completions are not "
+                        "probed, READY rests on ENGINE_HEALTH_URL");
+    auto u = parse_url(api_url_ + "/v1/completions");
+    if (!u) return u.error();
+    HttpCall c;
+    c.method = "POST";
+    c.host = u->host;
+    c.port = u->port;
+    c.target = u->target;
+    c.timeout = timeout;
+    c.body = nlohmann::json{
+        {"model", model_},
+        {"prompt", prompt},
+        {"max_tokens", 16},
+        {"temperature",
+         0}}.dump();
+    auto r = http_call(c);
+    if (!r) return r.error();
+    if (r->status != 200)
+      return make_error(Errc::remote, "POST " + api_url_ + "/v1/completions answered " +
+                                          std::to_string(r->status) + ": " +
+                                          r->body.substr(0, 200));
+    try {
+      auto j = nlohmann::json::parse(r->body);
+      return j.at("choices").at(0).at("text").get<std::string>();
+    } catch (const std::exception& e) {
+      return make_error(Errc::remote, "POST " + api_url_ +
+                                          "/v1/completions: no choices[0].text in the answer (" +
+                                          e.what() + ")");
+    }
   }
 
   void stop(milliseconds grace) override {
@@ -211,7 +254,7 @@ class ExecEngine final : public Engine {
   }
 
   int rank_;
-  std::string command_, health_url_, url_, log_path_, pgid_file_;
+  std::string command_, health_url_, url_, log_path_, pgid_file_, api_url_, model_;
   int slots_ = 0;
   milliseconds stall_timeout_{60000};
   std::mutex mu_;

@@ -112,6 +112,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
   j["model"] = s.model;
   j["version"] = s.version;
   j["pid"] = s.pid;
+  if (!s.probe.is_null()) j["probe"] = s.probe;
   return j;
 }
 

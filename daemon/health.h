@@ -69,6 +69,7 @@ struct HealthSnapshot {
   std::string model;
   std::string version;
   int pid = 0;
+  nlohmann::json probe;  // rank 0's readiness probe (null elsewhere)
 };
 
 /// The /health JSON body (schema in man/sparkd.8):

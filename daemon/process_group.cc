@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -131,6 +132,16 @@ std::string expand_vars(const std::string& text, const std::map<std::string, std
           out += v;
         }
         i = end;
+        continue;
+      }
+    }
+    // {BASE+rank}: a per-rank port for ranks sharing one machine.
+    if (text[i] == '{') {
+      size_t j = i + 1;
+      while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+      if (j > i + 1 && text.compare(j, 6, "+rank}") == 0) {
+        out += std::to_string(std::stoll(text.substr(i + 1, j - i - 1)) + rank);
+        i = j + 5;
         continue;
       }
     }

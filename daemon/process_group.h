@@ -34,7 +34,7 @@ std::string describe_wait_status(int status);
 std::string tail_file(const std::string& path, int lines);
 
 /// Expands ${NAME} from `vars` (then from this process's environment; unknown names become
-/// empty) and {rank} to `rank`.
+/// empty), {rank} to `rank` and {BASE+rank} to BASE + rank (e.g. {8100+rank}).
 std::string expand_vars(const std::string& text, const std::map<std::string, std::string>& vars,
                         int rank);
 

@@ -129,9 +129,47 @@ TEST_CASE("exec engine: an engine command that does not exist is fatal, not read
   CHECK(f.eng->status().reason.find("exited with status 127") != std::string::npos);
 }
 
+TEST_CASE("exec engine: the probe is a real completion from ENGINE_API_URL") {
+  ExecFixture f("--mode healthy --completion ' Paris, of course.'");
+  f.cfg.settings["ENGINE_API_URL"].value = "http://127.0.0.1:${FAULT_PORT}/";
+  f.eng = make_engine(f.cfg, 0);
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().ready; }));
+  auto t = f.eng->probe("The capital of France is", 5000ms);
+  REQUIRE(t.ok());
+  CHECK(*t == " Paris, of course.");
+}
+
+TEST_CASE("exec engine: without ENGINE_API_URL the probe is unsupported, not faked") {
+  ExecFixture f("--mode healthy");
+  REQUIRE(f.eng->start(f.ctx).ok());
+  auto t = f.eng->probe("x", 1000ms);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.error().code == Errc::unsupported);
+  CHECK(t.error().message.find("ENGINE_API_URL") != std::string::npos);
+}
+
+TEST_CASE("exec engine: ENGINE_HEALTH_RANKS=0 leaves followers to process liveness") {
+  ExecFixture f("--mode healthy");
+  f.cfg.settings["ENGINE_HEALTH_RANKS"].value = "0";
+  f.cfg.settings["ENGINE_HEALTH_URL"].value = "http://127.0.0.1:1/never";
+  f.eng = make_engine(f.cfg, 1);  // a follower: never polls the (unreachable) URL
+  REQUIRE(f.eng->start(f.ctx).ok());
+  REQUIRE(eventually([&] { return f.eng->status().ready; }, 2000ms));
+  ExecFixture g("--mode healthy");  // rank 0 still polls the URL, and is not ready
+  g.cfg = f.cfg;
+  g.eng = make_engine(g.cfg, 0);
+  REQUIRE(g.eng->start(g.ctx).ok());
+  std::this_thread::sleep_for(500ms);
+  CHECK_FALSE(g.eng->status().ready);
+  CHECK(g.eng->status().reason.find("/never") != std::string::npos);
+}
+
 TEST_CASE("process group helpers") {
   CHECK(expand_vars("http://h:${P}/x/{rank}", {{"P", "81"}}, 2) == "http://h:81/x/2");
   CHECK(expand_vars("${NOPE_NOT_SET_XYZ}a", {}, 0) == "a");
+  CHECK(expand_vars("http://h:{8100+rank}/health", {}, 3) == "http://h:8103/health");
+  CHECK(expand_vars("{x+rank}{12", {}, 3) == "{x+rank}{12");
   CHECK(describe_wait_status(3 << 8) == "exited with status 3");
   CHECK(describe_wait_status(SIGKILL).find("SIGKILL") != std::string::npos);
 }

@@ -36,16 +36,17 @@ struct Ring {
   std::string cfg;
   std::vector<std::unique_ptr<test::Child>> ranks;
 
-  Ring() {
+  explicit Ring(const std::string& extra = "") {
     cfg = dir.write("ring.env",
-                    "RING_NAME=e2e\nMODEL=demo\nENGINE=exec\n"
-                    "ENGINE_EXEC='" FAULT_SERVER_BIN
-                    " --port $FAULT_PORT --mode $FAULT_MODE --after $FAULT_AFTER"
-                    " --watch-pid $SPARKD_PID'\n"
-                    "ENGINE_HEALTH_URL='http://127.0.0.1:${FAULT_PORT}/health'\n"
-                    "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=1s\nSTALL_TIMEOUT=2s\n"
-                    "JOIN_TIMEOUT=15s\nSHUTDOWN_GRACE=3s\n"
-                    "NODE0_SSH=local\nNODE0_FABRIC_IP=127.0.0.1\nNODE0_GPUS=0,1\n");
+                    extra +
+                        "RING_NAME=e2e\nMODEL=demo\nENGINE=exec\n"
+                        "ENGINE_EXEC='" FAULT_SERVER_BIN
+                        " --port $FAULT_PORT --mode $FAULT_MODE --after $FAULT_AFTER"
+                        " --watch-pid $SPARKD_PID'\n"
+                        "ENGINE_HEALTH_URL='http://127.0.0.1:${FAULT_PORT}/health'\n"
+                        "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=1s\nSTALL_TIMEOUT=2s\n"
+                        "JOIN_TIMEOUT=15s\nSHUTDOWN_GRACE=3s\n"
+                        "NODE0_SSH=local\nNODE0_FABRIC_IP=127.0.0.1\nNODE0_GPUS=0,1\n");
   }
   ~Ring() {
     // Leftover engines of ranks killed by the test: their process groups are recorded.
@@ -115,7 +116,7 @@ struct Ring {
 }  // namespace
 
 TEST_CASE("e2e ring: two ranks become READY; SIGKILL of the follower makes rank 0 fatal") {
-  Ring ring;
+  Ring ring("ENGINE_API_URL='http://127.0.0.1:${FAULT_PORT}'\nPROBE_EXPECT=Paris\n");
   ring.start(0, "healthy");
   ring.start(1, "slow-start", "1s");
   REQUIRE_MESSAGE(ring.wait_health([](auto& j) { return j["ready"] == true; }, 20s), ring.logs());
@@ -124,6 +125,8 @@ TEST_CASE("e2e ring: two ranks become READY; SIGKILL of the follower makes rank 
   CHECK(h["world_size"] == 2);
   CHECK(h["engine"] == "exec");
   CHECK(h["ranks"][1]["state"] == "ready");
+  CHECK(h["probe"]["status"] == "passed");
+  CHECK(h["probe"]["text"] == " Paris.");
 
   auto t0 = std::chrono::steady_clock::now();
   ring.ranks[1]->signal(SIGKILL);
@@ -166,4 +169,22 @@ TEST_CASE("e2e ring: an engine that crashes on rank 0 makes the ring fatal with 
   REQUIRE_MESSAGE(ring.wait_health([](auto& j) { return j["fatal"] == true; }, 20s), ring.logs());
   auto h = *ring.health();
   CHECK(h["reason"].get<std::string>().find("exited with status 3") != std::string::npos);
+}
+
+TEST_CASE("e2e ring: a probe completion without the expected text keeps the ring not ready") {
+  Ring ring("ENGINE_API_URL='http://127.0.0.1:${FAULT_PORT}'\nPROBE_EXPECT=London\n");
+  ring.start(0, "healthy");
+  ring.start(1, "healthy");
+  REQUIRE_MESSAGE(ring.wait_health(
+                      [](auto& j) {
+                        return j.value("reason", "").find("PROBE_EXPECT 'London'") !=
+                               std::string::npos;
+                      },
+                      20s),
+                  ring.logs());
+  auto h = *ring.health();
+  CHECK(h["ready"] == false);
+  CHECK(h["fatal"] == false);
+  CHECK(h["probe"]["status"] == "failed");
+  CHECK(h["probe"]["text"] == " Paris.");
 }

@@ -8,6 +8,8 @@
 //   fatal-health  healthy until --after, then 500 {"fatal":true,"reason":"injected fault"}
 // --watch-pid PID exits when PID is gone (so a killed sparkd leaves nothing behind);
 // --ignore-term ignores SIGTERM (to test the SIGKILL escalation).
+// POST /v1/completions answers {"choices":[{"text": --completion}]} (default " Paris.") while
+// healthy, so the readiness probe has something real to check.
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
   uint64_t after_ms = 0;
   long watch_pid = 0;
   bool ignore_term = false;
+  std::string completion = " Paris.";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -66,6 +70,8 @@ int main(int argc, char** argv) {
       watch_pid = std::atol(next().c_str());
     else if (a == "--ignore-term")
       ignore_term = true;
+    else if (a == "--completion")
+      completion = next();
     else {
       std::fprintf(stderr, "fault_server: unknown argument %s\n", a.c_str());
       return 2;
@@ -102,6 +108,17 @@ int main(int argc, char** argv) {
       return r.send(Response::json(500, {{"fatal", true}, {"reason", "injected fault"}}));
     }
     r.send(Response::json(200, {{"ok", true}, {"mode", mode}}));
+  });
+  s.route("POST", "/v1/completions", [&](const Request& req) {
+    auto j = nlohmann::json::parse(req.body);
+    if (!j.contains("prompt")) throw_http(Errc::usage, "no prompt");
+    if (mode == "slow-start" && !fault_now())
+      return Response::json(503, {{"error", {{"message", "loading"}}}});
+    return Response::json(
+        200,
+        {{"object", "text_completion"},
+         {"choices", nlohmann::json::array(
+                         {{{"index", 0}, {"text", completion}, {"finish_reason", "length"}}})}});
   });
   Status st = s.start();
   if (!st.ok()) {
