@@ -1,11 +1,9 @@
 #include "env/facts.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <ifaddrs.h>
-#include <link.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -22,7 +20,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/process.h"
 #include "core/strings.h"
+#include "env/gpu.h"
 
 namespace spark::env {
 
@@ -121,28 +121,6 @@ PortProbe try_bind(const std::string& address, int port) {
   return p;
 }
 
-NcclLib find_nccl() {
-  NcclLib n;
-  void* h = ::dlopen("libnccl.so.2", RTLD_LAZY | RTLD_LOCAL);
-  if (!h) {
-    const char* e = ::dlerror();
-    n.error = e ? e : "libnccl.so.2 not found";
-    return n;
-  }
-  struct link_map* lm = nullptr;
-  if (::dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name) n.path = lm->l_name;
-  using GetVersion = int (*)(int*);
-  auto fn = reinterpret_cast<GetVersion>(::dlsym(h, "ncclGetVersion"));
-  if (fn) {
-    int v = 0;
-    if (fn(&v) == 0) n.version = v;
-  } else {
-    n.error = "ncclGetVersion not found";
-  }
-  // Leave it loaded: unloading NCCL is not supported and we exit soon anyway.
-  return n;
-}
-
 }  // namespace
 
 Residency page_cache_residency(const std::string& dir) {
@@ -218,7 +196,20 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
     f.memlock_hard = rl.rlim_max == RLIM_INFINITY ? kUnlimited : rl.rlim_max;
   }
   for (const auto& [addr, port] : req.ports) f.ports.push_back(try_bind(addr, port));
-  f.nccl = find_nccl();
+  // One probe for the driver, the devices, the processes holding them and NCCL (dlopen).
+  GpuProbeOptions go;
+  go.root = root.root();
+  go.deadline_ms = 10000;
+  GpuReport g = probe_gpu(go);
+  f.gpu = to_json(g);
+  f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
+  if (!req.sparkd_bin.empty()) {
+    ProcessSpec ps;
+    ps.argv = {req.sparkd_bin, "--version"};
+    ps.timeout = std::chrono::milliseconds(3000);
+    if (auto r = run_process(ps); r && r->success())
+      f.sparkd_version = std::string(trim(r->out.substr(0, r->out.find('\n'))));
+  }
   f.uid = static_cast<int>(::getuid());
   if (auto* pw = ::getpwuid(::getuid())) f.user = pw->pw_name;
   for (const auto& name : root.list("/dev/infiniband"))
@@ -257,6 +248,7 @@ json facts_to_json(const NodeFacts& f) {
                        {"files", f.residency->files},
                        {"error", f.residency->error}};
   j["nccl"] = {{"path", f.nccl.path}, {"version", f.nccl.version}, {"error", f.nccl.error}};
+  j["sparkd_version"] = f.sparkd_version;
   j["user"] = f.user;
   j["uid"] = f.uid;
   j["uverbs"] = json::array();
@@ -303,6 +295,7 @@ Result<NodeFacts> facts_from_json(const json& j) {
       f.nccl =
           NcclLib{get_or<std::string>(j["nccl"], "path", ""), get_or<int>(j["nccl"], "version", 0),
                   get_or<std::string>(j["nccl"], "error", "")};
+    f.sparkd_version = get_or<std::string>(j, "sparkd_version", "");
     f.user = get_or<std::string>(j, "user", "");
     f.uid = get_or<int>(j, "uid", -1);
     for (const auto& u : j.value("uverbs", json::array()))

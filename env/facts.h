@@ -67,6 +67,7 @@ struct NodeFacts {
   std::vector<PortProbe> ports;
   std::optional<Residency> residency;
   NcclLib nccl;
+  std::string sparkd_version;  // first line of `SPARKD_BIN --version` ("" when it did not run)
   std::string user;
   int uid = -1;
   std::vector<std::pair<std::string, bool>> uverbs;  // /dev/infiniband/uverbs*, read+write ok
@@ -82,6 +83,7 @@ struct NodeFacts {
 struct FactsRequest {
   std::string model_path;                          // statvfs + residency ("" to skip)
   std::vector<std::pair<std::string, int>> ports;  // (address, port) to try binding
+  std::string sparkd_bin;                          // asked for --version ("" to skip)
 };
 
 nlohmann::json facts_to_json(const NodeFacts& f);

@@ -103,8 +103,17 @@ struct BandwidthResult {
   std::string error;
 };
 
+/// Where a rank runs and the GID index its node resolved per HCA (nullopt: none usable).
+struct RankSummary {
+  int rank = 0;
+  std::string node;
+  int gpu = 0;
+  std::vector<std::pair<std::string, std::optional<int>>> gid_index;  // (hca, index)
+};
+
 /// The merged report.
 struct RingReport {
+  std::vector<RankSummary> ranks;
   std::vector<CheckResult> checks;  // node checks then cross-node checks
   std::vector<NodeReport> nodes;
   std::map<std::string, int> counts;  // "PASS" -> n, ...

@@ -2,9 +2,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "core/strings.h"
 #include "env/facts.h"
+#include "env/gpu.h"
 #include "env/meminfo.h"
 #include "env/model_files.h"
 #include "env/net.h"
@@ -34,9 +36,7 @@ struct NodeRun {
   std::string key(const char* field) const { return fmt::format("NODE{}_{}", node.index, field); }
 };
 
-bool is_gb10(const Sysroot& root, const NodeFacts& f) {
-  if (f.gpu.is_object() && f.gpu.value("name", std::string()).find("GB10") != std::string::npos)
-    return true;
+bool is_gb10(const Sysroot& root) {
   auto product = root.read_line("/sys/class/dmi/id/product_name").value_or("");
   return product.find("DGX Spark") != std::string::npos ||
          product.find("GB10") != std::string::npos;
@@ -260,7 +260,7 @@ void check_links(NodeRun& r, const NodeFacts& facts, bool gb10) {
 }
 
 void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, const ModelFiles& mf,
-               bool gb10) {
+               bool gb10, const std::optional<GpuReport>& gpu) {
   const auto& cfg = r.cfg;
   if (r.filter.enabled("mem")) {
     if (!mi) {
@@ -325,8 +325,17 @@ void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, co
     in.slots = static_cast<int>(cfg.get_int("SLOTS"));
     in.reserve = cfg.get_size("MEM_RESERVE");
     in.gpus_per_node = static_cast<int>(r.node.gpus.size());
-    uint64_t cap = mi->get("MemAvailable");
-    in.capacity_per_rank = cap / std::max<uint64_t>(1, r.node.gpus.size());
+    // Unified memory (GB10): what the kernel can give; a discrete GPU: its own memory.
+    uint64_t cap = mi->get("MemAvailable") / std::max<uint64_t>(1, r.node.gpus.size());
+    if (!gb10 && gpu && gpu->has_gpu()) {
+      uint64_t smallest = 0;
+      for (int o : r.node.gpus)
+        for (const auto& d : gpu->devices)
+          if (d.index == o && (smallest == 0 || d.total_memory < smallest))
+            smallest = d.total_memory;
+      if (smallest) cap = smallest;
+    }
+    in.capacity_per_rank = cap;
     int nodes = static_cast<int>(cfg.nodes.size());
     // Every node is assumed to have as many GPUs as this one for the per-rank share.
     PlanRow row = plan_row(in, nodes);
@@ -497,6 +506,51 @@ void check_model(NodeRun& r, const ModelFiles& mf) {
                     mf.has_manifest ? ", sizes match the manifest" : " (no manifest)"));
 }
 
+void check_gpu(NodeRun& r, const std::optional<GpuReport>& gpu, const std::string& gpu_error) {
+  if (!r.filter.enabled("gpu")) return;
+  if (!gpu) {
+    r.add(
+        "gpu", "", Verdict::skip,
+        gpu_error.empty() ? "no GPU facts in this capture" : "GPU facts unreadable: " + gpu_error);
+    return;
+  }
+  if (!gpu->has_gpu()) {
+    r.add("gpu", "", Verdict::warn,
+          fmt::format("no GPU: {}", gpu->driver_reason.empty() ? "the driver lists no device"
+                                                               : gpu->driver_reason),
+          "install the NVIDIA driver (or this node runs the CPU path only)");
+    return;
+  }
+  std::string driver = fmt::format(
+      "driver {} (CUDA {})", gpu->kernel_module_version.empty() ? "?" : gpu->kernel_module_version,
+      cuda_version_text(gpu->driver_api_version));
+  for (int ordinal : r.node.gpus) {
+    const GpuDevice* d = nullptr;
+    for (const auto& x : gpu->devices)
+      if (x.index == ordinal) d = &x;
+    std::string subject = fmt::format("gpu{}", ordinal);
+    if (!d) {
+      r.add("gpu", subject, Verdict::fail,
+            fmt::format("GPU {} does not exist ({} device(s))", ordinal, gpu->devices.size()),
+            fmt::format("fix {}", r.key("GPUS")));
+      continue;
+    }
+    std::string desc = fmt::format("{}: sm_{}{}, {}, {} KiB shared memory per block (opt-in), {}",
+                                   d->name, d->cc_major, d->cc_minor, format_size(d->total_memory),
+                                   d->max_smem_per_block_optin / 1024, driver);
+    if (!d->errors.empty())
+      r.add("gpu", subject, Verdict::warn, fmt::format("{}; {}", desc, join(d->errors, "; ")));
+    else
+      r.add("gpu", subject, Verdict::pass, desc);
+  }
+  if (!gpu->holders.empty()) {
+    std::vector<std::string> who;
+    for (const auto& h : gpu->holders) who.push_back(fmt::format("pid {} ({})", h.pid, h.comm));
+    r.add("gpu", "holders", Verdict::fail, fmt::format("the GPU is held by {}", join(who, ", ")),
+          "stop them (`sparkctl stop`, or kill the listed pids) before starting the ring");
+  }
+}
+
 }  // namespace
 
 NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot& root,
@@ -509,6 +563,14 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
 
   FactsRequest req;
   req.model_path = node.model_path;
+  req.sparkd_bin = cfg.get("SPARKD_BIN");
+  if (req.sparkd_bin.empty() && root.live()) {
+    // Default: beside this sparkctl.
+    std::error_code ec;
+    auto self = std::filesystem::canonical("/proc/self/exe", ec);
+    if (!ec) req.sparkd_bin = (self.parent_path() / "sparkd").string();
+    if (!std::filesystem::exists(req.sparkd_bin, ec)) req.sparkd_bin.clear();
+  }
   if (node.index == 0) {
     req.ports.emplace_back(cfg.get("API_BIND"), static_cast<int>(cfg.get_int("API_PORT")));
     req.ports.emplace_back(node.fabric_ip, static_cast<int>(cfg.get_int("RDZV_PORT")));
@@ -522,8 +584,17 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   const NodeFacts& facts = *facts_r;
   rep.hostname = facts.hostname;
   rep.clock_ms = facts.clock_ms;
-  if (facts.gpu.is_object()) rep.gpu_name = facts.gpu.value("name", std::string());
-  bool gb10 = is_gb10(root, facts);
+  std::optional<GpuReport> gpu;
+  std::string gpu_error;
+  if (facts.gpu.is_object()) {
+    auto g = gpu_report_from_json(facts.gpu);
+    if (g)
+      gpu = *g;
+    else
+      gpu_error = g.error().message;
+  }
+  if (gpu && !gpu->devices.empty()) rep.gpu_name = gpu->devices[0].name;
+  bool gb10 = rep.gpu_name.find("GB10") != std::string::npos || is_gb10(root);
 
   size_t nlinks = std::max(node.hcas.size(), node.netdevs.size());
   rep.links.resize(nlinks);
@@ -544,11 +615,10 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   Result<MemInfo> mi = mi_text ? parse_meminfo(*mi_text)
                                : Result<MemInfo>(make_error(Errc::io, "cannot read /proc/meminfo"));
   auto mf = node.model_path.empty() ? ModelFiles{} : read_model_files(root, node.model_path);
-  check_mem(r, facts, mi, mf, gb10);
+  check_mem(r, facts, mi, mf, gb10, gpu);
   check_sys(r, facts, mi);
   check_disk(r, facts, mf);
-  if (filter.enabled("gpu"))
-    r.add("gpu", "", Verdict::skip, "probe not built (the GPU probe comes with the gpu branch)");
+  check_gpu(r, gpu, gpu_error);
   check_ports(r, facts);
   check_model(r, mf);
 
@@ -564,9 +634,11 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
       [&](const CheckResult& a, const CheckResult& b) { return order(a.id) < order(b.id); });
 
   rep.identity["sparkctl_version"] = kVersion;
+  rep.identity["sparkd_version"] = facts.sparkd_version;
   rep.identity["nccl_path"] = facts.nccl.path;
   rep.identity["nccl_version"] = facts.nccl.version ? std::to_string(facts.nccl.version) : "";
-  rep.identity["nvidia_driver"] = root.read_line("/sys/module/nvidia/version").value_or("");
+  rep.identity["nvidia_driver"] = gpu ? gpu->kernel_module_version : "";
+  rep.identity["cuda_driver"] = gpu ? cuda_version_text(gpu->driver_api_version) : "";
   rep.identity["config_digest"] = cfg.digest();
   rep.identity["manifest_digest"] = mf.manifest_digest;
 

@@ -188,8 +188,9 @@ void add_checks(RingReport* r, const std::vector<CheckResult>& more) {
 
 namespace {
 
-const char* kParityFields[] = {"sparkctl_version", "nccl_path",     "nccl_version",
-                               "nvidia_driver",    "config_digest", "manifest_digest"};
+const char* kParityFields[] = {"sparkctl_version", "sparkd_version", "nccl_path",
+                               "nccl_version",     "nvidia_driver",  "cuda_driver",
+                               "config_digest",    "manifest_digest"};
 
 std::string show(const std::string& v) {
   return v.empty() ? "(none)" : v;
@@ -282,7 +283,6 @@ RingReport merge_reports(const RingConfig& cfg, const std::vector<NodeOutcome>& 
       if (o.index == 0) head = &o;
     }
   }
-  (void)cfg;
   if (filter.enabled("sw.parity")) {
     auto p = parity_checks(reps);
     checks.insert(checks.end(), p.begin(), p.end());
@@ -320,6 +320,17 @@ RingReport merge_reports(const RingConfig& cfg, const std::vector<NodeOutcome>& 
   }
   for (const auto& o : outcomes)
     if (o.report) rep.nodes.push_back(*o.report);
+  for (const auto& place : cfg.ranks()) {
+    RankSummary s;
+    s.rank = place.rank;
+    s.gpu = place.gpu;
+    s.node = cfg.nodes[static_cast<size_t>(place.node)].name;
+    for (const auto& o : outcomes)
+      if (o.report && o.index == place.node)
+        for (const auto& l : o.report->links)
+          if (!l.hca.empty()) s.gid_index.emplace_back(l.hca, l.gid_index);
+    rep.ranks.push_back(std::move(s));
+  }
   add_checks(&rep, checks);
   return rep;
 }
@@ -436,6 +447,15 @@ std::string format_report_table(const RingReport& r, bool verbose) {
     auto it = r.counts.find(k);
     return it == r.counts.end() ? 0 : it->second;
   };
+  std::vector<std::string> places;
+  for (const auto& rk : r.ranks) {
+    std::string gids;
+    for (const auto& [hca, idx] : rk.gid_index)
+      gids += fmt::format(" {}:{}", hca, idx ? std::to_string(*idx) : "none");
+    places.push_back(
+        fmt::format("{}={}/gpu{}{}", rk.rank, rk.node, rk.gpu, gids.empty() ? "" : " gid" + gids));
+  }
+  if (!places.empty()) o << "# ranks: " << join(places, ", ") << "\n";
   o << fmt::format("# {} PASS, {} WARN, {} FAIL, {} SKIP on {} node(s) in {:.2f} s\n", n("PASS"),
                    n("WARN"), n("FAIL"), n("SKIP"), r.nodes.size(), r.seconds);
   if (verbose) {
@@ -465,6 +485,12 @@ json ring_report_to_json(const RingReport& r, bool verbose) {
   for (const auto& [k, v] : r.counts) j["counts"][k] = v;
   j["checks"] = json::array();
   for (const auto& c : r.checks) j["checks"].push_back(check_json(c));
+  j["ranks"] = json::array();
+  for (const auto& rk : r.ranks) {
+    json g = json::object();
+    for (const auto& [hca, idx] : rk.gid_index) g[hca] = idx ? json(*idx) : json();
+    j["ranks"].push_back({{"rank", rk.rank}, {"node", rk.node}, {"gpu", rk.gpu}, {"gid_index", g}});
+  }
   j["nodes"] = json::array();
   for (const auto& n : r.nodes) {
     json jn = report_to_json(n);

@@ -288,7 +288,7 @@ TEST_CASE("live facts: addresses, a busy port, memlock, and page-cache residency
   socklen_t len = sizeof sa;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   int busy = ntohs(sa.sin_port);
-  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}};
+  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}, SPARK_BINARY_DIR "/daemon/sparkd"};
   auto f = collect_live_facts(Sysroot("/"), req);
   ::close(fd);
   CHECK(f.netdev_of("127.0.0.1") == "lo");
@@ -298,6 +298,7 @@ TEST_CASE("live facts: addresses, a busy port, memlock, and page-cache residency
   REQUIRE(f.model_fs);
   CHECK(f.model_fs->total > 0);
   CHECK(f.memlock_soft > 0);
+  CHECK(f.sparkd_version.rfind("sparkd", 0) == 0);  // the first line of `sparkd --version`
   REQUIRE(f.residency);
   CHECK(f.residency->total_bytes == data.size());
   CHECK(f.residency->resident_bytes == data.size());  // just written: all in the page cache
