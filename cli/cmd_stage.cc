@@ -1,10 +1,14 @@
 // sparkctl stage-weights, and its internal halves stage-recv (target) and stage-send (source).
 #include "cli/cmd_stage.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -36,7 +40,10 @@ class ProgressPrinter {
     if (!tty_ && p.seconds - last_ < 5.0 && p.done < p.total) return;
     last_ = p.seconds;
     double rate = p.rate();
-    double eta = rate > 0 ? static_cast<double>(p.total - std::min(p.done, p.total)) / rate : 0;
+    std::string eta =
+        rate > 0 ? fmt::format("{:.0f} s",
+                               static_cast<double>(p.total - std::min(p.done, p.total)) / rate)
+                 : std::string("?");
     std::string per;
     for (const auto& t : p.targets)
       per += fmt::format(
@@ -47,14 +54,13 @@ class ProgressPrinter {
       int fill =
           p.total ? static_cast<int>(w * static_cast<double>(p.done) / static_cast<double>(p.total))
                   : w;
-      err_ << fmt::format("\r\033[K[{}{}] {} / {}  {}/s  ETA {:.0f} s |{}", std::string(fill, '#'),
+      err_ << fmt::format("\r\033[K[{}{}] {} / {}  {}/s  ETA {} |{}", std::string(fill, '#'),
                           std::string(w - std::min(fill, w), '.'), format_size(p.done),
                           format_size(p.total), format_size(static_cast<uint64_t>(rate)), eta, per)
            << std::flush;
     } else {
       err_ << fmt::format(
-          "stage: {} / {} ({:.0f}%), {}/s, ETA {:.0f} s;{}\n", format_size(p.done),
-          format_size(p.total),
+          "stage: {} / {} ({:.0f}%), {}/s, ETA {};{}\n", format_size(p.done), format_size(p.total),
           p.total ? 100.0 * static_cast<double>(p.done) / static_cast<double>(p.total) : 100.0,
           format_size(static_cast<uint64_t>(rate)), eta, per);
     }
@@ -194,6 +200,21 @@ Result<uint64_t> size_opt(const po::variables_map& vm, const char* name, uint64_
   return *v;
 }
 
+// The first IPv4 address of a network interface ("" when it has none).
+std::string netdev_ipv4(const std::string& dev) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* a = list; a && out.empty(); a = a->ifa_next)
+    if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && dev == a->ifa_name) {
+      char buf[INET_ADDRSTRLEN];
+      auto* sin = reinterpret_cast<sockaddr_in*>(a->ifa_addr);
+      if (::inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof buf)) out = buf;
+    }
+  ::freeifaddrs(list);
+  return out;
+}
+
 // Tells a receiver that was started but will not be used to exit now.
 void release_receiver(const stage::TargetSpec& t, const std::string& why) {
   auto c = stage::connect_to(t.addrs[0].first, t.addrs[0].second, std::chrono::seconds(5), t.node);
@@ -216,7 +237,9 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
       "foreground",
       "serve in the foreground and print the report (default: detach after the banner)")(
       "log", po::value<std::string>(),
-      "log file when detached (default /tmp/sparkctl-stage-recv-PORT.log)");
+      "log file when detached (default /tmp/sparkctl-stage-recv-PORT.log)")(
+      "netdevs", po::value<std::string>(),
+      "also listen on the IPv4 address of each of these netdevs (both twins of a cable)");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-recv", "stage-recv --dir DIR --bind IP[,IP] < token", desc,
                            args, vm))
@@ -232,19 +255,34 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   stage::ReceiverOptions ro;
   ro.dir = vm["dir"].as<std::string>();
   ro.bind_ips = split_list(vm["bind"].as<std::string>(), ',');
+  if (vm.count("netdevs"))
+    for (const auto& dev : split_list(vm["netdevs"].as<std::string>(), ',')) {
+      auto ip = netdev_ipv4(dev);
+      if (ip.empty())
+        *ctx.err << fmt::format(
+            "sparkctl: stage-recv: warning: netdev {} has no IPv4 address; "
+            "not listening there\n",
+            dev);
+      else if (std::find(ro.bind_ips.begin(), ro.bind_ips.end(), ip) == ro.bind_ips.end())
+        ro.bind_ips.push_back(ip);
+    }
   ro.port = vm["port"].as<int>();
   ro.token = token;
   ro.idle_timeout = std::chrono::milliseconds(*idle);
   ro.node = vm["node"].as<std::string>();
   auto r = stage::Receiver::create(ro);
   if (!r) return ctx.fail(r.error());
-  std::string ports;
-  for (int p : (*r)->ports()) ports += (ports.empty() ? "" : ",") + std::to_string(p);
+  std::string ports, addrs;
+  for (size_t i = 0; i < (*r)->ports().size(); ++i) {
+    ports += fmt::format("{}{}", i ? "," : "", (*r)->ports()[i]);
+    addrs += fmt::format("{}{}:{}", i ? "," : "", ro.bind_ips[i], (*r)->ports()[i]);
+  }
   std::string logpath = vm.count("log")
                             ? vm["log"].as<std::string>()
                             : fmt::format("/tmp/sparkctl-stage-recv-{}.log", (*r)->ports()[0]);
   if (vm.count("foreground")) {
-    *ctx.out << fmt::format("{} ports={} pid={} log=-\n", kRecvBanner, ports, ::getpid())
+    *ctx.out << fmt::format("{} ports={} addrs={} pid={} log=-\n", kRecvBanner, ports, addrs,
+                            ::getpid())
              << std::flush;
     auto rep = (*r)->run();
     if (!rep) return ctx.fail(rep.error());
@@ -256,7 +294,8 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   pid_t pid = ::fork();
   if (pid < 0) return ctx.fail(make_error(Errc::io, "stage-recv: fork failed"));
   if (pid > 0) {
-    *ctx.out << fmt::format("{} ports={} pid={} log={}\n", kRecvBanner, ports, pid, logpath)
+    *ctx.out << fmt::format("{} ports={} addrs={} pid={} log={}\n", kRecvBanner, ports, addrs, pid,
+                            logpath)
              << std::flush;
     return 0;
   }
@@ -289,7 +328,8 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
                                          "TCP streams per target")(
       "chunk-size", po::value<std::string>()->default_value("64MiB"), "manifest chunk size")(
       "max-use", po::value<int>()->default_value(85), "DISK_MAX_USE percent")(
-      "deep", "targets rehash existing files")("keep-cache", "do not evict page cache");
+      "deep", "targets rehash existing files")("keep-cache", "do not evict page cache")(
+      "chain", "feed the first target only; each forwards to the next");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-send",
                            "stage-send --dir DIR --target NAME=IP:PORT... < 'NAME TOKEN' lines",
@@ -319,6 +359,7 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
   so.deep = vm.count("deep") > 0;
   so.keep_cache = vm.count("keep-cache") > 0;
   so.max_use_pct = vm["max-use"].as<int>();
+  so.chain = vm.count("chain") > 0;
   apply_faults(ctx, so);
   return run_send(ctx, vm["dir"].as<std::string>(), targets, so, *cs);
 }
@@ -330,10 +371,12 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
       "streams", po::value<int>(), "TCP streams per target (default STAGE_STREAMS)")(
       "verify-only", "check every node against the source manifest; copy nothing")(
       "deep", "rehash files on the targets instead of trusting size+mtime+manifest")(
-      "keep-cache", "leave the page cache of read and written files alone");
+      "keep-cache", "leave the page cache of read and written files alone")(
+      "chain",
+      "feed the targets as a chain (source -> first -> second ...) instead of in parallel");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "stage-weights",
-                           "stage-weights [--from NODE] [--to NODE,...] [--streams N] "
+                           "stage-weights [--from NODE] [--to NODE,...] [--streams N] [--chain] "
                            "[--verify-only] [--deep] [--keep-cache]",
                            desc, args, vm))
     return *rc;
@@ -445,11 +488,14 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
     auto tok = stage::make_token();
     if (!tok) return ctx.fail(tok.error());
     tokens.push_back(*tok);
-    jobs.push_back({n,
-                    fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s",
-                                shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
-                                shell_quote(n->name), std::max<uint64_t>(idle_s, 5)),
-                    *tok + "\n"});
+    jobs.push_back(
+        {n,
+         fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}",
+                     shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
+                     shell_quote(n->name), std::max<uint64_t>(idle_s, 5),
+                     n->netdevs.size() > 1 ? " --netdevs " + shell_quote(join(n->netdevs, ","))
+                                           : std::string()),
+         *tok + "\n"});
   }
   auto started = run_on_nodes(*cfg, jobs, std::chrono::seconds(60));
   std::vector<stage::TargetSpec> targets;
@@ -475,9 +521,13 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
     t.node = n->name;
     t.token = tokens[i];
     for (const auto& kv : split_list(line, ' '))
-      if (starts_with(kv, "ports="))
-        for (const auto& p : split_list(kv.substr(6), ','))
-          t.addrs.emplace_back(n->fabric_ip, static_cast<int>(parse_u64(p).value_or(0)));
+      if (starts_with(kv, "addrs="))
+        for (const auto& a : split_list(kv.substr(6), ',')) {
+          auto colon = a.rfind(':');
+          if (colon == std::string::npos) continue;
+          t.addrs.emplace_back(a.substr(0, colon),
+                               static_cast<int>(parse_u64(a.substr(colon + 1)).value_or(0)));
+        }
     targets.push_back(std::move(t));
   }
   if (!errs.empty()) {
@@ -490,22 +540,25 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   so.streams = std::clamp(so.streams, 1, 64);
   so.deep = vm.count("deep") > 0;
   so.keep_cache = vm.count("keep-cache") > 0;
+  so.chain = vm.count("chain") > 0;
   so.max_use_pct = static_cast<int>(cfg->get_int("DISK_MAX_USE"));
   so.timeout =
       std::chrono::milliseconds(std::max<uint64_t>(cfg->get_duration_ms("STAGE_TIMEOUT"), 5000));
   apply_faults(ctx, so);
-  if (src->local) return run_send(ctx, src->model_path, targets, so, chunk ? chunk : kDefaultChunkSize);
+  if (src->local)
+    return run_send(ctx, src->model_path, targets, so, chunk ? chunk : kDefaultChunkSize);
   // The source is another node: it runs the sending half, with the tokens on its stdin.
   // Its progress lines arrive when it ends (the runner returns output at exit).
-  std::string cmd = fmt::format("{} --json stage-send --dir {} --streams {} --chunk-size {} "
-                                "--max-use {}{}{}",
-                                shell_quote(bin), shell_quote(src->model_path), so.streams,
-                                chunk ? chunk : kDefaultChunkSize, so.max_use_pct,
-                                so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
+  std::string cmd = fmt::format(
+      "{} --json stage-send --dir {} --streams {} --chunk-size {} "
+      "--max-use {}{}{}",
+      shell_quote(bin), shell_quote(src->model_path), so.streams, chunk ? chunk : kDefaultChunkSize,
+      so.max_use_pct, so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
   std::string input;
   for (const auto& t : targets) {
     std::string addrs;
-    for (const auto& a : t.addrs) addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
+    for (const auto& a : t.addrs)
+      addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
     cmd += fmt::format(" --target {}", shell_quote(t.node + "=" + addrs));
     input += t.node + " " + t.token + "\n";
   }
@@ -516,15 +569,16 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   }
   auto j = json::parse(res[0]->out, nullptr, false);
   if (j.is_discarded() || !j.is_object())
-    return ctx.fail(make_error(Errc::remote, fmt::format("{}: stage-send exited {} without a report",
-                                                         src->name, res[0]->exit_status)));
+    return ctx.fail(make_error(
+        Errc::remote,
+        fmt::format("{}: stage-send exited {} without a report", src->name, res[0]->exit_status)));
   if (j.contains("error") && j["error"].is_object()) {
     auto rcode = Errc::remote;
     for (int e = 1; e <= static_cast<int>(Errc::internal); ++e)
       if (errc_name(static_cast<Errc>(e)) == j["error"].value("code", std::string()))
         rcode = static_cast<Errc>(e);
-    return ctx.fail(make_error(rcode, fmt::format("{}: {}", src->name,
-                                                 j["error"].value("message", std::string()))));
+    return ctx.fail(make_error(
+        rcode, fmt::format("{}: {}", src->name, j["error"].value("message", std::string()))));
   }
   if (ctx.opts.json)
     *ctx.out << j.dump(2) << "\n";

@@ -2,10 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-
-#include "core/process.h"
-#include "core/remote.h"
-#include "core/strings.h"
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +12,10 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+
+#include "core/process.h"
+#include "core/remote.h"
+#include "core/strings.h"
 
 namespace spark::cli {
 
@@ -64,9 +64,9 @@ std::vector<Result<LocalRun>> run_on_nodes(const RingConfig& cfg, const std::vec
         return;
       }
       if (r->timed_out) {
-        out[i] = make_error(Errc::timeout, fmt::format("{}: `{}` did not finish within {} s",
-                                                       j.node->name, j.command,
-                                                       timeout.count() / 1000));
+        out[i] =
+            make_error(Errc::timeout, fmt::format("{}: `{}` did not finish within {} s",
+                                                  j.node->name, j.command, timeout.count() / 1000));
         return;
       }
       // The node's stderr carries its own "sparkctl: ..." lines: pass them on, named.

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "core/log.h"
 #include "core/manifest.h"
 #include "core/pagecache.h"
+#include "core/stage_send.h"
 #include "core/strings.h"
 
 namespace spark::stage {
@@ -146,6 +148,9 @@ class ReceiverImpl final : public Receiver {
 
   Manifest manifest_;
   std::atomic<bool> have_plan_{false};
+  std::unique_ptr<Forwarder> forwarder_;  // chain mode: the next receiver
+  std::atomic<Forwarder*> fwd_{nullptr};  // the same, as data threads read it
+  std::string forward_error_;
   bool keep_cache_ = false;
   bool deep_ = false;
   std::vector<std::unique_ptr<FileState>> files_;
@@ -167,9 +172,10 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
   keep_cache_ = j.value("keep_cache", false);
   deep_ = deep;
   std::error_code ec;
-  if (::mkdir(opts_.dir.c_str(), 0755) != 0 && errno != EEXIST)
+  std::filesystem::create_directories(opts_.dir, ec);  // like mkdir -p
+  if (ec)
     return make_error(Errc::io, fmt::format("{}: cannot create target directory {}: {}", opts_.node,
-                                            opts_.dir, std::strerror(errno)));
+                                            opts_.dir, ec.message()));
   struct stat dsb {};
   if (::lstat(opts_.dir.c_str(), &dsb) != 0 || !S_ISDIR(dsb.st_mode))
     return make_error(Errc::io,
@@ -219,6 +225,14 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
           }
         }
       }
+    }
+    if (f->skip && stat_mtime_ns(sb) != e.mtime_ns) {
+      // Same content, other time (touched, or copied by another tool): take the source's
+      // time so that the next run trusts size+mtime without reading the file.
+      timespec ts[2];
+      ts[0].tv_sec = ts[1].tv_sec = static_cast<time_t>(e.mtime_ns / 1000000000LL);
+      ts[0].tv_nsec = ts[1].tv_nsec = static_cast<long>(e.mtime_ns % 1000000000LL);
+      ::utimensat(AT_FDCWD, f->final_path.c_str(), ts, AT_SYMLINK_NOFOLLOW);
     }
     if (f->skip) {
       ++skip_files;
@@ -412,37 +426,52 @@ void ReceiverImpl::data(Conn& c) {
                              h->b, h->length));
       break;
     }
+    bool already = false;
+    bool open_failed = false;
     {
       std::lock_guard<std::mutex> g(f.mu);
-      if (!f.finalized && !f.open) {
+      already = f.finalized || f.verified[h->b];
+      if (!already && !f.open) {
         if (auto s = open_file(f); !s) {
           send_error(s.message(), s.code());
-          break;
+          open_failed = true;
         }
       }
     }
+    if (open_failed) break;
+    // Chain mode: a chunk the next receiver needs is kept whole, verified, then forwarded.
+    Forwarder* fwd = fwd_.load();
+    const bool forward = fwd && fwd->needs(h->a, h->b);
+    char* whole = nullptr;
+    if (forward) {
+      uint64_t cap = (h->length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      whole = static_cast<char*>(
+          std::aligned_alloc(kDirectAlign, std::max<uint64_t>(cap, kDirectAlign)));
+    }
+    const bool hashing = !already || forward;
     const uint64_t off0 = h->b * manifest_.chunk_size;
-    bool already = f.finalized || f.verified[h->b];
     XXH3_128bits_reset(st);
     uint64_t left = h->length, off = off0;
     bool io_failed = false;
     while (left > 0) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(left, kPiece));
-      if (auto s = c.recv_all(buf.get(), n); !s) {
+      char* dst = forward ? whole + (off - off0) : buf.get();
+      if (auto s = c.recv_all(dst, n); !s) {
         log::warn("stage-recv", "{}", s.message());
         XXH3_freeState(st);
+        std::free(whole);
         return;
       }
       touch();
+      if (hashing) XXH3_128bits_update(st, dst, n);
       if (!already && !io_failed) {
-        XXH3_128bits_update(st, buf.get(), n);
         size_t w = 0;
         while (w < n) {
           // Aligned pieces go direct; a file's unaligned tail goes through the page cache.
           int wfd = (f.dfd >= 0 && (n - w) % kDirectAlign == 0 && (off + w) % kDirectAlign == 0)
                         ? f.dfd
                         : f.fd;
-          ssize_t k = ::pwrite(wfd, buf.get() + w, n - w, static_cast<off_t>(off + w));
+          ssize_t k = ::pwrite(wfd, dst + w, n - w, static_cast<off_t>(off + w));
           if (k < 0 && errno == EINTR) continue;
           if (k < 0) {
             int err = errno;
@@ -460,46 +489,65 @@ void ReceiverImpl::data(Conn& c) {
       off += n;
       left -= n;
     }
-    if (io_failed) break;
+    if (io_failed) {
+      std::free(whole);
+      break;
+    }
     bytes_received_ += h->length;
     ++chunks_received_;
     AckStatus ack = AckStatus::ok;
-    if (!already) {
+    bool hash_ok = true;
+    if (hashing) {
       auto hv = XXH3_128bits_digest(st);
       std::string got = fmt::format("{:016x}{:016x}", hv.high64, hv.low64);
-      if (got != e.chunks[h->b]) {
+      hash_ok = got == e.chunks[h->b];
+      if (!hash_ok) {
         ++chunks_rejected_;
         ack = AckStatus::bad_hash;
         log::warn("stage-recv", "{}: {} chunk {} hashed {} but manifest says {}; asking again",
                   opts_.node, e.path, h->b, got, e.chunks[h->b]);
-      } else {
+      }
+    }
+    if (!already && hash_ok) {
+      {
         // Durable before it is journaled: a journal line always names bytes on disk.
         if (::fdatasync(f.fd) != 0) {
           send_error(fmt::format("{}: fdatasync {}: {}", opts_.node, f.partial_path,
                                  std::strerror(errno)));
+          std::free(whole);
           break;
         }
         std::lock_guard<std::mutex> g(f.mu);
+        bool stop_now = false;
         if (!f.verified[h->b]) {
           std::string line = fmt::format("{} {}\n", h->b, e.chunks[h->b]);
           if (::write(f.jfd, line.data(), line.size()) < 0) {
             send_error(fmt::format("{}: journal {}: {}", opts_.node, f.journal_path,
                                    std::strerror(errno)));
-            break;
-          }
-          f.verified[h->b] = true;
-          --f.remaining;
-          if (f.remaining == 0 && !f.finalized) {
-            if (auto s = finalize(f); !s) {
-              f.failed = true;
-              f.error = s.message();
-              send_error(s.message(), s.code());
-              break;
+            stop_now = true;
+          } else {
+            f.verified[h->b] = true;
+            --f.remaining;
+            if (f.remaining == 0 && !f.finalized) {
+              if (auto s = finalize(f); !s) {
+                f.failed = true;
+                f.error = s.message();
+                send_error(s.message(), s.code());
+                stop_now = true;
+              }
             }
           }
         }
+        if (stop_now) {
+          std::free(whole);
+          break;
+        }
       }
     }
+    if (forward && hash_ok)
+      fwd->push(h->a, h->b, whole, h->length);  // takes ownership; blocks while it is behind
+    else
+      std::free(whole);
     Header a{Frame::ack, static_cast<uint8_t>(ack), h->a, h->b, 0};
     if (!c.send_frame(a)) break;
   }
@@ -535,7 +583,7 @@ json ReceiverImpl::final_report() {
       why = "missing after staging";
     else if (static_cast<uint64_t>(sb.st_size) != f.entry->size)
       why = fmt::format("size {} != {}", sb.st_size, f.entry->size);
-    else if (stat_mtime_ns(sb) != f.entry->mtime_ns && !f.skip)
+    else if (stat_mtime_ns(sb) != f.entry->mtime_ns)
       why = "mtime was not applied";
     if (!why.empty()) problems.push_back({{"path", f.entry->path}, {"problem", why}});
   }
@@ -570,6 +618,11 @@ json ReceiverImpl::final_report() {
   r["problems"] = std::move(problems);
   r["evicted"] = !keep_cache_;
   r["seconds"] = std::chrono::duration<double>(Clock::now() - t0_).count();
+  if (forwarder_) {
+    r["forward_to"] = forwarder_->node();
+    r["forward_bytes"] = forwarder_->bytes_sent();
+    if (!forward_error_.empty()) r["forward_error"] = forward_error_;
+  }
   return r;
 }
 
@@ -609,6 +662,31 @@ void ReceiverImpl::control(Conn& c) {
   c.set_timeout(std::chrono::milliseconds(1000));
   h = wait_frame();
   if (!h) return fail_session(h.error().message);
+  if (h->type == Frame::forward) {
+    // Chain mode: connect to the next receiver before any data arrives, then ack.
+    c.set_timeout(opts_.idle_timeout);
+    auto body = c.recv_payload(*h);
+    if (!body) return fail_session(body.error().message);
+    auto fj = json::parse(*body, nullptr, false);
+    if (fj.is_discarded() || !fj.is_object() || !fj.contains("addrs") || !fj["addrs"].is_array() ||
+        !fj.contains("need"))
+      return reply_error("malformed FORWARD");
+    TargetSpec next;
+    next.node = fj.value("node", std::string("next"));
+    next.token = fj.value("token", std::string());
+    for (const auto& a : fj["addrs"])
+      if (a.is_array() && a.size() == 2 && a[0].is_string() && a[1].is_number_unsigned())
+        next.addrs.emplace_back(a[0].get<std::string>(), a[1].get<int>());
+    auto f = Forwarder::start(next, manifest_, fj["need"].dump(), fj.value("streams", 4),
+                              opts_.idle_timeout);
+    if (!f) return reply_error(f.error().message, f.error().code);
+    forwarder_ = std::move(*f);
+    fwd_.store(forwarder_.get());
+    if (!c.send_frame(Header{Frame::forward, 0, 0, 0, 0})) return;
+    c.set_timeout(std::chrono::milliseconds(1000));
+    h = wait_frame();
+    if (!h) return fail_session(h.error().message);
+  }
   if (h->type == Frame::abort) {
     auto why = c.recv_payload(*h);
     fail_session(fmt::format("sender aborted: {}", why ? *why : "?"));
@@ -621,6 +699,10 @@ void ReceiverImpl::control(Conn& c) {
   {
     std::unique_lock<std::mutex> g(data_mu_);
     data_cv_.wait_for(g, opts_.idle_timeout, [&] { return data_streams_.load() == 0; });
+  }
+  if (forwarder_) {
+    if (auto st = forwarder_->finish(); !st)
+      forward_error_ = fmt::format("forwarding to {} failed: {}", forwarder_->node(), st.message());
   }
   auto r = final_report();
   report_ = r.dump();

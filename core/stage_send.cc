@@ -198,6 +198,7 @@ void stream_loop(TargetRun& t, int stream, const SendOptions& o) {
       if (t.q.empty()) break;
       b = std::move(t.q.front());
       t.q.pop_front();
+      t.cv.notify_all();  // a forwarder's push() may wait for room
     }
     for (int attempt = 0;; ++attempt) {
       if (attempt >= 4)
@@ -247,7 +248,93 @@ void stream_loop(TargetRun& t, int stream, const SendOptions& o) {
   (void)c->send_frame(Header{Frame::done, 0, 0, 0, 0});
 }
 
+json encode_need(const std::vector<std::vector<bool>>& need) {
+  json files = json::array();
+  for (const auto& f : need) {
+    json r = json::array();
+    for (size_t c = 0; c < f.size();) {
+      if (!f[c]) {
+        ++c;
+        continue;
+      }
+      size_t a = c;
+      while (c < f.size() && f[c]) ++c;
+      r.push_back({a, c});
+    }
+    files.push_back(std::move(r));
+  }
+  return files;
+}
+
+class ForwarderImpl final : public Forwarder {
+ public:
+  ForwarderImpl(const TargetSpec& next, int streams, std::chrono::milliseconds timeout) {
+    run_.spec = next;
+    run_.res.node = next.node;
+    opts_.timeout = timeout;
+    streams_ = std::max(1, streams);
+  }
+  ~ForwarderImpl() override { (void)finish(); }
+  void begin() {
+    for (int s = 0; s < streams_; ++s) th_.emplace_back([this, s] { stream_loop(run_, s, opts_); });
+  }
+  TargetRun& run() { return run_; }
+  bool needs(uint32_t file, uint32_t chunk) const override {
+    return file < run_.need.size() && chunk < run_.need[file].size() && run_.need[file][chunk];
+  }
+  void push(uint32_t file, uint32_t chunk, char* data, uint64_t len) override {
+    auto b = std::make_shared<ChunkBuf>();
+    b->file = file;
+    b->chunk = chunk;
+    b->len = len;
+    b->data.reset(data);
+    std::unique_lock<std::mutex> g(run_.mu);
+    run_.cv.wait(
+        g, [&] { return run_.q.size() < static_cast<size_t>(2 * streams_) || run_.failed.load(); });
+    if (run_.failed.load()) return;
+    run_.q.push_back(std::move(b));
+    run_.cv.notify_all();
+  }
+  Status finish() override {
+    if (finished_) return status_;
+    finished_ = true;
+    {
+      std::lock_guard<std::mutex> g(run_.mu);
+      run_.closed = true;
+      run_.cv.notify_all();
+    }
+    for (auto& t : th_) t.join();
+    if (run_.failed.load()) status_ = make_error(run_.res.code, run_.res.error);
+    return status_;
+  }
+  uint64_t bytes_sent() const override { return run_.sent.load(); }
+  const std::string& node() const override { return run_.spec.node; }
+
+ private:
+  TargetRun run_;
+  SendOptions opts_;
+  int streams_ = 1;
+  std::vector<std::thread> th_;
+  bool finished_ = false;
+  Status status_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<Forwarder>> Forwarder::start(const TargetSpec& next, const Manifest& m,
+                                                    const std::string& need_ranges_json,
+                                                    int streams,
+                                                    std::chrono::milliseconds timeout) {
+  if (next.addrs.empty())
+    return make_error(Errc::config, fmt::format("forward to {}: no address", next.node));
+  auto f = std::make_unique<ForwarderImpl>(next, streams, timeout);
+  auto j = json::parse(need_ranges_json, nullptr, false);
+  if (j.is_discarded() || !j.is_array())
+    return make_error(Errc::network, "FORWARD: malformed need ranges");
+  SPARK_TRY(decode_need(f->run(), j, m));
+  f->begin();
+  return std::unique_ptr<Forwarder>(std::move(f));
+}
 
 std::string space_problem(const std::string& node, uint64_t new_bytes, uint64_t fs_free,
                           uint64_t fs_total, uint64_t fs_used, int max_use_pct) {
@@ -309,12 +396,60 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
   }
   for (auto& t : runs) t->res.bytes_sent = 0;
 
+  // Chain mode: target i forwards to target i+1 everything that i+1 and later need; the
+  // source feeds only target 0.
+  const bool chain = o.chain && runs.size() > 1;
+  if (chain) {
+    std::vector<std::vector<std::vector<bool>>> u(runs.size());
+    u.back() = runs.back()->need;
+    for (size_t i = runs.size() - 1; i-- > 0;) {
+      u[i] = runs[i]->need;
+      for (size_t f = 0; f < u[i].size(); ++f)
+        for (size_t c = 0; c < u[i][f].size(); ++c)
+          if (u[i + 1][f][c]) u[i][f][c] = true;
+    }
+    std::string errs;
+    Errc code = Errc::ok;
+    for (size_t i = 0; i + 1 < runs.size(); ++i) {
+      const auto& next = runs[i + 1]->spec;
+      json addrs = json::array();
+      for (const auto& a : next.addrs) addrs.push_back({a.first, a.second});
+      json fw = {{"node", next.node},
+                 {"addrs", addrs},
+                 {"token", next.token},
+                 {"streams", std::max(1, o.streams)},
+                 {"need", encode_need(u[i + 1])}};
+      std::string body = fw.dump();
+      auto& c = runs[i]->control;
+      Status st = c.send_frame(Header{Frame::forward, 0, 0, 0, body.size()}, body.data());
+      Result<Header> h = st ? c.recv_header() : Result<Header>(st.error());
+      if (h && h->type == Frame::error) h = wire_error(c, *h);
+      if (h && h->type != Frame::forward)
+        h = make_error(Errc::network, fmt::format("{}: expected FORWARD ack", runs[i]->spec.node));
+      if (!h) {
+        errs += (errs.empty() ? "" : "; ") + h.error().message;
+        if (code == Errc::ok) code = h.error().code;
+      }
+    }
+    if (!errs.empty()) {
+      for (auto& t : runs) {
+        std::string why = "stage-weights aborted before sending: " + errs;
+        (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
+      }
+      return make_error(code, errs);
+    }
+    runs[0]->need = u[0];
+    for (size_t i = 1; i < runs.size(); ++i)
+      for (auto& f : runs[i]->need) std::fill(f.begin(), f.end(), false);
+  }
+
   // 2. Streams per target, one reader for all: each needed chunk is read once.
   const int streams = std::max(1, o.streams);
   BufferPool pool(static_cast<size_t>(2 * streams + 2), m.chunk_size);
   std::vector<std::thread> senders;
-  for (auto& t : runs)
-    for (int s = 0; s < streams; ++s) senders.emplace_back([&, s] { stream_loop(*t, s, o); });
+  for (size_t i = 0; i < (chain ? 1 : runs.size()); ++i)
+    for (int s = 0; s < streams; ++s)
+      senders.emplace_back([&, s, t = runs[i].get()] { stream_loop(*t, s, o); });
 
   std::atomic<bool> done{false};
   std::thread progress;
@@ -416,49 +551,60 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     for (auto& t : runs) t->fail(read_status.code(), read_status.message());
 
   // 3. Final pass on every target: finalize, verify against the manifest, evict, report.
+  auto finish_one = [&](TargetRun* t) {
+    if (t->failed.load()) {
+      std::string why = t->res.error;
+      (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
+      return;
+    }
+    json req = {{"keep_cache", o.keep_cache}};
+    std::string body = req.dump();
+    t->control.set_timeout(o.plan_timeout);
+    auto s = t->control.send_frame(Header{Frame::finish, 0, 0, 0, body.size()}, body.data());
+    if (!s) return t->fail(s.code(), s.message());
+    auto h = t->control.recv_header();
+    if (!h) return t->fail(h.error().code, h.error().message);
+    if (h->type == Frame::error) {
+      auto e = wire_error(t->control, *h);
+      return t->fail(e.code, e.message);
+    }
+    auto text = t->control.recv_payload(*h);
+    if (!text) return t->fail(text.error().code, text.error().message);
+    t->res.receiver_report = *text;
+    auto r = json::parse(*text, nullptr, false);
+    if (r.is_discarded() || !r.value("ok", false)) {
+      std::string why;
+      if (!r.is_discarded() && r.contains("problems"))
+        for (const auto& p : r["problems"])
+          why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", p.value("path", "?"),
+                             p.value("problem", "?"));
+      if (!r.is_discarded() && !r.value("error", std::string()).empty())
+        why = r.value("error", std::string()) + (why.empty() ? "" : "; " + why);
+      t->fail(Errc::integrity, fmt::format("{}: final verification failed: {}", t->spec.node,
+                                           why.empty() ? "unreadable report" : why));
+    }
+  };
   std::vector<std::thread> fin;
-  for (auto& tp : runs)
-    fin.emplace_back([&, t = tp.get()] {
-      if (t->failed.load()) {
-        std::string why = t->res.error;
-        (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
-        return;
-      }
-      json req = {{"keep_cache", o.keep_cache}};
-      std::string body = req.dump();
-      t->control.set_timeout(o.plan_timeout);
-      auto s = t->control.send_frame(Header{Frame::finish, 0, 0, 0, body.size()}, body.data());
-      if (!s) return t->fail(s.code(), s.message());
-      auto h = t->control.recv_header();
-      if (!h) return t->fail(h.error().code, h.error().message);
-      if (h->type == Frame::error) {
-        auto e = wire_error(t->control, *h);
-        return t->fail(e.code, e.message);
-      }
-      auto text = t->control.recv_payload(*h);
-      if (!text) return t->fail(text.error().code, text.error().message);
-      t->res.receiver_report = *text;
-      auto r = json::parse(*text, nullptr, false);
-      if (r.is_discarded() || !r.value("ok", false)) {
-        std::string why;
-        if (!r.is_discarded() && r.contains("problems"))
-          for (const auto& p : r["problems"])
-            why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", p.value("path", "?"),
-                               p.value("problem", "?"));
-        if (!r.is_discarded() && !r.value("error", std::string()).empty())
-          why = r.value("error", std::string()) + (why.empty() ? "" : "; " + why);
-        t->fail(Errc::integrity, fmt::format("{}: final verification failed: {}", t->spec.node,
-                                             why.empty() ? "unreadable report" : why));
-      }
-    });
+  if (chain) {
+    // In order: a target reports only after it forwarded everything downstream.
+    for (auto& tp : runs) finish_one(tp.get());
+  } else {
+    for (auto& tp : runs) fin.emplace_back([&, t = tp.get()] { finish_one(t); });
+  }
   for (auto& x : fin) x.join();
   done.store(true);
   if (progress.joinable()) progress.join();
 
   rep.ok = true;
   rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (auto& t : runs) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    auto& t = runs[i];
     t->res.bytes_sent = t->sent.load();
+    if (chain && i > 0) {
+      // What the previous target forwarded to this one.
+      auto r = json::parse(runs[i - 1]->res.receiver_report, nullptr, false);
+      if (!r.is_discarded()) t->res.bytes_sent = r.value("forward_bytes", uint64_t{0});
+    }
     t->res.chunks_sent = t->chunks.load();
     t->res.chunks_resent = t->resent.load();
     t->res.seconds = rep.seconds;

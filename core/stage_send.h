@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct SendOptions {
   // attempt), and sleep this long after each chunk to make kills land mid-transfer.
   int64_t fault_corrupt_chunk = -1;
   int fault_delay_ms = 0;
+  // Chain mode: feed only the first target; each target forwards what the next ones need
+  // as it arrives (one copy per link instead of N copies on the source's link).
+  bool chain = false;
 };
 
 /// Outcome for one target.
@@ -74,6 +78,25 @@ struct SendReport {
   uint64_t bytes_read = 0;  // from the source disk (each needed chunk once)
   double seconds = 0;
   std::vector<TargetResult> targets;
+};
+
+/// Chain mode, inside a receiver: feeds the next receiver of the chain with chunks the
+/// caller received and verified. push() blocks while the downstream is behind (that
+/// backpressure paces the chain); finish() waits for every ack.
+class Forwarder {
+ public:
+  /// need_ranges: per file, [[first, end), ...] chunk ranges the downstream must receive.
+  static Result<std::unique_ptr<Forwarder>> start(const TargetSpec& next, const Manifest& m,
+                                                  const std::string& need_ranges_json, int streams,
+                                                  std::chrono::milliseconds timeout);
+  virtual ~Forwarder() = default;
+  virtual bool needs(uint32_t file, uint32_t chunk) const = 0;
+  /// Queues a verified chunk (len bytes at data, which must come from std::aligned_alloc and
+  /// is freed by the forwarder).
+  virtual void push(uint32_t file, uint32_t chunk, char* data, uint64_t len) = 0;
+  virtual Status finish() = 0;
+  virtual uint64_t bytes_sent() const = 0;
+  virtual const std::string& node() const = 0;
 };
 
 /// Free-space verdict for a target (empty when it fits). Pure: used by the sender and tests.

@@ -25,6 +25,7 @@ enum class Frame : uint8_t {
   report = 8,    // payload = JSON receiver report
   error = 9,     // payload = message; the peer stops
   abort = 10,    // control: the sender gives up (e.g. not enough space); receiver exits
+  forward = 11,  // control: chain mode, forward to the next receiver (JSON); acked in kind
 };
 
 enum class AckStatus : uint8_t { ok = 0, bad_hash = 1 };

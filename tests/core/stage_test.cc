@@ -2,6 +2,7 @@
 // real files on /var/tmp. Network namespaces and the real binaries are in tests/e2e.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,22 +52,24 @@ struct LoopReceiver {
   std::thread th;
   Result<std::string> result{Error{Errc::internal, "not run"}};
   std::string token;
+  std::string name;
 
-  explicit LoopReceiver(const std::string& dir, std::string tok = "") {
+  explicit LoopReceiver(const std::string& dir, std::string tok = "", std::string node = "t1") {
     token = tok.empty() ? *make_token() : tok;
     ReceiverOptions o;
     o.dir = dir;
     o.bind_ips = {"127.0.0.1"};
     o.token = token;
     o.idle_timeout = std::chrono::seconds(10);
-    o.node = "t1";
+    o.node = node;
+    name = node;
     auto c = Receiver::create(o);
     REQUIRE(c.ok());
     r = std::move(*c);
     th = std::thread([this] { result = r->run(); });
   }
   TargetSpec spec(const std::string& tok = "") const {
-    return TargetSpec{"t1", {{"127.0.0.1", r->ports()[0]}}, tok.empty() ? token : tok};
+    return TargetSpec{name, {{"127.0.0.1", r->ports()[0]}}, tok.empty() ? token : tok};
   }
   ~LoopReceiver() {
     if (th.joinable()) th.join();
@@ -135,6 +138,22 @@ TEST_CASE("stage: byte-identical copy, manifest written on the target, second ru
   CHECK(rep2->targets[0].bytes_sent == 0);
   CHECK(rep2->bytes_read == 0);
   CHECK(rep2->targets[0].skip_files == m.files.size());
+  rx2.th.join();
+
+  // The source is touched (same content, new time): nothing is sent, the time is carried.
+  timespec later[2] = {{a.st_mtim.tv_sec + 100, 0}, {a.st_mtim.tv_sec + 100, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, (src / "config.json").c_str(), later, 0) == 0);
+  ManifestOptions o;
+  o.chunk_size = kChunk;
+  auto m3 = build_manifest(src.path(), o);
+  REQUIRE(m3.ok());
+  LoopReceiver rx3(dst / "model");
+  auto rep3 = send_model(src.path(), *m3, {rx3.spec()}, fast());
+  REQUIRE(rep3.ok());
+  CHECK(rep3->ok);
+  CHECK(rep3->targets[0].bytes_sent == 0);
+  REQUIRE(::stat((dst / "model/config.json").c_str(), &b) == 0);
+  CHECK(b.st_mtim.tv_sec == a.st_mtim.tv_sec + 100);
 }
 
 TEST_CASE(
@@ -237,4 +256,60 @@ TEST_CASE("stage: free-space verdicts include the DISK_MAX_USE mark") {
   auto mark = space_problem("n1", 100, 200, 1000, 800, 85);  // would reach 90%
   CHECK(mark.find("DISK_MAX_USE=85%") != std::string::npos);
   CHECK(space_problem("n1", 100, 200, 1000, 800, 95).empty());
+}
+
+TEST_CASE("stage: a target directory that cannot be written is a clear error before sending") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIP: needs root to mount a read-only filesystem as the target");
+    return;
+  }
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  REQUIRE(::mount("tmpfs", dst.path().c_str(), "tmpfs", MS_RDONLY, "size=1m") == 0);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{dst.path()};
+  LoopReceiver rx(dst.path());
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(!rep.ok());
+  CHECK(rep.error().code == Errc::io);
+  CHECK(rep.error().message.find(dst.path()) != std::string::npos);
+  CHECK(rep.error().message.find("not writable") != std::string::npos);
+}
+
+TEST_CASE("stage: chain mode feeds the first target only; each forwards what the next lacks") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  // t2 already holds one shard: the chain must still deliver everything else to t3 through it.
+  std::filesystem::create_directories(dst / "t2");
+  std::filesystem::copy_file(src / "model-00002-of-00002.safetensors",
+                             dst / "t2/model-00002-of-00002.safetensors");
+  LoopReceiver a(dst / "t1", "", "t1"), b(dst / "t2", "", "t2"), c(dst / "t3", "", "t3");
+  auto o = fast();
+  o.chain = true;
+  o.fault_corrupt_chunk = 2;  // a damaged chunk on the first hop is still re-sent
+  auto rep = send_model(src.path(), m, {a.spec(), b.spec(), c.spec()}, o);
+  REQUIRE(rep.ok());
+  for (const auto& t : rep->targets) INFO(t.node << ": " << t.error);
+  CHECK(rep->ok);
+  CHECK(rep->bytes_read == m.total_bytes());
+  REQUIRE(rep->targets.size() == 3);
+  // The source sent one copy (plus the resent chunk), to t1 only.
+  CHECK(rep->targets[0].bytes_sent == m.total_bytes() + kChunk);
+  CHECK(rep->targets[0].chunks_resent == 1);
+  // t1 forwarded everything to t2 (t3 needs it all); t2 forwarded everything to t3.
+  CHECK(rep->targets[1].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[2].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[1].skip_files == 1);
+  for (const char* t : {"t1", "t2", "t3"}) {
+    CHECK(same_tree(src.path(), dst / t, m));
+    CHECK(verify_manifest(dst / t, m, true).ok);
+  }
+  // Again: nothing needed anywhere, nothing forwarded.
+  LoopReceiver a2(dst / "t1", "", "t1"), b2(dst / "t2", "", "t2"), c2(dst / "t3", "", "t3");
+  auto again = send_model(src.path(), m, {a2.spec(), b2.spec(), c2.spec()}, o);
+  REQUIRE(again.ok());
+  CHECK(again->ok);
+  for (const auto& t : again->targets) CHECK(t.bytes_sent == 0);
 }
