@@ -138,9 +138,10 @@ Status evict_models(const RingConfig& cfg, const RingLayout& lay, StartReport& r
       std::string why = j.is_string() ? j.get<std::string>() : first_lines(r.err + r.out);
       // Not fatal by itself: the memory gate that follows decides whether the node has room;
       // a missing model directory is preflight's model.files check.
-      rep.warnings.push_back(fmt::format("{}: evicting the page cache of the model files failed "
-                                         "(exit {}): {}",
-                                         r.node, r.exit_status, why));
+      rep.warnings.push_back(
+          fmt::format("{}: evicting the page cache of the model files failed "
+                      "(exit {}): {}",
+                      r.node, r.exit_status, why));
       parts.push_back(r.node + " FAILED (see warnings)");
       continue;
     }
@@ -853,7 +854,9 @@ json to_json(const RingStatus& s) {
                           {"pid", r.pid},
                           {"alive", r.alive},
                           {"uptime_s", r.uptime_s},
-                          {"last_seen_s", r.last_seen_s}});
+                          {"last_seen_s", r.last_seen_s},
+                          // ranks restart together: the ring's restarts by watch in the window
+                          {"restarts", s.restarts}});
   j["nodes"] = json::array();
   for (const auto& n : s.nodes) {
     json nj = {{"node", n.node},

@@ -72,6 +72,7 @@ struct LocalRing {
         "read m a < {dir}/once-$SPARK_RANK; rm -f {dir}/once-$SPARK_RANK; fi; "
         "exec {fault} --port 4${{SPARK_RANK}}{suf} --mode $m --after $a --watch-pid $SPARKD_PID'\n"
         "ENGINE_HEALTH_URL='http://127.0.0.1:4{{rank}}{suf}/health'\n"
+        "ENGINE_API_URL='http://127.0.0.1:4{{rank}}{suf}'\nPROBE_EXPECT=Paris\n"
         "API_PORT={api}\nRDZV_PORT={rdzv}\nSTATE_DIR={dir}/state\n"
         "SPARKD_BIN={sparkd}\nSPARKCTL_BIN={sparkctl}\n"
         "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=1s\nSTALL_TIMEOUT=2s\nJOIN_TIMEOUT=10s\n"
@@ -189,6 +190,8 @@ TEST_CASE(
   REQUIRE(h);
   CHECK((*h)["ready"] == true);
   CHECK((*h)["ranks_alive"] == 2);
+  // READY came after a real completion from rank 0's engine (the daemon's probe).
+  CHECK((*h)["probe"]["status"] == "passed");
   // The preflight step ran (fail-closed) and the memory gate passed.
   bool preflight = false, memory = false;
   for (const auto& st : s.j["steps"]) {
@@ -324,8 +327,10 @@ TEST_CASE(
                   SPARKD_BIN));
   ::chmod(wrapper.c_str(), 0755);
   ring.env["SPARKD_BIN"] = wrapper;
+  ring.env["START_RETRIES"] = "1";  // the whole start is tried again, and fails again
   auto s = ring.json_run({"start"});
-  CHECK_MESSAGE(s.rc != 0, s.all());
+  CHECK_MESSAGE(s.rc == exit_code(Errc::remote), s.all());
+  CHECK(s.j["attempts"] == 2);
   std::string msg = s.j["error"]["message"];
   CHECK_MESSAGE(msg.find("rank 1") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("config_digest") != std::string::npos, msg);
@@ -486,10 +491,12 @@ TEST_CASE(
                        "$SPARKD_PID'",
                        FAULT_SERVER_BIN, suffix),
            fmt::format("ENGINE_HEALTH_URL='http://127.0.0.1:4{{rank}}{}/health'", suffix),
-           fmt::format("STATE_DIR={}/state", dir.path()), fmt::format("SPARKD_BIN={}", SPARKD_BIN),
-           "HEARTBEAT_INTERVAL=200ms", "HEARTBEAT_TIMEOUT=2s", "JOIN_TIMEOUT=15s",
-           "SHUTDOWN_GRACE=2s", "STOP_GRACE=6s", "READY_TIMEOUT=30s", "MEM_FREE_MIN=1MiB",
-           "MEM_WAIT=2s", "START_CHECKS=ssh.reach,port.free,model.files", "MTU_MIN=1500"}});
+           fmt::format("ENGINE_API_URL='http://127.0.0.1:4{{rank}}{}'", suffix),
+           "PROBE_EXPECT=Paris", fmt::format("STATE_DIR={}/state", dir.path()),
+           fmt::format("SPARKD_BIN={}", SPARKD_BIN), "HEARTBEAT_INTERVAL=200ms",
+           "HEARTBEAT_TIMEOUT=2s", "JOIN_TIMEOUT=15s", "SHUTDOWN_GRACE=2s", "STOP_GRACE=6s",
+           "READY_TIMEOUT=30s", "MEM_FREE_MIN=1MiB", "MEM_WAIT=2s",
+           "START_CHECKS=ssh.reach,port.free,model.files", "MTU_MIN=1500"}});
   REQUIRE_MESSAGE(ring.ok(), ring.error().message);
   auto& r = **ring;
   auto s = r.sparkctl("--json start", 120s);
