@@ -387,6 +387,15 @@ TEST_CASE(
   int rank0 = st.j["ranks"][0]["pid"];
   ::kill(st.j["ranks"][1]["pid"].get<int>(), SIGKILL);
   REQUIRE(ring.wait_health([](const json& h) { return h["fatal"] == true; }, 5s));
+  // Under the cap but inside the backoff after the last restart: counted, not restarted.
+  ring.env["WATCH_MAX_RESTARTS"] = "3";
+  ring.env["WATCH_BACKOFF"] = "1h";
+  auto wb = ring.json_run({"watch"});
+  CHECK_MESSAGE(wb.j["verdict"] == "backoff", wb.all());
+  CHECK(wb.j["reason"].get<std::string>().find("next restart allowed in") != std::string::npos);
+  CHECK(alive(rank0));
+  ring.env["WATCH_MAX_RESTARTS"] = "1";
+  ring.env["WATCH_BACKOFF"] = "0s";
   auto w2 = ring.json_run({"watch"});
   CHECK_MESSAGE(w2.j["verdict"] == "gave_up", w2.all());
   CHECK(w2.rc == exit_code(Errc::precondition));
