@@ -539,3 +539,70 @@ TEST_CASE(
   CHECK_FALSE(alive(pid1));
   CHECK_FALSE(alive(j["ranks"][0]["pid"].get<int>()));
 }
+
+TEST_CASE("e2e sparkctl: a head outside the ring drives two SSH nodes (health through node 0)") {
+  if (auto why = test::ring_unavailable_reason(); !why.empty()) {
+    MESSAGE("SKIP: " << why);
+    return;
+  }
+  // Three namespaces: the head (sparkctl) in host 0, ranks 0 and 1 behind sshd in hosts 1, 2.
+  auto ring =
+      test::TestRing::create({.nodes = 3, .links = 1, .mtu = 1500, .sparkctl_bin = SPARKCTL_BIN});
+  REQUIRE_MESSAGE(ring.ok(), ring.error().message);
+  auto& r = **ring;
+  test::TempDir dir{"spark-ringhead"};
+  int suffix = next_suffix();
+  std::string cfg = fmt::format(
+      "RING_NAME=remote\nMODEL=demo\nENGINE=exec\n"
+      "ENGINE_EXEC='exec {fault} --port 4${{SPARK_RANK}}{suf} --mode healthy --watch-pid "
+      "$SPARKD_PID'\n"
+      "ENGINE_HEALTH_URL='http://127.0.0.1:4{{rank}}{suf}/health'\n"
+      "ENGINE_API_URL='http://127.0.0.1:4{{rank}}{suf}'\nPROBE_EXPECT=Paris\n"
+      "STATE_DIR={dir}/state\nSPARKD_BIN={sparkd}\nSPARKCTL_BIN={sparkctl}\n"
+      "SSH_IDENTITY={id}\nSSH_KNOWN_HOSTS={kh}\nSSH_TIMEOUT=5s\n"
+      "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=2s\nJOIN_TIMEOUT=15s\nSHUTDOWN_GRACE=2s\n"
+      "STOP_GRACE=6s\nREADY_TIMEOUT=30s\nMEM_FREE_MIN=1MiB\nMEM_WAIT=2s\nWATCH_GRACE=0s\n"
+      "WATCH_FAILURES=1\nWATCH_BACKOFF=0s\nSTART_CHECKS=ssh.reach,port.free\n",
+      fmt::arg("fault", FAULT_SERVER_BIN), fmt::arg("suf", suffix), fmt::arg("dir", dir.path()),
+      fmt::arg("sparkd", SPARKD_BIN), fmt::arg("sparkctl", SPARKCTL_BIN),
+      fmt::arg("id", r.sshd(1).identity()), fmt::arg("kh", r.known_hosts()));
+  for (int n = 0; n < 2; ++n)
+    cfg += fmt::format(
+        "NODE{n}_NAME=ns{h}\nNODE{n}_SSH={u}@{ip}:22\nNODE{n}_FABRIC_IP={ip}\nNODE{n}_NETDEVS={dev}"
+        "\n",
+        fmt::arg("n", n), fmt::arg("h", n + 1), fmt::arg("u", r.sshd(n + 1).user()),
+        fmt::arg("ip", r.net().ip(n + 1)), fmt::arg("dev", r.net().ifname(0)));
+  std::string path = dir.write("ring.env", cfg);
+  auto ctl = [&](const std::string& args) {
+    auto p = r.net().exec_in(0, fmt::format("{} --config {} {}", SPARKCTL_BIN, path, args), 120s);
+    REQUIRE(p);
+    return *p;
+  };
+  auto s = ctl("--json start");
+  std::string context =
+      s.out + "\n" + s.err + "\n" + read_file(dir / "state/logs/sparkd-0.log").value_or("");
+  INFO(context);
+  REQUIRE(s.exit_status == 0);
+  auto j = json::parse(s.out);
+  CHECK(j["ready"] == true);
+  int pid0 = j["ranks"][0]["pid"], pid1 = j["ranks"][1]["pid"];
+  // status reads rank 0's /health on node 0 over SSH (sparkctl health-get there).
+  auto st = ctl("--json status");
+  CHECK_MESSAGE(st.exit_status == 0, st.out, st.err);
+  auto sj = json::parse(st.out, nullptr, false);
+  CHECK(sj["answered"] == true);
+  CHECK(sj["ranks"][0]["state"] == "ready");
+  CHECK(sj["ranks"][1]["state"] == "ready");
+  // A dead follower on a remote node: watch sees it and restarts the ring over SSH.
+  REQUIRE(::kill(pid1, SIGKILL) == 0);
+  auto w = ctl("--json watch");
+  auto wj = json::parse(w.out, nullptr, false);
+  CHECK_MESSAGE(wj["verdict"] == "restarted", w.out, w.err);
+  CHECK_FALSE(alive(pid0));
+  auto stop = ctl("--json stop");
+  CHECK_MESSAGE(stop.exit_status == 0, stop.out, stop.err);
+  auto after = ctl("--json status");
+  auto aj = json::parse(after.out, nullptr, false);
+  CHECK(aj["ranks"][0]["alive"] == false);
+  CHECK(aj["ranks"][1]["alive"] == false);
+}
