@@ -2,6 +2,7 @@
 #include "cli/cmd_preflight.h"
 #include "cli/cmd_stage.h"
 #include "cli/cmd_demo_model.h"
+#include "cli/cmd_ring.h"
 
 namespace spark::cli {
 
@@ -26,6 +27,13 @@ const std::vector<Command>& commands() {
       {"stage-recv", "(internal) receiving half of stage-weights, started on a target over SSH", cmd_stage_recv},
       {"stage-send", "(internal) sending half of stage-weights, given receivers and tokens", cmd_stage_send},
       {"demo-model", "Write a small demo checkpoint with random weights (runs without a GPU)", cmd_demo_model},
+      {"start", "Start sparkd on every node and wait until the ring is READY", cmd_start},
+      {"stop", "Stop every rank, verify nothing is left, and keep the ring down (DISABLED)", cmd_stop},
+      {"restart", "Stop and start the whole ring together (clears DISABLED and GAVE_UP)", cmd_restart},
+      {"status", "Per rank and node: state, pid, uptime, memory, slots; READY, markers, watch", cmd_status},
+      {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
+      {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
+      {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
   };
   return table;
 }
