@@ -338,8 +338,9 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
                            desc, args, vm))
     return *rc;
   if (::isatty(0))
-    return ctx.fail(make_error(Errc::usage, "stage-send: give the tokens on standard input, one "
-                                            "'NAME TOKEN' line per target"));
+    return ctx.fail(make_error(Errc::usage,
+                               "stage-send: give the tokens on standard input, one "
+                               "'NAME TOKEN' line per target"));
   std::map<std::string, std::string> tokens;
   std::string line;
   while (std::getline(std::cin, line)) {
