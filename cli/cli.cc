@@ -96,7 +96,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
     } else if (a == "-vv") {
       ctx.opts.verbose += 2;
     } else if (a == "--version") {
-      return cmd_version(ctx, {});
+      return cmd_version(ctx, {"--short"});
     } else if (a == "-h" || a == "--help") {
       print_usage(out);
       return 0;

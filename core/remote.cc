@@ -138,7 +138,8 @@ class SshRunner final : public Runner {
   Status authenticate();
   Result<CommandResult> exec(const std::string& command, Clock::time_point t0,
                              Clock::time_point deadline, milliseconds timeout,
-                             const std::string& input, bool* started, bool stoppable = true);
+                             const std::string& input, bool* started);
+  void start_detached(const std::string& killer, const std::string& command);
   void set_session_timeout(int64_t ms);
   void drop();
   Error ssh_failure(const char* what);
@@ -329,7 +330,7 @@ std::string new_token() {
 
 Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_point t0,
                                       Clock::time_point deadline, milliseconds timeout,
-                                      const std::string& input, bool* started, bool stoppable) {
+                                      const std::string& input, bool* started) {
   set_session_timeout(ms_left(deadline));
   ssh_channel ch = ssh_channel_new(s_);
   if (!ch) return ssh_failure("cannot create a channel");
@@ -343,7 +344,7 @@ Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_po
   if (ssh_channel_open_session(ch) != SSH_OK) return ssh_failure("cannot open a session channel");
   *started = true;  // from here on the command may run: never retry it
   std::string token = new_token();
-  std::string remote = stoppable ? wrap_remote(command, timeout, token) : command;
+  std::string remote = wrap_remote(command, timeout, token);
   if (ssh_channel_request_exec(ch, remote.c_str()) != SSH_OK)
     return ssh_failure("cannot start the command");
 
@@ -358,18 +359,7 @@ Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_po
     set_session_timeout(1000);
     ssh_channel_request_send_signal(ch, "TERM");
     ssh_channel_close(ch);
-    if (stoppable) {
-      bool ignored = false;
-      auto now = Clock::now();
-      auto k = exec(kill_remote_command(token), now, now + milliseconds(1500), milliseconds(1500),
-                    {}, &ignored, false);
-      if (!k)
-        log::warn("ssh", "{}: could not stop `{}`: {}", where_, short_command(command),
-                  k.error().message);
-      else
-        log::debug("ssh", "{}: stop `{}`: exit {} {}", where_, short_command(command),
-                   k->exit_status, k->err);
-    }
+    start_detached(kill_remote_command(token), command);
     r.timed_out = true;
     std::string err_tail(trim(r.err));
     if (err_tail.size() > 200) err_tail = "..." + err_tail.substr(err_tail.size() - 200);
@@ -430,6 +420,23 @@ Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_po
   r.exit_status = status;
   r.seconds = seconds_since(t0);
   return r;
+}
+
+// Starts `killer` on a new channel and leaves it running: once sshd acknowledged the exec
+// request the command runs by itself (it writes nothing, so closing the channel does not
+// disturb it). Bounded by one second of session timeout per step.
+void SshRunner::start_detached(const std::string& killer, const std::string& command) {
+  set_session_timeout(1000);
+  ssh_channel ch = ssh_channel_new(s_);
+  bool ok = ch && ssh_channel_open_session(ch) == SSH_OK &&
+            ssh_channel_request_exec(ch, killer.c_str()) == SSH_OK;
+  if (!ok)
+    log::warn("ssh", "{}: could not stop `{}`: {}", where_, short_command(command),
+              ssh_get_error(s_));
+  if (ch) {
+    if (ssh_channel_is_open(ch)) ssh_channel_close(ch);
+    ssh_channel_free(ch);
+  }
 }
 
 Result<CommandResult> SshRunner::run(const std::string& command, milliseconds timeout,

@@ -1,4 +1,8 @@
+#include <fmt/format.h>
+
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "kernels/rmsnorm.h"
 
@@ -13,6 +17,34 @@ void rmsnorm_ref(const float* x, const float* w, float* y, size_t rows, size_t d
     double inv = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
     for (size_t i = 0; i < dim; ++i) yr[i] = static_cast<float>(xr[i] * inv * w[i]);
   }
+}
+
+void rmsnorm_bf16_ref(const bf16_bits* x, const bf16_bits* w, bf16_bits* y, size_t rows, size_t dim,
+                      float eps) {
+  std::vector<float> wf(dim), xf(dim), yf(dim);
+  for (size_t i = 0; i < dim; ++i) wf[i] = bf16_to_float(w[i]);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < dim; ++i) xf[i] = bf16_to_float(x[r * dim + i]);
+    rmsnorm_ref(xf.data(), wf.data(), yf.data(), 1, dim, eps);
+    for (size_t i = 0; i < dim; ++i) y[r * dim + i] = float_to_bf16(yf[i]);
+  }
+}
+
+Status rmsnorm_check_args(const void* x, const void* w, const void* y, size_t rows, size_t dim,
+                          float eps, size_t elem_size) {
+  if (dim == 0) return make_error(Errc::usage, "rmsnorm: dim must be > 0");
+  if (!std::isfinite(eps) || eps < 0)
+    return make_error(Errc::usage,
+                      fmt::format("rmsnorm: eps must be finite and >= 0, got {}", eps));
+  if (rows > 0 && (!x || !w || !y))
+    return make_error(Errc::usage, fmt::format("rmsnorm: null {} pointer", !x   ? "input"
+                                                                           : !w ? "weight"
+                                                                                : "output"));
+  if (rows > std::numeric_limits<size_t>::max() / dim / elem_size)
+    return make_error(
+        Errc::resource,
+        fmt::format("rmsnorm: {} rows x {} elements overflow the address space", rows, dim));
+  return Status::Ok();
 }
 
 }  // namespace spark::kernels

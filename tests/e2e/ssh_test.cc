@@ -1,10 +1,14 @@
 // core/remote against a real OpenSSH server (tests/support/sshd.h) on loopback and inside
 // network namespaces.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "core/config.h"
@@ -129,7 +133,7 @@ TEST_CASE("ssh: a deadline stops the remote command and names node and command")
   CHECK(r.error().code == Errc::timeout);
   CHECK(contains(r.error().message, "slow-node"));
   CHECK(contains(r.error().message, marker));
-  CHECK(took < 2s);
+  CHECK(took < 2500ms);
   CHECK_MESSAGE(no_process_matches(marker, 1500ms), "the remote `" << marker
                                                                    << "` still runs; sshd log:\n"
                                                                    << d->log());
@@ -216,6 +220,59 @@ TEST_CASE("ssh: a wrong user key names user, host and identity") {
   CHECK(contains(missing.error().message, "no-such-key"));
 }
 
+TEST_CASE("ssh: without SSH_IDENTITY the agent's keys are used") {
+  SKIP_WITHOUT_SSHD();
+  if (::access("/usr/bin/ssh-agent", X_OK) != 0) {
+    MESSAGE("SKIP: ssh-agent not installed");
+    return;
+  }
+  auto d = start_sshd();
+  TempDir tmp;
+  std::string sock = tmp / "agent.sock";
+  ProcessSpec agent_spec;
+  agent_spec.argv = {"ssh-agent", "-D", "-a", sock};
+  auto agent = ChildProcess::start(agent_spec, tmp / "agent.log");
+  REQUIRE(agent.ok());
+  for (int i = 0; i < 500 && ::access(sock.c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ProcessSpec add;
+  add.argv = {"ssh-add", d->identity()};
+  add.env = {{"SSH_AUTH_SOCK", sock}};
+  auto added = run_process(add);
+  REQUIRE(added.ok());
+  REQUIRE_MESSAGE(added->success(), added->err);
+
+  // The agent is found through SSH_AUTH_SOCK, as ssh(1) finds it.
+  struct AuthSock {
+    std::optional<std::string> old;
+    explicit AuthSock(const std::string& s) {
+      if (const char* o = ::getenv("SSH_AUTH_SOCK")) old = o;
+      ::setenv("SSH_AUTH_SOCK", s.c_str(), 1);
+    }
+    ~AuthSock() {
+      if (old)
+        ::setenv("SSH_AUTH_SOCK", old->c_str(), 1);
+      else
+        ::unsetenv("SSH_AUTH_SOCK");
+    }
+  } auth_sock(sock);
+  auto t = d->target("n-agent");
+  t.identity.clear();
+  auto r = make_ssh_runner(t)->run("echo via agent", 10s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(r->out == "via agent\n");
+
+  // An empty agent (and no authorized ~/.ssh/id_*) is refused, naming what was tried.
+  ProcessSpec del;
+  del.argv = {"ssh-add", "-D"};
+  del.env = {{"SSH_AUTH_SOCK", sock}};
+  REQUIRE(run_process(del).ok());
+  auto refused = make_ssh_runner(t)->run("true", 10s);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == Errc::auth);
+  CHECK(contains(refused.error().message, "agent"));
+}
+
 TEST_CASE("ssh: a closed port is a network error naming the node") {
   SKIP_WITHOUT_SSHD();
   auto d = start_sshd();
@@ -229,6 +286,37 @@ TEST_CASE("ssh: a closed port is a network error naming the node") {
   CHECK(contains(r.error().message, "n-down"));
   CHECK(contains(r.error().message, "refused"));
   CHECK(Clock::now() - t0 < 5s);
+}
+
+TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the deadline") {
+  // A listening socket nobody accepts from: the kernel completes the TCP handshake, then
+  // silence (a hung sshd, a wrong service on the port).
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  SshTarget t;
+  t.node = "n-silent";
+  t.host = "127.0.0.1";
+  t.port = ntohs(a.sin_port);
+  // First the call's deadline is the tighter bound, then the connect timeout.
+  for (auto [deadline, connect] : {std::pair{700ms, 5000ms}, std::pair{10000ms, 800ms}}) {
+    t.connect_timeout = connect;
+    auto t0 = Clock::now();
+    auto r = make_ssh_runner(t)->run("true", deadline);
+    auto took = Clock::now() - t0;
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message);
+    CHECK(r.error().code == Errc::timeout);
+    CHECK(contains(r.error().message, "n-silent"));
+    CHECK(took < 2s);
+  }
+  ::close(fd);
 }
 
 TEST_CASE("ssh: fan_out runs on every node at once and reports per node") {

@@ -1,0 +1,52 @@
+#pragma once
+// What the CUDA runtime (linked statically; it loads the driver at run time) can see, for
+// callers that do not include CUDA headers. In a build without CUDA every call returns
+// Errc::unsupported with "built without CUDA".
+#include <cstddef>
+#include <string>
+
+#include "core/error.h"
+
+namespace spark::kernels {
+
+/// True when this binary contains the CUDA kernels (SPARK_HAVE_CUDA at build time).
+bool built_with_cuda();
+
+/// Number of CUDA devices visible to this process (>= 1), or Errc::unsupported naming why
+/// none can be used ("no CUDA device: <CUDA error string>").
+Result<int> cuda_device_count();
+
+/// The GPU architectures this build has kernels for, e.g. "90,121"; empty without CUDA.
+std::string cuda_architectures();
+
+/// Version of the CUDA runtime compiled in, e.g. "13.0"; empty without CUDA.
+std::string cuda_runtime_version();
+
+/// Waits for all work on the current device (cudaDeviceSynchronize) and reports its errors.
+Status cuda_synchronize();
+
+/// Device memory owned by one object (freed when it goes away); move-only. For the engine
+/// and for tests that drive the device-pointer entry points without CUDA headers.
+class DeviceMemory {
+ public:
+  /// Allocates `bytes` on the current device (Errc::resource when it does not fit).
+  static Result<DeviceMemory> allocate(size_t bytes);
+  DeviceMemory() = default;
+  DeviceMemory(DeviceMemory&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory();
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+  /// Copies `bytes` (<= size()) from host memory to the start of this buffer, synchronously.
+  Status copy_from_host(const void* src, size_t bytes);
+  /// Copies `bytes` (<= size()) from the start of this buffer to host memory, synchronously.
+  Status copy_to_host(void* dst, size_t bytes) const;
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace spark::kernels

@@ -1,0 +1,138 @@
+// RMSNorm on the GPU: one thread block per row. Each thread accumulates x^2 over a strided
+// slice of the row in fp32, warps reduce with shuffles, warp 0 reduces the per-warp sums
+// and publishes 1/rms through shared memory, then every thread scales its slice.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/cuda_runtime.h"
+#include "kernels/rmsnorm.h"
+
+namespace spark::kernels {
+namespace {
+
+__device__ __forceinline__ float load_f32(float v) {
+  return v;
+}
+__device__ __forceinline__ float load_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T store_as(float v);
+template <>
+__device__ __forceinline__ float store_as<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// blockDim.x must be a multiple of 32 (at most 1024). Rows beyond gridDim.x are handled by
+// striding, so any row count launches.
+template <typename T>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                               size_t rows, size_t dim, float eps) {
+  __shared__ float warp_sums[32];
+  __shared__ float inv_rms;
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+  const unsigned nwarps = blockDim.x >> 5;
+  for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * dim;
+    T* yr = y + row * dim;
+    float ss = 0.f;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      float v = load_f32(xr[i]);
+      ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) warp_sums[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+      float s = lane < nwarps ? warp_sums[lane] : 0.f;
+      s = warp_sum(s);
+      if (lane == 0) inv_rms = rsqrtf(s / static_cast<float>(dim) + eps);
+    }
+    __syncthreads();
+    const float inv = inv_rms;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x)
+      yr[i] = store_as<T>(load_f32(xr[i]) * inv * load_f32(w[i]));
+    __syncthreads();  // warp_sums and inv_rms are rewritten for the next row
+  }
+}
+
+// Threads per block: enough warps to cover short rows in one pass, at most 512 so several
+// blocks fit per SM for long rows.
+unsigned threads_for(size_t dim) {
+  size_t t = (dim + 31) / 32 * 32;
+  return static_cast<unsigned>(std::clamp<size_t>(t, 32, 512));
+}
+
+template <typename T>
+Status launch(const T* x, const T* w, T* y, size_t rows, size_t dim, float eps,
+              cudaStream_t stream) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(T)));
+  if (rows == 0) return Status::Ok();
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>(rows, 1u << 20));
+  rmsnorm_kernel<T><<<blocks, threads_for(dim), 0, stream>>>(x, w, y, rows, dim, eps);
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+template <typename T, typename Dev>
+Status run_on_host_arrays(const T* x, const T* w, T* y, size_t rows, size_t dim, float eps) {
+  SPARK_TRY(rmsnorm_check_args(x, w, y, rows, dim, eps, sizeof(T)));
+  if (rows == 0) return Status::Ok();
+  SPARK_TRY(cuda_device_count().status());
+  const size_t xbytes = rows * dim * sizeof(T);
+  const size_t wbytes = dim * sizeof(T);
+  auto dx = DeviceMemory::allocate(xbytes);
+  SPARK_TRY(dx.status());
+  auto dw = DeviceMemory::allocate(wbytes);
+  SPARK_TRY(dw.status());
+  auto dy = DeviceMemory::allocate(xbytes);
+  SPARK_TRY(dy.status());
+  SPARK_TRY(dx->copy_from_host(x, xbytes));
+  SPARK_TRY(dw->copy_from_host(w, wbytes));
+  SPARK_TRY(launch(static_cast<const Dev*>(dx->get()), static_cast<const Dev*>(dw->get()),
+                   static_cast<Dev*>(dy->get()), rows, dim, eps, nullptr));
+  SPARK_CUDA_TRY(cudaDeviceSynchronize());
+  SPARK_TRY(dy->copy_to_host(y, xbytes));
+  return Status::Ok();
+}
+
+static_assert(sizeof(__nv_bfloat16) == sizeof(bf16_bits), "bf16 host and device layouts differ");
+
+}  // namespace
+
+Status rmsnorm_cuda(const float* x_host, const float* w_host, float* y_host, size_t rows,
+                    size_t dim, float eps) {
+  return run_on_host_arrays<float, float>(x_host, w_host, y_host, rows, dim, eps);
+}
+
+Status rmsnorm_bf16_cuda(const bf16_bits* x_host, const bf16_bits* w_host, bf16_bits* y_host,
+                         size_t rows, size_t dim, float eps) {
+  return run_on_host_arrays<bf16_bits, __nv_bfloat16>(x_host, w_host, y_host, rows, dim, eps);
+}
+
+Status rmsnorm_cuda_device(const float* x_dev, const float* w_dev, float* y_dev, size_t rows,
+                           size_t dim, float eps, void* stream) {
+  return launch(x_dev, w_dev, y_dev, rows, dim, eps, static_cast<cudaStream_t>(stream));
+}
+
+Status rmsnorm_bf16_cuda_device(const bf16_bits* x_dev, const bf16_bits* w_dev, bf16_bits* y_dev,
+                                size_t rows, size_t dim, float eps, void* stream) {
+  return launch(
+      reinterpret_cast<const __nv_bfloat16*>(x_dev), reinterpret_cast<const __nv_bfloat16*>(w_dev),
+      reinterpret_cast<__nv_bfloat16*>(y_dev), rows, dim, eps, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace spark::kernels

@@ -1,0 +1,82 @@
+// FAULT INJECTION ONLY: a stand-in for libcuda.so.1 that fails in chosen ways, so the GPU
+// probe's failure paths (cuInit error, hung driver, failed attribute query) are tested on
+// machines without a GPU. The real driver is exercised by tests/hw on the GPU machine.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace {
+std::atomic<int> g_mode{0};
+constexpr int kNoDevice = 100;    // CUDA_ERROR_NO_DEVICE
+constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+}  // namespace
+
+extern "C" {
+
+/// Selects the fault: 0 cuInit fails (no device), 1 cuInit hangs for 2 s, 2 one device
+/// whose MAX_SHARED_MEMORY_PER_BLOCK_OPTIN query fails.
+void spark_fault_set_mode(int mode) {
+  g_mode = mode;
+}
+
+int cuInit(unsigned) {
+  switch (g_mode.load()) {
+    case 0:
+      return kNoDevice;
+    case 1:
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // bounded: nothing waits forever
+      return kNoDevice;
+    default:
+      return 0;
+  }
+}
+int cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return 0;
+}
+int cuDeviceGetCount(int* n) {
+  *n = 1;
+  return 0;
+}
+int cuDeviceGet(int* dev, int ordinal) {
+  *dev = ordinal;
+  return 0;
+}
+int cuDeviceGetName(char* name, int len, int) {
+  std::strncpy(name, "Fault Injection GPU", static_cast<size_t>(len));
+  return 0;
+}
+int cuDeviceGetAttribute(int* v, int attr, int) {
+  switch (attr) {
+    case 75:
+      *v = 9;
+      return 0;  // compute capability major
+    case 76:
+      *v = 0;
+      return 0;  // minor
+    case 16:
+      *v = 132;
+      return 0;  // multiprocessors
+    case 97:
+      return kInvalidValue;  // shared memory opt-in: the injected failure
+    default:
+      return kInvalidValue;
+  }
+}
+int cuDeviceTotalMem_v2(unsigned long* bytes, int) {
+  *bytes = 1ul << 30;
+  return 0;
+}
+int cuGetErrorName(int r, const char** s) {
+  *s = r == kNoDevice       ? "CUDA_ERROR_NO_DEVICE"
+       : r == kInvalidValue ? "CUDA_ERROR_INVALID_VALUE"
+                            : "CUDA_ERROR_UNKNOWN";
+  return 0;
+}
+int cuGetErrorString(int r, const char** s) {
+  *s = r == kNoDevice ? "no CUDA-capable device is detected" : "invalid argument";
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# scripts/gpu-run.sh: stage an existing build and run the device side here (no GPU: the GPU
+# tests print SKIP). Checks the staged layout, that only non-system libraries are copied,
+# that every binary resolves its libraries from the stage, and the run's summary.
+# Usage: bash gpu_run_test.sh SRC_DIR BUILD_DIR
+set -euo pipefail
+src=$1 build=$2
+tmp=$(mktemp -d /tmp/spark-gpu-run-test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+for t in sparkctl sparkd spark_unit_tests spark_hw_tests; do
+  [ -x "$(find "$build" -maxdepth 2 -name "$t" -type f | head -1)" ] || { echo "SKIP: $t not built in $build"; exit 0; }
+done
+
+# Usage text and exit code 2 without a mode.
+rc=0; bash "$src/scripts/gpu-run.sh" > "$tmp/usage" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "no mode: exit $rc, want 2"
+grep -q 'bash .device/run.sh' "$tmp/usage" || fail "usage does not show the device command"
+
+STAGE_FROM="$build" STAGE_DIR="$tmp/dev" bash "$src/scripts/gpu-run.sh" stage > "$tmp/stage.log" 2>&1 ||
+  { cat "$tmp/stage.log"; fail "stage failed"; }
+for f in run.sh gpu-run.sh MANIFEST bin/sparkctl bin/sparkd bin/spark_unit_tests bin/spark_hw_tests \
+         bin/libfault_inject_libcuda.so; do
+  [ -e "$tmp/dev/$f" ] || fail "stage lacks $f"
+done
+ls "$tmp/dev/lib"/libfmt.so.* > /dev/null 2>&1 || fail "libfmt (not on the GPU machine in this version) was not copied"
+for sys in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 ld-linux-x86-64.so.2 libcuda.so.1; do
+  [ ! -e "$tmp/dev/lib/$sys" ] || fail "system library $sys was copied"
+done
+grep -q "^source_dir=$src\$" "$tmp/dev/MANIFEST" || fail "MANIFEST lacks source_dir: $(cat "$tmp/dev/MANIFEST")"
+# Every library the staged binaries need resolves with the stage's lib/ first.
+for b in "$tmp/dev/bin"/*; do
+  if LD_LIBRARY_PATH="$tmp/dev/lib" ldd "$b" | grep -q 'not found'; then fail "$b has unresolved libraries"; fi
+done
+
+# The device side, minus the full unit run (the unit tier runs it already).
+out="$tmp/out"
+rc=0; OUT="$out" GPU_RUN_STEPS="libraries version hw gpu-kernels" bash "$tmp/dev/run.sh" > "$tmp/run.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || { cat "$tmp/run.log"; fail "run.sh exited $rc"; }
+for s in libraries version hw gpu-kernels; do
+  grep -qE "^  $s +PASS" "$out/summary.txt" || fail "step $s did not pass: $(cat "$out/summary.txt")"
+done
+grep -q '"failed":0' "$out/summary.json" || fail "summary.json: $(cat "$out/summary.json")"
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert "gpu" in j and "sparkctl" in j, j' "$out/version.json" ||
+  fail "version.json is not the version report"
+if ! command -v nvidia-smi > /dev/null; then
+  grep -q '^SKIP: ' "$out/hw.log" || fail "without a GPU the hw tests must print SKIP"
+fi
+echo "PASS: gpu-run.sh stage + device"
