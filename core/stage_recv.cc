@@ -82,7 +82,7 @@ struct FileState {
   int dfd = -1;  // O_DIRECT when the filesystem supports it: bulk writes skip the page cache
   int jfd = -1;
   std::string error;
-  std::string pending;     // journal lines of verified chunks not yet made durable
+  std::string pending;  // journal lines of verified chunks not yet made durable
   int pending_chunks = 0;
 };
 

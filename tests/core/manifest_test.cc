@@ -215,8 +215,8 @@ TEST_CASE(
 
 TEST_CASE("fuzz corpus: every fuzz_manifest seed parses and round-trips, or fails with integrity") {
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(SPARK_SOURCE_DIR
-                                                           "/tests/fuzz/corpus/fuzz_manifest")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(SPARK_SOURCE_DIR "/tests/fuzz/corpus/fuzz_manifest")) {
     auto text = read_file(e.path().string());
     REQUIRE(text.has_value());
     ++n;
