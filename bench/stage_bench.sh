@@ -111,6 +111,14 @@ dd if=/dev/zero of="$WORK/ddw" bs=64M count=32 oflag=direct status=none
 WRITE_MBS=$(mbps $((32 << 26)) "$(python3 -c "print($(now)-$t0)")")
 rm -f "$WORK/ddw"
 SLOWEST=$(printf '%s\n' "$READ_MBS" "$LINK_MBS" "$WRITE_MBS" | sort -n | head -1)
+# Here source and targets share one disk, so a copy reads and writes the same device: the
+# fourth figure is a direct copy on this disk (the bound a same-machine copy really has).
+big=$(ls -S "$SRC"/*.safetensors | head -1)
+drop_caches
+t0=$(now)
+dd if="$big" of="$WORK/ddc" bs=64M iflag=direct oflag=direct status=none
+COPY_MBS=$(mbps "$(stat -c %s "$big")" "$(python3 -c "print($(now)-$t0)")")
+rm -f "$WORK/ddc"
 
 # --- sshd in t1 for rsync --------------------------------------------------------------------
 mkdir -p "$WORK/ssh"
@@ -212,10 +220,11 @@ VM_S=$(median "${vm[@]}")
 # --- report --------------------------------------------------------------------------------
 python3 - "$TOTAL" "$S1" "$RSYNC_S" "$TARNC_S" "${SN:-0}" "$TARGETS" "$READ_MBS" "$LINK_MBS" \
   "$WRITE_MBS" "$SLOWEST" "$MANIFEST_S" "$EV_S" "$EV_BEFORE" "$EV_AFTER" "$VM_S" "$VM_BEFORE" \
-  "$VM_AFTER" "$WRONG" "$WORK/stage-1.json" "$JSON_OUT" "${SC:-0}" <<'EOF'
+  "$VM_AFTER" "$WRONG" "$WORK/stage-1.json" "$JSON_OUT" "${SC:-0}" "$COPY_MBS" <<'EOF'
 import json, sys
 (total, s1, rs, tn, sn, nt, rd, lk, wr, slow, mf, evs, evb, eva, vms, vmb, vma, wrong,
- stage_json, out, sc) = sys.argv[1:]
+ stage_json, out, sc, cp) = sys.argv[1:]
+cp = int(cp)
 total = int(total); s1, rs, tn, sn, mf, sc = map(float, (s1, rs, tn, sn, mf, sc))
 rd, lk, wr, slow = map(int, (rd, lk, wr, slow))
 rate = lambda s: total / s / 1e6 if s > 0 else 0
@@ -229,8 +238,9 @@ print(f"# {'method':<28} {'seconds':>8} {'MB/s':>8}")
 for name, s, r in rows:
     print(f"{name:<30} {s:8.2f} {r:8.0f}")
 print(f"# limits MB/s: source read (O_DIRECT dd) {rd}, link (iperf3 -P 4) {lk}, "
-      f"target write (O_DIRECT dd) {wr}; slowest {slow}")
-print(f"# stage-weights: {rate(s1)/slow*100:.0f}% of the slowest limit, {rs/s1:.1f}x rsync, "
+      f"target write (O_DIRECT dd) {wr}; slowest {slow}; same-disk direct copy {cp}")
+print(f"# stage-weights: {rate(s1)/slow*100:.0f}% of the slowest limit "
+      f"({rate(s1)/min(slow, cp)*100:.0f}% counting the same-disk copy), {rs/s1:.1f}x rsync, "
       f"{tn/s1:.1f}x tar|nc; manifest creation (hashing) {mf:.2f} s = {rate(mf):.0f} MB/s")
 if int(nt) > 1:
     print(f"# {nt} targets take {sn/s1:.2f}x the wall time of 1 in parallel (aggregate "
@@ -243,7 +253,8 @@ j = {"total_bytes": total, "stage_1_target_s": s1, "stage_1_target_MBps": rate(s
      "targets": int(nt), "stage_n_targets_s": sn, "stage_n_targets_aggregate_MBps": rate(sn) * int(nt) if sn else 0,
      "stage_n_chain_s": sc, "stage_n_chain_aggregate_MBps": rate(sc) * int(nt) if sc else 0,
      "limit_source_read_MBps": rd, "limit_link_MBps": lk, "limit_target_write_MBps": wr,
-     "slowest_limit_MBps": slow, "fraction_of_slowest": rate(s1) / slow, "x_rsync": rs / s1,
+     "slowest_limit_MBps": slow, "fraction_of_slowest": rate(s1) / slow,
+     "limit_same_disk_copy_MBps": cp, "fraction_of_slowest_incl_copy": rate(s1) / min(slow, cp), "x_rsync": rs / s1,
      "x_tar_nc": tn / s1, "manifest_s": mf,
      "evict_s": float(evs), "evict_resident_before": int(evb), "evict_resident_after": int(eva),
      "vmtouch_s": float(vms), "vmtouch_resident_before": int(vmb), "vmtouch_resident_after": int(vma),

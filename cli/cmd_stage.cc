@@ -248,6 +248,8 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   auto idle = parse_duration_ms(vm["idle-timeout"].as<std::string>(), &why);
   if (!idle) return ctx.fail(make_error(Errc::usage, "stage-recv: --idle-timeout: " + why));
   // The token arrives on stdin so that it never shows in ps.
+  if (::isatty(0))
+    return ctx.fail(make_error(Errc::usage, "stage-recv: give the token on standard input"));
   std::string token;
   char c;
   while (token.size() < 1024 && ::read(0, &c, 1) == 1 && c != '\n') token += c;
@@ -335,6 +337,10 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
                            "stage-send --dir DIR --target NAME=IP:PORT... < 'NAME TOKEN' lines",
                            desc, args, vm))
     return *rc;
+  if (::isatty(0))
+    return ctx.fail(make_error(Errc::usage,
+                               "stage-send: give the tokens on standard input, one "
+                               "'NAME TOKEN' line per target"));
   std::map<std::string, std::string> tokens;
   std::string line;
   while (std::getline(std::cin, line)) {

@@ -147,8 +147,14 @@ std::vector<Mapper> find_mappers(const std::string& proc_root, uint64_t dev, uin
 }
 
 Status evict_fd(int fd, bool writable) {
-  if (writable && ::fdatasync(fd) != 0)
-    return make_error(Errc::io, fmt::format("fdatasync: {}", std::strerror(errno)));
+  // Dirty pages cannot be dropped: write them out and wait. sync_file_range rather than
+  // fdatasync: it does not force a device cache flush and a journal commit per file, which
+  // costs milliseconds per clean file (200 ms on a 40-file model) and buys no durability
+  // that eviction needs.
+  if (writable && ::sync_file_range(fd, 0, 0,
+                                    SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                        SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+    return make_error(Errc::io, fmt::format("sync_file_range: {}", std::strerror(errno)));
   int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   if (rc != 0) return make_error(Errc::io, fmt::format("posix_fadvise: {}", std::strerror(rc)));
   return {};
@@ -168,8 +174,8 @@ Result<EvictReport> evict_page_cache(const std::vector<std::string>& paths,
   for (const auto& path : *files) {
     EvictedFile ef;
     ef.path = path;
-    // Writable files are opened read-write so that fdatasync flushes what we just wrote;
-    // anything else read-only (fdatasync is not needed: nobody can have dirtied it through us).
+    // Writable files are opened read-write so that their dirty pages (a file just written)
+    // are written out first; anything else read-only.
     bool writable = ::access(path.c_str(), W_OK) == 0;
     Fd f{::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW)};
     if (f.fd < 0 && writable) {

@@ -1,7 +1,7 @@
 #pragma once
 // Page-cache residency and eviction without root. On unified-memory nodes (GB10) the page
 // cache competes with the GPU: weights just copied or read keep RAM busy until evicted.
-// Residency is measured with mmap + mincore; eviction is fdatasync (if dirty) then
+// Residency is measured with mmap + mincore; eviction writes dirty pages out (sync_file_range) then
 // posix_fadvise(POSIX_FADV_DONTNEED), verified with mincore. Pages a running process has
 // mapped cannot be dropped: those processes are found through <root>/proc/*/maps.
 #include <cstdint>
@@ -46,7 +46,7 @@ struct EvictedFile {
   uint64_t size = 0;
   uint64_t resident_before = 0;  // bytes
   uint64_t resident_after = 0;
-  bool synced = false;  // fdatasync ran
+  bool synced = false;  // dirty pages were written out first (writable file)
   std::string status;   // evicted | resident | unreadable | error
   std::string reason;   // why it stayed resident / what failed, with the remedy
   std::vector<Mapper> mapped_by;
@@ -70,7 +70,8 @@ struct EvictReport {
 Result<EvictReport> evict_page_cache(const std::vector<std::string>& paths,
                                      const std::string& proc_root = "/");
 
-/// Evicts one open file descriptor's pages (fdatasync when writable, then DONTNEED).
+/// Evicts one open file descriptor's pages (dirty pages written out and waited for when
+/// writable, then DONTNEED).
 /// Used by stage-weights on the files it wrote and read.
 Status evict_fd(int fd, bool writable);
 

@@ -212,3 +212,23 @@ TEST_CASE(
   CHECK(st["gone"] == "missing");
   CHECK(st["new"] == "extra");
 }
+
+TEST_CASE("fuzz corpus: every fuzz_manifest seed parses and round-trips, or fails with integrity") {
+  int n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(SPARK_SOURCE_DIR "/tests/fuzz/corpus/fuzz_manifest")) {
+    auto text = read_file(e.path().string());
+    REQUIRE(text.has_value());
+    ++n;
+    auto m = parse_manifest_json(*text, e.path().filename().string());
+    if (!m) {
+      CHECK_MESSAGE(m.error().code == Errc::integrity, e.path().string());
+      continue;
+    }
+    auto again = parse_manifest_json(manifest_to_json(*m), "round-trip");
+    REQUIRE(again.ok());
+    CHECK(again->digest() == m->digest());
+    for (const auto& f : m->files) CHECK(check_manifest_path(f.path).ok());
+  }
+  CHECK(n >= 5);
+}

@@ -65,7 +65,7 @@ TEST_CASE("residency: read files are resident, evicted files have zero resident 
   for (const auto& f : rep->files) {
     CHECK(f.status == "evicted");
     CHECK(f.resident_after == 0);
-    CHECK(f.synced);  // writable by us: fdatasync ran before DONTNEED
+    CHECK(f.synced);  // writable by us: dirty pages written out before DONTNEED
   }
   auto ra2 = file_residency(a, true);
   REQUIRE(ra2.ok());
