@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +71,8 @@ struct Prepared {
   std::vector<char*> envp;
   const char* cwd = nullptr;
   const char* program = nullptr;
+  bool die_with_parent = false;
+  pid_t parent = 0;
 };
 
 Prepared prepare(const ProcessSpec& spec) {
@@ -87,6 +90,8 @@ Prepared prepare(const ProcessSpec& spec) {
   for (auto& s : p.storage_env) p.envp.push_back(s.data());
   p.envp.push_back(nullptr);
   if (!spec.cwd.empty()) p.cwd = spec.cwd.c_str();
+  p.die_with_parent = spec.die_with_parent;
+  p.parent = ::getpid();
   return p;
 }
 
@@ -101,6 +106,10 @@ void close_from(int lo, int hi) {
 [[noreturn]] void exec_child(const Prepared& p, int in_fd, int out_fd, int err_fd, int errfd,
                              bool new_group) {
   if (new_group) ::setpgid(0, 0);
+  if (p.die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != p.parent) ::_exit(127);  // the parent died before prctl took effect
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -468,6 +477,7 @@ Result<pid_t> spawn_detached(const ProcessSpec& spec, const std::string& log_pat
   SPARK_TRY(make_pipe(&errp));
   SPARK_TRY(make_pipe(&pidp));
   Prepared prep = prepare(spec);
+  prep.die_with_parent = false;  // its parent exits at once by design
   pid_t first = ::fork();
   if (first < 0) return make_error(Errc::resource, fmt::format("fork: {}", std::strerror(errno)));
   if (first == 0) {

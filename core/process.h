@@ -25,6 +25,9 @@ struct ProcessSpec {
   std::chrono::milliseconds timeout{60000};  // deadline for the whole run (run_process)
   std::chrono::milliseconds kill_grace{1000};  // SIGTERM to the group, then SIGKILL after this
   size_t output_limit = size_t{64} << 20;      // per stream; the rest is read and dropped
+  // SIGTERM the child when the thread that started it exits (PR_SET_PDEATHSIG), so a test
+  // that crashes leaves no server behind. Start it from a long-lived thread.
+  bool die_with_parent = false;
 };
 
 /// A spec that runs `command` with /bin/sh -c.
@@ -92,7 +95,8 @@ class ChildProcess {
 
 /// Starts a command fully detached from the caller (setsid, double fork): it survives the
 /// caller, has no controlling terminal, stdin /dev/null, stdout and stderr appended to
-/// log_path (created 0644). Returns its pid once exec succeeded. spec.input/timeout ignored.
+/// log_path (created 0644). Returns its pid once exec succeeded. spec.input, timeout and
+/// die_with_parent are ignored.
 Result<pid_t> spawn_detached(const ProcessSpec& spec, const std::string& log_path);
 
 /// Quotes one word for a POSIX shell: a/b-c stays as is, it's -> 'it'\''s', '' -> ''.

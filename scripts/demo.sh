@@ -7,7 +7,8 @@
 # Environment: SPARK_BUILD_DIR (default build), SPARK_DEMO_CONFIG (default
 # env/examples/local.env), SPARK_DEMO_WAIT (seconds to wait for /health, default 60),
 # SPARKD (a sparkd binary to use instead of the built one).
-# Later issues upgrade step 4 to `sparkctl start` and add a chat request.
+# With sparkctl start/status/stop (the ring commands) steps 4-5 use them; a later issue adds
+# a chat request.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,6 +45,40 @@ export API_PORT=${API_PORT:-$(free_port)}
 export RDZV_PORT=${RDZV_PORT:-$(free_port)}
 RUN=$(mktemp -d /tmp/sparkctl-demo.XXXXXX)
 LOG=$RUN/sparkd.log
+
+if has_cmd start && has_cmd stop && has_cmd status; then
+  # The ring's own lifecycle: sparkctl start launches sparkd detached (pidfile, log under
+  # STATE_DIR/logs), status reads it back, stop proves nothing is left.
+  step "4/5 sparkctl start (API on 127.0.0.1:$API_PORT)"
+  trap '"$SPARKCTL" --config "$CONFIG" stop >/dev/null 2>&1 || true; rm -rf "$RUN"' EXIT
+  # --no-wait: the demo shows the ring whatever its engine does (the native engine may not
+  # be built yet); --skip-preflight: this machine is not a DGX Spark (step 3 showed why).
+  "$SPARKCTL" --config "$CONFIG" start --no-wait --skip-preflight
+  health=""
+  deadline=$((SECONDS + WAIT))
+  while ((SECONDS < deadline)); do
+    if health=$(curl -sS --max-time 2 "http://127.0.0.1:$API_PORT/health" 2>/dev/null) && [[ -n $health ]]; then
+      state=$(python3 -c 'import json,sys; print(json.load(sys.stdin).get("state",""))' <<<"$health" 2>/dev/null || true)
+      [[ $state == ready || $state == fatal ]] && break
+    fi
+    sleep 0.5
+  done
+  if [[ -z $health ]]; then
+    echo "demo: sparkd did not answer GET /health within ${WAIT}s; its log:" >&2
+    "$SPARKCTL" --config "$CONFIG" logs --rank 0 -n 50 >&2 || true
+    exit 1
+  fi
+  echo "GET /health:"
+  python3 -m json.tool <<<"$health" 2>/dev/null || echo "$health"
+  "$SPARKCTL" --config "$CONFIG" status || true
+
+  step "5/5 sparkctl stop"
+  rc=0
+  "$SPARKCTL" --config "$CONFIG" stop || rc=$?
+  "$SPARKCTL" --config "$CONFIG" logs --rank 0 -n 5 || true
+  echo "sparkd stopped, exit status $rc"
+  exit "$rc"
+fi
 
 step "4/5 start sparkd, rank 0 of the one-node ring (API on 127.0.0.1:$API_PORT)"
 "$SPARKD" --config "$CONFIG" --rank 0 >"$LOG" 2>&1 &

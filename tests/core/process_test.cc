@@ -2,9 +2,11 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "core/strings.h"
@@ -202,6 +204,26 @@ TEST_CASE("ChildProcess runs in the background, logs, and stops its group") {
   CHECK_FALSE(s->running());
   CHECK(s->term_signal() == SIGTERM);
   CHECK(gone_within(grandchild, 2s));
+}
+
+TEST_CASE("die_with_parent ends the child when the thread that started it exits") {
+  pid_t pid = 0;
+  std::thread starter([&] {
+    ProcessSpec s = shell_spec("exec sleep 100");
+    s.die_with_parent = true;
+    auto c = ChildProcess::start(s, {});
+    REQUIRE(c.ok());
+    pid = c->pid();
+    // Keep the ChildProcess from stopping it when this thread ends, as if the test crashed.
+    static std::optional<ChildProcess> kept;
+    kept.emplace(std::move(*c));
+  });
+  starter.join();
+  REQUIRE(pid > 0);
+  CHECK(gone_within(pid, 2s));
+  ::kill(pid, SIGKILL);  // only matters when the check failed
+  int ws;
+  ::waitpid(pid, &ws, 0);
 }
 
 TEST_CASE("spawn_detached starts a daemon in its own session that outlives the call") {

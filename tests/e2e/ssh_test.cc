@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "core/config.h"
@@ -217,6 +218,59 @@ TEST_CASE("ssh: a wrong user key names user, host and identity") {
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().code == Errc::not_found);
   CHECK(contains(missing.error().message, "no-such-key"));
+}
+
+TEST_CASE("ssh: without SSH_IDENTITY the agent's keys are used") {
+  SKIP_WITHOUT_SSHD();
+  if (::access("/usr/bin/ssh-agent", X_OK) != 0) {
+    MESSAGE("SKIP: ssh-agent not installed");
+    return;
+  }
+  auto d = start_sshd();
+  TempDir tmp;
+  std::string sock = tmp / "agent.sock";
+  ProcessSpec agent_spec;
+  agent_spec.argv = {"ssh-agent", "-D", "-a", sock};
+  auto agent = ChildProcess::start(agent_spec, tmp / "agent.log");
+  REQUIRE(agent.ok());
+  for (int i = 0; i < 500 && ::access(sock.c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  ProcessSpec add;
+  add.argv = {"ssh-add", d->identity()};
+  add.env = {{"SSH_AUTH_SOCK", sock}};
+  auto added = run_process(add);
+  REQUIRE(added.ok());
+  REQUIRE_MESSAGE(added->success(), added->err);
+
+  // The agent is found through SSH_AUTH_SOCK, as ssh(1) finds it.
+  struct AuthSock {
+    std::optional<std::string> old;
+    explicit AuthSock(const std::string& s) {
+      if (const char* o = ::getenv("SSH_AUTH_SOCK")) old = o;
+      ::setenv("SSH_AUTH_SOCK", s.c_str(), 1);
+    }
+    ~AuthSock() {
+      if (old)
+        ::setenv("SSH_AUTH_SOCK", old->c_str(), 1);
+      else
+        ::unsetenv("SSH_AUTH_SOCK");
+    }
+  } auth_sock(sock);
+  auto t = d->target("n-agent");
+  t.identity.clear();
+  auto r = make_ssh_runner(t)->run("echo via agent", 10s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(r->out == "via agent\n");
+
+  // An empty agent (and no authorized ~/.ssh/id_*) is refused, naming what was tried.
+  ProcessSpec del;
+  del.argv = {"ssh-add", "-D"};
+  del.env = {{"SSH_AUTH_SOCK", sock}};
+  REQUIRE(run_process(del).ok());
+  auto refused = make_ssh_runner(t)->run("true", 10s);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == Errc::auth);
+  CHECK(contains(refused.error().message, "agent"));
 }
 
 TEST_CASE("ssh: a closed port is a network error naming the node") {

@@ -55,8 +55,11 @@ for c in "${codes[@]}" 1; do
 done
 echo "man_lint: ${#codes[@]} exit codes checked against sparkctl.1"
 
-# Every command has its page; sparkctl.1 should list it (a warning only).
-mapfile -t cmds < <(env -i PATH="$PATH" "$SPARKCTL" help | sed -n '/^Commands:/,/^$/s/^  \([a-z][a-z0-9-]*\) .*/\1/p')
+# Every command has its page; sparkctl.1 should list it (a warning only). Commands whose
+# summary starts with "(internal)" (halves of a command that sparkctl runs on other nodes)
+# are documented in the page of the command that uses them.
+mapfile -t cmds < <(env -i PATH="$PATH" "$SPARKCTL" help |
+  sed -n '/^Commands:/,/^$/{/^  [a-z][a-z0-9-]* *(internal)/d;s/^  \([a-z][a-z0-9-]*\) .*/\1/p}')
 ((${#cmds[@]} >= 3)) || err "could not read the command list from sparkctl help"
 for c in "${cmds[@]}"; do
   case $c in help|version) continue ;; esac

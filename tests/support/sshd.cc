@@ -192,6 +192,7 @@ Status Sshd::launch() {
   ProcessSpec s;
   if (!opts_.netns.empty()) s.argv = {"ip", "netns", "exec", opts_.netns};
   s.argv.insert(s.argv.end(), {kSshd, "-D", "-e", "-f", config_});
+  s.die_with_parent = true;  // a crashed test leaves no sshd behind
   auto c = ChildProcess::start(s, log_path_);
   if (!c) return c.error();
   proc_ = std::move(*c);

@@ -4,6 +4,8 @@
 // pair in authorized_keys, and a known_hosts file for the client. It runs as the current
 // user (root is fine: PermitRootLogin prohibit-password, StrictModes no). Everything lives
 // in one temporary directory that goes away with the object; the server is stopped first.
+// sshd gets SIGTERM when the thread that started it exits (so a crashed test leaves no
+// server behind): start() and restart() it from a thread that outlives its use.
 #include <memory>
 #include <string>
 #include <vector>
