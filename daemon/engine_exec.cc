@@ -45,7 +45,6 @@ class ExecEngine final : public Engine {
       return make_error(Errc::config,
                         "ENGINE=exec needs ENGINE_EXEC: the command that runs this rank's engine "
                         "(sh -c, with SPARK_RANK etc. in its environment)");
-    stall_timeout_ = ctx.stall_timeout;
     std::string dir = ctx.log_dir.empty() ? "/tmp" : ctx.log_dir;
     log_path_ = dir + "/engine-rank" + std::to_string(rank_) + ".log";
     std::string url = expand_vars(health_url_, ctx.env, rank_);
@@ -198,7 +197,9 @@ class ExecEngine final : public Engine {
         if (stopped_ || exit_status_) return;
         if (!unanswered_since_) unanswered_since_ = Clock::now();
       }
-      milliseconds timeout = std::max(milliseconds(2000), stall_timeout_ * 2);
+      // Short polls keep stop() prompt; a hung engine still ages toward stalled because
+      // unanswered_since_ survives the timeouts.
+      milliseconds timeout(2000);
       auto r = http_get(url_, timeout);
       std::unique_lock lk(mu_);
       if (stopped_ || exit_status_) return;
@@ -256,7 +257,6 @@ class ExecEngine final : public Engine {
   int rank_;
   std::string command_, health_url_, url_, log_path_, pgid_file_, api_url_, model_;
   int slots_ = 0;
-  milliseconds stall_timeout_{60000};
   std::mutex mu_;
   std::condition_variable cv_;
   pid_t pid_ = -1;
