@@ -32,7 +32,7 @@ die() { echo "gpu-run.sh: $*" >&2; exit 1; }
 # Libraries never copied (see above). Matched against the soname.
 SYSTEM_LIBS='^(linux-vdso|ld-linux.*|libc|libm|libdl|librt|libpthread|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libibverbs|librdmacm|libmlx4|libmlx5|libefa|libnl-3|libnl-route-3)\.so'
 MAX_STAGE_MIB=60
-BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests)
+BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests tests/spark_fault_server)
 EXTRA_FILES=(tests/libfault_inject_libcuda.so)
 
 stage() {
@@ -50,7 +50,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests fault_inject_libcuda)
+    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
     ninja -C "$build" -j"$jobs" "${targets[@]}"
     build="$src/$build"
   fi
