@@ -25,6 +25,10 @@ const std::vector<KeySpec>& ring_keys() {
       {"ENGINE", KeyType::choice, "native", "native|exec", "Engine backend: our own engine (native) or an external command (exec)."},
       {"ENGINE_EXEC", KeyType::string, nullptr, nullptr, "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
       {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr, "Health URL of the external engine (ENGINE=exec)."},
+      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0", "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine process runs)."},
+      {"ENGINE_API_URL", KeyType::string, nullptr, nullptr, "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
+      {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr, "Prompt of the readiness probe completion."},
+      {"PROBE_EXPECT", KeyType::string, nullptr, nullptr, "Text the probe completion must contain (empty: any non-empty text)."},
       {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
       {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
       {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key (mode 0600)."},
@@ -55,6 +59,14 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
+      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
+      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr, "How often follower ranks send heartbeats to rank 0."},
+      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
+      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
+      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
+      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
+      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
+      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
   };
   return k;
 }

@@ -1,3 +1,6 @@
-// sparkd: the per-node engine daemon (temporary skeleton; the daemon library grows here).
-#include <cstdio>
-int main() { std::puts("sparkd"); return 0; }
+// sparkd: the per-node daemon. Everything lives in the sparkdaemon library.
+#include "daemon/daemon.h"
+
+int main(int argc, char** argv) {
+  return spark::daemon::sparkd_main(argc, argv);
+}

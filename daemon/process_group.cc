@@ -1,0 +1,158 @@
+#include "daemon/process_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace spark::daemon {
+
+Result<pid_t> spawn_shell_group(const std::string& command,
+                                const std::map<std::string, std::string>& env,
+                                const std::string& log_path) {
+  std::map<std::string, std::string> full;
+  for (char** e = environ; *e; ++e) {
+    std::string s = *e;
+    auto eq = s.find('=');
+    if (eq != std::string::npos) full[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) full[k] = v;
+  std::vector<std::string> envs;
+  for (const auto& [k, v] : full) envs.push_back(k + "=" + v);
+  std::vector<char*> cenv;
+  for (auto& e : envs) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return make_error(Errc::io, "cannot open engine log " + log_path + ": " + std::strerror(errno));
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  std::string cmd = command;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fd);
+    if (devnull >= 0) ::close(devnull);
+    return make_error(Errc::resource, std::string("fork failed: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    ::setpgid(0, 0);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ::execve("/bin/sh", const_cast<char* const*>(argv), cenv.data());
+    const char msg[] = "sparkd: exec /bin/sh failed\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also in the parent, so the group exists before we signal it
+  ::close(fd);
+  if (devnull >= 0) ::close(devnull);
+  return pid;
+}
+
+bool group_alive(pid_t pgid) {
+  return pgid > 0 && ::kill(-pgid, 0) == 0;
+}
+
+bool stop_group(pid_t pgid, std::chrono::milliseconds grace, const std::function<bool()>& reaped) {
+  if (pgid <= 0) return true;
+  ::kill(-pgid, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  bool clean = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (reaped() && !group_alive(pgid)) {
+      clean = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!clean) {
+    ::kill(-pgid, SIGKILL);
+    // The leader is reaped by the caller's reaper; the rest of the group by init.
+    for (int i = 0; i < 150 && (!reaped() || group_alive(pgid)); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return clean;
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return "killed by signal " + std::to_string(sig) +
+           (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+std::string tail_file(const std::string& path, int lines) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::deque<std::string> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    last.push_back(line);
+    if (static_cast<int>(last.size()) > lines) last.pop_front();
+  }
+  std::string out;
+  for (auto& l : last) out += (out.empty() ? "" : "\n") + l;
+  return out;
+}
+
+std::string expand_vars(const std::string& text, const std::map<std::string, std::string>& vars,
+                        int rank) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '$' && i + 1 < text.size() && text[i + 1] == '{') {
+      auto end = text.find('}', i + 2);
+      if (end != std::string::npos) {
+        std::string name = text.substr(i + 2, end - i - 2);
+        auto it = vars.find(name);
+        if (it != vars.end()) {
+          out += it->second;
+        } else if (const char* v = std::getenv(name.c_str())) {
+          out += v;
+        }
+        i = end;
+        continue;
+      }
+    }
+    // {BASE+rank}: a per-rank port for ranks sharing one machine.
+    if (text[i] == '{') {
+      size_t j = i + 1;
+      while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+      if (j > i + 1 && text.compare(j, 6, "+rank}") == 0) {
+        out += std::to_string(std::stoll(text.substr(i + 1, j - i - 1)) + rank);
+        i = j + 5;
+        continue;
+      }
+    }
+    if (text.compare(i, 6, "{rank}") == 0) {
+      out += std::to_string(rank);
+      i += 5;
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+}  // namespace spark::daemon

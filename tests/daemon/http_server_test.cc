@@ -1,0 +1,248 @@
+// The HTTP listener in-process on a free loopback port, talked to with the real client.
+#include "daemon/http_server.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "daemon/http_client.h"
+
+using namespace spark;
+using namespace spark::daemon;
+using namespace std::chrono_literals;
+
+namespace {
+
+HttpCall call_to(const HttpServer& s, const std::string& method, const std::string& target) {
+  HttpCall c;
+  c.method = method;
+  c.port = s.port();
+  c.target = target;
+  c.timeout = 5000ms;
+  return c;
+}
+
+Result<HttpReply> get(const HttpServer& s, const std::string& target,
+                      std::vector<std::pair<std::string, std::string>> headers = {}) {
+  HttpCall c = call_to(s, "GET", target);
+  c.headers = std::move(headers);
+  return http_call(c);
+}
+
+nlohmann::json body_json(const HttpReply& r) {
+  return nlohmann::json::parse(r.body);
+}
+
+}  // namespace
+
+TEST_CASE("http: routes answer, unknown routes and wrong methods get JSON errors") {
+  ServerOptions o;
+  HttpServer s(o);
+  s.route("GET", "/ping", [](const Request& r) {
+    return Response::json(200, {{"pong", true}, {"q", r.has_query("strict")}});
+  });
+  s.route("GET", "/missing",
+          [](const Request&) -> Response { throw_http(Errc::not_found, "model 'x' not found"); });
+  s.route("GET", "/boom", [](const Request&) -> Response { throw std::runtime_error("kaboom"); });
+  REQUIRE(s.start().ok());
+  REQUIRE(s.port() != 0);
+
+  auto r = get(s, "/ping?strict");
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(r->headers["content-type"] == "application/json");
+  CHECK(body_json(*r)["pong"] == true);
+  CHECK(body_json(*r)["q"] == true);
+
+  r = get(s, "/nope");
+  REQUIRE(r.ok());
+  CHECK(r->status == 404);
+  CHECK(body_json(*r)["error"]["type"] == "not_found");
+  CHECK(body_json(*r)["error"]["message"].get<std::string>().find("/nope") != std::string::npos);
+
+  r = get(s, "/missing");
+  REQUIRE(r.ok());
+  CHECK(r->status == 404);
+  CHECK(body_json(*r)["error"]["message"] == "model 'x' not found");
+
+  r = get(s, "/boom");
+  REQUIRE(r.ok());
+  CHECK(r->status == 500);
+  CHECK(body_json(*r)["error"]["type"] == "internal");
+  CHECK(body_json(*r)["error"]["message"].get<std::string>().find("kaboom") != std::string::npos);
+
+  r = http_call(call_to(s, "DELETE", "/ping"));
+  REQUIRE(r.ok());
+  CHECK(r->status == 405);
+  CHECK(r->headers["allow"] == "GET");
+  CHECK(body_json(*r)["error"]["code"] == 405);
+  CHECK(s.shutdown(1000ms) == 0);
+}
+
+TEST_CASE("http: bodies over the limit get 413, bodies under it arrive whole") {
+  ServerOptions o;
+  o.body_limit = 1024;
+  HttpServer s(o);
+  s.route("POST", "/echo", [](const Request& r) {
+    return Response::json(200, {{"n", r.body.size()}});
+  });
+  REQUIRE(s.start().ok());
+  HttpCall c = call_to(s, "POST", "/echo");
+  c.body = std::string(1000, 'a');
+  auto r = http_call(c);
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(body_json(*r)["n"] == 1000);
+  c.body = std::string(4096, 'a');
+  r = http_call(c);
+  REQUIRE(r.ok());
+  CHECK(r->status == 413);
+  CHECK(body_json(*r)["error"]["message"].get<std::string>().find("1024") != std::string::npos);
+}
+
+TEST_CASE("http: async routes answer from another thread; streams are chunked") {
+  HttpServer s(ServerOptions{});
+  std::vector<std::thread> workers;
+  s.route_async("GET", "/later", [&](const Request&, Responder rsp) {
+    workers.emplace_back([rsp] {
+      std::this_thread::sleep_for(50ms);
+      rsp.send(Response::json(200, {{"later", true}}));
+    });
+  });
+  s.route_async("GET", "/stream", [&](const Request&, Responder rsp) {
+    workers.emplace_back([rsp] {
+      rsp.begin_stream(200, "text/event-stream");
+      for (int i = 0; i < 3; ++i) rsp.write("data: " + std::to_string(i) + "\n\n");
+      rsp.end_stream();
+    });
+  });
+  REQUIRE(s.start().ok());
+  auto r = get(s, "/later");
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(body_json(*r)["later"] == true);
+  r = get(s, "/stream");
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(r->headers["transfer-encoding"] == "chunked");
+  CHECK(r->body == "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+  for (auto& w : workers) w.join();
+}
+
+TEST_CASE("http: API key is required except on public paths, compared exactly") {
+  ServerOptions o;
+  o.api_key = "s3cret-key";
+  HttpServer s(o);
+  s.route("GET", "/health", [](const Request&) { return Response::json(200, {{"ok", true}}); });
+  s.route("GET", "/v1/models", [](const Request&) { return Response::json(200, {{"data", 1}}); });
+  REQUIRE(s.start().ok());
+  CHECK(get(s, "/health")->status == 200);
+  auto r = get(s, "/v1/models");
+  CHECK(r->status == 401);
+  CHECK(r->headers["www-authenticate"] == "Bearer");
+  CHECK(get(s, "/v1/models", {{"Authorization", "Bearer s3cret-kex"}})->status == 401);
+  CHECK(get(s, "/v1/models", {{"Authorization", "Bearer s3cret-key-longer"}})->status == 401);
+  CHECK(get(s, "/v1/models", {{"Authorization", "Basic s3cret-key"}})->status == 401);
+  CHECK(get(s, "/v1/models", {{"Authorization", "Bearer s3cret-key"}})->status == 200);
+  CHECK(constant_time_equal("abc", "abc"));
+  CHECK_FALSE(constant_time_equal("abc", "abd"));
+  CHECK_FALSE(constant_time_equal("abc", "ab"));
+  CHECK_FALSE(constant_time_equal("", "a"));
+}
+
+TEST_CASE("http: the readiness gate answers 503 loading on API paths, never on /health") {
+  std::atomic<bool> ready{false};
+  ServerOptions o;
+  o.not_ready = [&]() -> std::string { return ready ? "" : "loading: weights 40%"; };
+  HttpServer s(o);
+  s.route("GET", "/health", [](const Request&) { return Response::json(200, {{"live", true}}); });
+  s.route("GET", "/v1/models", [](const Request&) { return Response::json(200, {{"data", 1}}); });
+  REQUIRE(s.start().ok());
+  auto r = get(s, "/v1/models");
+  CHECK(r->status == 503);
+  CHECK(r->headers["retry-after"] == "5");
+  CHECK(body_json(*r)["error"]["message"].get<std::string>().find("weights 40%") !=
+        std::string::npos);
+  CHECK(get(s, "/health")->status == 200);
+  ready = true;
+  CHECK(get(s, "/v1/models")->status == 200);
+}
+
+TEST_CASE("http: shutdown lets a request in flight finish, and cuts it off after the grace") {
+  HttpServer s(ServerOptions{});
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::vector<std::thread> workers;
+  s.route_async("GET", "/slow", [&](const Request&, Responder rsp) {
+    workers.emplace_back([rsp, released] {
+      released.wait_for(3s);
+      rsp.send(Response::json(200, {{"done", true}}));
+    });
+  });
+  REQUIRE(s.start().ok());
+  auto client = std::async(std::launch::async, [&] { return get(s, "/slow"); });
+  for (int i = 0; i < 200 && s.in_flight() == 0; ++i) std::this_thread::sleep_for(5ms);
+  REQUIRE(s.in_flight() == 1);
+  CHECK(s.api_in_flight() == 1);
+  std::thread unblock([&] {
+    std::this_thread::sleep_for(150ms);
+    release.set_value();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(s.shutdown(3000ms) == 0);  // finished inside the grace
+  CHECK(std::chrono::steady_clock::now() - t0 >= 100ms);
+  auto r = client.get();
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(r->headers["connection"] == "close");
+  // The listener is closed now.
+  CHECK_FALSE(get(s, "/slow").ok());
+  unblock.join();
+  for (auto& w : workers) w.join();
+}
+
+TEST_CASE("http: a request that never finishes is cut off when the grace runs out") {
+  HttpServer s(ServerOptions{});
+  std::vector<Responder> parked;
+  std::mutex mu;
+  s.route_async("GET", "/hang", [&](const Request&, Responder rsp) {
+    std::lock_guard lk(mu);
+    parked.push_back(rsp);
+  });
+  REQUIRE(s.start().ok());
+  auto client = std::async(std::launch::async, [&] { return get(s, "/hang"); });
+  for (int i = 0; i < 200 && s.in_flight() == 0; ++i) std::this_thread::sleep_for(5ms);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(s.shutdown(200ms) == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  CHECK_FALSE(client.get().ok());
+  // A late reply from the engine after shutdown is dropped, not a crash.
+  for (auto& p : parked) p.send(Response::json(200, {}));
+}
+
+TEST_CASE("http: a port in use is a clear network error") {
+  HttpServer a(ServerOptions{});
+  REQUIRE(a.start().ok());
+  ServerOptions o;
+  o.port = a.port();
+  HttpServer b(o);
+  Status st = b.start();
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == Errc::network);
+  CHECK(st.message().find(std::to_string(a.port())) != std::string::npos);
+}
+
+TEST_CASE("http client: parse_url") {
+  auto u = parse_url("http://10.0.0.2:8001/health?x=1");
+  REQUIRE(u.ok());
+  CHECK(u->host == "10.0.0.2");
+  CHECK(u->port == 8001);
+  CHECK(u->target == "/health?x=1");
+  CHECK(parse_url("http://h")->target == "/");
+  CHECK(parse_url("http://h")->port == 80);
+  CHECK(parse_url("https://h").error().code == Errc::unsupported);
+  CHECK_FALSE(parse_url("http://h:99999/").ok());
+  CHECK_FALSE(parse_url("ftp://h/").ok());
+}

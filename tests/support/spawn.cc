@@ -1,0 +1,122 @@
+#include "support/spawn.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace spark::test {
+
+Child::Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+             const std::string& output_file) {
+  std::map<std::string, std::string> full;
+  for (char** e = environ; *e; ++e) {
+    std::string s = *e;
+    auto eq = s.find('=');
+    if (eq != std::string::npos) full[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  for (auto& [k, v] : env) full[k] = v;
+  std::vector<std::string> envs;
+  for (auto& [k, v] : full) envs.push_back(k + "=" + v);
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot open " + output_file);
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    ::setpgid(0, 0);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::execve(cargv[0], cargv.data(), cenv.data());
+    std::fprintf(stderr, "exec %s: %s\n", cargv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::setpgid(pid_, pid_);
+  ::close(fd);
+}
+
+Child::~Child() {
+  if (pid_ > 0 && !status_) {
+    ::kill(-pid_, SIGKILL);
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  } else if (pid_ > 0) {
+    ::kill(-pid_, SIGKILL);  // leftovers of the group
+  }
+}
+
+void Child::signal(int sig) const {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+std::optional<int> Child::wait_for(std::chrono::milliseconds timeout) {
+  if (status_) return status_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int st = 0;
+    pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = st;
+      return status_;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+bool Child::running() {
+  return !wait_for(std::chrono::milliseconds(0)).has_value();
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::pair<int, std::string> run_capture(const std::vector<std::string>& argv,
+                                        const std::map<std::string, std::string>& env,
+                                        std::chrono::milliseconds timeout) {
+  char tmpl[] = "/tmp/spark-capture-XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  if (fd >= 0) ::close(fd);
+  int status = -1;
+  {
+    Child c(argv, env, tmpl);
+    auto st = c.wait_for(timeout);
+    status = st ? *st : -1;
+  }
+  std::ifstream in(tmpl);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  ::unlink(tmpl);
+  return {status, ss.str()};
+}
+
+}  // namespace spark::test
