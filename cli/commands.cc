@@ -1,4 +1,5 @@
 #include "cli/cli.h"
+#include "cli/cmd_demo_model.h"
 
 namespace spark::cli {
 
@@ -9,6 +10,7 @@ const std::vector<Command>& commands() {
       {"version", "Print versions of sparkctl and what it found (CUDA driver, NCCL)", cmd_version},
       {"config", "Show the resolved cluster file (config show) or validate it (config check)",
        cmd_config},
+      {"demo-model", "Write a small demo checkpoint with random weights (runs without a GPU)", cmd_demo_model},
   };
   return table;
 }

@@ -1,0 +1,137 @@
+#include "daemon/engine/demo_model.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/strings.h"
+#include "daemon/engine/random_checkpoint.h"
+
+namespace spark::engine {
+
+// Generated from tests/fixtures/tokenizer/ (nullptr when the fixture was absent at build time).
+extern const char* const kDemo_tokenizer_json;
+extern const char* const kDemo_tokenizer_config_json;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDemoMarker = "sparkctl_demo";
+
+ModelConfig demo_config() {
+  ModelConfig c = small_config(Family::qwen2, 2688, 256, 4);  // vocab covers the fixture's 2647 ids
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.intermediate_size = 512;
+  c.max_position = 2048;
+  c.rope_theta = 1000000.0;
+  c.rms_eps = 1e-6;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = -1;
+  c.eos_token_ids = {2639, 2637};  // <|im_end|>, <|endoftext|> in the tokenizer fixture
+  return c;
+}
+
+bool is_earlier_demo(const fs::path& dir) {
+  auto text = read_file((dir / "config.json").string());
+  if (!text) return false;
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  return !j.is_discarded() && j.is_object() && j.value(kDemoMarker, false);
+}
+
+}  // namespace
+
+Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force) {
+  const fs::path dir = fs::absolute(dir_str);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec))
+      return make_error(Errc::usage, fmt::format("{} exists and is not a directory", dir.string()));
+    if (!fs::is_empty(dir, ec) && !is_earlier_demo(dir) && !force)
+      return make_error(
+          Errc::precondition,
+          fmt::format(
+              "{} is not empty and holds no earlier demo model — choose an empty directory or "
+              "pass --force to replace its contents",
+              dir.string()));
+  }
+  const fs::path tmp =
+      dir.parent_path() / fmt::format(".{}.tmp.{}", dir.filename().string(), ::getpid());
+  fs::remove_all(tmp, ec);
+  DemoModelReport rep;
+  rep.dir = dir.string();
+  const ModelConfig c = demo_config();
+  rep.architecture = c.architecture;
+  auto cleanup = [&] { fs::remove_all(tmp, ec); };
+  if (auto st = write_random_checkpoint(tmp.string(), {c, DType::bf16, 20261129, 1}); !st.ok()) {
+    cleanup();
+    return st.error();
+  }
+  // Mark it as ours and record what it is.
+  {
+    auto text = read_file((tmp / "config.json").string());
+    auto j = nlohmann::json::parse(*text);
+    j[kDemoMarker] = true;
+    j["bos_token_id"] = nullptr;
+    std::string why;
+    if (!write_file_atomic((tmp / "config.json").string(), j.dump(2) + "\n", &why)) {
+      cleanup();
+      return make_error(Errc::io, fmt::format("{}: {}", (tmp / "config.json").string(), why));
+    }
+  }
+  if (kDemo_tokenizer_json && kDemo_tokenizer_config_json) {
+    std::string why;
+    if (!write_file_atomic((tmp / "tokenizer.json").string(), kDemo_tokenizer_json, &why) ||
+        !write_file_atomic((tmp / "tokenizer_config.json").string(), kDemo_tokenizer_config_json,
+                           &why)) {
+      cleanup();
+      return make_error(Errc::io, fmt::format("{}: writing the tokenizer: {}", tmp.string(), why));
+    }
+    rep.tokenizer = true;
+  } else {
+    rep.note =
+        "this sparkctl was built without the tokenizer fixture (tests/fixtures/tokenizer/); the "
+        "checkpoint has "
+        "no tokenizer.json, so only token-id requests work";
+  }
+  const std::string readme =
+      "This is sparkctl's demo model: a small Qwen2ForCausalLM with RANDOM weights.\n"
+      "It is not trained; it answers with nonsense. It exists so that a ring can be started and\n"
+      "a chat request answered on a machine without a GPU. Written by `sparkctl demo-model`.\n";
+  std::string why;
+  if (!write_file_atomic((tmp / "README.md").string(), readme, &why)) {
+    cleanup();
+    return make_error(Errc::io, why);
+  }
+  // Swap into place.
+  if (fs::exists(dir, ec)) fs::remove_all(dir, ec);
+  if (ec) {
+    cleanup();
+    return make_error(Errc::io, fmt::format("{}: cannot replace: {}", dir.string(), ec.message()));
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    cleanup();
+    return make_error(Errc::io, fmt::format("{}: cannot move the demo model into place: {}",
+                                            dir.string(), ec.message()));
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
+    rep.files.push_back(e.path().filename().string());
+    rep.bytes += fs::file_size(e.path());
+  }
+  std::sort(rep.files.begin(), rep.files.end());
+  const uint64_t H = static_cast<uint64_t>(c.hidden_size),
+                 I = static_cast<uint64_t>(c.intermediate_size);
+  const uint64_t q = static_cast<uint64_t>(c.num_heads * c.head_dim),
+                 kv = static_cast<uint64_t>(c.num_kv_heads * c.head_dim);
+  rep.parameters = static_cast<uint64_t>(c.vocab_size) * H + H +
+                   static_cast<uint64_t>(c.num_layers) *
+                       (2 * H + H * q + 2 * H * kv + q * H + q + 2 * kv + 3 * H * I);
+  return rep;
+}
+
+}  // namespace spark::engine

@@ -1,0 +1,28 @@
+#pragma once
+// The embedded demo checkpoint: a small Qwen2ForCausalLM with deterministic random weights
+// (the same bytes on every machine) plus the project's byte-level BPE tokenizer fixture and
+// its ChatML chat template, so a machine without a GPU can start a ring and answer a chat
+// request. Its weights are random: it produces fluent-looking nonsense.
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace spark::engine {
+
+struct DemoModelReport {
+  std::string dir;
+  std::string architecture;
+  uint64_t parameters = 0;
+  uint64_t bytes = 0;      // total size of the files written
+  bool tokenizer = false;  // tokenizer.json + tokenizer_config.json written
+  std::vector<std::string> files;
+  std::string note;  // e.g. why there is no tokenizer
+};
+
+/// Writes the demo checkpoint into `dir`. A non-empty `dir` that is not an earlier demo is
+/// refused unless `force`. Files are written to a sibling temporary directory that is then
+/// renamed into place, so `dir` never holds a half-written checkpoint.
+Result<DemoModelReport> write_demo_model(const std::string& dir, bool force);
+
+}  // namespace spark::engine

@@ -1,0 +1,169 @@
+#pragma once
+// sparkd's generation engine: continuous batching over a fixed number of serving slots,
+// chunked prefill, block-aligned prefix caching, per-token streaming, cancellation.
+//
+// Threads: one engine thread owns every piece of state (sequences, KV blocks, the model).
+// submit() and cancel() only push onto a mutex-protected inbox and return; results come
+// back through the request's callback, called on the engine thread (it must not block:
+// hand the event to your own queue or socket). With tensor parallelism, rank 0 runs the
+// Engine and broadcasts each step's plan; the other ranks run run_tp_worker().
+//
+//   auto eng = Engine::start(std::move(model), comm, opts);
+//   auto id = (*eng)->submit({prompt_ids, params, [](const TokenEvent& e) { ... }});
+//   (*eng)->cancel(*id);   // frees the request's slot and blocks at the next step
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/engine/block_manager.h"
+#include "daemon/engine/collective.h"
+#include "daemon/engine/kv_cache.h"
+#include "daemon/engine/model.h"
+#include "daemon/engine/sampler.h"
+
+namespace spark::engine {
+
+struct EngineOptions {
+  int slots = 4;        // sequences running at once (serving slots)
+  int block_size = 16;  // tokens per KV block (prefix-cache granularity)
+  int num_blocks = 0;   // 0: enough for `slots` full contexts within kv_cache_bytes
+  uint64_t kv_cache_bytes = 1ull << 30;  // budget for this rank's KV cache when num_blocks is 0
+  int max_batch_tokens = 256;            // tokens per step; longer prompts prefill in chunks
+  int max_context = 0;                   // 0: the model's max_position_embeddings
+  bool prefix_caching = true;
+  int heartbeat_ms = 1000;  // TP: an idle rank 0 tells workers it is alive this often
+};
+
+enum class FinishReason { none, stop, length, cancelled, error };
+/// "stop", "length", "cancelled", "error" (OpenAI's finish_reason for the first two).
+const char* finish_reason_name(FinishReason r);
+
+using RequestId = uint64_t;
+
+/// One streamed result. A choice's last event has `finish` set; the request's last event
+/// (after all n choices finished, or cancel/error) has request_done.
+struct TokenEvent {
+  RequestId request = 0;
+  int choice = 0;
+  int32_t token = -1;  // -1: this event carries no token (cancel, error)
+  float logprob = 0;
+  std::vector<TokenLogprob> top_logprobs;
+  FinishReason finish = FinishReason::none;
+  bool request_done = false;
+  std::string error;  // with FinishReason::error
+  int prompt_tokens = 0;
+  int completion_tokens = 0;     // of this choice so far
+  int cached_prompt_tokens = 0;  // prompt tokens of this choice served by the prefix cache
+};
+
+using EventCallback = std::function<void(const TokenEvent&)>;
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  EventCallback on_event;  // called on the engine thread; must not block
+};
+
+struct EngineStats {
+  int slots = 0;
+  int running = 0;  // sequences in slots
+  int waiting = 0;  // requests not (fully) admitted
+  int blocks_total = 0;
+  int blocks_available = 0;
+  uint64_t steps = 0;
+  uint64_t prompt_tokens = 0;  // computed prompt tokens (excluding prefix-cache hits)
+  uint64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  uint64_t generated_tokens = 0;
+  bool failed = false;  // a step failed (e.g. a TP rank vanished); see error
+  std::string error;
+};
+
+class Engine {
+ public:
+  /// Sizes the KV cache, tells TP workers its size, and starts the engine thread.
+  static Result<std::unique_ptr<Engine>> start(std::unique_ptr<Model> model,
+                                               std::shared_ptr<Collective> comm,
+                                               EngineOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues a request. Errors (bad parameters, prompt too long for the context or the KV
+  /// cache, engine stopped or failed) come back here, not through the callback.
+  Result<RequestId> submit(GenerateRequest req);
+  /// Cancels a request: its sequences leave their slots and free their blocks at the next
+  /// step; the callback gets one last event with FinishReason::cancelled. Unknown ids are ignored.
+  void cancel(RequestId id);
+  /// Stops the engine thread (pending requests end with FinishReason::cancelled) and tells
+  /// TP workers to return.
+  void stop();
+
+  EngineStats stats() const;
+  const ModelConfig& config() const { return model_->config(); }
+  /// Longest prompt + completion, in tokens.
+  int max_context() const { return max_context_; }
+
+ private:
+  struct Seq;
+  struct Req;
+  struct Inbox {
+    std::vector<std::pair<RequestId, GenerateRequest>> submits;
+    std::vector<RequestId> cancels;
+  };
+  Engine() = default;
+  void loop();
+  void admit();
+  Status step();
+  void finish_seq(size_t index, FinishReason why, const std::string& error = {});
+  void cancel_req(RequestId id, FinishReason why, const std::string& error);
+  void emit(Req& r, TokenEvent ev);
+  void publish_stats();
+  Status broadcast_plan(const std::vector<int32_t>& plan);
+
+  std::unique_ptr<Model> model_;
+  std::shared_ptr<Collective> comm_;
+  EngineOptions opts_;
+  int max_context_ = 0;
+  std::unique_ptr<KVCache> cache_;
+  std::unique_ptr<BlockManager> blocks_;
+
+  // Engine-thread state.
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::deque<RequestId> waiting_;
+  std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
+  std::vector<float> logits_;
+
+  // Shared with callers.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Inbox inbox_;
+  bool stopping_ = false;
+  RequestId next_id_ = 1;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+/// Tensor-parallel ranks > 0: receives the KV cache size and then every step rank 0's
+/// Engine broadcasts, running the same forward pass (its share of heads and MLP columns),
+/// until rank 0 stops or the collective fails (e.g. rank 0 vanished: a timeout).
+Status run_tp_worker(Model& model, Collective& comm);
+
+/// Blocks until `req` finishes (or `timeout_ms` passes, then cancels it) and returns the
+/// tokens of each choice. For tests, benchmarks and simple callers.
+struct BlockingResult {
+  std::vector<std::vector<int32_t>> tokens;  // per choice
+  std::vector<FinishReason> finish;          // per choice
+  std::vector<std::vector<float>> logprobs;  // per choice (when asked)
+  int cached_prompt_tokens = 0;              // choice 0
+};
+Result<BlockingResult> generate_blocking(Engine& engine, std::vector<int32_t> prompt,
+                                         SamplingParams params, int timeout_ms = 60000);
+
+}  // namespace spark::engine

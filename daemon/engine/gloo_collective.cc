@@ -1,0 +1,178 @@
+#include "daemon/engine/gloo_collective.h"
+
+#include <fmt/format.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "core/log.h"
+#include "daemon/engine/tcp_store.h"
+
+namespace spark::engine {
+namespace {
+
+// Gloo's Store interface over our TCP store client; Gloo expects exceptions on failure.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(TcpStoreClient* c, std::string prefix, std::chrono::milliseconds timeout)
+      : c_(c), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    auto st = c_->set(prefix_ + key, std::string(data.begin(), data.end()));
+    if (!st.ok()) throw std::runtime_error(st.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    auto v = c_->try_get(prefix_ + key);
+    if (!v) throw std::runtime_error(v.error().message);
+    if (!v->has_value()) throw std::runtime_error("rendezvous key " + key + " vanished");
+    return std::vector<char>((*v)->begin(), (*v)->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    (void)timeout;  // Gloo passes its operation timeout; joining ranks get the rendezvous one
+    auto st = c_->wait(full, timeout_);
+    if (!st.ok()) throw std::runtime_error(st.message());
+  }
+
+ private:
+  TcpStoreClient* c_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+struct GlooCollective::Impl {
+  GlooOptions opts;
+  std::shared_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStoreClient> client;
+  std::shared_ptr<gloo::transport::Device> dev;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  uint32_t tag = 0;
+
+  Error fail(const char* op, const std::exception& e) const {
+    return make_error(
+        Errc::network,
+        fmt::format("Gloo {} failed on rank {} of {} ({}): {} — a peer rank stopped or the network "
+                    "between ranks is down; restart the ring together",
+                    op, opts.rank, opts.world, opts.bind_host, e.what()));
+  }
+};
+
+Result<std::shared_ptr<TcpStoreServer>> start_rendezvous_store(const std::string& host, int port) {
+  auto s = TcpStoreServer::start(host, port);
+  if (!s) return s.error();
+  return std::shared_ptr<TcpStoreServer>(std::move(*s));
+}
+
+Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOptions& o) {
+  std::shared_ptr<GlooCollective> g(new GlooCollective());
+  g->impl_ = std::make_unique<Impl>();
+  auto& im = *g->impl_;
+  im.opts = o;
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
+    return make_error(Errc::config,
+                      fmt::format("Gloo: rank {} of world {} is invalid", o.rank, o.world));
+  const auto timeout = std::chrono::milliseconds(o.timeout_ms);
+  const auto join_timeout = std::chrono::milliseconds(
+      o.rendezvous_timeout_ms > 0 ? o.rendezvous_timeout_ms : o.timeout_ms);
+  if (o.rank == 0 && o.store_port == 0) {
+    auto s = start_rendezvous_store(o.store_host, 0);
+    if (!s) return s.error();
+    im.server = *s;
+    im.opts.store_port = im.server->port();
+  } else if (o.rank == 0) {
+    // The caller may already run the store on this port (start_rendezvous_store); if not, start it.
+    auto s = start_rendezvous_store(o.store_host, o.store_port);
+    if (s) im.server = *s;
+  }
+  auto client = TcpStoreClient::connect(o.store_host, im.opts.store_port, join_timeout);
+  if (!client) return client.error();
+  im.client = std::move(*client);
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = o.bind_host;
+    im.dev = gloo::transport::tcp::CreateDevice(attr);
+    im.ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world);
+    im.ctx->setTimeout(timeout);
+    StoreAdapter store(im.client.get(), o.prefix + "/", join_timeout);
+    im.ctx->connectFullMesh(store, im.dev);
+  } catch (const std::exception& e) {
+    return make_error(Errc::network,
+                      fmt::format("Gloo rendezvous of rank {} of {} via store {}:{} failed: {}",
+                                  o.rank, o.world, o.store_host, im.opts.store_port, e.what()));
+  }
+  // Presence is not effect: the mesh must carry data.
+  float check[2] = {static_cast<float>(o.rank), 1.0f};
+  SPARK_TRY(g->all_reduce_sum(check, 2));
+  const float want = static_cast<float>(o.world * (o.world - 1) / 2);
+  if (check[0] != want || check[1] != static_cast<float>(o.world))
+    return make_error(Errc::integrity,
+                      fmt::format("Gloo mesh check on rank {}: all_reduce gave ({}, {}), expected "
+                                  "({}, {})",
+                                  o.rank, check[0], check[1], want, o.world));
+  log::info("engine", "Gloo mesh up: rank {} of {} (bind {}, store {}:{})", o.rank, o.world,
+            o.bind_host, o.store_host, im.opts.store_port);
+  return g;
+}
+
+GlooCollective::~GlooCollective() = default;
+int GlooCollective::rank() const {
+  return impl_->opts.rank;
+}
+int GlooCollective::world_size() const {
+  return impl_->opts.world;
+}
+int GlooCollective::store_port() const {
+  return impl_->opts.store_port;
+}
+
+Status GlooCollective::all_reduce_sum(float* data, size_t n) {
+  if (impl_->opts.world == 1 || n == 0) return Status::Ok();
+  try {
+    gloo::AllreduceOptions opts(impl_->ctx);
+    opts.setOutput(data, n);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setTag(impl_->tag++);
+    gloo::allreduce(opts);
+  } catch (const std::exception& e) {
+    return impl_->fail("all_reduce_sum", e);
+  }
+  return Status::Ok();
+}
+
+Status GlooCollective::broadcast(void* data, size_t bytes, int root) {
+  if (impl_->opts.world == 1 || bytes == 0) return Status::Ok();
+  try {
+    gloo::BroadcastOptions opts(impl_->ctx);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(impl_->tag++);
+    gloo::broadcast(opts);
+  } catch (const std::exception& e) {
+    return impl_->fail("broadcast", e);
+  }
+  return Status::Ok();
+}
+
+Status GlooCollective::barrier() {
+  if (impl_->opts.world == 1) return Status::Ok();
+  try {
+    gloo::BarrierOptions opts(impl_->ctx);
+    opts.setTag(impl_->tag++);
+    gloo::barrier(opts);
+  } catch (const std::exception& e) {
+    return impl_->fail("barrier", e);
+  }
+  return Status::Ok();
+}
+
+}  // namespace spark::engine

@@ -1,0 +1,49 @@
+#pragma once
+// Collective over Gloo's TCP transport for the CPU tensor-parallel path. Rank 0 serves the
+// rendezvous store (tcp_store.h); every rank binds its Gloo device to its own address,
+// publishes it through the store, and connects a full mesh. After connecting, an
+// all_reduce of the ranks checks the mesh really carries data before it is trusted.
+#include <memory>
+#include <string>
+
+#include "daemon/engine/collective.h"
+
+namespace spark::engine {
+
+struct GlooOptions {
+  int rank = 0;
+  int world = 1;
+  std::string store_host = "127.0.0.1";  // where rank 0 serves the rendezvous store
+  int store_port = 0;                    // rank 0 may pass 0 and read GlooCollective::store_port()
+  std::string bind_host = "127.0.0.1";   // this rank's address for Gloo traffic (its fabric IP)
+  std::string prefix = "sparkd";         // key namespace, e.g. a ring generation
+  int timeout_ms = 30000;                // every collective operation
+  int rendezvous_timeout_ms = 0;         // waiting for the other ranks to join; 0: timeout_ms
+};
+
+class GlooCollective final : public Collective {
+ public:
+  /// Rendezvous + full-mesh connect + a checked all_reduce; every step has a deadline.
+  static Result<std::shared_ptr<GlooCollective>> connect(const GlooOptions& opts);
+  ~GlooCollective() override;
+  int rank() const override;
+  int world_size() const override;
+  Status all_reduce_sum(float* data, size_t n) override;
+  Status broadcast(void* data, size_t bytes, int root) override;
+  Status barrier() override;
+  /// The store's port (rank 0; useful when it was started on port 0).
+  int store_port() const;
+
+  struct Impl;
+
+ private:
+  GlooCollective() = default;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Rank 0 can start the store first to learn a free port before spawning other ranks.
+/// Returns an opaque handle kept alive by the caller; connect() then uses store_port.
+class TcpStoreServer;
+Result<std::shared_ptr<TcpStoreServer>> start_rendezvous_store(const std::string& host, int port);
+
+}  // namespace spark::engine

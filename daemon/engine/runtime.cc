@@ -1,0 +1,129 @@
+#include "daemon/engine/runtime.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "core/strings.h"
+#include "daemon/engine/gloo_collective.h"
+#include "daemon/engine/tcp_store.h"
+
+namespace spark::engine {
+
+namespace {
+constexpr const char* kStoreKey = "engine.gloo_store";
+}
+
+Result<EngineOptions> engine_options_from(const RingConfig& cfg) {
+  EngineOptions o;
+  o.slots = static_cast<int>(cfg.get_int("SLOTS"));
+  o.max_context = static_cast<int>(cfg.get_int("CONTEXT_LEN"));
+  if (o.slots < 1 || o.max_context < 1)
+    return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
+                                                o.slots, o.max_context));
+  o.kv_cache_bytes =
+      ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
+  const std::string kv = cfg.get("KV_DTYPE");
+  if (kv != "auto" && kv != "fp32")
+    return make_error(
+        Errc::unsupported,
+        fmt::format("KV_DTYPE={} is not available on the CPU engine, which keeps the KV cache in "
+                    "fp32 — set KV_DTYPE=auto",
+                    kv));
+  return o;
+}
+
+Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  auto progress = [&](const std::string& s) {
+    if (o.progress) o.progress(s);
+  };
+  progress("loading weights");
+  auto m = Model::load(o.model_dir, o.rank, o.world, &rt->load_);
+  if (!m) return m.error();
+  log::info("engine", "rank {}: loaded {} ({} MiB read, {:.2f} s)", o.rank,
+            (*m)->config().architecture, rt->load_.bytes_read >> 20, rt->load_.seconds);
+  if (o.world > 1) {
+    GlooOptions g;
+    g.rank = o.rank;
+    g.world = o.world;
+    g.bind_host = o.bind_host;
+    g.store_host = o.store_host.empty() ? o.bind_host : o.store_host;
+    g.store_port = o.store_port;
+    g.timeout_ms = o.timeout_ms;
+    g.rendezvous_timeout_ms = o.rendezvous_timeout_ms;
+    std::shared_ptr<TcpStoreServer> server;
+    if (g.store_port == 0) {
+      if (!o.share)
+        return make_error(Errc::internal,
+                          "runtime: world > 1 without a store port needs a share function");
+      std::string mine;
+      if (o.rank == 0) {
+        auto s = start_rendezvous_store(g.store_host, 0);
+        if (!s) return s.error();
+        server = *s;
+        mine = fmt::format("{}:{}", g.store_host, server->port());
+      }
+      progress("joining the tensor-parallel mesh");
+      auto addr = o.share(kStoreKey, mine);
+      if (!addr) return addr.error();
+      auto colon = addr->rfind(':');
+      auto port = colon == std::string::npos ? std::nullopt : parse_i64(addr->substr(colon + 1));
+      if (!port)
+        return make_error(Errc::internal, "runtime: bad store address from rendezvous: " + *addr);
+      g.store_host = addr->substr(0, colon);
+      g.store_port = static_cast<int>(*port);
+    }
+    auto c = GlooCollective::connect(g);
+    if (!c) return c.error();
+    rt->comm_ = *c;
+    rt->store_ = std::move(server);
+  } else {
+    rt->comm_ = std::make_shared<LocalCollective>();
+  }
+  if (o.rank == 0) {
+    auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
+    if (!e) return e.error();
+    rt->engine_ = std::move(*e);
+  } else {
+    rt->worker_model_ = std::move(*m);
+    rt->worker_ = std::thread([p = rt.get()] {
+      auto st = run_tp_worker(*p->worker_model_, *p->comm_);
+      std::lock_guard<std::mutex> lk(p->mu_);
+      if (!st.ok()) p->worker_error_ = st.message();
+      p->worker_done_ = true;
+    });
+  }
+  rt->opts_ = std::move(o);
+  return rt;
+}
+
+Runtime::~Runtime() {
+  stop();
+}
+
+void Runtime::stop() {
+  if (engine_) engine_->stop();
+  if (worker_.joinable()) worker_.join();  // rank 0's stop (or a collective deadline) ends it
+}
+
+RuntimeStatus Runtime::status() const {
+  RuntimeStatus s;
+  if (engine_) {
+    s.stats = engine_->stats();
+    s.fatal = s.stats.failed;
+    s.ready = !s.fatal;
+    s.reason = s.fatal ? s.stats.error : "serving";
+    return s;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (worker_done_) {
+    s.fatal = !worker_error_.empty();
+    s.reason = s.fatal ? worker_error_ : "rank 0 stopped the engine";
+  } else {
+    s.ready = true;
+    s.reason = fmt::format("serving rank 0's steps as rank {}", opts_.rank);
+  }
+  return s;
+}
+
+}  // namespace spark::engine

@@ -1,0 +1,83 @@
+#pragma once
+// One rank's engine, ready for sparkd's `native` backend: loads this rank's slices of the
+// model, joins the tensor-parallel mesh (Gloo over TCP; rank 0 serves the rendezvous store
+// and publishes its address through the daemon's `share` function), then rank 0 runs the
+// Engine (the HTTP layer submits to engine()) and the other ranks run the TP worker loop
+// on a thread of their own. Each rank loads its weights first and then joins the mesh, so a
+// slow loader delays the join (bounded by rendezvous_timeout_ms) instead of timing out a
+// collective. status() is cheap and thread-safe.
+//
+// The backend adapter is then a few lines:
+//   start(ctx): RuntimeOptions o{model_dir, rank, world, fabric_ip, ...};
+//               o.share = ctx.share; o.progress = ctx.progress; rt = Runtime::start(o);
+//   status():   auto s = rt->status(); -> EngineStatus{s.ready, s.fatal, s.reason, ...}
+//   stop():     rt->stop();
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/tcp_store.h"
+
+namespace spark::engine {
+
+struct RuntimeOptions {
+  std::string model_dir;
+  int rank = 0;
+  int world = 1;
+  std::string bind_host = "127.0.0.1";  // this rank's address for Gloo traffic (fabric IP)
+  std::string store_host;               // rank 0's address for the store; default bind_host
+  int store_port = 0;                   // 0: rank 0 picks a free port and shares it
+  /// Exchanges a value through the ring's rendezvous (rank 0 publishes value_if_rank0, the
+  /// others receive it). Needed when world > 1 and store_port is 0.
+  std::function<Result<std::string>(const std::string& key, const std::string& value_if_rank0)>
+      share;
+  std::function<void(const std::string&)> progress;  // "loading weights", ...
+  EngineOptions engine;
+  int timeout_ms = 30000;              // each collective operation
+  int rendezvous_timeout_ms = 600000;  // waiting for the other ranks to load and join
+};
+
+struct RuntimeStatus {
+  bool ready = false;
+  bool fatal = false;
+  std::string reason;  // why not ready / why fatal
+  EngineStats stats;   // rank 0
+};
+
+/// Engine options from the cluster file: SLOTS -> slots, CONTEXT_LEN -> max_context, a KV
+/// cache of SLOTS full contexts. KV_DTYPE must be auto or fp32 on the CPU path
+/// (Errc::unsupported otherwise).
+Result<EngineOptions> engine_options_from(const RingConfig& cfg);
+
+class Runtime {
+ public:
+  /// Blocks until this rank is loaded and connected (or fails with the reason).
+  static Result<std::unique_ptr<Runtime>> start(RuntimeOptions opts);
+  ~Runtime();
+  /// Rank 0's engine (nullptr on other ranks).
+  Engine* engine() { return engine_.get(); }
+  RuntimeStatus status() const;
+  /// Rank 0 stops the engine (which releases the workers); workers wait for that.
+  void stop();
+  const LoadReport& load_report() const { return load_; }
+
+ private:
+  Runtime() = default;
+  RuntimeOptions opts_;
+  LoadReport load_;
+  std::shared_ptr<TcpStoreServer> store_;  // rank 0, when it picked the port
+  std::shared_ptr<Collective> comm_;
+  std::unique_ptr<Model> worker_model_;
+  std::unique_ptr<Engine> engine_;
+  std::thread worker_;
+  mutable std::mutex mu_;
+  std::string worker_error_;
+  std::atomic<bool> worker_done_{false};
+};
+
+}  // namespace spark::engine

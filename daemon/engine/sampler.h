@@ -1,0 +1,71 @@
+#pragma once
+// Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, a
+// per-sequence seeded random stream, logprobs. One Sampler per generated sequence.
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+
+namespace spark::engine {
+
+/// Most top_logprobs a request may ask for (OpenAI's limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
+/// OpenAI-style sampling parameters (stop strings are the API layer's job).
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy (argmax)
+  int top_k = 0;                    // 0 or -1: off
+  float top_p = 1.0f;               // (0, 1]
+  float min_p = 0.0f;               // [0, 1]: drop tokens below min_p * p(max)
+  float repetition_penalty = 1.0f;  // > 0; tokens of prompt+output: logit/r if > 0 else logit*r
+  float presence_penalty = 0.0f;    // [-2, 2]; minus this once for tokens already generated
+  float frequency_penalty = 0.0f;   // [-2, 2]; minus this times the count of each generated token
+  std::optional<uint64_t> seed;     // same seed + prompt -> same tokens
+  int max_tokens = 16;              // >= 1; capped by the context length
+  int n = 1;                        // choices, 1..kMaxChoices
+  bool logprobs = false;            // report the chosen token's logprob
+  int top_logprobs = 0;             // 0..20 alternatives per token
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  // do not stop at the model's EOS ids
+};
+
+inline constexpr int kMaxChoices = 16;
+
+/// Checks ranges; Errc::usage with a message naming the field.
+Status validate(const SamplingParams& p, int vocab_size);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+struct Sample {
+  int32_t token = 0;
+  float logprob = 0;              // log-softmax of the model's logits (before any processing)
+  std::vector<TokenLogprob> top;  // top_logprobs alternatives, most likely first
+};
+
+class Sampler {
+ public:
+  /// `stream` tells apart the choices of one request (choice index): with a seed, each
+  /// choice gets its own deterministic stream.
+  Sampler(const SamplingParams& p, int vocab_size, const std::vector<int32_t>& prompt,
+          uint64_t stream);
+  /// Picks the next token from `logits` (vocab_size floats; not modified) and records it.
+  Sample sample(const float* logits);
+
+ private:
+  double uniform();
+  SamplingParams p_;
+  int vocab_;
+  std::vector<uint8_t> seen_;                    // in prompt or output (repetition penalty)
+  std::unordered_map<int32_t, int> out_counts_;  // generated tokens (presence/frequency)
+  std::mt19937_64 rng_;
+  std::vector<int32_t> idx_;
+};
+
+}  // namespace spark::engine

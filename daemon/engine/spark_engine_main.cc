@@ -1,0 +1,244 @@
+// spark-engine: the engine without the HTTP server, for tests, benchmarks and bring-up.
+//   spark-engine generate --model DIR --prompt 1,2,3 [--max-tokens N] [--temperature T]
+//                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
+//   spark-engine bench --model DIR|--demo [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens
+//   64]
+//                [--slots 4] [--threads 1] [--json]
+// generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
+// {"rank": R, "worker": "stopped"} when rank 0 is done. Exit codes as sparkctl(1).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/strings.h"
+#include "daemon/engine/bench.h"
+#include "daemon/engine/demo_model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/gloo_collective.h"
+
+using namespace spark;
+using namespace spark::engine;
+
+namespace {
+
+int fail(const Error& e) {
+  std::fprintf(stderr, "spark-engine: %s\n", e.message.c_str());
+  return exit_code(e.code);
+}
+
+struct Args {
+  std::string cmd;
+  std::map<std::string, std::string> opt;
+  std::string get(const std::string& k, const std::string& def = "") const {
+    auto it = opt.find(k);
+    return it == opt.end() ? def : it->second;
+  }
+  bool has(const std::string& k) const { return opt.count(k) > 0; }
+};
+
+Result<Args> parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2)
+    return make_error(Errc::usage, "usage: spark-engine generate|bench --model DIR [options]");
+  a.cmd = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string k = argv[i];
+    if (!starts_with(k, "--")) return make_error(Errc::usage, "unexpected argument " + k);
+    k = k.substr(2);
+    if (k == "json" || k == "demo") {
+      a.opt[k] = "1";
+      continue;
+    }
+    if (i + 1 >= argc) return make_error(Errc::usage, "--" + k + " needs a value");
+    a.opt[k] = argv[++i];
+  }
+  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")))
+    return make_error(Errc::usage, "--model DIR is required (bench also takes --demo)");
+  return a;
+}
+
+Result<int> int_opt(const Args& a, const std::string& k, int def) {
+  if (!a.has(k)) return def;
+  auto v = parse_i64(a.get(k));
+  if (!v) return make_error(Errc::usage, "--" + k + " must be an integer, not " + a.get(k));
+  return static_cast<int>(*v);
+}
+
+Result<std::vector<int>> int_list(const std::string& s) {
+  std::vector<int> out;
+  for (const auto& part : split_list(s)) {
+    auto v = parse_i64(part);
+    if (!v) return make_error(Errc::usage, "not an integer list: " + s);
+    out.push_back(static_cast<int>(*v));
+  }
+  return out;
+}
+
+// Sets up the collective for --tp-size/--tp-rank (Gloo) or a single process.
+Result<std::shared_ptr<Collective>> make_comm(const Args& a, int* rank, int* world) {
+  auto w = int_opt(a, "tp-size", 1);
+  auto r = int_opt(a, "tp-rank", 0);
+  if (!w) return w.error();
+  if (!r) return r.error();
+  *world = *w;
+  *rank = *r;
+  if (*world == 1) return std::shared_ptr<Collective>(std::make_shared<LocalCollective>());
+  const std::string store = a.get("store", "127.0.0.1:29551");
+  auto colon = store.rfind(':');
+  auto port = colon == std::string::npos ? std::nullopt : parse_i64(store.substr(colon + 1));
+  if (!port) return make_error(Errc::usage, "--store must be HOST:PORT, not " + store);
+  GlooOptions g;
+  g.rank = *rank;
+  g.world = *world;
+  g.store_host = store.substr(0, colon);
+  g.store_port = static_cast<int>(*port);
+  g.bind_host = a.get("bind", "127.0.0.1");
+  auto t = int_opt(a, "timeout-ms", 30000);
+  if (!t) return t.error();
+  g.timeout_ms = *t;
+  auto c = GlooCollective::connect(g);
+  if (!c) return c.error();
+  return std::shared_ptr<Collective>(*c);
+}
+
+// VmHWM (peak resident set) of this process in bytes, from /proc/self/status.
+uint64_t peak_rss_bytes() {
+  auto text = read_file("/proc/self/status");
+  if (!text) return 0;
+  for (const auto& line : split_list(*text, '\n'))
+    if (starts_with(line, "VmHWM:")) {
+      auto v = parse_u64(trim(line.substr(6, line.size() - 6 - 3)));  // "VmHWM:   1234 kB"
+      return v ? *v * 1024 : 0;
+    }
+  return 0;
+}
+
+int cmd_generate(const Args& a) {
+  // Load first, then join: a slow loader delays the join instead of timing out a collective.
+  auto w = int_opt(a, "tp-size", 1);
+  auto r = int_opt(a, "tp-rank", 0);
+  if (!w) return fail(w.error());
+  if (!r) return fail(r.error());
+  log::set_rank(*r);
+  LoadReport load;
+  const uint64_t rss_before = peak_rss_bytes();
+  auto model = Model::load(a.get("model"), *r, *w, &load);
+  if (!model) return fail(model.error());
+  const uint64_t rss_after = peak_rss_bytes();
+  int rank = 0, world = 1;
+  auto comm = make_comm(a, &rank, &world);
+  if (!comm) return fail(comm.error());
+  if (rank > 0) {
+    auto st = run_tp_worker(**model, **comm);
+    if (!st.ok()) return fail(st.error());
+    std::cout << nlohmann::json{{"rank", rank},
+                                {"worker", "stopped"},
+                                {"bytes_read", load.bytes_read}}
+                     .dump()
+              << "\n";
+    return 0;
+  }
+  auto prompt = int_list(a.get("prompt", "1,2,3"));
+  if (!prompt) return fail(prompt.error());
+  SamplingParams p;
+  auto mt = int_opt(a, "max-tokens", 16);
+  auto n = int_opt(a, "n", 1);
+  if (!mt) return fail(mt.error());
+  if (!n) return fail(n.error());
+  p.max_tokens = *mt;
+  p.n = *n;
+  p.temperature = std::stof(a.get("temperature", "0"));
+  if (a.has("seed")) p.seed = std::stoull(a.get("seed"));
+  p.ignore_eos = a.get("ignore-eos", "1") == "1";
+  EngineOptions o;
+  auto slots = int_opt(a, "slots", 4);
+  if (!slots) return fail(slots.error());
+  o.slots = *slots;
+  auto eng = Engine::start(std::move(*model), *comm, o);
+  if (!eng) return fail(eng.error());
+  std::vector<int32_t> ids(prompt->begin(), prompt->end());
+  auto res = generate_blocking(**eng, ids, p, 120000);
+  (*eng)->stop();
+  if (!res) return fail(res.error());
+  nlohmann::json j = {{"rank", 0},
+                      {"tp", world},
+                      {"tokens", res->tokens},
+                      {"finish", nlohmann::json::array()},
+                      {"bytes_read", load.bytes_read},
+                      {"load_seconds", load.seconds},
+                      {"weight_bytes", load.weight_bytes},
+                      {"peak_rss_before_load", rss_before},
+                      {"peak_rss_after_load", rss_after}};
+  for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+int cmd_bench(const Args& a) {
+  auto threads = int_opt(a, "threads", 1);
+  if (!threads) return fail(threads.error());
+  set_blas_threads(*threads);
+  std::string dir = a.get("model");
+  std::string tmp;
+  if (dir.empty()) {  // --demo: the embedded demo checkpoint in a temporary directory
+    char tmpl[] = "/tmp/spark-engine-demo-XXXXXX";
+    if (!::mkdtemp(tmpl)) return fail(make_error(Errc::io, "mkdtemp failed"));
+    tmp = tmpl;
+    dir = tmp + "/demo";
+    auto d = write_demo_model(dir, false);
+    if (!d) return fail(d.error());
+  }
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{tmp};
+  auto model = Model::load(dir, 0, 1);
+  if (!model) return fail(model.error());
+  auto conc = int_list(a.get("concurrency", "1,4"));
+  auto pt = int_opt(a, "prompt-tokens", 32);
+  auto mt = int_opt(a, "max-tokens", 64);
+  auto slots = int_opt(a, "slots", 4);
+  if (!conc) return fail(conc.error());
+  if (!pt) return fail(pt.error());
+  if (!mt) return fail(mt.error());
+  if (!slots) return fail(slots.error());
+  EngineOptions o;
+  o.slots = *slots;
+  o.prefix_caching = false;  // distinct prompts anyway; measure compute, not cache hits
+  auto eng = Engine::start(std::move(*model), std::make_shared<LocalCollective>(), o);
+  if (!eng) return fail(eng.error());
+  auto rep = run_bench(**eng, *conc, *pt, *mt);
+  (*eng)->stop();
+  if (!rep) return fail(rep.error());
+  rep->model = a.has("model") ? a.get("model") : "demo (sparkctl demo-model)";
+  std::cout << (a.has("json") ? bench_json(*rep) : bench_table(*rep));
+  return rep->ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  log::set_level(log::Level::warn);
+  if (const char* lv = std::getenv("SPARK_LOG_LEVEL")) {
+    log::Level l;
+    if (log::parse_level(lv, &l)) log::set_level(l);
+  }
+  auto a = parse(argc, argv);
+  if (!a) return fail(a.error());
+  try {
+    if (a->cmd == "generate") return cmd_generate(*a);
+    if (a->cmd == "bench") return cmd_bench(*a);
+  } catch (const std::exception& e) {
+    return fail(make_error(Errc::usage, e.what()));
+  }
+  return fail(make_error(Errc::usage, "unknown command " + a->cmd + " (generate, bench)"));
+}

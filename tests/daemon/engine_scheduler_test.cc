@@ -1,0 +1,275 @@
+// The engine: continuous batching gives the same tokens as one request alone, chunked
+// prefill, prefix caching across requests, seeds, n > 1, stop/length, cancellation.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "daemon/engine/engine.h"
+#include "daemon/engine/random_checkpoint.h"
+#include "support/tempdir.h"
+
+using namespace spark;
+using namespace spark::engine;
+
+namespace {
+
+std::vector<int32_t> prompt_of(int n, int salt, int vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101 + 11) % (vocab - 3) + 3);
+  return p;
+}
+
+// Greedy decoding straight through the model: the ground truth for the scheduler.
+std::vector<int32_t> direct_greedy(Model& m, std::vector<int32_t> seq, int steps) {
+  const auto& c = m.config();
+  KVCache cache(c.num_layers, 64, 16, m.local_kv_heads(), c.head_dim);
+  std::vector<int32_t> table(64);
+  for (int i = 0; i < 64; ++i) table[static_cast<size_t>(i)] = i;
+  LocalCollective one;
+  std::vector<float> logits;
+  std::vector<int32_t> out;
+  SeqChunk ch{seq.data(), static_cast<int>(seq.size()), 0, table.data(), true};
+  REQUIRE(m.forward({ch}, cache, one, &logits).ok());
+  for (int s = 0; s < steps; ++s) {
+    int32_t t =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(t);
+    seq.push_back(t);
+    SeqChunk d{&seq.back(), 1, static_cast<int>(seq.size()) - 1, table.data(), true};
+    REQUIRE(m.forward({d}, cache, one, &logits).ok());
+  }
+  return out;
+}
+
+struct Fixture {
+  test::TempDir dir;
+  Fixture() {
+    auto cfg = small_config(Family::llama);
+    cfg.eos_token_ids = {};  // no early stop in these tests unless asked
+    REQUIRE(write_random_checkpoint(dir.path(), {cfg, DType::f32, 11, 1}).ok());
+  }
+  std::unique_ptr<Engine> engine(EngineOptions o) {
+    auto m = Model::load(dir.path(), 0, 1);
+    REQUIRE(m.ok());
+    auto e = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+    REQUIRE_MESSAGE(e.ok(), e.error().message);
+    return std::move(*e);
+  }
+  std::unique_ptr<Model> model() {
+    auto m = Model::load(dir.path(), 0, 1);
+    REQUIRE(m.ok());
+    return std::move(*m);
+  }
+};
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "engine: concurrent requests in few slots with chunked prefill equal each request alone") {
+  Fixture fx;
+  auto model = fx.model();
+  const int V = model->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {prompt_of(37, 1, V), prompt_of(5, 2, V),
+                                               prompt_of(20, 3, V), prompt_of(50, 4, V),
+                                               prompt_of(16, 5, V)};
+  std::vector<std::vector<int32_t>> expect;
+  for (const auto& p : prompts) expect.push_back(direct_greedy(*model, p, 24));
+
+  EngineOptions o;
+  o.slots = 2;
+  o.max_batch_tokens = 8;  // forces chunked prefill mixed with decodes
+  auto eng = fx.engine(o);
+  std::vector<std::thread> ts;
+  std::vector<Result<BlockingResult>> results(prompts.size(), Error{});
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ts.emplace_back([&, i] { results[i] = generate_blocking(*eng, prompts[i], greedy(24)); });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE_MESSAGE(results[i].ok(), results[i].error().message);
+    CHECK(results[i]->tokens[0] == expect[i]);
+    CHECK(results[i]->finish[0] == FinishReason::length);
+  }
+  auto st = eng->stats();
+  CHECK(st.generated_tokens == 24 * prompts.size());
+  CHECK(st.running == 0);
+  CHECK(st.blocks_available == st.blocks_total);  // every block came back
+}
+
+TEST_CASE("engine: block-aligned prefix caching is shared across requests") {
+  Fixture fx;
+  EngineOptions o;
+  o.block_size = 16;
+  auto eng = fx.engine(o);
+  const int V = eng->config().vocab_size;
+  auto p = prompt_of(40, 7, V);
+  auto first = generate_blocking(*eng, p, greedy(8));
+  REQUIRE(first.ok());
+  CHECK(first->cached_prompt_tokens == 0);
+  auto second = generate_blocking(*eng, p, greedy(8));
+  REQUIRE(second.ok());
+  CHECK(second->cached_prompt_tokens == 32);  // two full blocks of 16 reused
+  CHECK(second->tokens == first->tokens);
+  // Same first block, different second block: only the first is reused.
+  auto q = p;
+  q[20] = (q[20] + 1) % V;
+  auto third = generate_blocking(*eng, q, greedy(8));
+  REQUIRE(third.ok());
+  CHECK(third->cached_prompt_tokens == 16);
+  auto model = fx.model();
+  CHECK(third->tokens[0] == direct_greedy(*model, q, 8));
+  CHECK(eng->stats().cached_tokens == 32 + 16);
+  // Without prefix caching nothing is reused.
+  EngineOptions off = o;
+  off.prefix_caching = false;
+  auto eng2 = fx.engine(off);
+  REQUIRE(generate_blocking(*eng2, p, greedy(4)).ok());
+  auto again = generate_blocking(*eng2, p, greedy(4));
+  REQUIRE(again.ok());
+  CHECK(again->cached_prompt_tokens == 0);
+}
+
+TEST_CASE("engine: seeds, n > 1, stop tokens and max_tokens") {
+  Fixture fx;
+  auto eng = fx.engine({});
+  const int V = eng->config().vocab_size;
+  auto p = prompt_of(12, 9, V);
+  SamplingParams s;
+  s.temperature = 1.0f;
+  s.seed = 42;
+  s.max_tokens = 20;
+  s.n = 3;
+  auto a = generate_blocking(*eng, p, s);
+  auto b = generate_blocking(*eng, p, s);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->tokens == b->tokens);  // same seed and prompt: same tokens, every choice
+  REQUIRE(a->tokens.size() == 3);
+  CHECK(a->tokens[0] != a->tokens[1]);  // choices have their own streams
+  s.seed = 43;
+  auto c = generate_blocking(*eng, p, s);
+  REQUIRE(c.ok());
+  CHECK(c->tokens != a->tokens);
+
+  // A stop token ends the choice with "stop" and includes the token.
+  auto g = generate_blocking(*eng, p, greedy(10));
+  REQUIRE(g.ok());
+  auto stop = greedy(10);
+  stop.stop_token_ids = {g->tokens[0][3]};
+  auto st = generate_blocking(*eng, p, stop);
+  REQUIRE(st.ok());
+  CHECK(st->finish[0] == FinishReason::stop);
+  const auto first_stop =
+      std::find(g->tokens[0].begin(), g->tokens[0].end(), g->tokens[0][3]) - g->tokens[0].begin();
+  CHECK(st->tokens[0].size() == static_cast<size_t>(first_stop + 1));
+  CHECK(g->finish[0] == FinishReason::length);
+  CHECK(g->tokens[0].size() == 10);
+  // logprobs come back per token.
+  auto lp = greedy(5);
+  lp.logprobs = true;
+  auto l = generate_blocking(*eng, p, lp);
+  REQUIRE(l.ok());
+  REQUIRE(l->logprobs[0].size() == 5);
+  for (float v : l->logprobs[0]) CHECK(v <= 0.0f);
+}
+
+TEST_CASE("engine: cancel frees the slot at once for a waiting request") {
+  Fixture fx;
+  EngineOptions o;
+  o.slots = 1;
+  auto eng = fx.engine(o);
+  const int V = eng->config().vocab_size;
+  std::atomic<int> first_tokens{0};
+  std::atomic<bool> first_done{false};
+  std::atomic<int> first_reason{0};
+  GenerateRequest long_req{prompt_of(10, 1, V), greedy(400), [&](const TokenEvent& e) {
+                             if (e.token >= 0) ++first_tokens;
+                             if (e.request_done) {
+                               first_reason = static_cast<int>(e.finish);
+                               first_done = true;
+                             }
+                           }};
+  auto id = eng->submit(std::move(long_req));
+  REQUIRE(id.ok());
+  for (int i = 0; i < 2000 && first_tokens < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(first_tokens >= 3);
+  std::thread waiter_thread;
+  Result<BlockingResult> second = Error{};
+  waiter_thread =
+      std::thread([&] { second = generate_blocking(*eng, prompt_of(8, 2, V), greedy(4), 20000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  eng->cancel(*id);
+  waiter_thread.join();
+  REQUIRE(second.ok());
+  CHECK(second->tokens[0].size() == 4);
+  CHECK(first_done);
+  CHECK(first_reason == static_cast<int>(FinishReason::cancelled));
+  CHECK(first_tokens < 400);
+  auto st = eng->stats();
+  CHECK(st.blocks_available == st.blocks_total);
+}
+
+TEST_CASE("engine: requests that cannot fit are refused with a reason") {
+  Fixture fx;
+  EngineOptions o;
+  o.max_context = 64;
+  auto eng = fx.engine(o);
+  const int V = eng->config().vocab_size;
+  auto r = eng->submit({prompt_of(64, 1, V), greedy(4), [](const TokenEvent&) {}});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("context_length_exceeded") != std::string::npos);
+  auto bad = eng->submit({{static_cast<int32_t>(V)}, greedy(4), [](const TokenEvent&) {}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::usage);
+  // A long completion is capped by the context: finish "length" at 64 tokens total.
+  auto capped = generate_blocking(*eng, prompt_of(60, 1, V), greedy(100));
+  REQUIRE(capped.ok());
+  CHECK(capped->tokens[0].size() == 4);
+  CHECK(capped->finish[0] == FinishReason::length);
+}
+
+namespace {
+// Fault injection (a test double): a world of one whose all_reduce fails from call N on.
+class FailingCollectiveForTest final : public Collective {
+ public:
+  explicit FailingCollectiveForTest(int fail_from) : fail_from_(fail_from) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Status all_reduce_sum(float*, size_t) override {
+    if (++calls_ >= fail_from_) return make_error(Errc::network, "injected: peer rank 1 vanished");
+    return Status::Ok();
+  }
+  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
+  Status barrier() override { return Status::Ok(); }
+
+ private:
+  int fail_from_;
+  int calls_ = 0;
+};
+}  // namespace
+
+TEST_CASE("engine: a failing step ends in-flight requests with an error and refuses new ones") {
+  Fixture fx;
+  auto m = fx.model();
+  const int V = m->config().vocab_size;
+  auto eng = Engine::start(std::move(m), std::make_shared<FailingCollectiveForTest>(40), {});
+  REQUIRE(eng.ok());
+  auto r = generate_blocking(**eng, prompt_of(8, 1, V), greedy(100), 20000);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("peer rank 1 vanished") != std::string::npos);
+  auto st = (*eng)->stats();
+  CHECK(st.failed);
+  auto again = (*eng)->submit({prompt_of(8, 1, V), greedy(4), [](const TokenEvent&) {}});
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().message.find("engine failed") != std::string::npos);
+}
