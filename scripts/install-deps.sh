@@ -30,6 +30,7 @@ PACKAGES=(
 )
 
 # Appended by other parts of the project (one line each, below this comment).
+PACKAGES+=(libicu-dev)   # tokenizer: NFC/NFKC normalizers, Unicode properties (daemon/tokenizer)
 
 check_only=0
 [[ "${1:-}" == "--check" ]] && check_only=1

@@ -1,0 +1,221 @@
+#include "daemon/openai/session.h"
+
+#include <ctime>
+
+namespace spark::openai {
+
+ApiResult<PreparedPrompt> prepare_chat(const ChatRequest& req, const tok::Tokenizer& tok,
+                                       const tok::ChatFormat& fmt, int max_context) {
+  ApiResult<PreparedPrompt> r;
+  Json tools = req.tool_choice.kind == ToolChoice::Kind::none ? Json::array() : req.tools;
+  auto text = tok::render_chat(fmt, req.messages, tools, req.add_generation_prompt);
+  if (!text) {
+    r.error = from_error(text.error(), "messages");
+    return r;
+  }
+  PreparedPrompt p;
+  p.text = std::move(*text);
+  p.ids = tok.encode(p.text, false);  // the format already holds BOS
+  auto budget =
+      resolve_max_tokens(req.sampling, static_cast<int>(p.ids.size()), max_context, "messages");
+  if (!budget.ok()) {
+    r.error = budget.error;
+    return r;
+  }
+  p.max_tokens = *budget.value;
+  r.value = std::move(p);
+  return r;
+}
+
+ApiResult<PreparedPrompt> prepare_completion(const CompletionRequest& req,
+                                             const tok::Tokenizer& tok, int max_context) {
+  ApiResult<PreparedPrompt> r;
+  PreparedPrompt p;
+  if (const auto* s = std::get_if<std::string>(&req.prompt)) {
+    p.text = *s;
+    p.ids = tok.encode(*s, true);
+  } else {
+    p.ids = std::get<std::vector<int32_t>>(req.prompt);
+    for (auto id : p.ids)
+      if (static_cast<size_t>(id) >= tok.vocab_size()) {
+        r.error = invalid_request("'prompt' holds token id " + std::to_string(id) +
+                                      ", outside the vocabulary of " +
+                                      std::to_string(tok.vocab_size()) + " tokens.",
+                                  "prompt");
+        return r;
+      }
+    p.text = tok.decode(p.ids, false);
+  }
+  auto budget =
+      resolve_max_tokens(req.sampling, static_cast<int>(p.ids.size()), max_context, "prompt");
+  if (!budget.ok()) {
+    r.error = budget.error;
+    return r;
+  }
+  p.max_tokens = *budget.value;
+  r.value = std::move(p);
+  return r;
+}
+
+Responder::Responder(const ChatRequest& req, const tok::Tokenizer& tok, const tok::ChatFormat& fmt,
+                     std::string model, int prompt_tokens, std::set<int32_t> stop_token_ids)
+    : tok_(&tok),
+      chat_(true),
+      stream_(req.stream),
+      include_usage_(req.include_usage),
+      want_logprobs_(req.sampling.logprobs),
+      stop_ids_(std::move(stop_token_ids)) {
+  meta_ = {make_response_id("chatcmpl-"), static_cast<int64_t>(std::time(nullptr)),
+           std::move(model)};
+  usage_.prompt_tokens = prompt_tokens;
+  bool tools = req.tool_choice.kind != ToolChoice::Kind::none && !req.tools.empty();
+  for (int i = 0; i < req.sampling.n; ++i) {
+    ChoiceStreamOptions o;
+    o.stop = req.sampling.stop;
+    o.skip_special_tokens = req.sampling.skip_special_tokens;
+    o.parse_tool_calls = tools;
+    o.family = fmt.family;
+    ChoiceState c;
+    c.stream = std::make_unique<ChoiceStream>(tok, o);
+    c.result.index = i;
+    choices_.push_back(std::move(c));
+  }
+}
+
+Responder::Responder(const CompletionRequest& req, const tok::Tokenizer& tok, std::string model,
+                     int prompt_tokens, std::set<int32_t> stop_token_ids, std::string prompt_text)
+    : tok_(&tok),
+      chat_(false),
+      stream_(req.stream),
+      include_usage_(req.include_usage),
+      want_logprobs_(req.sampling.logprobs),
+      stop_ids_(std::move(stop_token_ids)) {
+  meta_ = {make_response_id("cmpl-"), static_cast<int64_t>(std::time(nullptr)), std::move(model)};
+  usage_.prompt_tokens = prompt_tokens;
+  if (req.echo) echo_ = std::move(prompt_text);
+  for (int i = 0; i < req.sampling.n; ++i) {
+    ChoiceStreamOptions o;
+    o.stop = req.sampling.stop;
+    o.skip_special_tokens = req.sampling.skip_special_tokens;
+    ChoiceState c;
+    c.stream = std::make_unique<ChoiceStream>(tok, o);
+    c.result.index = i;
+    c.result.text = echo_;
+    c.text_offset = echo_.size();
+    choices_.push_back(std::move(c));
+  }
+}
+
+const char* Responder::content_type() const {
+  return stream_ ? "text/event-stream" : "application/json";
+}
+
+std::string Responder::start() {
+  if (!stream_) return {};
+  std::string out;
+  for (auto& c : choices_) {
+    if (chat_) {
+      ChatDelta d;
+      d.index = c.result.index;
+      d.role = true;
+      d.content = "";
+      out += sse_event(chat_chunk(meta_, d, include_usage_, *tok_));
+      c.role_sent = true;
+    } else if (!echo_.empty()) {
+      out += sse_event(completion_chunk(meta_, c.result.index, echo_, std::nullopt, include_usage_,
+                                        std::nullopt, 0, *tok_));
+    }
+  }
+  return out;
+}
+
+std::string Responder::emit(int choice, const ChoiceStream::Step& s,
+                            std::optional<std::vector<TokenLogprobs>> lp) {
+  ChoiceState& c = choices_[static_cast<size_t>(choice)];
+  c.result.text += s.content;
+  for (const auto& call : s.calls) c.result.tool_calls.push_back(call);
+  if (!stream_ || (s.content.empty() && s.calls.empty() && !lp)) return {};
+  if (chat_) {
+    ChatDelta d;
+    d.index = c.result.index;
+    if (!s.content.empty()) d.content = s.content;
+    d.tool_calls = s.calls;
+    d.logprobs = std::move(lp);
+    return sse_event(chat_chunk(meta_, d, include_usage_, *tok_));
+  }
+  size_t off = c.text_offset;
+  c.text_offset += s.content.size();
+  return sse_event(completion_chunk(meta_, c.result.index, s.content, std::nullopt, include_usage_,
+                                    lp, off, *tok_));
+}
+
+std::string Responder::token(int choice, int32_t id, std::optional<TokenLogprobs> lp) {
+  if (choice < 0 || static_cast<size_t>(choice) >= choices_.size()) return {};
+  ChoiceState& c = choices_[static_cast<size_t>(choice)];
+  if (c.ended) return {};
+  ++usage_.completion_tokens;
+  if (stop_ids_.count(id)) return end_choice(choice, "stop", c.stream->finish());
+  std::optional<std::vector<TokenLogprobs>> one;
+  if (want_logprobs_ && lp) {
+    c.lps.push_back(*lp);
+    one = std::vector<TokenLogprobs>{*lp};
+  }
+  ChoiceStream::Step s = c.stream->push(id);
+  if (s.stopped) {
+    std::string out = emit(choice, s, one);
+    return out + end_choice(choice, "stop", {});
+  }
+  return emit(choice, s, one);
+}
+
+std::string Responder::end_choice(int choice, const std::string& reason, ChoiceStream::Step tail) {
+  ChoiceState& c = choices_[static_cast<size_t>(choice)];
+  std::string out = emit(choice, tail, std::nullopt);
+  c.ended = true;
+  c.result.finish_reason = chat_ ? c.stream->finish_reason(reason) : reason;
+  if (want_logprobs_) c.result.logprobs = c.lps;
+  if (!stream_) return out;
+  if (chat_) {
+    ChatDelta d;
+    d.index = c.result.index;
+    d.finish_reason = c.result.finish_reason;
+    out += sse_event(chat_chunk(meta_, d, include_usage_, *tok_));
+  } else {
+    out += sse_event(completion_chunk(meta_, c.result.index, "", c.result.finish_reason,
+                                      include_usage_, std::nullopt, c.text_offset, *tok_));
+  }
+  return out;
+}
+
+bool Responder::finished(int choice) const {
+  return choice >= 0 && static_cast<size_t>(choice) < choices_.size() &&
+         choices_[static_cast<size_t>(choice)].ended;
+}
+
+std::string Responder::finish(int choice, const std::string& reason) {
+  if (choice < 0 || static_cast<size_t>(choice) >= choices_.size()) return {};
+  ChoiceState& c = choices_[static_cast<size_t>(choice)];
+  if (c.ended) return {};
+  ChoiceStream::Step tail = c.stream->finish();
+  return end_choice(choice, tail.stopped ? "stop" : reason, std::move(tail));
+}
+
+std::string Responder::done() {
+  std::string out;
+  for (size_t i = 0; i < choices_.size(); ++i)
+    if (!choices_[i].ended) out += finish(static_cast<int>(i), "stop");
+  if (stream_) {
+    if (include_usage_)
+      out += sse_event(
+          usage_chunk(meta_, chat_ ? "chat.completion.chunk" : "text_completion", usage_));
+    out += sse_done();
+    return out;
+  }
+  std::vector<Choice> res;
+  for (const auto& c : choices_) res.push_back(c.result);
+  return (chat_ ? chat_completion(meta_, res, usage_, *tok_)
+                : text_completion(meta_, res, usage_, *tok_))
+      .dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace spark::openai

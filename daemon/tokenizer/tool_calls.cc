@@ -1,0 +1,256 @@
+#include "daemon/tokenizer/tool_calls.h"
+
+#include <random>
+
+#include "daemon/tokenizer/py_json.h"
+
+namespace spark::tok {
+
+namespace {
+constexpr std::string_view kQwenOpen = "<tool_call>", kQwenClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL_CALLS]";
+
+std::string random_id(size_t n, std::string_view prefix) {
+  static const char* alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id(prefix);
+  for (size_t i = 0; i < n; ++i) id += alnum[rng() % 62];
+  return id;
+}
+
+bool all_space(std::string_view s) {
+  return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
+}
+
+// Length of the longest suffix of `s` that is a proper prefix of `marker`.
+size_t partial_suffix(std::string_view s, std::string_view marker) {
+  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+}  // namespace
+
+size_t json_value_end(std::string_view s, size_t pos) {
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (size_t i = pos; i < s.size(); ++i) {
+    char c = s[i];
+    if (in_str) {
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
+      continue;
+    }
+    if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+ToolCallParser::ToolCallParser(ChatFamily family, std::function<std::string()> make_id)
+    : family_(family), make_id_(std::move(make_id)) {
+  if (!make_id_) {
+    if (family_ == ChatFamily::mistral)
+      make_id_ = [] { return random_id(9, ""); };
+    else
+      make_id_ = [] { return random_id(24, "call_"); };
+  }
+  if (family_ != ChatFamily::llama3) mode_ = Mode::text;
+}
+
+void ToolCallParser::emit_text(ToolParseDelta& out, std::string_view t) {
+  if (t.empty()) return;
+  if (calls_ == 0) {
+    out.content += t;
+    return;
+  }
+  pending_ws_ += t;
+  if (!all_space(pending_ws_)) {
+    out.content += pending_ws_;
+    pending_ws_.clear();
+  }
+}
+
+bool ToolCallParser::add_call(ToolParseDelta& out, const std::string& text, bool array) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const std::exception&) {
+    return false;
+  }
+  Json items = array ? j : Json::array({j});
+  if (!items.is_array() || items.empty()) return false;
+  std::vector<ParsedToolCall> calls;
+  for (const auto& o : items) {
+    if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) return false;
+    const char* key = o.contains("arguments") ? "arguments" : "parameters";
+    // Llama 3's bare JSON must look like a call, not like an answer that is JSON.
+    if (family_ == ChatFamily::llama3 && !o.contains(key)) return false;
+    ParsedToolCall c;
+    c.name = o["name"].get<std::string>();
+    if (!o.contains(key) || o[key].is_null()) {
+      c.arguments = "{}";
+    } else if (o[key].is_string()) {
+      c.arguments = o[key].get<std::string>();
+    } else if (o[key].is_object()) {
+      c.arguments = py_dumps(o[key]);
+    } else {
+      return false;
+    }
+    c.id = o.contains("id") && o["id"].is_string() ? o["id"].get<std::string>() : make_id_();
+    calls.push_back(std::move(c));
+  }
+  pending_ws_.clear();
+  for (auto& c : calls) {
+    c.index = calls_++;
+    out.calls.push_back(std::move(c));
+  }
+  return true;
+}
+
+void ToolCallParser::step(ToolParseDelta& out, bool final) {
+  for (;;) {
+    switch (mode_) {
+      case Mode::done_text:
+        emit_text(out, buf_);
+        buf_.clear();
+        return;
+      case Mode::start: {  // Llama 3: decide from the first non-space characters
+        size_t p = buf_.find_first_not_of(" \t\r\n");
+        if (p == std::string::npos) {
+          if (final) mode_ = Mode::done_text;
+          if (final) continue;
+          return;
+        }
+        std::string_view rest = std::string_view(buf_).substr(p);
+        if (rest.starts_with(kPythonTag)) {
+          json_raw_ = buf_.substr(0, p + kPythonTag.size());
+          buf_.erase(0, p + kPythonTag.size());
+          mode_ = Mode::json;
+        } else if (rest[0] == '{') {
+          json_raw_ = buf_.substr(0, p);
+          buf_.erase(0, p);
+          mode_ = Mode::json;
+        } else if (!final && kPythonTag.starts_with(rest)) {
+          return;  // maybe the tag, wait
+        } else {
+          mode_ = Mode::done_text;
+        }
+        continue;
+      }
+      case Mode::text: {
+        std::string_view marker = family_ == ChatFamily::mistral ? kMistralCalls : kQwenOpen;
+        size_t p = buf_.find(marker);
+        if (p == std::string::npos) {
+          size_t hold = final ? 0 : partial_suffix(buf_, marker);
+          emit_text(out, std::string_view(buf_).substr(0, buf_.size() - hold));
+          buf_.erase(0, buf_.size() - hold);
+          if (final) pending_ws_.clear();  // whitespace after the last call is dropped
+          return;
+        }
+        emit_text(out, std::string_view(buf_).substr(0, p));
+        buf_.erase(0, p + marker.size());
+        json_raw_ = std::string(marker);
+        mode_ = family_ == ChatFamily::mistral ? Mode::json : Mode::block;
+        continue;
+      }
+      case Mode::block: {  // Qwen: inside <tool_call> ... </tool_call>
+        size_t p = buf_.find(kQwenClose);
+        if (p == std::string::npos) {
+          if (!final) return;
+          // Unterminated at the end: accept a complete JSON body, else return it as text.
+          if (!add_call(out, buf_, false)) emit_text(out, json_raw_ + buf_);
+          buf_.clear();
+          mode_ = Mode::text;
+          continue;
+        }
+        std::string body = buf_.substr(0, p);
+        if (!add_call(out, body, false)) emit_text(out, json_raw_ + body + std::string(kQwenClose));
+        buf_.erase(0, p + kQwenClose.size());
+        mode_ = Mode::text;
+        continue;
+      }
+      case Mode::json: {  // Llama 3 objects (';'-separated) or Mistral's array
+        size_t p = buf_.find_first_not_of(family_ == ChatFamily::llama3 ? " \t\r\n;" : " \t\r\n");
+        if (p == std::string::npos) {
+          if (final) {
+            if (calls_ == 0) emit_text(out, json_raw_ + buf_);
+            buf_.clear();
+            return;
+          }
+          return;
+        }
+        char open = buf_[p];
+        bool want_array = family_ == ChatFamily::mistral;
+        if ((want_array && open != '[') || (!want_array && open != '{')) {
+          // Not (or no longer) a call: the rest is text.
+          if (calls_ == 0) buf_.insert(0, json_raw_);
+          json_raw_.clear();
+          mode_ = family_ == ChatFamily::mistral ? Mode::text : Mode::done_text;
+          if (family_ == ChatFamily::mistral && calls_ == 0) {
+            // "[TOOL_CALLS]" followed by junk: all of it is content.
+            emit_text(out, buf_);
+            buf_.clear();
+            return;
+          }
+          continue;
+        }
+        size_t end = json_value_end(buf_, p);
+        if (end == std::string::npos) {
+          if (!final) return;
+          emit_text(out, json_raw_ + buf_);
+          buf_.clear();
+          json_raw_.clear();
+          mode_ = Mode::done_text;
+          continue;
+        }
+        std::string value = buf_.substr(p, end - p);
+        if (add_call(out, value, want_array)) {
+          json_raw_.clear();
+          buf_.erase(0, end);
+          if (family_ == ChatFamily::mistral) mode_ = Mode::text;
+        } else {
+          emit_text(out, json_raw_ + buf_.substr(0, end));
+          json_raw_.clear();
+          buf_.erase(0, end);
+          mode_ = family_ == ChatFamily::mistral ? Mode::text : Mode::done_text;
+        }
+        continue;
+      }
+    }
+  }
+}
+
+ToolParseDelta ToolCallParser::push(std::string_view delta) {
+  ToolParseDelta out;
+  buf_ += delta;
+  step(out, false);
+  return out;
+}
+
+ToolParseDelta ToolCallParser::finish() {
+  ToolParseDelta out;
+  step(out, true);
+  pending_ws_.clear();
+  return out;
+}
+
+ToolParseDelta ToolCallParser::parse(ChatFamily family, std::string_view text,
+                                     std::function<std::string()> make_id) {
+  ToolCallParser p(family, std::move(make_id));
+  ToolParseDelta a = p.push(text);
+  ToolParseDelta b = p.finish();
+  a.content += b.content;
+  for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  return a;
+}
+
+}  // namespace spark::tok

@@ -1,0 +1,148 @@
+#!/usr/bin/env node
+// The official OpenAI Node client against sparkd's API.
+//   node client_test.js --base-url http://127.0.0.1:8000/v1 [--model NAME] [--api-key KEY]
+//       a running sparkd (the e2e tier starts one and passes its URL)
+//   node client_test.js --wire BUILD_DIR/daemon/openai/openai_wire_double TOKENIZER_JSON
+//       no server: every request the client makes is answered by openai_wire_double (our
+//       request parser and response builders; the engine replaced by a fixed text), handed
+//       to the client through its `fetch` option. Checks our wire format through the client.
+// Exits 0 when every check passed; prints one line per check ("ok" / "FAIL").
+'use strict';
+const { execFileSync } = require('child_process');
+const OpenAI = require('openai').default || require('openai');
+
+const args = process.argv.slice(2);
+const opt = (name) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : undefined; };
+const wire = args.indexOf('--wire') >= 0;
+let failures = 0;
+function check(name, cond, detail) {
+  if (cond) console.log(`ok   ${name}`);
+  else { failures++; console.log(`FAIL ${name}${detail === undefined ? '' : ': ' + JSON.stringify(detail)}`); }
+}
+
+function wireFetch(binary, tokenizer) {
+  return async (url, init = {}) => {
+    const u = new URL(typeof url === 'string' ? url : url.url);
+    const method = (init.method || 'GET').toUpperCase();
+    const body = init.body ? String(init.body) : '';
+    const out = execFileSync(binary, [tokenizer, method, u.pathname], { input: body, timeout: 20000 });
+    const r = JSON.parse(out.toString('utf8'));
+    return new Response(r.body, { status: r.status, headers: { 'content-type': r.content_type } });
+  };
+}
+
+async function main() {
+  let client, model;
+  if (wire) {
+    const i = args.indexOf('--wire');
+    const [binary, tokenizer] = [args[i + 1], args[i + 2]];
+    client = new OpenAI({ apiKey: 'test', baseURL: 'http://wire.invalid/v1', fetch: wireFetch(binary, tokenizer), maxRetries: 0 });
+  } else {
+    client = new OpenAI({ apiKey: opt('--api-key') || 'none', baseURL: opt('--base-url'), maxRetries: 0, timeout: 120000 });
+  }
+  const models = await client.models.list();
+  const ids = [];
+  for await (const m of models) ids.push(m.id);
+  check('models.list returns the served model', ids.length >= 1, ids);
+  model = opt('--model') || ids[0];
+
+  const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Say hello.' }];
+  const chat = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7 });
+  check('chat.completion object', chat.object === 'chat.completion', chat.object);
+  check('chat id prefix', typeof chat.id === 'string' && chat.id.startsWith('chatcmpl-'), chat.id);
+  check('chat message role', chat.choices[0].message.role === 'assistant');
+  check('chat finish_reason', ['stop', 'length'].includes(chat.choices[0].finish_reason), chat.choices[0].finish_reason);
+  check('chat usage adds up', chat.usage.total_tokens === chat.usage.prompt_tokens + chat.usage.completion_tokens, chat.usage);
+
+  const stream = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7, stream: true, stream_options: { include_usage: true } });
+  let text = '', chunks = 0, usage = null, finish = null, role = null, objectsOk = true;
+  for await (const c of stream) {
+    chunks++;
+    if (c.object !== 'chat.completion.chunk') objectsOk = false;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (ch.delta.role) role = ch.delta.role;
+      if (ch.delta.content) text += ch.delta.content;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  check('stream chunks are chat.completion.chunk', objectsOk && chunks > 2, chunks);
+  check('stream first delta has the role', role === 'assistant');
+  check('stream text equals the non-streamed text (greedy, same seed)', text === (chat.choices[0].message.content || ''), [text, chat.choices[0].message.content]);
+  check('stream finish_reason', finish === chat.choices[0].finish_reason, finish);
+  check('stream usage in the last chunk', usage && usage.completion_tokens === chat.usage.completion_tokens, usage);
+
+  const n2 = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2, logprobs: true, top_logprobs: 3 });
+  check('n=2 gives two choices', n2.choices.length === 2 && n2.choices[1].index === 1);
+  const lp = n2.choices[0].logprobs && n2.choices[0].logprobs.content;
+  check('logprobs with 3 alternatives', Array.isArray(lp) && lp.length > 0 && lp[0].top_logprobs.length === 3 && Array.isArray(lp[0].bytes), lp && lp[0]);
+
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const tc = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, max_tokens: 64 });
+  const calls = tc.choices[0].message.tool_calls || [];
+  check('tools request accepted', ['stop', 'length', 'tool_calls'].includes(tc.choices[0].finish_reason), tc.choices[0]);
+  if (wire) {
+    check('tool call parsed into tool_calls', calls.length === 1 && calls[0].function.name === 'get_weather' && JSON.parse(calls[0].function.arguments).city === 'Paris', calls);
+    check('tool call finish_reason', tc.choices[0].finish_reason === 'tool_calls');
+    const ts = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather?' }], tools, max_tokens: 64, stream: true });
+    const acc = {};
+    for await (const c of ts) for (const ch of c.choices) for (const d of ch.delta.tool_calls || []) {
+      acc[d.index] = acc[d.index] || { name: '', args: '' };
+      if (d.function && d.function.name) acc[d.index].name += d.function.name;
+      if (d.function && d.function.arguments) acc[d.index].args += d.function.arguments;
+    }
+    check('streamed tool call deltas', acc[0] && acc[0].name === 'get_weather' && JSON.parse(acc[0].args).city === 'Paris', acc);
+  }
+
+  const comp = await client.completions.create({ model, prompt: 'Once', max_tokens: 8, temperature: 0 });
+  check('text_completion object', comp.object === 'text_completion' && typeof comp.choices[0].text === 'string', comp);
+  const cs = await client.completions.create({ model, prompt: 'Once', max_tokens: 8, temperature: 0, stream: true });
+  let ctext = '';
+  for await (const c of cs) for (const ch of c.choices) ctext += ch.text;
+  check('streamed completion text equals non-streamed', ctext === comp.choices[0].text, [ctext, comp.choices[0].text]);
+
+  const st = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7 });
+  const full = st.choices[0].message.content || '';
+  if (full.length > 4) {
+    const stopAt = full.slice(2, 4);
+    const cut = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7, stop: [stopAt] });
+    check('stop string cuts the text before it', cut.choices[0].message.content === full.slice(0, full.indexOf(stopAt)) && cut.choices[0].finish_reason === 'stop', [full, stopAt, cut.choices[0].message.content]);
+  }
+  const echo = await client.completions.create({ model, prompt: 'Once', max_tokens: 3, echo: true });
+  check('echo prepends the prompt', echo.choices[0].text.startsWith('Once'), echo.choices[0].text);
+
+  // /tokenize and /detokenize are not in the client: plain HTTP through the same transport.
+  const post = async (p, body) => {
+    const url = wire ? 'http://wire.invalid' + p : new URL(p, opt('--base-url')).toString();
+    const f = wire ? wireFetch(args[args.indexOf('--wire') + 1], args[args.indexOf('--wire') + 2]) : fetch;
+    const r = await f(url, { method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' } });
+    return { status: r.status, json: await r.json() };
+  };
+  const tk = await post('/tokenize', { model, prompt: 'Hello 👋 world', add_special_tokens: false });
+  check('/tokenize counts tokens', tk.status === 200 && tk.json.count === tk.json.tokens.length && tk.json.count > 0, tk);
+  const dt = await post('/detokenize', { model, tokens: tk.json.tokens });
+  check('/detokenize inverts /tokenize', dt.status === 200 && dt.json.prompt === 'Hello 👋 world', dt);
+
+  try {
+    await client.chat.completions.create({ model, messages, temperature: 5 });
+    check('temperature 5 rejected', false);
+  } catch (e) {
+    check('temperature 5 -> 400 invalid_request_error, param temperature', e.status === 400 && e.type === 'invalid_request_error' && e.param === 'temperature', { status: e.status, type: e.type, param: e.param });
+  }
+  try {
+    await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x'.repeat(20000) }], max_tokens: 4 });
+    check('over-long prompt rejected', !wire);  // live: depends on the server's context length
+  } catch (e) {
+    check('over-long prompt -> context_length_exceeded', e.status === 400 && e.code === 'context_length_exceeded', { status: e.status, code: e.code });
+  }
+  try {
+    await client.chat.completions.create({ model: 'no-such-model', messages });
+    check('unknown model rejected', false);
+  } catch (e) {
+    check('unknown model -> 404 model_not_found', e.status === 404 && e.code === 'model_not_found', { status: e.status, code: e.code });
+  }
+  console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
+  process.exit(failures ? 1 : 0);
+}
+
+main().catch((e) => { console.error('FAIL', e); process.exit(1); });
