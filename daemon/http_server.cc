@@ -262,6 +262,26 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(impl_->opts.body_limit);
     parser_->header_limit(impl_->opts.header_limit);
     stream_->expires_after(impl_->opts.idle_timeout);
+    // Headers first: a client that sent "Expect: 100-continue" (curl does for bodies over
+    // 1 KiB) waits for our go-ahead before it sends the body.
+    http::async_read_header(
+        *stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (ec || self->parser_->is_done()) return self->on_read(ec);
+          auto& h = self->parser_->get();
+          auto expect = str(h[http::field::expect]);
+          if (lower(expect) == "100-continue" && h.version() >= 11) {
+            auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+            return net::async_write(*self->stream_, net::buffer(*cont),
+                                    [self, cont](beast::error_code wec, size_t) {
+                                      if (wec) return self->close();
+                                      self->read_body();
+                                    });
+          }
+          self->read_body();
+        });
+  }
+
+  void read_body() {
     http::async_read(
         *stream_, buf_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });

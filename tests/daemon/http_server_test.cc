@@ -4,8 +4,10 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <boost/asio.hpp>
 #include <future>
 #include <thread>
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange
 
 #include "daemon/http_client.h"
 
@@ -100,6 +102,47 @@ TEST_CASE("http: bodies over the limit get 413, bodies under it arrive whole") {
   REQUIRE(r.ok());
   CHECK(r->status == 413);
   CHECK(body_json(*r)["error"]["message"].get<std::string>().find("1024") != std::string::npos);
+}
+
+TEST_CASE("http: Expect: 100-continue gets its go-ahead before the body is sent") {
+  HttpServer s(ServerOptions{});
+  s.route("POST", "/echo", [](const Request& r) {
+    return Response::json(200, {{"n", r.body.size()}});
+  });
+  REQUIRE(s.start().ok());
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket sock(io);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), s.port()});
+  std::string body(5000, 'x');
+  std::string head =
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\nExpect: 100-continue\r\n\r\n";
+  boost::asio::write(sock, boost::asio::buffer(head));
+  // The interim answer must come without the body having been sent.
+  std::string got;
+  char buf[256];
+  sock.non_blocking(true);
+  auto end = std::chrono::steady_clock::now() + 2s;
+  while (got.find("\r\n\r\n") == std::string::npos && std::chrono::steady_clock::now() < end) {
+    boost::system::error_code ec;
+    size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+    if (!ec)
+      got.append(buf, n);
+    else
+      std::this_thread::sleep_for(5ms);
+  }
+  CHECK(got.rfind("HTTP/1.1 100 Continue", 0) == 0);
+  sock.non_blocking(false);
+  boost::asio::write(sock, boost::asio::buffer(body));
+  std::string rest;
+  boost::system::error_code ec;
+  while (rest.find("\"n\":5000") == std::string::npos && !ec) {
+    size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+    rest.append(buf, n);
+  }
+  CHECK(rest.find("200 OK") != std::string::npos);
+  CHECK(rest.find("\"n\":5000") != std::string::npos);
 }
 
 TEST_CASE("http: async routes answer from another thread; streams are chunked") {
