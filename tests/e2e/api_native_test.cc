@@ -29,7 +29,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kContext = 512;
+constexpr int kContext = 1024;
 constexpr int kSlots = 2;
 
 std::string slurp(const std::string& path) {
@@ -414,7 +414,7 @@ TEST_CASE("e2e api: a client that disconnects mid-stream frees its slot at once"
   MESSAGE("slot freed " << freed_ms.count() << " ms after the disconnect");
   CHECK(busy == 0);
   CHECK(s.health()["requests_in_flight"] == 0);
-  CHECK(freed_ms < 1000ms);  // the full completion would run for several seconds
+  CHECK(freed_ms < 500ms);  // the full completion runs on for seconds (about 1000 tokens)
   CHECK(slurp(s.dir / "sparkd.log").find("client disconnected; cancelling") != std::string::npos);
   // The server still answers.
   CHECK(s.call("GET", "/v1/models").status == 200);
