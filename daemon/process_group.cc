@@ -1,5 +1,7 @@
 #include "daemon/process_group.h"
 
+#include "core/strings.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -67,8 +70,24 @@ Result<pid_t> spawn_shell_group(const std::string& command,
   return pid;
 }
 
+// A member that exited but was not reaped yet (a zombie, e.g. reparented to an init that
+// reaps slowly) is gone for our purposes: only running members count.
 bool group_alive(pid_t pgid) {
-  return pgid > 0 && ::kill(-pgid, 0) == 0;
+  if (pgid <= 0 || ::kill(-pgid, 0) != 0) return false;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    auto stat = read_file("/proc/" + name + "/stat");
+    if (!stat) continue;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+    auto close = stat->rfind(')');
+    if (close == std::string::npos) continue;
+    auto fields = split_list(std::string_view(*stat).substr(close + 1), ' ');
+    if (fields.size() < 3) continue;
+    if (fields[2] == std::to_string(pgid) && fields[0] != "Z" && fields[0] != "X") return true;
+  }
+  return false;
 }
 
 bool stop_group(pid_t pgid, std::chrono::milliseconds grace, const std::function<bool()>& reaped) {

@@ -3,6 +3,7 @@
 // fatal health -> fatal, stop kills the whole process group.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <thread>
 
@@ -167,6 +168,17 @@ TEST_CASE("exec engine: ENGINE_HEALTH_RANKS=0 leaves followers to process livene
   std::this_thread::sleep_for(500ms);
   CHECK_FALSE(g.eng->status().ready);
   CHECK(g.eng->status().reason.find("/never") != std::string::npos);
+}
+
+TEST_CASE("process group: a group whose members are all exited (zombies) is not alive") {
+  test::TempDir dir("pgroup");
+  auto pid = spawn_shell_group("sleep 30", {}, dir / "log");
+  REQUIRE(pid.ok());
+  REQUIRE(eventually([&] { return group_alive(*pid); }, 2000ms));
+  ::kill(-*pid, SIGTERM);
+  int st = 0;
+  ::waitpid(*pid, &st, 0);  // the leader; `sleep` is left to init, which may reap it late
+  CHECK(eventually([&] { return !group_alive(*pid); }, 500ms));
 }
 
 TEST_CASE("process group helpers") {
