@@ -124,8 +124,8 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                       fmt::format("context_length_exceeded: the prompt has {} tokens; this model's "
                                   "context is {} tokens, leaving no room to generate",
                                   req.prompt.size(), max_context_));
-  const int total =
-      std::min(static_cast<int>(req.prompt.size()) + req.params.max_tokens, max_context_);
+  const int total = static_cast<int>(std::min<int64_t>(
+      static_cast<int64_t>(req.prompt.size()) + req.params.max_tokens, max_context_));
   const int need = (total + opts_.block_size - 1) / opts_.block_size;
   if (need > opts_.num_blocks)
     return make_error(
@@ -152,8 +152,19 @@ void Engine::cancel(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s = stats_;
+  }
+  const int64_t started = step_started_ns_.load();
+  if (started != 0) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    s.step_running_ms = (now - started) / 1000000;
+  }
+  return s;
 }
 
 void Engine::publish_stats() {
@@ -218,7 +229,8 @@ void Engine::admit() {
     s->choice = r.admitted;
     s->tokens = r.r.prompt;
     s->prompt_len = static_cast<int>(s->tokens.size());
-    s->max_total = std::min(s->prompt_len + r.r.params.max_tokens, max_context_);
+    s->max_total = static_cast<int>(std::min<int64_t>(
+        static_cast<int64_t>(s->prompt_len) + r.r.params.max_tokens, max_context_));
     // Reuse cached full blocks, but always compute at least the last prompt token.
     const int matched =
         blocks_->match_prefix(s->tokens, (s->prompt_len - 1) / bs, &s->blocks, &s->hashes);
@@ -365,7 +377,11 @@ void Engine::loop() {
     admit();
     Status st = Status::Ok();
     if (!running_.empty()) {
+      step_started_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
       st = step();
+      step_started_ns_ = 0;
       last_broadcast = clock::now();
     } else if (comm_->world_size() > 1 &&
                clock::now() - last_broadcast >= std::chrono::milliseconds(opts_.heartbeat_ms)) {
@@ -393,18 +409,19 @@ void Engine::loop() {
   std::vector<RequestId> ids;
   for (const auto& [id, r] : reqs_) ids.push_back(id);
   for (RequestId id : ids) cancel_req(id, FinishReason::cancelled, "the engine stopped");
+  Inbox left;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [id, req] : inbox_.submits) {
-      TokenEvent ev;
-      ev.request = id;
-      ev.finish = FinishReason::cancelled;
-      ev.request_done = true;
-      ev.error = "the engine stopped";
-      req.on_event(ev);
-    }
-    inbox_.submits.clear();
-    stopping_ = true;
+    std::swap(left, inbox_);
+    stopping_ = true;  // submit() refuses from here on
+  }
+  for (auto& [id, req] : left.submits) {  // callbacks run without the lock held
+    TokenEvent ev;
+    ev.request = id;
+    ev.finish = FinishReason::cancelled;
+    ev.request_done = true;
+    ev.error = "the engine stopped";
+    req.on_event(ev);
   }
   if (comm_->world_size() > 1 && !stats().failed) {
     int64_t n = kPlanStop;

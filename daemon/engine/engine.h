@@ -11,6 +11,7 @@
 //   auto eng = Engine::start(std::move(model), comm, opts);
 //   auto id = (*eng)->submit({prompt_ids, params, [](const TokenEvent& e) { ... }});
 //   (*eng)->cancel(*id);   // frees the request's slot and blocks at the next step
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -81,6 +82,8 @@ struct EngineStats {
   uint64_t prompt_tokens = 0;  // computed prompt tokens (excluding prefix-cache hits)
   uint64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   uint64_t generated_tokens = 0;
+  int64_t step_running_ms =
+      0;                // age of the forward step in progress (0: none), for stall detection
   bool failed = false;  // a step failed (e.g. a TP rank vanished); see error
   std::string error;
 };
@@ -147,6 +150,8 @@ class Engine {
   bool stopping_ = false;
   RequestId next_id_ = 1;
   EngineStats stats_;
+  std::atomic<int64_t> step_started_ns_{
+      0};  // steady_clock ns at the start of the running step, 0 idle
   std::thread thread_;
 };
 

@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 
 #include "core/log.h"
 #include "daemon/engine/tcp_store.h"
@@ -80,6 +81,9 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
     return make_error(Errc::config,
                       fmt::format("Gloo: rank {} of world {} is invalid", o.rank, o.world));
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that vanished would kill this
+  // rank with SIGPIPE instead of failing the operation with a message. Ignore it process-wide.
+  ::signal(SIGPIPE, SIG_IGN);
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   const auto join_timeout = std::chrono::milliseconds(
       o.rendezvous_timeout_ms > 0 ? o.rendezvous_timeout_ms : o.timeout_ms);

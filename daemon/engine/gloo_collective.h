@@ -24,6 +24,8 @@ struct GlooOptions {
 class GlooCollective final : public Collective {
  public:
   /// Rendezvous + full-mesh connect + a checked all_reduce; every step has a deadline.
+  /// Sets SIGPIPE to ignored for the process: a vanished peer must fail an operation with a
+  /// message, not kill this rank.
   static Result<std::shared_ptr<GlooCollective>> connect(const GlooOptions& opts);
   ~GlooCollective() override;
   int rank() const override;

@@ -84,6 +84,17 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
     if (!e) return e.error();
     rt->engine_ = std::move(*e);
+    if (o.warmup) {  // ready means a real completion came back, through every rank
+      progress("warm-up completion");
+      const auto& c = rt->engine_->config();
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = 1;
+      p.ignore_eos = true;
+      auto w = generate_blocking(*rt->engine_, {c.bos_token_id >= 0 ? c.bos_token_id : 0}, p,
+                                 o.timeout_ms);
+      if (!w) return make_error(w.error().code, "warm-up completion failed: " + w.error().message);
+    }
   } else {
     rt->worker_model_ = std::move(*m);
     rt->worker_ = std::thread([p = rt.get()] {

@@ -38,6 +38,8 @@ struct RuntimeOptions {
       share;
   std::function<void(const std::string&)> progress;  // "loading weights", ...
   EngineOptions engine;
+  bool warmup =
+      true;  // rank 0 runs one real 1-token completion through every rank before start() returns
   int timeout_ms = 30000;              // each collective operation
   int rendezvous_timeout_ms = 600000;  // waiting for the other ranks to load and join
 };

@@ -26,7 +26,7 @@ TEST_CASE("runtime: two ranks via a share function equal one rank; status report
   RuntimeOptions one;
   one.model_dir = dir.path();
   auto single = Runtime::start(one);
-  REQUIRE_MESSAGE(single.ok(), single.error().message);
+  REQUIRE_MESSAGE(single.ok(), (single.ok() ? std::string() : single.error().message));
   auto want = generate_blocking(*(*single)->engine(), prompt, p);
   REQUIRE(want.ok());
   (*single)->stop();
@@ -61,8 +61,8 @@ TEST_CASE("runtime: two ranks via a share function equal one rank; status report
   o0.timeout_ms = 20000;
   auto r0 = Runtime::start(o0);
   t1.join();
-  REQUIRE_MESSAGE(r0.ok(), r0.error().message);
-  REQUIRE_MESSAGE(r1.ok(), r1.error().message);
+  REQUIRE_MESSAGE(r0.ok(), (r0.ok() ? std::string() : r0.error().message));
+  REQUIRE_MESSAGE(r1.ok(), (r1.ok() ? std::string() : r1.error().message));
   CHECK((*r1)->engine() == nullptr);
   CHECK((*r1)->status().ready);
   CHECK((*r0)->status().ready);
@@ -81,9 +81,9 @@ TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN and KV_DTYPE") {
   test::TempDir dir;
   auto path = dir.write("ring.env", "NODE0_SSH=local\nSLOTS=3\nCONTEXT_LEN=256\n");
   auto cfg = load_config(path, Environment{}, nullptr);
-  REQUIRE_MESSAGE(cfg.ok(), cfg.error().message);
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
   auto o = engine_options_from(*cfg);
-  REQUIRE_MESSAGE(o.ok(), o.error().message);
+  REQUIRE_MESSAGE(o.ok(), (o.ok() ? std::string() : o.error().message));
   CHECK(o->slots == 3);
   CHECK(o->max_context == 256);
   auto fp8 =

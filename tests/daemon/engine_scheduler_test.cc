@@ -54,7 +54,7 @@ struct Fixture {
     auto m = Model::load(dir.path(), 0, 1);
     REQUIRE(m.ok());
     auto e = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-    REQUIRE_MESSAGE(e.ok(), e.error().message);
+    REQUIRE_MESSAGE(e.ok(), (e.ok() ? std::string() : e.error().message));
     return std::move(*e);
   }
   std::unique_ptr<Model> model() {
@@ -95,7 +95,8 @@ TEST_CASE(
   for (auto& t : ts) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(i);
-    REQUIRE_MESSAGE(results[i].ok(), results[i].error().message);
+    REQUIRE_MESSAGE(results[i].ok(),
+                    (results[i].ok() ? std::string() : results[i].error().message));
     CHECK(results[i]->tokens[0] == expect[i]);
     CHECK(results[i]->finish[0] == FinishReason::length);
   }
@@ -231,6 +232,11 @@ TEST_CASE("engine: requests that cannot fit are refused with a reason") {
   auto bad = eng->submit({{static_cast<int32_t>(V)}, greedy(4), [](const TokenEvent&) {}});
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().code == Errc::usage);
+  // max_tokens near INT_MAX is capped by the context, not overflowed.
+  auto huge = greedy(2147483647);
+  auto h = generate_blocking(*eng, prompt_of(60, 2, V), huge);
+  REQUIRE_MESSAGE(h.ok(), (h.ok() ? std::string() : h.error().message));
+  CHECK(h->tokens[0].size() == 4);
   // A long completion is capped by the context: finish "length" at 64 tokens total.
   auto capped = generate_blocking(*eng, prompt_of(60, 1, V), greedy(100));
   REQUIRE(capped.ok());
@@ -272,4 +278,45 @@ TEST_CASE("engine: a failing step ends in-flight requests with an error and refu
   auto again = (*eng)->submit({prompt_of(8, 1, V), greedy(4), [](const TokenEvent&) {}});
   REQUIRE_FALSE(again.ok());
   CHECK(again.error().message.find("engine failed") != std::string::npos);
+}
+
+namespace {
+// Fault injection (a test double): a world of one whose all_reduce takes `ms` (a slow peer).
+class SlowCollectiveForTest final : public Collective {
+ public:
+  explicit SlowCollectiveForTest(int ms) : ms_(ms) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  Status all_reduce_sum(float*, size_t) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    return Status::Ok();
+  }
+  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
+  Status barrier() override { return Status::Ok(); }
+
+ private:
+  int ms_;
+};
+}  // namespace
+
+TEST_CASE("engine: stats show how long the running step has taken (stall detection)") {
+  Fixture fx;
+  auto m = fx.model();
+  const int V = m->config().vocab_size;
+  auto eng = Engine::start(std::move(m), std::make_shared<SlowCollectiveForTest>(40), {});
+  REQUIRE(eng.ok());
+  CHECK((*eng)->stats().step_running_ms == 0);
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    (void)generate_blocking(**eng, prompt_of(4, 1, V), greedy(2), 20000);
+    done = true;
+  });
+  int64_t seen = 0;
+  for (int i = 0; i < 2000 && !done; ++i) {
+    seen = std::max(seen, (*eng)->stats().step_running_ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  t.join();
+  CHECK(seen >= 50);  // each step does 2 layers x 2 all_reduces of 40 ms
+  CHECK((*eng)->stats().step_running_ms == 0);
 }

@@ -271,7 +271,7 @@ TEST_CASE("engine TP: two ranks in two network namespaces give the same greedy t
                    dir / "tp1.out", dir / "tp1.err");
   REQUIRE(wait_for(one, std::chrono::seconds(60)) == 0);
   auto net = test::NetNs::create({.hosts = 2});
-  REQUIRE_MESSAGE(net.ok(), net.error().message);
+  REQUIRE_MESSAGE(net.ok(), (net.ok() ? std::string() : net.error().message));
   const std::string store = (*net)->ip(0) + ":29551";
   auto cmd = [&](int rank) {
     return base + " --tp-size 2 --tp-rank " + std::to_string(rank) + " --store " + store +
