@@ -2,7 +2,7 @@
 // Chat formats of the supported families, implemented natively (no Jinja engine): Llama 3
 // (3.0 and the 3.1+ "Cutting Knowledge Date" variant with JSON tool calls), ChatML (Qwen2,
 // Qwen2.5, Qwen3, with Qwen's <tools>/<tool_call>/<tool_response> format) and Mistral
-// (Mistral-Nemo/tekken style [INST], [AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]).
+// ([INST], [AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]; tekken/Nemo, v0.3, v0.1 styles).
 // Each reproduces the family's Hugging Face chat template output byte for byte for the
 // features listed in docs/dev-chat.md. How a format is chosen: choose_chat_format().
 #include <optional>

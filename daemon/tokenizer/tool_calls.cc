@@ -68,14 +68,17 @@ ToolCallParser::ToolCallParser(ChatFamily family, std::function<std::string()> m
 
 void ToolCallParser::emit_text(ToolParseDelta& out, std::string_view t) {
   if (t.empty()) return;
-  if (calls_ == 0) {
+  if (!after_call_) {
     out.content += t;
     return;
   }
+  // Whitespace right after a call is held: dropped if only whitespace or another call
+  // follows, sent with the text if text follows.
   pending_ws_ += t;
   if (!all_space(pending_ws_)) {
     out.content += pending_ws_;
     pending_ws_.clear();
+    after_call_ = false;
   }
 }
 
@@ -109,6 +112,7 @@ bool ToolCallParser::add_call(ToolParseDelta& out, const std::string& text, bool
     calls.push_back(std::move(c));
   }
   pending_ws_.clear();
+  after_call_ = true;
   for (auto& c : calls) {
     c.index = calls_++;
     out.calls.push_back(std::move(c));
@@ -191,16 +195,17 @@ void ToolCallParser::step(ToolParseDelta& out, bool final) {
         char open = buf_[p];
         bool want_array = family_ == ChatFamily::mistral;
         if ((want_array && open != '[') || (!want_array && open != '{')) {
-          // Not (or no longer) a call: the rest is text.
-          if (calls_ == 0) buf_.insert(0, json_raw_);
-          json_raw_.clear();
-          mode_ = family_ == ChatFamily::mistral ? Mode::text : Mode::done_text;
-          if (family_ == ChatFamily::mistral && calls_ == 0) {
-            // "[TOOL_CALLS]" followed by junk: all of it is content.
-            emit_text(out, buf_);
-            buf_.clear();
-            return;
+          // Not (or no longer) a call.
+          if (family_ == ChatFamily::mistral) {
+            // "[TOOL_CALLS]" followed by junk: the marker is text; keep scanning the rest.
+            emit_text(out, json_raw_);
+            json_raw_.clear();
+            mode_ = Mode::text;
+            continue;
           }
+          if (calls_ == 0) buf_.insert(0, json_raw_);  // Llama 3: the rest is text
+          json_raw_.clear();
+          mode_ = Mode::done_text;
           continue;
         }
         size_t end = json_value_end(buf_, p);

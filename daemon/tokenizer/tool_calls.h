@@ -54,9 +54,10 @@ class ToolCallParser {
   ChatFamily family_;
   std::function<std::string()> make_id_;
   Mode mode_ = Mode::start;
-  std::string buf_;         // undecided text
-  std::string pending_ws_;  // whitespace after a call, dropped if only whitespace follows
-  std::string json_raw_;    // what the json mode consumed, returned as text if it fails
+  std::string buf_;          // undecided text
+  std::string pending_ws_;   // whitespace after a call, dropped if only whitespace follows
+  bool after_call_ = false;  // no text sent since the last call
+  std::string json_raw_;     // what the json mode consumed, returned as text if it fails
   size_t calls_ = 0;
 };
 

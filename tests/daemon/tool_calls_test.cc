@@ -145,3 +145,14 @@ TEST_CASE("default ids look like OpenAI's and Mistral's") {
   REQUIRE(m.calls.size() == 1);
   CHECK(m.calls[0].id.size() == 9);
 }
+
+TEST_CASE("whitespace after a call is dropped only when no text follows (any chunking)") {
+  auto r = parse_all_ways(ChatFamily::chatml, "<tool_call>{\"name\": \"f\"}</tool_call>\n tail\n");
+  CHECK(r.calls.size() == 1);
+  CHECK(r.content == "\n tail\n");
+  auto m = parse_all_ways(ChatFamily::mistral,
+                          "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}] x \n\n");
+  CHECK(m.content == " x \n\n");
+  auto only = parse_all_ways(ChatFamily::chatml, "<tool_call>{\"name\": \"f\"}</tool_call>\n\n");
+  CHECK(only.content.empty());
+}

@@ -1,0 +1,62 @@
+// libFuzzer target for the OpenAI layer's untrusted inputs: request bodies (chat,
+// completions, tokenize, detokenize), chat rendering of what parsed, and tool-call parsing
+// of arbitrary model output, whole and streamed. Invariants: parse errors carry a message
+// and a 4xx status; streamed tool-call parsing equals whole-text parsing.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "daemon/openai/requests.h"
+#include "daemon/tokenizer/chat.h"
+#include "daemon/tokenizer/tool_calls.h"
+
+namespace {
+void require(bool ok) {
+  if (!ok) std::abort();
+}
+
+std::string ids() {
+  return "call_x";
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace spark;
+  std::string_view body(reinterpret_cast<const char*>(data), size);
+  openai::Limits limits;
+  auto chat = openai::parse_chat_request(body, limits);
+  if (chat.ok()) {
+    for (auto fam : {tok::ChatFamily::llama3, tok::ChatFamily::chatml, tok::ChatFamily::mistral}) {
+      auto fmt = tok::choose_chat_format(std::string(tok::chat_family_name(fam)),
+                                         tok::Json::object(), "", nullptr);
+      require(fmt.ok());
+      auto r = tok::render_chat(*fmt, chat.value->messages, chat.value->tools, true);
+      require(r.ok() || !r.error().message.empty());
+    }
+  } else {
+    require(!chat.error.message.empty() && chat.error.status >= 400 && chat.error.status < 500);
+  }
+  auto comp = openai::parse_completion_request(body, limits);
+  require(comp.ok() || (comp.error.status >= 400 && comp.error.status < 500));
+  (void)openai::parse_tokenize_request(body, limits);
+  (void)openai::parse_detokenize_request(body, limits);
+
+  for (auto fam : {tok::ChatFamily::llama3, tok::ChatFamily::chatml, tok::ChatFamily::mistral}) {
+    auto whole = tok::ToolCallParser::parse(fam, body, ids);
+    tok::ToolCallParser p(fam, ids);
+    std::string content;
+    size_t calls = 0;
+    for (size_t i = 0; i < body.size(); i += 3) {
+      auto d = p.push(body.substr(i, 3));
+      content += d.content;
+      calls += d.calls.size();
+    }
+    auto f = p.finish();
+    content += f.content;
+    calls += f.calls.size();
+    require(content == whole.content && calls == whole.calls.size());
+  }
+  return 0;
+}
