@@ -138,6 +138,8 @@ class NativeEngine final : public Engine {
       s.slots_total = r.stats.slots;
       s.slots_busy = r.stats.running;
       s.requests_waiting = r.stats.waiting;
+      s.oldest_call = std::chrono::milliseconds(r.stats.step_running_ms);
+      s.oldest_call_what = "forward step";
     }
     return s;
   }
