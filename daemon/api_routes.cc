@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "daemon/http_server.h"
+#include "daemon/metrics.h"
 #include "daemon/openai/errors.h"
 #include "daemon/openai/responses.h"
 #include "daemon/openai/session.h"
@@ -66,8 +67,32 @@ struct Pending {
   bool replied = false;      // the response is complete (or abandoned)
   bool cancel_sent = false;
   std::string what;  // "chat completion" / "completion", for logs
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0 = Clock::now(), first{}, last{};
+  std::string finish0;  // choice 0's finish reason, for the metrics label
 
   explicit Pending(Responder h) : http(std::move(h)) {}
+
+  static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // Latencies of a completed request into /metrics.
+  void record(const std::string& outcome) {
+    Metrics* m = model->metrics;
+    if (!m) return;
+    auto now = Clock::now();
+    m->inc("sparkd_request_success_total", 1, {{"finished_reason", outcome}});
+    m->observe("sparkd_e2e_request_latency_seconds", secs(now - t0));
+  }
+  void on_token() {
+    auto now = Clock::now();
+    if (Metrics* m = model->metrics) {
+      if (first == Clock::time_point{})
+        m->observe("sparkd_time_to_first_token_seconds", secs(now - t0));
+      else
+        m->observe("sparkd_time_per_output_token_seconds", secs(now - last));
+    }
+    if (first == Clock::time_point{}) first = now;
+    last = now;
+  }
 
   void cancel_locked() {
     if (cancel_sent || engine_done || id == 0) return;
@@ -84,6 +109,7 @@ struct Pending {
       log::info(kComp, "{} {}: client disconnected; cancelling", what, ev.request);
       replied = true;
       cancel_locked();
+      record("abort");
       return;
     }
     if (ev.finish == engine::FinishReason::error || ev.finish == engine::FinishReason::cancelled) {
@@ -95,6 +121,7 @@ struct Pending {
                       : "the request was cancelled (the engine is stopping)";
       replied = true;
       cancel_locked();
+      record(ev.finish == engine::FinishReason::error ? "error" : "abort");
       if (streaming) {
         http.write(openai::sse_event(openai::error_body(e)));
         http.end_stream();
@@ -106,6 +133,7 @@ struct Pending {
     std::string out;
     const int c = ev.choice;
     if (ev.token >= 0 && !resp->finished(c)) {
+      if (c == 0) on_token();
       std::optional<openai::TokenLogprobs> lp;
       if (ev.top_logprobs.size() || ev.logprob != 0) {
         openai::TokenLogprobs t{ev.token, ev.logprob, {}};
@@ -118,10 +146,13 @@ struct Pending {
       out += resp->finish(c, engine::finish_reason_name(ev.finish));
     bool all = true;
     for (int i = 0; i < n; ++i) all = all && resp->finished(i);
+    if (ev.finish != engine::FinishReason::none && c == 0 && finish0.empty())
+      finish0 = engine::finish_reason_name(ev.finish);
     if (all) {
       out += resp->done();
       replied = true;
       cancel_locked();  // a stop string ended it before the engine did
+      record(finish0.empty() ? "stop" : finish0);
     }
     if (streaming) {
       if (!out.empty()) http.write(std::move(out));

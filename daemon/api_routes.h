@@ -20,6 +20,7 @@
 namespace spark::daemon {
 
 class HttpServer;
+class Metrics;
 
 /// What the routes serve once the engine is up. Filled by the native backend after loading;
 /// until then the daemon's readiness gate answers 503.
@@ -35,6 +36,8 @@ struct ApiModel {
   /// Called before a request is submitted; blocks while memory is short (MemoryGuard) and
   /// fails the request (503) when memory stays short. Null: no guard.
   std::function<Status()> admit;
+  /// Request counters and latency histograms (sparkd_request_success_total, TTFT, ...).
+  Metrics* metrics = nullptr;
 };
 
 /// Shared between the backend (which sets and clears the model) and the routes.

@@ -17,6 +17,7 @@
 #include "daemon/engine.h"
 #include "daemon/engine/runtime.h"
 #include "daemon/memory_guard.h"
+#include "daemon/metrics.h"
 #include "daemon/tokenizer/py_json.h"
 
 namespace spark::daemon {
@@ -84,6 +85,7 @@ class NativeEngine final : public Engine {
         MemoryGuard* g = ctx.memory_guard;
         api->admit = [g] { return g->admit(); };
       }
+      api->metrics = ctx.metrics;
       log::info(kComp, "tokenizer: {} tokens, chat format {} ({})", api->tokenizer.vocab_size(),
                 tok::chat_family_name(fmt->family), fmt->source);
     }
@@ -119,6 +121,7 @@ class NativeEngine final : public Engine {
                 api->max_context);
     }
     slots_ = eo->slots;
+    metrics_ = ctx.metrics;
     return Status::Ok();
   }
 
@@ -140,6 +143,14 @@ class NativeEngine final : public Engine {
       s.requests_waiting = r.stats.waiting;
       s.oldest_call = std::chrono::milliseconds(r.stats.step_running_ms);
       s.oldest_call_what = "forward step";
+      if (metrics_) {
+        metrics_->set("sparkd_prompt_tokens_total", static_cast<double>(r.stats.prompt_tokens));
+        metrics_->set("sparkd_generation_tokens_total",
+                      static_cast<double>(r.stats.generated_tokens));
+        if (r.stats.blocks_total > 0)
+          metrics_->set("sparkd_kv_cache_usage_ratio",
+                        1.0 - static_cast<double>(r.stats.blocks_available) / r.stats.blocks_total);
+      }
     }
     return s;
   }
@@ -192,6 +203,7 @@ class NativeEngine final : public Engine {
   std::unique_ptr<engine::Runtime> rt_;
   bool loading_ = false;
   int slots_ = 0;
+  Metrics* metrics_ = nullptr;
 };
 }  // namespace
 

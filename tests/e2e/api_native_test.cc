@@ -416,8 +416,12 @@ TEST_CASE("e2e api: a client that disconnects mid-stream frees its slot at once"
   CHECK(s.health()["requests_in_flight"] == 0);
   CHECK(freed_ms < 500ms);  // the full completion runs on for seconds (about 1000 tokens)
   CHECK(slurp(s.dir / "sparkd.log").find("client disconnected; cancelling") != std::string::npos);
-  // The server still answers.
+  // The server still answers, and /metrics counted the aborted request and the tokens.
   CHECK(s.call("GET", "/v1/models").status == 200);
+  auto m = s.call("GET", "/metrics").body;
+  CHECK(m.find("sparkd_request_success_total{finished_reason=\"abort\"} ") != std::string::npos);
+  CHECK(m.find("sparkd_generation_tokens_total ") != std::string::npos);
+  CHECK(m.find("sparkd_time_to_first_token_seconds_count ") != std::string::npos);
 }
 
 TEST_CASE("e2e api: the official OpenAI Node client against sparkd") {
