@@ -70,6 +70,8 @@ struct Pending {
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0 = Clock::now(), first{}, last{};
   std::string finish0;  // choice 0's finish reason, for the metrics label
+  std::shared_ptr<ApiState> state;
+  uint64_t token = 0;  // in state's registry while in flight
 
   explicit Pending(Responder h) : http(std::move(h)) {}
 
@@ -100,6 +102,34 @@ struct Pending {
     model->engine->cancel(id);
   }
 
+  // Marks the response complete and leaves the registry.
+  void complete() {
+    replied = true;
+    if (token) state->remove_request(token);
+    token = 0;
+  }
+
+  // The memory guard's cancel: answer 503 now and free the slot.
+  bool cancel_for(const std::string& reason) {
+    std::lock_guard lk(mu);
+    if (replied) return false;
+    ApiError e;
+    e.status = 503;
+    e.type = "server_error";
+    e.code = "memory_pressure";
+    e.message = reason;
+    complete();
+    cancel_locked();
+    record("abort");
+    if (streaming) {
+      http.write(openai::sse_event(openai::error_body(e)));
+      http.end_stream();
+    } else {
+      http.send(api_error(e));
+    }
+    return true;
+  }
+
   void on_event(const engine::TokenEvent& ev) {
     std::lock_guard lk(mu);
     if (ev.request_done) engine_done = true;
@@ -107,7 +137,7 @@ struct Pending {
     if (streaming && http.closed()) {
       // The client went away: free the slot now.
       log::info(kComp, "{} {}: client disconnected; cancelling", what, ev.request);
-      replied = true;
+      complete();
       cancel_locked();
       record("abort");
       return;
@@ -119,7 +149,7 @@ struct Pending {
       e.message = ev.finish == engine::FinishReason::error
                       ? "generation failed: " + ev.error
                       : "the request was cancelled (the engine is stopping)";
-      replied = true;
+      complete();
       cancel_locked();
       record(ev.finish == engine::FinishReason::error ? "error" : "abort");
       if (streaming) {
@@ -150,7 +180,7 @@ struct Pending {
       finish0 = engine::finish_reason_name(ev.finish);
     if (all) {
       out += resp->done();
-      replied = true;
+      complete();
       cancel_locked();  // a stop string ended it before the engine did
       record(finish0.empty() ? "stop" : finish0);
     }
@@ -166,7 +196,8 @@ struct Pending {
 };
 
 template <typename Req>
-void run_generation(const std::shared_ptr<const ApiModel>& m, const Req& req,
+void run_generation(const std::shared_ptr<ApiState>& state,
+                    const std::shared_ptr<const ApiModel>& m, const Req& req,
                     const openai::PreparedPrompt& p, std::unique_ptr<openai::Responder> resp,
                     Responder http, const char* what) {
   if (m->admit) {
@@ -179,6 +210,7 @@ void run_generation(const std::shared_ptr<const ApiModel>& m, const Req& req,
   }
   auto pend = std::make_shared<Pending>(http);
   pend->model = m;
+  pend->state = state;
   pend->streaming = resp->streaming();
   pend->n = req.sampling.n;
   pend->what = what;
@@ -190,11 +222,15 @@ void run_generation(const std::shared_ptr<const ApiModel>& m, const Req& req,
   std::lock_guard lk(pend->mu);  // events wait until the id is known
   auto id = m->engine->submit(std::move(g));
   if (!id) {
-    pend->replied = true;
+    pend->replied = true;  // never registered
     http.send(api_error(openai::from_error(id.error())));
     return;
   }
   pend->id = *id;
+  pend->token = state->add_request([w = std::weak_ptr<Pending>(pend)](const std::string& why) {
+    auto pending = w.lock();
+    return pending && pending->cancel_for(why);
+  });
   if (pend->streaming) {
     http.begin_stream(200, pend->resp->content_type());
     std::string first = pend->resp->start();
@@ -202,7 +238,8 @@ void run_generation(const std::shared_ptr<const ApiModel>& m, const Req& req,
   }
 }
 
-void chat(const std::shared_ptr<const ApiModel>& m, const std::string& body, Responder http) {
+void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
+          const std::string& body, Responder http) {
   auto r = openai::parse_chat_request(body, m->limits);
   if (!r.ok()) return http.send(api_error(r.error));
   const openai::ChatRequest& req = *r.value;
@@ -212,10 +249,11 @@ void chat(const std::shared_ptr<const ApiModel>& m, const std::string& body, Res
   auto resp =
       std::make_unique<openai::Responder>(req, m->tokenizer, m->chat_format, m->model,
                                           static_cast<int>(p.value->ids.size()), m->stop_token_ids);
-  run_generation(m, req, *p.value, std::move(resp), std::move(http), "chat completion");
+  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "chat completion");
 }
 
-void completion(const std::shared_ptr<const ApiModel>& m, const std::string& body, Responder http) {
+void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
+                const std::string& body, Responder http) {
   auto r = openai::parse_completion_request(body, m->limits);
   if (!r.ok()) return http.send(api_error(r.error));
   const openai::CompletionRequest& req = *r.value;
@@ -225,7 +263,7 @@ void completion(const std::shared_ptr<const ApiModel>& m, const std::string& bod
   auto resp = std::make_unique<openai::Responder>(req, m->tokenizer, m->model,
                                                   static_cast<int>(p.value->ids.size()),
                                                   m->stop_token_ids, p.value->text);
-  run_generation(m, req, *p.value, std::move(resp), std::move(http), "completion");
+  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "completion");
 }
 
 Response tokenize(const ApiModel& m, const std::string& body) {
@@ -272,6 +310,28 @@ std::shared_ptr<const ApiModel> ApiState::get() const {
   std::lock_guard lk(mu_);
   return model_;
 }
+uint64_t ApiState::add_request(Canceller c) {
+  std::lock_guard lk(mu_);
+  requests_[next_token_] = std::move(c);
+  return next_token_++;
+}
+void ApiState::remove_request(uint64_t token) {
+  std::lock_guard lk(mu_);
+  requests_.erase(token);
+}
+bool ApiState::cancel_newest(const std::string& reason) {
+  for (;;) {
+    Canceller c;
+    {
+      std::lock_guard lk(mu_);
+      if (requests_.empty()) return false;
+      auto it = std::prev(requests_.end());
+      c = std::move(it->second);
+      requests_.erase(it);
+    }
+    if (c && c(reason)) return true;  // else it had just finished: try the next newest
+  }
+}
 
 void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
   // Parsing, chat rendering and tokenizing run here, off the reactor.
@@ -282,7 +342,7 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
         auto m = state->get();
         if (!m || !m->engine) return http.send(api_error(not_loaded()));
         try {
-          fn(m, body, http);
+          fn(state, m, body, http);
         } catch (const std::exception& e) {
           log::error(kComp, "unhandled exception: {}", e.what());
           ApiError err;
@@ -301,18 +361,22 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
     r.body = openai::models_list(m->model, m->created, m->max_context).dump();
     return r;
   });
-  server.route_async("POST", "/v1/chat/completions",
-                     offload([](const std::shared_ptr<const ApiModel>& m, const std::string& b,
-                                Responder h) { chat(m, b, std::move(h)); }));
-  server.route_async("POST", "/v1/completions",
-                     offload([](const std::shared_ptr<const ApiModel>& m, const std::string& b,
-                                Responder h) { completion(m, b, std::move(h)); }));
-  server.route_async("POST", "/tokenize",
-                     offload([](const std::shared_ptr<const ApiModel>& m, const std::string& b,
-                                Responder h) { h.send(tokenize(*m, b)); }));
-  server.route_async("POST", "/detokenize",
-                     offload([](const std::shared_ptr<const ApiModel>& m, const std::string& b,
-                                Responder h) { h.send(detokenize(*m, b)); }));
+  server.route_async(
+      "POST", "/v1/chat/completions",
+      offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { chat(st, m, b, std::move(h)); }));
+  server.route_async(
+      "POST", "/v1/completions",
+      offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { completion(st, m, b, std::move(h)); }));
+  server.route_async(
+      "POST", "/tokenize",
+      offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { h.send(tokenize(*m, b)); }));
+  server.route_async(
+      "POST", "/detokenize",
+      offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { h.send(detokenize(*m, b)); }));
 }
 
 }  // namespace spark::daemon

@@ -7,6 +7,7 @@
 // slot at the next engine step.
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -46,9 +47,19 @@ class ApiState {
   void set(std::shared_ptr<const ApiModel> m);
   std::shared_ptr<const ApiModel> get() const;
 
+  /// Requests in flight, newest last, for the memory guard's cancel hook.
+  using Canceller = std::function<bool(const std::string& reason)>;
+  uint64_t add_request(Canceller c);
+  void remove_request(uint64_t token);
+  /// Cancels the newest request in flight (its client gets a 503 naming `reason`); true if
+  /// there was one.
+  bool cancel_newest(const std::string& reason);
+
  private:
   mutable std::mutex mu_;
   std::shared_ptr<const ApiModel> model_;
+  uint64_t next_token_ = 1;
+  std::map<uint64_t, Canceller> requests_;
 };
 
 /// Registers the API routes on `server` (before it starts). Replaces the daemon's

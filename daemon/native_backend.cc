@@ -84,6 +84,7 @@ class NativeEngine final : public Engine {
       if (ctx.memory_guard) {
         MemoryGuard* g = ctx.memory_guard;
         api->admit = [g] { return g->admit(); };
+        g->set_cancel_hook([st = api_](const std::string& why) { return st->cancel_newest(why); });
       }
       api->metrics = ctx.metrics;
       log::info(kComp, "tokenizer: {} tokens, chat format {} ({})", api->tokenizer.vocab_size(),

@@ -48,7 +48,8 @@ struct Server {
 
   // fixture: "" = the demo model; else a tests/fixtures/models/<name> checkpoint (HF random
   // init: nearly flat logits, so sampling seeds visibly matter) with the tokenizer fixture.
-  explicit Server(const std::string& fixture = "") {
+  explicit Server(const std::string& fixture = "",
+                  const std::map<std::string, std::string>& extra_env = {}) {
     if (fixture.empty()) {
       auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {},
                                          std::chrono::seconds(60));
@@ -67,18 +68,19 @@ struct Server {
         fs::copy_file(src + "tokenizer/" + f, dir / (std::string("model/") + f));
     }
     port = test::free_port();
+    std::map<std::string, std::string> env = {
+        {"MODEL_PATH", dir / "model"},
+        {"STATE_DIR", dir / "state"},
+        {"RDZV_PORT", std::to_string(test::free_port())},
+        {"SLOTS", std::to_string(kSlots)},
+        {"CONTEXT_LEN", std::to_string(kContext)},
+        {"PROBE_PROMPT", "a"}};  // byte-level ids, inside the fixtures' small vocab
+    for (const auto& [k, v] : extra_env) env[k] = v;
     child = std::make_unique<test::Child>(
         std::vector<std::string>{
             SPARKD_BIN, "--config", std::string(SPARK_SOURCE_DIR) + "/env/examples/local.env",
             "--rank", "0", "--port", std::to_string(port), "--log-file", dir / "sparkd.log"},
-        std::map<std::string, std::string>{{"MODEL_PATH", dir / "model"},
-                                           {"STATE_DIR", dir / "state"},
-                                           {"RDZV_PORT", std::to_string(test::free_port())},
-                                           {"SLOTS", std::to_string(kSlots)},
-                                           {"CONTEXT_LEN", std::to_string(kContext)},
-                                           // byte-level ids, inside the fixtures' small vocab
-                                           {"PROBE_PROMPT", "a"}},
-        dir / "out.txt");
+        env, dir / "out.txt");
     auto end = std::chrono::steady_clock::now() + 60s;
     while (std::chrono::steady_clock::now() < end) {
       auto h = health();
@@ -443,4 +445,29 @@ TEST_CASE("e2e api: the official OpenAI Node client against sparkd") {
   INFO(out);
   CHECK(st == 0);
   CHECK(out.find("# all checks passed") != std::string::npos);
+}
+
+TEST_CASE("e2e api: under the memory guard's cancel floor the newest request is cancelled (503)") {
+  // A cancel floor above any machine's memory: the guard's next sample cancels what runs.
+  Server s("", {{"MEM_GUARD_WAIT", "0"}, {"MEM_GUARD_CANCEL", "100000GiB"}});
+  REQUIRE_MESSAGE(s.error.empty(), s.error);
+  json req = {{"prompt", "Once"}, {"max_tokens", kContext - 8}, {"ignore_eos", true}};
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = s.call("POST", "/v1/completions", req.dump());
+  auto took = std::chrono::steady_clock::now() - t0;
+  INFO(r.body);
+  CHECK(r.status == 503);
+  auto j = json::parse(r.body);
+  CHECK(j["error"]["code"] == "memory_pressure");
+  CHECK(j["error"]["message"].get<std::string>().find("MemAvailable") != std::string::npos);
+  CHECK(took < 2500ms);  // the guard samples about once a second
+  // The engine frees the slot at its next step.
+  int busy = -1;
+  for (int i = 0; i < 100 && busy != 0; ++i) {
+    busy = s.health()["slots"]["busy"].get<int>();
+    if (busy != 0) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(busy == 0);
+  CHECK(s.call("GET", "/metrics").body.find("sparkd_mem_guard_cancels_total 1") !=
+        std::string::npos);
 }
