@@ -449,3 +449,21 @@ TEST_CASE("Responder completions with echo") {
   CHECK(body["choices"][0]["text"] == "Once upon");
   CHECK(body["choices"][0]["finish_reason"] == "length");
 }
+
+TEST_CASE("toolkit errors map to OpenAI statuses and types") {
+  CHECK(from_error(make_error(Errc::usage, "x")).status == 400);
+  auto nf = from_error(make_error(Errc::not_found, "gone"), "model");
+  CHECK(nf.status == 404);
+  CHECK(nf.type == "not_found_error");
+  CHECK(nf.param == "model");
+  CHECK(from_error(make_error(Errc::resource, "full")).status == 429);
+  CHECK(from_error(make_error(Errc::busy, "b")).status == 503);
+  CHECK(from_error(make_error(Errc::timeout, "t")).status == 504);
+  auto internal = from_error(make_error(Errc::internal, "bug"));
+  CHECK(internal.status == 500);
+  CHECK(internal.type == "server_error");
+  // Invalid UTF-8 in generated text never breaks the JSON of an SSE event.
+  Json j;
+  j["text"] = std::string("ok\xFF");
+  CHECK(sse_event(j) == "data: {\"text\":\"ok\xEF\xBF\xBD\"}\n\n");
+}

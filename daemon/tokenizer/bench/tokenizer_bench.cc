@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  file = std::filesystem::absolute(file).string();  // the HF side runs in another directory
   auto tok = tok::Tokenizer::from_file(file);
   if (!tok) {
     std::fprintf(stderr, "error: %s\n", tok.error().message.c_str());
