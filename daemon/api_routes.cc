@@ -134,8 +134,9 @@ struct Pending {
     std::lock_guard lk(mu);
     if (ev.request_done) engine_done = true;
     if (replied) return;
-    if (streaming && http.closed()) {
-      // The client went away: free the slot now.
+    if (http.closed()) {
+      // The client went away (a failed write while streaming; for a plain response, when the
+      // HTTP layer notices the closed connection): free the slot now.
       log::info(kComp, "{} {}: client disconnected; cancelling", what, ev.request);
       complete();
       cancel_locked();
