@@ -33,6 +33,14 @@ ApiError not_loaded() {
   return e;
 }
 
+ApiError client_gone() {
+  ApiError e;
+  e.status = 499;
+  e.type = "client_closed_request";
+  e.message = "the client closed the connection";
+  return e;
+}
+
 engine::SamplingParams to_engine(const openai::Sampling& s, int max_tokens,
                                  const std::set<int32_t>& stop_ids) {
   engine::SamplingParams p;
@@ -141,6 +149,11 @@ struct Pending {
       complete();
       cancel_locked();
       record("abort");
+      // Let the HTTP session finish the request (the write fails on the closed socket).
+      if (streaming)
+        http.end_stream();
+      else
+        http.send(api_error(client_gone()));
       return;
     }
     if (ev.finish == engine::FinishReason::error || ev.finish == engine::FinishReason::cancelled) {
