@@ -1,9 +1,8 @@
 #include "daemon/process_group.h"
 
-#include "core/strings.h"
-
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,8 @@
 #include <fstream>
 #include <thread>
 #include <vector>
+
+#include "core/strings.h"
 
 extern char** environ;
 
@@ -41,30 +42,37 @@ Result<pid_t> spawn_shell_group(const std::string& command,
   if (fd < 0)
     return make_error(Errc::io, "cannot open engine log " + log_path + ": " + std::strerror(errno));
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // posix_spawn, not fork: the child never runs this process's signal handlers or atfork
+  // handlers (a SIGTERM that reaches the group between fork and exec would otherwise run an
+  // inherited handler in a child that cannot safely take locks), and its own process group,
+  // default dispositions and an empty signal mask are set before exec in one step.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (devnull >= 0) posix_spawn_file_actions_adddup2(&fa, devnull, 0);
+  posix_spawn_file_actions_adddup2(&fa, fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, fd, 2);
   std::string cmd = command;
-  pid_t pid = ::fork();
-  if (pid < 0) {
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, const_cast<char* const*>(argv), cenv.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
     ::close(fd);
     if (devnull >= 0) ::close(devnull);
-    return make_error(Errc::resource, std::string("fork failed: ") + std::strerror(errno));
+    return make_error(Errc::resource,
+                      std::string("cannot start /bin/sh for the engine: ") + std::strerror(rc));
   }
-  if (pid == 0) {
-    // Child: only async-signal-safe calls until exec.
-    ::setpgid(0, 0);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::signal(SIGPIPE, SIG_DFL);
-    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-    ::execve("/bin/sh", const_cast<char* const*>(argv), cenv.data());
-    const char msg[] = "sparkd: exec /bin/sh failed\n";
-    (void)!::write(2, msg, sizeof msg - 1);
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);  // also in the parent, so the group exists before we signal it
   ::close(fd);
   if (devnull >= 0) ::close(devnull);
   return pid;

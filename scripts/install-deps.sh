@@ -30,6 +30,7 @@ PACKAGES=(
 )
 
 # Appended by other parts of the project (one line each, below this comment).
+PACKAGES+=(libssl-dev openssl)   # stage: manifest --sha256 (libcrypto); stage_bench generates data with openssl
 PACKAGES+=(libicu-dev)   # tokenizer: NFC/NFKC normalizers, Unicode properties (daemon/tokenizer)
 
 check_only=0

@@ -26,9 +26,15 @@ struct ExecFixture {
   EngineContext ctx;
   RingConfig cfg;
 
+  std::string bin = test::find_fixture_binary(FAULT_SERVER_BIN);
+
   explicit ExecFixture(const std::string& args, const std::string& url_suffix = "/health") {
+    if (bin.empty()) {
+      MESSAGE("SKIP: spark_fault_server not found at " FAULT_SERVER_BIN " nor beside the test");
+      std::puts("SKIP: spark_fault_server (test fixture) not found");
+    }
     Environment env;
-    env.vars["ENGINE_EXEC"] = std::string(FAULT_SERVER_BIN) + " --port ${FAULT_PORT} " + args;
+    env.vars["ENGINE_EXEC"] = bin + " --port ${FAULT_PORT} " + args;
     env.vars["ENGINE_HEALTH_URL"] = "http://127.0.0.1:${FAULT_PORT}" + url_suffix;
     std::vector<Diagnostic> d;
     auto c = load_config_text("ENGINE=exec\nSLOTS=3\nNODE0_SSH=local\n", "t.env", env, &d);
@@ -60,6 +66,7 @@ bool eventually(Pred p, std::chrono::milliseconds limit = 8000ms) {
 
 TEST_CASE("exec engine: ready from the engine's health URL; stop kills the process group") {
   ExecFixture f("--mode slow-start --after 1500ms");
+  if (f.bin.empty()) return;
   CHECK(std::string(f.eng->name()) == "exec");
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().reason.find("503") != std::string::npos; }));
@@ -81,6 +88,7 @@ TEST_CASE("exec engine: ready from the engine's health URL; stop kills the proce
 
 TEST_CASE("exec engine: a crashing engine is fatal with its exit status and last log lines") {
   ExecFixture f("--mode crash --after 300ms");
+  if (f.bin.empty()) return;
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().fatal; }));
   auto s = f.eng->status();
@@ -90,6 +98,7 @@ TEST_CASE("exec engine: a crashing engine is fatal with its exit status and last
 
 TEST_CASE("exec engine: a hung health endpoint ages into a stalled call") {
   ExecFixture f("--mode hang --after 200ms");
+  if (f.bin.empty()) return;
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().oldest_call > 600ms; }));
   auto s = f.eng->status();
@@ -103,6 +112,7 @@ TEST_CASE("exec engine: a hung health endpoint ages into a stalled call") {
 
 TEST_CASE("exec engine: an engine whose health says fatal is fatal") {
   ExecFixture f("--mode fatal-health --after 200ms");
+  if (f.bin.empty()) return;
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().fatal; }));
   CHECK(f.eng->status().reason.find("injected fault") != std::string::npos);
@@ -110,6 +120,7 @@ TEST_CASE("exec engine: an engine whose health says fatal is fatal") {
 
 TEST_CASE("exec engine: an engine that ignores SIGTERM is killed after the grace") {
   ExecFixture f("--mode healthy --ignore-term");
+  if (f.bin.empty()) return;
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().ready; }));
   pid_t pgid = static_cast<pid_t>(*parse_i64(trim(*read_file(f.ctx.pidfile + ".engine"))));
@@ -121,6 +132,7 @@ TEST_CASE("exec engine: an engine that ignores SIGTERM is killed after the grace
 
 TEST_CASE("exec engine: an engine command that does not exist is fatal, not ready") {
   ExecFixture f("");
+  if (f.bin.empty()) return;
   Environment env;
   env.vars["ENGINE_EXEC"] = "/nonexistent/engine --serve";
   std::vector<Diagnostic> d;
@@ -136,6 +148,7 @@ TEST_CASE("exec engine: an engine command that does not exist is fatal, not read
 
 TEST_CASE("exec engine: the probe is a real completion from ENGINE_API_URL") {
   ExecFixture f("--mode healthy --completion ' Paris, of course.'");
+  if (f.bin.empty()) return;
   f.cfg.settings["ENGINE_API_URL"].value = "http://127.0.0.1:${FAULT_PORT}/";
   f.eng = make_engine(f.cfg, 0);
   REQUIRE(f.eng->start(f.ctx).ok());
@@ -147,6 +160,7 @@ TEST_CASE("exec engine: the probe is a real completion from ENGINE_API_URL") {
 
 TEST_CASE("exec engine: without ENGINE_API_URL the probe is unsupported, not faked") {
   ExecFixture f("--mode healthy");
+  if (f.bin.empty()) return;
   REQUIRE(f.eng->start(f.ctx).ok());
   auto t = f.eng->probe("x", 1000ms);
   REQUIRE_FALSE(t.ok());
@@ -156,6 +170,7 @@ TEST_CASE("exec engine: without ENGINE_API_URL the probe is unsupported, not fak
 
 TEST_CASE("exec engine: ENGINE_HEALTH_RANKS=0 leaves followers to process liveness") {
   ExecFixture f("--mode healthy");
+  if (f.bin.empty()) return;
   f.cfg.settings["ENGINE_HEALTH_RANKS"].value = "0";
   f.cfg.settings["ENGINE_HEALTH_URL"].value = "http://127.0.0.1:1/never";
   f.eng = make_engine(f.cfg, 1);  // a follower: never polls the (unreachable) URL

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -117,6 +118,11 @@ TEST_CASE("metrics: /metrics of a running daemon passes promtool check metrics")
 
 TEST_CASE("metrics: the shipped Grafana dashboard uses only series sparkd exports") {
   auto text = read_file(std::string(SPARK_SOURCE_DIR) + "/packaging/grafana/sparkd-dashboard.json");
+  if (!text && !std::filesystem::exists(SPARK_SOURCE_DIR)) {  // a staged test binary
+    MESSAGE("SKIP: the source tree " SPARK_SOURCE_DIR " is not on this machine");
+    std::puts("SKIP: source tree absent (dashboard check)");
+    return;
+  }
   REQUIRE(text.has_value());
   auto dash = nlohmann::json::parse(*text);
   std::set<std::string> known;

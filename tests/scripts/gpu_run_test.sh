@@ -28,6 +28,9 @@ ls "$tmp/dev/lib"/libfmt.so.* > /dev/null 2>&1 || fail "libfmt (not on the GPU m
 for sys in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 ld-linux-x86-64.so.2 libcuda.so.1; do
   [ ! -e "$tmp/dev/lib/$sys" ] || fail "system library $sys was copied"
 done
+[ -s "$tmp/dev-pack/device.tar.xz" ] || fail "stage did not pack the tree into dev-pack/device.tar.xz"
+tar -tJf "$tmp/dev-pack/device.tar.xz" > "$tmp/pack.list" || fail "the pack does not list"
+grep -q '^dev/bin/sparkd$' "$tmp/pack.list" || fail "the pack lacks dev/bin/sparkd"
 grep -q "^source_dir=$src\$" "$tmp/dev/MANIFEST" || fail "MANIFEST lacks source_dir: $(cat "$tmp/dev/MANIFEST")"
 # Every library the staged binaries need resolves with the stage's lib/ first.
 for b in "$tmp/dev/bin"/*; do

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -34,22 +36,31 @@ Child::Child(const std::vector<std::string>& argv, const std::map<std::string, s
   cargv.push_back(nullptr);
   for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
-  int fd = ::open(output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot open " + output_file);
-  pid_ = ::fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    ::setpgid(0, 0);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::execve(cargv[0], cargv.data(), cenv.data());
-    std::fprintf(stderr, "exec %s: %s\n", cargv[0], std::strerror(errno));
-    ::_exit(127);
+  // posix_spawn: the child never runs the test framework's signal handlers (a signal sent
+  // right after start would otherwise hit a forked copy of this process before exec).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  int rc = ::posix_spawn(&pid_, cargv[0], &fa, &attr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    pid_ = -1;
+    throw std::runtime_error(std::string("cannot start ") + argv[0] + ": " + std::strerror(rc));
   }
-  ::setpgid(pid_, pid_);
-  ::close(fd);
 }
 
 Child::~Child() {
@@ -84,6 +95,15 @@ std::optional<int> Child::wait_for(std::chrono::milliseconds timeout) {
 
 bool Child::running() {
   return !wait_for(std::chrono::milliseconds(0)).has_value();
+}
+
+std::string find_fixture_binary(const std::string& built_path) {
+  std::error_code ec;
+  if (std::filesystem::exists(built_path, ec)) return built_path;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  auto beside = self.parent_path() / std::filesystem::path(built_path).filename();
+  return std::filesystem::exists(beside, ec) ? beside.string() : std::string();
 }
 
 int free_port() {

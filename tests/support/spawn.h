@@ -36,6 +36,10 @@ class Child {
   std::optional<int> status_;
 };
 
+/// A fixture program (e.g. spark_fault_server): where CMake built it, else next to the running
+/// test binary (a staged copy, as on the GPU machine); "" when neither exists.
+std::string find_fixture_binary(const std::string& built_path);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
 /// Runs argv to completion (deadline); returns {wait status, stdout+stderr}.

@@ -1,0 +1,315 @@
+// sparkctl start | stop | restart | status | watch | logs | health-get
+#include "cli/cmd_ring.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <thread>
+
+#include "cli/args.h"
+#include "cli/ring_ops.h"
+#include "core/remote.h"
+#include "core/strings.h"
+#include "daemon/http_client.h"
+
+namespace spark::cli {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+
+Result<int64_t> duration_arg(const po::variables_map& vm, const char* name) {
+  if (!vm.count(name)) return int64_t{-1};
+  std::string why;
+  auto v = parse_duration_ms(vm[name].as<std::string>(), &why);
+  if (!v) return make_error(Errc::usage, fmt::format("--{}: {}", name, why));
+  return static_cast<int64_t>(*v);
+}
+
+std::string age(int64_t ms_then) {
+  if (ms_then <= 0) return "never";
+  double s = static_cast<double>(wall_ms() - ms_then) / 1000.0;
+  if (s < 120) return fmt::format("{:.0f} s ago", s);
+  if (s < 7200) return fmt::format("{:.0f} min ago", s / 60);
+  return fmt::format("{:.1f} h ago", s / 3600);
+}
+
+std::string size_or(int64_t v) {
+  return v < 0 ? "?" : format_size(static_cast<uint64_t>(v));
+}
+
+void print_start(const Context& ctx, const StartReport& r) {
+  auto& out = *ctx.out;
+  for (const auto& w : r.warnings) *ctx.err << "sparkctl: WARNING: " << w << "\n";
+  for (const auto& s : r.steps)
+    out << fmt::format("{:<10} {:<4} {:>6.1f} s  {}\n", s.name, s.ok ? "ok" : "FAIL", s.seconds,
+                       s.detail);
+  if (r.ready) {
+    out << fmt::format("READY: model {} on {} rank(s), endpoint {} (attempt {}, {:.1f} s)\n",
+                       r.model, r.world_size, r.endpoint, r.attempts, r.seconds);
+    for (const auto& k : r.ranks)
+      out << fmt::format("  rank {} on {}: sparkd pid {}\n", k.rank, k.node, k.pid);
+  } else if (!r.error) {
+    out << fmt::format(
+        "launched {} rank(s); not waiting for READY (--no-wait): sparkctl status "
+        "shows progress; endpoint {}\n",
+        r.ranks.size(), r.endpoint);
+  }
+}
+
+int finish_start(const Context& ctx, const StartReport& r) {
+  if (ctx.opts.json) {
+    *ctx.out << to_json(r).dump(2) << "\n";
+    for (const auto& w : r.warnings) *ctx.err << "sparkctl: WARNING: " << w << "\n";
+    return r.error ? exit_code(r.error->code) : 0;
+  }
+  print_start(ctx, r);
+  if (r.error) {
+    *ctx.err << "sparkctl: start failed; the ring was torn down (nothing left on any node): "
+             << r.error->message << "\n";
+    return exit_code(r.error->code);
+  }
+  return 0;
+}
+
+void print_stop(const Context& ctx, const StopReport& r) {
+  for (const auto& k : r.ranks)
+    *ctx.out << fmt::format(
+        "rank {} on {}: {}{}{}\n", k.rank, k.node,
+        k.pid ? fmt::format("pid {} stopped by {}", k.pid, k.how) : std::string("not running"),
+        k.left.empty() ? "" : "; STILL RUNNING: " + join(k.left, ", "),
+        k.error.empty() ? "" : "; " + k.error);
+  if (r.clean) *ctx.out << "nothing of the ring is left on any node\n";
+  if (r.disabled) *ctx.out << "DISABLED: watch will not restart the ring until `sparkctl start`\n";
+}
+
+std::optional<int> parse_start_flags(Context& ctx, const char* name, const char* synopsis,
+                                     const std::vector<std::string>& args, StartOptions* opt) {
+  po::options_description desc(std::string(name) + " options");
+  desc.add_options()("skip-preflight", "start without the preflight checks (warns loudly)")(
+      "no-wait", "return once every rank is launched; do not wait for READY")(
+      "lock-wait", po::value<std::string>()->default_value("30s"),
+      "how long to wait for the ring lock held by another start/stop/watch");
+  po::variables_map vm;
+  if (auto rc = parse_args(ctx, name, synopsis, desc, args, vm)) return rc;
+  opt->skip_preflight = vm.count("skip-preflight") > 0;
+  opt->wait_ready = vm.count("no-wait") == 0;
+  auto lw = duration_arg(vm, "lock-wait");
+  if (!lw) return ctx.fail(lw.error());
+  opt->lock_wait_ms = *lw;
+  opt->by = name;
+  return std::nullopt;
+}
+
+}  // namespace
+
+int cmd_start(Context& ctx, const std::vector<std::string>& args) {
+  StartOptions opt;
+  if (auto rc = parse_start_flags(
+          ctx, "start", "start [--skip-preflight] [--no-wait] [--lock-wait D]", args, &opt))
+    return *rc;
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  if (opt.skip_preflight)
+    *ctx.err << "sparkctl: WARNING: --skip-preflight: starting WITHOUT preflight checks\n";
+  auto rep = start_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt);
+  return finish_start(ctx, rep);
+}
+
+int cmd_restart(Context& ctx, const std::vector<std::string>& args) {
+  StartOptions opt;
+  if (auto rc = parse_start_flags(
+          ctx, "restart", "restart [--skip-preflight] [--no-wait] [--lock-wait D]", args, &opt))
+    return *rc;
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  if (opt.skip_preflight)
+    *ctx.err << "sparkctl: WARNING: --skip-preflight: starting WITHOUT preflight checks\n";
+  StopReport stopped;
+  auto rep = restart_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt, &stopped);
+  if (!ctx.opts.json) print_stop(ctx, stopped);
+  return finish_start(ctx, rep);
+}
+
+int cmd_stop(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc("stop options");
+  desc.add_options()("lock-wait", po::value<std::string>()->default_value("60s"),
+                     "how long to wait for the ring lock");
+  po::variables_map vm;
+  if (auto rc = parse_args(ctx, "stop", "stop [--lock-wait D]", desc, args, vm)) return *rc;
+  auto lw = duration_arg(vm, "lock-wait");
+  if (!lw) return ctx.fail(lw.error());
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  auto rep = stop_ring(*cfg, ring_layout(*cfg, ctx.argv0), true, *lw);
+  if (ctx.opts.json) {
+    *ctx.out << to_json(rep).dump(2) << "\n";
+    return rep.error ? exit_code(rep.error->code) : 0;
+  }
+  print_stop(ctx, rep);
+  if (rep.error) return ctx.fail(*rep.error);
+  return 0;
+}
+
+int cmd_status(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc("status options");
+  po::variables_map vm;
+  if (auto rc = parse_args(ctx, "status", "status [--json]", desc, args, vm)) return *rc;
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  auto s = ring_status(*cfg, ring_layout(*cfg, ctx.argv0));
+  int rc = s.ready ? 0 : exit_code(Errc::precondition);
+  if (ctx.opts.json) {
+    *ctx.out << to_json(s).dump(2) << "\n";
+    return rc;
+  }
+  auto& out = *ctx.out;
+  out << fmt::format("ring {}  model {}  engine {}  endpoint {}\n", s.ring, s.model, s.engine,
+                     s.endpoint);
+  out << fmt::format(
+      "READY: {}{}\n", s.ready ? "yes" : "NO",
+      s.ready ? "" : fmt::format(" ({}{}{})", s.state, s.reason.empty() ? "" : ": ", s.reason));
+  out << fmt::format("DISABLED: {}   GAVE_UP: {}\n",
+                     s.disabled ? "yes, " + age(s.disabled->value("at_ms", int64_t{0})) : "no",
+                     s.gave_up ? "yes, " + age(s.gave_up->value("at_ms", int64_t{0})) + " (" +
+                                     s.gave_up->value("reason", std::string("")) + ")"
+                               : "no");
+  out << fmt::format("watch: last {} {}{}; failures {}; restarts in window {}\n",
+                     s.last_watch_verdict.empty() ? "-" : s.last_watch_verdict,
+                     age(s.last_watch_ms),
+                     s.last_watch_reason.empty() ? "" : " (" + s.last_watch_reason + ")",
+                     s.watch_failures, s.restarts);
+  out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
+                     s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
+                     age(s.record.ready_ms));
+  out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", "RANK", "NODE", "STATE", "PID",
+                     "UPTIME", "LAST-HB", "REASON");
+  for (const auto& r : s.ranks)
+    out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", r.rank, r.node, r.state,
+                       r.pid ? std::to_string(r.pid) : "-",
+                       r.uptime_s >= 0 ? fmt::format("{} s", r.uptime_s) : "-",
+                       r.last_seen_s >= 0 ? fmt::format("{:.1f} s", r.last_seen_s) : "-", r.reason);
+  out << fmt::format("{:<12} {:>12} {:>12} {:>12}  {}\n", "NODE", "MEMFREE", "MEMAVAILABLE",
+                     "MEMTOTAL", "GPU MEMORY (used/total MiB)");
+  for (const auto& n : s.nodes) {
+    std::vector<std::string> gpus;
+    for (const auto& [u, t] : n.gpu_mem_mib) gpus.push_back(fmt::format("{}/{}", u, t));
+    out << fmt::format("{:<12} {:>12} {:>12} {:>12}  {}{}\n", n.node, size_or(n.mem_free),
+                       size_or(n.mem_available), size_or(n.mem_total),
+                       gpus.empty() ? "n/a" : join(gpus, " "),
+                       n.error.empty() ? "" : "  UNREACHABLE: " + n.error);
+  }
+  return rc;
+}
+
+int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc("watch options");
+  po::variables_map vm;
+  if (auto rc = parse_args(ctx, "watch", "watch [--json]", desc, args, vm)) return *rc;
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  auto w = watch_once(*cfg, ring_layout(*cfg, ctx.argv0));
+  int rc = 0;
+  if (w.verdict == "gave_up") rc = exit_code(Errc::precondition);
+  if (w.verdict == "restart_failed")
+    rc =
+        w.restart && w.restart->error ? exit_code(w.restart->error->code) : exit_code(Errc::remote);
+  if (ctx.opts.json) {
+    *ctx.out << to_json(w).dump(2) << "\n";
+    return rc;
+  }
+  *ctx.out << fmt::format("watch: {}{}\n", w.verdict, w.reason.empty() ? "" : ": " + w.reason);
+  if (!w.incident_dir.empty()) *ctx.out << "log tails saved in " << w.incident_dir << "\n";
+  if (w.restart) print_start(ctx, *w.restart);
+  for (const auto& a : w.alerts) *ctx.out << "alert: " << a << "\n";
+  return rc;
+}
+
+int cmd_logs(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc("logs options");
+  desc.add_options()("rank,r", po::value<int>()->default_value(0), "which rank")(
+      "follow,f", "keep printing new lines (until Ctrl-C or --for)")(
+      "lines,n", po::value<int>()->default_value(50), "how many lines from the end")(
+      "for", po::value<std::string>(), "with -f: stop after this long (e.g. 10s)");
+  po::variables_map vm;
+  if (auto rc =
+          parse_args(ctx, "logs", "logs [--rank N] [-f] [-n LINES] [--for D]", desc, args, vm))
+    return *rc;
+  auto cfg = ctx.load_config();
+  if (!cfg) return ctx.fail(cfg.error());
+  int rank = vm["rank"].as<int>();
+  int lines = std::max(0, vm["lines"].as<int>());
+  if (rank < 0 || rank >= cfg->world_size())
+    return ctx.fail(make_error(Errc::usage, fmt::format("--rank {}: the ring has ranks 0-{}", rank,
+                                                        cfg->world_size() - 1)));
+  auto lay = ring_layout(*cfg, ctx.argv0);
+  if (!vm.count("follow")) {
+    auto text = read_rank_log(*cfg, lay, rank, lines);
+    if (!text) return ctx.fail(text.error());
+    if (ctx.opts.json) {
+      *ctx.out << json{{"rank", rank}, {"text", *text}}.dump(2) << "\n";
+    } else {
+      *ctx.out << *text;
+    }
+    return 0;
+  }
+  auto f = duration_arg(vm, "for");
+  if (!f) return ctx.fail(f.error());
+  // Follow by polling the file from the last offset over one runner (SSH session reused);
+  // a log that shrank was rotated (sparkd started again): read it from the start.
+  auto place = place_of(*cfg, rank);
+  auto runner = make_runner(*cfg, cfg->nodes.at(static_cast<size_t>(place.node)));
+  std::string file = fmt::format("\"$L/sparkd-{}.log\"", rank);
+  std::string pre = node_dirs_prelude(*cfg);
+  auto first = runner->run(pre + fmt::format("f={}; wc -c <\"$f\" 2>/dev/null || echo 0; "
+                                             "tail -n {} \"$f\" 2>/dev/null",
+                                             file, lines),
+                           lay.node_timeout);
+  if (!first) return ctx.fail(first.error());
+  auto nl = first->out.find('\n');
+  int64_t offset = parse_i64(trim(first->out.substr(0, nl))).value_or(0);
+  if (nl != std::string::npos) *ctx.out << first->out.substr(nl + 1) << std::flush;
+  auto end = *f >= 0 ? std::chrono::steady_clock::now() + milliseconds(*f)
+                     : std::chrono::steady_clock::time_point::max();
+  while (std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(milliseconds(500));
+    auto r = runner->run(pre + fmt::format("f={f}; s=$(wc -c <\"$f\" 2>/dev/null || echo 0); "
+                                           "echo $s; if [ $s -lt {o} ]; then cat \"$f\"; else "
+                                           "tail -c +$(({o}+1)) \"$f\" | head -c $((s-{o})); fi",
+                                           fmt::arg("f", file), fmt::arg("o", offset)),
+                         lay.node_timeout);
+    if (!r) return ctx.fail(r.error());
+    auto k = r->out.find('\n');
+    if (k == std::string::npos) continue;
+    int64_t size = parse_i64(trim(r->out.substr(0, k))).value_or(0);
+    std::string chunk = r->out.substr(k + 1);
+    *ctx.out << chunk << std::flush;
+    offset = size < offset ? static_cast<int64_t>(chunk.size())
+                           : offset + static_cast<int64_t>(chunk.size());
+  }
+  return 0;
+}
+
+int cmd_health_get(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc("health-get options");
+  desc.add_options()("host", po::value<std::string>()->default_value("127.0.0.1"), "address")(
+      "port", po::value<int>()->required(), "port")(
+      "timeout-ms", po::value<int>()->default_value(3000), "deadline");
+  po::variables_map vm;
+  if (auto rc = parse_args(ctx, "health-get", "health-get --port P [--host H]", desc, args, vm))
+    return *rc;
+  daemon::HttpCall c;
+  c.host = vm["host"].as<std::string>();
+  c.port = static_cast<uint16_t>(vm["port"].as<int>());
+  c.target = "/health";
+  c.timeout = milliseconds(std::max(1, vm["timeout-ms"].as<int>()));
+  auto r = daemon::http_call(c);
+  if (!r) return ctx.fail(r.error());
+  *ctx.out << json{{"status", r->status}, {"body", r->body}}.dump() << "\n";
+  return 0;
+}
+
+}  // namespace spark::cli

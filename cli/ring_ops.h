@@ -1,0 +1,131 @@
+#pragma once
+// The ring's lifecycle as library calls returning reports: start (lock, preflight, evict,
+// memory gate, launch, READY or tear down), stop (DISABLED marker, SIGTERM/grace/SIGKILL,
+// nothing left), status, and one watch pass (strict health, failure counter, restart with
+// cap and backoff, GAVE_UP, alert command). cmd_ring.cc prints them.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/ring_nodes.h"
+#include "cli/ring_state.h"
+#include "core/config.h"
+#include "core/error.h"
+
+namespace spark::cli {
+
+/// Options of start (and of the start half of restart and of a watch heal).
+struct StartOptions {
+  bool skip_preflight = false;
+  bool wait_ready = true;  // false: return once launched (watch's grace covers loading)
+  int64_t lock_wait_ms = 30000;
+  std::string by = "start";  // start, restart, watch
+};
+
+/// One step of start, for the report.
+struct StartStep {
+  std::string name;  // lock, preflight, evict, memory, launch, ready, teardown
+  bool ok = true;
+  std::string detail;
+  double seconds = 0;
+};
+
+/// What start did.
+struct StartReport {
+  bool ready = false;
+  int attempts = 0;
+  std::string endpoint;
+  std::string model;
+  int world_size = 0;
+  std::vector<StartStep> steps;
+  std::vector<LaunchResult> ranks;
+  std::vector<std::string> warnings;
+  std::optional<Error> error;  // why it failed (after teardown)
+  double seconds = 0;
+};
+
+/// What stop did.
+struct StopReport {
+  std::vector<StopResult> ranks;
+  bool clean = true;  // nothing left on any node
+  bool disabled = false;
+  std::optional<Error> error;
+  double seconds = 0;
+};
+
+/// One rank in status.
+struct RankStatus {
+  int rank = 0;
+  std::string node;
+  std::string state;  // starting, loading, ready, fatal, stalled, stopping, down
+  std::string reason;
+  int pid = 0;
+  int64_t uptime_s = -1;
+  bool alive = false;       // the process runs on its node
+  double last_seen_s = -1;  // rank 0's last heartbeat from it
+};
+
+/// One node in status.
+struct NodeStatus {
+  std::string node;
+  std::string error;  // unreachable
+  int64_t mem_free = -1, mem_available = -1, mem_total = -1;
+  std::vector<std::pair<int64_t, int64_t>> gpu_mem_mib;
+};
+
+/// Everything status shows.
+struct RingStatus {
+  std::string ring, model, endpoint, engine;
+  bool ready = false;  // strict: rank 0 ready, not fatal/stalled, every rank alive
+  std::string state;   // rank 0's state, or down
+  std::string reason;
+  bool answered = false;  // rank 0's /health answered
+  std::optional<nlohmann::json> health;
+  std::optional<nlohmann::json> disabled, gave_up;
+  int slots_total = 0, slots_busy = 0, requests_in_flight = 0;
+  int restarts = 0;  // by watch, in the window
+  int watch_failures = 0;
+  std::string last_watch_verdict, last_watch_reason;
+  int64_t last_watch_ms = 0;
+  RingRecord record;
+  std::vector<RankStatus> ranks;
+  std::vector<NodeStatus> nodes;
+};
+
+/// What one watch pass decided.
+struct WatchReport {
+  std::string verdict;  // disabled, busy, not_started, gave_up, healthy, grace, unhealthy,
+                        // backoff, restarted, restart_failed
+  std::string reason;
+  int failures = 0;
+  int failures_needed = 0;
+  int restarts_in_window = 0;
+  std::optional<StartReport> restart;
+  std::string incident_dir;         // where the log tails were saved before a restart
+  std::vector<std::string> alerts;  // events the alert command ran for
+};
+
+/// The binaries on the nodes: SPARKD_BIN / SPARKCTL_BIN or beside this sparkctl.
+RingLayout ring_layout(const RingConfig& cfg, const std::string& argv0);
+
+StartReport start_ring(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt);
+/// `disable`: write DISABLED (stop); false for the stop half of restart and watch.
+StopReport stop_ring(const RingConfig& cfg, const RingLayout& lay, bool disable,
+                     int64_t lock_wait_ms);
+/// stop (no marker) then start, under one lock.
+StartReport restart_ring(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt,
+                         StopReport* stopped);
+RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay);
+WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay);
+
+/// Strict health of a /health body: empty when healthy, else why not.
+std::string strict_problem(const nlohmann::json& health);
+
+nlohmann::json to_json(const StartReport& r);
+nlohmann::json to_json(const StopReport& r);
+nlohmann::json to_json(const RingStatus& s);
+nlohmann::json to_json(const WatchReport& w);
+
+}  // namespace spark::cli

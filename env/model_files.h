@@ -1,0 +1,40 @@
+#pragma once
+// The model directory as preflight sees it: config.json, the safetensors index and every
+// shard it names, and the staging manifest (core/manifest.h) when there is one: the sizes
+// it records and its content digest.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "env/sysroot.h"
+
+namespace spark::env {
+
+/// One file the model needs.
+struct ModelFile {
+  std::string name;
+  std::optional<uint64_t> size;      // nullopt: missing
+  std::optional<uint64_t> expected;  // from the manifest
+};
+
+struct ModelFiles {
+  std::string dir;
+  bool dir_exists = false;
+  bool config_ok = false;
+  std::string config_error;
+  nlohmann::json config;   // parsed config.json
+  std::string index_name;  // "model.safetensors.index.json" or "" (single file)
+  std::string index_error;
+  std::vector<ModelFile> files;  // config.json, index, shards, in that order
+  bool has_manifest = false;
+  std::string manifest_error;
+  std::string manifest_digest;  // Manifest::digest() (content: names, sizes, hashes)
+  uint64_t weight_bytes = 0;    // index metadata total_size, else the shards' sizes
+};
+
+/// Reads `model_path` (a node path) through the root.
+ModelFiles read_model_files(const Sysroot& root, const std::string& model_path);
+
+}  // namespace spark::env

@@ -1,0 +1,111 @@
+// The preflight, env and plan commands through the real command line (cli::run), on the
+// captured fixture trees: exit codes, JSON shapes, fail-closed env.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/cli.h"
+
+using namespace spark;
+
+namespace {
+
+struct Out {
+  int rc;
+  std::string out, err;
+};
+
+Out sparkctl(std::vector<std::string> args) {
+  args.insert(args.begin(), "sparkctl");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream o, e;
+  int rc = cli::run(static_cast<int>(argv.size()), argv.data(), o, e, Environment{});
+  return {rc, o.str(), e.str()};
+}
+
+std::string fx(const std::string& rel) {
+  return std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/preflight/" + rel;
+}
+
+}  // namespace
+
+TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 usage") {
+  auto ok = sparkctl({"--config", fx("healthy-pair/cluster.env"), "preflight", "--sysroot",
+                      fx("healthy-pair/node0"), "--sysroot", fx("healthy-pair/node1")});
+  CHECK_MESSAGE(ok.rc == 0, ok.out);
+  CHECK(
+      ok.out.find(
+          "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
+          "rocep1s0f1:3\n") != std::string::npos);
+  CHECK(ok.out.find("# 43 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
+                        fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
+  CHECK(fail.rc == 1);
+  auto j = nlohmann::json::parse(fail.out);
+  CHECK(j["schema"] == 1);
+  CHECK(j["exit_code"] == 1);
+  CHECK(j["counts"]["FAIL"] == 1);
+  CHECK(j["nodes"][1]["links"][0]["gid_index"].is_null());
+  CHECK(j["nodes"][1]["links"][1]["gid_index"] == 3);
+  CHECK(j["ranks"][1]["node"] == "spark-b");
+  CHECK(j["ranks"][1]["gid_index"]["rocep1s0f0"].is_null());
+  CHECK(j["ranks"][0]["gid_index"]["rocep1s0f1"] == 3);
+  auto warn = sparkctl({"--config", fx("mtu1500/cluster.env"), "preflight", "--local", "--node",
+                        "1", "--sysroot", fx("mtu1500/node1")});
+  CHECK_MESSAGE(warn.rc == 15, warn.out);
+  auto bad =
+      sparkctl({"--config", fx("healthy-pair/cluster.env"), "preflight", "--only", "rdma.gdi"});
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("did you mean rdma.gid") != std::string::npos);
+  auto count = sparkctl({"--config", fx("healthy-pair/cluster.env"), "preflight", "--sysroot",
+                         fx("healthy-pair/node0")});
+  CHECK(count.rc == 2);  // one tree for a two-node ring
+  auto missing = sparkctl({"--config", fx("healthy-pair/cluster.env"), "preflight", "--local",
+                           "--node", "0", "--sysroot", "/nonexistent"});
+  CHECK(missing.rc == 4);
+}
+
+TEST_CASE("env --rank renders each node's own GID index; fails closed on a broken one") {
+  auto e0 = sparkctl({"--config", fx("head4-worker3/cluster.env"), "env", "--rank", "0",
+                      "--sysroot", fx("head4-worker3/node0")});
+  REQUIRE_MESSAGE(e0.rc == 0, e0.err);
+  CHECK(e0.out.find("NCCL_IB_GID_INDEX=4\n") != std::string::npos);
+  CHECK(e0.out.find("NCCL_IB_HCA==rocep1s0f0:1,rocep1s0f1:1\n") != std::string::npos);
+  CHECK(e0.out.find("NCCL_NVLS_ENABLE=0\n") != std::string::npos);
+  auto e1 = sparkctl({"--config", fx("head4-worker3/cluster.env"), "--json", "env", "1",
+                      "--sysroot", fx("head4-worker3/node1")});
+  REQUIRE(e1.rc == 0);
+  auto j = nlohmann::json::parse(e1.out);
+  CHECK(j["env"]["NCCL_IB_GID_INDEX"] == "3");
+  CHECK(j["env"]["MASTER_ADDR"] == "10.10.2.1");
+  auto broken = sparkctl({"--config", fx("zero-gid/cluster.env"), "env", "--rank", "1", "--sysroot",
+                          fx("zero-gid/node1")});
+  CHECK(broken.rc == 10);
+  CHECK(broken.err.find("spark-b rocep1s0f0: no usable RoCE v2 GID index") != std::string::npos);
+  CHECK(broken.out.empty());
+  CHECK(sparkctl({"--config", fx("zero-gid/cluster.env"), "env", "--rank", "7"}).rc == 2);
+}
+
+TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
+  auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model",
+                     fx("healthy-pair/node0/models/qwen3-32b"), "--capacity", "60GiB"});
+  REQUIRE_MESSAGE(p.rc == 0, p.err);
+  auto j = nlohmann::json::parse(p.out);
+  REQUIRE(j["rows"].size() == 4);
+  // 65 GiB of weights, 64 layers x 2 x 8 KV heads x 128 x 2 bytes, 32768 tokens x 4 slots.
+  CHECK(j["model"]["kv_bytes_per_token"] == 262144);
+  CHECK(j["rows"][0]["fits"] == false);
+  CHECK(j["rows"][0]["max_context"] == 0);
+  CHECK(j["rows"][1]["weights_per_rank"] == 65ull * (1ull << 30) / 2);
+  CHECK(j["rows"][1]["kv_per_rank"] == 16ull << 30);
+  CHECK(j["rows"][1]["fits"] == true);  // 32.5 + 16 + 4 GiB <= 60 GiB
+  CHECK(j["rows"][1]["max_context"] ==
+        ((60ull << 30) - (65ull << 30) / 2 - (4ull << 30)) / (131072 * 4));
+  auto t = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--capacity", "60GiB",
+                     "--model", fx("healthy-pair/node0/models/qwen3-32b")});
+  CHECK(t.out.find("GQA 8 KV heads x head_dim 128") != std::string::npos);
+  CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", "/nonexistent"})
+            .rc == 4);
+}

@@ -1,0 +1,172 @@
+#include "core/pagecache.h"
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "core/strings.h"
+#include "support/tempdir.h"
+
+using namespace spark;
+
+namespace {
+
+// Page-cache behaviour needs a real filesystem: tmpfs pages cannot be evicted.
+bool on_real_fs(const std::string& dir) {
+  struct statfs s {};
+  if (::statfs(dir.c_str(), &s) != 0) return false;
+  return s.f_type != TMPFS_MAGIC && s.f_type != RAMFS_MAGIC;
+}
+
+std::string write_file(const test::TempDir& d, const std::string& name, size_t n) {
+  std::string data(n, 'x');
+  for (size_t i = 0; i < n; i += 4096) data[i] = static_cast<char>(i / 4096);
+  return d.write(name, data);
+}
+
+void read_all(const std::string& p) {
+  auto s = read_file(p);
+  REQUIRE(s.has_value());
+}
+
+}  // namespace
+
+TEST_CASE("residency: read files are resident, evicted files have zero resident pages") {
+  test::TempDir d("spark-pagecache");
+  if (!on_real_fs(d.path())) {
+    MESSAGE("SKIP: " << d.path() << " is tmpfs/ramfs; page-cache eviction needs a real filesystem");
+    return;
+  }
+  auto a = write_file(d, "a.safetensors", 8 << 20);
+  auto b = write_file(d, "sub/b.bin", 1 << 20);
+  read_all(a);
+  read_all(b);
+  auto ra = file_residency(a);
+  REQUIRE(ra.ok());
+  CHECK(ra->pages == (8u << 20) / ra->page_size);
+  CHECK(ra->resident_pages == ra->pages);  // just written and read: all in the cache
+
+  auto rep = evict_page_cache({d.path()});
+  REQUIRE(rep.ok());
+  CHECK(rep->files.size() == 2);
+  CHECK(rep->bytes_before >= (9u << 20));
+  CHECK(rep->bytes_after == 0);
+  CHECK(rep->problems() == 0);
+  for (const auto& f : rep->files) {
+    CHECK(f.status == "evicted");
+    CHECK(f.resident_after == 0);
+    CHECK(f.synced);  // writable by us: fdatasync ran before DONTNEED
+  }
+  auto ra2 = file_residency(a, true);
+  REQUIRE(ra2.ok());
+  CHECK(ra2->resident_pages == 0);
+  CHECK(ra2->map.size() == ra2->pages);
+}
+
+TEST_CASE("a file mapped and locked by another process is reported as mapped, with its pid") {
+  test::TempDir d("spark-pagecache");
+  if (!on_real_fs(d.path())) {
+    MESSAGE("SKIP: " << d.path() << " is tmpfs/ramfs");
+    return;
+  }
+  auto p = write_file(d, "held.safetensors", 2 << 20);
+  auto free_one = write_file(d, "free.bin", 1 << 20);
+  read_all(free_one);
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // The holder: maps the file, locks and touches every page, then waits to be killed.
+    int fd = ::open(p.c_str(), O_RDONLY);
+    void* m = ::mmap(nullptr, 2 << 20, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) ::_exit(1);
+    ::mlock(m, 2 << 20);
+    volatile char sum = 0;
+    for (size_t i = 0; i < (2u << 20); i += 4096)
+      sum = static_cast<char>(sum + static_cast<char*>(m)[i]);
+    (void)sum;
+    char c = 'r';
+    (void)!::write(ready[1], &c, 1);
+    for (int i = 0; i < 600; ++i) ::sleep(1);  // bounded: killed long before
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  auto rep = evict_page_cache({d.path()});
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  REQUIRE(rep.ok());
+  REQUIRE(rep->files.size() == 2);
+  const auto& held = rep->files[1].path == p ? rep->files[1] : rep->files[0];
+  const auto& other = rep->files[1].path == p ? rep->files[0] : rep->files[1];
+  CHECK(held.status == "resident");
+  CHECK(held.resident_after > 0);
+  REQUIRE(held.mapped_by.size() >= 1);
+  CHECK(held.mapped_by[0].pid == child);
+  CHECK(held.reason.find(std::to_string(child)) != std::string::npos);
+  CHECK(other.status == "evicted");
+  CHECK(rep->problems() == 1);
+}
+
+TEST_CASE("find_mappers reads a captured /proc tree (sysroot seam)") {
+  test::TempDir root("spark-procroot");
+  root.write("proc/4242/maps",
+             "7f0000000000-7f0000100000 r--s 00000000 fd:01 123456 /models/x.safetensors\n"
+             "7f0000100000-7f0000200000 r-xp 00000000 fd:01 999 /usr/lib/libc.so\n");
+  root.write("proc/4242/comm", "vllm\n");
+  root.write("proc/77/maps", "7f0000000000-7f0000100000 r--s 00000000 fd:02 123456 /other\n");
+  root.write("proc/77/comm", "other\n");
+  root.write("proc/self/maps", "");
+  auto m = find_mappers(root.path(), makedev(0xfd, 1), 123456);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].pid == 4242);
+  CHECK(m[0].comm == "vllm");
+  CHECK(find_mappers(root.path(), makedev(0xfd, 1), 5).empty());
+}
+
+TEST_CASE("an unreadable file is reported with the drop_caches remedy, not skipped") {
+  if (::geteuid() == 0) {
+    // Root reads everything; drop privileges in a child to see what a user sees.
+    test::TempDir d("spark-pagecache");
+    auto p = write_file(d, "root-only.bin", 4096);
+    REQUIRE(::chmod(p.c_str(), 0600) == 0);
+    REQUIRE(::chmod(d.path().c_str(), 0755) == 0);
+    int out[2];
+    REQUIRE(::pipe(out) == 0);
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+      auto rep = evict_page_cache({p});
+      std::string s = rep.ok() && rep->files.size() == 1
+                          ? rep->files[0].status + "|" + rep->files[0].reason
+                          : "error";
+      (void)!::write(out[1], s.data(), s.size());
+      ::_exit(0);
+    }
+    ::close(out[1]);
+    char buf[1024];
+    ssize_t n = ::read(out[0], buf, sizeof buf);
+    ::close(out[0]);
+    ::waitpid(child, nullptr, 0);
+    REQUIRE(n > 0);
+    std::string s(buf, static_cast<size_t>(n));
+    CHECK(s.find("unreadable|") == 0);
+    CHECK(s.find("drop_caches") != std::string::npos);
+  } else {
+    MESSAGE("SKIP: needs root to create a file this user cannot read");
+  }
+}

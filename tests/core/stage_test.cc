@@ -1,0 +1,315 @@
+// The stage protocol between an in-process receiver and sender over loopback: real sockets,
+// real files on /var/tmp. Network namespaces and the real binaries are in tests/e2e.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "core/manifest.h"
+#include "core/stage_recv.h"
+#include "core/stage_send.h"
+#include "core/stage_wire.h"
+#include "core/strings.h"
+#include "support/tempdir.h"
+
+using namespace spark;
+using namespace spark::stage;
+
+namespace {
+
+constexpr uint64_t kChunk = 64 * 1024;
+
+std::string random_bytes(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+Manifest make_model(const test::TempDir& d) {
+  d.write("config.json", "{\"model_type\":\"demo\"}");
+  d.write("model-00001-of-00002.safetensors", random_bytes(1000000, 11));
+  d.write("model-00002-of-00002.safetensors", random_bytes(300000, 12));
+  d.write("tokenizer/tokenizer.json", random_bytes(20000, 13));
+  d.write("empty.txt", "");
+  ManifestOptions o;
+  o.chunk_size = kChunk;
+  auto m = build_manifest(d.path(), o);
+  REQUIRE(m.ok());
+  REQUIRE(write_manifest(d.path(), *m).ok());
+  return *m;
+}
+
+// One receiver session on loopback, served by a thread.
+struct LoopReceiver {
+  std::unique_ptr<Receiver> r;
+  std::thread th;
+  Result<std::string> result{Error{Errc::internal, "not run"}};
+  std::string token;
+  std::string name;
+
+  explicit LoopReceiver(const std::string& dir, std::string tok = "", std::string node = "t1") {
+    token = tok.empty() ? *make_token() : tok;
+    ReceiverOptions o;
+    o.dir = dir;
+    o.bind_ips = {"127.0.0.1"};
+    o.token = token;
+    o.idle_timeout = std::chrono::seconds(10);
+    o.node = node;
+    name = node;
+    auto c = Receiver::create(o);
+    REQUIRE(c.ok());
+    r = std::move(*c);
+    th = std::thread([this] { result = r->run(); });
+  }
+  TargetSpec spec(const std::string& tok = "") const {
+    return TargetSpec{name, {{"127.0.0.1", r->ports()[0]}}, tok.empty() ? token : tok};
+  }
+  ~LoopReceiver() {
+    if (th.joinable()) th.join();
+  }
+};
+
+SendOptions fast() {
+  SendOptions o;
+  o.streams = 3;
+  o.timeout = std::chrono::seconds(10);
+  o.plan_timeout = std::chrono::seconds(20);
+  return o;
+}
+
+bool same_tree(const std::string& a, const std::string& b, const Manifest& m) {
+  for (const auto& f : m.files) {
+    auto x = read_file(a + "/" + f.path), y = read_file(b + "/" + f.path);
+    if (!x || !y || *x != *y) return false;
+  }
+  return true;
+}
+
+nlohmann::json receiver_json(const TargetResult& t) {
+  return nlohmann::json::parse(t.receiver_report);
+}
+
+}  // namespace
+
+TEST_CASE("stage: byte-identical copy, manifest written on the target, second run sends nothing") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  {
+    LoopReceiver rx(dst / "model");
+    auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+    REQUIRE(rep.ok());
+    INFO(rep->targets[0].error);
+    CHECK(rep->ok);
+    CHECK(rep->targets[0].bytes_sent == m.total_bytes());
+    CHECK(rep->bytes_read == m.total_bytes());
+    CHECK(rep->targets[0].chunks_resent == 0);
+    rx.th.join();
+    REQUIRE(rx.result.ok());
+  }
+  CHECK(same_tree(src.path(), dst / "model", m));
+  auto tm = read_manifest(dst / "model");
+  REQUIRE(tm.ok());
+  CHECK(tm->digest() == m.digest());
+  CHECK(verify_manifest(dst / "model", m, true).ok);
+  // mtimes and modes are carried over.
+  struct stat a {
+  }, b{};
+  REQUIRE(::stat((src / "config.json").c_str(), &a) == 0);
+  REQUIRE(::stat((dst / "model/config.json").c_str(), &b) == 0);
+  CHECK(a.st_mtim.tv_sec == b.st_mtim.tv_sec);
+  CHECK(a.st_mtim.tv_nsec == b.st_mtim.tv_nsec);
+  // No temporary names left behind.
+  for (auto& e : std::filesystem::recursive_directory_iterator(dst / "model")) {
+    CHECK(!ends_with(e.path().string(), kPartialSuffix));
+    CHECK(!ends_with(e.path().string(), kJournalSuffix));
+  }
+  // Again: everything matches by size+mtime+manifest, nothing is read or sent.
+  LoopReceiver rx2(dst / "model");
+  auto rep2 = send_model(src.path(), m, {rx2.spec()}, fast());
+  REQUIRE(rep2.ok());
+  CHECK(rep2->ok);
+  CHECK(rep2->targets[0].bytes_sent == 0);
+  CHECK(rep2->bytes_read == 0);
+  CHECK(rep2->targets[0].skip_files == m.files.size());
+  rx2.th.join();
+
+  // The source is touched (same content, new time): nothing is sent, the time is carried.
+  timespec later[2] = {{a.st_mtim.tv_sec + 100, 0}, {a.st_mtim.tv_sec + 100, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, (src / "config.json").c_str(), later, 0) == 0);
+  ManifestOptions o;
+  o.chunk_size = kChunk;
+  auto m3 = build_manifest(src.path(), o);
+  REQUIRE(m3.ok());
+  LoopReceiver rx3(dst / "model");
+  auto rep3 = send_model(src.path(), *m3, {rx3.spec()}, fast());
+  REQUIRE(rep3.ok());
+  CHECK(rep3->ok);
+  CHECK(rep3->targets[0].bytes_sent == 0);
+  REQUIRE(::stat((dst / "model/config.json").c_str(), &b) == 0);
+  CHECK(b.st_mtim.tv_sec == a.st_mtim.tv_sec + 100);
+}
+
+TEST_CASE(
+    "stage: a corrupted byte in a received file is found by --deep and only its chunk is re-sent") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  {
+    LoopReceiver rx(dst.path());
+    auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+    REQUIRE(rep.ok());
+    REQUIRE(rep->ok);
+  }
+  // Damage one byte in chunk 7 of the first shard, keeping size and mtime.
+  std::string p = dst / "model-00001-of-00002.safetensors";
+  struct stat sb {};
+  REQUIRE(::stat(p.c_str(), &sb) == 0);
+  int fd = ::open(p.c_str(), O_RDWR);
+  char c = 0;
+  REQUIRE(::pread(fd, &c, 1, 7 * kChunk + 5) == 1);
+  c = static_cast<char>(c ^ 0x80);
+  REQUIRE(::pwrite(fd, &c, 1, 7 * kChunk + 5) == 1);
+  ::close(fd);
+  timespec ts[2] = {sb.st_mtim, sb.st_mtim};
+  ::utimensat(AT_FDCWD, p.c_str(), ts, 0);
+  CHECK(!same_tree(src.path(), dst.path(), m));
+
+  // Without --deep the damage is invisible to size+mtime (documented); with it, found.
+  LoopReceiver rx(dst.path());
+  auto o = fast();
+  o.deep = true;
+  auto rep = send_model(src.path(), m, {rx.spec()}, o);
+  REQUIRE(rep.ok());
+  CHECK(rep->ok);
+  CHECK(rep->targets[0].bytes_sent == kChunk);  // exactly the damaged chunk
+  CHECK(same_tree(src.path(), dst.path(), m));
+}
+
+TEST_CASE("stage: a byte damaged on the wire is rejected on arrival and sent again") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  LoopReceiver rx(dst.path());
+  auto o = fast();
+  o.streams = 1;
+  o.fault_corrupt_chunk = 3;  // fault injection: flip a byte of the 4th chunk sent
+  auto rep = send_model(src.path(), m, {rx.spec()}, o);
+  REQUIRE(rep.ok());
+  CHECK(rep->ok);
+  CHECK(rep->targets[0].chunks_resent == 1);
+  auto rj = receiver_json(rep->targets[0]);
+  CHECK(rj["chunks_rejected"].get<int>() == 1);
+  CHECK(rep->targets[0].bytes_sent > m.total_bytes());
+  CHECK(same_tree(src.path(), dst.path(), m));
+}
+
+TEST_CASE("stage: a sender without the token is refused and nothing is written") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  LoopReceiver rx(dst / "model");
+  auto o = fast();
+  auto bad = send_model(src.path(), m, {rx.spec(std::string(64, 'f'))}, o);
+  REQUIRE(!bad.ok());
+  CHECK(bad.error().code == Errc::auth);
+  // The genuine sender still gets through afterwards.
+  auto rep = send_model(src.path(), m, {rx.spec()}, o);
+  REQUIRE(rep.ok());
+  CHECK(rep->ok);
+  rx.th.join();
+  REQUIRE(rx.result.ok());
+  CHECK(nlohmann::json::parse(*rx.result)["rejected_connections"].get<int>() == 1);
+}
+
+TEST_CASE("stage: a hostile manifest is refused by the receiver before anything is written") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  for (const char* bad : {"../escape", "/etc/evil"}) {
+    Manifest h = m;
+    h.files[0].path = bad;  // bypasses build_manifest, as a malicious sender would
+    LoopReceiver rx(dst / "model");
+    auto rep = send_model(src.path(), h, {rx.spec()}, fast());
+    REQUIRE(!rep.ok());
+    CHECK(rep.error().code == Errc::integrity);
+    CHECK(rep.error().message.find(bad) != std::string::npos);
+  }
+  CHECK(!std::filesystem::exists(dst / "escape"));
+  // A symlink planted on the target where a file goes is refused too.
+  std::filesystem::create_directories(dst / "model");
+  REQUIRE(::symlink("/etc/passwd", (dst / "model/config.json").c_str()) == 0);
+  LoopReceiver rx(dst / "model");
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(!rep.ok());
+  CHECK(rep.error().code == Errc::integrity);
+  CHECK(rep.error().message.find("config.json") != std::string::npos);
+}
+
+TEST_CASE("stage: free-space verdicts include the DISK_MAX_USE mark") {
+  CHECK(space_problem("n1", 10, 100, 1000, 500, 85).empty());
+  auto full = space_problem("n1", 200, 100, 1000, 900, 85);
+  CHECK(full.find("n1") != std::string::npos);
+  CHECK(full.find("free") != std::string::npos);
+  auto mark = space_problem("n1", 100, 200, 1000, 800, 85);  // would reach 90%
+  CHECK(mark.find("DISK_MAX_USE=85%") != std::string::npos);
+  CHECK(space_problem("n1", 100, 200, 1000, 800, 95).empty());
+}
+
+TEST_CASE("stage: a target directory that cannot be written is a clear error before sending") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIP: needs root to mount a read-only filesystem as the target");
+    return;
+  }
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  REQUIRE(::mount("tmpfs", dst.path().c_str(), "tmpfs", MS_RDONLY, "size=1m") == 0);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{dst.path()};
+  LoopReceiver rx(dst.path());
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(!rep.ok());
+  CHECK(rep.error().code == Errc::io);
+  CHECK(rep.error().message.find(dst.path()) != std::string::npos);
+  CHECK(rep.error().message.find("not writable") != std::string::npos);
+}
+
+TEST_CASE("stage: chain mode feeds the first target only; each forwards what the next lacks") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  // t2 already holds one shard: the chain must still deliver everything else to t3 through it.
+  std::filesystem::create_directories(dst / "t2");
+  std::filesystem::copy_file(src / "model-00002-of-00002.safetensors",
+                             dst / "t2/model-00002-of-00002.safetensors");
+  LoopReceiver a(dst / "t1", "", "t1"), b(dst / "t2", "", "t2"), c(dst / "t3", "", "t3");
+  auto o = fast();
+  o.chain = true;
+  o.fault_corrupt_chunk = 2;  // a damaged chunk on the first hop is still re-sent
+  auto rep = send_model(src.path(), m, {a.spec(), b.spec(), c.spec()}, o);
+  REQUIRE(rep.ok());
+  for (const auto& t : rep->targets) INFO(t.node << ": " << t.error);
+  CHECK(rep->ok);
+  CHECK(rep->bytes_read == m.total_bytes());
+  REQUIRE(rep->targets.size() == 3);
+  // The source sent one copy (plus the resent chunk), to t1 only.
+  CHECK(rep->targets[0].bytes_sent == m.total_bytes() + kChunk);
+  CHECK(rep->targets[0].chunks_resent == 1);
+  // t1 forwarded everything to t2 (t3 needs it all); t2 forwarded everything to t3.
+  CHECK(rep->targets[1].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[2].bytes_sent == m.total_bytes());
+  CHECK(rep->targets[1].skip_files == 1);
+  for (const char* t : {"t1", "t2", "t3"}) {
+    CHECK(same_tree(src.path(), dst / t, m));
+    CHECK(verify_manifest(dst / t, m, true).ok);
+  }
+  // Again: nothing needed anywhere, nothing forwarded.
+  LoopReceiver a2(dst / "t1", "", "t1"), b2(dst / "t2", "", "t2"), c2(dst / "t3", "", "t3");
+  auto again = send_model(src.path(), m, {a2.spec(), b2.spec(), c2.spec()}, o);
+  REQUIRE(again.ok());
+  CHECK(again->ok);
+  for (const auto& t : again->targets) CHECK(t.bytes_sent == 0);
+}
