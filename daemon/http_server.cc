@@ -1,8 +1,11 @@
 #include "daemon/http_server.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -398,6 +401,7 @@ class Session : public std::enable_shared_from_this<Session> {
         send(route.sync(req));
       } else {
         route.async(req, responder);
+        watch_peer();
       }
     } catch (const HttpError& e) {
       send(Response::error(e.error()));
@@ -408,6 +412,21 @@ class Session : public std::enable_shared_from_this<Session> {
       log::error(kComp, "{} {}: unhandled exception: {}", req.method, req.path, e.what());
       send(Response::error(make_error(Errc::internal, std::string("internal error: ") + e.what())));
     }
+  }
+
+  // While an async route works, notice a client that hangs up (EOF or reset with nothing
+  // to read) so closed() turns true and the route can cancel its work. Data from the peer
+  // (a pipelined request) is left unread for the next do_read.
+  void watch_peer() {
+    if (!stream_ || replied_ || closed_) return;
+    stream_->socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+          if (ec || !self->stream_ || !self->in_request_ || self->replied_) return;
+          char c;
+          ssize_t n =
+              ::recv(self->stream_->socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) self->close();
+        });
   }
 
   void queue(std::string data) {

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine, on the embedded default ring (env/examples/local.env:
 # one node, this machine): install the packages, build, check this machine and the cluster
-# file, start sparkd for the one-node ring, show its health (and status when sparkctl has
-# that command), stop it gracefully. Every wait is bounded; sparkd is stopped on any exit.
+# file, write the demo model (`sparkctl demo-model`: a small Qwen2-style checkpoint with
+# RANDOM weights, so its answers are gibberish), start the one-node ring, send one chat
+# request and print the answer, show health and status, stop it gracefully. Every wait is
+# bounded; sparkd is stopped on any exit.
 #
 # Environment: SPARK_BUILD_DIR (default build), SPARK_DEMO_CONFIG (default
 # env/examples/local.env), SPARK_DEMO_WAIT (seconds to wait for /health, default 60),
 # SPARKD (a sparkd binary to use instead of the built one).
-# With sparkctl start/status/stop (the ring commands) steps 4-5 use them; a later issue adds
-# a chat request.
+# MODEL_PATH (default: the cluster file's) is where the demo model is written.
+# With sparkctl start/status/stop (the ring commands) steps 4-5 use them, else sparkd is
+# started directly.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,6 +49,60 @@ export RDZV_PORT=${RDZV_PORT:-$(free_port)}
 RUN=$(mktemp -d /tmp/sparkctl-demo.XXXXXX)
 LOG=$RUN/sparkd.log
 
+# The model the ring serves: the environment's MODEL_PATH, else the cluster file's.
+MODEL_DIR=${MODEL_PATH:-$(sed -n 's/^MODEL_PATH=//p' "$CONFIG" | tail -n 1)}
+[[ -n $MODEL_DIR ]] || { echo "demo: $CONFIG sets no MODEL_PATH" >&2; exit 1; }
+echo "writing the demo model to $MODEL_DIR (random weights: expect gibberish answers)"
+"$SPARKCTL" demo-model "$MODEL_DIR"
+export MODEL_PATH=$MODEL_DIR
+
+# wait_ready: polls /health until ready or fatal (bounded by SPARK_DEMO_WAIT); sets $health.
+wait_ready() {
+  health=""
+  local deadline=$((SECONDS + WAIT)) state=""
+  while ((SECONDS < deadline)); do
+    if [[ -n ${PID:-} ]] && ! kill -0 "$PID" 2>/dev/null; then
+      echo "demo: sparkd exited before it was ready; its log:" >&2
+      cat "$LOG" >&2
+      return 1
+    fi
+    # 200 = ready, 503 = live but not ready (the body says why); both are answers.
+    if health=$(curl -sS --max-time 2 "http://127.0.0.1:$API_PORT/health" 2>/dev/null) && [[ -n $health ]]; then
+      state=$(python3 -c 'import json,sys; print(json.load(sys.stdin).get("state",""))' <<<"$health" 2>/dev/null || true)
+      [[ $state == ready || $state == fatal ]] && break
+    fi
+    sleep 0.5
+  done
+  if [[ -z $health ]]; then
+    echo "demo: sparkd did not answer GET /health within ${WAIT}s" >&2
+    return 1
+  fi
+  echo "GET /health:"
+  python3 -m json.tool <<<"$health" 2>/dev/null || echo "$health"
+  if [[ $state != ready ]]; then
+    echo "demo: the ring is not ready (state '$state') after ${WAIT}s" >&2
+    return 1
+  fi
+}
+
+# chat: one OpenAI chat completion; prints the answer.
+chat() {
+  local body='{"model":"","messages":[{"role":"user","content":"Hello! Who are you?"}],"max_tokens":24,"temperature":0}'
+  echo "POST /v1/chat/completions: $body"
+  local reply
+  reply=$(curl -sS --max-time 60 -H 'Content-Type: application/json' -d "$body" \
+    "http://127.0.0.1:$API_PORT/v1/chat/completions")
+  python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+if "error" in j:
+    sys.exit("demo: the chat request failed: " + json.dumps(j["error"]))
+c = j["choices"][0]
+print("answer (random weights, so gibberish): %r" % c["message"]["content"])
+print("finish_reason %s, usage %s" % (c["finish_reason"], json.dumps(j["usage"])))
+' "$reply"
+}
+
 if has_cmd start && has_cmd stop && has_cmd status; then
   # The ring's own lifecycle: sparkctl start launches sparkd detached (pidfile, log under
   # STATE_DIR/logs), status reads it back, stop proves nothing is left.
@@ -54,22 +111,11 @@ if has_cmd start && has_cmd stop && has_cmd status; then
   # --no-wait: the demo shows the ring whatever its engine does (the native engine may not
   # be built yet); --skip-preflight: this machine is not a DGX Spark (step 3 showed why).
   "$SPARKCTL" --config "$CONFIG" start --no-wait --skip-preflight
-  health=""
-  deadline=$((SECONDS + WAIT))
-  while ((SECONDS < deadline)); do
-    if health=$(curl -sS --max-time 2 "http://127.0.0.1:$API_PORT/health" 2>/dev/null) && [[ -n $health ]]; then
-      state=$(python3 -c 'import json,sys; print(json.load(sys.stdin).get("state",""))' <<<"$health" 2>/dev/null || true)
-      [[ $state == ready || $state == fatal ]] && break
-    fi
-    sleep 0.5
-  done
-  if [[ -z $health ]]; then
-    echo "demo: sparkd did not answer GET /health within ${WAIT}s; its log:" >&2
+  if ! wait_ready; then
     "$SPARKCTL" --config "$CONFIG" logs --rank 0 -n 50 >&2 || true
     exit 1
   fi
-  echo "GET /health:"
-  python3 -m json.tool <<<"$health" 2>/dev/null || echo "$health"
+  chat
   "$SPARKCTL" --config "$CONFIG" status || true
 
   step "5/5 sparkctl stop"
@@ -90,28 +136,8 @@ cleanup() {
 trap cleanup EXIT
 echo "sparkd pid $PID, log $LOG"
 
-health=""
-deadline=$((SECONDS + WAIT))
-while ((SECONDS < deadline)); do
-  if ! kill -0 "$PID" 2>/dev/null; then
-    echo "demo: sparkd exited before answering /health; its log:" >&2
-    cat "$LOG" >&2
-    exit 1
-  fi
-  # 200 = ready, 503 = live but not ready (the body says why); both are answers.
-  if health=$(curl -sS --max-time 2 "http://127.0.0.1:$API_PORT/health" 2>/dev/null) && [[ -n $health ]]; then
-    state=$(python3 -c 'import json,sys; print(json.load(sys.stdin).get("state",""))' <<<"$health" 2>/dev/null || true)
-    [[ $state == ready || $state == fatal ]] && break
-  fi
-  sleep 0.5
-done
-if [[ -z $health ]]; then
-  echo "demo: sparkd did not answer GET /health within ${WAIT}s; its log:" >&2
-  cat "$LOG" >&2
-  exit 1
-fi
-echo "GET /health:"
-python3 -m json.tool <<<"$health" 2>/dev/null || echo "$health"
+wait_ready
+chat
 if has_cmd status; then "$SPARKCTL" --config "$CONFIG" status || true; fi
 
 step "5/5 stop (SIGTERM)"

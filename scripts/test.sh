@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test run, as CI does it (.ci/run calls exactly this):
-#   1. install the Debian packages (scripts/install-deps.sh; skips what is there)
+#   1. install the Debian packages (scripts/install-deps.sh; skips what is there) and the
+#      e2e tier's npm package (npm ci in tests/e2e/openai_client)
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
 #   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off) and run it
@@ -98,6 +99,11 @@ run_fuzz() {
 }
 
 if ((do_deps)); then stage deps bash scripts/install-deps.sh; fi
+# The official OpenAI Node client the e2e tier runs against sparkd (tests/e2e/openai_client;
+# its tests skip with a reason when node or the package is missing).
+if ((do_deps)) && command -v npm >/dev/null; then
+  stage openai-client npm ci --prefix tests/e2e/openai_client --no-audit --no-fund --loglevel=error
+fi
 
 # Main build: warnings are errors; CUDA for the two architectures when nvcc is there.
 if stage configure quiet cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \

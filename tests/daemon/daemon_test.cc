@@ -156,7 +156,7 @@ TEST_CASE("daemon: an engine call older than STALL_TIMEOUT reports stalled; a de
   CHECK(j["reason"] == "engine process exited with status 1");
 }
 
-TEST_CASE("daemon: the native backend never claims readiness before the engine exists") {
+TEST_CASE("daemon: the native backend without a model directory is fatal and names MODEL_PATH") {
   Daemon d(local_ring(), opts_port0());
   REQUIRE(d.start().ok());
   int st = 0;
@@ -164,7 +164,7 @@ TEST_CASE("daemon: the native backend never claims readiness before the engine e
   auto j = health(d.http_port(), &st);
   CHECK(j["ready"] == false);
   CHECK(j["engine"] == "native");
-  CHECK(j["reason"].get<std::string>().find("native engine not built yet") != std::string::npos);
+  CHECK(j["reason"].get<std::string>().find("MODEL_PATH") != std::string::npos);
 }
 
 TEST_CASE("daemon: binding beyond loopback needs an API key file of mode 0600") {

@@ -53,7 +53,7 @@ TEST_CASE("e2e sparkd: local ring answers /health, SIGTERM exits 0 and removes i
   std::string logfile = dir / "logs/sparkd-rank0.log";
   test::Child d({SPARKD_BIN, "--config", kLocalEnv, "--rank", "0", "--port", std::to_string(port),
                  "--pidfile", pidfile, "--log-file", logfile},
-                {{"STATE_DIR", dir.path()}}, dir / "out.txt");
+                {{"STATE_DIR", dir.path()}, {"MODEL_PATH", dir / "no-model"}}, dir / "out.txt");
   auto h = poll_health(port, 10s);
   REQUIRE_MESSAGE(h.has_value(), "sparkd never answered; output:\n"
                                      << slurp(dir / "out.txt") << slurp(logfile));
@@ -66,7 +66,7 @@ TEST_CASE("e2e sparkd: local ring answers /health, SIGTERM exits 0 and removes i
   CHECK(j.contains("uptime_s"));
   CHECK(j.contains("requests_in_flight"));
   CHECK(j["slots"].contains("total"));
-  // The native engine does not exist yet: never ready, and it says why.
+  // No model at MODEL_PATH: never ready, and it says why (api_*_test.cc serve a real one).
   CHECK(j["ready"] == false);
   CHECK(j["reason"].get<std::string>().find("native engine") != std::string::npos);
   daemon::HttpCall strict;

@@ -1,0 +1,396 @@
+#include "daemon/api_routes.h"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <ctime>
+#include <utility>
+
+#include "core/log.h"
+#include "daemon/http_server.h"
+#include "daemon/metrics.h"
+#include "daemon/openai/errors.h"
+#include "daemon/openai/responses.h"
+#include "daemon/openai/session.h"
+
+namespace spark::daemon {
+
+namespace {
+constexpr const char* kComp = "api";
+using openai::ApiError;
+
+Response api_error(const ApiError& e) {
+  Response r;
+  r.status = e.status;
+  r.body = openai::error_body(e).dump();
+  return r;
+}
+
+ApiError not_loaded() {
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.message = "the model is not loaded yet; retry when GET /health says ready";
+  return e;
+}
+
+ApiError client_gone() {
+  ApiError e;
+  e.status = 499;
+  e.type = "client_closed_request";
+  e.message = "the client closed the connection";
+  return e;
+}
+
+engine::SamplingParams to_engine(const openai::Sampling& s, int max_tokens,
+                                 const std::set<int32_t>& stop_ids) {
+  engine::SamplingParams p;
+  p.temperature = static_cast<float>(s.temperature);
+  p.top_k = s.top_k > 0 ? s.top_k : 0;
+  p.top_p = static_cast<float>(s.top_p);
+  p.min_p = static_cast<float>(s.min_p);
+  p.repetition_penalty = static_cast<float>(s.repetition_penalty);
+  p.presence_penalty = static_cast<float>(s.presence_penalty);
+  p.frequency_penalty = static_cast<float>(s.frequency_penalty);
+  p.seed = s.seed;
+  p.max_tokens = max_tokens;
+  p.n = s.n;
+  p.logprobs = s.logprobs;
+  p.top_logprobs = s.top_logprobs;
+  p.stop_token_ids.assign(stop_ids.begin(), stop_ids.end());
+  for (auto id : s.stop_token_ids) p.stop_token_ids.push_back(id);
+  p.ignore_eos = s.ignore_eos;
+  return p;
+}
+
+// One request between the engine (events on its thread) and the connection.
+struct Pending {
+  std::mutex mu;
+  std::shared_ptr<const ApiModel> model;
+  std::unique_ptr<openai::Responder> resp;
+  Responder http;
+  bool streaming = false;
+  int n = 1;
+  engine::RequestId id = 0;
+  bool engine_done = false;  // the engine sent request_done
+  bool replied = false;      // the response is complete (or abandoned)
+  bool cancel_sent = false;
+  std::string what;  // "chat completion" / "completion", for logs
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0 = Clock::now(), first{}, last{};
+  std::string finish0;  // choice 0's finish reason, for the metrics label
+  std::shared_ptr<ApiState> state;
+  uint64_t token = 0;  // in state's registry while in flight
+
+  explicit Pending(Responder h) : http(std::move(h)) {}
+
+  static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  // Latencies of a completed request into /metrics.
+  void record(const std::string& outcome) {
+    Metrics* m = model->metrics;
+    if (!m) return;
+    auto now = Clock::now();
+    m->inc("sparkd_request_success_total", 1, {{"finished_reason", outcome}});
+    m->observe("sparkd_e2e_request_latency_seconds", secs(now - t0));
+  }
+  void on_token() {
+    auto now = Clock::now();
+    if (Metrics* m = model->metrics) {
+      if (first == Clock::time_point{})
+        m->observe("sparkd_time_to_first_token_seconds", secs(now - t0));
+      else
+        m->observe("sparkd_time_per_output_token_seconds", secs(now - last));
+    }
+    if (first == Clock::time_point{}) first = now;
+    last = now;
+  }
+
+  void cancel_locked() {
+    if (cancel_sent || engine_done || id == 0) return;
+    cancel_sent = true;
+    model->engine->cancel(id);
+  }
+
+  // Marks the response complete and leaves the registry.
+  void complete() {
+    replied = true;
+    if (token) state->remove_request(token);
+    token = 0;
+  }
+
+  // The memory guard's cancel: answer 503 now and free the slot.
+  bool cancel_for(const std::string& reason) {
+    std::lock_guard lk(mu);
+    if (replied) return false;
+    ApiError e;
+    e.status = 503;
+    e.type = "server_error";
+    e.code = "memory_pressure";
+    e.message = reason;
+    complete();
+    cancel_locked();
+    record("abort");
+    if (streaming) {
+      http.write(openai::sse_event(openai::error_body(e)));
+      http.end_stream();
+    } else {
+      http.send(api_error(e));
+    }
+    return true;
+  }
+
+  void on_event(const engine::TokenEvent& ev) {
+    std::lock_guard lk(mu);
+    if (ev.request_done) engine_done = true;
+    if (replied) return;
+    if (http.closed()) {
+      // The client went away (a failed write while streaming; for a plain response, when the
+      // HTTP layer notices the closed connection): free the slot now.
+      log::info(kComp, "{} {}: client disconnected; cancelling", what, ev.request);
+      complete();
+      cancel_locked();
+      record("abort");
+      // Let the HTTP session finish the request (the write fails on the closed socket).
+      if (streaming)
+        http.end_stream();
+      else
+        http.send(api_error(client_gone()));
+      return;
+    }
+    if (ev.finish == engine::FinishReason::error || ev.finish == engine::FinishReason::cancelled) {
+      ApiError e;
+      e.status = ev.finish == engine::FinishReason::error ? 500 : 503;
+      e.type = "server_error";
+      e.message = ev.finish == engine::FinishReason::error
+                      ? "generation failed: " + ev.error
+                      : "the request was cancelled (the engine is stopping)";
+      complete();
+      cancel_locked();
+      record(ev.finish == engine::FinishReason::error ? "error" : "abort");
+      if (streaming) {
+        http.write(openai::sse_event(openai::error_body(e)));
+        http.end_stream();
+      } else {
+        http.send(api_error(e));
+      }
+      return;
+    }
+    std::string out;
+    const int c = ev.choice;
+    if (ev.token >= 0 && !resp->finished(c)) {
+      if (c == 0) on_token();
+      std::optional<openai::TokenLogprobs> lp;
+      if (ev.top_logprobs.size() || ev.logprob != 0) {
+        openai::TokenLogprobs t{ev.token, ev.logprob, {}};
+        for (const auto& a : ev.top_logprobs) t.top.emplace_back(a.token, a.logprob);
+        lp = std::move(t);
+      }
+      out += resp->token(c, ev.token, lp);
+    }
+    if (ev.finish != engine::FinishReason::none && !resp->finished(c))
+      out += resp->finish(c, engine::finish_reason_name(ev.finish));
+    bool all = true;
+    for (int i = 0; i < n; ++i) all = all && resp->finished(i);
+    if (ev.finish != engine::FinishReason::none && c == 0 && finish0.empty())
+      finish0 = engine::finish_reason_name(ev.finish);
+    if (all) {
+      out += resp->done();
+      complete();
+      cancel_locked();  // a stop string ended it before the engine did
+      record(finish0.empty() ? "stop" : finish0);
+    }
+    if (streaming) {
+      if (!out.empty()) http.write(std::move(out));
+      if (all) http.end_stream();
+    } else if (all) {
+      Response r;
+      r.body = std::move(out);
+      http.send(std::move(r));
+    }
+  }
+};
+
+template <typename Req>
+void run_generation(const std::shared_ptr<ApiState>& state,
+                    const std::shared_ptr<const ApiModel>& m, const Req& req,
+                    const openai::PreparedPrompt& p, std::unique_ptr<openai::Responder> resp,
+                    Responder http, const char* what) {
+  if (m->admit) {
+    Status st = m->admit();
+    if (!st.ok()) {
+      ApiError e = openai::from_error(st.error());
+      e.status = 503;
+      return http.send(api_error(e));
+    }
+  }
+  auto pend = std::make_shared<Pending>(http);
+  pend->model = m;
+  pend->state = state;
+  pend->streaming = resp->streaming();
+  pend->n = req.sampling.n;
+  pend->what = what;
+  pend->resp = std::move(resp);
+  engine::GenerateRequest g;
+  g.prompt = p.ids;
+  g.params = to_engine(req.sampling, p.max_tokens, m->stop_token_ids);
+  g.on_event = [pend](const engine::TokenEvent& ev) { pend->on_event(ev); };
+  std::lock_guard lk(pend->mu);  // events wait until the id is known
+  auto id = m->engine->submit(std::move(g));
+  if (!id) {
+    pend->replied = true;  // never registered
+    http.send(api_error(openai::from_error(id.error())));
+    return;
+  }
+  pend->id = *id;
+  pend->token = state->add_request([w = std::weak_ptr<Pending>(pend)](const std::string& why) {
+    auto pending = w.lock();
+    return pending && pending->cancel_for(why);
+  });
+  if (pend->streaming) {
+    http.begin_stream(200, pend->resp->content_type());
+    std::string first = pend->resp->start();
+    if (!first.empty()) http.write(std::move(first));
+  }
+}
+
+void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
+          const std::string& body, Responder http) {
+  auto r = openai::parse_chat_request(body, m->limits);
+  if (!r.ok()) return http.send(api_error(r.error));
+  const openai::ChatRequest& req = *r.value;
+  if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
+  auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context);
+  if (!p.ok()) return http.send(api_error(p.error));
+  auto resp =
+      std::make_unique<openai::Responder>(req, m->tokenizer, m->chat_format, m->model,
+                                          static_cast<int>(p.value->ids.size()), m->stop_token_ids);
+  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "chat completion");
+}
+
+void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
+                const std::string& body, Responder http) {
+  auto r = openai::parse_completion_request(body, m->limits);
+  if (!r.ok()) return http.send(api_error(r.error));
+  const openai::CompletionRequest& req = *r.value;
+  if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
+  auto p = openai::prepare_completion(req, m->tokenizer, m->max_context);
+  if (!p.ok()) return http.send(api_error(p.error));
+  auto resp = std::make_unique<openai::Responder>(req, m->tokenizer, m->model,
+                                                  static_cast<int>(p.value->ids.size()),
+                                                  m->stop_token_ids, p.value->text);
+  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "completion");
+}
+
+Response tokenize(const ApiModel& m, const std::string& body) {
+  auto r = openai::parse_tokenize_request(body, m.limits);
+  if (!r.ok()) return api_error(r.error);
+  if (auto e = openai::check_model(r.value->model, m.model)) return api_error(*e);
+  std::vector<int32_t> ids;
+  if (r.value->prompt) {
+    ids = m.tokenizer.encode(*r.value->prompt, r.value->add_special_tokens);
+  } else {
+    auto text = tok::render_chat(m.chat_format, r.value->messages, tok::Json::array(),
+                                 r.value->add_generation_prompt);
+    if (!text) return api_error(openai::from_error(text.error(), "messages"));
+    ids = m.tokenizer.encode(*text, false);
+  }
+  Response out;
+  out.body = openai::tokenize_response(ids, m.max_context, r.value->return_token_strs, m.tokenizer)
+                 .dump(-1, ' ', false, tok::Json::error_handler_t::replace);
+  return out;
+}
+
+Response detokenize(const ApiModel& m, const std::string& body) {
+  auto r = openai::parse_detokenize_request(body, m.limits);
+  if (!r.ok()) return api_error(r.error);
+  if (auto e = openai::check_model(r.value->model, m.model)) return api_error(*e);
+  for (auto id : r.value->tokens)
+    if (id < 0 || static_cast<size_t>(id) >= m.tokenizer.vocab_size())
+      return api_error(openai::invalid_request(
+          "'tokens' holds id " + std::to_string(id) + ", outside the vocabulary of " +
+              std::to_string(m.tokenizer.vocab_size()) + " tokens.",
+          "tokens"));
+  Response out;
+  out.body = openai::detokenize_response(m.tokenizer.decode(r.value->tokens, true))
+                 .dump(-1, ' ', false, tok::Json::error_handler_t::replace);
+  return out;
+}
+}  // namespace
+
+void ApiState::set(std::shared_ptr<const ApiModel> m) {
+  std::lock_guard lk(mu_);
+  model_ = std::move(m);
+}
+std::shared_ptr<const ApiModel> ApiState::get() const {
+  std::lock_guard lk(mu_);
+  return model_;
+}
+uint64_t ApiState::add_request(Canceller c) {
+  std::lock_guard lk(mu_);
+  requests_[next_token_] = std::move(c);
+  return next_token_++;
+}
+void ApiState::remove_request(uint64_t token) {
+  std::lock_guard lk(mu_);
+  requests_.erase(token);
+}
+bool ApiState::cancel_newest(const std::string& reason) {
+  for (;;) {
+    Canceller c;
+    {
+      std::lock_guard lk(mu_);
+      if (requests_.empty()) return false;
+      auto it = std::prev(requests_.end());
+      c = std::move(it->second);
+      requests_.erase(it);
+    }
+    if (c && c(reason)) return true;  // else it had just finished: try the next newest
+  }
+}
+
+void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
+  // Parsing, chat rendering and tokenizing run here, off the reactor.
+  auto pool = std::make_shared<boost::asio::thread_pool>(2);
+  auto offload = [state, pool](auto fn) {
+    return [state, pool, fn](const Request& req, Responder http) {
+      boost::asio::post(*pool, [state, fn, body = req.body, http]() mutable {
+        auto m = state->get();
+        if (!m || !m->engine) return http.send(api_error(not_loaded()));
+        try {
+          fn(state, m, body, http);
+        } catch (const std::exception& e) {
+          log::error(kComp, "unhandled exception: {}", e.what());
+          ApiError err;
+          err.status = 500;
+          err.type = "server_error";
+          err.message = std::string("internal error: ") + e.what();
+          http.send(api_error(err));
+        }
+      });
+    };
+  };
+  server.route("GET", "/v1/models", [state](const Request&) {
+    auto m = state->get();
+    if (!m) return api_error(not_loaded());
+    Response r;
+    r.body = openai::models_list(m->model, m->created, m->max_context).dump();
+    return r;
+  });
+  server.route_async(
+      "POST", "/v1/chat/completions",
+      offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { chat(st, m, b, std::move(h)); }));
+  server.route_async(
+      "POST", "/v1/completions",
+      offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { completion(st, m, b, std::move(h)); }));
+  server.route_async(
+      "POST", "/tokenize",
+      offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { h.send(tokenize(*m, b)); }));
+  server.route_async(
+      "POST", "/detokenize",
+      offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,
+                 const std::string& b, Responder h) { h.send(detokenize(*m, b)); }));
+}
+
+}  // namespace spark::daemon
