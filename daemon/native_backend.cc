@@ -5,6 +5,8 @@
 // format and serves the OpenAI API (daemon/api_routes.cc). SLOTS and CONTEXT_LEN size the
 // engine. Readiness: the runtime is up (every slot's KV blocks allocated at start), and the
 // daemon's probe runs a real greedy completion through probe().
+#include <fmt/format.h>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -13,6 +15,7 @@
 
 #include "core/log.h"
 #include "core/strings.h"
+
 #include "daemon/api_routes.h"
 #include "daemon/engine.h"
 #include "daemon/engine/runtime.h"
@@ -70,9 +73,13 @@ class NativeEngine final : public Engine {
       }
       auto mc = engine::load_model_config(dir);
       if (!mc) return mc.error();
-      auto fmt = tok::choose_chat_format("", tcfg, mc->architecture, &api->tokenizer);
+      auto fmt = tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture,
+                                         &api->tokenizer);
       if (!fmt) return fmt.error();
       api->chat_format = *fmt;
+      if (ctx.progress)
+        ctx.progress(fmt::format("chat format {} (from {})", tok::chat_family_name(fmt->family),
+                                 fmt->source));
       for (const auto& s : fmt->stop_tokens())
         if (auto id = api->tokenizer.token_to_id(s)) api->stop_token_ids.insert(*id);
       for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);

@@ -54,6 +54,26 @@ TEST_CASE("native backend: serves the demo model; SLOTS and CONTEXT_LEN; the pro
   CHECK(e->probe("x", 1000ms).error().code == Errc::precondition);
 }
 
+TEST_CASE("native backend: CHAT_FORMAT overrides the detected chat format") {
+  test::TempDir dir("native-chatfmt");
+  REQUIRE(engine::write_demo_model(dir / "model", false).ok());
+  for (auto [key, want] : {std::pair<std::string, std::string>{"", "chat format chatml"},
+                           {"CHAT_FORMAT=mistral\n", "chat format mistral (from CHAT_FORMAT)"}}) {
+    RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=1\nCONTEXT_LEN=64\n" + key);
+    auto e = make_engine(cfg, 0);
+    EngineContext ctx;
+    ctx.cfg = &cfg;
+    std::vector<std::string> progress;
+    ctx.progress = [&](const std::string& s) { progress.push_back(s); };
+    Status st = e->start(ctx);
+    REQUIRE_MESSAGE(st.ok(), st.message());
+    bool seen = false;
+    for (const auto& p : progress) seen = seen || p.rfind(want, 0) == 0;
+    CHECK_MESSAGE(seen, "no progress line starting with '" << want << "'");
+    e->stop(1000ms);
+  }
+}
+
 TEST_CASE("native backend: a missing model directory or config.json is an error naming the fix") {
   test::TempDir dir("native-backend-missing");
   {
