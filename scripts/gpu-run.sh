@@ -47,7 +47,9 @@ stage() {
     local launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "nvcc not found: the GPU build needs the CUDA toolkit (/usr/local/cuda)"
-    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=ON \
+    # No -Werror here: GCC 12 at -O3 raises false -Wmaybe-uninitialized/-Wrestrict on
+    # std::optional and std::string; CI's build keeps warnings as errors.
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
     local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
