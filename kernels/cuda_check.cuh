@@ -17,9 +17,14 @@ Error cuda_error(cudaError_t e, const char* expr, const char* file, int line);
 }  // namespace spark::kernels::detail
 
 /// Returns a Status from the enclosing function when `expr` (a CUDA runtime call) fails.
-#define SPARK_CUDA_TRY(expr)                                                                   \
-  do {                                                                                         \
-    cudaError_t spark_cuda_err_ = (expr);                                                      \
-    if (spark_cuda_err_ != cudaSuccess)                                                        \
+/// A failed call also leaves its error as the thread's "last error"; it is read off here so
+/// that a later launch check (cudaGetLastError) does not report this old, non-sticky error
+/// (seen on the H200: a refused cudaMalloc made the next kernel launch look failed).
+#define SPARK_CUDA_TRY(expr)                                                                 \
+  do {                                                                                       \
+    cudaError_t spark_cuda_err_ = (expr);                                                    \
+    if (spark_cuda_err_ != cudaSuccess) {                                                    \
+      (void)cudaGetLastError();                                                              \
       return ::spark::kernels::detail::cuda_error(spark_cuda_err_, #expr, __FILE__, __LINE__); \
+    }                                                                                        \
   } while (0)
