@@ -534,4 +534,16 @@ std::string shell_join(const std::vector<std::string>& argv) {
   return s;
 }
 
+void init_spawn_attr_own_group(posix_spawnattr_t* attr) {
+  posix_spawnattr_init(attr);
+  posix_spawnattr_setflags(attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(attr, 0);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &all);
+}
+
 }  // namespace spark

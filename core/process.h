@@ -4,6 +4,7 @@
 // daemon (spawn_detached). Every child gets its own process group so a timeout or stop()
 // takes its children with it. Pipes are close-on-exec, so concurrent spawns from several
 // threads do not leak each other's descriptors.
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -98,6 +99,11 @@ class ChildProcess {
 /// log_path (created 0644). Returns its pid once exec succeeded. spec.input, timeout and
 /// die_with_parent are ignored.
 Result<pid_t> spawn_detached(const ProcessSpec& spec, const std::string& log_path);
+
+/// Initialises posix_spawn attributes for a child that leads its own process group, with an
+/// empty signal mask and default dispositions set before exec (so no inherited handler ever
+/// runs in the child between spawn and exec). The caller destroys `attr`.
+void init_spawn_attr_own_group(posix_spawnattr_t* attr);
 
 /// Quotes one word for a POSIX shell: a/b-c stays as is, it's -> 'it'\''s', '' -> ''.
 std::string shell_quote(std::string_view word);

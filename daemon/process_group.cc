@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/process.h"
+
 #include "core/strings.h"
 
 extern char** environ;
@@ -47,15 +49,7 @@ Result<pid_t> spawn_shell_group(const std::string& command,
   // inherited handler in a child that cannot safely take locks), and its own process group,
   // default dispositions and an empty signal mask are set before exec in one step.
   posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
+  init_spawn_attr_own_group(&attr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   if (devnull >= 0) posix_spawn_file_actions_adddup2(&fa, devnull, 0);

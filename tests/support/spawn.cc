@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/process.h"
+
 extern char** environ;
 
 namespace spark::test {
@@ -39,15 +41,7 @@ Child::Child(const std::vector<std::string>& argv, const std::map<std::string, s
   // posix_spawn: the child never runs the test framework's signal handlers (a signal sent
   // right after start would otherwise hit a forked copy of this process before exec).
   posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
+  init_spawn_attr_own_group(&attr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
