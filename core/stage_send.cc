@@ -2,6 +2,10 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/pagecache.h"
 #include "core/stage_wire.h"
 #include "core/strings.h"
 
@@ -25,56 +30,109 @@ namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// Recycled chunk buffers: bounds memory and avoids faulting in fresh pages per chunk.
-constexpr uint64_t kDirectAlign = 4096;
+constexpr size_t kCopyPiece = 4u << 20;  // pread+send piece where sendfile cannot be used
 
 struct FreeDeleter {
   void operator()(char* p) const { std::free(p); }
 };
 using Buf = std::unique_ptr<char, FreeDeleter>;
 
-class BufferPool {
+// Bounds the chunks queued or in flight: the reader takes a slot per chunk, the chunk gives
+// it back when every target is done with it.
+class Slots {
  public:
-  // Buffers are page-aligned and rounded up to the alignment so O_DIRECT reads may use them.
-  BufferPool(size_t count, uint64_t size)
-      : size_((size + kDirectAlign - 1) / kDirectAlign * kDirectAlign), left_(count) {}
-  Buf get() {
+  explicit Slots(size_t n) : left_(n) {}
+  void take() {
     std::unique_lock<std::mutex> g(mu_);
-    cv_.wait(g, [&] { return !free_.empty() || left_ > 0; });
-    if (!free_.empty()) {
-      auto b = std::move(free_.back());
-      free_.pop_back();
-      return b;
-    }
+    cv_.wait(g, [&] { return left_ > 0; });
     --left_;
-    return Buf(static_cast<char*>(std::aligned_alloc(kDirectAlign, size_)));
   }
-  uint64_t size() const { return size_; }
-  void put(Buf b) {
+  void give() {
     {
       std::lock_guard<std::mutex> g(mu_);
-      free_.push_back(std::move(b));
+      ++left_;
     }
     cv_.notify_one();
   }
 
  private:
-  uint64_t size_;
   size_t left_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Buf> free_;
 };
 
+// One source file, open while any of its chunks is queued or in flight. When the last chunk
+// is done on every target, its page cache is dropped (unless --keep-cache) and it is closed.
+struct SourceFile {
+  int fd = -1;
+  std::string path;
+  bool evict = true;
+  ~SourceFile() {
+    if (fd < 0) return;
+    if (evict) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+};
+
+// A chunk to send: either a range of a source file (sent with sendfile from the page cache,
+// no copy through user space) or bytes in memory (chain mode: what a receiver verified).
 struct ChunkBuf {
   uint32_t file = 0, chunk = 0;
   uint64_t len = 0;
-  Buf data;
-  BufferPool* pool = nullptr;
+  uint64_t offset = 0;              // in src
+  std::shared_ptr<SourceFile> src;  // set: send len bytes of src at offset
+  Buf data;                         // otherwise: len bytes here
+  Slots* slots = nullptr;
   ~ChunkBuf() {
-    if (pool && data) pool->put(std::move(data));
+    if (slots) slots->give();
   }
 };
+
+// Sends len bytes of f at off on c: sendfile where the kernel allows it, else pread + send.
+// Fault injection (test double): corrupt flips the first byte on the wire.
+Status send_file_range(Conn& c, const SourceFile& f, uint64_t off, uint64_t len, bool corrupt,
+                       const std::string& node) {
+  auto gone = [&](ssize_t k, uint64_t at) {
+    return make_error(Errc::io,
+                      fmt::format("source: cannot read {} at {} for {}: {}", f.path, at, node,
+                                  k == 0 ? "file shrank (changed since the manifest was made?)"
+                                         : std::strerror(errno)));
+  };
+  uint64_t done = 0;
+  if (!corrupt) {
+    while (done < len) {
+      off_t o = static_cast<off_t>(off + done);
+      ssize_t k = ::sendfile(c.fd(), f.fd, &o, static_cast<size_t>(len - done));
+      if (k > 0) {
+        done += static_cast<uint64_t>(k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EINVAL || errno == ENOSYS) && done == 0) break;  // no splice here
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return make_error(Errc::timeout,
+                          fmt::format("{} did not take data (stalled or gone)", c.peer()));
+      if (k < 0 && (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN))
+        return make_error(Errc::network,
+                          fmt::format("sending to {}: {} (the peer closed the connection: "
+                                      "killed, crashed or out of disk?)",
+                                      c.peer(), std::strerror(errno)));
+      return gone(k, off + done);
+    }
+    if (done == len) return {};
+  }
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len - done, kCopyPiece)));
+  while (done < len) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(len - done, buf.size()));
+    ssize_t k = ::pread(f.fd, buf.data(), want, static_cast<off_t>(off + done));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return gone(k, off + done);
+    if (corrupt && done == 0) buf[0] = static_cast<char>(buf[0] ^ 0x5a);
+    SPARK_TRY(c.send_all(buf.data(), static_cast<size_t>(k)));
+    done += static_cast<uint64_t>(k);
+  }
+  return {};
+}
 
 struct TargetRun {
   TargetSpec spec;
@@ -183,6 +241,13 @@ Status decode_need(TargetRun& t, const json& files, const Manifest& m) {
 }
 
 void stream_loop(TargetRun& t, int stream, const SendOptions& o) {
+  // sendfile has no MSG_NOSIGNAL: with SIGPIPE blocked in this thread, a peer that died
+  // gives EPIPE (a clear error naming the node) instead of killing the process. The pending
+  // signal goes away with the thread.
+  sigset_t pipe_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
   const auto& addr = t.spec.addrs[static_cast<size_t>(stream) % t.spec.addrs.size()];
   auto c = connect_to(addr.first, addr.second, o.timeout, t.spec.node);
   if (!c) return t.fail(c.error().code, c.error().message);
@@ -209,8 +274,11 @@ void stream_loop(TargetRun& t, int stream, const SendOptions& o) {
       Header h{Frame::chunk, 0, b->file, b->chunk, b->len};
       Status s = c->send_header(h);
       int64_t nth = t.sent_count++;
-      if (s && attempt == 0 && nth == o.fault_corrupt_chunk && b->len > 0) {
-        // Fault injection (test double): one flipped byte on the wire.
+      // Fault injection (test double): one flipped byte on the wire.
+      const bool corrupt = attempt == 0 && nth == o.fault_corrupt_chunk && b->len > 0;
+      if (s && b->src) {
+        s = send_file_range(*c, *b->src, b->offset, b->len, corrupt, t.spec.node);
+      } else if (s && corrupt) {
         char x = static_cast<char>(b->data.get()[0] ^ 0x5a);
         s = c->send_all(&x, 1);
         if (s) s = c->send_all(b->data.get() + 1, b->len - 1);
@@ -445,7 +513,7 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
 
   // 2. Streams per target, one reader for all: each needed chunk is read once.
   const int streams = std::max(1, o.streams);
-  BufferPool pool(static_cast<size_t>(2 * streams + 2), m.chunk_size);
+  Slots slots(static_cast<size_t>(2 * streams + 2));
   std::vector<std::thread> senders;
   for (size_t i = 0; i < (chain ? 1 : runs.size()); ++i)
     for (int s = 0; s < streams; ++s)
@@ -469,7 +537,13 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
       }
     });
 
+  // The reader walks the needed chunks in file order and queues each once for every target
+  // that needs it; it asks the kernel to read the chunk ahead (the disk is read once, in
+  // large sequential requests) and the streams sendfile it from the page cache: no copy
+  // through user space, and the same pages serve every target. A file's cache is dropped
+  // when its last chunk is done on every target (Slots bound what is queued or in flight).
   Status read_status;
+  std::vector<std::string> read_paths;
   for (size_t fi = 0; fi < m.files.size() && read_status; ++fi) {
     const auto& f = m.files[fi];
     uint64_t n = m.chunk_count(f.size);
@@ -477,59 +551,40 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     for (auto& t : runs)
       for (uint64_t c = 0; c < n && !any; ++c) any = !t->failed.load() && t->need[fi][c];
     if (!any) continue;
-    std::string path = dir + "/" + f.path;
-    // Direct reads: the source disk is read once at its own rate and the weights do not
-    // fill the source's page cache (unified memory); buffered where O_DIRECT is refused.
-    bool direct = m.chunk_size % kDirectAlign == 0;
-    int fd = direct ? ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NOFOLLOW) : -1;
-    if (fd < 0) {
-      direct = false;
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    }
-    if (fd < 0) {
+    auto src = std::make_shared<SourceFile>();
+    src->path = dir + "/" + f.path;
+    read_paths.push_back(src->path);
+    src->evict = !o.keep_cache;
+    src->fd = ::open(src->path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (src->fd < 0) {
       read_status = make_error(
-          Errc::io, fmt::format("source: cannot open {}: {}", path, std::strerror(errno)));
+          Errc::io, fmt::format("source: cannot open {}: {}", src->path, std::strerror(errno)));
       break;
     }
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    struct stat sb {};
+    if (::fstat(src->fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < f.size) {
+      read_status = make_error(
+          Errc::io, fmt::format("source: {} is {} bytes, the manifest says {} (changed since the "
+                                "manifest was made? run `sparkctl manifest` again)",
+                                src->path, sb.st_size, f.size));
+      break;
+    }
+    ::posix_fadvise(src->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (uint64_t c = 0; c < n; ++c) {
       std::vector<TargetRun*> to;
       for (auto& t : runs)
         if (!t->failed.load() && t->need[fi][c]) to.push_back(t.get());
       if (to.empty()) continue;
+      slots.take();
       auto b = std::make_shared<ChunkBuf>();
+      b->slots = &slots;
       b->file = static_cast<uint32_t>(fi);
       b->chunk = static_cast<uint32_t>(c);
       b->len = m.chunk_len(f.size, c);
-      b->data = pool.get();
-      b->pool = &pool;
-      uint64_t got = 0;
-      while (got < b->len) {
-        uint64_t want = b->len - got;
-        if (direct)
-          want = std::min<uint64_t>(pool.size() - got,
-                                    (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
-        ssize_t k =
-            ::pread(fd, b->data.get() + got, want, static_cast<off_t>(c * m.chunk_size + got));
-        if (k < 0 && errno == EINVAL && direct) {
-          // Some filesystems accept O_DIRECT at open and refuse the read: fall back.
-          ::close(fd);
-          fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-          direct = false;
-          if (fd >= 0) continue;
-        }
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-          read_status = make_error(
-              Errc::io,
-              fmt::format("source: cannot read {} at {}: {}", path, c * m.chunk_size + got,
-                          k == 0 ? "file shrank (changed since the manifest was made?)"
-                                 : std::strerror(errno)));
-          break;
-        }
-        got = std::min(b->len, got + static_cast<uint64_t>(k));
-      }
-      if (!read_status) break;
+      b->offset = c * m.chunk_size;
+      b->src = src;
+      ::posix_fadvise(src->fd, static_cast<off_t>(b->offset), static_cast<off_t>(b->len),
+                      POSIX_FADV_WILLNEED);
       rep.bytes_read += b->len;
       for (auto* t : to) {
         std::lock_guard<std::mutex> g(t->mu);
@@ -537,9 +592,6 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
         t->cv.notify_one();
       }
     }
-    // The source's page cache is not needed once the file was read.
-    if (!o.keep_cache) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
   }
   for (auto& t : runs) {
     std::lock_guard<std::mutex> g(t->mu);
@@ -547,6 +599,7 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     t->cv.notify_all();
   }
   for (auto& x : senders) x.join();
+  for (auto& t : runs) t->q.clear();  // (after a failure) before `slots` goes away
   if (!read_status)
     for (auto& t : runs) t->fail(read_status.code(), read_status.message());
 
@@ -592,6 +645,22 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     for (auto& tp : runs) fin.emplace_back([&, t = tp.get()] { finish_one(t); });
   }
   for (auto& x : fin) x.join();
+  // Each file's cache was dropped when its last chunk was acked, but pages that TCP still
+  // held then (sendfile lends them to the socket until the peer's TCP acks) stay: drop the
+  // cache of every file read once more, now that every target has reported, and check it
+  // (bounded: a few retries while the last acks are processed).
+  if (!o.keep_cache)
+    for (const auto& path : read_paths) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) continue;
+      for (int k = 0; k < 10; ++k) {
+        (void)evict_fd(fd, false);
+        auto r = file_residency(path);
+        if (!r || r->resident_pages == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      ::close(fd);
+    }
   done.store(true);
   if (progress.joinable()) progress.join();
 

@@ -1,9 +1,10 @@
 #pragma once
 // The sending half of stage-weights: asks every target's receiver what it still needs,
 // checks free space (including the DISK_MAX_USE mark) before sending anything, then reads
-// the source once (one reader, chunk by chunk, large sequential reads) and feeds every
-// target in parallel over several TCP streams each; a chunk the receiver rejects is sent
-// again. Ends with each receiver's final verification report.
+// the source once (one reader reads ahead chunk by chunk into the page cache; the streams
+// sendfile from it) and feeds every target in parallel over several TCP streams each; a
+// chunk the receiver rejects is sent again. Ends with each receiver's final verification
+// report.
 #include <chrono>
 #include <cstdint>
 #include <functional>

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/manifest.h"
+#include "core/pagecache.h"
 #include "core/stage_recv.h"
 #include "core/stage_send.h"
 #include "core/stage_wire.h"
@@ -154,6 +155,52 @@ TEST_CASE("stage: byte-identical copy, manifest written on the target, second ru
   CHECK(rep3->targets[0].bytes_sent == 0);
   REQUIRE(::stat((dst / "model/config.json").c_str(), &b) == 0);
   CHECK(b.st_mtim.tv_sec == a.st_mtim.tv_sec + 100);
+}
+
+// Resident bytes of every manifest file under dir.
+uint64_t resident(const std::string& dir, const Manifest& m) {
+  uint64_t n = 0;
+  for (const auto& f : m.files) {
+    auto r = file_residency(dir + "/" + f.path);
+    REQUIRE(r.ok());
+    n += r->resident_bytes();
+  }
+  return n;
+}
+
+TEST_CASE("stage: the page cache of what was read and written is dropped unless keep_cache") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  auto warm = [&] {
+    for (const auto& f : m.files) REQUIRE(read_file(src / f.path).has_value());
+  };
+  warm();
+  if (resident(src.path(), m) == 0) {
+    MESSAGE("SKIP: " << src.path() << " keeps no page cache (not a regular page-cached fs)");
+    return;
+  }
+  {
+    LoopReceiver rx(dst / "a");
+    auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+    REQUIRE(rep.ok());
+    CHECK(rep->ok);
+    rx.th.join();
+  }
+  CHECK(resident(src.path(), m) == 0);  // the source, read with sendfile from its cache
+  CHECK(resident(dst / "a", m) == 0);   // the target, written (tails through the cache)
+  CHECK(same_tree(src.path(), dst / "a", m));
+  // --keep-cache: the source's pages stay where they are.
+  warm();
+  const uint64_t before = resident(src.path(), m);
+  auto o = fast();
+  o.keep_cache = true;
+  LoopReceiver rx(dst / "b");
+  auto rep = send_model(src.path(), m, {rx.spec()}, o);
+  REQUIRE(rep.ok());
+  CHECK(rep->ok);
+  rx.th.join();
+  CHECK(resident(src.path(), m) == before);
+  CHECK(same_tree(src.path(), dst / "b", m));
 }
 
 TEST_CASE(
