@@ -5,8 +5,10 @@
 #
 # Network: one namespace per host (sender + up to 3 targets) joined by veth pairs to a
 # bridge in its own namespace (the sender has ONE link, as behind a switch). Disk: the
-# model lives under /var/tmp (a real filesystem); sender and targets share this machine's
-# disk and CPUs, so every figure is a same-machine figure.
+# model lives under /var/tmp (a real filesystem). Targets are staged twice: onto a disk of
+# their own (ext4 on a zram block device this script adds and removes; RAM-backed, so the
+# copy does not read and write one device at once, as it never does between two nodes)
+# and onto the source's own disk. All hosts share this machine's CPUs.
 #
 # Usage: bench/stage_bench.sh BUILD_DIR [--size-gib N] [--targets N] [--json FILE]
 # Needs root (namespaces, drop_caches). Prints a table (non-data lines start with '#') and
@@ -47,6 +49,10 @@ cleanup() {
       ip netns del "$(ns $n)"
     fi
   done
+  if [[ -n ${ZDEV:-} ]]; then
+    umount "$WORK/zt" 2>/dev/null
+    echo "$ZDEV" >/sys/class/zram-control/hot_remove
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -106,19 +112,61 @@ sleep 0.5
 LINK_MBS=$(ip netns exec "$(ns s)" iperf3 -c "$(ip_of t1)" -p 5201 -P 4 -t 5 -J |
   python3 -c "import json,sys; print(int(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/8e6))")
 
-t0=$(now)
-dd if=/dev/zero of="$WORK/ddw" bs=64M count=32 oflag=direct status=none
-WRITE_MBS=$(mbps $((32 << 26)) "$(python3 -c "print($(now)-$t0)")")
-rm -f "$WORK/ddw"
-SLOWEST=$(printf '%s\n' "$READ_MBS" "$LINK_MBS" "$WRITE_MBS" | sort -n | head -1)
-# Here source and targets share one disk, so a copy reads and writes the same device: the
-# fourth figure is a direct copy on this disk (the bound a same-machine copy really has).
+# Target write limit of a directory: O_DIRECT writes of incompressible bytes (the 256 MiB
+# shards, read into the page cache first so that only the write is timed), 2 GiB.
 big=$(ls -S "$SRC"/*.safetensors | head -1)
-drop_caches
-t0=$(now)
-dd if="$big" of="$WORK/ddc" bs=64M iflag=direct oflag=direct status=none
-COPY_MBS=$(mbps "$(stat -c %s "$big")" "$(python3 -c "print($(now)-$t0)")")
-rm -f "$WORK/ddc"
+small=("$SRC"/model-256m-*.safetensors)
+write_limit() {  # $1 = directory on the target filesystem; prints MB/s
+  local i n=0 t0
+  cat "${small[@]:0:8}" >/dev/null
+  t0=$(now)
+  for i in "${small[@]:0:8}"; do
+    dd if="$i" of="$1/ddw-$n" bs=64M oflag=direct status=none
+    n=$((n + 1))
+  done
+  mbps $((n << 28)) "$(python3 -c "print($(now)-$t0)")"
+  rm -f "$1"/ddw-*
+}
+# Read and write at once on one disk: the direct read of the largest shard (page cache
+# dropped) runs while the same number of bytes is written O_DIRECT to $1; prints the copy
+# rate a pipelined copy on this disk cannot exceed (bytes / the later finish).
+copy_limit() {  # $1 = directory on the same disk as the source
+  local t0 rd wr
+  drop_caches
+  cat "${small[@]:0:4}" >/dev/null
+  t0=$(now)
+  dd if="$big" of=/dev/null bs=64M iflag=direct status=none &
+  rd=$!
+  for i in "${small[@]:0:4}"; do dd if="$i" of="$1/ddc-$(basename "$i")" bs=64M oflag=direct status=none; done
+  wait $rd
+  mbps "$(stat -c %s "$big")" "$(python3 -c "print($(now)-$t0)")"
+  rm -f "$1"/ddc-*
+}
+
+# Target filesystems. "separate": ext4 on a RAM-backed block device of its own (a zram
+# device added for this run, mounted with discard), so that the source and the targets do
+# not share one disk, as they never do on a ring; "same": the source's own disk, where a
+# copy reads and writes one device at once. Both layouts run the same methods.
+ZDEV="" ZDIR="$WORK/zt"
+zram_bytes=$(((TARGETS * SIZE_GIB + 2) << 30))
+avail=$(($(awk '/MemAvailable/{print $2}' /proc/meminfo) * 1024))
+if [[ -w /sys/class/zram-control/hot_add ]] && command -v mkfs.ext4 >/dev/null &&
+  ((avail > zram_bytes + (2 << 30))); then
+  ZDEV=$(cat /sys/class/zram-control/hot_add)
+  echo lz4 >"/sys/block/zram$ZDEV/comp_algorithm" 2>/dev/null || true
+  echo "$zram_bytes" >"/sys/block/zram$ZDEV/disksize"
+  mkfs.ext4 -q -F "/dev/zram$ZDEV"
+  mkdir -p "$ZDIR"
+  mount -o discard "/dev/zram$ZDEV" "$ZDIR"
+  LAYOUTS=(separate same)
+else
+  note "no separate target disk: zram-control missing or MemAvailable $((avail >> 30)) GiB < $(((zram_bytes >> 30) + 2)) GiB; running the same-disk layout only"
+  LAYOUTS=(same)
+fi
+WRITE_SEP=0
+[[ -n $ZDEV ]] && WRITE_SEP=$(write_limit "$ZDIR")
+WRITE_MBS=$(write_limit "$WORK")
+COPY_MBS=$(copy_limit "$WORK")
 
 # --- sshd in t1 for rsync --------------------------------------------------------------------
 mkdir -p "$WORK/ssh"
@@ -146,14 +194,14 @@ identical() { diff -r -x .sparkctl-manifest.json "$SRC" "$1" >/dev/null; }
 WRONG=0
 
 # stage N targets with stage-recv / stage-send (the halves stage-weights runs over SSH).
-stage_run() {  # $1 = number of targets, $2 = extra stage-send option; prints seconds
-  local n=$1 extra=${2:-} args=() tokens="" i
+stage_run() {  # $1 = target base dir, $2 = number of targets, $3 = extra option; prints seconds
+  local base=$1 n=$2 extra=${3:-} args=() tokens="" i
   for i in $(seq 1 "$n"); do
-    rm -rf "$WORK/t$i"
+    rm -rf "$base/t$i"
     local tok
     tok=$(openssl rand -hex 32)
     local line
-    line=$(echo "$tok" | ip netns exec "$(ns "t$i")" "$SPARKCTL" stage-recv --dir "$WORK/t$i" \
+    line=$(echo "$tok" | ip netns exec "$(ns "t$i")" "$SPARKCTL" stage-recv --dir "$base/t$i" \
       --bind "$(ip_of "t$i")" --node "t$i" --log "$WORK/recv-t$i.log")
     args+=(--target "t$i=$(ip_of "t$i"):$(sed 's/.*ports=\([0-9]*\).*/\1/' <<<"$line")")
     tokens+="t$i $tok"$'\n'
@@ -164,41 +212,53 @@ stage_run() {  # $1 = number of targets, $2 = extra stage-send option; prints se
   ip netns exec "$(ns s)" "$SPARKCTL" --json stage-send --dir "$SRC" "${args[@]}" $extra \
     <<<"$tokens" >"$WORK/stage-$n$extra.json" 2>/dev/null
   python3 -c "print($(now)-$t0)"
-  for i in $(seq 1 "$n"); do identical "$WORK/t$i" || { echo "# WRONG: t$i differs" >&2; WRONG=1; }; done
+  for i in $(seq 1 "$n"); do identical "$base/t$i" || { echo "# WRONG: t$i differs" >&2; WRONG=1; }; done
+  for i in $(seq 1 "$n"); do rm -rf "$base/t$i"; done
 }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
-S1=$(stage_run 1)
-rm -rf "$WORK/t1"; mkdir -p "$WORK/t1"
-drop_caches
-t0=$(now)
-ip netns exec "$(ns s)" rsync -a -e "$SSH" "$SRC/" "root@$(ip_of t1):$WORK/t1/"
-RSYNC_S=$(python3 -c "print($(now)-$t0)")
-identical "$WORK/t1" || { echo "# WRONG: rsync copy differs" >&2; WRONG=1; }
-
-rm -rf "$WORK/t1"; mkdir -p "$WORK/t1"
-drop_caches
-ip netns exec "$(ns t1)" sh -c "nc -l -s $(ip_of t1) -p 9100 | tar -x -C $WORK/t1" &
-NCPID=$!
-sleep 0.5
-t0=$(now)
-ip netns exec "$(ns s)" sh -c "tar -c -C $SRC . | nc -N $(ip_of t1) 9100"
-wait $NCPID
-TARNC_S=$(python3 -c "print($(now)-$t0)")
-identical "$WORK/t1" || { echo "# WRONG: tar|nc copy differs" >&2; WRONG=1; }
-rm -rf "$WORK/t1"
-
-SN="" SC=""
-if ((TARGETS > 1)); then
-  SN=$(stage_run "$TARGETS")
-  SC=$(stage_run "$TARGETS" --chain)
-fi
+# One layout: stage-weights to 1 target (median of 3 runs), rsync -a over ssh and tar | nc
+# to the same directory, then N targets in parallel and as a chain. Writes LAYOUT.env.
+run_layout() {  # $1 = layout name, $2 = target base dir
+  local name=$1 base=$2 s1=() r rs tn sn=0 sc=0 t0
+  for r in 1 2 3; do s1+=("$(stage_run "$base" 1)"); done
+  rm -rf "$base/t1"; mkdir -p "$base/t1"
+  drop_caches
+  t0=$(now)
+  ip netns exec "$(ns s)" rsync -a -e "$SSH" "$SRC/" "root@$(ip_of t1):$base/t1/"
+  rs=$(python3 -c "print($(now)-$t0)")
+  identical "$base/t1" || { echo "# WRONG: rsync copy differs" >&2; WRONG=1; }
+  rm -rf "$base/t1"; mkdir -p "$base/t1"
+  drop_caches
+  ip netns exec "$(ns t1)" sh -c "nc -l -s $(ip_of t1) -p 9100 | tar -x -C $base/t1" &
+  local ncpid=$!
+  sleep 0.5
+  t0=$(now)
+  ip netns exec "$(ns s)" sh -c "tar -c -C $SRC . | nc -N $(ip_of t1) 9100"
+  wait $ncpid
+  tn=$(python3 -c "print($(now)-$t0)")
+  identical "$base/t1" || { echo "# WRONG: tar|nc copy differs" >&2; WRONG=1; }
+  rm -rf "$base/t1"
+  if ((TARGETS > 1)); then
+    sn=$(stage_run "$base" "$TARGETS")
+    sc=$(stage_run "$base" "$TARGETS" --chain)
+  fi
+  printf '%s\n' "s1=$(median "${s1[@]}")" "s1_all=${s1[*]}" "rsync=$rs" "tarnc=$tn" "sn=$sn" \
+    "sc=$sc" >"$WORK/layout-$name.env"
+  cp "$WORK/stage-1.json" "$WORK/stage-1-$name.json"
+}
+for l in "${LAYOUTS[@]}"; do
+  case $l in
+    separate) run_layout separate "$ZDIR" ;;
+    same) run_layout same "$WORK" ;;
+  esac
+done
 
 # --- evict vs vmtouch -e --------------------------------------------------------------------
 resident() { "$SPARKCTL" --json cache-stat "$SRC" | python3 -c "import json,sys; print(json.load(sys.stdin)['resident_bytes'])"; }
 # Median of 3 rounds each; both binaries warmed first (drop_caches evicted them too).
 "$SPARKCTL" --version >/dev/null; vmtouch -h >/dev/null 2>&1 || true
 warm() { cat "$SRC"/*.safetensors "$SRC"/tokenizer/* >/dev/null; }
-median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
 ev=() vm=()
 for _ in 1 2 3; do
   warm
@@ -218,49 +278,68 @@ EV_S=$(median "${ev[@]}")
 VM_S=$(median "${vm[@]}")
 
 # --- report --------------------------------------------------------------------------------
-python3 - "$TOTAL" "$S1" "$RSYNC_S" "$TARNC_S" "${SN:-0}" "$TARGETS" "$READ_MBS" "$LINK_MBS" \
-  "$WRITE_MBS" "$SLOWEST" "$MANIFEST_S" "$EV_S" "$EV_BEFORE" "$EV_AFTER" "$VM_S" "$VM_BEFORE" \
-  "$VM_AFTER" "$WRONG" "$WORK/stage-1.json" "$JSON_OUT" "${SC:-0}" "$COPY_MBS" <<'EOF'
-import json, sys
-(total, s1, rs, tn, sn, nt, rd, lk, wr, slow, mf, evs, evb, eva, vms, vmb, vma, wrong,
- stage_json, out, sc, cp) = sys.argv[1:]
-cp = int(cp)
-total = int(total); s1, rs, tn, sn, mf, sc = map(float, (s1, rs, tn, sn, mf, sc))
-rd, lk, wr, slow = map(int, (rd, lk, wr, slow))
+export TOTAL TARGETS READ_MBS LINK_MBS WRITE_MBS WRITE_SEP COPY_MBS MANIFEST_S EV_S EV_BEFORE \
+  EV_AFTER VM_S VM_BEFORE VM_AFTER WRONG WORK JSON_OUT
+LAYOUT_LIST="${LAYOUTS[*]}" python3 - <<'EOF'
+import json, os
+e = os.environ
+total, nt = int(e["TOTAL"]), int(e["TARGETS"])
+rd, lk, wr, ws, cp = (int(e[k]) for k in ("READ_MBS", "LINK_MBS", "WRITE_MBS", "WRITE_SEP", "COPY_MBS"))
 rate = lambda s: total / s / 1e6 if s > 0 else 0
-st = json.load(open(stage_json))
-rows = [("stage-weights 1 target", s1, rate(s1)), ("rsync -a over ssh", rs, rate(rs)),
-        ("tar | nc", tn, rate(tn))]
-if int(nt) > 1:
-    rows.append((f"stage-weights {nt} targets", sn, rate(sn) * int(nt)))
-    rows.append((f"stage-weights {nt} chain", sc, rate(sc) * int(nt)))
-print(f"# {'method':<28} {'seconds':>8} {'MB/s':>8}")
-for name, s, r in rows:
-    print(f"{name:<30} {s:8.2f} {r:8.0f}")
-print(f"# limits MB/s: source read (O_DIRECT dd) {rd}, link (iperf3 -P 4) {lk}, "
-      f"target write (O_DIRECT dd) {wr}; slowest {slow}; same-disk direct copy {cp}")
-print(f"# stage-weights: {rate(s1)/slow*100:.0f}% of the slowest limit "
-      f"({rate(s1)/min(slow, cp)*100:.0f}% counting the same-disk copy), {rs/s1:.1f}x rsync, "
-      f"{tn/s1:.1f}x tar|nc; manifest creation (hashing) {mf:.2f} s = {rate(mf):.0f} MB/s")
-if int(nt) > 1:
-    print(f"# {nt} targets take {sn/s1:.2f}x the wall time of 1 in parallel (aggregate "
-          f"{rate(sn)*int(nt):.0f} MB/s), {sc/s1:.2f}x as a chain (aggregate {rate(sc)*int(nt):.0f} MB/s)")
-print(f"# evict: sparkctl {float(evs):.3f} s ({int(evb)>>20} MiB -> {int(eva)>>20} MiB resident), "
-      f"vmtouch -e {float(vms):.3f} s ({int(vmb)>>20} MiB -> {int(vma)>>20} MiB); "
-      f"time ratio sparkctl/vmtouch {float(evs)/max(float(vms),1e-6):.2f}")
-j = {"total_bytes": total, "stage_1_target_s": s1, "stage_1_target_MBps": rate(s1),
-     "rsync_ssh_s": rs, "rsync_ssh_MBps": rate(rs), "tar_nc_s": tn, "tar_nc_MBps": rate(tn),
-     "targets": int(nt), "stage_n_targets_s": sn, "stage_n_targets_aggregate_MBps": rate(sn) * int(nt) if sn else 0,
-     "stage_n_chain_s": sc, "stage_n_chain_aggregate_MBps": rate(sc) * int(nt) if sc else 0,
-     "limit_source_read_MBps": rd, "limit_link_MBps": lk, "limit_target_write_MBps": wr,
-     "slowest_limit_MBps": slow, "fraction_of_slowest": rate(s1) / slow,
-     "limit_same_disk_copy_MBps": cp, "fraction_of_slowest_incl_copy": rate(s1) / min(slow, cp), "x_rsync": rs / s1,
-     "x_tar_nc": tn / s1, "manifest_s": mf,
-     "evict_s": float(evs), "evict_resident_before": int(evb), "evict_resident_after": int(eva),
-     "vmtouch_s": float(vms), "vmtouch_resident_before": int(vmb), "vmtouch_resident_after": int(vma),
-     "stage_report_1_target": st, "identical": wrong == "0"}
-print(json.dumps(j, indent=1))
-if out:
-    json.dump(j, open(out, "w"), indent=1)
+out = {"total_bytes": total, "targets": nt, "cpus": os.cpu_count(),
+       "limit_source_read_MBps": rd, "limit_link_MBps": lk, "manifest_s": float(e["MANIFEST_S"]),
+       "layouts": {}}
+print(f"# limits MB/s: source read (O_DIRECT dd) {rd}, link (iperf3 -P 4) {lk}")
+for name in e["LAYOUT_LIST"].split():
+    v = dict(l.split("=", 1) for l in open(f"{e['WORK']}/layout-{name}.env").read().split("\n") if "=" in l)
+    s1, rs, tn, sn, sc = (float(v[k]) for k in ("s1", "rsync", "tarnc", "sn", "sc"))
+    if name == "separate":
+        title = "target on its own disk (ext4 on a RAM-backed zram block device)"
+        limits = {"source_read": rd, "link": lk, "target_write": ws}
+    else:
+        title = "target on the source's disk (read and write share one device)"
+        limits = {"source_read": rd, "link": lk, "target_write": wr, "same_disk_read_write_at_once": cp}
+    slow_name = min(limits, key=limits.get)
+    slow = limits[slow_name]
+    print(f"# layout {name}: {title}")
+    print(f"# {'method':<28} {'seconds':>8} {'MB/s':>8}")
+    rows = [("stage-weights 1 target", s1, rate(s1)), ("rsync -a over ssh", rs, rate(rs)),
+            ("tar | nc", tn, rate(tn))]
+    if nt > 1:
+        rows += [(f"stage-weights {nt} targets", sn, rate(sn) * nt),
+                 (f"stage-weights {nt} chain", sc, rate(sc) * nt)]
+    for n, s, r in rows:
+        print(f"{n:<30} {s:8.2f} {r:8.0f}")
+    frac = rate(s1) / slow
+    print(f"# {name}: limits {', '.join(f'{k} {x}' for k, x in limits.items())} MB/s; slowest "
+          f"{slow_name} {slow}")
+    print(f"# {name}: stage-weights (median of 3: {v['s1_all']} s) = {frac*100:.0f}% of the "
+          f"slowest limit, {rs/s1:.1f}x rsync, {tn/s1:.1f}x tar|nc; goal 70% and 3x rsync: "
+          f"{'met' if frac >= 0.7 and rs / s1 >= 3 else 'NOT met'}")
+    if nt > 1:
+        print(f"# {name}: {nt} targets take {sn/s1:.2f}x the wall time of 1 in parallel (aggregate "
+              f"{rate(sn)*nt:.0f} MB/s), {sc/s1:.2f}x as a chain (aggregate {rate(sc)*nt:.0f} MB/s)")
+    st = json.load(open(f"{e['WORK']}/stage-1-{name}.json"))
+    out["layouts"][name] = {
+        "description": title, "limits_MBps": limits, "slowest_limit": slow_name,
+        "slowest_limit_MBps": slow, "stage_1_target_s": s1,
+        "stage_1_target_runs_s": [float(x) for x in v["s1_all"].split()],
+        "stage_1_target_MBps": rate(s1), "fraction_of_slowest": frac,
+        "rsync_ssh_s": rs, "rsync_ssh_MBps": rate(rs), "x_rsync": rs / s1,
+        "tar_nc_s": tn, "tar_nc_MBps": rate(tn), "x_tar_nc": tn / s1,
+        "stage_n_targets_s": sn, "stage_n_targets_aggregate_MBps": rate(sn) * nt if sn else 0,
+        "stage_n_chain_s": sc, "stage_n_chain_aggregate_MBps": rate(sc) * nt if sc else 0,
+        "goal_met": frac >= 0.7 and rs / s1 >= 3, "stage_report_1_target": st}
+evs, vms = float(e["EV_S"]), float(e["VM_S"])
+print(f"# evict: sparkctl {evs:.3f} s ({int(e['EV_BEFORE'])>>20} MiB -> {int(e['EV_AFTER'])>>20} MiB "
+      f"resident), vmtouch -e {vms:.3f} s ({int(e['VM_BEFORE'])>>20} MiB -> {int(e['VM_AFTER'])>>20} "
+      f"MiB); time ratio sparkctl/vmtouch {evs/max(vms,1e-6):.2f}")
+out.update({"evict_s": evs, "evict_resident_before": int(e["EV_BEFORE"]),
+            "evict_resident_after": int(e["EV_AFTER"]), "vmtouch_s": vms,
+            "vmtouch_resident_before": int(e["VM_BEFORE"]), "vmtouch_resident_after": int(e["VM_AFTER"]),
+            "identical": e["WRONG"] == "0"})
+print(json.dumps(out, indent=1))
+if e.get("JSON_OUT"):
+    json.dump(out, open(e["JSON_OUT"], "w"), indent=1)
 EOF
 exit "$WRONG"
