@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -179,4 +180,36 @@ TEST_CASE(
     CHECK(w.j["verdict"] == "busy");
     ::close(fd);
   }
+}
+
+TEST_CASE(
+    "e2e sparkctl: a rank whose sparkd exits before writing its pidfile fails the launch at once, "
+    "naming it") {
+  LocalRing ring(2);
+  // FAULT INJECTION: a wrapper that makes rank 1's sparkd exit at once (as a bad config or a
+  // missing library would), before any pidfile exists.
+  std::string wrapper = ring.dir.write(
+      "sparkd-wrapper.sh",
+      fmt::format("#!/bin/sh\ncase \" $* \" in *\" --rank 1 \"*) "
+                  "echo 'sparkd: injected start failure' >&2; exit 3;; esac\nexec {} \"$@\"\n",
+                  SPARKD_BIN));
+  ::chmod(wrapper.c_str(), 0755);
+  ring.env["SPARKD_BIN"] = wrapper;
+  auto s = ring.json_run({"start"});
+  CHECK_MESSAGE(s.rc == exit_code(Errc::remote), s.all());
+  std::string msg = s.j.is_object() ? s.j.value(json::json_pointer("/error/message"), "") : "";
+  CHECK_MESSAGE(msg.find("rank 1 did not start") != std::string::npos, msg);
+  CHECK_MESSAGE(msg.find("injected start failure") != std::string::npos, msg);
+  double launch_s = -1;
+  bool teardown = false;
+  for (const auto& st : s.j["steps"]) {
+    if (st["step"] == "launch") launch_s = st["seconds"].get<double>();
+    if (st["step"] == "teardown") teardown = st["ok"] == true;
+  }
+  // The launch notices the exit; it does not wait out its 10 s bound for a pidfile that
+  // will never come.
+  CHECK(launch_s >= 0);
+  CHECK_MESSAGE(launch_s < 5, s.all());
+  CHECK(teardown);
+  CHECK_FALSE(std::filesystem::exists(ring.state("run/sparkd-0.pid")));
 }
