@@ -233,7 +233,9 @@ TEST_CASE(
   auto ring = make_ring(2);
   if (!ring) return;
   ring->env["WATCH_FAILURES"] = "1";
-  ring->fault_once(1, "hang", "3s");  // rank 1's engine stops answering /health after 3 s
+  // Rank 1's engine stops answering /health 4 s after it started: after READY (under a
+  // second after the engines start here), with room for a loaded machine.
+  ring->fault_once(1, "hang", "4s");
   auto s = ring->ctl_json({"start"});
   REQUIRE_MESSAGE(s.rc == 0, s.all(), ring->logs());
   auto pids = pids_of(s.j);
