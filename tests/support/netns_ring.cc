@@ -1,7 +1,6 @@
 #include "support/netns_ring.h"
 
 #include <fmt/format.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -87,8 +86,8 @@ Result<std::unique_ptr<NetnsRing>> NetnsRing::create(const NetnsRingOptions& opt
 }
 
 NetnsRing::~NetnsRing() {
-  // sshd first (it would otherwise see its clients vanish), then the namespaces: deleting
-  // them kills every sparkd and engine a failed test left inside.
+  // The sshds stop first (SIGTERM, bounded), then the namespaces go: deleting them SIGKILLs
+  // whatever a failed test left inside (sparkd, engines, a sparkctl in the head).
   sshd_.clear();
   net_.reset();
 }
