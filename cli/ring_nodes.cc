@@ -27,6 +27,12 @@ constexpr const char* kShellFns =
     "ours() { alive \"$1\" && tr '\\0' ' ' </proc/$1/cmdline 2>/dev/null | grep -q -- \"$2\"; }\n"
     "num() { tr -dc 0-9 <\"$1\" 2>/dev/null; }\n";
 
+// Joins its input lines into one line of at most ~600 characters, keeping the end; a cut
+// drops the partial word it leaves at the front and says so ("... ").
+constexpr const char* kTailLine =
+    "awk '{ s = s $0 \" \" } END { if (length(s) > 600) { s = substr(s, length(s) - 599); "
+    "sub(/^[^ ]* /, \"\", s); s = \"... \" s } printf \"%s\", s }'";
+
 std::vector<int> ranks_of_node(const RingConfig& cfg, int node) {
   std::vector<int> out;
   for (const auto& p : cfg.ranks())
@@ -218,8 +224,8 @@ std::vector<LaunchResult> launch_ranks(
       s += fmt::format(
           "p=$(num {pf}); if alive \"$p\"; then echo \"@@pid {r} $p\"; else echo \"@@nopid {r} "
           "x $(tail -n 4 \"$L/sparkd-{r}.out\" \"$L/sparkd-{r}.log\" 2>/dev/null | grep -v '^==' | "
-          "tr '\\n' ' ' | tail -c 600)\"; fi; rm -f {pf}.launch\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
+          "{tail})\"; fi; rm -f {pf}.launch\n",
+          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("tail", kTailLine));
     cmds.push_back(s);
   }
   auto runs = run_on(cfg, nodes, cmds, config_text, lay.node_timeout);

@@ -187,10 +187,12 @@ TEST_CASE(
     "naming it") {
   LocalRing ring(2);
   // FAULT INJECTION: a wrapper that makes rank 1's sparkd exit at once (as a bad config or a
-  // missing library would), before any pidfile exists.
+  // missing library would), before any pidfile exists, after more output than the report
+  // keeps (~600 characters).
   std::string wrapper = ring.dir.write(
       "sparkd-wrapper.sh",
       fmt::format("#!/bin/sh\ncase \" $* \" in *\" --rank 1 \"*) "
+                  "for i in $(seq 100); do printf 'noise ' >&2; done; echo >&2; "
                   "echo 'sparkd: injected start failure' >&2; exit 3;; esac\nexec {} \"$@\"\n",
                   SPARKD_BIN));
   ::chmod(wrapper.c_str(), 0755);
@@ -200,6 +202,8 @@ TEST_CASE(
   std::string msg = s.j.is_object() ? s.j.value(json::json_pointer("/error/message"), "") : "";
   CHECK_MESSAGE(msg.find("rank 1 did not start") != std::string::npos, msg);
   CHECK_MESSAGE(msg.find("injected start failure") != std::string::npos, msg);
+  // The cut output starts at a whole word and says it was cut.
+  CHECK_MESSAGE(msg.find("did not start: ... noise noise") != std::string::npos, msg);
   double launch_s = -1;
   bool teardown = false;
   for (const auto& st : s.j["steps"]) {
