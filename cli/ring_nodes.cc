@@ -27,6 +27,12 @@ constexpr const char* kShellFns =
     "ours() { alive \"$1\" && tr '\\0' ' ' </proc/$1/cmdline 2>/dev/null | grep -q -- \"$2\"; }\n"
     "num() { tr -dc 0-9 <\"$1\" 2>/dev/null; }\n";
 
+// Joins its input lines into one line of at most ~600 characters, keeping the end; a cut
+// drops the partial word it leaves at the front and says so ("... ").
+constexpr const char* kTailLine =
+    "awk '{ s = s $0 \" \" } END { if (length(s) > 600) { s = substr(s, length(s) - 599); "
+    "sub(/^[^ ]* /, \"\", s); s = \"... \" s } printf \"%s\", s }'";
+
 std::vector<int> ranks_of_node(const RingConfig& cfg, int node) {
   std::vector<int> out;
   for (const auto& p : cfg.ranks())
@@ -195,23 +201,31 @@ std::vector<LaunchResult> launch_ranks(
           env += " " + spark::shell_quote(k + "=" + v);
       // setsid -f: a new session, so neither the SSH session ending nor the runner's process
       // group kill reaches sparkd; all output goes to files so the channel closes at once.
+      // The detached shell writes its pid to <pidfile>.launch and execs sparkd, so the wait
+      // below sees a sparkd that exited before it wrote its pidfile (bad config, a library
+      // missing, refused at once) instead of waiting out its bound.
       s += fmt::format(
           "p=$(num {pf}); if ours \"$p\" /sparkd-{r}.pid; then echo \"@@busy {r} $p\"; else "
-          "rm -f {pf} {pf}.engine; {env} setsid -f {bin} --config \"$C\" --rank {r} --pidfile {pf} "
-          "--log-file \"$L/sparkd-{r}.log\" </dev/null >\"$L/sparkd-{r}.out\" 2>&1; fi\n",
+          "rm -f {pf} {pf}.engine {pf}.launch; {env} setsid -f /bin/sh -c "
+          "'echo $$ >\"$0\"; exec \"$@\"' {pf}.launch {bin} --config \"$C\" --rank {r} "
+          "--pidfile {pf} --log-file \"$L/sparkd-{r}.log\" </dev/null >\"$L/sparkd-{r}.out\" "
+          "2>&1; fi\n",
           fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("env", env),
           fmt::arg("bin", spark::shell_quote(lay.sparkd_bin)));
     }
     // Wait (bounded, 10 s) until every rank wrote its pidfile or exited.
     s += "i=0; while [ $i -lt 100 ]; do w=0;";
-    for (int r : ranks) s += fmt::format(" [ -s {} ] || w=1;", pidfile(r));
+    for (int r : ranks)
+      s += fmt::format(
+          " [ -s {pf} ] || {{ q=$(num {pf}.launch); [ -n \"$q\" ] && ! alive \"$q\"; }} || w=1;",
+          fmt::arg("pf", pidfile(r)));
     s += " [ $w = 0 ] && break; sleep 0.1; i=$((i+1)); done\n";
     for (int r : ranks)
       s += fmt::format(
           "p=$(num {pf}); if alive \"$p\"; then echo \"@@pid {r} $p\"; else echo \"@@nopid {r} "
           "x $(tail -n 4 \"$L/sparkd-{r}.out\" \"$L/sparkd-{r}.log\" 2>/dev/null | grep -v '^==' | "
-          "tr '\\n' ' ' | tail -c 600)\"; fi\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
+          "{tail})\"; fi; rm -f {pf}.launch\n",
+          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("tail", kTailLine));
     cmds.push_back(s);
   }
   auto runs = run_on(cfg, nodes, cmds, config_text, lay.node_timeout);
