@@ -133,10 +133,10 @@ TEST_CASE("ssh: a deadline stops the remote command and names node and command")
   CHECK(r.error().code == Errc::timeout);
   CHECK(contains(r.error().message, "slow-node"));
   CHECK(contains(r.error().message, marker));
-  CHECK(took < 2500ms);
-  CHECK_MESSAGE(no_process_matches(marker, 1500ms), "the remote `" << marker
-                                                                   << "` still runs; sshd log:\n"
-                                                                   << d->log());
+  CHECK(took < 5s);  // the command sleeps 30 s: only the deadline ends it this soon
+  CHECK_MESSAGE(no_process_matches(marker, 5s), "the remote `" << marker
+                                                               << "` still runs; sshd log:\n"
+                                                               << d->log());
   // The runner recovers: the next call reconnects.
   auto again = runner->run("echo again", 10s);
   REQUIRE_MESSAGE(again.ok(), again.error().message);
