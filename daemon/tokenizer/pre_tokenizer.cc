@@ -253,7 +253,12 @@ Result<Ptr> make_pre_tokenizer(const nlohmann::json& j) {
     std::string rep = j.contains("replacement") && j["replacement"].is_string()
                           ? j["replacement"].get<std::string>()
                           : "\xE2\x96\x81";
-    if (rep.empty()) return make_error(Errc::config, "pre_tokenizer Metaspace: empty replacement");
+    // One character, as in HF tokenizers (a `char` there): a longer string would multiply
+    // every space into many tokens.
+    char32_t first = 0;
+    if (rep.empty() || !utf8_valid(rep) || utf8_next(rep, 0, &first) != rep.size())
+      return make_error(Errc::config,
+                        "pre_tokenizer Metaspace: 'replacement' must be one character");
     auto prepend = Metaspace::Prepend::always;
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       std::string ps = j["prepend_scheme"].get<std::string>();

@@ -131,6 +131,18 @@ TEST_CASE("loader errors say what is wrong and never crash") {
   CHECK(bad(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "decoder": {"type": "WordPiece"}})")
             .code == Errc::unsupported);
   bad(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": "x"}]})");
+  // Metaspace's replacement is one character (a `char` in HF tokenizers); a string would
+  // turn every space into many tokens (found by fuzz_tokenizer).
+  for (std::string rep : {R"("==\u2581")", R"("")", R"("ab")"}) {
+    auto m = bad(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": )"
+                 R"("Metaspace", "replacement": )" +
+                 rep + "}}");
+    CHECK(m.message.find("'replacement' must be one character") != std::string::npos);
+  }
+  CHECK(Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": )"
+                             R"({"type": "Metaspace", "replacement": "\u2581"}})",
+                             "m")
+            .ok());
   auto nf = Tokenizer::from_file("/nonexistent/tokenizer.json");
   REQUIRE_FALSE(nf.ok());
   CHECK(nf.error().code == Errc::not_found);
