@@ -25,12 +25,21 @@ while (($#)); do
     *) echo "stage_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
-SPARKCTL=$(readlink -f "$BUILD/cli/sparkctl")
+SPARKCTL=$(readlink -f "${SPARKCTL:-$BUILD/cli/sparkctl}")  # SPARKCTL= overrides (GPU machine)
 [[ -x $SPARKCTL ]] || { echo "stage_bench: $SPARKCTL not built" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "stage_bench: needs root (namespaces, drop_caches)" >&2; exit 2; }
-for t in ip iperf3 rsync nc vmtouch /usr/sbin/sshd ssh-keygen python3 openssl; do
+for t in ip python3 openssl dd; do
   command -v "$t" >/dev/null || { echo "stage_bench: $t missing" >&2; exit 2; }
 done
+# The peers and the link limit are measured where their tools exist; a machine without them
+# (the offline GPU machine) skips those rows and says so.
+HAVE_RSYNC=1 HAVE_NC=1 HAVE_IPERF=1 HAVE_VMTOUCH=1
+for t in rsync ssh /usr/sbin/sshd ssh-keygen; do
+  command -v "$t" >/dev/null || { HAVE_RSYNC=0; echo "# rsync over ssh: skipped ($t missing)"; break; }
+done
+command -v nc >/dev/null || { HAVE_NC=0; echo "# tar | nc: skipped (nc missing)"; }
+command -v iperf3 >/dev/null || { HAVE_IPERF=0; echo "# link limit: skipped (iperf3 missing)"; }
+command -v vmtouch >/dev/null || { HAVE_VMTOUCH=0; echo "# vmtouch -e: skipped (vmtouch missing)"; }
 
 P=sb$$
 WORK=$(mktemp -d /var/tmp/sparkbench-XXXXXX)
@@ -79,7 +88,7 @@ for h in "${HOSTS[@]}"; do
   ip -n "$(ns "$h")" link set fab0 up
   ip -n "$(ns "$h")" link set lo up
 done
-ip netns exec "$(ns s)" ping -c1 -W2 "$(ip_of t1)" >/dev/null
+if command -v ping >/dev/null; then ip netns exec "$(ns s)" ping -c1 -W2 "$(ip_of t1)" >/dev/null; fi
 
 # --- model ---------------------------------------------------------------------------------
 # SIZE_GIB: 1/4 in 1 GiB shards, the rest in 256 MiB shards, plus small files.
@@ -106,11 +115,14 @@ t0=$(now)
 for f in "$SRC"/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done
 READ_MBS=$(mbps "$(du -cb "$SRC"/*.safetensors | tail -1 | cut -f1)" "$(python3 -c "print($(now)-$t0)")")
 
-ip netns exec "$(ns t1)" iperf3 -s -1 -B "$(ip_of t1)" -p 5201 >/dev/null 2>&1 &
-PIDS+=($!)
-sleep 0.5
-LINK_MBS=$(ip netns exec "$(ns s)" iperf3 -c "$(ip_of t1)" -p 5201 -P 4 -t 5 -J |
-  python3 -c "import json,sys; print(int(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/8e6))")
+LINK_MBS=0
+if ((HAVE_IPERF)); then
+  ip netns exec "$(ns t1)" iperf3 -s -1 -B "$(ip_of t1)" -p 5201 >/dev/null 2>&1 &
+  PIDS+=($!)
+  sleep 0.5
+  LINK_MBS=$(ip netns exec "$(ns s)" iperf3 -c "$(ip_of t1)" -p 5201 -P 4 -t 5 -J |
+    python3 -c "import json,sys; print(int(json.load(sys.stdin)['end']['sum_received']['bits_per_second']/8e6))")
+fi
 
 # Target write limit of a directory: O_DIRECT writes of incompressible bytes (the 256 MiB
 # shards, read into the page cache first so that only the write is timed), 2 GiB.
@@ -169,11 +181,13 @@ WRITE_MBS=$(write_limit "$WORK")
 COPY_MBS=$(copy_limit "$WORK")
 
 # --- sshd in t1 for rsync --------------------------------------------------------------------
-mkdir -p "$WORK/ssh"
-ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/host" <<<y >/dev/null
-ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/user" <<<y >/dev/null
-cp "$WORK/ssh/user.pub" "$WORK/ssh/authorized_keys"
-cat >"$WORK/ssh/sshd_config" <<EOF
+SSH=""
+if ((HAVE_RSYNC)); then
+  mkdir -p "$WORK/ssh"
+  ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/host" <<<y >/dev/null
+  ssh-keygen -q -t ed25519 -N '' -f "$WORK/ssh/user" <<<y >/dev/null
+  cp "$WORK/ssh/user.pub" "$WORK/ssh/authorized_keys"
+  cat >"$WORK/ssh/sshd_config" <<EOF
 ListenAddress $(ip_of t1)
 Port 22
 HostKey $WORK/ssh/host
@@ -184,10 +198,11 @@ PasswordAuthentication no
 UsePAM no
 PidFile $WORK/ssh/sshd.pid
 EOF
-ip netns exec "$(ns t1)" /usr/sbin/sshd -D -e -f "$WORK/ssh/sshd_config" 2>"$WORK/ssh/log" &
-PIDS+=($!)
-SSH="ssh -i $WORK/ssh/user -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-for _ in $(seq 50); do ip netns exec "$(ns s)" $SSH "root@$(ip_of t1)" true 2>/dev/null && break; sleep 0.2; done
+  ip netns exec "$(ns t1)" /usr/sbin/sshd -D -e -f "$WORK/ssh/sshd_config" 2>"$WORK/ssh/log" &
+  PIDS+=($!)
+  SSH="ssh -i $WORK/ssh/user -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+  for _ in $(seq 50); do ip netns exec "$(ns s)" $SSH "root@$(ip_of t1)" true 2>/dev/null && break; sleep 0.2; done
+fi
 
 # --- runs ----------------------------------------------------------------------------------
 identical() { diff -r -x .sparkctl-manifest.json "$SRC" "$1" >/dev/null; }
@@ -222,22 +237,27 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)
 run_layout() {  # $1 = layout name, $2 = target base dir
   local name=$1 base=$2 s1=() r rs tn sn=0 sc=0 t0
   for r in 1 2 3; do s1+=("$(stage_run "$base" 1)"); done
-  rm -rf "$base/t1"; mkdir -p "$base/t1"
-  drop_caches
-  t0=$(now)
-  ip netns exec "$(ns s)" rsync -a -e "$SSH" "$SRC/" "root@$(ip_of t1):$base/t1/"
-  rs=$(python3 -c "print($(now)-$t0)")
-  identical "$base/t1" || { echo "# WRONG: rsync copy differs" >&2; WRONG=1; }
-  rm -rf "$base/t1"; mkdir -p "$base/t1"
-  drop_caches
-  ip netns exec "$(ns t1)" sh -c "nc -l -s $(ip_of t1) -p 9100 | tar -x -C $base/t1" &
-  local ncpid=$!
-  sleep 0.5
-  t0=$(now)
-  ip netns exec "$(ns s)" sh -c "tar -c -C $SRC . | nc -N $(ip_of t1) 9100"
-  wait $ncpid
-  tn=$(python3 -c "print($(now)-$t0)")
-  identical "$base/t1" || { echo "# WRONG: tar|nc copy differs" >&2; WRONG=1; }
+  rs=0 tn=0
+  if ((HAVE_RSYNC)); then
+    rm -rf "$base/t1"; mkdir -p "$base/t1"
+    drop_caches
+    t0=$(now)
+    ip netns exec "$(ns s)" rsync -a -e "$SSH" "$SRC/" "root@$(ip_of t1):$base/t1/"
+    rs=$(python3 -c "print($(now)-$t0)")
+    identical "$base/t1" || { echo "# WRONG: rsync copy differs" >&2; WRONG=1; }
+  fi
+  if ((HAVE_NC)); then
+    rm -rf "$base/t1"; mkdir -p "$base/t1"
+    drop_caches
+    ip netns exec "$(ns t1)" sh -c "nc -l -s $(ip_of t1) -p 9100 | tar -x -C $base/t1" &
+    local ncpid=$!
+    sleep 0.5
+    t0=$(now)
+    ip netns exec "$(ns s)" sh -c "tar -c -C $SRC . | nc -N $(ip_of t1) 9100"
+    wait $ncpid
+    tn=$(python3 -c "print($(now)-$t0)")
+    identical "$base/t1" || { echo "# WRONG: tar|nc copy differs" >&2; WRONG=1; }
+  fi
   rm -rf "$base/t1"
   if ((TARGETS > 1)); then
     sn=$(stage_run "$base" "$TARGETS")
@@ -267,6 +287,8 @@ for _ in 1 2 3; do
   "$SPARKCTL" evict --local "$SRC" >/dev/null
   ev+=("$(python3 -c "print($(now)-$t0)")")
   EV_AFTER=$(resident)
+  VM_BEFORE=0 VM_AFTER=0
+  ((HAVE_VMTOUCH)) || { vm+=(0); continue; }
   warm
   VM_BEFORE=$(resident)
   t0=$(now)
@@ -296,9 +318,13 @@ for name in e["LAYOUT_LIST"].split():
     if name == "separate":
         title = "target on its own disk (ext4 on a RAM-backed zram block device)"
         limits = {"source_read": rd, "link": lk, "target_write": ws}
+        if not lk:
+            del limits["link"]  # iperf3 missing: not measured
     else:
         title = "target on the source's disk (read and write share one device)"
         limits = {"source_read": rd, "link": lk, "target_write": wr, "same_disk_read_write_at_once": cp}
+        if not lk:
+            del limits["link"]
     slow_name = min(limits, key=limits.get)
     slow = limits[slow_name]
     print(f"# layout {name}: {title}")
@@ -309,13 +335,17 @@ for name in e["LAYOUT_LIST"].split():
         rows += [(f"stage-weights {nt} targets", sn, rate(sn) * nt),
                  (f"stage-weights {nt} chain", sc, rate(sc) * nt)]
     for n, s, r in rows:
-        print(f"{n:<30} {s:8.2f} {r:8.0f}")
+        if s > 0:
+            print(f"{n:<30} {s:8.2f} {r:8.0f}")
     frac = rate(s1) / slow
     print(f"# {name}: limits {', '.join(f'{k} {x}' for k, x in limits.items())} MB/s; slowest "
           f"{slow_name} {slow}")
+    xr = f"{rs/s1:.1f}x rsync" if rs else "rsync not run"
+    xt = f"{tn/s1:.1f}x tar|nc" if tn else "tar|nc not run"
+    goal = ("met" if frac >= 0.7 and rs / s1 >= 3 else "NOT met") if rs else \
+        ("70% met" if frac >= 0.7 else "70% NOT met") + " (3x rsync not checked: rsync not run)"
     print(f"# {name}: stage-weights (median of 3: {v['s1_all']} s) = {frac*100:.0f}% of the "
-          f"slowest limit, {rs/s1:.1f}x rsync, {tn/s1:.1f}x tar|nc; goal 70% and 3x rsync: "
-          f"{'met' if frac >= 0.7 and rs / s1 >= 3 else 'NOT met'}")
+          f"slowest limit, {xr}, {xt}; goal 70% and 3x rsync: {goal}")
     if nt > 1:
         print(f"# {name}: {nt} targets take {sn/s1:.2f}x the wall time of 1 in parallel (aggregate "
               f"{rate(sn)*nt:.0f} MB/s), {sc/s1:.2f}x as a chain (aggregate {rate(sc)*nt:.0f} MB/s)")
@@ -325,15 +355,20 @@ for name in e["LAYOUT_LIST"].split():
         "slowest_limit_MBps": slow, "stage_1_target_s": s1,
         "stage_1_target_runs_s": [float(x) for x in v["s1_all"].split()],
         "stage_1_target_MBps": rate(s1), "fraction_of_slowest": frac,
-        "rsync_ssh_s": rs, "rsync_ssh_MBps": rate(rs), "x_rsync": rs / s1,
-        "tar_nc_s": tn, "tar_nc_MBps": rate(tn), "x_tar_nc": tn / s1,
+        "rsync_ssh_s": rs or None, "rsync_ssh_MBps": rate(rs) or None,
+        "x_rsync": rs / s1 if rs else None,
+        "tar_nc_s": tn or None, "tar_nc_MBps": rate(tn) or None, "x_tar_nc": tn / s1 if tn else None,
         "stage_n_targets_s": sn, "stage_n_targets_aggregate_MBps": rate(sn) * nt if sn else 0,
         "stage_n_chain_s": sc, "stage_n_chain_aggregate_MBps": rate(sc) * nt if sc else 0,
-        "goal_met": frac >= 0.7 and rs / s1 >= 3, "stage_report_1_target": st}
+        "goal_met": frac >= 0.7 and (rs / s1 >= 3 if rs else None), "stage_report_1_target": st}
 evs, vms = float(e["EV_S"]), float(e["VM_S"])
-print(f"# evict: sparkctl {evs:.3f} s ({int(e['EV_BEFORE'])>>20} MiB -> {int(e['EV_AFTER'])>>20} MiB "
+if vms > 0:
+  print(f"# evict: sparkctl {evs:.3f} s ({int(e['EV_BEFORE'])>>20} MiB -> {int(e['EV_AFTER'])>>20} MiB "
       f"resident), vmtouch -e {vms:.3f} s ({int(e['VM_BEFORE'])>>20} MiB -> {int(e['VM_AFTER'])>>20} "
       f"MiB); time ratio sparkctl/vmtouch {evs/max(vms,1e-6):.2f}")
+else:
+  print(f"# evict: sparkctl {evs:.3f} s ({int(e['EV_BEFORE'])>>20} MiB -> {int(e['EV_AFTER'])>>20} "
+        f"MiB resident); vmtouch not run")
 out.update({"evict_s": evs, "evict_resident_before": int(e["EV_BEFORE"]),
             "evict_resident_after": int(e["EV_AFTER"]), "vmtouch_s": vms,
             "vmtouch_resident_before": int(e["VM_BEFORE"]), "vmtouch_resident_after": int(e["VM_AFTER"]),

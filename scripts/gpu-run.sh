@@ -9,6 +9,7 @@
 #   (.device/ itself is ~100 MiB once OpenBLAS and ICU are in; the device tool carries at
 #   most 64 MiB, so stage also packs it with xz into .device-pack/, which is what travels.)
 #   scripts/gpu-run.sh device    # what .device/run.sh runs; also works here (GPU parts skip)
+#   GPU_RUN_STEPS=stage-bench bash .device/run.sh   # bench/stage_bench.sh on that machine
 #
 # Why staging: the GPU machine is Ubuntu 24.04 with CUDA 13, NCCL, Boost 1.83, fmt, doctest
 # and libibverbs, but without PCRE2, xxhash, OpenBLAS, libssh or Gloo, and offline. So the
@@ -34,6 +35,8 @@ SYSTEM_LIBS='^(linux-vdso|ld-linux.*|libc|libm|libdl|librt|libpthread|libresolv|
 MAX_STAGE_MIB=60
 BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests tests/spark_fault_server)
 EXTRA_FILES=(tests/libfault_inject_libcuda.so)
+# Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
+TOOLS=(ip iperf3 nc vmtouch)
 
 stage() {
   local src; src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -66,6 +69,12 @@ stage() {
     cp "$build/$f" "$dev/bin/"
   done
   strip --strip-unneeded "$dev"/bin/* 2>/dev/null || true
+  mkdir -p "$dev/tools"
+  local t
+  for t in "${TOOLS[@]}"; do
+    if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
+  done
+  cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -74,10 +83,10 @@ stage() {
     [ -e "$path" ] || die "ldd names $name => $path, which does not exist here"
     cp -L "$path" "$dev/lib/$name"
     copied+=("$name")
-  done < <(for f in "$dev"/bin/*; do ldd "$f"; done |
+  done < <(for f in "$dev"/bin/* "$dev"/tools/*; do ldd "$f"; done |
              awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u)
   strip --strip-unneeded "$dev"/lib/* 2>/dev/null || true
-  if for f in "$dev"/bin/*; do LD_LIBRARY_PATH="$dev/lib" ldd "$f"; done | grep -q 'not found'; then
+  if for f in "$dev"/bin/* "$dev"/tools/*; do LD_LIBRARY_PATH="$dev/lib" ldd "$f"; done | grep -q 'not found'; then
     die "a staged binary has unresolved libraries: $(for f in "$dev"/bin/*; do ldd "$f"; done | grep 'not found' | sort -u | tr '\n' ' ')"
   fi
 
@@ -169,6 +178,10 @@ device() {
   [[ $want == *" gpu-kernels "* ]] &&
     step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*' -s
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
+  [[ $want == *" stage-bench "* ]] &&
+    step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \
+      bash "$dev/stage_bench.sh" "$dev" --size-gib 4 --targets 3 --json "$out/stage_bench.json"
 
   cat "$summary"
   local joined; joined=$(IFS=,; echo "${steps_json[*]}")
@@ -179,5 +192,5 @@ device() {
 case "${1:-}" in
   stage) stage ;;
   device) device ;;
-  *) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  *) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
