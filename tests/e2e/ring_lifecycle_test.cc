@@ -20,6 +20,7 @@
 
 #include "core/process.h"
 #include "core/strings.h"
+#include "support/netns_ring.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -35,12 +36,7 @@ int next_suffix() {
   return 100 + (static_cast<int>(::getpid()) * 7 + 37 * n++) % 890;
 }
 
-struct Out {
-  int rc = -1;
-  std::string out, err;
-  json j;
-  std::string all() const { return fmt::format("rc {}\nstdout:\n{}\nstderr:\n{}", rc, out, err); }
-};
+using Out = test::CtlRun;
 
 struct LocalRing {
   test::TempDir dir{"spark-ringcli"};
@@ -86,17 +82,7 @@ struct LocalRing {
     for (const auto& a : args) spec.argv.push_back(a);
     spec.env = env;
     spec.timeout = timeout;
-    Out o;
-    auto r = run_process(spec);
-    if (!r) {
-      o.err = r.error().message;
-      return o;
-    }
-    o.rc = r->timed_out ? -2 : r->exit_status;
-    o.out = r->out;
-    o.err = r->err;
-    o.j = json::parse(o.out, nullptr, false);
-    return o;
+    return test::run_ctl(spec);
   }
   Out json_run(std::vector<std::string> args, std::chrono::milliseconds timeout = 90s) const {
     args.insert(args.begin(), "--json");

@@ -103,12 +103,7 @@ std::vector<std::string> NetnsRing::sparkctl_argv(const std::vector<std::string>
   return argv;
 }
 
-CtlRun NetnsRing::ctl(const std::vector<std::string>& args,
-                      std::chrono::milliseconds timeout) const {
-  ProcessSpec spec;
-  spec.argv = sparkctl_argv(args);
-  spec.env = env;
-  spec.timeout = timeout;
+CtlRun run_ctl(const ProcessSpec& spec) {
   CtlRun o;
   auto r = run_process(spec);
   if (!r) {
@@ -120,6 +115,15 @@ CtlRun NetnsRing::ctl(const std::vector<std::string>& args,
   o.err = r->err;
   o.j = json::parse(o.out, nullptr, false);
   return o;
+}
+
+CtlRun NetnsRing::ctl(const std::vector<std::string>& args,
+                      std::chrono::milliseconds timeout) const {
+  ProcessSpec spec;
+  spec.argv = sparkctl_argv(args);
+  spec.env = env;
+  spec.timeout = timeout;
+  return run_ctl(spec);
 }
 
 CtlRun NetnsRing::ctl_json(std::vector<std::string> args, std::chrono::milliseconds timeout) const {

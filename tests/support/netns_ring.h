@@ -46,6 +46,10 @@ struct CtlRun {
   std::string all() const;
 };
 
+/// Runs a sparkctl command line and captures its exit status, output and parsed JSON
+/// (rc -2 on timeout, -1 with err set when it could not be run).
+CtlRun run_ctl(const ProcessSpec& spec);
+
 class NetnsRing {
  public:
   static constexpr int kApiPort = 18080;
