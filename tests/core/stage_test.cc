@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -359,4 +360,33 @@ TEST_CASE("stage: chain mode feeds the first target only; each forwards what the
   REQUIRE(again.ok());
   CHECK(again->ok);
   for (const auto& t : again->targets) CHECK(t.bytes_sent == 0);
+}
+
+TEST_CASE("stage wire: a data connection leaves its send buffer to the kernel's autotuning") {
+  // A socket whose SO_SNDBUF was set keeps that size (doubled, capped at wmem_max) and is
+  // never tuned; an autotuned one stays within tcp_wmem's maximum. Where a pinned size would
+  // also fit under that maximum, this kernel cannot tell the two apart.
+  auto field = [](const std::string& path, size_t i) -> uint64_t {
+    auto t = read_file(path);
+    if (!t) return 0;
+    auto f = split_list(trim(*t), '\t');
+    if (f.size() == 1) f = split_list(trim(*t), ' ');
+    return i < f.size() ? std::stoull(f[i]) : 0;
+  };
+  const uint64_t tune_max = field("/proc/sys/net/ipv4/tcp_wmem", 2);
+  const uint64_t wmem_max = field("/proc/sys/net/core/wmem_max", 0);
+  const uint64_t pinned = 2 * std::min<uint64_t>(8u << 20, wmem_max);  // what 8 MiB would give
+  if (tune_max == 0 || pinned <= tune_max) {
+    MESSAGE("SKIP: tcp_wmem max " << tune_max << ", wmem_max " << wmem_max
+                                  << ": a pinned buffer would not stand out here");
+    return;
+  }
+  auto l = listen_on("127.0.0.1", 0);
+  REQUIRE(l.ok());
+  auto c = connect_to("127.0.0.1", (*l)->port, std::chrono::seconds(5), "t1");
+  REQUIRE(c.ok());
+  int snd = 0;
+  socklen_t len = sizeof snd;
+  REQUIRE(::getsockopt(c->fd(), SOL_SOCKET, SO_SNDBUF, &snd, &len) == 0);
+  CHECK(static_cast<uint64_t>(snd) <= tune_max);
 }
