@@ -1,4 +1,4 @@
-// Unit tests of the preflight pieces: GID resolution, plan arithmetic, rank environments,
+// Unit tests of the preflight pieces: GID resolution, rank environments,
 // the cross-node merge, pings and bandwidth verdicts, live facts, capture and replay.
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -16,7 +16,6 @@
 #include "env/capture.h"
 #include "env/facts.h"
 #include "env/meminfo.h"
-#include "env/plan.h"
 #include "env/preflight.h"
 #include "env/rank_env.h"
 #include "env/rdma.h"
@@ -119,51 +118,6 @@ TEST_CASE("resolve_roce_gid: an empty table fails closed, a missing port is name
   CHECK(format_gid_table(hca_with({gid(3, v4("0a0a:0202"), "RoCE v2"), gid(4, kZero, "")})) ==
         "hca_id: rocep1s0f1\n  port: 1\n    state: \n    phys_state: \n    link_layer: \n"
         "    GID[  3]: ::ffff:10.10.2.2, RoCE v2, enp1s0f1np1\n");
-}
-
-TEST_CASE("plan: KV bytes per token for GQA and MLA, shares per rank, largest context") {
-  auto gqa = model_shape(nlohmann::json::parse(
-      R"({"num_hidden_layers":64,"num_attention_heads":64,"num_key_value_heads":8,"head_dim":128,"torch_dtype":"bfloat16"})"));
-  REQUIRE(gqa.ok());
-  CHECK(kv_bytes_per_token(*gqa, 2) == 64ull * 2 * 8 * 128 * 2);
-  CHECK(kv_bytes_per_token_per_rank(*gqa, 2, 2) == 64ull * 2 * 4 * 128 * 2);
-  CHECK(kv_bytes_per_token_per_rank(*gqa, 2, 16) ==
-        64ull * 2 * 1 * 128 * 2);  // a head is never split
-  auto mla = model_shape(nlohmann::json::parse(
-      R"({"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"torch_dtype":"bfloat16"})"));
-  REQUIRE(mla.ok());
-  CHECK(mla->mla);
-  CHECK(kv_bytes_per_token(*mla, 2) == 61ull * (512 + 64) * 2);
-  CHECK(kv_bytes_per_token(*mla, kv_dtype_bytes("fp8", *mla)) == 61ull * (512 + 64));
-  CHECK(kv_bytes_per_token_per_rank(*mla, 2, 2) == 31ull * (512 + 64) * 2);
-  auto nested = model_shape(nlohmann::json::parse(
-      R"({"architectures":["X"],"text_config":{"num_hidden_layers":2,"num_attention_heads":4,"hidden_size":256}})"));
-  REQUIRE(nested.ok());
-  CHECK(nested->head_dim == 64);
-  CHECK(nested->kv_heads == 4);
-  CHECK_FALSE(model_shape(nlohmann::json::parse(R"({"num_attention_heads":4})")).ok());
-
-  PlanInput in;
-  in.shape = *gqa;
-  in.weight_bytes = 64ull << 30;
-  in.kv_bytes = 2;
-  in.context = 32768;
-  in.slots = 4;
-  in.reserve = 4ull << 30;
-  in.capacity_per_rank = 100ull << 30;
-  auto rows = plan_table(in, 4);
-  REQUIRE(rows.size() == 4);
-  // 1 node: 64 GiB + 32 GiB KV (256 KiB/token x 131072 tokens) + 4 GiB = 100 GiB: fits exactly.
-  CHECK(rows[0].kv_per_rank == 32ull << 30);
-  CHECK(rows[0].need_per_rank == 100ull << 30);
-  CHECK(rows[0].fits);
-  CHECK(rows[0].max_context == 32768);
-  CHECK(rows[1].weights_per_rank == 32ull << 30);
-  CHECK(rows[1].max_context == (64ll << 30) / (128 * 1024 * 4));
-  in.capacity_per_rank = 60ull << 30;
-  auto r1 = plan_row(in, 1);
-  CHECK_FALSE(r1.fits);
-  CHECK(r1.max_context == 0);  // the weights alone do not fit
 }
 
 TEST_CASE("rank env: pins from the node's facts; fails closed without a usable GID") {
