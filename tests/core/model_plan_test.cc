@@ -11,6 +11,9 @@
 
 #include "core/strings.h"
 #include "daemon/engine/kv_cache.h"
+#include "env/model_files.h"
+#include "env/plan.h"
+#include "support/tempdir.h"
 
 using namespace spark;
 using namespace spark::plan;
@@ -264,4 +267,52 @@ TEST_CASE("plan: the engine's KV cache holds what the plan says per token") {
   const uint64_t per_token = kv_bytes_per_token_per_rank(s, {KvLayout::native, "fp32"}, {2, 1});
   spark::engine::KVCache cache(4, 10, 16, 8 / 2, 128);
   CHECK(cache.bytes() == per_token * 160);
+}
+
+namespace {
+
+// A safetensors file whose header names `tensors` (name, bytes) over zeroed data.
+std::string safetensors(const std::vector<std::pair<std::string, uint64_t>>& tensors) {
+  nlohmann::json h = nlohmann::json::object();
+  uint64_t off = 0;
+  for (const auto& [name, bytes] : tensors) {
+    h[name] = {{"dtype", "U8"}, {"shape", {bytes}}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string text = h.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i));
+  return out + text + std::string(off, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("plan: routed-expert bytes come from the shards' headers, quantized or not") {
+  spark::test::TempDir d("plan-weights");
+  d.write("m/config.json", R"({"num_hidden_layers":1,"num_attention_heads":4,"head_dim":8,
+                              "n_routed_experts":4})");
+  d.write("m/model.safetensors.index.json",
+          R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})");
+  d.write("m/s1.safetensors",
+          safetensors({{"model.layers.0.mlp.experts.0.down_proj.weight", 1000},
+                       {"model.layers.0.mlp.experts.0.down_proj.weight_scale", 24},
+                       {"model.layers.0.self_attn.q_proj.weight", 300}}));
+  d.write("m/s2.safetensors",
+          safetensors({{"model.layers.0.mlp.experts.gate_up_proj", 4000},
+                       {"model.layers.0.mlp.shared_experts.up_proj.weight", 200}}));
+  auto mf = spark::env::read_model_files(spark::env::Sysroot("/"), d / "m");
+  REQUIRE(mf.config_ok);
+  CHECK(mf.tensor_sizes);
+  CHECK(mf.tensor_bytes == 1000 + 24 + 300 + 4000 + 200);
+  CHECK(mf.expert_bytes == 1000 + 24 + 4000);
+  auto in = spark::env::plan_input(mf, nullptr);
+  REQUIRE(in.ok());
+  CHECK(in->weights.experts == 5024);
+  // A shard that is not safetensors leaves the split unknown (everything / R) and says why.
+  d.write("m/s2.safetensors", std::string(16, '\0'));
+  auto bad = spark::env::read_model_files(spark::env::Sysroot("/"), d / "m");
+  CHECK_FALSE(bad.tensor_sizes);
+  CHECK(bad.expert_bytes == 0);
+  CHECK(bad.tensor_sizes_error.find("s2.safetensors") != std::string::npos);
 }
