@@ -1,7 +1,8 @@
 #pragma once
 // Memory arithmetic per rank: the rank's share of the weights, its KV pool for the
 // configured context and slots, and the reserve, against what the node has. Plan context
-// from memory, never the reverse (FIELD-NOTES 7).
+// from memory, never the reverse: an engine refuses a context whose KV cache does not
+// fit only after minutes of loading.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
