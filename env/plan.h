@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hf/config.h"
 
 namespace spark::env {
 
@@ -24,7 +25,10 @@ struct ModelShape {
   int dtype_bytes = 2;  // torch_dtype
 };
 
-/// Reads the shape from config.json (text_config is used when the model nests one).
+/// The shape from what core/hf read of config.json (which takes text_config when the model
+/// nests one).
+Result<ModelShape> model_shape(const hf::Config& config);
+/// The same from parsed config.json.
 Result<ModelShape> model_shape(const nlohmann::json& config);
 /// Bytes per element of a KV_DTYPE value ("auto" = the model's dtype).
 int kv_dtype_bytes(const std::string& kv_dtype, const ModelShape& s);
