@@ -93,7 +93,9 @@ int ModelShape::count(LayerKind k) const {
 }
 
 Result<ModelShape> model_shape(const json& top, const std::string& where) {
-  if (!top.is_object()) return make_error(Errc::config, where + ": not a JSON object");
+  // The fields core/hf reads are checked there first, so a file it refuses is refused here
+  // with its words.
+  if (auto checked = hf::parse_config(top, where); !checked) return checked.error();
   const bool nested = !top.contains("num_hidden_layers") && top.contains("text_config") &&
                       top["text_config"].is_object();
   const json& c = nested ? top["text_config"] : top;
@@ -235,6 +237,10 @@ Result<ModelShape> model_shape(const json& top, const std::string& where) {
     }
   }
   return s;
+}
+
+Result<ModelShape> model_shape(const hf::Config& config, const std::string& where) {
+  return model_shape(config.raw, where);
 }
 
 int kv_dtype_bytes(const std::string& kv_dtype, const ModelShape& s) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hf/config.h"
 
 namespace spark::plan {
 
@@ -70,6 +71,8 @@ struct ModelShape {
 /// no num_hidden_layers). `where` names the file in messages. An unknown layer type, or a
 /// layer type whose dimensions the config lacks, is Errc::config naming the type.
 Result<ModelShape> model_shape(const nlohmann::json& config, const std::string& where);
+/// The same from what core/hf read of config.json (its `raw` file).
+Result<ModelShape> model_shape(const hf::Config& config, const std::string& where);
 
 /// Whose KV layout is planned: ours, or an external engine's.
 enum class KvLayout {

@@ -1,6 +1,6 @@
 #pragma once
-// Engine backends behind one interface. `native` is our own engine (the engine issues fill
-// it in); `exec` runs a configured external command per rank and takes its health from that
+// Engine backends behind one interface. `native` is our own engine
+// (daemon/engine/); `exec` runs a configured external command per rank and takes its health from that
 // command's own endpoint. The daemon's lifecycle thread calls start(); the HTTP threads call
 // status(), which must be cheap and thread-safe. Engine work never runs on the reactor.
 #include <chrono>
@@ -82,7 +82,7 @@ class Engine {
 
 /// The backend ENGINE names, for this rank.
 std::unique_ptr<Engine> make_engine(const RingConfig& cfg, int rank);
-/// The native engine (daemon/engine_native.cc; the engine issues own it).
+/// The native engine (daemon/native_backend.cc).
 std::unique_ptr<Engine> make_native_engine(const RingConfig& cfg, int rank);
 /// The exec backend (daemon/engine_exec.cc).
 std::unique_ptr<Engine> make_exec_engine(const RingConfig& cfg, int rank);

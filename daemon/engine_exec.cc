@@ -15,7 +15,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/engine.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "daemon/process_group.h"
 
 namespace spark::daemon {

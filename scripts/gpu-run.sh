@@ -46,7 +46,6 @@ stage() {
     build=$STAGE_FROM  # an existing build (the script test uses this); no configure/build
     archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
   else
-    export CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
     local launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "nvcc not found: the GPU build needs the CUDA toolkit (/usr/local/cuda)"

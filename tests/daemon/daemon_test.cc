@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/tempdir.h"
 
 using namespace spark;

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -98,23 +98,23 @@ struct Server {
     }
   }
   json health() const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.port = static_cast<uint16_t>(port);
     c.target = "/health";
     c.timeout = 2000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (!r.ok()) return json::object();
     return json::parse(r->body, nullptr, false);
   }
-  daemon::HttpReply call(const std::string& method, const std::string& target,
+  HttpReply call(const std::string& method, const std::string& target,
                          const std::string& body = "") const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(port);
     c.target = target;
     c.body = body;
     c.timeout = 60000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     REQUIRE_MESSAGE(r.ok(), method << " " << target << ": " << r.error().message);
     return *r;
   }
