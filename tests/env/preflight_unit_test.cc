@@ -16,6 +16,8 @@
 #include "env/capture.h"
 #include "env/facts.h"
 #include "env/meminfo.h"
+#include "env/model_files.h"
+#include "env/plan.h"
 #include "env/preflight.h"
 #include "env/rank_env.h"
 #include "env/rdma.h"
@@ -418,4 +420,40 @@ TEST_CASE("rdma.devices warns when an ACTIVE twin is left out of NODE<i>_HCAS") 
             "rocep1s0f1 is ACTIVE but not in NODE1_HCAS: NCCL uses only the configured HCAs");
     }
   CHECK(warned);
+}
+
+TEST_CASE("mem.plan plans GLM-5.3-Flash with vLLM's records: the plan sparkctl plan prints") {
+  namespace fs = std::filesystem;
+  const std::string src = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/";
+  test::TempDir d("memplan");
+  fs::copy(src + "preflight/healthy-pair", d.path(), fs::copy_options::recursive);
+  for (const char* n : {"node0", "node1"})
+    fs::copy_file(src + "models/plan/glm-5.3-flash/config.json",
+                  d / (std::string(n) + "/models/qwen3-32b/config.json"),
+                  fs::copy_options::overwrite_existing);
+  auto text = read_file(d / "cluster.env");
+  REQUIRE(text);
+  d.write("cluster.env", *text + "KV_LAYOUT=vllm\nKV_DTYPE=fp8\nCONTEXT_LEN=500000\nSLOTS=1\n");
+  std::vector<Diagnostic> diags;
+  auto cfg = load_config(d / "cluster.env", Environment{}, &diags);
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
+  CheckFilter only;
+  only.only = {"mem.plan"};
+  auto r = replay_ring(*cfg, {d / "node0", d / "node1"}, only, true);
+  const CheckResult* row = nullptr;
+  for (const auto& c : r.checks)
+    if (c.node == "spark-a" && c.id == "mem.plan") row = &c;
+  REQUIRE(row);
+  // The same plan, computed here from the same files and keys.
+  auto in = plan_input(read_model_files(Sysroot(d / "node0"), "/models/qwen3-32b"), &*cfg);
+  REQUIRE(in.ok());
+  in->gpus_per_node = 1;
+  in->capacity_per_rank = 1;  // not compared
+  auto want = plan::plan_row(*in, 2);
+  CHECK(want.kv_per_rank ==
+        11ull * 656 * 500000 + 11ull * 132 * (500000 / 16) + want.state_per_rank);
+  CHECK(row->message.find("(vllm KV)") != std::string::npos);
+  CHECK(row->message.find(fmt::format("KV {} (500000 tokens x 1 slots, {} of it fixed state)",
+                                      format_size(want.kv_per_rank),
+                                      format_size(want.state_per_rank))) != std::string::npos);
 }
