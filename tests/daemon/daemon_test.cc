@@ -20,18 +20,18 @@ using namespace std::chrono_literals;
 namespace {
 
 // Test double for fault injection: the test decides when it is ready, fatal or stuck.
-class FaultInjectionEngine final : public Engine {
+class FaultInjectionBackend final : public Backend {
  public:
   std::atomic<bool> ready{false}, fatal{false};
   std::atomic<int> stuck_ms{0};
   std::atomic<bool> stopped{false};
   const char* name() const override { return "fault-injection"; }
-  Status start(EngineContext& ctx) override {
+  Status start(BackendContext& ctx) override {
     ctx.progress("loading weights 10%");
     return Status::Ok();
   }
-  EngineStatus status() override {
-    EngineStatus s;
+  BackendStatus status() override {
+    BackendStatus s;
     s.ready = ready;
     s.fatal = fatal;
     s.reason = fatal ? "engine process exited with status 1" : ready ? "" : "loading weights 10%";
@@ -82,7 +82,7 @@ bool eventually(Pred p, std::chrono::milliseconds limit = 3000ms) {
 }  // namespace
 
 TEST_CASE("daemon: /health is live before ready, strict says 503 until the engine is ready") {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   auto* e = eng.get();
   Daemon d(local_ring(), opts_port0(), std::move(eng));
   REQUIRE(d.start().ok());
@@ -128,7 +128,7 @@ TEST_CASE("daemon: /health is live before ready, strict says 503 until the engin
 }
 
 TEST_CASE("daemon: an engine call older than STALL_TIMEOUT reports stalled; a dead engine fatal") {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   auto* e = eng.get();
   Daemon d(local_ring(), opts_port0(), std::move(eng));
   DaemonTiming t;
@@ -237,11 +237,11 @@ RingConfig two_rank_ring(const std::string& extra = "") {
   return local_ring("NODE0_GPUS=0,1\n" + extra);
 }
 struct Rank {
-  FaultInjectionEngine* engine = nullptr;
+  FaultInjectionBackend* engine = nullptr;
   std::unique_ptr<Daemon> d;
 };
 Rank start_rank(const RingConfig& cfg, int rank, uint16_t rdzv_port, bool start = true) {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   Rank r;
   r.engine = eng.get();
   DaemonOptions o = opts_port0();
