@@ -290,15 +290,15 @@ TEST_CASE("daemon ring: rank 0 is ready only when every rank joined and is ready
   CHECK(j["ranks"][1]["state"] == "ready");
   CHECK(j["ranks"][1]["joined"] == true);
 
-  // A follower that goes away makes rank 0 fatal within a heartbeat timeout.
-  auto t0 = std::chrono::steady_clock::now();
+  // A follower that goes away makes rank 0 fatal, because its heartbeat connection closed
+  // (the cause is checked, not the time: a loaded machine may be slow to notice).
   r1.d->request_stop("test kills rank 1", 0);
   r1.d->wait();
-  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }, 3000ms));
-  CHECK(std::chrono::steady_clock::now() - t0 < 2000ms);
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }, 5000ms));
   j = health(r0.d->http_port(), &st, "?strict");
   CHECK(st == 503);
   CHECK(j["reason"].get<std::string>().find("rank 1 (node node0) lost") != std::string::npos);
+  CHECK(j["reason"].get<std::string>().find("heartbeat connection closed") != std::string::npos);
   CHECK(j["ranks_alive"] == 1);
 }
 
