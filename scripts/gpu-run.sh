@@ -9,7 +9,7 @@
 #   (.device/ itself is ~100 MiB once OpenBLAS and ICU are in; the device tool carries at
 #   most 64 MiB, so stage also packs it with xz into .device-pack/, which is what travels.)
 #   scripts/gpu-run.sh device    # what .device/run.sh runs; also works here (GPU parts skip)
-#   GPU_RUN_STEPS=stage-bench bash .device/run.sh   # bench/stage_bench.sh on that machine
+#   GPU_RUN_STEPS=stage-bench bash .device/run.sh   # bench/stage/stage_bench.sh on that machine
 #
 # Why staging: the GPU machine is Ubuntu 24.04 with CUDA 13, NCCL, Boost 1.83, fmt, doctest
 # and libibverbs, but without PCRE2, xxhash, OpenBLAS, libssh or Gloo, and offline. So the
@@ -73,7 +73,7 @@ stage() {
   for t in "${TOOLS[@]}"; do
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
-  cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
+  cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()

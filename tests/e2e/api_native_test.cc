@@ -348,7 +348,7 @@ TEST_CASE("e2e api: /tokenize and /detokenize round-trip") {
 
 TEST_CASE("e2e api: tools are accepted; the model's non-tool output stays text") {
   // The demo weights are random, so the model does not emit <tool_call>; parsing real tool
-  // calls into tool_calls is covered through the same Responder by openai_client --wire.
+  // calls into tool_calls is covered through the same CompletionWriter by openai_client --wire.
   auto& s = server();
   json tools =
       json::array({{{"type", "function"},
