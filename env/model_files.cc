@@ -24,7 +24,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   }
 
   std::map<std::string, uint64_t> expected;
-  if (auto text = root.read(model_path + "/" + kManifestName)) {
+  if (auto text = root.read(model_path + "/" + kManifestName, kJsonReadCap)) {
     m.has_manifest = true;
     auto man = parse_manifest_json(*text, model_path + "/" + kManifestName);
     if (!man) {
@@ -44,7 +44,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   };
 
   add("config.json");
-  if (auto text = root.read(model_path + "/config.json")) {
+  if (auto text = root.read(model_path + "/config.json", kJsonReadCap)) {
     m.config = json::parse(*text, nullptr, false);
     if (m.config.is_discarded() || !m.config.is_object())
       m.config_error = "config.json is not a JSON object";
@@ -59,7 +59,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   if (std::find(entries.begin(), entries.end(), "model.safetensors.index.json") != entries.end()) {
     m.index_name = "model.safetensors.index.json";
     add(m.index_name);
-    auto text = root.read(model_path + "/" + m.index_name);
+    auto text = root.read(model_path + "/" + m.index_name, kJsonReadCap);
     json j = text ? json::parse(*text, nullptr, false) : json();
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       m.index_error = fmt::format("{} has no weight_map", m.index_name);
