@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -20,8 +21,10 @@
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/known_bad.h"
+#include "env/meminfo.h"
 #include "env/preflight.h"
 #include "env/rank_env.h"
+#include "env/rdma.h"
 #include "env/sysroot.h"
 #include "support/tempdir.h"
 
@@ -618,4 +621,30 @@ TEST_CASE("the sparkctl binary carries the known-bad list (run from another dire
       CHECK(has(c["message"].get<std::string>(), "ENOMEM in ibv_reg_mr"));
     }
   CHECK(found);
+}
+
+TEST_CASE("fuzz corpus: every fuzz_node_report seed goes through the parsers it targets") {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(std::string(SPARK_SOURCE_DIR) +
+                                              "/tests/fuzz/corpus/fuzz_node_report")) {
+    auto data = read_file(e.path().string());
+    REQUIRE(data.has_value());
+    INFO(e.path().filename().string());
+    std::string esc = escape_invalid_utf8(*data);
+    CHECK_NOTHROW((void)json(esc).dump());
+    CHECK(escape_invalid_utf8(esc) == esc);
+    (void)parse_meminfo(*data);
+    std::array<uint8_t, 16> g{};
+    (void)parse_gid(*data, &g);
+    if (auto nl = data->find('\n'); nl != std::string::npos)
+      (void)version_matches(data->substr(0, nl), data->substr(nl + 1));
+    (void)parse_known_bad(*data, "corpus");
+    ++n;
+  }
+  CHECK(n >= 9);
+  auto kb = read_file(std::string(SPARK_SOURCE_DIR) +
+                      "/tests/fuzz/corpus/fuzz_node_report/known-bad.json");
+  REQUIRE(kb);
+  CHECK(parse_known_bad(*kb, "seed").ok());
+  CHECK(*version_matches("7.0.0-1019-nvidia", ">=7.0,<7.1,=7.0.0,*"));
 }
