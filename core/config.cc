@@ -66,6 +66,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
       {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr, "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
+      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr, "More known-bad versions (JSON, as the built-in list), read on each node by preflight's sw.known_bad."},
       {"START_CHECKS", KeyType::list, nullptr, nullptr, "Preflight checks start runs, fail-closed (IDs or groups); default every check but net.bandwidth."},
       {"STOP_GRACE", KeyType::duration, "30s", nullptr, "How long stop waits after SIGTERM before SIGKILL of a rank."},
       {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
@@ -494,6 +495,15 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
         d.push_back({true, where("HCAS"),
                      fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
                                  "`ibv_devices` or /sys/class/infiniband)", id, h)});
+    // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
+    for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
+      for (size_t a = 0; a < list->size(); ++a)
+        if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
+            list->begin() + static_cast<long>(a))
+          d.push_back({true, where(key),
+                       fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
+                                   "its own netdev)",
+                                   id, key, (*list)[a])});
     if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
       d.push_back({true, where("HCAS"),
                    fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
