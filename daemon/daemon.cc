@@ -269,6 +269,10 @@ Status Daemon::start() {
                             " is not loopback and no API key is configured: set API_KEY_FILE to a "
                             "file (mode 0600) holding the key, or bind 127.0.0.1");
     }
+    so.max_connections =
+        static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS")));
+    so.max_connections_per_peer =
+        static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS_PER_PEER")));
     so.public_paths = {"/health"};
     so.not_ready = [this]() -> std::string {
       State st = impl_->health.state();

@@ -15,7 +15,6 @@
 
 #include "core/log.h"
 #include "core/strings.h"
-
 #include "daemon/api_routes.h"
 #include "daemon/engine.h"
 #include "daemon/engine/runtime.h"
@@ -73,8 +72,8 @@ class NativeEngine final : public Engine {
       }
       auto mc = engine::load_model_config(dir);
       if (!mc) return mc.error();
-      auto fmt = tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture,
-                                         &api->tokenizer);
+      auto fmt =
+          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture, &api->tokenizer);
       if (!fmt) return fmt.error();
       api->chat_format = *fmt;
       if (ctx.progress)
@@ -85,6 +84,7 @@ class NativeEngine final : public Engine {
       for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);
       // Ids the model cannot produce (a tokenizer larger than the embedding) never stop it.
       std::erase_if(api->stop_token_ids, [&](int32_t id) { return id >= mc->vocab_size; });
+      api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
       api->model = cfg.get("MODEL");
       if (api->model.empty()) api->model = std::filesystem::path(dir).filename().string();
       api->created = static_cast<int64_t>(std::time(nullptr));
