@@ -9,6 +9,10 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/strings.h"
 
@@ -364,6 +368,23 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     int node = -1;
     std::string suffix;
     const KeySpec* spec = classify(k, &node, &suffix);
+    // A value that is not UTF-8 passes every other check and then poisons what carries
+    // it (the /health JSON of a ring that serves answered 400 forever); a NUL cuts it short
+    // wherever it becomes a C string.
+    if (auto at = r.value.find('\0'); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value holds a NUL byte at offset {}; remove it", k, at)});
+      refused.insert(k);
+      continue;
+    }
+    if (auto at = utf8_invalid_at(r.value); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value is not UTF-8 (byte 0x{:02x} at offset {}); write "
+                               "the file in UTF-8",
+                               k, static_cast<unsigned char>(r.value[at]), at)});
+      refused.insert(k);
+      continue;
+    }
     if (has_placeholder(r.value)) {
       d.push_back({true, r.source,
                    fmt::format("{}={} is still a placeholder: replace it with the real value", k,
@@ -570,6 +591,35 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     if (d[i].error) errors.push_back(fmt::format("{}: {}", d[i].where, d[i].message));
   if (!errors.empty()) return make_error(Errc::config, join(errors, "\n"));
   return cfg;
+}
+
+Result<std::string> read_api_key_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(Errc::config, "API_KEY_FILE " + path + ": " + std::strerror(errno) +
+                                        " (create it with the key on one line, chmod 600)");
+  if (!S_ISREG(st.st_mode))
+    return make_error(Errc::config, "API_KEY_FILE " + path + " is not a regular file");
+  if ((st.st_mode & 077) != 0)
+    return make_error(Errc::auth, fmt::format("API_KEY_FILE {} has mode {:04o}; other users could "
+                                              "read the key: chmod 600 {}",
+                                              path, st.st_mode & 07777, path));
+  auto text = read_file(path);
+  if (!text) return make_error(Errc::io, "API_KEY_FILE " + path + ": cannot read");
+  std::string key(trim(*text));
+  if (key.empty()) return make_error(Errc::config, "API_KEY_FILE " + path + " is empty");
+  // Two lines would make a key no client can send (a header value ends at the line).
+  if (key.find_first_of("\r\n") != std::string::npos)
+    return make_error(Errc::config, "API_KEY_FILE " + path +
+                                        " holds more than one line; put the key alone on the "
+                                        "first line");
+  for (unsigned char c : key)
+    if (c < 0x20 || c == 0x7f || c == ' ')
+      return make_error(Errc::config,
+                        fmt::format("API_KEY_FILE {}: the key holds a space or control character "
+                                    "(0x{:02x}); clients cannot send it in a Bearer header",
+                                    path, c));
+  return key;
 }
 
 Result<RingConfig> load_config(const std::string& path, const Environment& env,
