@@ -105,6 +105,7 @@ class NativeBackend final : public Backend {
       for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);
       // Ids the model cannot produce (a tokenizer larger than the embedding) never stop it.
       std::erase_if(api->stop_token_ids, [&](int32_t id) { return id >= mc->vocab_size; });
+      api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
       api->model = cfg.get("MODEL");
       if (api->model.empty()) api->model = std::filesystem::path(dir).filename().string();
       api->created = static_cast<int64_t>(std::time(nullptr));

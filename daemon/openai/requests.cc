@@ -144,9 +144,15 @@ std::vector<tok::ChatMessage> parse_messages(const Json& j) {
       }
     }
     if (msg.role == "tool") {
-      if (present(m, "tool_call_id") && !m["tool_call_id"].is_string())
-        fail(fmt::format("{}.tool_call_id must be a string.", p), p + ".tool_call_id");
-      msg.tool_call_id = m.value("tool_call_id", std::string());
+      // As in OpenAI's API: a tool result must say which call it answers.
+      if (!present(m, "tool_call_id"))
+        fail(fmt::format("{}: a 'tool' message needs 'tool_call_id', the id of the tool call "
+                         "it answers.",
+                         p),
+             p + ".tool_call_id");
+      if (!m["tool_call_id"].is_string() || m["tool_call_id"].get<std::string>().empty())
+        fail(fmt::format("{}.tool_call_id must be a non-empty string.", p), p + ".tool_call_id");
+      msg.tool_call_id = m["tool_call_id"].get<std::string>();
     }
     out.push_back(std::move(msg));
   }

@@ -133,6 +133,16 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
             .ok());
   CHECK(chat_error(with(R"("logit_bias": {"5": 10})")).param == "logit_bias");
   CHECK(chat_error(with(R"("functions": [])")).param == "functions");
+  // A tool result must name the call it answers.
+  CHECK(chat_error(R"({"messages": [{"role": "user", "content": "x"},
+                                    {"role": "tool", "content": "sunny"}]})")
+            .param == "messages[1].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": "", "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": 7, "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
   ApiError big = chat_error(with(""), limits_with([](Limits& l) { l.max_body_bytes = 10; }));
   CHECK(big.status == 413);
   CHECK(big.code == "request_too_large");
