@@ -289,7 +289,7 @@ Response tokenize(const ApiModel& m, const std::string& body) {
     ids = m.tokenizer.encode(*r.value->prompt, r.value->add_special_tokens);
   } else {
     auto text = tok::render_chat(m.chat_format, r.value->messages, tok::Json::array(),
-                                 r.value->add_generation_prompt);
+                                 r.value->add_generation_prompt, r.value->chat_template_kwargs);
     if (!text) return api_error(openai::from_error(text.error(), "messages"));
     ids = m.tokenizer.encode(*text, false);
   }
