@@ -631,12 +631,16 @@ class Eval {
 
   Value make_macro(const Node& n, const ScopeP& defining, std::shared_ptr<Node> keep = nullptr) {
     const Node* np = &n;
-    return Value::callable([this, np, defining, keep](Args& a) {
+    // The defining scope usually holds the macro itself: a weak reference avoids the cycle.
+    std::weak_ptr<Scope> weak = defining;
+    return Value::callable([this, np, weak, keep](Args& a) {
+      ScopeP home = weak.lock();
+      if (!home) fail(a.line, fmt::format("macro '{}' called outside its scope", np->str));
       if (++depth_ > kMaxDepth) {
         --depth_;
         fail(a.line, fmt::format("macro '{}' recursed deeper than {}", np->str, kMaxDepth));
       }
-      ScopeP s = child(defining);
+      ScopeP s = child(home);
       const auto& params = np->names;
       if (a.pos.size() > params.size())
         fail(a.line, fmt::format("macro '{}' takes {} arguments, got {}", np->str, params.size(),
