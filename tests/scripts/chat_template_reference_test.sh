@@ -10,7 +10,7 @@ set -euo pipefail
 SRC=${1:?source dir}
 BUILD=${2:?build dir}
 dir=$SRC/tests/e2e/chat_templates
-bin=$BUILD/daemon/openai/spark_chat_render
+bin=$BUILD/tests/spark_chat_render
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "SKIP: node and npm are needed for the Hugging Face reference"; exit 77
 fi

@@ -2,7 +2,7 @@
 // chat format as sparkd does and answers each job through the real request parser:
 //   {"request": {chat request body}}            -> {"text", "ids"} or {"error"}
 //   {"request": {...}, "output": "model text"}  -> {"response": chat completion body}: the
-//       output is encoded and fed token by token to a Responder (tool-call parsing included)
+//       output is encoded and fed token by token to a CompletionWriter (tool-call parsing included)
 // Prints {"family", "source", "object_arguments", "null_content", "stop_tokens", "results"}.
 // Used by the chat template reference tier (tests/scripts/chat_template_reference_test.sh).
 #include <cstdio>
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       continue;
     }
     if (job.contains("output")) {
-      Responder resp(*req.value, *tok, *fmt, "m", static_cast<int>(p.value->ids.size()), stops);
+      CompletionWriter resp(*req.value, *tok, *fmt, "m", static_cast<int>(p.value->ids.size()), stops);
       for (int32_t id : tok->encode(job["output"].get<std::string>(), false)) resp.token(0, id);
       r["response"] = Json::parse(resp.done());
     } else {
