@@ -78,7 +78,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
       {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
       {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
-      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|llama3|chatml|mistral", "Chat format of the model; auto detects it from tokenizer_config.json, the architecture and the vocabulary."},
+      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
       {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
       {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
