@@ -16,7 +16,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "daemon/health.h"
 
 namespace spark::daemon {
@@ -55,16 +55,13 @@ struct DaemonTiming {
 /// JOIN_TIMEOUT, STALL_TIMEOUT).
 DaemonTiming timing_from_config(const RingConfig& cfg);
 
-/// Reads an API key file: must exist, be a regular file of mode 0600 (or stricter, no group
-/// or other bits) and hold a non-empty key. Errc::auth / Errc::config naming the file and fix.
-Result<std::string> read_api_key_file(const std::string& path);
 /// True for 127.0.0.0/8.
 bool is_loopback(const std::string& ipv4);
 
 class Daemon {
  public:
   /// `engine` null: the backend ENGINE names.
-  Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engine = nullptr);
+  Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Backend> engine = nullptr);
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hf/config.h"
 #include "env/sysroot.h"
 
 namespace spark::env {
@@ -24,7 +25,7 @@ struct ModelFiles {
   bool dir_exists = false;
   bool config_ok = false;
   std::string config_error;
-  nlohmann::json config;   // parsed config.json
+  hf::Config config;       // config.json as core/hf read it (config_ok)
   std::string index_name;  // "model.safetensors.index.json" or "" (single file)
   std::string index_error;
   std::vector<ModelFile> files;  // config.json, index, shards, in that order
@@ -32,6 +33,12 @@ struct ModelFiles {
   std::string manifest_error;
   std::string manifest_digest;  // Manifest::digest() (content: names, sizes, hashes)
   uint64_t weight_bytes = 0;    // index metadata total_size, else the shards' sizes
+  // From the shards' safetensors headers (names and byte ranges only): the bytes of the
+  // routed experts' tensors, for splitting them the way the engine does.
+  bool tensor_sizes = false;  // every shard's header was read
+  std::string tensor_sizes_error;
+  uint64_t tensor_bytes = 0;  // sum over every tensor
+  uint64_t expert_bytes = 0;  // routed experts (plan::is_routed_expert_tensor)
 };
 
 /// Reads `model_path` (a node path) through the root.

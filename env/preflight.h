@@ -1,6 +1,7 @@
 #pragma once
-// Preflight: every known ring-killer (FIELD-NOTES) as a check with a stable ID, run on every
-// node at once and merged. A node's checks run in one process (`sparkctl preflight --local`)
+// Preflight: every known way a ring dies (wrong GID index, missing pins, page cache on
+// unified memory, disk, parity, ...) as a check with a stable ID, run on every node at once
+// and merged. A node's checks run in one process (`sparkctl preflight --local`)
 // and produce a NodeReport; the cross-node checks are pure functions over NodeReports, so
 // fixtures test them without a ring. man/sparkctl-preflight.1 documents each ID.
 #include <cstdint>
@@ -55,6 +56,7 @@ struct LinkFacts {
   std::string operstate;
   int64_t speed_mbps = 0;
   std::optional<int> gid_index;  // resolved RoCE v2 index (nullopt: none)
+  std::string port_state;        // the HCA's port 1 state ("4: ACTIVE"); "" when unknown
 };
 
 /// What one node found: its verdicts plus the facts the cross-node checks compare.

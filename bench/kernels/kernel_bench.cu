@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(w));
     CK(cudaFree(o));
   }
-  fmt::print("{:<22} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
+  fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
              "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
              "%HBM", "TFLOP/s", "faster");
   json mjs = json::array();
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();
-  fmt::print("\n{:<34} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
+  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
   const int nh = 32, nkv = 8, hd = 128, bs = 16;
   auto attention = [&](bool decode, int n_seqs, int ctx, int qlen) {
     const int blocks_per = (ctx + bs - 1) / bs;
@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
 
   // ---- norms, RoPE, sampler ----
   json ojs = json::array();
-  fmt::print("\n{:<34} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
+  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
   for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
     const size_t dim = 4096;
     void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),

@@ -133,6 +133,16 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
             .ok());
   CHECK(chat_error(with(R"("logit_bias": {"5": 10})")).param == "logit_bias");
   CHECK(chat_error(with(R"("functions": [])")).param == "functions");
+  // A tool result must name the call it answers.
+  CHECK(chat_error(R"({"messages": [{"role": "user", "content": "x"},
+                                    {"role": "tool", "content": "sunny"}]})")
+            .param == "messages[1].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": "", "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": 7, "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
   ApiError big = chat_error(with(""), limits_with([](Limits& l) { l.max_body_bytes = 10; }));
   CHECK(big.status == 413);
   CHECK(big.code == "request_too_large");
@@ -388,11 +398,11 @@ TEST_CASE("prepare_chat renders, encodes and budgets; context overflow is an API
   CHECK(prepare_completion(*cr.value, t, 4096).error.param == "prompt");
 }
 
-TEST_CASE("Responder streaming: role, content, finish on the stop token, usage, [DONE]") {
+TEST_CASE("CompletionWriter streaming: role, content, finish on the stop token, usage, [DONE]") {
   const tok::Tokenizer& t = fixture();
   ChatRequest req = chat_req(R"("stream": true, "stream_options": {"include_usage": true})");
   int32_t eot = *t.token_to_id("<|im_end|>");
-  Responder r(req, t, chatml(), "demo", 9, {eot});
+  CompletionWriter r(req, t, chatml(), "demo", 9, {eot});
   CHECK(std::string(r.content_type()) == "text/event-stream");
   std::string sse = r.start();
   for (auto id : t.encode("Hi 👋", false)) sse += r.token(0, id);
@@ -416,10 +426,10 @@ TEST_CASE("Responder streaming: role, content, finish on the stop token, usage, 
   CHECK(ev.back() == "[DONE]");
 }
 
-TEST_CASE("Responder non-streaming: n choices, stop string, length, logprobs") {
+TEST_CASE("CompletionWriter non-streaming: n choices, stop string, length, logprobs") {
   const tok::Tokenizer& t = fixture();
   ChatRequest req = chat_req(R"("n": 2, "stop": ["world"], "logprobs": true, "top_logprobs": 1)");
-  Responder r(req, t, chatml(), "demo", 3, {});
+  CompletionWriter r(req, t, chatml(), "demo", 3, {});
   CHECK(r.start().empty());
   for (auto id : t.encode("Hello world and more", false)) {
     CHECK(r.token(0, id, TokenLogprobs{id, -1.0f, {{id, -1.0f}}}).empty());
@@ -437,11 +447,11 @@ TEST_CASE("Responder non-streaming: n choices, stop string, length, logprobs") {
   CHECK(body["choices"][0]["logprobs"]["content"].size() >= 1);
 }
 
-TEST_CASE("Responder completions with echo") {
+TEST_CASE("CompletionWriter completions with echo") {
   const tok::Tokenizer& t = fixture();
   auto req = parse_completion_request(R"({"prompt": "Once", "echo": true, "max_tokens": 3})", {});
   REQUIRE(req.ok());
-  Responder r(*req.value, t, "demo", 1, {}, "Once");
+  CompletionWriter r(*req.value, t, "demo", 1, {}, "Once");
   for (auto id : t.encode(" upon", false)) r.token(0, id);
   r.finish(0, "length");
   Json body = Json::parse(r.done());
@@ -466,4 +476,52 @@ TEST_CASE("toolkit errors map to OpenAI statuses and types") {
   Json j;
   j["text"] = std::string("ok\xFF");
   CHECK(sse_event(j) == "data: {\"text\":\"ok\xEF\xBF\xBD\"}\n\n");
+}
+
+TEST_CASE(
+    "chat request: chat_template_kwargs, reasoning_content, null content reach the template") {
+  auto r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": null, "reasoning_content": "hmm",
+           "tool_calls": [{"id": "c1", "type": "function",
+                           "function": {"name": "f", "arguments": "{}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+          {"role": "assistant", "reasoning": "r2", "content": "done"}],
+          "chat_template_kwargs": {"enable_thinking": false, "custom": [1]}})",
+      {});
+  REQUIRE(r.ok());
+  CHECK(r.value->chat_template_kwargs.dump() == R"({"enable_thinking":false,"custom":[1]})");
+  CHECK_FALSE(r.value->messages[0].content_null);
+  CHECK(r.value->messages[1].content_null);
+  CHECK(r.value->messages[1].reasoning_content == "hmm");
+  CHECK(r.value->messages[3].reasoning_content == "r2");
+  CHECK(chat_error(with(R"("chat_template_kwargs": [1])")).param == "chat_template_kwargs");
+  ApiError reserved = chat_error(with(R"("chat_template_kwargs": {"messages": []})"));
+  CHECK(reserved.param == "chat_template_kwargs");
+  CHECK(reserved.message.find("'messages'") != std::string::npos);
+  CHECK(
+      chat_error(R"({"messages": [{"role": "assistant", "content": "x", "reasoning_content": 5}]})")
+          .param == "messages[0].reasoning_content");
+
+  // Through prepare_chat into a template that shows what it was given.
+  tok::Json cfg = tok::Json::object();
+  cfg["chat_template"] =
+      "{% for m in messages %}{{ m.role }}:{{ m.content }}|{{ m.reasoning_content }}|"
+      "{% endfor %}{{ enable_thinking }}";
+  auto fmt = tok::choose_chat_format("", cfg, "", nullptr);
+  REQUIRE(fmt.ok());
+  auto p = prepare_chat(*r.value, fixture(), *fmt, 4096);
+  REQUIRE(p.ok());
+  // (The template never shows tool calls, so a null content reaches it as "".)
+  CHECK(p.value->text == "user:Hi||assistant:|hmm|tool:ok||assistant:done|r2|False");
+  // A template's raise_exception becomes a 400 naming messages.
+  cfg["chat_template"] = "{{ raise_exception('Only user and assistant roles are supported!') }}";
+  auto strict = tok::choose_chat_format("", cfg, "", nullptr);
+  REQUIRE(strict.ok());
+  auto bad = prepare_chat(*r.value, fixture(), *strict, 4096);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error.status == 400);
+  CHECK(bad.error.param == "messages");
+  CHECK(bad.error.message.find("Only user and assistant roles are supported!") !=
+        std::string::npos);
 }

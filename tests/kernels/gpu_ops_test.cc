@@ -213,14 +213,14 @@ TEST_CASE("gpu rope: default, linear and llama3 scaling, fused per-head q/k norm
   std::mt19937 rng(test::fresh_seed("rope"));
   // fp32 angle, sincosf within 2 ulp and two fp32 products: |err| <= 1e-6 * (|x0| + |x1|)
   // for angles up to 32k rad (positions up to 32k), so one bf16 ulp plus that bounds bf16.
-  RopeScalingParams lin, l3;
+  hf::RopeScaling lin, l3;
   lin.type = "linear", lin.factor = 4;
   l3.type = "llama3", l3.factor = 8, l3.original_max_position = 8192;
   struct Case {
     int nh, nkv, hd;
     size_t T;
     bool norm;
-    RopeScalingParams sc;
+    hf::RopeScaling sc;
   } cases[] = {{4, 2, 16, 5, false, {}},  {32, 8, 128, 7, false, l3}, {28, 4, 128, 3, true, {}},
                {2, 1, 24, 9, true, lin},  {8, 8, 64, 33, false, {}},  {1, 1, 256, 2, true, l3},
                {64, 8, 128, 1, true, {}}, {3, 1, 512, 2, false, {}}};

@@ -1,0 +1,237 @@
+// sparkd's `native` backend: our own engine (daemon/engine/) behind the daemon's Backend
+// interface. start() loads this rank's slices of MODEL_PATH (NODE<i>_MODEL_PATH), joins the
+// tensor-parallel mesh through the daemon's rendezvous (Runtime: Gloo over TCP, rank 0's
+// store address handed out with ctx.share), and on rank 0 loads the tokenizer and chat
+// format and serves the OpenAI API (daemon/api_routes.cc). SLOTS and CONTEXT_LEN size the
+// engine. Readiness: the runtime is up (every slot's KV blocks allocated at start), and the
+// daemon's probe runs a real greedy completion through probe().
+#include "daemon/backend_native.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <future>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/strings.h"
+#include "daemon/api_routes.h"
+#include "daemon/backend.h"
+#include "daemon/engine/runtime.h"
+#include "daemon/memory_guard.h"
+#include "daemon/metrics.h"
+#include "daemon/tokenizer/py_json.h"
+
+namespace spark::daemon {
+
+Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
+  engine::EngineOptions o;
+  o.slots = static_cast<int>(cfg.get_int("SLOTS"));
+  o.max_context = static_cast<int>(cfg.get_int("CONTEXT_LEN"));
+  if (o.slots < 1 || o.max_context < 1)
+    return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
+                                                o.slots, o.max_context));
+  o.kv_cache_bytes =
+      ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
+  const std::string kv = cfg.get("KV_DTYPE");
+  if (kv != "auto" && kv != "fp32")
+    return make_error(
+        Errc::unsupported,
+        fmt::format("KV_DTYPE={} is not available on the CPU engine, which keeps the KV cache in "
+                    "fp32 — set KV_DTYPE=auto",
+                    kv));
+  return o;
+}
+
+namespace {
+constexpr const char* kComp = "native";
+
+class NativeBackend final : public Backend {
+ public:
+  explicit NativeBackend(const RingConfig& cfg) : cfg_(cfg) {}
+  ~NativeBackend() override { stop(std::chrono::milliseconds(0)); }
+
+  const char* name() const override { return "native"; }
+
+  Status start(BackendContext& ctx) override {
+    const RingConfig& cfg = ctx.cfg ? *ctx.cfg : cfg_;
+    const NodeConfig& node = cfg.nodes.at(static_cast<size_t>(ctx.place.node));
+    std::string dir = node.model_path.empty() ? cfg.get("MODEL_PATH") : node.model_path;
+    if (dir.empty())
+      return make_error(Errc::config, "native engine: no model directory: set MODEL_PATH (or NODE" +
+                                          std::to_string(ctx.place.node) +
+                                          "_MODEL_PATH) to a Hugging Face model directory, e.g. "
+                                          "one written by `sparkctl demo-model DIR`");
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir + "/config.json", ec))
+      return make_error(Errc::not_found,
+                        "native engine: " + dir + "/config.json not found (rank " +
+                            std::to_string(ctx.place.rank) + ", node " + node.name +
+                            "): MODEL_PATH must be a Hugging Face model directory; `sparkctl "
+                            "demo-model " +
+                            dir + "` writes a small demo one");
+    auto eo = engine_options_from(cfg);
+    if (!eo) return eo.error();
+
+    // Rank 0 needs the tokenizer and chat format; load them first so a broken tokenizer
+    // fails before minutes of weight loading.
+    std::shared_ptr<ApiModel> api;
+    if (ctx.place.rank == 0) {
+      api = std::make_shared<ApiModel>();
+      auto t = tok::Tokenizer::from_file(dir + "/tokenizer.json");
+      if (!t) return t.error();
+      api->tokenizer = std::move(*t);
+      auto tcfg = tok::load_tokenizer_config(dir);
+      if (!tcfg) return tcfg.error();
+      auto mc = engine::load_model_config(dir);
+      if (!mc) return mc.error();
+      auto fmt =
+          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), *tcfg, mc->architecture, &api->tokenizer);
+      if (!fmt) return fmt.error();
+      api->chat_format = *fmt;
+      if (ctx.progress)
+        ctx.progress(fmt::format("chat format {} (from {})", tok::chat_family_name(fmt->family),
+                                 fmt->source));
+      for (const auto& s : fmt->stop_tokens())
+        if (auto id = api->tokenizer.token_to_id(s)) api->stop_token_ids.insert(*id);
+      for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);
+      // Ids the model cannot produce (a tokenizer larger than the embedding) never stop it.
+      std::erase_if(api->stop_token_ids, [&](int32_t id) { return id >= mc->vocab_size; });
+      api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
+      api->model = cfg.get("MODEL");
+      if (api->model.empty()) api->model = std::filesystem::path(dir).filename().string();
+      api->created = static_cast<int64_t>(std::time(nullptr));
+      if (ctx.memory_guard) {
+        MemoryGuard* g = ctx.memory_guard;
+        api->admit = [g] { return g->admit(); };
+        g->set_cancel_hook([st = api_](const std::string& why) { return st->cancel_newest(why); });
+      }
+      api->metrics = ctx.metrics;
+      log::info(kComp, "tokenizer: {} tokens, chat format {} ({})", api->tokenizer.vocab_size(),
+                tok::chat_family_name(fmt->family), fmt->source);
+    }
+
+    engine::RuntimeOptions o;
+    o.model_dir = dir;
+    o.rank = ctx.place.rank;
+    o.world = ctx.world_size;
+    o.bind_host = node.fabric_ip.empty() ? "127.0.0.1" : node.fabric_ip;
+    o.store_host = cfg.nodes.at(0).fabric_ip.empty() ? o.bind_host : cfg.nodes.at(0).fabric_ip;
+    o.share = ctx.share;
+    o.progress = ctx.progress;
+    o.engine = *eo;
+    if (ctx.world_size > 1 && !ctx.share)
+      return make_error(Errc::internal,
+                        "native engine: a ring of " + std::to_string(ctx.world_size) +
+                            " ranks without the daemon's rendezvous (no share function)");
+    {
+      std::lock_guard lk(mu_);
+      loading_ = true;
+    }
+    auto rt = engine::Runtime::start(std::move(o));
+    std::lock_guard lk(mu_);
+    loading_ = false;
+    if (!rt) return rt.error();
+    rt_ = std::move(*rt);
+    if (api) {
+      api->engine = rt_->engine();
+      api->max_context = api->engine->max_context();
+      api->limits.max_tokens_cap = api->max_context;
+      api_->set(api);
+      log::info(kComp, "serving {} on rank 0: {} slots, context {} tokens", api->model, eo->slots,
+                api->max_context);
+    }
+    slots_ = eo->slots;
+    metrics_ = ctx.metrics;
+    return Status::Ok();
+  }
+
+  BackendStatus status() override {
+    BackendStatus s;
+    std::lock_guard lk(mu_);
+    s.slots_total = slots_;
+    if (!rt_) {
+      s.reason = loading_ ? "loading the model" : "not started";
+      return s;
+    }
+    auto r = rt_->status();
+    s.ready = r.ready;
+    s.fatal = r.fatal;
+    s.reason = r.reason;
+    if (rt_->engine()) {
+      s.slots_total = r.stats.slots;
+      s.slots_busy = r.stats.running;
+      s.requests_waiting = r.stats.waiting;
+      s.oldest_call = std::chrono::milliseconds(r.stats.step_running_ms);
+      s.oldest_call_what = "forward step";
+      if (metrics_) {
+        metrics_->set("sparkd_prompt_tokens_total", static_cast<double>(r.stats.prompt_tokens));
+        metrics_->set("sparkd_generation_tokens_total",
+                      static_cast<double>(r.stats.generated_tokens));
+        if (r.stats.blocks_total > 0)
+          metrics_->set("sparkd_kv_cache_usage_ratio",
+                        1.0 - static_cast<double>(r.stats.blocks_available) / r.stats.blocks_total);
+      }
+    }
+    return s;
+  }
+
+  void stop(std::chrono::milliseconds) override {
+    std::unique_ptr<engine::Runtime> rt;
+    {
+      std::lock_guard lk(mu_);
+      rt = std::move(rt_);
+    }
+    api_->set(nullptr);
+    if (rt) rt->stop();
+  }
+
+  Result<std::string> probe(const std::string& prompt, std::chrono::milliseconds timeout) override {
+    auto m = api_->get();
+    if (!m || !m->engine)
+      return make_error(Errc::precondition, "native engine: the model is not loaded");
+    std::vector<int32_t> ids = m->tokenizer.encode(prompt, true);
+    if (ids.empty())
+      return make_error(Errc::internal, "native engine: the probe prompt encodes to no tokens");
+    engine::SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 8;
+    p.ignore_eos = true;  // a few real tokens whatever the weights say
+    auto r = engine::generate_blocking(*m->engine, ids, p, static_cast<int>(timeout.count()));
+    if (!r) return r.error();
+    if (r->tokens.empty() || r->tokens[0].empty())
+      return make_error(Errc::internal,
+                        "native engine: the probe completion produced no tokens (finish " +
+                            std::string(engine::finish_reason_name(
+                                r->finish.empty() ? engine::FinishReason::error : r->finish[0])) +
+                            ")");
+    std::string text = m->tokenizer.decode(r->tokens[0], false);
+    if (trim(text).empty()) {
+      // Random weights may pick whitespace: the tokens are still a real completion.
+      text = "[" + std::to_string(r->tokens[0].size()) + " tokens:";
+      for (auto id : r->tokens[0]) text += " " + std::to_string(id);
+      text += "]";
+    }
+    return text;
+  }
+
+  void add_routes(HttpServer& server) override { add_api_routes(server, api_); }
+
+ private:
+  RingConfig cfg_;
+  std::shared_ptr<ApiState> api_ = std::make_shared<ApiState>();
+  std::mutex mu_;
+  std::unique_ptr<engine::Runtime> rt_;
+  bool loading_ = false;
+  int slots_ = 0;
+  Metrics* metrics_ = nullptr;
+};
+}  // namespace
+
+std::unique_ptr<Backend> make_native_backend(const RingConfig& cfg, int /*rank*/) {
+  return std::make_unique<NativeBackend>(cfg);
+}
+
+}  // namespace spark::daemon
