@@ -222,3 +222,22 @@ TEST_CASE("jinja: what the interpreter lacks fails at load with the construct an
   CHECK(load_error("{% frobnicate %}").message.find("unknown statement") != std::string::npos);
   CHECK(load_error("{{ a b }}").code == Errc::config);
 }
+
+TEST_CASE("jinja: hostile nesting and runaway output fail cleanly, not by a crash") {
+  CHECK(load_error("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}")
+            .message.find("nested deeper") != std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 1000; ++i) ifs += "{% if true %}";
+  CHECK(load_error(ifs).message.find("nested deeper") != std::string::npos);
+  Json deep = Json::array();
+  for (int i = 0; i < 2000; ++i) deep = Json::array({deep});
+  Json ctx = Json::object();
+  ctx["tools"] = deep;
+  Error e = render_error("{{ tools | length }}", ctx);
+  CHECK(e.code == Errc::usage);
+  CHECK(e.message.find("512") != std::string::npos);
+  CHECK(render_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").message.find("recursed") !=
+        std::string::npos);
+  CHECK(render_error("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}")
+            .message.find("MiB") != std::string::npos);
+}

@@ -614,6 +614,8 @@ class Eval {
         ScopeP outer = sc;
         o.set("__call__", Value::callable([this, np, outer, depth](Args& a) {
                 if (a.pos.size() != 1) fail(a.line, "loop() takes one iterable");
+                if (depth + 1 >= kMaxDepth)
+                  fail(a.line, fmt::format("recursive loop deeper than {}", kMaxDepth));
                 std::string sub;
                 Flow f = Flow::normal;
                 exec_for(*np, outer, sub, f, &a.pos[0], depth + 1);
@@ -1693,11 +1695,11 @@ Result<std::string> Template::render(const Json& context) const {
 #pragma GCC diagnostic pop
     return Value::string(std::string(buf, n));
   });
-  if (context.is_object())
-    for (const auto& [k, v] : context.items()) globals->vars[k] = from_json(v);
   ScopeP top = child(globals);
   std::string out;
   try {
+    if (context.is_object())
+      for (const auto& [k, v] : context.items()) globals->vars[k] = from_json(v);
     Flow f = Flow::normal;
     ev.exec(*root_, top, out, f);
   } catch (const RenderError& e) {
