@@ -1671,6 +1671,8 @@ Result<std::string> Template::render(const Json& context) const {
     int64_t start = p.size() > 1 ? p[0] : 0, stop = p.size() > 1 ? p[1] : p[0];
     int64_t step = p.size() > 2 ? p[2] : 1;
     if (step == 0) fail(a.line, "range() step must not be zero");
+    int64_t n = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+    if (n > kMaxRange) fail(a.line, fmt::format("range() longer than {}", kMaxRange));
     Array out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       if (static_cast<int64_t>(out.size()) >= kMaxRange)
