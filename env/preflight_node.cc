@@ -522,7 +522,7 @@ void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi
                       format_size(reclaimable), desc, uma_note),
           mem_fix(reclaimable, c, uma));
   } else {
-    r.add("mem", "", Verdict::pass, desc + uma_note);
+    r.add("mem", "", Verdict::pass, desc + (uma ? " (unified memory)" : ""));
   }
 }
 
