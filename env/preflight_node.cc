@@ -536,19 +536,15 @@ void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, co
             fmt::format("no model config.json ({}): see model.files", mf.dir));
       return;
     }
-    auto shape = model_shape(mf.config);
-    if (!shape) {
-      r.add("mem.plan", "", Verdict::fail, shape.error().message, "check the model's config.json");
+    auto input = plan_input(mf, &cfg);
+    if (!input) {
+      r.add("mem.plan", "", Verdict::fail, input.error().message,
+            "check the model's config.json and the plan keys (KV_LAYOUT, CONTEXT_SPLIT, "
+            "MEM_WORKSPACE, MEM_MTP, MEM_VISION)");
       return;
     }
     if (!mi) return;
-    PlanInput in;
-    in.shape = *shape;
-    in.weight_bytes = mf.weight_bytes;
-    in.kv_bytes = kv_dtype_bytes(cfg.get("KV_DTYPE"), *shape);
-    in.context = cfg.get_int("CONTEXT_LEN");
-    in.slots = static_cast<int>(cfg.get_int("SLOTS"));
-    in.reserve = cfg.get_size("MEM_RESERVE");
+    plan::PlanInput in = std::move(*input);
     in.gpus_per_node = static_cast<int>(r.node.gpus.size());
     // Unified memory (GB10): what the kernel can give; a discrete GPU: its own memory.
     uint64_t cap = mi->get("MemAvailable") / std::max<uint64_t>(1, r.node.gpus.size());
@@ -563,12 +559,17 @@ void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, co
     in.capacity_per_rank = cap;
     int nodes = static_cast<int>(cfg.nodes.size());
     // Every node is assumed to have as many GPUs as this one for the per-rank share.
-    PlanRow row = plan_row(in, nodes);
-    row.ranks = cfg.world_size();
+    plan::PlanRow row = plan::plan_row(in, nodes);
+    std::string fixed =
+        row.fixed_per_rank ? fmt::format(" + fixed {}", format_size(row.fixed_per_rank)) : "";
     std::string desc = fmt::format(
-        "per rank: weights {} + KV {} ({} tokens x {} slots) + reserve {} = {}; this node has {}",
-        format_size(row.weights_per_rank), format_size(row.kv_per_rank), in.context, in.slots,
-        format_size(row.reserve), format_size(row.need_per_rank),
+        "per rank ({} KV): weights {} + KV {} ({} tokens x {} slots{}){} + reserve {} = {}; "
+        "this node has {}",
+        plan::kv_layout_name(in.record.layout), format_size(row.weights_per_rank),
+        format_size(row.kv_per_rank), in.context, in.slots,
+        row.state_per_rank ? fmt::format(", {} of it fixed state", format_size(row.state_per_rank))
+                           : "",
+        fixed, format_size(row.reserve), format_size(row.need_per_rank),
         format_size(row.capacity_per_rank));
     if (row.fits)
       r.add("mem.plan", "", Verdict::pass,

@@ -153,3 +153,44 @@ TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", "/nonexistent"})
             .rc == 4);
 }
+
+TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a state, not KV") {
+  const std::string model =
+      std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models/plan/glm-5.3-flash";
+  auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model", model,
+                     "--context", "500000", "--kv-dtype", "fp8", "--kv-layout", "vllm",
+                     "--capacity", "100GiB", "--slots", "1", "--nodes", "2"});
+  REQUIRE_MESSAGE(p.rc == 0, p.err);
+  auto j = nlohmann::json::parse(p.out);
+  CHECK(j["model"]["layer_types"]["linear_attention"] == 34);
+  CHECK(j["model"]["layer_types"]["deepseek_sparse_attention"] == 11);
+  CHECK(j["kv_layout"] == "vllm");
+  REQUIRE(j["rows"].size() == 2);
+  // Per token only the 11 DSA layers count, and the latent is not halved at 2 ranks.
+  CHECK(j["rows"][0]["kv_per_token_per_rank"] == 11 * 656 + 11 * 9);
+  CHECK(j["rows"][1]["kv_per_token_per_rank"] == j["rows"][0]["kv_per_token_per_rank"]);
+  bool state = false, latent = false;
+  for (const auto& l : j["rows"][1]["layers"]) {
+    if (l["layer_type"] == "linear_attention") {
+      state = true;
+      CHECK(l["bytes_per_state"] == 0);
+      CHECK(l["bytes_per_slot"] == 3 * 32 * 128 * 3 * 2 + 32 * 128 * 128 * 4);
+    }
+    if (l["layer_type"] == "deepseek_sparse_attention" && l["part"] == "latent") {
+      latent = true;
+      CHECK(l["bytes_per_state"] == 656);
+      CHECK(l["bytes_per_sequence"] == 11ll * 656 * 500000);
+    }
+  }
+  CHECK(state);
+  CHECK(latent);
+  auto t = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
+                     "--kv-dtype", "fp8", "--kv-layout", "vllm", "--capacity", "100GiB"});
+  REQUIRE_MESSAGE(t.rc == 0, t.err);
+  CHECK(t.out.find("11 deepseek_sparse_attention, 34 linear_attention") != std::string::npos);
+  CHECK(t.out.find("fp8_ds_mla: 512 fp8 latent + 16 B scales + 128 B bf16 RoPE = 656 B") !=
+        std::string::npos);
+  CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
+                  "--kv-layout", "sglang"})
+            .rc == 2);
+}
