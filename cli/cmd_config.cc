@@ -59,7 +59,7 @@ int config_show(Context& ctx, bool all) {
 
 int config_check(Context& ctx) {
   std::vector<Diagnostic> diags;
-  auto cfg = spark::load_config(ctx.opts.config_path, ctx.env, &diags);
+  auto cfg = ctx.load_config(&diags);
   if (ctx.opts.json) {
     nlohmann::json j;
     j["file"] = ctx.opts.config_path;

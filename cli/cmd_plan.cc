@@ -27,7 +27,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
           parse_args(ctx, "plan", "plan [--model DIR] [--capacity SIZE] [--context N] [--slots N]",
                      desc, args, vm))
     return *rc;
-  auto cfg = load_ring_config(ctx);
+  auto cfg = ctx.load_config();
   if (!cfg && !vm.count("model")) return ctx.fail(cfg.error());
   auto setting = [&](const char* key, const char* dflt) {
     return cfg ? cfg->get(key) : std::string(dflt);
