@@ -600,13 +600,13 @@ void finish_target(TargetRun* t, const SendOptions& o) {
 
 // Each file's cache was dropped when its last chunk was acked, but pages that TCP still
 // held then (sendfile lends them to the socket until the peer's TCP acks) stay: drop the
-// cache of every file read once more, now that every target has reported, and check it. On
-// a loaded machine the last acks can take a while to be processed: retry for up to 2 s.
+// cache of every file read once more, now that every target has reported, and check it
+// (bounded: a few retries while the last acks are processed).
 void drop_read_cache(const std::vector<std::string>& read_paths) {
   for (const auto& path : read_paths) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) continue;
-    for (int k = 0; k < 100; ++k) {
+    for (int k = 0; k < 10; ++k) {
       (void)evict_fd(fd, false);
       auto r = file_residency(path);
       if (!r || r->resident_pages == 0) break;
