@@ -14,4 +14,20 @@ Status device_copy_async(void* dst, const void* src, size_t bytes, void* stream)
   return Status::Ok();
 }
 
+Result<bool> stream_done(void* stream) {
+  cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  SPARK_CUDA_TRY(e);
+  return true;
+}
+
+Status stream_synchronize(void* stream) {
+  SPARK_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return Status::Ok();
+}
+
 }  // namespace spark::kernels
