@@ -2,6 +2,7 @@
 #if !defined(SPARK_HAVE_CUDA)
 
 #include <string>
+#include <utility>
 
 #include "kernels/device_copy.h"
 
@@ -25,6 +26,25 @@ Result<bool> stream_done(void*) {
 }
 Status stream_synchronize(void*) {
   return no_cuda("stream_synchronize");
+}
+Result<OwnedStream> OwnedStream::create() {
+  return no_cuda("OwnedStream::create");
+}
+OwnedStream& OwnedStream::operator=(OwnedStream&& o) noexcept {
+  std::swap(s_, o.s_);
+  return *this;
+}
+OwnedStream::~OwnedStream() = default;
+Result<CapturedGraph> CapturedGraph::capture(void*, const std::function<Status()>&) {
+  return no_cuda("CapturedGraph::capture");
+}
+CapturedGraph& CapturedGraph::operator=(CapturedGraph&& o) noexcept {
+  std::swap(g_, o.g_), std::swap(e_, o.e_);
+  return *this;
+}
+CapturedGraph::~CapturedGraph() = default;
+Status CapturedGraph::launch(void*) {
+  return no_cuda("CapturedGraph::launch");
 }
 
 }  // namespace spark::kernels

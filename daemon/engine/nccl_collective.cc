@@ -125,21 +125,18 @@ Result<std::shared_ptr<NcclCollective>> NcclCollective::connect_via(
     if (!id) return id.error();
     mine = nccl_id_to_hex(*id);
   }
-  nccl::UniqueId id{};
-  if (opts.world > 1) {
-    if (!share)
-      return make_error(Errc::internal, "NCCL collective: world > 1 without a rendezvous");
+  // A one-rank ring may pass no share function; a larger one must meet through one.
+  if (!share && opts.world > 1)
+    return make_error(Errc::internal, "NCCL collective: world > 1 without a rendezvous");
+  std::string hex = mine;
+  if (share) {
     auto got = share(kIdKey, mine);
     if (!got) return got.error();
-    auto parsed = nccl_id_from_hex(*got);
-    if (!parsed) return parsed.error();
-    id = *parsed;
-  } else {
-    auto parsed = nccl_id_from_hex(mine);
-    if (!parsed) return parsed.error();
-    id = *parsed;
+    hex = *got;
   }
-  return connect(opts, id, std::move(host));
+  auto id = nccl_id_from_hex(hex);
+  if (!id) return id.error();
+  return connect(opts, *id, std::move(host));
 }
 
 NcclCollective::~NcclCollective() {
