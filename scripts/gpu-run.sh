@@ -34,7 +34,7 @@ die() { echo "gpu-run.sh: $*" >&2; exit 1; }
 SYSTEM_LIBS='^(linux-vdso|ld-linux.*|libc|libm|libdl|librt|libpthread|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libibverbs|librdmacm|libmlx4|libmlx5|libefa|libnl-3|libnl-route-3)\.so'
 MAX_STAGE_MIB=60
 BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests tests/spark_fault_server)
-EXTRA_FILES=(tests/libfault_inject_libcuda.so)
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
@@ -55,7 +55,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
+    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda fault_inject_libnccl)
     ninja -C "$build" -j"$jobs" "${targets[@]}"
     build="$src/$build"
   fi
@@ -178,6 +178,10 @@ device() {
   [[ $want == *" gpu-kernels "* ]] &&
     step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*' -s
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
+  [[ $want == *" nccl "* ]] &&
+    step nccl 240 bash -c '"$0"/bin/spark_hw_tests -tc="hw nccl*" -s &&
+      "$0"/bin/spark_unit_tests -tc="*nccl*,*fabric*"' "$dev"
   # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
   [[ $want == *" stage-bench "* ]] &&
     step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \

@@ -1,14 +1,15 @@
 // A ring runs one TCP store: the engine's Gloo mesh meets through the daemon's rendezvous
 // (rank 0's RendezvousServer, real loopback TCP) instead of a store of its own. Two ranks as
 // threads; tests/e2e/ starts the real sparkd processes.
+// clang-format off
+#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange
+// clang-format on
 #include <doctest/doctest.h>
 
 #include <boost/asio.hpp>
 #include <mutex>
 #include <set>
 #include <thread>
-#include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange
-#include <utility>
 
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/runtime.h"
