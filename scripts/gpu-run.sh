@@ -75,6 +75,7 @@ stage() {
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
   cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
+  cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -182,6 +183,9 @@ device() {
   [[ $want == *" nccl "* ]] &&
     step nccl 240 bash -c '"$0"/bin/spark_hw_tests -tc="hw nccl*" -s &&
       "$0"/bin/spark_unit_tests -tc="*nccl*,*fabric*"' "$dev"
+  # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
+  [[ $want == *" nccl-ring "* ]] &&
+    step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}
   # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
   [[ $want == *" stage-bench "* ]] &&
     step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \
