@@ -181,8 +181,7 @@ device() {
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
-    step nccl 240 bash -c '"$0"/bin/spark_hw_tests -tc="hw nccl*" -s &&
-      "$0"/bin/spark_unit_tests -tc="*nccl*,*fabric*"' "$dev"
+    step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
   # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
   [[ $want == *" nccl-ring "* ]] &&
     step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}

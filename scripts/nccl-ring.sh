@@ -17,6 +17,7 @@ n=${3:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 [ "${n:-0}" -ge 1 ] || { echo "SKIP: no GPU (nvidia-smi lists none)"; exit 77; }
 mkdir -p "$out/logs"
 work=$(mktemp -d /tmp/nccl-ring.XXXXXX)
+mkdir -p "$work/logs"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done

@@ -67,7 +67,9 @@ NcclTransportFacts parse_nccl_debug(const std::string& text, int rank) {
     if (msg.rfind("NCCL version ", 0) == 0) {
       f.version = msg.substr(
           13, msg.find(' ', 13) == std::string::npos ? std::string::npos : msg.find(' ', 13) - 13);
-    } else if (msg.rfind("NET/IB", 0) == 0 && msg.find("No device found") != std::string::npos) {
+    } else if ((msg.rfind("NET/IB", 0) == 0 && msg.find("No device found") != std::string::npos) ||
+               msg.rfind("Failed to initialize NET plugin IB", 0) == 0) {
+      // Up to 2.2x "NET/IB : No device found."; 2.28 says the plugin failed to initialise.
       f.ib_no_device = true;
     } else if (msg.rfind("NET/IB", 0) == 0 && msg.find("Using ") != std::string::npos) {
       f.ib_devices.clear();

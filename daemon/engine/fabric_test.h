@@ -39,7 +39,7 @@ struct NcclTransportFacts {
   std::string network;                  // "IB" or "Socket" ("Using network ..."), "" unknown
   std::vector<std::string> ib_devices;  // "rocep1s0f0:1" in NET/IB's order ("Using [0]...")
   std::string ib_link;                  // "RoCE" or "IB"
-  bool ib_no_device = false;            // "NET/IB : No device found."
+  bool ib_no_device = false;  // "NET/IB : No device found." or "Failed to initialize NET plugin IB"
   std::vector<std::string> socket_ifs;  // "enp1s0f0np0:10.10.1.1" (NET/Socket : Using ...)
   std::optional<int> gid_index;         // "NCCL_IB_GID_INDEX set by environment to N."
   std::string version;                  // "2.28.9+cuda13.0"

@@ -133,6 +133,15 @@ TEST_CASE("nccl debug: a fall-back to sockets where RDMA was configured fails") 
   auto r = report_with(f, 1, 30);
   judge_fabric(r, roce_expect(1, 3));
   CHECK_FALSE(r.passed());
+  // NCCL 2.28 says it differently (seen on the H200 machine, which has no HCA).
+  auto f228 = parse_nccl_debug(
+      "vm:663:667 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so\n"
+      "vm:663:667 [0] NCCL INFO Failed to initialize NET plugin IB\n"
+      "vm:663:667 [0] NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>\n"
+      "vm:663:667 [0] NCCL INFO Using network Socket\n",
+      0);
+  CHECK(f228.ib_no_device);
+  CHECK(f228.socket_ifs == std::vector<std::string>{"lo:127.0.0.1"});
   CHECK(any_has(r.failures, "rank 1 (spark-b): NCCL found no RDMA device"));
   CHECK(any_has(r.failures, "/dev/infiniband/uverbs"));
   // Without RDMA configured, sockets are what was asked for.

@@ -3,6 +3,7 @@
 // real one-GPU communicator are in tests/hw/nccl_test.cc.
 #include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -15,8 +16,20 @@ using namespace spark::engine;
 
 namespace {
 
+// The fault library where it was built, or next to this binary (a staged copy elsewhere).
+const char* fault_lib() {
+  static const std::string p = [] {
+    if (::access(FAULT_INJECT_LIBNCCL, R_OK) == 0) return std::string(FAULT_INJECT_LIBNCCL);
+    char exe[4096] = {};
+    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(".");
+    return dir.substr(0, dir.rfind('/')) + "/libfault_inject_libnccl.so";
+  }();
+  return p.c_str();
+}
+
 void set_fault(const char* mode) {
-  void* h = dlopen(FAULT_INJECT_LIBNCCL, RTLD_NOW | RTLD_LOCAL);
+  void* h = dlopen(fault_lib(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE(h);
   auto set = reinterpret_cast<void (*)(const char*)>(dlsym(h, "spark_fault_nccl_set"));
   REQUIRE(reinterpret_cast<void*>(set) != nullptr);
@@ -25,7 +38,7 @@ void set_fault(const char* mode) {
 
 NcclOptions fault_opts() {
   NcclOptions o;
-  o.library = FAULT_INJECT_LIBNCCL;
+  o.library = fault_lib();
   o.init_timeout = std::chrono::milliseconds(300);
   o.op_timeout = std::chrono::milliseconds(300);
   return o;
@@ -52,12 +65,12 @@ TEST_CASE("nccl loader: a missing libnccl says why NCCL is not usable and how to
 
 TEST_CASE("nccl loader: every entry point resolves, and the version is read") {
   set_fault("");
-  auto l = nccl::load(FAULT_INJECT_LIBNCCL);
+  auto l = nccl::load(fault_lib());
   REQUIRE_MESSAGE(l.ok(), l.error().message);
   CHECK((*l)->version == 22809);
   CHECK(reinterpret_cast<void*>((*l)->AllGather) != nullptr);
   CHECK(reinterpret_cast<void*>((*l)->GroupEnd) != nullptr);
-  CHECK(nccl::load(FAULT_INJECT_LIBNCCL).value() == *l);  // opened once
+  CHECK(nccl::load(fault_lib()).value() == *l);  // opened once
   CHECK((*l)->describe(nccl::kRemoteError).find("ncclRemoteError") == 0);
 }
 
@@ -84,7 +97,7 @@ TEST_CASE("nccl collective: rank 0's id reaches the others through the share fun
   };
   // world 1 through connect_via's rendezvous path: share is only used for world > 1, so
   // exercise the id round trip by hand as a follower would.
-  auto id = NcclCollective::new_unique_id(FAULT_INJECT_LIBNCCL);
+  auto id = NcclCollective::new_unique_id(fault_lib());
   REQUIRE(id.ok());
   auto got = share("engine.nccl_id", nccl_id_to_hex(*id));
   REQUIRE(got.ok());
