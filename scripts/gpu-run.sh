@@ -25,7 +25,8 @@
 #
 # Environment: for `stage` BUILD_DIR (build-gpu), CUDA_ARCHS (90), JOBS (2), STAGE_DIR
 # (.device), STAGE_FROM (stage an existing build instead of building); for `device`
-# GPU_RUN_STEPS (default "libraries version hw gpu-kernels unit"), OUT.
+# GPU_RUN_STEPS (default "libraries version hw gpu-kernels unit"; also nccl, nccl-ring,
+# multi-gpu, stage-bench), OUT, NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -76,6 +77,7 @@ stage() {
   done
   cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
+  cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -185,6 +187,10 @@ device() {
   # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
   [[ $want == *" nccl-ring "* ]] &&
     step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}
+  # Machines with several GPUs: TP=2/4 vs TP=1, busbw vs nccl-tests (NCCL_TESTS_SRC: a
+  # checkout carried in, never committed), topology, a rank killed. Not in the default list.
+  [[ $want == *" multi-gpu "* ]] &&
+    step multi-gpu 580 bash "$dev/multi-gpu.sh" "$dev/bin" "$out/multi-gpu" ${NCCL_TESTS_SRC:-}
   # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
   [[ $want == *" stage-bench "* ]] &&
     step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \

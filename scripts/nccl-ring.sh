@@ -8,7 +8,8 @@
 # Usage: scripts/nccl-ring.sh BIN_DIR OUT_DIR [RANKS]
 #   BIN_DIR holds sparkctl and sparkd; RANKS defaults to the number of GPUs (one per rank).
 # Writes to OUT_DIR: preflight-fabric.txt/.json, health-ready.json, completion.json,
-# kill.json (RANKS > 1), logs/. Exits non-zero when a check fails. Needs NCCL and a GPU.
+# greedy-*.json (greedy tokens with logprobs), kill.json and inflight.json (RANKS > 1),
+# logs/. MODEL_DIR=... serves that model instead of a fresh demo model. Exits non-zero when a check fails. Needs NCCL and a GPU.
 set -uo pipefail
 
 bin=${1:?usage: nccl-ring.sh BIN_DIR OUT_DIR [RANKS]}
@@ -32,10 +33,13 @@ check() { if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fail=1; fi; }
 
 gpus=$(seq -s, 0 $((n - 1)))
 api=$((18000 + RANDOM % 1000))
-"$bin/sparkctl" demo-model "$work/model" > "$out/logs/demo-model.txt" 2>&1 || { echo "FAIL demo-model"; exit 1; }
+model=${MODEL_DIR:-$work/model}
+if [ -z "${MODEL_DIR:-}" ]; then
+  "$bin/sparkctl" demo-model "$model" > "$out/logs/demo-model.txt" 2>&1 || { echo "FAIL demo-model"; exit 1; }
+fi
 cat > "$work/ring.env" <<CFG
 RING_NAME=nccl-check
-MODEL_PATH=$work/model
+MODEL_PATH=$model
 NODE0_NAME=$(hostname -s)
 NODE0_SSH=local
 NODE0_FABRIC_IP=127.0.0.1
@@ -76,10 +80,24 @@ grep -h "NCCL environment\|fabric self-test" "$work"/logs/sparkd-*.log | head -2
 curl -s -m 60 "http://127.0.0.1:$api/v1/completions" -H 'content-type: application/json' \
   -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":0}' > "$out/completion.json"
 check "a completion through every rank" 'grep -q "\"choices\"" "$out/completion.json"'
+# Greedy tokens with their logprobs, for comparing rings of different sizes (multi-gpu.sh).
+i=0
+for prompt in "The capital of France is" "def fibonacci(n):" "1, 2, 3, 5, 8,"; do
+  curl -s -m 60 "http://127.0.0.1:$api/v1/completions" -H 'content-type: application/json' \
+    -d "{\"prompt\":\"$prompt\",\"max_tokens\":16,\"temperature\":0,\"logprobs\":1}" \
+    > "$out/greedy-$i.json"
+  i=$((i + 1))
+done
 
 # 3. A rank killed: rank 0 fatal within HEARTBEAT_TIMEOUT, naming it.
 if [ "$n" -gt 1 ]; then
   last=$((n - 1))
+  # A long request in flight when the rank dies: it must fail with a clear error, not hang.
+  curl -s -m 60 "http://127.0.0.1:$api/v1/completions" -H 'content-type: application/json' \
+    -d '{"prompt":"Once upon a time","max_tokens":4000,"temperature":0,"ignore_eos":true}' \
+    > "$out/inflight.json" 2>&1 &
+  inflight=$!
+  sleep 1
   t0=$(date +%s.%N)
   kill -KILL "${pids[$last]}"
   for _ in $(seq 1 60); do
@@ -94,5 +112,7 @@ if [ "$n" -gt 1 ]; then
   check "rank 0 fatal after rank $last was killed (${secs}s)" '[ "$state" = fatal ]'
   check "within HEARTBEAT_TIMEOUT + 2 s" '[ "$(echo "$secs < 7" | bc)" = 1 ]'
   check "the reason names rank $last" 'grep -q "rank $last" "$out/health-killed.json"'
+  wait "$inflight"
+  check "the request in flight failed with an error" 'grep -q "\"error\"" "$out/inflight.json"'
 fi
 exit $fail
