@@ -1,6 +1,5 @@
 #include "cli/cli.h"
 #include "cli/cmd_preflight.h"
-#include "cli/fabric_preflight.h"
 #include "cli/cmd_stage.h"
 #include "cli/cmd_demo_model.h"
 #include "cli/cmd_ring.h"
@@ -35,7 +34,6 @@ const std::vector<Command>& commands() {
       {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
       {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
       {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
-      {"fabric-rank", "(internal) one rank of preflight --fabric, started on its node over SSH", cmd_fabric_rank},
   };
   return table;
 }

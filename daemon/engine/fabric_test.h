@@ -1,74 +1,32 @@
 #pragma once
-// The fabric self-test: after the rendezvous and before READY every rank runs a short
-// all-reduce and all-gather sweep over NCCL (8 KB to 256 MB by default) on device buffers
-// filled by a kernel with seeded values, checks every result on the device (#wrong, as
-// nccl-tests counts it), measures bus bandwidth per size and the latency at the decode
-// message size, and reads the transport NCCL chose per peer from NCCL's own INIT/NET debug
-// output. It fails on any wrong value, on a fall-back to sockets where RDMA was configured
-// (or on an HCA or GID index other than preflight resolved), and on bus bandwidth under the
-// floor. The logic (sizes, bandwidth, parsing, verdict) is pure so that it is tested against
-// NCCL debug outputs of real rings without a GPU; run_fabric_test is the device part.
+// The fabric self-test's device part: after the rendezvous and before READY every rank runs
+// a short all-reduce and all-gather sweep over NCCL (8 KB to 256 MB by default) on device
+// buffers filled by a kernel with seeded values (kernels/fabric_check.h), checks every
+// result on the device (#wrong, as nccl-tests counts it), times each size with CUDA events,
+// then reads NCCL's debug file and judges (env/fabric_report.h).
 #include <chrono>
-#include <cstdint>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <string>
-#include <vector>
 
 #include "core/error.h"
+#include "env/fabric_report.h"
 
 namespace spark::engine {
 
 class NcclCollective;
 
-/// One point of the sweep (one collective at one size), in nccl-tests' terms: `bytes` is the
-/// whole result buffer (for all-gather, every rank's part together).
-struct FabricPoint {
-  std::string op;  // "all_reduce" or "all_gather"
-  size_t bytes = 0;
-  size_t count = 0;  // fp32 elements of the result
-  int iters = 0;
-  double time_us = 0;  // per operation, device time
-  double algbw = 0;    // GB/s (1e9 bytes/s)
-  double busbw = 0;    // GB/s, algbw times the collective's bus factor
-  uint64_t wrong = 0;
-};
-
-/// What this rank's NCCL said about itself in its INIT/NET debug output.
-struct NcclTransportFacts {
-  std::string network;                  // "IB" or "Socket" ("Using network ..."), "" unknown
-  std::vector<std::string> ib_devices;  // "rocep1s0f0:1" in NET/IB's order ("Using [0]...")
-  std::string ib_link;                  // "RoCE" or "IB"
-  bool ib_no_device = false;  // "NET/IB : No device found." or "Failed to initialize NET plugin IB"
-  std::vector<std::string> socket_ifs;  // "enp1s0f0np0:10.10.1.1" (NET/Socket : Using ...)
-  std::optional<int> gid_index;         // "NCCL_IB_GID_INDEX set by environment to N."
-  std::string version;                  // "2.28.9+cuda13.0"
-  struct Peer {
-    int peer = -1;
-    std::string transport;  // "NET/IB", "NET/Socket", "P2P", "SHM", or NCCL's word
-    std::string detail;     // the rest, e.g. "NET/IB/1/GDRDMA", "P2P/CUMEM"
-    std::string hca;        // the NET/IB device the channel uses, when it says
-  };
-  std::vector<Peer> peers;            // one per peer (the first channel to it names it)
-  std::vector<std::string> warnings;  // NCCL WARN lines, verbatim after "NCCL WARN "
-};
-
-/// Parses NCCL's debug output (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET) of rank `rank`.
-NcclTransportFacts parse_nccl_debug(const std::string& text, int rank);
-
-/// What the rank was configured with, to check NCCL's choice against.
-struct FabricExpect {
-  int rank = 0;
-  int world = 1;
-  std::string node;
-  bool rdma = false;              // NCCL_IB_DISABLE=0 with NCCL_IB_HCA set
-  std::vector<std::string> hcas;  // "rocep1s0f0" (NCCL_IB_HCA without '=' and ports)
-  std::optional<int> gid_index;   // NCCL_IB_GID_INDEX
-  double min_busbw = 0;           // GB/s at the largest size of each collective; 0: none
-};
-
-/// The expectation from this process's NCCL_* environment (as `sparkctl env` rendered it).
-FabricExpect fabric_expect_from_env(int rank, int world, const std::string& node, double min_busbw);
+using env::fabric_bandwidth;
+using env::fabric_bus_factor;
+using env::fabric_expect_from_env;
+using env::fabric_iters;
+using env::fabric_report_from_json;
+using env::fabric_sizes;
+using env::FabricExpect;
+using env::FabricPoint;
+using env::FabricReport;
+using env::judge_fabric;
+using env::NcclTransportFacts;
+using env::parse_nccl_debug;
+using env::render_fabric_table;
+using env::to_json;
 
 struct FabricOptions {
   size_t min_bytes = 8 << 10;
@@ -78,42 +36,9 @@ struct FabricOptions {
   std::chrono::milliseconds timeout{30000};  // each wait
 };
 
-/// Sizes of the sweep: min_bytes doubling up to max_bytes (both included).
-std::vector<size_t> fabric_sizes(size_t min_bytes, size_t max_bytes);
-/// nccl-tests' bus factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather.
-double fabric_bus_factor(const std::string& op, int world);
-/// Timed iterations for a size: many for small messages, few for large ones.
-int fabric_iters(size_t bytes);
-/// Fills algbw and busbw of `p` from bytes and time_us.
-void fabric_bandwidth(FabricPoint& p, int world);
-
-struct FabricReport {
-  int rank = 0;
-  int world = 1;
-  std::string node;
-  std::vector<FabricPoint> points;
-  double decode_latency_us_8k = 0;   // all-reduce at 8 KB
-  double decode_latency_us_16k = 0;  // all-reduce at 16 KB
-  NcclTransportFacts nccl;
-  std::vector<std::string> failures;  // empty: passed
-  double seconds = 0;
-  bool passed() const { return failures.empty(); }
-  /// "passed: all-reduce 22.1 GB/s, all-gather 21.9 GB/s at 256 MB, 8 KB in 31 us, NET/IB"
-  std::string summary() const;
-};
-
-/// The verdict: wrong values, sockets where RDMA was configured, HCAs or GID index other than
-/// configured, NCCL warnings, bus bandwidth under the floor. Appends to report.failures.
-void judge_fabric(FabricReport& report, const FabricExpect& expect);
-
 /// Runs the sweep on the current device over `comm` (every rank at the same time), then
 /// parses `debug_file` (NCCL_DEBUG_FILE; "" skips the transport part) and judges.
 Result<FabricReport> run_fabric_test(NcclCollective& comm, const FabricOptions& opts,
                                      const FabricExpect& expect, const std::string& debug_file);
-
-nlohmann::json to_json(const FabricReport& r);
-Result<FabricReport> fabric_report_from_json(const nlohmann::json& j);
-/// nccl-tests-style table (non-data lines start with '#') of one or more ranks' reports.
-std::string render_fabric_table(const std::vector<FabricReport>& reports);
 
 }  // namespace spark::engine

@@ -65,13 +65,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   m->nh_ = c.num_heads / world;
   m->nkv_ = c.num_kv_heads / world;
   m->inter_ = c.intermediate_size / world;
-  kernels::RopeScalingParams rs;
-  rs.type = c.rope.type;
-  rs.factor = c.rope.factor;
-  rs.low_freq_factor = c.rope.low_freq_factor;
-  rs.high_freq_factor = c.rope.high_freq_factor;
-  rs.original_max_position = c.rope.original_max_position;
-  m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, rs);
+  m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, c.rope);
   SPARK_TRY(m->load_weights(dir, report));
   return m;
 }

@@ -13,25 +13,6 @@ namespace {
 constexpr const char* kStoreKey = "engine.gloo_store";
 }
 
-Result<EngineOptions> engine_options_from(const RingConfig& cfg) {
-  EngineOptions o;
-  o.slots = static_cast<int>(cfg.get_int("SLOTS"));
-  o.max_context = static_cast<int>(cfg.get_int("CONTEXT_LEN"));
-  if (o.slots < 1 || o.max_context < 1)
-    return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
-                                                o.slots, o.max_context));
-  o.kv_cache_bytes =
-      ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
-  const std::string kv = cfg.get("KV_DTYPE");
-  if (kv != "auto" && kv != "fp32")
-    return make_error(
-        Errc::unsupported,
-        fmt::format("KV_DTYPE={} is not available on the CPU engine, which keeps the KV cache in "
-                    "fp32 — set KV_DTYPE=auto",
-                    kv));
-  return o;
-}
-
 Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   std::unique_ptr<Runtime> rt(new Runtime());
   auto progress = [&](const std::string& s) {

@@ -12,7 +12,7 @@
 // The backend adapter is then a few lines:
 //   start(ctx): RuntimeOptions o{model_dir, rank, world, fabric_ip, ...};
 //               o.share = ctx.share; o.progress = ctx.progress; rt = Runtime::start(o);
-//   status():   auto s = rt->status(); -> EngineStatus{s.ready, s.fatal, s.reason, ...}
+//   status():   auto s = rt->status(); -> BackendStatus{s.ready, s.fatal, s.reason, ...}
 //   stop():     rt->stop();
 #include <atomic>
 #include <functional>
@@ -22,7 +22,6 @@
 #include <string>
 #include <thread>
 
-#include "core/config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/fabric_test.h"
 #include "daemon/engine/nccl_collective.h"
@@ -69,11 +68,6 @@ struct RuntimeStatus {
   std::string reason;  // why not ready / why fatal
   EngineStats stats;   // rank 0
 };
-
-/// Engine options from the cluster file: SLOTS -> slots, CONTEXT_LEN -> max_context, a KV
-/// cache of SLOTS full contexts. KV_DTYPE must be auto or fp32 on the CPU path
-/// (Errc::unsupported otherwise).
-Result<EngineOptions> engine_options_from(const RingConfig& cfg);
 
 class Runtime {
  public:
