@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <boost/asio.hpp>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -40,6 +41,15 @@ TEST_CASE("runtime: Gloo meets through the daemon's rendezvous; no second store 
   daemon::RendezvousServer server(io, ident(0), {"a", "b"}, 5000ms);
   REQUIRE(server.listen("127.0.0.1", 0).ok());
   std::thread reactor([&] { io.run(); });
+  struct Stop {  // also when a REQUIRE below fails: no joinable thread left behind
+    std::function<void()> f;
+    ~Stop() { f(); }
+  } stop{[&] {
+    server.close();
+    work.reset();
+    io.stop();
+    if (reactor.joinable()) reactor.join();
+  }};
 
   test::TempDir dir;
   auto cfg = engine::small_config(engine::Family::llama);
@@ -87,8 +97,4 @@ TEST_CASE("runtime: Gloo meets through the daemon's rendezvous; no second store 
   (*r1)->stop();
   r0 = Error{};
   r1 = Error{};
-  server.close();
-  work.reset();
-  io.stop();
-  reactor.join();
 }
