@@ -56,7 +56,7 @@ constexpr const char* kComp = "native";
 // fabric address is loopback (test rings whose ranks share one GPU, which NCCL refuses).
 Result<bool> use_nccl(const RingConfig& cfg, int world) {
   const std::string mode = cfg.get("COLLECTIVE").empty() ? "auto" : cfg.get("COLLECTIVE");
-  if (mode == "gloo") return false;
+  if (mode == "gloo" || (mode == "auto" && world < 2)) return false;
   auto gpus = kernels::cuda_device_count();
   auto lib = engine::nccl::load();
   if (mode == "nccl") {
@@ -64,10 +64,9 @@ Result<bool> use_nccl(const RingConfig& cfg, int world) {
     if (!lib) return make_error(Errc::unsupported, "COLLECTIVE=nccl: " + lib.error().message);
     return true;
   }
-  if (world < 2 || !gpus || !lib) {
-    if (world > 1)
-      log::info(kComp, "COLLECTIVE=auto: Gloo on the CPU, because {}",
-                !gpus ? gpus.error().message : lib.error().message);
+  if (!gpus || !lib) {
+    log::info(kComp, "COLLECTIVE=auto: Gloo on the CPU, because {}",
+              !gpus ? gpus.error().message : lib.error().message);
     return false;
   }
   for (const auto& n : cfg.nodes)
