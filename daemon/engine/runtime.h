@@ -36,6 +36,8 @@ struct RuntimeOptions {
   std::function<Result<std::string>(const std::string& key, const std::string& value_if_rank0)>
       share;
   std::function<void(const std::string&)> progress;  // "loading weights", ...
+  /// When set and true, a load in progress stops at the next tensor.
+  const std::atomic<bool>* cancel = nullptr;
   EngineOptions engine;
   bool warmup =
       true;  // rank 0 runs one real 1-token completion through every rank before start() returns
