@@ -7,9 +7,9 @@
 #include <sstream>
 
 #include "cli/node_exec.h"
+#include "core/http_client.h"
 #include "core/process.h"
 #include "core/strings.h"
-#include "core/http_client.h"
 
 namespace spark::cli {
 
@@ -133,9 +133,10 @@ std::vector<NodeProbe> probe_nodes(const RingConfig& cfg, const RingLayout& lay)
     std::string s = node_dirs_prelude(cfg) + kShellFns;
     for (int r : ranks_of_node(cfg, n))
       s += fmt::format(
-          "p=$(num {pf}); a=0; up=-1; if ours \"$p\" /sparkd-{r}.pid; then a=1; "
-          "up=$(ps -o etimes= -p \"$p\" 2>/dev/null | tr -dc 0-9); fi; "
-          "echo \"@@rank {r} ${{p:-0}} $a ${{up:--1}}\"\n",
+          "p=$(num {pf}); a=0; up=-1; ps=-; if ours \"$p\" /sparkd-{r}.pid; then a=1; "
+          "up=$(ps -o etimes= -p \"$p\" 2>/dev/null | tr -dc 0-9); "
+          "ps=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); fi; "
+          "echo \"@@rank {r} ${{p:-0}} $a ${{up:--1}} ${{ps:--}}\"\n",
           fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
     s += "grep -E '^(MemTotal|MemFree|MemAvailable):' /proc/meminfo | tr -s ' ' | sed 's/^/@@mem "
          "/'\n"
@@ -157,13 +158,14 @@ std::vector<NodeProbe> probe_nodes(const RingConfig& cfg, const RingLayout& lay)
       out.push_back(std::move(p));
       continue;
     }
-    for (const auto& row : tagged(run.out, "rank", 3)) {
+    for (const auto& row : tagged(run.out, "rank", 4)) {
       if (row.size() < 4) continue;
       RankProcess rp;
       rp.rank = to_int(row[0]);
       rp.pid = to_int(row[1]);
       rp.alive = row[2] == "1";
       rp.uptime_s = to_int(row[3], -1);
+      rp.stopped = row.size() > 4 && (row[4] == "T" || row[4] == "t");
       p.ranks.push_back(rp);
     }
     for (const auto& row : tagged(run.out, "mem", 2)) {

@@ -40,6 +40,7 @@ struct RankProcess {
   int pid = 0;         // from the pidfile; 0 none
   bool alive = false;  // the pid runs and is not a zombie
   int64_t uptime_s = -1;
+  bool stopped = false;  // state T in /proc/PID/stat (SIGSTOP, SIGTSTP, a debugger)
 };
 
 /// One node's probe.
