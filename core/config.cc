@@ -42,9 +42,15 @@ const std::vector<KeySpec>& ring_keys() {
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
       {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type."},
+      {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},
+      {"CONTEXT_SPLIT", KeyType::integer, "1", nullptr, "Ranks that split each sequence's tokens (decode context parallel); divides the per-token KV of every attention layer."},
+      {"MOE_SPLIT", KeyType::choice, "tensor", "tensor|expert", "How routed experts spread over ranks: a slice of every expert (tensor) or whole experts (expert)."},
       {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
       {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
       {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},
+      {"MEM_WORKSPACE", KeyType::size, "0", nullptr, "Activation and graph workspace the engine takes per rank, planned on top of weights and KV."},
+      {"MEM_MTP", KeyType::size, "0", nullptr, "Memory per rank of a multi-token-prediction layer the engine loads besides the files' weights."},
+      {"MEM_VISION", KeyType::size, "0", nullptr, "Memory per rank of a vision tower (weights not in the files, encoder cache)."},
       {"MEM_WAIT", KeyType::duration, "120s", nullptr, "How long start waits for MEM_FREE_MIN on every node."},
       {"DISK_MAX_USE", KeyType::integer, "85", nullptr, "Highest disk use in percent allowed after staging."},
       {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr, "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
@@ -66,12 +72,13 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
       {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr, "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
+      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr, "More known-bad versions (JSON, as the built-in list), read on each node by preflight's sw.known_bad."},
       {"START_CHECKS", KeyType::list, nullptr, nullptr, "Preflight checks start runs, fail-closed (IDs or groups); default every check but net.bandwidth."},
       {"STOP_GRACE", KeyType::duration, "30s", nullptr, "How long stop waits after SIGTERM before SIGKILL of a rank."},
       {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
       {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
       {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
-      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|llama3|chatml|mistral", "Chat format of the model; auto detects it from tokenizer_config.json, the architecture and the vocabulary."},
+      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
       {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
       {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
@@ -512,6 +519,15 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
         d.push_back({true, where("HCAS"),
                      fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
                                  "`ibv_devices` or /sys/class/infiniband)", id, h)});
+    // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
+    for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
+      for (size_t a = 0; a < list->size(); ++a)
+        if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
+            list->begin() + static_cast<long>(a))
+          d.push_back({true, where(key),
+                       fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
+                                   "its own netdev)",
+                                   id, key, (*list)[a])});
     if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
       d.push_back({true, where("HCAS"),
                    fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "

@@ -322,7 +322,7 @@ Response tokenize(const ApiModel& m, const std::string& body) {
     if (m.escape_special)
       for (auto& msg : messages) msg.content = m.tokenizer.escape_special(msg.content);
     auto text = tok::render_chat(m.chat_format, messages, tok::Json::array(),
-                                 r.value->add_generation_prompt);
+                                 r.value->add_generation_prompt, r.value->chat_template_kwargs);
     if (!text) return api_error(openai::from_error(text.error(), "messages"));
     ids = m.tokenizer.encode(*text, false);
   }

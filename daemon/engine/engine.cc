@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "core/log.h"
+#include "core/model_plan.h"
 
 namespace spark::engine {
 
@@ -63,10 +64,13 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
       opts.max_context > 0 ? std::min(opts.max_context, c.max_position) : c.max_position;
   const int per_seq = (e->max_context_ + opts.block_size - 1) / opts.block_size;
   if (opts.num_blocks <= 0) {
-    const uint64_t per_block = 2ull * static_cast<uint64_t>(c.num_layers) *
-                               static_cast<uint64_t>(opts.block_size) *
-                               static_cast<uint64_t>(model->local_kv_heads()) *
-                               static_cast<uint64_t>(c.head_dim) * sizeof(float);
+    // The same plan as `sparkctl plan` and preflight's mem.plan (core/model_plan.h): our
+    // layout, fp32 K and V on the CPU path.
+    const uint64_t per_block =
+        plan::kv_bytes_per_token_per_rank(
+            plan::dense_attention_shape(c.num_layers, c.num_kv_heads, c.head_dim),
+            plan::KvRecord{plan::KvLayout::native, "fp32"}, plan::KvSpread{comm->world_size(), 1}) *
+        static_cast<uint64_t>(opts.block_size);
     const uint64_t fit = opts.kv_cache_bytes / per_block;
     opts.num_blocks = static_cast<int>(std::min<uint64_t>(
         fit, static_cast<uint64_t>(per_seq) * static_cast<uint64_t>(opts.slots)));

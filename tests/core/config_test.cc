@@ -284,6 +284,17 @@ TEST_CASE("config: HCA and netdev lists must pair up") {
         std::string::npos);
 }
 
+TEST_CASE("config: a netdev or HCA listed twice is refused (one entry per twin)") {
+  auto msg = load_err(std::string(kTwo) +
+                      "NODE1_NETDEVS=enp1s0f0np0,enp1s0f0np0\n"
+                      "NODE1_HCAS=rocep1s0f0,rocep1s0f1\n");
+  CHECK(msg.find("t.env:5: NODE1_NETDEVS lists enp1s0f0np0 twice") != std::string::npos);
+  msg = load_err(std::string(kTwo) +
+                 "NODE1_NETDEVS=enp1s0f0np0,enp1s0f1np1\n"
+                 "NODE1_HCAS=rocep1s0f0,rocep1s0f0\n");
+  CHECK(msg.find("NODE1_HCAS lists rocep1s0f0 twice") != std::string::npos);
+}
+
 TEST_CASE("config: API_BIND beyond loopback needs an API key file") {
   auto msg = load_err("NODE0_SSH=local\nAPI_BIND=0.0.0.0\n");
   CHECK(msg.find("t.env:2: API_BIND=0.0.0.0 is not loopback: set API_KEY_FILE") !=
