@@ -33,7 +33,7 @@ void require(bool ok) {
 
 HttpServer& server() {
   static HttpServer* s = [] {
-    log::set_level(log::Level::error);
+    log::set_level(log::Level::off);
     ServerOptions o;
     o.api_key = "fuzz-key";
     o.body_limit = 64 << 10;
