@@ -63,10 +63,9 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
       opts.max_context > 0 ? std::min(opts.max_context, c.max_position) : c.max_position;
   const int per_seq = (e->max_context_ + opts.block_size - 1) / opts.block_size;
   if (opts.num_blocks <= 0) {
-    const uint64_t per_block = 2ull * static_cast<uint64_t>(c.num_layers) *
-                               static_cast<uint64_t>(opts.block_size) *
-                               static_cast<uint64_t>(model->local_kv_heads()) *
-                               static_cast<uint64_t>(c.head_dim) * sizeof(float);
+    const uint64_t per_block =
+        KVCache::block_bytes(model->device().compute_type(), c.num_layers, opts.block_size,
+                             model->local_kv_heads(), c.head_dim);
     const uint64_t fit = opts.kv_cache_bytes / per_block;
     opts.num_blocks = static_cast<int>(std::min<uint64_t>(
         fit, static_cast<uint64_t>(per_seq) * static_cast<uint64_t>(opts.slots)));
@@ -79,8 +78,10 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->opts_ = opts;
   e->model_ = std::move(model);
   e->comm_ = std::move(comm);
-  e->cache_ = std::make_unique<KVCache>(c.num_layers, opts.num_blocks, opts.block_size,
-                                        e->model_->local_kv_heads(), c.head_dim);
+  auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size,
+                                        e->model_->device().compute_type());
+  if (!cache) return cache.error();
+  e->cache_ = std::move(*cache);
   e->blocks_ =
       std::make_unique<BlockManager>(opts.num_blocks, opts.block_size, opts.prefix_caching);
   if (e->comm_->world_size() > 1) {
@@ -430,11 +431,12 @@ void Engine::loop() {
 }
 
 Status run_tp_worker(Model& model, Collective& comm) {
-  const auto& c = model.config();
   int64_t sizes[2] = {0, 0};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
-  KVCache cache(c.num_layers, static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
-                model.local_kv_heads(), c.head_dim);
+  auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
+                                  model.device().compute_type());
+  if (!made) return made.error();
+  KVCache& cache = **made;
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);
   std::vector<int32_t> plan;

@@ -1,27 +1,30 @@
 #pragma once
-// A decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral) computed in fp32 on the CPU:
-// matrix products through OpenBLAS, RMSNorm / RoPE / SwiGLU / paged attention through the
-// reference twins in kernels/. With tensor parallelism (Megatron) this rank holds its
-// share of attention heads and MLP columns; o_proj and down_proj are row-split and their
-// partial sums are combined with Collective::all_reduce_sum. Embedding, norms and lm_head
-// are replicated, so every rank computes the same logits.
+// A decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral): the layer recipe, written
+// once over a Device (device.h): fp32 on the CPU (OpenBLAS and the reference twins in
+// kernels/), BF16 on a CUDA GPU. With tensor parallelism (Megatron, shard_plan.h) this rank
+// holds its share of attention heads and MLP columns; o_proj and down_proj are row-split and
+// their partial sums are combined through the device's all_reduce. Embedding, norms and
+// lm_head are replicated, so every rank computes the same logits.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "daemon/engine/collective.h"
+#include "daemon/engine/device.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model_config.h"
+#include "daemon/engine/shard_plan.h"
 
 namespace spark::engine {
 
 /// What a load read and how long it took.
 struct LoadReport {
   uint64_t bytes_read = 0;    // tensor bytes read from the files by this rank
-  uint64_t weight_bytes = 0;  // fp32 bytes held by this rank
+  uint64_t weight_bytes = 0;  // bytes of weights held by this rank (on its device)
   double seconds = 0;
   std::vector<std::string> files;
+  std::string device;  // what holds them (DeviceInfo::name)
 };
 
 /// One sequence's share of a forward step: `n` new tokens at positions start_pos ...
@@ -35,16 +38,25 @@ struct SeqChunk {
 
 class Model {
  public:
-  /// Loads DIR (config.json + safetensors) as rank `rank` of `world` (heads and MLP split
-  /// evenly; each rank reads only its slices) and drops the files' page cache afterwards.
+  /// Loads DIR (config.json + safetensors) as rank `rank` of `world` on the CPU (heads and
+  /// MLP split evenly; each rank reads only its slices) and drops the files' page cache
+  /// afterwards.
   static Result<std::unique_ptr<Model>> load(const std::string& dir, int rank, int world,
+                                             LoadReport* report = nullptr);
+  /// The same onto `device` (weights in its compute type: fp32 on the CPU, BF16 on CUDA).
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, int rank, int world,
+                                             std::shared_ptr<Device> device,
                                              LoadReport* report = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   int rank() const { return rank_; }
   int world() const { return world_; }
   /// Heads of KV held by this rank (for sizing the KVCache).
-  int local_kv_heads() const { return nkv_; }
+  int local_kv_heads() const { return plan_.kv_heads; }
+  Device& device() const { return *device_; }
+  /// A KV cache of `num_blocks` blocks on this model's device.
+  Result<std::unique_ptr<KVCache>> make_kv_cache(int num_blocks, int block_size,
+                                                 ElemType type) const;
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
   /// want_logits the vocab_size logits of its last token into `logits` (in chunk order).
@@ -58,22 +70,28 @@ class Model {
 
  private:
   struct Layer {
-    std::vector<float> in_norm, post_norm, q_norm, k_norm;
-    std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
-    std::vector<float> w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
+    Buffer in_norm, post_norm, q_norm, k_norm;
+    Buffer wq, wk, wv, wo, bq, bk, bv, bo;
+    Buffer w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
   };
   Model() = default;
+  Buffer* weight(int layer, WeightRole role);
   Status load_weights(const std::string& dir, LoadReport* report);
+  Status reserve(int tokens, int logit_rows);
+  /// The layer recipe over the device for the step already handed to begin_step().
+  Status run_layers(const StepLayout& step, KVCache& cache, Collective& comm, bool logits);
 
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
-  int nh_ = 0, nkv_ = 0, inter_ = 0;  // this rank's heads, KV heads, MLP width
-  std::vector<float> embed_, lm_head_, final_norm_;
+  ShardPlan plan_;
+  std::shared_ptr<Device> device_;
+  Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
-  // Scratch reused across steps.
-  std::vector<float> x_, h_, q_, k_, v_, att_, o_, gate_up_, act_;
-  std::vector<int32_t> pos_;
+  // Scratch on the device, reused across steps (grown, never shrunk).
+  int cap_tokens_ = 0, cap_rows_ = 0;
+  Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, sel_norm_, logits_;
+  StepLayout step_;
 };
 
 /// Threads OpenBLAS may use for one matrix product (process-wide; 1 suits small models and
