@@ -30,6 +30,8 @@ struct EngineStatus {
   /// daemon reports `stalled` when it passes STALL_TIMEOUT.
   std::chrono::milliseconds oldest_call{0};
   std::string oldest_call_what;  // what that call is, for the stalled reason
+  std::string device;            // what computes on this rank ("NVIDIA H200 ...", "cpu ...")
+  std::string device_note;       // why DEVICE=auto fell back to the CPU
 };
 
 /// What an engine starts with.

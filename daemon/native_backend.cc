@@ -107,6 +107,7 @@ class NativeEngine final : public Engine {
     o.share = ctx.share;
     o.progress = ctx.progress;
     o.engine = *eo;
+    o.device = cfg.get("DEVICE");
     if (ctx.world_size > 1 && !ctx.share)
       return make_error(Errc::internal,
                         "native engine: a ring of " + std::to_string(ctx.world_size) +
@@ -142,6 +143,8 @@ class NativeEngine final : public Engine {
       return s;
     }
     auto r = rt_->status();
+    s.device = r.device;
+    s.device_note = r.device_fallback;
     s.ready = r.ready;
     s.fatal = r.fatal;
     s.reason = r.reason;

@@ -33,7 +33,9 @@ die() { echo "gpu-run.sh: $*" >&2; exit 1; }
 # Libraries never copied (see above). Matched against the soname.
 SYSTEM_LIBS='^(linux-vdso|ld-linux.*|libc|libm|libdl|librt|libpthread|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libibverbs|librdmacm|libmlx4|libmlx5|libefa|libnl-3|libnl-route-3)\.so'
 MAX_STAGE_MIB=60
-BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests tests/spark_fault_server)
+BINARIES=(cli/sparkctl daemon/sparkd daemon/engine/spark-engine tests/spark_unit_tests tests/spark_fault_server)
+# Staged when built (STAGE_FROM a build without them skips them).
+OPTIONAL_BINARIES=(tests/spark_hw_tests)
 EXTRA_FILES=(tests/libfault_inject_libcuda.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
@@ -55,7 +57,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
+    local targets=(sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
     ninja -C "$build" -j"$jobs" "${targets[@]}"
     build="$src/$build"
   fi
@@ -68,6 +70,9 @@ stage() {
     [ -f "$build/$f" ] || die "$build/$f was not built"
     cp "$build/$f" "$dev/bin/"
   done
+  for f in "${OPTIONAL_BINARIES[@]}"; do
+    [ -f "$build/$f" ] && cp "$build/$f" "$dev/bin/"
+  done
   strip --strip-unneeded "$dev"/bin/* 2>/dev/null || true
   mkdir -p "$dev/tools"
   local t
@@ -75,6 +80,11 @@ stage() {
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
   cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
+  # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
+  # the source path, which device() links here), scripts and the PyTorch peer.
+  mkdir -p "$dev/fixtures" "$dev/engine"
+  cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
+  cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -174,7 +184,25 @@ device() {
     step version 60 "$dev/bin/sparkctl" -v version
     timeout 60 "$dev/bin/sparkctl" version --json > "$out/version.json" 2>> "$out/version.log" || true
   fi
-  [[ $want == *" hw "* ]] && step hw 240 "$dev/bin/spark_hw_tests"
+  [[ $want == *" hw "* && -x "$dev/bin/spark_hw_tests" ]] && step hw 240 "$dev/bin/spark_hw_tests"
+  # The engine on the GPU: the CUDA device against transformers' fixtures (and the CPU
+  # reference tests for contrast), transformers' own bf16-vs-fp32 spread, sparkd serving a
+  # chat from the GPU, and the decode/prefill/READY benchmark with its PyTorch peer.
+  if [[ $want == *" gpu-engine "* ]]; then
+    mkdir -p "$repo/tests/fixtures"
+    [ -e "$repo/tests/fixtures/models" ] || cp -r "$dev/fixtures/models" "$repo/tests/fixtures/"
+    [ -e "$repo/tests/fixtures/tokenizer" ] || cp -r "$dev/fixtures/tokenizer" "$repo/tests/fixtures/"
+    step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc='cuda engine*,reference:*,engine:*,native backend:*' -s
+    step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
+  fi
+  [[ $want == *" sparkd-gpu "* ]] &&
+    step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
+  if [[ $want == *" engine-bench "* ]]; then
+    local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
+    step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
+    step engine-bench 420 "$dev/bin/spark-engine" gpubench --model "$ck" --json-out "$out/engine_bench.json"
+    step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
+  fi
   [[ $want == *" gpu-kernels "* ]] &&
     step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*' -s
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"

@@ -75,7 +75,9 @@ struct StepLayout {
   std::vector<int32_t> chunk_len;    // per chunk: positions[last] + 1 (its context length)
   std::vector<int32_t> block_tables;
   int table_width = 0;
+  std::vector<int32_t> slots;       // per token: its cache slot (block * block_size + offset)
   std::vector<int32_t> logit_rows;  // token rows whose logits are computed, in order
+  int max_seq_len_bound = 0;        // > 0: size attention for contexts up to this (graph capture)
   int tokens_n() const { return static_cast<int>(tokens.size()); }
   int chunks_n() const {
     return static_cast<int>(chunk_begin.empty() ? 0 : chunk_begin.size() - 1);
@@ -139,8 +141,12 @@ class Device {
   /// y[rows][out] = x[rows][in] * W^T (+ b); W is [out][in] as Hugging Face stores it.
   virtual Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y,
                         int rows, int in, int out) = 0;
-  /// Rotates x ([rows][heads][head_dim], rotate-half layout) by the step's positions.
-  virtual Status rope(const Buffer& x, int heads, int head_dim, const Buffer& inv_freq) = 0;
+  /// q ([tokens][heads][head_dim]) and k ([tokens][kv_heads][head_dim]): each head
+  /// RMS-normalised first when q_norm/k_norm are not empty (Qwen3), then rotated by the
+  /// step's positions (rotate-half layout).
+  virtual Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                         const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                         float eps) = 0;
   /// Writes the step's k/v rows ([tokens][kv_heads][head_dim]) into the cache.
   virtual Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) = 0;
   /// Causal attention of each chunk's q rows over its cache ([tokens][heads][head_dim]);
@@ -155,11 +161,48 @@ class Device {
   virtual Status all_reduce(Collective& comm, const Buffer& x) = 0;
   /// Waits for the step's work and reports its errors.
   virtual Status synchronize() = 0;
+
+  // ---- fixed-address steps and graphs (CUDA; the CPU runs every step eagerly) ----
+  /// Sizes the step buffers for up to `tokens` tokens in `chunks` sequences with block
+  /// tables `width` wide, and decode attention over contexts of `max_seq_len` with `heads`
+  /// heads of `head_dim`, so such steps allocate nothing (a captured graph keeps its
+  /// addresses).
+  virtual Status reserve_step(int tokens, int chunks, int width, int max_seq_len, int heads,
+                              int head_dim) {
+    (void)tokens, (void)chunks, (void)width, (void)max_seq_len, (void)heads, (void)head_dim;
+    return Status::Ok();
+  }
+  /// True when graph_begin/graph_end/graph_launch work on this device.
+  virtual bool supports_graphs() const { return false; }
+  /// Starts recording the ops that follow (not running them) into a graph.
+  virtual Status graph_begin() { return make_error(Errc::unsupported, "no graphs on this device"); }
+  /// Ends the recording and keeps it under `key` (also when it failed: then ends the capture
+  /// and returns the error).
+  virtual Status graph_end(uint64_t key) {
+    (void)key;
+    return make_error(Errc::unsupported, "no graphs on this device");
+  }
+  /// Replays the graph under `key` with the current step's metadata; false when there is none.
+  virtual Result<bool> graph_launch(uint64_t key) {
+    (void)key;
+    return false;
+  }
+  /// Drops every graph (their buffers changed).
+  virtual void graph_clear() {}
 };
 
 /// The CPU device (fp32; OpenBLAS). Process-wide, stateless apart from one step's layout,
 /// so the instance returned is new each call.
 std::shared_ptr<Device> make_cpu_device();
+
+/// The CUDA device `ordinal` (Errc::unsupported naming why it cannot be used: no driver, no
+/// device, an architecture this build has no kernels for, cuBLASLt missing).
+Result<std::shared_ptr<Device>> make_cuda_device(int ordinal);
+
+/// DEVICE=auto|cpu|cuda: the device to serve with. auto picks CUDA when usable, else the
+/// CPU, and puts why into `*fallback_reason`.
+Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ordinal,
+                                              std::string* fallback_reason);
 
 /// MemAvailable of /proc/meminfo in bytes.
 Result<uint64_t> host_mem_available();

@@ -149,9 +149,16 @@ class CpuDevice final : public Device {
     return Status::Ok();
   }
 
-  Status rope(const Buffer& x, int heads, int head_dim, const Buffer& inv_freq) override {
-    kernels::rope_apply_ref(f32(x), step_.tokens.size(), heads, head_dim, step_.positions.data(),
-                            f32(inv_freq));
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    const size_t T = step_.tokens.size(), hd = static_cast<size_t>(head_dim);
+    if (!q_norm.empty())
+      kernels::rmsnorm_ref(f32(q), f32(q_norm), f32(q), T * static_cast<size_t>(heads), hd, eps);
+    if (!k_norm.empty())
+      kernels::rmsnorm_ref(f32(k), f32(k_norm), f32(k), T * static_cast<size_t>(kv_heads), hd, eps);
+    kernels::rope_apply_ref(f32(q), T, heads, head_dim, step_.positions.data(), f32(inv_freq));
+    kernels::rope_apply_ref(f32(k), T, kv_heads, head_dim, step_.positions.data(), f32(inv_freq));
     return Status::Ok();
   }
 

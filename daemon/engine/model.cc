@@ -198,7 +198,6 @@ Status Model::reserve(int tokens, int logit_rows) {
   if (logit_rows > cap_rows_) {
     const size_t R = static_cast<size_t>(logit_rows);
     SPARK_TRY(grow(sel_, at, R * H));
-    SPARK_TRY(grow(sel_norm_, at, R * H));
     SPARK_TRY(grow(logits_, ElemType::f32, R * V));
     cap_rows_ = logit_rows;
   }
@@ -220,7 +219,9 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   st.chunk_len.clear();
   st.block_tables.clear();
   st.logit_rows.clear();
+  st.slots.clear();
   st.table_width = 0;
+  st.max_seq_len_bound = 0;
   for (const auto& ch : chunks)
     st.table_width = std::max(st.table_width,
                               (ch.start_pos + ch.n + cache.block_size() - 1) / cache.block_size());
@@ -243,7 +244,12 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
       st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()) - 1);
     st.chunk_begin.push_back(static_cast<int32_t>(st.tokens.size()));
     st.chunk_len.push_back(ch.start_pos + ch.n);
-    const int nb = (ch.start_pos + ch.n + cache.block_size() - 1) / cache.block_size();
+    const int bs = cache.block_size();
+    for (int i = 0; i < ch.n; ++i) {
+      const int pos = ch.start_pos + i;
+      st.slots.push_back(ch.block_table[pos / bs] * bs + pos % bs);
+    }
+    const int nb = (ch.start_pos + ch.n + bs - 1) / bs;
     st.block_tables.insert(st.block_tables.end(), ch.block_table, ch.block_table + nb);
     st.block_tables.resize(st.block_tables.size() + static_cast<size_t>(st.table_width - nb), 0);
   }
@@ -252,13 +258,91 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     return Status::Ok();
   }
   const int R = logits ? static_cast<int>(st.logit_rows.size()) : 0;
-  SPARK_TRY(reserve(st.tokens_n(), R));
-  SPARK_TRY(device_->begin_step(st));
-  SPARK_TRY(run_layers(st, cache, comm, logits != nullptr));
+  if (graphs_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
+      st.table_width <= graph_width_ && comm.world_size() == 1 && (!logits || R == st.tokens_n())) {
+    SPARK_TRY(run_graph(cache, comm));
+  } else {
+    SPARK_TRY(reserve(st.tokens_n(), R));
+    SPARK_TRY(device_->begin_step(st));
+    SPARK_TRY(run_layers(st, cache, comm, logits != nullptr));
+  }
   if (!logits) return device_->synchronize();
   logits->resize(static_cast<size_t>(R) * static_cast<size_t>(V));
   if (R > 0) SPARK_TRY(device_->to_host(logits_, logits->data(), logits->size()));
   return device_->synchronize();
+}
+
+Status Model::prepare(int tokens, int seqs, int max_context, int block_size, bool graphs) {
+  const int width = (max_context + block_size - 1) / block_size;
+  int bucket = 1;
+  while (bucket < seqs) bucket *= 2;
+  const int cap = std::max(tokens, bucket);
+  SPARK_TRY(reserve(cap, std::max(seqs, bucket)));
+  SPARK_TRY(device_->reserve_step(cap, std::max(cap, bucket), width, max_context, plan_.heads,
+                                  cfg_.head_dim));
+  graphs_ = graphs && device_->supports_graphs();
+  graph_max_batch_ = bucket;
+  graph_max_context_ = max_context;
+  graph_width_ = width;
+  device_->graph_clear();
+  return Status::Ok();
+}
+
+Status Model::run_graph(KVCache& cache, Collective& comm) {
+  // Pad the step to its bucket: padding rows write no KV (slot -1) and attend to position 0
+  // of block 0 (finite: pools start zeroed); their logits are computed and ignored.
+  StepLayout st = step_;
+  const int real = st.tokens_n();
+  int B = 1;
+  while (B < real) B *= 2;
+  st.table_width = graph_width_;
+  std::vector<int32_t> tables(static_cast<size_t>(B) * static_cast<size_t>(graph_width_), 0);
+  for (int c = 0; c < real; ++c)
+    std::copy_n(step_.block_tables.begin() + static_cast<ptrdiff_t>(c) * step_.table_width,
+                step_.table_width, tables.begin() + static_cast<ptrdiff_t>(c) * graph_width_);
+  st.block_tables = std::move(tables);
+  for (int i = real; i < B; ++i) {
+    st.tokens.push_back(0);
+    st.positions.push_back(0);
+    st.slots.push_back(-1);
+    st.chunk_begin.push_back(i + 1);
+    st.chunk_len.push_back(1);
+  }
+  st.logit_rows.resize(static_cast<size_t>(B));
+  for (int i = 0; i < B; ++i) st.logit_rows[static_cast<size_t>(i)] = i;
+  st.max_seq_len_bound = graph_max_context_;
+  // The graph reads the KV pools of the cache it was captured with: key on both.
+  const uint64_t key = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cache.view(0).k)) << 8) ^
+                       static_cast<uint64_t>(B);
+  SPARK_TRY(device_->begin_step(st));
+  auto hit = device_->graph_launch(key);
+  if (!hit) return hit.error();
+  if (*hit) {
+    ++graph_replays_;
+    return Status::Ok();
+  }
+  // First step of this bucket: run it eagerly (library handles pick their algorithms, so
+  // nothing allocates under capture), then capture the same work for the next steps.
+  // The eager run computes this step's results; the capture only records.
+  SPARK_TRY(run_layers(st, cache, comm, true));
+  SPARK_TRY(device_->synchronize());
+  Status cap = device_->graph_begin();
+  if (cap.ok()) {
+    Status body = run_layers(st, cache, comm, true);
+    Status end = device_->graph_end(key);
+    cap = body.ok() ? end : body;
+  }
+  if (!cap.ok()) {
+    log::warn("engine",
+              "CUDA graph capture of a {}-sequence decode step failed ({}); decode "
+              "steps run eagerly from now on",
+              B, cap.message());
+    graphs_ = false;
+    device_->graph_clear();
+    return device_->synchronize();
+  }
+  ++graph_captures_;
+  return Status::Ok();
 }
 
 Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm, bool want) {
@@ -287,12 +371,7 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
     SPARK_TRY(dev.linear(h, L.wq, L.bq, q, T, H, qw));
     SPARK_TRY(dev.linear(h, L.wk, L.bk, k, T, H, kw));
     SPARK_TRY(dev.linear(h, L.wv, L.bv, v, T, H, kw));
-    if (c.qk_norm) {
-      SPARK_TRY(dev.rmsnorm(q, L.q_norm, q, T * nh, hd, eps));
-      SPARK_TRY(dev.rmsnorm(k, L.k_norm, k, T * nkv, hd, eps));
-    }
-    SPARK_TRY(dev.rope(q, nh, hd, inv_freq_dev_));
-    SPARK_TRY(dev.rope(k, nkv, hd, inv_freq_dev_));
+    SPARK_TRY(dev.rope_qk(q, k, nh, nkv, hd, inv_freq_dev_, L.q_norm, L.k_norm, eps));
     const KVLayerView kv = cache.view(l);
     SPARK_TRY(dev.kv_write(kv, k, v));
     SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
@@ -303,21 +382,21 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
     SPARK_TRY(dev.swiglu(gu, act, T, inter));
     SPARK_TRY(dev.linear(act, L.w_down, none, o, T, inter, H));
     SPARK_TRY(dev.all_reduce(comm, o));
-    // The residual add, then the next layer's input norm in the same pass.
+    // The residual add, then the next layer's input norm (after the last layer, the final
+    // norm) in the same pass.
     const bool last = l + 1 == c.num_layers;
-    SPARK_TRY(dev.add_rmsnorm(
-        x, o, L.b_down, last ? none : layers_[static_cast<size_t>(l) + 1].in_norm, h, T, H, eps));
+    SPARK_TRY(dev.add_rmsnorm(x, o, L.b_down,
+                              last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm, h,
+                              T, H, eps));
   }
   if (!want) return Status::Ok();  // a tensor-parallel worker: rank 0 samples
   const int R = static_cast<int>(st.logit_rows.size());
   if (R == 0) return Status::Ok();
   const size_t Rz = static_cast<size_t>(R);
   const Buffer sel = sel_.view(0, Rz * static_cast<size_t>(H)),
-               seln = sel_norm_.view(0, Rz * static_cast<size_t>(H)),
                lg = logits_.view(0, Rz * static_cast<size_t>(V));
-  SPARK_TRY(dev.gather_logit_rows(x, sel, H));
-  SPARK_TRY(dev.rmsnorm(sel, final_norm_, seln, R, H, eps));
-  return dev.linear(seln, lm_head_.empty() ? embed_ : lm_head_, none, lg, R, H, V);
+  SPARK_TRY(dev.gather_logit_rows(h, sel, H));
+  return dev.linear(sel, lm_head_.empty() ? embed_ : lm_head_, none, lg, R, H, V);
 }
 
 }  // namespace spark::engine

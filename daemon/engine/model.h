@@ -65,6 +65,15 @@ class Model {
   Status forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                  std::vector<float>* logits, bool all_logits = false);
 
+  /// Sizes every buffer a step uses for steps of up to `tokens` tokens over `seqs`
+  /// sequences of up to `max_context` tokens in `block_size`-token blocks, so that such
+  /// steps allocate nothing; with `graphs` (and a device that has them), decode-only steps
+  /// then run as graphs captured per batch-size bucket (1, 2, 4, ... up to `seqs`).
+  Status prepare(int tokens, int seqs, int max_context, int block_size, bool graphs);
+  /// Decode steps replayed from a graph / captured so far (for tests and the benchmark).
+  uint64_t graph_replays() const { return graph_replays_; }
+  uint64_t graph_captures() const { return graph_captures_; }
+
   /// RoPE inverse frequencies in use (tests compare them with the reference's).
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
 
@@ -90,8 +99,14 @@ class Model {
   std::vector<float> inv_freq_;
   // Scratch on the device, reused across steps (grown, never shrunk).
   int cap_tokens_ = 0, cap_rows_ = 0;
-  Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, sel_norm_, logits_;
+  Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
   StepLayout step_;
+  // Graphs: on after prepare(graphs = true) on a device that has them.
+  bool graphs_ = false;
+  int graph_max_batch_ = 0, graph_max_context_ = 0, graph_width_ = 0;
+  uint64_t graph_replays_ = 0, graph_captures_ = 0;
+  /// Runs a decode-only step as the graph of its bucket (capturing it the first time).
+  Status run_graph(KVCache& cache, Collective& comm);
 };
 
 /// Threads OpenBLAS may use for one matrix product (process-wide; 1 suits small models and

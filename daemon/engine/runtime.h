@@ -38,6 +38,8 @@ struct RuntimeOptions {
       share;
   std::function<void(const std::string&)> progress;  // "loading weights", ...
   EngineOptions engine;
+  std::string device = "cpu";  // DEVICE: auto | cpu | cuda
+  int device_ordinal = 0;      // which CUDA device (of those CUDA_VISIBLE_DEVICES shows)
   bool warmup =
       true;  // rank 0 runs one real 1-token completion through every rank before start() returns
   int timeout_ms = 30000;              // each collective operation
@@ -47,13 +49,16 @@ struct RuntimeOptions {
 struct RuntimeStatus {
   bool ready = false;
   bool fatal = false;
-  std::string reason;  // why not ready / why fatal
-  EngineStats stats;   // rank 0
+  std::string reason;           // why not ready / why fatal
+  EngineStats stats;            // rank 0
+  std::string device;           // what serves this rank (DeviceInfo::name)
+  std::string device_kind;      // "cpu" / "cuda"
+  std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
 
 /// Engine options from the cluster file: SLOTS -> slots, CONTEXT_LEN -> max_context, a KV
-/// cache of SLOTS full contexts. KV_DTYPE must be auto or fp32 on the CPU path
-/// (Errc::unsupported otherwise).
+/// cache of SLOTS full contexts (on a GPU at most what is free after the weights less
+/// MEM_RESERVE), KV_DTYPE auto | bf16 | fp32 (fp16 and fp8: Errc::unsupported).
 Result<EngineOptions> engine_options_from(const RingConfig& cfg);
 
 class Runtime {
@@ -74,6 +79,7 @@ class Runtime {
   LoadReport load_;
   std::shared_ptr<TcpStoreServer> store_;  // rank 0, when it picked the port
   std::shared_ptr<Collective> comm_;
+  std::string device_, device_kind_, device_fallback_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;
   std::thread worker_;
