@@ -12,7 +12,7 @@
 #include "cli/ring_ops.h"
 #include "core/remote.h"
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 
 namespace spark::cli {
 
@@ -301,12 +301,12 @@ int cmd_health_get(Context& ctx, const std::vector<std::string>& args) {
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "health-get", "health-get --port P [--host H]", desc, args, vm))
     return *rc;
-  daemon::HttpCall c;
+  HttpCall c;
   c.host = vm["host"].as<std::string>();
   c.port = static_cast<uint16_t>(vm["port"].as<int>());
   c.target = "/health";
   c.timeout = milliseconds(std::max(1, vm["timeout-ms"].as<int>()));
-  auto r = daemon::http_call(c);
+  auto r = http_call(c);
   if (!r) return ctx.fail(r.error());
   *ctx.out << json{{"status", r->status}, {"body", r->body}}.dump() << "\n";
   return 0;

@@ -8,7 +8,6 @@
 
 #include "cli/args.h"
 #include "core/strings.h"
-#include "kernels/cuda_runtime.h"
 #include "spark/version.h"
 
 namespace spark::cli {
@@ -16,9 +15,9 @@ namespace spark::cli {
 VersionReport collect_version(bool probe, const env::GpuProbeOptions& opts) {
   VersionReport r;
   r.sparkctl = kVersion;
-  r.built_with_cuda = kernels::built_with_cuda();
-  r.cuda_runtime = kernels::cuda_runtime_version();
-  r.cuda_architectures = kernels::cuda_architectures();
+  r.built_with_cuda = kBuiltWithCuda;
+  r.cuda_runtime = kCudaRuntime;
+  r.cuda_architectures = kCudaArchitectures;
   if (probe) {
     r.gpu = env::probe_gpu(opts);
     r.probed = true;

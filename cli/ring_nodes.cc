@@ -9,7 +9,7 @@
 #include "cli/node_exec.h"
 #include "core/process.h"
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 
 namespace spark::cli {
 
@@ -386,12 +386,12 @@ Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
   std::string body;
   int status = 0;
   if (n0.local) {
-    daemon::HttpCall c;
+    HttpCall c;
     c.host = host;
     c.port = port;
     c.target = "/health";
     c.timeout = timeout;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (!r)
       return make_error(r.error().code,
                         fmt::format("rank 0 ({}) /health: {}", n0.name, r.error().message));

@@ -66,7 +66,7 @@ engine::SamplingParams to_engine(const openai::Sampling& s, int max_tokens,
 struct Pending {
   std::mutex mu;
   std::shared_ptr<const ApiModel> model;
-  std::unique_ptr<openai::Responder> resp;
+  std::unique_ptr<openai::CompletionWriter> resp;
   Responder http;
   bool streaming = false;
   int n = 1;
@@ -212,7 +212,7 @@ struct Pending {
 template <typename Req>
 void run_generation(const std::shared_ptr<ApiState>& state,
                     const std::shared_ptr<const ApiModel>& m, const Req& req,
-                    const openai::PreparedPrompt& p, std::unique_ptr<openai::Responder> resp,
+                    const openai::PreparedPrompt& p, std::unique_ptr<openai::CompletionWriter> resp,
                     Responder http, const char* what) {
   if (m->admit) {
     Status st = m->admit();
@@ -260,9 +260,9 @@ void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const Ap
   if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
   auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context);
   if (!p.ok()) return http.send(api_error(p.error));
-  auto resp =
-      std::make_unique<openai::Responder>(req, m->tokenizer, m->chat_format, m->model,
-                                          static_cast<int>(p.value->ids.size()), m->stop_token_ids);
+  auto resp = std::make_unique<openai::CompletionWriter>(
+      req, m->tokenizer, m->chat_format, m->model, static_cast<int>(p.value->ids.size()),
+      m->stop_token_ids);
   run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "chat completion");
 }
 
@@ -274,9 +274,9 @@ void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<co
   if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
   auto p = openai::prepare_completion(req, m->tokenizer, m->max_context);
   if (!p.ok()) return http.send(api_error(p.error));
-  auto resp = std::make_unique<openai::Responder>(req, m->tokenizer, m->model,
-                                                  static_cast<int>(p.value->ids.size()),
-                                                  m->stop_token_ids, p.value->text);
+  auto resp = std::make_unique<openai::CompletionWriter>(req, m->tokenizer, m->model,
+                                                         static_cast<int>(p.value->ids.size()),
+                                                         m->stop_token_ids, p.value->text);
   run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "completion");
 }
 

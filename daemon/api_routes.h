@@ -2,7 +2,7 @@
 // The OpenAI-compatible API on rank 0 (/v1/models, /v1/chat/completions, /v1/completions,
 // /tokenize, /detokenize) in front of the native engine. HTTP threads parse, tokenize on a
 // small worker pool and submit to the engine's queue; they never run model code. Engine
-// events (on the engine thread) go through the openai layer's Responder and are written to
+// events (on the engine thread) go through the openai layer's CompletionWriter and are written to
 // the connection; a streaming client that disconnects cancels its request, which frees its
 // slot at the next engine step.
 #include <atomic>

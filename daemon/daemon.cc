@@ -148,7 +148,7 @@ struct Daemon::Impl {
   RingConfig cfg;
   DaemonOptions opts;
   DaemonTiming timing;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Backend> engine;
   Health health;
   RankPlace place;
   int world = 1;
@@ -202,7 +202,7 @@ struct Daemon::Impl {
   std::map<std::string, std::string> rank_env() const;
 };
 
-Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engine)
+Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Backend> engine)
     : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.self = this;
@@ -214,7 +214,7 @@ Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engin
   for (const auto& p : I.cfg.ranks())
     if (p.rank == I.opts.rank) I.place = p;
   I.node = node_name(I.cfg, I.opts.rank);
-  I.engine = engine ? std::move(engine) : make_engine(I.cfg, I.opts.rank);
+  I.engine = engine ? std::move(engine) : make_backend(I.cfg, I.opts.rank);
   I.metrics = std::make_unique<Metrics>(I.cfg.get("MODEL"));
   I.memguard = std::make_unique<MemoryGuard>(mem_guard_config(I.cfg), I.metrics.get());
 }
@@ -337,7 +337,7 @@ void Daemon::Impl::add_routes() {
     m.set("sparkd_uptime_seconds", s.uptime_s);
     m.set("sparkd_slots_configured", s.slots_total);
     m.set("sparkd_slots_busy", s.slots_busy);
-    EngineStatus es = engine->status();
+    BackendStatus es = engine->status();
     m.set("sparkd_requests_running", s.requests_in_flight);
     m.set("sparkd_requests_waiting", es.requests_waiting);
     for (const auto& [code, n] : http->responses_by_status())
@@ -382,7 +382,7 @@ void Daemon::Impl::on_watchdog() {
     }
   }
   if (!engine_started.load()) return;
-  EngineStatus es = engine->status();
+  BackendStatus es = engine->status();
   if (es.fatal) {
     health.set(State::fatal, es.reason.empty() ? "engine failed" : es.reason);
     return;
@@ -439,7 +439,7 @@ std::map<std::string, std::string> Daemon::Impl::rank_env() const {
 }
 
 void Daemon::Impl::run_lifecycle() {
-  EngineContext ctx;
+  BackendContext ctx;
   ctx.cfg = &cfg;
   ctx.place = place;
   ctx.world_size = world;
@@ -488,7 +488,7 @@ void Daemon::Impl::run_probes() {
       cv.wait_for(lk, milliseconds(attempts == 0 ? 100 : 3000), [&] { return stop_requested; });
     }
     if (stopping.load() || health.state() == State::fatal) continue;
-    EngineStatus es = engine->status();
+    BackendStatus es = engine->status();
     std::string why;
     if (!es.ready || (rdzv_server && !rdzv_server->followers_ready(&why))) continue;
     ProbeResult r = run_probe(*engine, spec);
@@ -563,7 +563,7 @@ void Daemon::Impl::run_heartbeats() {
     auto c = hb.connect(std::min(timing.heartbeat_timeout, milliseconds(2000)));
     if (c.ok()) {
       while (!stopping.load()) {
-        EngineStatus es = engine->status();
+        BackendStatus es = engine->status();
         nlohmann::json req = {{"op", "heartbeat"},
                               {"rank", place.rank},
                               {"state", state_name(health.state())},
@@ -612,7 +612,7 @@ HealthSnapshot Daemon::snapshot() const {
   s.rank = I.opts.rank;
   s.world_size = I.world;
   s.uptime_s = I.health.uptime_s();
-  EngineStatus es = I.engine->status();
+  BackendStatus es = I.engine->status();
   s.slots_total = es.slots_total;
   s.slots_busy = es.slots_busy;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;

@@ -16,7 +16,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "daemon/health.h"
 
 namespace spark::daemon {
@@ -64,7 +64,7 @@ bool is_loopback(const std::string& ipv4);
 class Daemon {
  public:
   /// `engine` null: the backend ENGINE names.
-  Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Engine> engine = nullptr);
+  Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Backend> engine = nullptr);
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;

@@ -1,7 +1,7 @@
 #include "daemon/probe.h"
 
 #include "core/strings.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 
 namespace spark::daemon {
 
@@ -44,7 +44,7 @@ ProbeSpec probe_spec(const RingConfig& cfg) {
   return s;
 }
 
-ProbeResult run_probe(Engine& engine, const ProbeSpec& spec) {
+ProbeResult run_probe(Backend& engine, const ProbeSpec& spec) {
   ProbeResult p;
   auto t0 = Clock::now();
   std::optional<uint64_t> before;

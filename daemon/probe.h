@@ -16,7 +16,7 @@
 
 namespace spark::daemon {
 
-class Engine;
+class Backend;
 
 /// What the probe found.
 struct ProbeResult {
@@ -48,6 +48,6 @@ struct ProbeSpec {
 ProbeSpec probe_spec(const RingConfig& cfg);
 
 /// Runs one probe through the engine (blocking; never on a reactor).
-ProbeResult run_probe(Engine& engine, const ProbeSpec& spec);
+ProbeResult run_probe(Backend& engine, const ProbeSpec& spec);
 
 }  // namespace spark::daemon

@@ -1,7 +1,7 @@
 #pragma once
 // A short TCP throughput test between nodes over one fabric twin: each node listens on its
 // twin addresses and sends to its successor's for a few seconds, all at once, so a "200G"
-// link running at 13 Gb/s shows (FIELD-NOTES). Every wait has a deadline.
+// link silently running at 13 Gb/s shows. Every wait has a deadline.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>

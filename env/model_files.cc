@@ -4,14 +4,12 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 
+#include "core/hf/safetensors_index.h"
 #include "core/manifest.h"
 #include "core/strings.h"
 
 namespace spark::env {
-
-using nlohmann::json;
 
 ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) {
   ModelFiles m;
@@ -45,32 +43,31 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
 
   add("config.json");
   if (auto text = root.read(model_path + "/config.json")) {
-    m.config = json::parse(*text, nullptr, false);
-    if (m.config.is_discarded() || !m.config.is_object())
-      m.config_error = "config.json is not a JSON object";
-    else
+    auto c = hf::parse_config_text(*text, "config.json");
+    if (!c) {
+      m.config_error = c.error().message;
+    } else {
+      m.config = std::move(*c);
       m.config_ok = true;
+    }
   } else {
     m.config_error = "config.json is missing";
   }
 
   std::vector<std::string> shards;
   uint64_t index_total = 0;
-  if (std::find(entries.begin(), entries.end(), "model.safetensors.index.json") != entries.end()) {
-    m.index_name = "model.safetensors.index.json";
+  if (std::find(entries.begin(), entries.end(), hf::kSafetensorsIndexName) != entries.end()) {
+    m.index_name = hf::kSafetensorsIndexName;
     add(m.index_name);
     auto text = root.read(model_path + "/" + m.index_name);
-    json j = text ? json::parse(*text, nullptr, false) : json();
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      m.index_error = fmt::format("{} has no weight_map", m.index_name);
+    auto idx = text ? hf::parse_safetensors_index(*text, m.index_name)
+                    : Result<hf::SafetensorsIndex>(
+                          make_error(Errc::io, fmt::format("{}: cannot read", m.index_name)));
+    if (!idx) {
+      m.index_error = idx.error().message;
     } else {
-      std::set<std::string> names;
-      for (const auto& [tensor, file] : j["weight_map"].items())
-        if (file.is_string()) names.insert(file.get<std::string>());
-      shards.assign(names.begin(), names.end());
-      if (j.contains("metadata") && j["metadata"].is_object() &&
-          j["metadata"].contains("total_size") && j["metadata"]["total_size"].is_number())
-        index_total = j["metadata"]["total_size"].get<uint64_t>();
+      shards = idx->files;
+      index_total = idx->total_size.value_or(0);
     }
   } else {
     for (const auto& e : entries)

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hf/config.h"
 #include "env/sysroot.h"
 
 namespace spark::env {
@@ -24,7 +25,7 @@ struct ModelFiles {
   bool dir_exists = false;
   bool config_ok = false;
   std::string config_error;
-  nlohmann::json config;   // parsed config.json
+  hf::Config config;       // config.json as core/hf read it (config_ok)
   std::string index_name;  // "model.safetensors.index.json" or "" (single file)
   std::string index_error;
   std::vector<ModelFile> files;  // config.json, index, shards, in that order

@@ -8,39 +8,22 @@ namespace spark::env {
 
 using nlohmann::json;
 
-namespace {
-
-int geti(const json& j, const char* k) {
-  auto it = j.find(k);
-  if (it == j.end() || !it->is_number_integer()) return 0;
-  return it->get<int>();
-}
-
-}  // namespace
-
-Result<ModelShape> model_shape(const json& config_in) {
-  if (!config_in.is_object()) return make_error(Errc::config, "config.json is not an object");
-  const json& c = config_in.contains("text_config") && config_in["text_config"].is_object() &&
-                          !config_in.contains("num_hidden_layers")
-                      ? config_in["text_config"]
-                      : config_in;
+Result<ModelShape> model_shape(const hf::Config& c) {
   ModelShape s;
-  if (config_in.contains("architectures") && config_in["architectures"].is_array() &&
-      !config_in["architectures"].empty() && config_in["architectures"][0].is_string())
-    s.arch = config_in["architectures"][0].get<std::string>();
-  else if (c.contains("model_type") && c["model_type"].is_string())
-    s.arch = c["model_type"].get<std::string>();
-  s.layers = geti(c, "num_hidden_layers");
-  int heads = geti(c, "num_attention_heads");
-  s.kv_heads = geti(c, "num_key_value_heads");
+  if (!c.architectures.empty())
+    s.arch = c.architectures[0];
+  else
+    s.arch = c.model_type;
+  s.layers = c.num_hidden_layers.value_or(0);
+  int heads = c.num_attention_heads.value_or(0);
+  s.kv_heads = c.num_key_value_heads.value_or(0);
   if (s.kv_heads == 0) s.kv_heads = heads;
-  s.head_dim = geti(c, "head_dim");
-  if (s.head_dim == 0 && heads > 0) s.head_dim = geti(c, "hidden_size") / heads;
-  s.kv_lora_rank = geti(c, "kv_lora_rank");
-  s.qk_rope_head_dim = geti(c, "qk_rope_head_dim");
+  s.head_dim = c.head_dim.value_or(0);
+  if (s.head_dim == 0 && heads > 0) s.head_dim = c.hidden_size.value_or(0) / heads;
+  s.kv_lora_rank = c.kv_lora_rank.value_or(0);
+  s.qk_rope_head_dim = c.qk_rope_head_dim.value_or(0);
   s.mla = s.kv_lora_rank > 0;
-  std::string dt = c.value("torch_dtype", config_in.value("torch_dtype", std::string("bfloat16")));
-  if (c.contains("dtype") && c["dtype"].is_string()) dt = c["dtype"].get<std::string>();
+  const std::string dt = c.dtype.empty() ? "bfloat16" : c.dtype;
   s.dtype_bytes = (dt == "float32") ? 4 : (dt.find("float8") != std::string::npos ? 1 : 2);
   if (s.layers <= 0)
     return make_error(Errc::config, "config.json: num_hidden_layers is missing or not positive");
@@ -49,6 +32,12 @@ Result<ModelShape> model_shape(const json& config_in) {
                       "config.json: need num_key_value_heads (or num_attention_heads) "
                       "and head_dim (or hidden_size) for the KV size");
   return s;
+}
+
+Result<ModelShape> model_shape(const json& config) {
+  auto c = hf::parse_config(config, "config.json");
+  if (!c) return c.error();
+  return model_shape(*c);
 }
 
 int kv_dtype_bytes(const std::string& kv_dtype, const ModelShape& s) {

@@ -1,13 +1,15 @@
 #pragma once
 // Memory arithmetic per rank: the rank's share of the weights, its KV pool for the
 // configured context and slots, and the reserve, against what the node has. Plan context
-// from memory, never the reverse (FIELD-NOTES 7).
+// from memory, never the reverse: an engine refuses a context whose KV cache does not
+// fit only after minutes of loading.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/hf/config.h"
 
 namespace spark::env {
 
@@ -23,7 +25,10 @@ struct ModelShape {
   int dtype_bytes = 2;  // torch_dtype
 };
 
-/// Reads the shape from config.json (text_config is used when the model nests one).
+/// The shape from what core/hf read of config.json (which takes text_config when the model
+/// nests one).
+Result<ModelShape> model_shape(const hf::Config& config);
+/// The same from parsed config.json.
 Result<ModelShape> model_shape(const nlohmann::json& config);
 /// Bytes per element of a KV_DTYPE value ("auto" = the model's dtype).
 int kv_dtype_bytes(const std::string& kv_dtype, const ModelShape& s);

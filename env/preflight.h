@@ -1,6 +1,7 @@
 #pragma once
-// Preflight: every known ring-killer (FIELD-NOTES) as a check with a stable ID, run on every
-// node at once and merged. A node's checks run in one process (`sparkctl preflight --local`)
+// Preflight: every known way a ring dies (wrong GID index, missing pins, page cache on
+// unified memory, disk, parity, ...) as a check with a stable ID, run on every node at once
+// and merged. A node's checks run in one process (`sparkctl preflight --local`)
 // and produce a NodeReport; the cross-node checks are pure functions over NodeReports, so
 // fixtures test them without a ring. man/sparkctl-preflight.1 documents each ID.
 #include <cstdint>

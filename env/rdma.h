@@ -1,6 +1,7 @@
 #pragma once
 // RDMA devices as the kernel shows them under /sys/class/infiniband, and the RoCE v2 GID
-// resolution NCCL depends on (NCCL_IB_GID_INDEX). See FIELD-NOTES "GID index".
+// resolution NCCL depends on (NCCL_IB_GID_INDEX). The right index differs per
+// node and HCA and moves after a reboot; an all-zero entry kills the rank a minute in.
 #include <array>
 #include <cstdint>
 #include <optional>

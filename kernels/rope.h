@@ -8,22 +8,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hf/config.h"
 #include "kernels/dtype.h"
 
 namespace spark::kernels {
 
-/// RoPE frequency scaling. type: "default", "linear" (divide by factor) or "llama3"
-/// (Llama 3.1 wavelength-banded scaling).
-struct RopeScalingParams {
-  std::string type = "default";
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_max_position = 8192;
-};
-
-/// head_dim/2 inverse frequencies theta^(-2i/head_dim), scaled as asked.
-std::vector<float> rope_inv_freq(int head_dim, double theta, const RopeScalingParams& scaling);
+/// head_dim/2 inverse frequencies theta^(-2i/head_dim), scaled as config.json asks: type
+/// "default", "linear" (divide by factor) or "llama3" (Llama 3.1 wavelength-banded scaling).
+std::vector<float> rope_inv_freq(int head_dim, double theta, const hf::RopeScaling& scaling);
 
 /// Rotates x in place: x is [n_tokens][n_heads][head_dim]; token t sits at positions[t].
 void rope_apply_ref(float* x, size_t n_tokens, int n_heads, int head_dim, const int32_t* positions,

@@ -7,7 +7,7 @@
 
 namespace spark::kernels {
 
-std::vector<float> rope_inv_freq(int head_dim, double theta, const RopeScalingParams& s) {
+std::vector<float> rope_inv_freq(int head_dim, double theta, const hf::RopeScaling& s) {
   std::vector<float> inv(static_cast<size_t>(head_dim / 2));
   for (int i = 0; i < head_dim / 2; ++i) {
     // Same float32 rounding as the reference implementation's inv_freq buffer.

@@ -4,7 +4,7 @@
 # files. --check only reports (clang-format --dry-run -Werror) and exits 1 on a difference.
 #
 # This is not a CI gate: much of the foundation predates .clang-format, and reformatting
-# every file at once would collide with every branch in flight. Format what you write.
+# every file at once would collide with all work in progress. Format what you write.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 check=0

@@ -9,7 +9,7 @@
 #   (.device/ itself is ~100 MiB once OpenBLAS and ICU are in; the device tool carries at
 #   most 64 MiB, so stage also packs it with xz into .device-pack/, which is what travels.)
 #   scripts/gpu-run.sh device    # what .device/run.sh runs; also works here (GPU parts skip)
-#   GPU_RUN_STEPS=stage-bench bash .device/run.sh   # bench/stage_bench.sh on that machine
+#   GPU_RUN_STEPS=stage-bench bash .device/run.sh   # bench/stage/stage_bench.sh on that machine
 #
 # Why staging: the GPU machine is Ubuntu 24.04 with CUDA 13, NCCL, Boost 1.83, fmt, doctest
 # and libibverbs, but without PCRE2, xxhash, OpenBLAS, libssh or Gloo, and offline. So the
@@ -48,7 +48,6 @@ stage() {
     build=$STAGE_FROM  # an existing build (the script test uses this); no configure/build
     archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
   else
-    export CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
     local launcher=()
     command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || die "nvcc not found: the GPU build needs the CUDA toolkit (/usr/local/cuda)"
@@ -79,7 +78,7 @@ stage() {
   for t in "${TOOLS[@]}"; do
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
-  cp "$src/bench/stage_bench.sh" "$dev/stage_bench.sh"
+  cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
   # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
   # the source path, which device() links here), scripts and the PyTorch peer.
   mkdir -p "$dev/fixtures" "$dev/engine"

@@ -5,8 +5,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <nlohmann/json.hpp>
+#include <optional>
 
+#include "core/hf/safetensors_index.h"
 #include "core/strings.h"
 
 namespace spark::engine {
@@ -16,31 +17,17 @@ namespace fs = std::filesystem;
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
-  const std::string index_path = dir + "/model.safetensors.index.json";
+  const std::string index_path = dir + "/" + hf::kSafetensorsIndexName;
+  std::optional<hf::SafetensorsIndex> index;
   std::vector<std::string> names;
-  nlohmann::json weight_map;
   std::error_code ec;
   if (fs::exists(index_path, ec)) {
     auto text = read_file(index_path);
     if (!text) return make_error(Errc::io, fmt::format("{}: cannot read", index_path));
-    auto j = nlohmann::json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-        !j["weight_map"].is_object())
-      return make_error(
-          Errc::integrity,
-          fmt::format("{}: not a safetensors index (needs a \"weight_map\" object)", index_path));
-    weight_map = j["weight_map"];
-    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
-      if (!it.value().is_string())
-        return make_error(Errc::integrity, fmt::format("{}: weight_map[\"{}\"] is not a file name",
-                                                       index_path, it.key()));
-      const auto& f = it.value().get_ref<const std::string&>();
-      if (f.find('/') != std::string::npos || f == ".." || f.empty())
-        return make_error(Errc::integrity,
-                          fmt::format("{}: weight_map[\"{}\"] = \"{}\" is not a plain file name",
-                                      index_path, it.key(), f));
-      if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
-    }
+    auto idx = hf::parse_safetensors_index(*text, index_path);
+    if (!idx) return idx.error();
+    index = std::move(*idx);
+    names = index->files;
   } else if (fs::exists(dir + "/model.safetensors", ec)) {
     names.push_back("model.safetensors");
   } else {
@@ -50,7 +37,6 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
                     "Hugging Face model directory with safetensors weights?",
                     dir));
   }
-  std::sort(names.begin(), names.end());
   for (const auto& n : names) {
     auto f = SafetensorsFile::open(dir + "/" + n);
     if (!f) return f.error();
@@ -58,10 +44,9 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
   for (size_t i = 0; i < c.files_.size(); ++i) {
     for (const auto& t : c.files_[i]->header().tensors) {
-      if (!weight_map.is_null()) {
-        auto w = weight_map.find(t.name);
-        if (w == weight_map.end() || w->get<std::string>() != names[i])
-          continue;  // listed elsewhere
+      if (index) {
+        auto w = index->weight_map.find(t.name);
+        if (w == index->weight_map.end() || w->second != names[i]) continue;  // listed elsewhere
       }
       if (c.index_.count(t.name))
         return make_error(Errc::integrity,
@@ -69,13 +54,13 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       c.index_[t.name] = {i, &t};
     }
   }
-  if (!weight_map.is_null()) {
-    for (auto it = weight_map.begin(); it != weight_map.end(); ++it)
-      if (!c.index_.count(it.key()))
+  if (index) {
+    for (const auto& [tensor, file] : index->weight_map)
+      if (!c.index_.count(tensor))
         return make_error(
             Errc::integrity,
             fmt::format("{}: index lists tensor \"{}\" in {} but that file does not have it",
-                        index_path, it.key(), it.value().get<std::string>()));
+                        index_path, tensor, file));
   }
   return c;
 }

@@ -1,7 +1,7 @@
 #pragma once
 // The collective operations tensor parallelism needs, behind one interface: the CPU path
 // uses Gloo over TCP (gloo_collective.h), a single process uses LocalCollective, and the
-// CUDA path (next issue) adds NCCL. Every call has a deadline; a failure names the rank.
+// CUDA path adds NCCL. Every call has a deadline; a failure names the rank.
 #include <cstddef>
 #include <memory>
 

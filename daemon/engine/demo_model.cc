@@ -11,7 +11,7 @@
 
 namespace spark::engine {
 
-// Generated from tests/fixtures/tokenizer/ (nullptr when the fixture was absent at build time).
+// Generated from daemon/engine/demo/ at configure time (nullptr would mean no tokenizer).
 extern const char* const kDemo_tokenizer_json;
 extern const char* const kDemo_tokenizer_config_json;
 
@@ -94,7 +94,7 @@ Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force)
     rep.tokenizer = true;
   } else {
     rep.note =
-        "this sparkctl was built without the tokenizer fixture (tests/fixtures/tokenizer/); the "
+        "this sparkctl was built without the demo tokenizer (daemon/engine/demo/); the "
         "checkpoint has "
         "no tokenizer.json, so only token-id requests work";
   }

@@ -1,8 +1,8 @@
 #pragma once
 // The embedded demo checkpoint: a small Qwen2ForCausalLM with deterministic random weights
-// (the same bytes on every machine) plus the project's byte-level BPE tokenizer fixture and
-// its ChatML chat template, so a machine without a GPU can start a ring and answer a chat
-// request. Its weights are random: it produces fluent-looking nonsense.
+// (the same bytes on every machine) plus the project's byte-level BPE tokenizer
+// (daemon/engine/demo/) and its ChatML chat template, so a machine without a GPU can start a
+// ring and answer a chat request. Its weights are random: it produces fluent-looking nonsense.
 #include <string>
 #include <vector>
 

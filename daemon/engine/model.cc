@@ -30,13 +30,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
   const auto& c = m->cfg_;
-  kernels::RopeScalingParams rs;
-  rs.type = c.rope.type;
-  rs.factor = c.rope.factor;
-  rs.low_freq_factor = c.rope.low_freq_factor;
-  rs.high_freq_factor = c.rope.high_freq_factor;
-  rs.original_max_position = c.rope.original_max_position;
-  m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, rs);
+  m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, c.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
   if (!inv) return inv.error();
   m->inv_freq_dev_ = *inv;

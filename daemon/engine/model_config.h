@@ -1,24 +1,17 @@
 #pragma once
-// config.json of a Hugging Face decoder-only checkpoint, reduced to what the engine runs.
+// config.json of a Hugging Face decoder-only checkpoint, reduced to what the engine runs: the
+// validated, derived view of what core/hf/config.h reads.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/hf/config.h"
 
 namespace spark::engine {
 
 /// The model families the engine implements; each is one `architectures` entry.
 enum class Family { llama, qwen2, qwen3, mistral };
-
-/// RoPE frequency scaling (rope_scaling / rope_parameters).
-struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_max_position = 8192;
-};
 
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
@@ -33,7 +26,7 @@ struct ModelConfig {
   int max_position = 0;
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;
-  RopeScaling rope;
+  hf::RopeScaling rope;  // type is one of default, linear, llama3
   bool tie_word_embeddings = false;
   bool qkv_bias = false;   // q/k/v projections carry a bias (Qwen2; Llama attention_bias)
   bool o_bias = false;     // o_proj carries a bias (Llama attention_bias)
@@ -51,6 +44,8 @@ std::string supported_architectures();
 /// Parses config.json text; `where` names the file in messages. Anything outside the
 /// supported set is Errc::unsupported naming what and the supported list.
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& where);
+/// The same from what core/hf read.
+Result<ModelConfig> model_config_from(const hf::Config& hf, const std::string& where);
 
 /// Reads DIR/config.json (and eos ids from DIR/generation_config.json when present).
 Result<ModelConfig> load_model_config(const std::string& dir);

@@ -13,28 +13,6 @@ namespace {
 constexpr const char* kStoreKey = "engine.gloo_store";
 }
 
-Result<EngineOptions> engine_options_from(const RingConfig& cfg) {
-  EngineOptions o;
-  o.slots = static_cast<int>(cfg.get_int("SLOTS"));
-  o.max_context = static_cast<int>(cfg.get_int("CONTEXT_LEN"));
-  if (o.slots < 1 || o.max_context < 1)
-    return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
-                                                o.slots, o.max_context));
-  o.kv_cache_bytes =
-      ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
-  const std::string kv = cfg.get("KV_DTYPE");
-  if (kv != "auto" && kv != "fp32" && kv != "bf16")
-    return make_error(Errc::unsupported,
-                      fmt::format("KV_DTYPE={} is not available in the native engine, which keeps "
-                                  "the KV cache in bf16 (GPU) or fp32 — set KV_DTYPE=auto, bf16 "
-                                  "or fp32",
-                                  kv));
-  o.kv_dtype = kv;
-  o.kv_from_free_memory = true;
-  o.mem_reserve = static_cast<uint64_t>(cfg.get_int("MEM_RESERVE"));
-  return o;
-}
-
 Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   std::unique_ptr<Runtime> rt(new Runtime());
   auto progress = [&](const std::string& s) {

@@ -10,7 +10,7 @@
 // The backend adapter is then a few lines:
 //   start(ctx): RuntimeOptions o{model_dir, rank, world, fabric_ip, ...};
 //               o.share = ctx.share; o.progress = ctx.progress; rt = Runtime::start(o);
-//   status():   auto s = rt->status(); -> EngineStatus{s.ready, s.fatal, s.reason, ...}
+//   status():   auto s = rt->status(); -> BackendStatus{s.ready, s.fatal, s.reason, ...}
 //   stop():     rt->stop();
 #include <atomic>
 #include <functional>
@@ -19,7 +19,6 @@
 #include <string>
 #include <thread>
 
-#include "core/config.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/tcp_store.h"
 
@@ -55,11 +54,6 @@ struct RuntimeStatus {
   std::string device_kind;      // "cpu" / "cuda"
   std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
-
-/// Engine options from the cluster file: SLOTS -> slots, CONTEXT_LEN -> max_context, a KV
-/// cache of SLOTS full contexts (on a GPU at most what is free after the weights less
-/// MEM_RESERVE), KV_DTYPE auto | bf16 | fp32 (fp16 and fp8: Errc::unsupported).
-Result<EngineOptions> engine_options_from(const RingConfig& cfg);
 
 class Runtime {
  public:

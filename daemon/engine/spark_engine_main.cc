@@ -25,7 +25,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
-#include "daemon/engine/bench.h"
+#include "bench/engine/engine_bench.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/demo_model.h"
 #include "daemon/engine/engine.h"

@@ -57,8 +57,9 @@ ApiResult<PreparedPrompt> prepare_completion(const CompletionRequest& req,
   return r;
 }
 
-Responder::Responder(const ChatRequest& req, const tok::Tokenizer& tok, const tok::ChatFormat& fmt,
-                     std::string model, int prompt_tokens, std::set<int32_t> stop_token_ids)
+CompletionWriter::CompletionWriter(const ChatRequest& req, const tok::Tokenizer& tok,
+                                   const tok::ChatFormat& fmt, std::string model, int prompt_tokens,
+                                   std::set<int32_t> stop_token_ids)
     : tok_(&tok),
       chat_(true),
       stream_(req.stream),
@@ -82,8 +83,9 @@ Responder::Responder(const ChatRequest& req, const tok::Tokenizer& tok, const to
   }
 }
 
-Responder::Responder(const CompletionRequest& req, const tok::Tokenizer& tok, std::string model,
-                     int prompt_tokens, std::set<int32_t> stop_token_ids, std::string prompt_text)
+CompletionWriter::CompletionWriter(const CompletionRequest& req, const tok::Tokenizer& tok,
+                                   std::string model, int prompt_tokens,
+                                   std::set<int32_t> stop_token_ids, std::string prompt_text)
     : tok_(&tok),
       chat_(false),
       stream_(req.stream),
@@ -106,11 +108,11 @@ Responder::Responder(const CompletionRequest& req, const tok::Tokenizer& tok, st
   }
 }
 
-const char* Responder::content_type() const {
+const char* CompletionWriter::content_type() const {
   return stream_ ? "text/event-stream" : "application/json";
 }
 
-std::string Responder::start() {
+std::string CompletionWriter::start() {
   if (!stream_) return {};
   std::string out;
   for (auto& c : choices_) {
@@ -129,8 +131,8 @@ std::string Responder::start() {
   return out;
 }
 
-std::string Responder::emit(int choice, const ChoiceStream::Step& s,
-                            std::optional<std::vector<TokenLogprobs>> lp) {
+std::string CompletionWriter::emit(int choice, const ChoiceStream::Step& s,
+                                   std::optional<std::vector<TokenLogprobs>> lp) {
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   c.result.text += s.content;
   for (const auto& call : s.calls) c.result.tool_calls.push_back(call);
@@ -149,7 +151,7 @@ std::string Responder::emit(int choice, const ChoiceStream::Step& s,
                                     lp, off, *tok_));
 }
 
-std::string Responder::token(int choice, int32_t id, std::optional<TokenLogprobs> lp) {
+std::string CompletionWriter::token(int choice, int32_t id, std::optional<TokenLogprobs> lp) {
   if (choice < 0 || static_cast<size_t>(choice) >= choices_.size()) return {};
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   if (c.ended) return {};
@@ -168,7 +170,8 @@ std::string Responder::token(int choice, int32_t id, std::optional<TokenLogprobs
   return emit(choice, s, one);
 }
 
-std::string Responder::end_choice(int choice, const std::string& reason, ChoiceStream::Step tail) {
+std::string CompletionWriter::end_choice(int choice, const std::string& reason,
+                                         ChoiceStream::Step tail) {
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   std::string out = emit(choice, tail, std::nullopt);
   c.ended = true;
@@ -187,12 +190,12 @@ std::string Responder::end_choice(int choice, const std::string& reason, ChoiceS
   return out;
 }
 
-bool Responder::finished(int choice) const {
+bool CompletionWriter::finished(int choice) const {
   return choice >= 0 && static_cast<size_t>(choice) < choices_.size() &&
          choices_[static_cast<size_t>(choice)].ended;
 }
 
-std::string Responder::finish(int choice, const std::string& reason) {
+std::string CompletionWriter::finish(int choice, const std::string& reason) {
   if (choice < 0 || static_cast<size_t>(choice) >= choices_.size()) return {};
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   if (c.ended) return {};
@@ -200,7 +203,7 @@ std::string Responder::finish(int choice, const std::string& reason) {
   return end_choice(choice, tail.stopped ? "stop" : reason, std::move(tail));
 }
 
-std::string Responder::done() {
+std::string CompletionWriter::done() {
   std::string out;
   for (size_t i = 0; i < choices_.size(); ++i)
     if (!choices_[i].ended) out += finish(static_cast<int>(i), "stop");

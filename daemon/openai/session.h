@@ -1,6 +1,6 @@
 #pragma once
 // One API request from parsed body to response bytes, engine-agnostic: prepare_* turns the
-// request into prompt ids and a completion budget; a Responder takes each choice's
+// request into prompt ids and a completion budget; a CompletionWriter takes each choice's
 // generated tokens as the engine produces them and returns what to write (SSE text while
 // streaming, the JSON body at the end otherwise). The HTTP layer owns sockets, the engine
 // owns sampling; this owns the OpenAI semantics in between.
@@ -32,15 +32,15 @@ ApiResult<PreparedPrompt> prepare_completion(const CompletionRequest& req,
                                              const tok::Tokenizer& tok, int max_context);
 
 /// Turns engine output for one request (n choices) into API bytes.
-class Responder {
+class CompletionWriter {
  public:
   /// Chat request. `stop_token_ids`: end-of-turn/EOS ids; they end a choice and are never
   /// shown as text.
-  Responder(const ChatRequest& req, const tok::Tokenizer& tok, const tok::ChatFormat& fmt,
-            std::string model, int prompt_tokens, std::set<int32_t> stop_token_ids);
+  CompletionWriter(const ChatRequest& req, const tok::Tokenizer& tok, const tok::ChatFormat& fmt,
+                   std::string model, int prompt_tokens, std::set<int32_t> stop_token_ids);
   /// Completions request (`prompt_text` is echoed first when echo is set).
-  Responder(const CompletionRequest& req, const tok::Tokenizer& tok, std::string model,
-            int prompt_tokens, std::set<int32_t> stop_token_ids, std::string prompt_text);
+  CompletionWriter(const CompletionRequest& req, const tok::Tokenizer& tok, std::string model,
+                   int prompt_tokens, std::set<int32_t> stop_token_ids, std::string prompt_text);
 
   bool streaming() const { return stream_; }
   /// "text/event-stream" or "application/json".

@@ -33,6 +33,9 @@ TEST_CASE("sparkctl version --json reports the build, the driver and NCCL") {
   auto j = nlohmann::json::parse(out);
   CHECK(j["sparkctl"] == kVersion);
   CHECK(j["build"]["cuda"] == kernels::built_with_cuda());
+  // sparkctl reports the build from configure-time facts; the kernels library must agree.
+  CHECK(j["build"]["cuda_runtime"] == kernels::cuda_runtime_version());
+  CHECK(j["build"]["cuda_architectures"] == kernels::cuda_architectures());
   REQUIRE(j.contains("gpu"));
   const bool driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) != nullptr;
   CHECK(j["gpu"]["driver"]["loaded"] == driver);

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -20,18 +20,18 @@ using namespace std::chrono_literals;
 namespace {
 
 // Test double for fault injection: the test decides when it is ready, fatal or stuck.
-class FaultInjectionEngine final : public Engine {
+class FaultInjectionBackend final : public Backend {
  public:
   std::atomic<bool> ready{false}, fatal{false};
   std::atomic<int> stuck_ms{0};
   std::atomic<bool> stopped{false};
   const char* name() const override { return "fault-injection"; }
-  Status start(EngineContext& ctx) override {
+  Status start(BackendContext& ctx) override {
     ctx.progress("loading weights 10%");
     return Status::Ok();
   }
-  EngineStatus status() override {
-    EngineStatus s;
+  BackendStatus status() override {
+    BackendStatus s;
     s.ready = ready;
     s.fatal = fatal;
     s.reason = fatal ? "engine process exited with status 1" : ready ? "" : "loading weights 10%";
@@ -82,7 +82,7 @@ bool eventually(Pred p, std::chrono::milliseconds limit = 3000ms) {
 }  // namespace
 
 TEST_CASE("daemon: /health is live before ready, strict says 503 until the engine is ready") {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   auto* e = eng.get();
   Daemon d(local_ring(), opts_port0(), std::move(eng));
   REQUIRE(d.start().ok());
@@ -128,7 +128,7 @@ TEST_CASE("daemon: /health is live before ready, strict says 503 until the engin
 }
 
 TEST_CASE("daemon: an engine call older than STALL_TIMEOUT reports stalled; a dead engine fatal") {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   auto* e = eng.get();
   Daemon d(local_ring(), opts_port0(), std::move(eng));
   DaemonTiming t;
@@ -237,11 +237,11 @@ RingConfig two_rank_ring(const std::string& extra = "") {
   return local_ring("NODE0_GPUS=0,1\n" + extra);
 }
 struct Rank {
-  FaultInjectionEngine* engine = nullptr;
+  FaultInjectionBackend* engine = nullptr;
   std::unique_ptr<Daemon> d;
 };
 Rank start_rank(const RingConfig& cfg, int rank, uint16_t rdzv_port, bool start = true) {
-  auto eng = std::make_unique<FaultInjectionEngine>();
+  auto eng = std::make_unique<FaultInjectionBackend>();
   Rank r;
   r.engine = eng.get();
   DaemonOptions o = opts_port0();
@@ -290,15 +290,15 @@ TEST_CASE("daemon ring: rank 0 is ready only when every rank joined and is ready
   CHECK(j["ranks"][1]["state"] == "ready");
   CHECK(j["ranks"][1]["joined"] == true);
 
-  // A follower that goes away makes rank 0 fatal within a heartbeat timeout.
-  auto t0 = std::chrono::steady_clock::now();
+  // A follower that goes away makes rank 0 fatal, because its heartbeat connection closed
+  // (the cause is checked, not the time: a loaded machine may be slow to notice).
   r1.d->request_stop("test kills rank 1", 0);
   r1.d->wait();
-  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }, 3000ms));
-  CHECK(std::chrono::steady_clock::now() - t0 < 2000ms);
+  REQUIRE(eventually([&] { return health(r0.d->http_port(), &st)["fatal"] == true; }, 5000ms));
   j = health(r0.d->http_port(), &st, "?strict");
   CHECK(st == 503);
   CHECK(j["reason"].get<std::string>().find("rank 1 (node node0) lost") != std::string::npos);
+  CHECK(j["reason"].get<std::string>().find("heartbeat connection closed") != std::string::npos);
   CHECK(j["ranks_alive"] == 1);
 }
 

@@ -6,6 +6,8 @@
 #include <future>
 #include <thread>
 
+#include "core/config.h"
+#include "daemon/backend_native.h"
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/runtime.h"
 #include "support/tempdir.h"
@@ -82,14 +84,14 @@ TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN and KV_DTYPE") {
   auto path = dir.write("ring.env", "NODE0_SSH=local\nSLOTS=3\nCONTEXT_LEN=256\n");
   auto cfg = load_config(path, Environment{}, nullptr);
   REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
-  auto o = engine_options_from(*cfg);
+  auto o = daemon::engine_options_from(*cfg);
   REQUIRE_MESSAGE(o.ok(), (o.ok() ? std::string() : o.error().message));
   CHECK(o->slots == 3);
   CHECK(o->max_context == 256);
   auto fp8 =
       load_config(dir.write("fp8.env", "NODE0_SSH=local\nKV_DTYPE=fp8\n"), Environment{}, nullptr);
   REQUIRE(fp8.ok());
-  auto bad = engine_options_from(*fp8);
+  auto bad = daemon::engine_options_from(*fp8);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().code == Errc::unsupported);
   CHECK(bad.error().message.find("KV_DTYPE=fp8") != std::string::npos);

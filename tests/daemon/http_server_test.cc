@@ -9,7 +9,7 @@
 #include <thread>
 #include <utility>  // before Asio: Boost 1.74 awaitable.hpp uses std::exchange
 
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 
 using namespace spark;
 using namespace spark::daemon;

@@ -16,7 +16,7 @@
 
 #include "core/strings.h"
 #include "daemon/daemon.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 

@@ -388,11 +388,11 @@ TEST_CASE("prepare_chat renders, encodes and budgets; context overflow is an API
   CHECK(prepare_completion(*cr.value, t, 4096).error.param == "prompt");
 }
 
-TEST_CASE("Responder streaming: role, content, finish on the stop token, usage, [DONE]") {
+TEST_CASE("CompletionWriter streaming: role, content, finish on the stop token, usage, [DONE]") {
   const tok::Tokenizer& t = fixture();
   ChatRequest req = chat_req(R"("stream": true, "stream_options": {"include_usage": true})");
   int32_t eot = *t.token_to_id("<|im_end|>");
-  Responder r(req, t, chatml(), "demo", 9, {eot});
+  CompletionWriter r(req, t, chatml(), "demo", 9, {eot});
   CHECK(std::string(r.content_type()) == "text/event-stream");
   std::string sse = r.start();
   for (auto id : t.encode("Hi 👋", false)) sse += r.token(0, id);
@@ -416,10 +416,10 @@ TEST_CASE("Responder streaming: role, content, finish on the stop token, usage, 
   CHECK(ev.back() == "[DONE]");
 }
 
-TEST_CASE("Responder non-streaming: n choices, stop string, length, logprobs") {
+TEST_CASE("CompletionWriter non-streaming: n choices, stop string, length, logprobs") {
   const tok::Tokenizer& t = fixture();
   ChatRequest req = chat_req(R"("n": 2, "stop": ["world"], "logprobs": true, "top_logprobs": 1)");
-  Responder r(req, t, chatml(), "demo", 3, {});
+  CompletionWriter r(req, t, chatml(), "demo", 3, {});
   CHECK(r.start().empty());
   for (auto id : t.encode("Hello world and more", false)) {
     CHECK(r.token(0, id, TokenLogprobs{id, -1.0f, {{id, -1.0f}}}).empty());
@@ -437,11 +437,11 @@ TEST_CASE("Responder non-streaming: n choices, stop string, length, logprobs") {
   CHECK(body["choices"][0]["logprobs"]["content"].size() >= 1);
 }
 
-TEST_CASE("Responder completions with echo") {
+TEST_CASE("CompletionWriter completions with echo") {
   const tok::Tokenizer& t = fixture();
   auto req = parse_completion_request(R"({"prompt": "Once", "echo": true, "max_tokens": 3})", {});
   REQUIRE(req.ok());
-  Responder r(*req.value, t, "demo", 1, {}, "Once");
+  CompletionWriter r(*req.value, t, "demo", 1, {}, "Once");
   for (auto id : t.encode(" upon", false)) r.token(0, id);
   r.finish(0, "length");
   Json body = Json::parse(r.done());

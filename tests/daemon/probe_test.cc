@@ -4,7 +4,7 @@
 
 #include <doctest/doctest.h>
 
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -14,14 +14,14 @@ using namespace std::chrono_literals;
 namespace {
 // Test double for fault injection: answers the probe with a given text, and can bump the
 // fixture RDMA counters while "generating", as real fabric traffic would.
-class ProbeEngineDouble final : public Engine {
+class ProbeBackendDouble final : public Backend {
  public:
   std::string text = " Paris.";
   Errc fail = Errc::ok;
   std::function<void()> during;
   const char* name() const override { return "probe-double"; }
-  Status start(EngineContext&) override { return Status::Ok(); }
-  EngineStatus status() override { return {}; }
+  Status start(BackendContext&) override { return Status::Ok(); }
+  BackendStatus status() override { return {}; }
   void stop(std::chrono::milliseconds) override {}
   Result<std::string> probe(const std::string& prompt, std::chrono::milliseconds) override {
     if (prompt.empty()) return make_error(Errc::usage, "empty prompt");
@@ -40,7 +40,7 @@ void set_counters(const test::TempDir& root, const std::string& hca, uint64_t tx
 }  // namespace
 
 TEST_CASE("probe: the completion must come back and contain PROBE_EXPECT") {
-  ProbeEngineDouble e;
+  ProbeBackendDouble e;
   ProbeSpec spec;
   spec.expect = "Paris";
   CHECK(run_probe(e, spec).status == "passed");
@@ -68,7 +68,7 @@ TEST_CASE("probe: on an RDMA fabric the HCA counters must move during the probe"
   CHECK(*c == 3030);
   CHECK_FALSE(read_rdma_counters(root.path(), {"mlx5_9"}).has_value());
 
-  ProbeEngineDouble e;
+  ProbeBackendDouble e;
   ProbeSpec spec;
   spec.root = root.path();
   spec.hcas = {"rocep1s0f0", "rocep1s0f1"};

@@ -151,17 +151,17 @@ TEST_CASE("rendezvous: a follower whose heartbeat connection closes is lost at o
   CHECK((*r)["ring"].contains("state"));
   std::string why;
   CHECK(s.server.followers_ready(&why));
-  auto t0 = std::chrono::steady_clock::now();
   hb->close();
-  REQUIRE(eventually([&] { return s.server.problem().has_value(); }, 2000ms));
-  CHECK(std::chrono::steady_clock::now() - t0 < 1000ms);
+  // "At once" is a cause, not a time: the closed connection, never the 5 s timeout.
+  REQUIRE(eventually([&] { return s.server.problem().has_value(); }, 4000ms));
   CHECK(s.server.problem()->reason.find("rank 1 (node b) lost") != std::string::npos);
+  CHECK(s.server.problem()->reason.find("heartbeat connection closed") != std::string::npos);
   CHECK_FALSE(s.server.ranks()[1].alive);
 }
 
-TEST_CASE(
-    "rendezvous: a silent follower is lost after the heartbeat timeout; stalled is passed on") {
-  Store s(3, 400ms);
+TEST_CASE("rendezvous: a follower's stalled state is passed on with its reason") {
+  // No heartbeat can time out during this test (60 s), so the state seen is the one sent.
+  Store s(3, 60000ms);
   auto c1 = s.client(1), c2 = s.client(2);
   REQUIRE(c1->join(ident(1, 3), 2000ms).ok());
   REQUIRE(c2->join(ident(2, 3), 2000ms).ok());
@@ -178,13 +178,63 @@ TEST_CASE(
   REQUIRE(p.has_value());
   CHECK(p->state == State::stalled);
   CHECK(p->reason.find("rank 2 (node c) is stalled: decode step 90 s") != std::string::npos);
+}
+
+TEST_CASE("rendezvous: a silent follower is lost after the heartbeat timeout") {
+  // Rank 1 is the only follower, so a loss can only be its own: the claims below follow
+  // from rank 1 falling silent, however late the sweep runs on a loaded machine.
+  Store s(2, 400ms);
+  auto c1 = s.client(1);
+  REQUIRE(c1->join(ident(1, 2), 2000ms).ok());
+  auto hb1 = s.client(1);
+  REQUIRE(hb1->call({{"op", "heartbeat"}, {"rank", 1}, {"state", "loading"}}, 1000ms).ok());
   // Rank 1 stays silent with its connection open.
-  REQUIRE(eventually([&] { return s.server.problem()->state == State::fatal; }, 3000ms));
-  CHECK(s.server.problem()->reason.find("no heartbeat") != std::string::npos);
+  REQUIRE(eventually(
+      [&] {
+        auto q = s.server.problem();
+        return q && q->state == State::fatal;
+      },
+      5000ms));
+  auto p = s.server.problem();
+  CHECK(p->reason.find("rank 1") != std::string::npos);
+  CHECK(p->reason.find("no heartbeat") != std::string::npos);
   // A lost rank's later heartbeat is told so (it must not linger).
   auto late = hb1->call({{"op", "heartbeat"}, {"rank", 1}, {"state", "ready"}}, 1000ms);
   REQUIRE_FALSE(late.ok());
   CHECK(late.error().code == Errc::precondition);
+}
+
+TEST_CASE("rendezvous: a lost rank outranks a stalled one") {
+  // Rank 2 reports stalled and then falls silent as well; whichever of the two is lost
+  // first, the ring is fatal (never merely stalled) and says which rank is gone.
+  Store s(3, 400ms);
+  auto c1 = s.client(1), c2 = s.client(2);
+  REQUIRE(c1->join(ident(1, 3), 2000ms).ok());
+  REQUIRE(c2->join(ident(2, 3), 2000ms).ok());
+  auto hb2 = s.client(2);
+  REQUIRE(
+      hb2->call({{"op", "heartbeat"}, {"rank", 2}, {"state", "stalled"}, {"reason", "x"}}, 1000ms)
+          .ok());
+  auto hb1 = s.client(1);
+  REQUIRE(hb1->call({{"op", "heartbeat"}, {"rank", 1}, {"state", "loading"}}, 1000ms).ok());
+  REQUIRE(eventually(
+      [&] {
+        auto q = s.server.problem();
+        return q && q->state == State::fatal;
+      },
+      5000ms));
+  auto p = s.server.problem();
+  CHECK(p->reason.find("no heartbeat") != std::string::npos);
+  CHECK((p->reason.find("rank 1") != std::string::npos ||
+         p->reason.find("rank 2") != std::string::npos));
+  // Once both are lost it stays fatal: a stalled report cannot bring the ring back.
+  auto both_lost = [&] {
+    int down = 0;
+    for (const auto& r : s.server.ranks()) down += r.rank > 0 && r.state == "down";
+    return down == 2;
+  };
+  REQUIRE(eventually(both_lost, 5000ms));
+  CHECK(s.server.problem()->state == State::fatal);
 }
 
 TEST_CASE("rendezvous: connecting to a store that is not there fails with its address") {

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -98,23 +98,23 @@ struct Server {
     }
   }
   json health() const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.port = static_cast<uint16_t>(port);
     c.target = "/health";
     c.timeout = 2000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (!r.ok()) return json::object();
     return json::parse(r->body, nullptr, false);
   }
-  daemon::HttpReply call(const std::string& method, const std::string& target,
+  HttpReply call(const std::string& method, const std::string& target,
                          const std::string& body = "") const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(port);
     c.target = target;
     c.body = body;
     c.timeout = 60000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     REQUIRE_MESSAGE(r.ok(), method << " " << target << ": " << r.error().message);
     return *r;
   }
@@ -348,7 +348,7 @@ TEST_CASE("e2e api: /tokenize and /detokenize round-trip") {
 
 TEST_CASE("e2e api: tools are accepted; the model's non-tool output stays text") {
   // The demo weights are random, so the model does not emit <tool_call>; parsing real tool
-  // calls into tool_calls is covered through the same Responder by openai_client --wire.
+  // calls into tool_calls is covered through the same CompletionWriter by openai_client --wire.
   auto& s = server();
   json tools =
       json::array({{{"type", "function"},

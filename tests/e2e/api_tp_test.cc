@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -75,15 +75,15 @@ struct NativeRing {
     for (int r = 0; r < world; ++r) s += "--- rank " + std::to_string(r) + "\n" + slurp(log(r));
     return s + slurp(dir / (name + "-out.txt"));
   }
-  Result<daemon::HttpReply> call(const std::string& method, const std::string& target,
+  Result<HttpReply> call(const std::string& method, const std::string& target,
                                  const std::string& body = "") const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(api_port);
     c.target = target;
     c.body = body;
     c.timeout = 60000ms;
-    return daemon::http_call(c);
+    return http_call(c);
   }
   json health() const {
     auto r = call("GET", "/health");

@@ -1,11 +1,11 @@
 // The ring's lifecycle end to end with 2-4 ranks, each rank in its own network namespace
 // behind a real sshd, driven by sparkctl in a head namespace outside the ring (the fixture:
 // tests/support/netns_ring.h). Every rank's engine is the fault-injection server
-// (spark_fault_server, a test fixture) under ENGINE=exec. The scenarios are issue #4's
-// end-to-end list: start -> READY; stop -> nothing left in any namespace, watch does nothing;
-// kill -9 of a follower -> fatal within seconds -> watch restarts the ring on the third failed
-// check; a hung follower -> stalled -> restart; a rank with a different config digest -> start
-// refused naming it; twenty concurrent watches -> one restart; restart cap -> GAVE_UP.
+// (spark_fault_server, a test fixture) under ENGINE=exec. The scenarios: start -> READY;
+// stop -> nothing left in any namespace, watch does nothing; kill -9 of a follower -> fatal
+// within seconds -> watch restarts the ring on the third failed check; a hung follower ->
+// stalled -> restart; a rank with a different config digest -> start refused naming it;
+// twenty concurrent watches -> one restart; restart cap -> GAVE_UP.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <signal.h>

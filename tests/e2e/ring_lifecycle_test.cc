@@ -2,7 +2,7 @@
 // 127.0.0.x): the real sparkctl and sparkd binaries, ENGINE=exec running the fault-injection
 // server (spark_fault_server, a test fixture) as every rank's engine. These cover the local
 // launch and health paths and start's gates (preflight, memory, lock, --no-wait, the watch's
-// grace). Issue #4's lifecycle scenarios (READY, stop, kill -9, hang, config digest, twenty
+// grace). The lifecycle scenarios (READY, stop, kill -9, hang, config digest, twenty
 // watches, restart cap) run with 2-4 ranks in network namespaces behind real sshds:
 // ring_lifecycle_netns_test.cc.
 #include <arpa/inet.h>

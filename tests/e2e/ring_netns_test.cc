@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/netns.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
@@ -69,11 +69,11 @@ TEST_CASE("e2e netns ring: rendezvous over the fabric; a pulled link is a lost f
   auto health = [&]() -> std::optional<nlohmann::json> {
     std::optional<nlohmann::json> out;
     (void)(*net)->run_in(0, [&] {
-      daemon::HttpCall c;
+      HttpCall c;
       c.port = api_port;
       c.target = "/health";
       c.timeout = 1000ms;
-      auto r = daemon::http_call(c);
+      auto r = http_call(c);
       if (r.ok()) out = nlohmann::json::parse(r->body);
     });
     return out;

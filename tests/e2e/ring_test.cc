@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "daemon/process_group.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
@@ -84,11 +84,11 @@ struct Ring {
   }
 
   std::optional<nlohmann::json> health() const {
-    daemon::HttpCall c;
+    HttpCall c;
     c.port = static_cast<uint16_t>(api_port);
     c.target = "/health";
     c.timeout = 1000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (!r.ok()) return std::nullopt;
     return nlohmann::json::parse(r->body);
   }

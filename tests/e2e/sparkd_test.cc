@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -30,14 +30,14 @@ std::string slurp(const std::string& path) {
 }
 
 // Polls /health until it answers (any status) or the deadline passes.
-std::optional<daemon::HttpReply> poll_health(int port, std::chrono::milliseconds limit) {
+std::optional<HttpReply> poll_health(int port, std::chrono::milliseconds limit) {
   auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
-    daemon::HttpCall c;
+    HttpCall c;
     c.port = static_cast<uint16_t>(port);
     c.target = "/health";
     c.timeout = 1000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (r.ok()) return *r;
     std::this_thread::sleep_for(50ms);
   }
@@ -69,10 +69,10 @@ TEST_CASE("e2e sparkd: local ring answers /health, SIGTERM exits 0 and removes i
   // No model at MODEL_PATH: never ready, and it says why (api_*_test.cc serve a real one).
   CHECK(j["ready"] == false);
   CHECK(j["reason"].get<std::string>().find("native engine") != std::string::npos);
-  daemon::HttpCall strict;
+  HttpCall strict;
   strict.port = static_cast<uint16_t>(port);
   strict.target = "/health?strict";
-  CHECK(daemon::http_call(strict)->status == 503);
+  CHECK(http_call(strict)->status == 503);
   CHECK(trim(slurp(pidfile)) == std::to_string(d.pid()));
   CHECK(slurp(logfile).find("listening on 127.0.0.1:" + std::to_string(port)) != std::string::npos);
 

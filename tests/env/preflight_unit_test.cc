@@ -77,7 +77,7 @@ TEST_CASE("parse_gid reads sysfs GIDs and rejects malformed ones") {
   CHECK(e.text() == "::ffff:10.10.2.2");
 }
 
-TEST_CASE("resolve_roce_gid: the message and fix of STYLE.md's example, word for word") {
+TEST_CASE("resolve_roce_gid: the message names the HCA, what it saw and the fix, word for word") {
   auto h = hca_with({gid(0, kLL, "IB/RoCE v1"), gid(1, kLL, "RoCE v2"),
                      gid(2, v4("0a0a:0202"), "IB/RoCE v1"), gid(3, kZero, ""),
                      gid(4, v4("0a0a:0202"), "RoCE v2")});

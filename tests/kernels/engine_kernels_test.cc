@@ -10,7 +10,7 @@
 using namespace spark::kernels;
 
 TEST_CASE("rope: llama3 scaling keeps high frequencies, divides low ones, blends the middle") {
-  RopeScalingParams s;
+  spark::hf::RopeScaling s;
   s.type = "llama3";
   s.factor = 8;
   s.low_freq_factor = 1;
@@ -27,7 +27,7 @@ TEST_CASE("rope: llama3 scaling keeps high frequencies, divides low ones, blends
   const double smooth = (128 / wl1 - 1) / 3;
   CHECK(scaled[1] ==
         doctest::Approx((1 - smooth) * plain[1] / 8 + smooth * plain[1]).epsilon(1e-6));
-  RopeScalingParams lin;
+  spark::hf::RopeScaling lin;
   lin.type = "linear";
   lin.factor = 4;
   CHECK(rope_inv_freq(16, 10000.0, lin)[3] ==

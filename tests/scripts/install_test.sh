@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install and package: `cmake --install` into a DESTDIR puts the binaries, man pages and
 # example cluster files where they belong and the installed sparkctl works; `cpack -G DEB`
-# makes a .deb whose contents list the same files.
+# makes a .deb whose contents list the same files. Both ship the systemd units, pointed at
+# the installed binaries, and the packaged units pass `systemd-analyze verify`.
 # Usage: install_test.sh SRC_DIR BUILD_DIR
 set -euo pipefail
 SRC=${1:?usage: install_test.sh SRC_DIR BUILD_DIR}
@@ -19,12 +20,20 @@ expect=(
   share/man/man1/sparkctl.1 share/man/man1/sparkctl-config.1 share/man/man5/sparkctl.env.5
   share/sparkctl/examples/local.env share/sparkctl/examples/two-sparks.env
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
+  lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
+  lib/systemd/system/sparkd@.service
 )
 for f in "${expect[@]}"; do [[ -f $root/$f ]] || err "cmake --install did not install $f"; done
 for p in "$SRC"/man/*.[1-8]; do
   n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n ]] || err "man page $n not installed"
 done
 [[ -x $root/bin/sparkctl ]] || err "bin/sparkctl is not executable"
+# Installed units run the binaries of this prefix, not the sources' /usr/local default.
+units=$root/lib/systemd/system
+grep -qx 'ExecStart=/usr/bin/sparkctl watch' "$units/sparkctl-watch.service" 2>/dev/null ||
+  err "installed sparkctl-watch.service does not run /usr/bin/sparkctl: $(grep ExecStart "$units/sparkctl-watch.service" 2>&1)"
+grep -q '^ExecStart=/usr/sbin/sparkd ' "$units/sparkd@.service" 2>/dev/null ||
+  err "installed sparkd@.service does not run /usr/sbin/sparkd: $(grep ExecStart "$units/sparkd@.service" 2>&1)"
 # The installed binary runs and validates the installed examples.
 if [[ -x $root/bin/sparkctl ]]; then
   env -i PATH="$PATH" "$root/bin/sparkctl" --version >/dev/null || err "installed sparkctl --version failed"
@@ -42,6 +51,26 @@ deb=$(ls "$tmp"/pkg/*.deb 2>/dev/null | head -n 1)
 [[ -n $deb ]] || { err "cpack made no .deb"; exit 1; }
 dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
 for f in "${expect[@]}"; do grep -qx "./usr/$f" "$tmp/contents" || err "$(basename "$deb") lacks /usr/$f"; done
+# The packaged units verify once unpacked, with their paths pointing into the unpacked tree.
+if command -v systemd-analyze >/dev/null; then
+  dpkg-deb -x "$deb" "$tmp/deb"
+  mkdir -p "$tmp/verify"
+  for u in sparkctl-watch.service sparkctl-watch.timer sparkd@.service; do
+    [[ -f $tmp/deb/usr/lib/systemd/system/$u ]] || continue
+    sed -e "s|/usr/bin/|$tmp/deb/usr/bin/|g" -e "s|/usr/sbin/|$tmp/deb/usr/sbin/|g" \
+      "$tmp/deb/usr/lib/systemd/system/$u" >"$tmp/verify/$u"
+  done
+  cp "$tmp/verify/sparkd@.service" "$tmp/verify/sparkd@1.service" 2>/dev/null || true
+  for u in sparkctl-watch.service sparkctl-watch.timer sparkd@1.service; do
+    [[ -f $tmp/verify/$u ]] || continue
+    out=$(cd "$tmp/verify" && SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no "$tmp/verify/$u" 2>&1 || echo "verify exited $?")
+    out=$(grep -F "$u" <<<"$out" || true)
+    [[ -z $out ]] || err "packaged unit $u does not verify: $out"
+  done
+  echo "install_test: packaged systemd units verified"
+else
+  echo "install_test: systemd-analyze is not installed; packaged units not verified"
+fi
 [[ $(dpkg-deb -f "$deb" Package) == sparkctl ]] || err "package name is not sparkctl"
 depends=$(dpkg-deb -f "$deb" Depends)
 grep -q "libc6" <<<"$depends" || err "Depends was not filled in by dpkg-shlibdeps: '$depends'"

@@ -7,7 +7,7 @@ set -euo pipefail
 SRC=${1:?source dir}
 BUILD=${2:?build dir}
 dir=$SRC/tests/e2e/openai_client
-double=$BUILD/daemon/openai/openai_wire_double
+double=$BUILD/tests/openai_wire_double
 if ! command -v node >/dev/null; then echo "SKIP: node is not installed"; exit 77; fi
 if [[ ! -d $dir/node_modules/openai ]]; then
   echo "SKIP: the openai npm package is not installed (cd $dir && npm ci)"; exit 77

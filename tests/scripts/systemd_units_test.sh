@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped systemd units (scripts/systemd/) pass `systemd-analyze verify` once their
+# The shipped systemd units (packaging/systemd/) pass `systemd-analyze verify` once their
 # binary paths point at this build, and the timer starts the watch service. A unit with a
 # typo in a directive, a wrong section or a missing binary fails here.
 # Usage: systemd_units_test.sh SRC_DIR BUILD_DIR
@@ -11,9 +11,9 @@ units=(sparkctl-watch.service sparkctl-watch.timer sparkd@.service)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for u in "${units[@]}"; do
-  [[ -f $SRC/scripts/systemd/$u ]] || { echo "FAIL: scripts/systemd/$u is missing"; exit 1; }
+  [[ -f $SRC/packaging/systemd/$u ]] || { echo "FAIL: packaging/systemd/$u is missing"; exit 1; }
   sed -e "s|/usr/local/bin/sparkctl|$BUILD/cli/sparkctl|g" \
-      -e "s|/usr/local/sbin/sparkd|$BUILD/daemon/sparkd|g" "$SRC/scripts/systemd/$u" >"$tmp/$u"
+      -e "s|/usr/local/sbin/sparkd|$BUILD/daemon/sparkd|g" "$SRC/packaging/systemd/$u" >"$tmp/$u"
 done
 # The instance of the template that a rank uses.
 cp "$tmp/sparkd@.service" "$tmp/sparkd@1.service"

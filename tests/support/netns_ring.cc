@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 
 namespace spark::test {
 
@@ -138,11 +138,11 @@ void NetnsRing::fault_once(int rank, const std::string& mode, const std::string&
 std::optional<json> NetnsRing::health() const {
   std::optional<json> out;
   (void)run_in_netns(rank_ns(0), [&] {
-    daemon::HttpCall c;
+    HttpCall c;
     c.port = static_cast<uint16_t>(kApiPort);
     c.target = "/health";
     c.timeout = 1000ms;
-    auto r = daemon::http_call(c);
+    auto r = http_call(c);
     if (r.ok()) {
       json j = json::parse(r->body, nullptr, false);
       if (j.is_object()) out = std::move(j);

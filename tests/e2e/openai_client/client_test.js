@@ -2,7 +2,7 @@
 // The official OpenAI Node client against sparkd's API.
 //   node client_test.js --base-url http://127.0.0.1:8000/v1 [--model NAME] [--api-key KEY]
 //       a running sparkd (the e2e tier starts one and passes its URL)
-//   node client_test.js --wire BUILD_DIR/daemon/openai/openai_wire_double TOKENIZER_JSON
+//   node client_test.js --wire BUILD_DIR/tests/openai_wire_double TOKENIZER_JSON
 //       no server: every request the client makes is answered by openai_wire_double (our
 //       request parser and response builders; the engine replaced by a fixed text), handed
 //       to the client through its `fetch` option. Checks our wire format through the client.

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace spark::daemon {
+namespace spark {
 
 /// A response: status, lower-case header names, body.
 struct HttpReply {
@@ -47,4 +47,4 @@ Result<Url> parse_url(const std::string& url);
 /// GET of a URL with a deadline.
 Result<HttpReply> http_get(const std::string& url, std::chrono::milliseconds timeout);
 
-}  // namespace spark::daemon
+}  // namespace spark

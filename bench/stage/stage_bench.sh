@@ -10,7 +10,7 @@
 # copy does not read and write one device at once, as it never does between two nodes)
 # and onto the source's own disk. All hosts share this machine's CPUs.
 #
-# Usage: bench/stage_bench.sh BUILD_DIR [--size-gib N] [--targets N] [--json FILE]
+# Usage: bench/stage/stage_bench.sh BUILD_DIR [--size-gib N] [--targets N] [--json FILE]
 # Needs root (namespaces, drop_caches). Prints a table (non-data lines start with '#') and
 # then one JSON object; exits non-zero when a copy is not byte-identical.
 set -euo pipefail

@@ -1,10 +1,12 @@
-// sparkd's `native` backend: our own engine (daemon/engine/) behind the daemon's Engine
+// sparkd's `native` backend: our own engine (daemon/engine/) behind the daemon's Backend
 // interface. start() loads this rank's slices of MODEL_PATH (NODE<i>_MODEL_PATH), joins the
 // tensor-parallel mesh through the daemon's rendezvous (Runtime: Gloo over TCP, rank 0's
 // store address handed out with ctx.share), and on rank 0 loads the tokenizer and chat
 // format and serves the OpenAI API (daemon/api_routes.cc). SLOTS and CONTEXT_LEN size the
 // engine. Readiness: the runtime is up (every slot's KV blocks allocated at start), and the
 // daemon's probe runs a real greedy completion through probe().
+#include "daemon/backend_native.h"
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -15,9 +17,8 @@
 
 #include "core/log.h"
 #include "core/strings.h"
-
 #include "daemon/api_routes.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "daemon/engine/runtime.h"
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
@@ -25,17 +26,39 @@
 
 namespace spark::daemon {
 
+Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
+  engine::EngineOptions o;
+  o.slots = static_cast<int>(cfg.get_int("SLOTS"));
+  o.max_context = static_cast<int>(cfg.get_int("CONTEXT_LEN"));
+  if (o.slots < 1 || o.max_context < 1)
+    return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
+                                                o.slots, o.max_context));
+  o.kv_cache_bytes =
+      ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
+  const std::string kv = cfg.get("KV_DTYPE");
+  if (kv != "auto" && kv != "fp32" && kv != "bf16")
+    return make_error(Errc::unsupported,
+                      fmt::format("KV_DTYPE={} is not available in the native engine, which keeps "
+                                  "the KV cache in bf16 (GPU) or fp32 — set KV_DTYPE=auto, bf16 "
+                                  "or fp32",
+                                  kv));
+  o.kv_dtype = kv;
+  o.kv_from_free_memory = true;  // on a GPU: at most what is free after the weights
+  o.mem_reserve = static_cast<uint64_t>(cfg.get_int("MEM_RESERVE"));
+  return o;
+}
+
 namespace {
 constexpr const char* kComp = "native";
 
-class NativeEngine final : public Engine {
+class NativeBackend final : public Backend {
  public:
-  explicit NativeEngine(const RingConfig& cfg) : cfg_(cfg) {}
-  ~NativeEngine() override { stop(std::chrono::milliseconds(0)); }
+  explicit NativeBackend(const RingConfig& cfg) : cfg_(cfg) {}
+  ~NativeBackend() override { stop(std::chrono::milliseconds(0)); }
 
   const char* name() const override { return "native"; }
 
-  Status start(EngineContext& ctx) override {
+  Status start(BackendContext& ctx) override {
     const RingConfig& cfg = ctx.cfg ? *ctx.cfg : cfg_;
     const NodeConfig& node = cfg.nodes.at(static_cast<size_t>(ctx.place.node));
     std::string dir = node.model_path.empty() ? cfg.get("MODEL_PATH") : node.model_path;
@@ -52,7 +75,7 @@ class NativeEngine final : public Engine {
                             "): MODEL_PATH must be a Hugging Face model directory; `sparkctl "
                             "demo-model " +
                             dir + "` writes a small demo one");
-    auto eo = engine::engine_options_from(cfg);
+    auto eo = engine_options_from(cfg);
     if (!eo) return eo.error();
 
     // Rank 0 needs the tokenizer and chat format; load them first so a broken tokenizer
@@ -73,8 +96,8 @@ class NativeEngine final : public Engine {
       }
       auto mc = engine::load_model_config(dir);
       if (!mc) return mc.error();
-      auto fmt = tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture,
-                                         &api->tokenizer);
+      auto fmt =
+          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture, &api->tokenizer);
       if (!fmt) return fmt.error();
       api->chat_format = *fmt;
       if (ctx.progress)
@@ -134,8 +157,8 @@ class NativeEngine final : public Engine {
     return Status::Ok();
   }
 
-  EngineStatus status() override {
-    EngineStatus s;
+  BackendStatus status() override {
+    BackendStatus s;
     std::lock_guard lk(mu_);
     s.slots_total = slots_;
     if (!rt_) {
@@ -218,8 +241,8 @@ class NativeEngine final : public Engine {
 };
 }  // namespace
 
-std::unique_ptr<Engine> make_native_engine(const RingConfig& cfg, int /*rank*/) {
-  return std::make_unique<NativeEngine>(cfg);
+std::unique_ptr<Backend> make_native_backend(const RingConfig& cfg, int /*rank*/) {
+  return std::make_unique<NativeBackend>(cfg);
 }
 
 }  // namespace spark::daemon

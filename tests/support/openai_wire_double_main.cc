@@ -1,5 +1,5 @@
 // openai_wire_double: answers ONE OpenAI API request with this project's request parser,
-// prepare_* and Responder, the engine replaced by a test double that "generates" a fixed
+// prepare_* and CompletionWriter, the engine replaced by a test double that "generates" a fixed
 // text (tokenized with a real tokenizer.json, fake logprobs). It lets the official OpenAI
 // client check our wire format end to end without a model
 // (tests/e2e/openai_client/client_test.js --wire).
@@ -36,7 +36,7 @@ int reply_error(const ApiError& e) {
 
 // The engine double: the same fixed continuation for every choice, cut at max_tokens, then
 // the end-of-turn token.
-std::string run_double(Responder& r, const tok::Tokenizer& t, const std::string& text, int n,
+std::string run_double(CompletionWriter& r, const tok::Tokenizer& t, const std::string& text, int n,
                        int max_tokens, int top_logprobs, int32_t eot) {
   std::string out = r.start();
   auto ids = t.encode(text, false);
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     if (tools)
       text = "<tool_call>\n{\"name\": \"" + req.tools[0]["function"]["name"].get<std::string>() +
              "\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-    Responder resp(req, *tok, *fmt, kModel, static_cast<int>(p.value->ids.size()), {eot});
+    CompletionWriter resp(req, *tok, *fmt, kModel, static_cast<int>(p.value->ids.size()), {eot});
     std::string out = run_double(resp, *tok, text, req.sampling.n, p.value->max_tokens,
                                  req.sampling.top_logprobs, eot);
     reply(200, resp.content_type(), out);
@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
     if (auto e = check_model(req.model, kModel)) return reply_error(*e);
     auto p = prepare_completion(req, *tok, kContext);
     if (!p.ok()) return reply_error(p.error);
-    Responder resp(req, *tok, kModel, static_cast<int>(p.value->ids.size()), {eot}, p.value->text);
+    CompletionWriter resp(req, *tok, kModel, static_cast<int>(p.value->ids.size()), {eot},
+                          p.value->text);
     std::string out =
         run_double(resp, *tok, " upon a time there was a ring of GPUs.", req.sampling.n,
                    p.value->max_tokens, req.sampling.top_logprobs, eot);

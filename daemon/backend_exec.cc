@@ -12,10 +12,10 @@
 #include <optional>
 #include <thread>
 
+#include "core/http_client.h"
 #include "core/log.h"
 #include "core/strings.h"
-#include "daemon/engine.h"
-#include "daemon/http_client.h"
+#include "daemon/backend.h"
 #include "daemon/process_group.h"
 
 namespace spark::daemon {
@@ -25,9 +25,9 @@ constexpr std::string_view kComp = "exec";
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-class ExecEngine final : public Engine {
+class ExecBackend final : public Backend {
  public:
-  ExecEngine(const RingConfig& cfg, int rank) : rank_(rank) {
+  ExecBackend(const RingConfig& cfg, int rank) : rank_(rank) {
     command_ = cfg.get("ENGINE_EXEC");
     health_url_ = cfg.get("ENGINE_HEALTH_URL");
     api_url_ = cfg.get("ENGINE_API_URL");
@@ -36,11 +36,11 @@ class ExecEngine final : public Engine {
     model_ = cfg.get("MODEL");
     slots_ = static_cast<int>(cfg.get("SLOTS").empty() ? 0 : cfg.get_int("SLOTS"));
   }
-  ~ExecEngine() override { stop(milliseconds(2000)); }
+  ~ExecBackend() override { stop(milliseconds(2000)); }
 
   const char* name() const override { return "exec"; }
 
-  Status start(EngineContext& ctx) override {
+  Status start(BackendContext& ctx) override {
     if (command_.empty())
       return make_error(Errc::config,
                         "ENGINE=exec needs ENGINE_EXEC: the command that runs this rank's engine "
@@ -77,9 +77,9 @@ class ExecEngine final : public Engine {
     return Status::Ok();
   }
 
-  EngineStatus status() override {
+  BackendStatus status() override {
     std::lock_guard lk(mu_);
-    EngineStatus s;
+    BackendStatus s;
     s.slots_total = slots_;
     if (exit_status_) {
       s.fatal = true;
@@ -272,8 +272,8 @@ class ExecEngine final : public Engine {
 };
 }  // namespace
 
-std::unique_ptr<Engine> make_exec_engine(const RingConfig& cfg, int rank) {
-  return std::make_unique<ExecEngine>(cfg, rank);
+std::unique_ptr<Backend> make_exec_backend(const RingConfig& cfg, int rank) {
+  return std::make_unique<ExecBackend>(cfg, rank);
 }
 
 }  // namespace spark::daemon

@@ -3,8 +3,8 @@
 //                         [--hf node|python]
 // Documents: tools/tokenizer/corpus (many scripts, code, emoji) repeated to --mb MB and cut
 // into ~4 KiB documents, encoded one call each on one thread, then decoded. The HF side
-// runs tools/tokenizer/bench_hf.js under node (needs `npm ci` in tools/tokenizer) on the
-// same documents (--hf python: tools/tokenizer/bench_hf.py with the Python library, on
+// runs bench/tokenizer/bench_hf.js under node (needs `npm ci` in tools/tokenizer) on the
+// same documents (--hf python: bench/tokenizer/bench_hf.py with the Python library, on
 // machines that have it); both sides must produce the same ids (FNV-1a hash) or the run
 // fails. Build with -DCMAKE_BUILD_TYPE=Release for meaningful numbers.
 #include <fmt/format.h>
@@ -138,16 +138,19 @@ int main(int argc, char** argv) {
   std::vector<Row> rows{ours};
   std::string hf_note;
   if (hf) {
-    std::string runner = hf_kind == "python" ? "python3 '" + src + "/tools/tokenizer/bench_hf.py'"
-                                             : "node '" + src + "/tools/tokenizer/bench_hf.js'";
+    std::string runner = hf_kind == "python" ? "python3 '" + src + "/bench/tokenizer/bench_hf.py'"
+                                             : "node '" + src + "/bench/tokenizer/bench_hf.js'";
     std::string docs_file = fmt::format("/tmp/spark-tokbench-{}.json", getpid());
     std::string why;
     if (!write_file_atomic(docs_file, json(docs).dump(), &why)) {
       std::fprintf(stderr, "error: %s\n", why.c_str());
       return 1;
     }
-    std::string cmd = fmt::format("cd '{}/tools/tokenizer' && timeout 600 {} '{}' '{}' {} 2>&1",
-                                  src, runner, file, docs_file, reps);
+    // The npm package is installed once, in tools/tokenizer (beside the fixture generator).
+    std::string cmd = fmt::format(
+        "cd '{0}/tools/tokenizer' && NODE_PATH='{0}/tools/tokenizer/node_modules' timeout 600 {1} "
+        "'{2}' '{3}' {4} 2>&1",
+        src, runner, file, docs_file, reps);
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "core/strings.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "daemon/process_group.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
@@ -22,8 +22,8 @@ namespace {
 struct ExecFixture {
   test::TempDir dir{"sparkd-exec"};
   int port = test::free_port();
-  std::unique_ptr<Engine> eng;
-  EngineContext ctx;
+  std::unique_ptr<Backend> eng;
+  BackendContext ctx;
   RingConfig cfg;
 
   std::string bin = test::find_fixture_binary(FAULT_SERVER_BIN);
@@ -40,7 +40,7 @@ struct ExecFixture {
     auto c = load_config_text("ENGINE=exec\nSLOTS=3\nNODE0_SSH=local\n", "t.env", env, &d);
     REQUIRE(c.ok());
     cfg = *c;
-    eng = make_engine(cfg, 0);
+    eng = make_backend(cfg, 0);
     ctx.cfg = &cfg;
     ctx.log_dir = dir.path();
     ctx.pidfile = dir / "sparkd.pid";
@@ -139,7 +139,7 @@ TEST_CASE("exec engine: an engine command that does not exist is fatal, not read
   auto c = load_config_text("ENGINE=exec\nNODE0_SSH=local\n", "t.env", env, &d);
   REQUIRE(c.ok());
   f.cfg = *c;
-  f.eng = make_engine(f.cfg, 0);
+  f.eng = make_backend(f.cfg, 0);
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().fatal; }));
   CHECK_FALSE(f.eng->status().ready);
@@ -150,7 +150,7 @@ TEST_CASE("exec engine: the probe is a real completion from ENGINE_API_URL") {
   ExecFixture f("--mode healthy --completion ' Paris, of course.'");
   if (f.bin.empty()) return;
   f.cfg.settings["ENGINE_API_URL"].value = "http://127.0.0.1:${FAULT_PORT}/";
-  f.eng = make_engine(f.cfg, 0);
+  f.eng = make_backend(f.cfg, 0);
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().ready; }));
   auto t = f.eng->probe("The capital of France is", 5000ms);
@@ -173,12 +173,12 @@ TEST_CASE("exec engine: ENGINE_HEALTH_RANKS=0 leaves followers to process livene
   if (f.bin.empty()) return;
   f.cfg.settings["ENGINE_HEALTH_RANKS"].value = "0";
   f.cfg.settings["ENGINE_HEALTH_URL"].value = "http://127.0.0.1:1/never";
-  f.eng = make_engine(f.cfg, 1);  // a follower: never polls the (unreachable) URL
+  f.eng = make_backend(f.cfg, 1);  // a follower: never polls the (unreachable) URL
   REQUIRE(f.eng->start(f.ctx).ok());
   REQUIRE(eventually([&] { return f.eng->status().ready; }, 2000ms));
   ExecFixture g("--mode healthy");  // rank 0 still polls the URL, and is not ready
   g.cfg = f.cfg;
-  g.eng = make_engine(g.cfg, 0);
+  g.eng = make_backend(g.cfg, 0);
   REQUIRE(g.eng->start(g.ctx).ok());
   std::this_thread::sleep_for(500ms);
   CHECK_FALSE(g.eng->status().ready);

@@ -1,4 +1,4 @@
-#include "daemon/engine/bench.h"
+#include "bench/engine/engine_bench.h"
 
 #include <fmt/format.h>
 

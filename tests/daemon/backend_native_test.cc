@@ -7,7 +7,7 @@
 
 #include "core/config.h"
 #include "daemon/api_routes.h"
-#include "daemon/engine.h"
+#include "daemon/backend.h"
 #include "daemon/engine/demo_model.h"
 #include "support/tempdir.h"
 
@@ -30,17 +30,17 @@ TEST_CASE("native backend: serves the demo model; SLOTS and CONTEXT_LEN; the pro
   test::TempDir dir("native-backend");
   REQUIRE(engine::write_demo_model(dir / "model", false).ok());
   RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=3\nCONTEXT_LEN=128\n");
-  auto e = make_engine(cfg, 0);
+  auto e = make_backend(cfg, 0);
   CHECK(std::string(e->name()) == "native");
   CHECK_FALSE(e->status().ready);
   CHECK(e->probe("hello", 1000ms).error().code == Errc::precondition);  // not loaded yet
-  EngineContext ctx;
+  BackendContext ctx;
   ctx.cfg = &cfg;
   std::vector<std::string> progress;
   ctx.progress = [&](const std::string& s) { progress.push_back(s); };
   Status st = e->start(ctx);
   REQUIRE_MESSAGE(st.ok(), st.message());
-  EngineStatus s = e->status();
+  BackendStatus s = e->status();
   CHECK(s.ready);
   CHECK_FALSE(s.fatal);
   CHECK(s.slots_total == 3);
@@ -60,8 +60,8 @@ TEST_CASE("native backend: CHAT_FORMAT overrides the detected chat format") {
   for (auto [key, want] : {std::pair<std::string, std::string>{"", "chat format chatml"},
                            {"CHAT_FORMAT=mistral\n", "chat format mistral (from CHAT_FORMAT)"}}) {
     RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=1\nCONTEXT_LEN=64\n" + key);
-    auto e = make_engine(cfg, 0);
-    EngineContext ctx;
+    auto e = make_backend(cfg, 0);
+    BackendContext ctx;
     ctx.cfg = &cfg;
     std::vector<std::string> progress;
     ctx.progress = [&](const std::string& s) { progress.push_back(s); };
@@ -78,8 +78,8 @@ TEST_CASE("native backend: a missing model directory or config.json is an error 
   test::TempDir dir("native-backend-missing");
   {
     RingConfig cfg = ring("");
-    auto e = make_engine(cfg, 0);
-    EngineContext ctx;
+    auto e = make_backend(cfg, 0);
+    BackendContext ctx;
     ctx.cfg = &cfg;
     Status st = e->start(ctx);
     REQUIRE_FALSE(st.ok());
@@ -87,8 +87,8 @@ TEST_CASE("native backend: a missing model directory or config.json is an error 
     CHECK(st.message().find("MODEL_PATH") != std::string::npos);
   }
   RingConfig cfg = ring("MODEL_PATH=" + dir / "empty" + "\n");
-  auto e = make_engine(cfg, 0);
-  EngineContext ctx;
+  auto e = make_backend(cfg, 0);
+  BackendContext ctx;
   ctx.cfg = &cfg;
   Status st = e->start(ctx);
   REQUIRE_FALSE(st.ok());

@@ -1,5 +1,5 @@
 // Benchmark: a 4-node preflight (no ping, no bandwidth) against four network-namespace nodes
-// running sshd on this machine must finish in under 2 s of wall time (issue 3). Prints a
+// running sshd on this machine must finish in under 2 s of wall time. Prints a
 // table (non-data lines start with '#') and one JSON line; exits 1 when the median is over
 // the limit or a node did not report.
 #include <fmt/format.h>

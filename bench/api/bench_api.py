@@ -8,7 +8,7 @@ one-node ring (env/examples/local.env, free loopback ports), then for each concu
 response is checked (HTTP 200, usage.completion_tokens == --max-tokens). Prints a table
 (non-data lines start with '#') and one JSON object on the last line.
 
-  python3 tools/bench_api.py [--build build] [--max-tokens 64] [--concurrency 1,4] [--rounds 2]
+  python3 bench/api/bench_api.py [--build build] [--max-tokens 64] [--concurrency 1,4] [--rounds 2]
 """
 import argparse
 import json
@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_port():

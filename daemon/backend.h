@@ -1,8 +1,9 @@
 #pragma once
-// Engine backends behind one interface. `native` is our own engine (the engine issues fill
-// it in); `exec` runs a configured external command per rank and takes its health from that
-// command's own endpoint. The daemon's lifecycle thread calls start(); the HTTP threads call
-// status(), which must be cheap and thread-safe. Engine work never runs on the reactor.
+// The backends sparkd runs (ENGINE=native|exec) behind one interface. `native` is our own
+// engine (daemon/engine/); `exec` runs a configured external command per rank and takes its
+// health from that command's own endpoint. The daemon's lifecycle thread calls start(); the
+// HTTP threads call status(), which must be cheap and thread-safe. Engine work never runs on
+// the reactor.
 #include <chrono>
 #include <functional>
 #include <map>
@@ -18,8 +19,8 @@ class HttpServer;
 class Metrics;
 class MemoryGuard;
 
-/// What an engine reports about itself.
-struct EngineStatus {
+/// What a backend reports about itself.
+struct BackendStatus {
   bool ready = false;
   bool fatal = false;  // it will not get better (process exited, load failed)
   std::string reason;  // why not ready / why fatal
@@ -34,8 +35,8 @@ struct EngineStatus {
   std::string device_note;       // why DEVICE=auto fell back to the CPU
 };
 
-/// What an engine starts with.
-struct EngineContext {
+/// What a backend starts with.
+struct BackendContext {
   const RingConfig* cfg = nullptr;
   RankPlace place;
   int world_size = 1;
@@ -59,16 +60,16 @@ struct EngineContext {
   std::function<void(const std::string&)> progress;
 };
 
-class Engine {
+class Backend {
  public:
-  virtual ~Engine() = default;
+  virtual ~Backend() = default;
   /// "native" or "exec".
   virtual const char* name() const = 0;
   /// Loads and starts serving; runs on the lifecycle thread and may block until loaded.
   /// Returns an error (with the reason) when it cannot start.
-  virtual Status start(EngineContext& ctx) = 0;
+  virtual Status start(BackendContext& ctx) = 0;
   /// Current status; cheap, thread-safe.
-  virtual EngineStatus status() = 0;
+  virtual BackendStatus status() = 0;
   /// Stops: graceful within `grace`, then forced. Idempotent.
   virtual void stop(std::chrono::milliseconds grace) = 0;
   /// Rank 0: one real completion of `prompt` (greedy, a few tokens) for the readiness probe;
@@ -83,10 +84,10 @@ class Engine {
 };
 
 /// The backend ENGINE names, for this rank.
-std::unique_ptr<Engine> make_engine(const RingConfig& cfg, int rank);
-/// The native engine (daemon/engine_native.cc; the engine issues own it).
-std::unique_ptr<Engine> make_native_engine(const RingConfig& cfg, int rank);
-/// The exec backend (daemon/engine_exec.cc).
-std::unique_ptr<Engine> make_exec_engine(const RingConfig& cfg, int rank);
+std::unique_ptr<Backend> make_backend(const RingConfig& cfg, int rank);
+/// The native backend (daemon/backend_native.cc).
+std::unique_ptr<Backend> make_native_backend(const RingConfig& cfg, int rank);
+/// The exec backend (daemon/backend_exec.cc).
+std::unique_ptr<Backend> make_exec_backend(const RingConfig& cfg, int rank);
 
 }  // namespace spark::daemon

@@ -1,4 +1,4 @@
-#include "daemon/http_client.h"
+#include "core/http_client.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -7,7 +7,7 @@
 
 #include "core/strings.h"
 
-namespace spark::daemon {
+namespace spark {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
@@ -133,4 +133,4 @@ Result<HttpReply> http_get(const std::string& url, std::chrono::milliseconds tim
   return http_call(c);
 }
 
-}  // namespace spark::daemon
+}  // namespace spark
