@@ -272,8 +272,8 @@ Status Model::prepare(int tokens, int seqs, int max_context, int block_size, boo
   while (bucket < seqs) bucket *= 2;
   const int cap = std::max(tokens, bucket);
   SPARK_TRY(reserve(cap, std::max(seqs, bucket)));
-  SPARK_TRY(device_->reserve_step(cap, std::max(cap, bucket), width, max_context, plan_.heads,
-                                  cfg_.head_dim));
+  // A step has one chunk per running sequence (at most `seqs`, padded to the bucket).
+  SPARK_TRY(device_->reserve_step(cap, bucket, width, max_context, plan_.heads, cfg_.head_dim));
   graphs_ = graphs && device_->supports_graphs();
   graph_max_batch_ = bucket;
   graph_max_context_ = max_context;
