@@ -100,6 +100,11 @@ Status cuda_event_record(void* event, void* stream) {
   return Status::Ok();
 }
 
+Status cuda_event_synchronize(void* event) {
+  SPARK_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  return Status::Ok();
+}
+
 Result<float> cuda_event_elapsed_ms(void* start, void* end) {
   SPARK_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
   float ms = 0;

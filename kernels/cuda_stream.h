@@ -45,6 +45,8 @@ Status cuda_memset_async(void* dst, int value, size_t bytes, void* stream);
 Result<void*> cuda_event_create();
 void cuda_event_destroy(void* event);
 Status cuda_event_record(void* event, void* stream);
+/// Waits until the work recorded before `event` is done.
+Status cuda_event_synchronize(void* event);
 /// Milliseconds between two recorded events (waits for `end`).
 Result<float> cuda_event_elapsed_ms(void* start, void* end);
 

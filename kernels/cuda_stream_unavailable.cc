@@ -49,6 +49,9 @@ void cuda_event_destroy(void*) {}
 Status cuda_event_record(void*, void*) {
   return no_cuda("cuda_event_record");
 }
+Status cuda_event_synchronize(void*) {
+  return no_cuda("cuda_event_synchronize");
+}
 Result<float> cuda_event_elapsed_ms(void*, void*) {
   return no_cuda("cuda_event_elapsed_ms");
 }

@@ -108,7 +108,9 @@ class Device {
   /// Allocates `numel` elements (contents unspecified).
   virtual Result<Buffer> alloc(ElemType type, size_t numel) = 0;
   /// Fills `dst` from the host: `src` holds dst.numel() elements of safetensors type
-  /// `src_type` (F32, BF16 or F16), converted to dst's type.
+  /// `src_type` (F32, BF16 or F16), converted to dst's type. The copy may still be running
+  /// on return: write `src` again only after staging_ready(src) or synchronize() (a loader
+  /// alternates two staging buffers so that a file read overlaps the other's copy).
   virtual Status upload(const Buffer& dst, const void* src, DType src_type) = 0;
   /// A host buffer of `bytes` for loading slices straight into (page-locked on CUDA, so the
   /// copy to the device runs at bus speed with no second host copy).
@@ -116,6 +118,11 @@ class Device {
   /// Size of the staging buffer a loader should use (small on the CPU, where it adds to
   /// peak memory; larger on a GPU, where each copy has a fixed cost).
   virtual size_t preferred_staging_bytes() const = 0;
+  /// Waits until no upload still reads host buffer `src`.
+  virtual Status staging_ready(const void* src) {
+    (void)src;
+    return Status::Ok();
+  }
   /// Element type of weight vectors (norm weights, biases) on this device.
   virtual ElemType vector_type() const { return compute_type(); }
   /// Sets `dst` to zero.

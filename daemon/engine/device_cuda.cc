@@ -89,6 +89,7 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     graph_clear();
+    for (auto& [p, e] : copy_events_) kernels::cuda_event_destroy(e);
     if (stream_) {
       (void)kernels::cuda_stream_synchronize(stream_);
       kernels::cuda_stream_destroy(stream_);
@@ -111,9 +112,18 @@ class CudaDevice final : public Device {
     const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
                       (dst.type() == ElemType::f32 && src_type == DType::f32);
     if (same) {
+      // Asynchronous: staging_ready(src) waits for this copy, so the caller's next read
+      // (into its other staging buffer) overlaps it.
+      void*& ev = copy_events_[src];
+      if (!ev) {
+        auto e = kernels::cuda_event_create();
+        if (!e) return e.error();
+        ev = *e;
+      }
       SPARK_TRY(kernels::cuda_memcpy_async(dst.data(), src, dst.bytes(), stream_));
-      return kernels::cuda_stream_synchronize(stream_);
+      return kernels::cuda_event_record(ev, stream_);
     }
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // staging may hold pending copies
     // Widen on the host to fp32 (F16 and BF16 sources into fp32 destinations), or copy fp32
     // up and round to bf16 on the device.
     const float* f = nullptr;
@@ -151,6 +161,12 @@ class CudaDevice final : public Device {
   }
 
   size_t preferred_staging_bytes() const override { return 64u << 20; }
+
+  Status staging_ready(const void* src) override {
+    auto it = copy_events_.find(src);
+    if (it == copy_events_.end()) return Status::Ok();
+    return kernels::cuda_event_synchronize(it->second);
+  }
 
   Status zero(const Buffer& dst) override {
     return kernels::cuda_memset_async(dst.data(), 0, dst.bytes(), stream_);
@@ -420,6 +436,7 @@ class CudaDevice final : public Device {
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;
   std::map<uint64_t, void*> graphs_;
+  std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event
 };
 
 }  // namespace

@@ -120,18 +120,26 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     largest = std::max(largest, static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype));
   }
   const size_t staging_bytes = std::min(largest, dev.preferred_staging_bytes());
-  auto staging = dev.host_staging(std::max<size_t>(staging_bytes, 64));
-  if (!staging) return staging.error();
+  // Two staging buffers, alternated: a file read fills one while the other's copy to the
+  // device runs (the CPU device copies synchronously; there they just take turns).
+  Buffer stage[2];
+  for (auto& b : stage) {
+    auto s =
+        dev.host_staging(std::max<size_t>(staging_bytes / (dev.info().kind == "cpu" ? 2 : 1), 64));
+    if (!s) return s.error();
+    b = *s;
+  }
+  int turn = 0;
   for (const auto& r : plan_.reads) {
     const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
     const size_t row_bytes = static_cast<size_t>(r.cols) * dtype_size(t->dtype);
     const int64_t per = std::max<int64_t>(
-        1, static_cast<int64_t>(staging->bytes() / std::max<size_t>(row_bytes, 1)));
-    if (row_bytes > staging->bytes())
+        1, static_cast<int64_t>(stage[0].bytes() / std::max<size_t>(row_bytes, 1)));
+    if (row_bytes > stage[0].bytes())
       return make_error(Errc::internal,
                         fmt::format("{}: a row of {} ({} bytes) exceeds the {}-byte "
                                     "staging buffer",
-                                    dir, r.tensor, row_bytes, staging->bytes()));
+                                    dir, r.tensor, row_bytes, stage[0].bytes()));
     Buffer* dst = weight(r.layer, r.role);
     for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
       const int64_t n = std::min(per, r.rows - r0);
@@ -139,10 +147,12 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       s.row0 += r0;
       s.rows = n;
       if (s.cols < 0) s.cols = r.cols;
-      SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, staging->data()));
+      const Buffer& buf = stage[turn];
+      turn ^= 1;
+      SPARK_TRY(dev.staging_ready(buf.data()));
+      SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, buf.data()));
       const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
-      SPARK_TRY(
-          dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), staging->data(), t->dtype));
+      SPARK_TRY(dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
     }
   }
   SPARK_TRY(dev.synchronize());
