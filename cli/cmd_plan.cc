@@ -1,4 +1,5 @@
-// sparkctl plan: the memory arithmetic per rank for 1-4 nodes, from the model's config.json.
+// sparkctl plan: the memory arithmetic per rank for 1-4 nodes, from the model's config.json
+// and files, layer type by layer type (core/model_plan.h).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,28 @@
 
 namespace spark::cli {
 
+namespace {
+
+nlohmann::json part_json(const plan::KvPart& p, int64_t context) {
+  return {{"layer_type", plan::layer_kind_name(p.kind)},
+          {"layers", p.layers},
+          {"part", p.part},
+          {"record", p.record},
+          {"bytes_per_state", p.bytes_per_state},
+          {"tokens_per_state", p.tokens_per_state},
+          {"window", p.window},
+          {"bytes_per_slot", p.bytes_per_slot},
+          {"bytes_per_sequence", p.bytes_for(context)}};
+}
+
+std::string per_token_text(const plan::KvPart& p) {
+  if (p.bytes_per_state == 0) return "-";
+  if (p.tokens_per_state == 1) return fmt::format("{} B", p.bytes_per_state);
+  return fmt::format("{} B/{}", p.bytes_per_state, p.tokens_per_state);
+}
+
+}  // namespace
+
 int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("plan options");
   desc.add_options()("model", po::value<std::string>(), "model directory (default MODEL_PATH)")(
@@ -21,108 +44,187 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       "context", po::value<int64_t>(), "context length per slot (default CONTEXT_LEN)")(
       "slots", po::value<int>(), "serving slots (default SLOTS)")(
       "kv-dtype", po::value<std::string>(), "auto|bf16|fp16|fp8|fp32 (default KV_DTYPE)")(
+      "kv-layout", po::value<std::string>(), "native|vllm: whose KV records (default KV_LAYOUT)")(
+      "moe-split", po::value<std::string>(), "tensor|expert (default MOE_SPLIT)")(
+      "context-split", po::value<int>(),
+      "ranks splitting each sequence's tokens (default CONTEXT_SPLIT)")(
+      "workspace", po::value<std::string>(),
+      "activation and graph workspace per rank (default MEM_WORKSPACE)")(
+      "mtp", po::value<std::string>(), "multi-token-prediction layer per rank (default MEM_MTP)")(
+      "vision", po::value<std::string>(), "vision tower per rank (default MEM_VISION)")(
       "nodes", po::value<int>()->default_value(4), "rows for 1..N nodes");
   po::variables_map vm;
-  if (auto rc =
-          parse_args(ctx, "plan", "plan [--model DIR] [--capacity SIZE] [--context N] [--slots N]",
-                     desc, args, vm))
+  if (auto rc = parse_args(ctx, "plan",
+                           "plan [--model DIR] [--capacity SIZE] [--context N] [--slots N] "
+                           "[--kv-dtype T] [--kv-layout L] [--moe-split S] ...",
+                           desc, args, vm))
     return *rc;
   auto cfg = load_ring_config(ctx);
   if (!cfg && !vm.count("model")) return ctx.fail(cfg.error());
-  auto setting = [&](const char* key, const char* dflt) {
-    return cfg ? cfg->get(key) : std::string(dflt);
-  };
-  std::string model = vm.count("model") ? vm["model"].as<std::string>() : setting("MODEL_PATH", "");
+  const RingConfig* rc = cfg ? &*cfg : nullptr;
+  std::string model =
+      vm.count("model") ? vm["model"].as<std::string>() : env::ring_setting(rc, "MODEL_PATH");
   if (model.empty())
     return ctx.fail(make_error(Errc::usage, "plan: no model: pass --model DIR or set MODEL_PATH"));
   auto mf = env::read_model_files(env::Sysroot("/"), model);
   if (!mf.config_ok)
     return ctx.fail(make_error(Errc::not_found, fmt::format("{}: {}", model, mf.config_error)));
-  auto shape = env::model_shape(mf.config);
-  if (!shape) return ctx.fail(make_error(shape.error().code, model + "/" + shape.error().message));
+  auto input = env::plan_input(mf, rc);
+  if (!input) return ctx.fail(input.error());
+  plan::PlanInput in = std::move(*input);
 
-  env::PlanInput in;
-  in.shape = *shape;
-  in.weight_bytes = mf.weight_bytes;
-  in.kv_bytes = env::kv_dtype_bytes(
-      vm.count("kv-dtype") ? vm["kv-dtype"].as<std::string>() : setting("KV_DTYPE", "auto"),
-      *shape);
-  in.context = vm.count("context") ? vm["context"].as<int64_t>()
-                                   : parse_i64(setting("CONTEXT_LEN", "4096")).value_or(4096);
-  in.slots = vm.count("slots") ? vm["slots"].as<int>()
-                               : static_cast<int>(parse_i64(setting("SLOTS", "4")).value_or(4));
-  in.reserve = parse_size(setting("MEM_RESERVE", "4GiB"), nullptr).value_or(0);
-  in.gpus_per_node = cfg ? static_cast<int>(cfg->nodes[0].gpus.size()) : 1;
+  auto size_opt = [&](const char* opt, uint64_t* out) -> std::optional<int> {
+    if (!vm.count(opt)) return std::nullopt;
+    std::string why;
+    auto v = parse_size(vm[opt].as<std::string>(), &why);
+    if (!v) return ctx.fail(make_error(Errc::usage, fmt::format("--{}: {}", opt, why)));
+    *out = *v;
+    return std::nullopt;
+  };
+  if (vm.count("kv-dtype")) {
+    std::string t = vm["kv-dtype"].as<std::string>();
+    if (t != "auto" && t != "bf16" && t != "fp16" && t != "fp8" && t != "fp32")
+      return ctx.fail(make_error(Errc::usage, "--kv-dtype " + t + ": use auto|bf16|fp16|fp8|fp32"));
+    in.record.dtype = t;
+  }
+  if (vm.count("kv-layout")) {
+    std::string l = vm["kv-layout"].as<std::string>();
+    if (l != "native" && l != "vllm")
+      return ctx.fail(make_error(Errc::usage, "--kv-layout " + l + ": use native|vllm"));
+    in.record.layout = env::kv_layout_of(l, "");
+  }
+  if (vm.count("moe-split")) {
+    std::string m = vm["moe-split"].as<std::string>();
+    if (m != "tensor" && m != "expert")
+      return ctx.fail(make_error(Errc::usage, "--moe-split " + m + ": use tensor|expert"));
+    in.moe = m == "expert" ? plan::MoeSplit::expert : plan::MoeSplit::tensor;
+  }
+  if (vm.count("context-split")) {
+    if (vm["context-split"].as<int>() < 1)
+      return ctx.fail(make_error(Errc::usage, "--context-split must be at least 1"));
+    in.context_split = vm["context-split"].as<int>();
+  }
+  if (vm.count("context")) in.context = vm["context"].as<int64_t>();
+  if (vm.count("slots")) in.slots = std::max(1, vm["slots"].as<int>());
+  if (auto r = size_opt("workspace", &in.workspace)) return *r;
+  if (auto r = size_opt("mtp", &in.mtp)) return *r;
+  if (auto r = size_opt("vision", &in.vision)) return *r;
+  in.gpus_per_node = rc ? static_cast<int>(rc->nodes[0].gpus.size()) : 1;
   std::string cap_src;
   if (vm.count("capacity")) {
-    std::string why;
-    auto c = parse_size(vm["capacity"].as<std::string>(), &why);
-    if (!c) return ctx.fail(make_error(Errc::usage, "--capacity: " + why));
-    in.capacity_per_rank = *c;
+    if (auto r = size_opt("capacity", &in.capacity_per_rank)) return *r;
     cap_src = "--capacity";
   } else if (auto mi = env::read_meminfo("/"); mi) {
     in.capacity_per_rank =
         mi->get("MemAvailable") / static_cast<uint64_t>(std::max(1, in.gpus_per_node));
     cap_src = "this node's MemAvailable";
   }
-  auto rows = env::plan_table(in, std::clamp(vm["nodes"].as<int>(), 1, 16));
+  auto rows = plan::plan_table(in, std::clamp(vm["nodes"].as<int>(), 1, 16));
+  const auto& s = in.shape;
+  const uint64_t per_token_1 =
+      plan::kv_bytes_per_token_per_rank(s, in.record, plan::KvSpread{1, 1});
 
   if (ctx.opts.json) {
     nlohmann::json j;
+    nlohmann::json types = nlohmann::json::object();
+    for (auto k :
+         {plan::LayerKind::full_attention, plan::LayerKind::sliding_attention, plan::LayerKind::mla,
+          plan::LayerKind::sparse_mla, plan::LayerKind::linear_attention})
+      if (s.count(k)) types[plan::layer_kind_name(k)] = s.count(k);
     j["model"] = {{"path", model},
-                  {"arch", shape->arch},
-                  {"layers", shape->layers},
-                  {"kv_heads", shape->kv_heads},
-                  {"head_dim", shape->head_dim},
-                  {"mla", shape->mla},
-                  {"kv_lora_rank", shape->kv_lora_rank},
-                  {"qk_rope_head_dim", shape->qk_rope_head_dim},
-                  {"weight_bytes", in.weight_bytes},
-                  {"kv_bytes_per_element", in.kv_bytes},
-                  {"kv_bytes_per_token", env::kv_bytes_per_token(*shape, in.kv_bytes)}};
+                  {"arch", s.arch},
+                  {"model_type", s.model_type},
+                  {"layers", s.layers},
+                  {"layer_types", types},
+                  {"kv_heads", s.kv_heads},
+                  {"head_dim", s.head_dim},
+                  {"sliding_window", s.sliding_window},
+                  {"kv_lora_rank", s.kv_lora_rank},
+                  {"qk_rope_head_dim", s.qk_rope_head_dim},
+                  {"index_head_dim", s.index_head_dim},
+                  {"index_kpool", s.index_kpool},
+                  {"experts", s.experts},
+                  {"experts_active", s.experts_active},
+                  {"weight_bytes", in.weights.total},
+                  {"expert_bytes", in.weights.experts},
+                  {"weights_per_tensor", in.weights.per_tensor},
+                  {"kv_bytes_per_token", per_token_1}};
+    j["kv_layout"] = plan::kv_layout_name(in.record.layout);
+    j["kv_dtype"] = in.record.dtype;
+    j["moe_split"] = plan::moe_split_name(in.moe);
+    j["context_split"] = in.context_split;
     j["context"] = in.context;
     j["slots"] = in.slots;
     j["reserve"] = in.reserve;
+    j["fixed"] = {{"workspace", in.workspace}, {"mtp", in.mtp}, {"vision", in.vision}};
     j["capacity_per_rank"] = in.capacity_per_rank;
     j["capacity_source"] = cap_src;
-    for (const auto& r : rows)
+    for (const auto& r : rows) {
+      nlohmann::json parts = nlohmann::json::array();
+      for (const auto& p : r.parts) parts.push_back(part_json(p, in.context));
       j["rows"].push_back({{"nodes", r.nodes},
                            {"ranks", r.ranks},
                            {"weights_per_rank", r.weights_per_rank},
                            {"kv_per_token_per_rank", r.kv_per_token_per_rank},
+                           {"state_per_rank", r.state_per_rank},
                            {"kv_per_rank", r.kv_per_rank},
+                           {"fixed_per_rank", r.fixed_per_rank},
                            {"reserve", r.reserve},
                            {"need_per_rank", r.need_per_rank},
                            {"capacity_per_rank", r.capacity_per_rank},
                            {"fits", r.fits},
-                           {"max_context", r.max_context}});
+                           {"max_context", r.max_context},
+                           {"layers", parts}});
+    }
     *ctx.out << j.dump(2) << "\n";
     return 0;
   }
   auto& o = *ctx.out;
+  std::vector<std::string> types;
+  for (auto k :
+       {plan::LayerKind::full_attention, plan::LayerKind::sliding_attention, plan::LayerKind::mla,
+        plan::LayerKind::sparse_mla, plan::LayerKind::linear_attention})
+    if (s.count(k)) types.push_back(fmt::format("{} {}", s.count(k), plan::layer_kind_name(k)));
+  o << fmt::format("# model {} ({}): {} layers ({}); weights {}{}\n", model, s.arch, s.layers,
+                   join(types, ", "), format_size(in.weights.total),
+                   s.experts ? fmt::format(", {} of it {} routed experts ({} split)",
+                                           format_size(in.weights.experts), s.experts,
+                                           plan::moe_split_name(in.moe))
+                             : "");
+  if (s.count(plan::LayerKind::full_attention) || s.count(plan::LayerKind::sliding_attention))
+    o << fmt::format("# attention: GQA {} KV heads x head_dim {}\n", s.kv_heads, s.head_dim);
+  if (s.kv_lora_rank)
+    o << fmt::format("# latent attention: MLA kv_lora_rank {} + qk_rope_head_dim {}\n",
+                     s.kv_lora_rank, s.qk_rope_head_dim);
   o << fmt::format(
-      "# model {} ({}): {} layers, {}; weights {}\n", model, shape->arch, shape->layers,
-      shape->mla ? fmt::format("MLA kv_lora_rank {} + qk_rope_head_dim {}", shape->kv_lora_rank,
-                               shape->qk_rope_head_dim)
-                 : fmt::format("GQA {} KV heads x head_dim {}", shape->kv_heads, shape->head_dim),
-      format_size(in.weight_bytes));
-  o << fmt::format(
-      "# KV {} byte(s)/element = {} per token for the whole model; context {} x {} slots; "
-      "reserve {}; capacity per rank {} ({})\n",
-      in.kv_bytes, format_size(env::kv_bytes_per_token(*shape, in.kv_bytes)), in.context, in.slots,
-      format_size(in.reserve), in.capacity_per_rank ? format_size(in.capacity_per_rank) : "unknown",
+      "# KV layout {} ({}); {} per token for the whole model on one rank; context {} x {} "
+      "slots; reserve {}; fixed {}; capacity per rank {} ({})\n",
+      plan::kv_layout_name(in.record.layout), in.record.dtype, format_size(per_token_1), in.context,
+      in.slots, format_size(in.reserve), format_size(in.workspace + in.mtp + in.vision),
+      in.capacity_per_rank ? format_size(in.capacity_per_rank) : "unknown",
       cap_src.empty() ? "none" : cap_src);
-  o << fmt::format("{:>5} {:>5} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n", "NODES",
-                   "RANKS", "WEIGHTS/RANK", "KV/TOKEN/RANK", "KV/RANK", "RESERVE", "NEED/RANK",
-                   "HAVE/RANK", "FITS", "MAX_CONTEXT");
+  o << fmt::format("{:>5} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n",
+                   "NODES", "RANKS", "WEIGHTS/RANK", "KV/TOKEN/RANK", "STATE/RANK", "KV/RANK",
+                   "RESERVE", "NEED/RANK", "HAVE/RANK", "FITS", "MAX_CONTEXT");
   for (const auto& r : rows)
-    o << fmt::format("{:>5} {:>5} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n",
-                     r.nodes, r.ranks, format_size(r.weights_per_rank),
-                     fmt::format("{} B", r.kv_per_token_per_rank), format_size(r.kv_per_rank),
-                     format_size(r.reserve), format_size(r.need_per_rank),
-                     r.capacity_per_rank ? format_size(r.capacity_per_rank) : "?",
-                     r.capacity_per_rank ? (r.fits ? "yes" : "NO") : "?",
-                     r.max_context < 0 ? std::string("?") : std::to_string(r.max_context));
+    o << fmt::format(
+        "{:>5} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n", r.nodes,
+        r.ranks, format_size(r.weights_per_rank), fmt::format("{} B", r.kv_per_token_per_rank),
+        format_size(r.state_per_rank), format_size(r.kv_per_rank), format_size(r.reserve),
+        format_size(r.need_per_rank), r.capacity_per_rank ? format_size(r.capacity_per_rank) : "?",
+        r.capacity_per_rank ? (r.fits ? "yes" : "NO") : "?",
+        r.max_context < 0 ? std::string("?") : std::to_string(r.max_context));
+  o << "# per layer type, per rank\n";
+  o << fmt::format("{:>5} {:<26} {:>6} {:<13} {:>11} {:>8} {:>11} {:>14}  {}\n", "RANKS",
+                   "LAYER_TYPE", "LAYERS", "PART", "PER_TOKEN", "WINDOW", "PER_SLOT",
+                   "PER_SEQUENCE", "RECORD");
+  for (const auto& r : rows)
+    for (const auto& p : r.parts)
+      o << fmt::format("{:>5} {:<26} {:>6} {:<13} {:>11} {:>8} {:>11} {:>14}  {}\n", r.ranks,
+                       plan::layer_kind_name(p.kind), p.layers, p.part, per_token_text(p),
+                       p.window ? std::to_string(p.window) : "-",
+                       p.bytes_per_slot ? fmt::format("{} B", p.bytes_per_slot) : "-",
+                       format_size(p.bytes_for(in.context)), p.record);
   return 0;
 }
 

@@ -1,6 +1,5 @@
 #include "core/config.h"
 
-#include <fmt/format.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -8,6 +7,12 @@
 #include <climits>
 #include <cstdlib>
 #include <set>
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/strings.h"
 
@@ -18,115 +23,73 @@ namespace spark {
 // The ring-wide keys. Keep man/sparkctl.env.5 in step (a test checks every key is there).
 const std::vector<KeySpec>& ring_keys() {
   static const std::vector<KeySpec> k = {
-      {"RING_NAME", KeyType::string, "spark", nullptr,
-       "Name of the ring; names its state directory."},
-      {"MODEL", KeyType::string, nullptr, nullptr,
-       "Model name served on the API (default: the last component of MODEL_PATH)."},
-      {"MODEL_PATH", KeyType::path, nullptr, nullptr,
-       "Model directory on every node unless NODE<i>_MODEL_PATH says otherwise."},
-      {"ENGINE", KeyType::choice, "native", "native|exec",
-       "Engine backend: our own engine (native) or an external command (exec)."},
-      {"ENGINE_EXEC", KeyType::string, nullptr, nullptr,
-       "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
-      {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr,
-       "Health URL of the external engine (ENGINE=exec)."},
-      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0",
-       "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine "
-       "process runs)."},
-      {"ENGINE_API_URL", KeyType::string, nullptr, nullptr,
-       "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
-      {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr,
-       "Prompt of the readiness probe completion."},
-      {"PROBE_EXPECT", KeyType::string, nullptr, nullptr,
-       "Text the probe completion must contain (empty: any non-empty text)."},
-      {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr,
-       "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
-      {"API_PORT", KeyType::port, "8000", nullptr,
-       "HTTP port of the OpenAI-compatible API on rank 0."},
-      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key (mode 0600)."},
-      {"RDZV_PORT", KeyType::port, "29551", nullptr,
-       "Rendezvous TCP store port on rank 0's fabric address."},
+      {"RING_NAME", KeyType::string, "spark", nullptr, "Name of the ring; names its state directory."},
+      {"MODEL", KeyType::string, nullptr, nullptr, "Model name served on the API (default: the last component of MODEL_PATH)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on every node unless NODE<i>_MODEL_PATH says otherwise."},
+      {"ENGINE", KeyType::choice, "native", "native|exec", "Engine backend: our own engine (native) or an external command (exec)."},
+      {"ENGINE_EXEC", KeyType::string, nullptr, nullptr, "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
+      {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr, "Health URL of the external engine (ENGINE=exec)."},
+      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0", "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine process runs)."},
+      {"ENGINE_API_URL", KeyType::string, nullptr, nullptr, "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
+      {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr, "Prompt of the readiness probe completion."},
+      {"PROBE_EXPECT", KeyType::string, nullptr, nullptr, "Text the probe completion must contain (empty: any non-empty text)."},
+      {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
+      {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
+      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key on one line (mode 0600)."},
+      {"API_MAX_CONNECTIONS", KeyType::integer, "512", nullptr, "Open HTTP connections rank 0 accepts in all (0 = no limit); one more is answered 503."},
+      {"API_MAX_CONNECTIONS_PER_PEER", KeyType::integer, "128", nullptr, "Open HTTP connections rank 0 accepts from one client address (0 = no limit)."},
+      {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
-      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32",
-       "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are "
-       "refused)."},
-      {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda",
-       "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the "
-       "reason is logged and shown in /health)."},
+      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are refused)."},
+      {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda", "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the reason is logged and shown in /health)."},
+      {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},
+      {"CONTEXT_SPLIT", KeyType::integer, "1", nullptr, "Ranks that split each sequence's tokens (decode context parallel); divides the per-token KV of every attention layer."},
+      {"MOE_SPLIT", KeyType::choice, "tensor", "tensor|expert", "How routed experts spread over ranks: a slice of every expert (tensor) or whole experts (expert)."},
       {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
       {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
-      {"MEM_RESERVE", KeyType::size, "4GiB", nullptr,
-       "Memory kept free per node beyond weights and KV cache."},
-      {"MEM_WAIT", KeyType::duration, "120s", nullptr,
-       "How long start waits for MEM_FREE_MIN on every node."},
-      {"DISK_MAX_USE", KeyType::integer, "85", nullptr,
-       "Highest disk use in percent allowed after staging."},
-      {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr,
-       "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
+      {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},
+      {"MEM_WORKSPACE", KeyType::size, "0", nullptr, "Activation and graph workspace the engine takes per rank, planned on top of weights and KV."},
+      {"MEM_MTP", KeyType::size, "0", nullptr, "Memory per rank of a multi-token-prediction layer the engine loads besides the files' weights."},
+      {"MEM_VISION", KeyType::size, "0", nullptr, "Memory per rank of a vision tower (weights not in the files, encoder cache)."},
+      {"MEM_WAIT", KeyType::duration, "120s", nullptr, "How long start waits for MEM_FREE_MIN on every node."},
+      {"DISK_MAX_USE", KeyType::integer, "85", nullptr, "Highest disk use in percent allowed after staging."},
+      {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr, "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
       {"MTU_MIN", KeyType::integer, "9000", nullptr, "MTU below which preflight warns."},
-      {"STATE_DIR", KeyType::path, nullptr, nullptr,
-       "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
-      {"LOG_DIR", KeyType::path, nullptr, nullptr,
-       "Log directory on every node; default STATE_DIR/logs."},
-      {"SPARKD_BIN", KeyType::path, nullptr, nullptr,
-       "Path of sparkd on the nodes; default: beside sparkctl."},
-      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr,
-       "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it "
-       "there); default: the head's own path."},
-      {"SSH_USER", KeyType::string, nullptr, nullptr,
-       "SSH user when a node's target names none (default: the current user)."},
+      {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
+      {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
+      {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: beside sparkctl."},
+      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it there); default: the head's own path."},
+      {"SSH_USER", KeyType::string, nullptr, nullptr, "SSH user when a node's target names none (default: the current user)."},
       {"SSH_PORT", KeyType::port, "22", nullptr, "SSH port when a node's target names none."},
-      {"SSH_IDENTITY", KeyType::path, nullptr, nullptr,
-       "Private key file (default: the agent, then ~/.ssh/id_*)."},
-      {"SSH_KNOWN_HOSTS", KeyType::path, nullptr, nullptr,
-       "known_hosts file (default ~/.ssh/known_hosts)."},
+      {"SSH_IDENTITY", KeyType::path, nullptr, nullptr, "Private key file (default: the agent, then ~/.ssh/id_*)."},
+      {"SSH_KNOWN_HOSTS", KeyType::path, nullptr, nullptr, "known_hosts file (default ~/.ssh/known_hosts)."},
       {"SSH_TIMEOUT", KeyType::duration, "10s", nullptr, "Connect timeout per node."},
       {"READY_TIMEOUT", KeyType::duration, "30m", nullptr, "How long start waits for READY."},
-      {"START_RETRIES", KeyType::integer, "0", nullptr,
-       "Extra start attempts after a failed start."},
-      {"WATCH_FAILURES", KeyType::integer, "3", nullptr,
-       "Consecutive failed checks before watch restarts the ring."},
-      {"WATCH_GRACE", KeyType::duration, "30m", nullptr,
-       "Start-up grace period during which watch does not restart."},
-      {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr,
-       "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
+      {"START_RETRIES", KeyType::integer, "0", nullptr, "Extra start attempts after a failed start."},
+      {"WATCH_FAILURES", KeyType::integer, "3", nullptr, "Consecutive failed checks before watch restarts the ring."},
+      {"WATCH_GRACE", KeyType::duration, "30m", nullptr, "Start-up grace period during which watch does not restart."},
+      {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr, "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
-      {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr,
-       "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
-      {"START_CHECKS", KeyType::list, nullptr, nullptr,
-       "Preflight checks start runs, fail-closed (IDs or groups); default every check but "
-       "net.bandwidth."},
-      {"STOP_GRACE", KeyType::duration, "30s", nullptr,
-       "How long stop waits after SIGTERM before SIGKILL of a rank."},
-      {"STAGE_STREAMS", KeyType::integer, "4", nullptr,
-       "TCP streams per target for stage-weights."},
-      {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr,
-       "Manifest chunk size: the unit of per-chunk verification and of resume."},
-      {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr,
-       "stage-weights: how long a network read or write may stall before the peer is declared "
-       "gone."},
-      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|llama3|chatml|mistral",
-       "Chat format of the model; auto detects it from tokenizer_config.json, the architecture and "
-       "the vocabulary."},
+      {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr, "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
+      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr, "More known-bad versions (JSON, as the built-in list), read on each node by preflight's sw.known_bad."},
+      {"START_CHECKS", KeyType::list, nullptr, nullptr, "Preflight checks start runs, fail-closed (IDs or groups); default every check but net.bandwidth."},
+      {"STOP_GRACE", KeyType::duration, "30s", nullptr, "How long stop waits after SIGTERM before SIGKILL of a rank."},
+      {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
+      {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
+      {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
+      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
+      {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
-      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr,
-       "How long sparkd lets requests in flight finish after SIGTERM."},
-      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr,
-       "How often follower ranks send heartbeats to rank 0."},
-      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr,
-       "Silence after which rank 0 reports a follower dead (fatal)."},
-      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr,
-       "Deadline for every rank to join rendezvous and for each barrier."},
-      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr,
-       "Age of an engine call after which sparkd reports stalled."},
-      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr,
-       "MemAvailable under which sparkd holds new requests back (0 = off)."},
-      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr,
-       "MemAvailable under which sparkd cancels the newest request (0 = off)."},
-      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr,
-       "How long a held-back request waits for memory before it fails."},
+      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
+      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr, "How often follower ranks send heartbeats to rank 0."},
+      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
+      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
+      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
+      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
+      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
+      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
   };
   return k;
 }
@@ -134,18 +97,12 @@ const std::vector<KeySpec>& ring_keys() {
 const std::vector<KeySpec>& node_keys() {
   static const std::vector<KeySpec> k = {
       {"NAME", KeyType::string, nullptr, nullptr, "Node name used in reports (default node<i>)."},
-      {"SSH", KeyType::string, nullptr, nullptr,
-       "SSH target [user@]host[:port], or 'local' for this machine."},
-      {"FABRIC_IP", KeyType::ipv4, nullptr, nullptr,
-       "The node's IPv4 address on the fabric (RoCE) link."},
-      {"NETDEVS", KeyType::list, nullptr, nullptr,
-       "Fabric netdev(s), comma-separated (both twins allowed)."},
-      {"HCAS", KeyType::list, nullptr, nullptr,
-       "RDMA device(s), comma-separated, in the order of NETDEVS."},
-      {"GID_INDEX", KeyType::gid, "auto", nullptr,
-       "RoCE v2 GID index, or auto (resolved at start)."},
-      {"MODEL_PATH", KeyType::path, nullptr, nullptr,
-       "Model directory on this node (default MODEL_PATH)."},
+      {"SSH", KeyType::string, nullptr, nullptr, "SSH target [user@]host[:port], or 'local' for this machine."},
+      {"FABRIC_IP", KeyType::ipv4, nullptr, nullptr, "The node's IPv4 address on the fabric (RoCE) link."},
+      {"NETDEVS", KeyType::list, nullptr, nullptr, "Fabric netdev(s), comma-separated (both twins allowed)."},
+      {"HCAS", KeyType::list, nullptr, nullptr, "RDMA device(s), comma-separated, in the order of NETDEVS."},
+      {"GID_INDEX", KeyType::gid, "auto", nullptr, "RoCE v2 GID index, or auto (resolved at start)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on this node (default MODEL_PATH)."},
       {"GPUS", KeyType::list, "0", nullptr, "GPU ordinals on this node, one rank each."},
   };
   return k;
@@ -195,9 +152,7 @@ std::vector<RankPlace> RingConfig::ranks() const {
   return out;
 }
 
-int RingConfig::world_size() const {
-  return static_cast<int>(ranks().size());
-}
+int RingConfig::world_size() const { return static_cast<int>(ranks().size()); }
 
 std::string RingConfig::canonical_text() const {
   std::string out;
@@ -303,10 +258,8 @@ std::string check_value(const KeySpec& spec, const std::string& v) {
       auto ip = parse_ipv4(v);
       if (!ip) return fmt::format("'{}' is not an IPv4 address (dotted quad)", v);
       if (is_documentation_ipv4(*ip))
-        return fmt::format(
-            "{} is a documentation address (RFC 5737), not a real one: put the "
-            "node's own address here",
-            v);
+        return fmt::format("{} is a documentation address (RFC 5737), not a real one: put the "
+                           "node's own address here", v);
       return "";
     }
     case KeyType::gid: {
@@ -360,7 +313,7 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
 
   RingConfig cfg;
   cfg.path = std::string(file);
-  std::map<std::string, Raw> raw;  // every known key that was set
+  std::map<std::string, Raw> raw;     // every known key that was set
   std::set<int> node_ids;
   std::map<int, std::string> node_first_where;
 
@@ -391,18 +344,16 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     }
     if (node >= 0) {
       if (node >= kMaxNodes) {
-        d.push_back({true, where,
-                     fmt::format("{}: node index {} is over the limit of {} nodes", e.key, node,
-                                 kMaxNodes)});
+        d.push_back({true, where, fmt::format("{}: node index {} is over the limit of {} nodes",
+                                              e.key, node, kMaxNodes)});
         continue;
       }
       node_ids.insert(node);
       node_first_where.emplace(node, where);
     }
     if (auto it = raw.find(e.key); it != raw.end())
-      d.push_back({false, where,
-                   fmt::format("{} is set again (first at {}); the last value wins", e.key,
-                               it->second.source)});
+      d.push_back({false, where, fmt::format("{} is set again (first at {}); the last value wins",
+                                             e.key, it->second.source)});
     raw[e.key] = Raw{e.value, where, false};
   }
   // The environment overrides, an explicit empty value included.
@@ -425,6 +376,23 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     int node = -1;
     std::string suffix;
     const KeySpec* spec = classify(k, &node, &suffix);
+    // A value that is not UTF-8 passes every other check and then poisons what carries
+    // it (the /health JSON of a ring that serves answered 400 forever); a NUL cuts it short
+    // wherever it becomes a C string.
+    if (auto at = r.value.find('\0'); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value holds a NUL byte at offset {}; remove it", k, at)});
+      refused.insert(k);
+      continue;
+    }
+    if (auto at = utf8_invalid_at(r.value); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value is not UTF-8 (byte 0x{:02x} at offset {}); write "
+                               "the file in UTF-8",
+                               k, static_cast<unsigned char>(r.value[at]), at)});
+      refused.insert(k);
+      continue;
+    }
     if (has_placeholder(r.value)) {
       d.push_back({true, r.source,
                    fmt::format("{}={} is still a placeholder: replace it with the real value", k,
@@ -446,8 +414,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       cfg.settings[spec.name] = Setting{it->second.value, it->second.source};
     } else if (spec.default_value) {
       cfg.settings[spec.name] =
-          Setting{spec.default_value,
-                  it != raw.end() ? it->second.source + " (empty: default)" : "default"};
+          Setting{spec.default_value, it != raw.end() ? it->second.source + " (empty: default)"
+                                                      : "default"};
     } else {
       cfg.settings[spec.name] = Setting{"", it != raw.end() ? it->second.source : "unset"};
     }
@@ -477,12 +445,9 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       std::string key = fmt::format("NODE{}_{}", id, spec.name);
       auto it = raw.find(key);
       Setting s;
-      if (it != raw.end() && !it->second.value.empty())
-        s = Setting{it->second.value, it->second.source};
-      else if (spec.default_value)
-        s = Setting{spec.default_value, "default"};
-      else
-        s = Setting{"", it != raw.end() ? it->second.source : "unset"};
+      if (it != raw.end() && !it->second.value.empty()) s = Setting{it->second.value, it->second.source};
+      else if (spec.default_value) s = Setting{spec.default_value, "default"};
+      else s = Setting{"", it != raw.end() ? it->second.source : "unset"};
       cfg.settings[key] = s;
     }
     auto val = [&](const char* f) { return cfg.settings[fmt::format("NODE{}_{}", id, f)].value; };
@@ -491,14 +456,12 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       return src == "unset" || src == "default" ? node_first_where[id] : src;
     };
     n.name = val("NAME").empty() ? fmt::format("node{}", id) : val("NAME");
-    if (val("NAME").empty())
-      cfg.settings[fmt::format("NODE{}_NAME", id)] = Setting{n.name, "default"};
+    if (val("NAME").empty()) cfg.settings[fmt::format("NODE{}_NAME", id)] = Setting{n.name, "default"};
     n.ssh = val("SSH");
     if (n.ssh.empty()) {
       d.push_back({true, where("SSH"),
                    fmt::format("NODE{}_SSH is not set: give [user@]host[:port], or 'local' for "
-                               "this machine",
-                               id)});
+                               "this machine", id)});
     } else if (n.ssh == "local") {
       n.local = true;
       n.ssh_host = "localhost";
@@ -512,8 +475,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       if (auto colon = t.rfind(':'); colon != std::string::npos) {
         auto p = parse_u64(t.substr(colon + 1));
         if (!p || *p < 1 || *p > 65535) {
-          d.push_back({true, where("SSH"),
-                       fmt::format("NODE{}_SSH={}: port is out of range 1-65535", id, n.ssh)});
+          d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: port is out of range 1-65535",
+                                                       id, n.ssh)});
         } else {
           n.ssh_port = static_cast<int>(*p);
         }
@@ -524,57 +487,59 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       if (t.empty() || t.find_first_of(" \t/") != std::string::npos)
         d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: not a host name", id, n.ssh)});
       if (auto ip = parse_ipv4(t); ip && is_documentation_ipv4(*ip))
-        d.push_back(
-            {true, where("SSH"),
-             fmt::format("NODE{}_SSH={}: {} is a documentation address (RFC 5737)", id, n.ssh, t)});
+        d.push_back({true, where("SSH"),
+                     fmt::format("NODE{}_SSH={}: {} is a documentation address (RFC 5737)", id,
+                                 n.ssh, t)});
     }
     n.fabric_ip = val("FABRIC_IP");
     if (n.fabric_ip.empty()) {
-      if (n.local)
-        n.fabric_ip = "127.0.0.1";
+      if (n.local) n.fabric_ip = "127.0.0.1";
       else
-        d.push_back(
-            {true, where("FABRIC_IP"),
-             fmt::format("NODE{}_FABRIC_IP is not set: the node's IPv4 on the fabric link", id)});
+        d.push_back({true, where("FABRIC_IP"),
+                     fmt::format("NODE{}_FABRIC_IP is not set: the node's IPv4 on the fabric link",
+                                 id)});
     }
     if (auto ip = parse_ipv4(n.fabric_ip); ip && (*ip >> 24) == 127 && !n.local)
       d.push_back({true, where("FABRIC_IP"),
                    fmt::format("NODE{}_FABRIC_IP={} is a loopback address on a remote node; NCCL "
-                               "cannot use loopback",
-                               id, n.fabric_ip)});
+                               "cannot use loopback", id, n.fabric_ip)});
     if (auto ip = parse_ipv4(n.fabric_ip);
         ip && (*ip == 0 || *ip == 0xFFFFFFFFu || (*ip >> 28) == 0xE || (*ip >> 24) == 0))
       d.push_back({true, where("FABRIC_IP"),
                    fmt::format("NODE{}_FABRIC_IP={} is not a unicast host address: give the "
-                               "address configured on the node's fabric netdev",
-                               id, n.fabric_ip)});
+                               "address configured on the node's fabric netdev", id, n.fabric_ip)});
     n.netdevs = split_list(val("NETDEVS"));
     n.hcas = split_list(val("HCAS"));
     for (const auto& nd : n.netdevs)
       if (!valid_netdev_name(nd))
         d.push_back({true, where("NETDEVS"),
                      fmt::format("NODE{}_NETDEVS: '{}' is not an interface name (1-15 characters, "
-                                 "no '/', ':' or spaces; see `ip -br link`)",
-                                 id, nd)});
+                                 "no '/', ':' or spaces; see `ip -br link`)", id, nd)});
     for (const auto& h : n.hcas)
       if (h.size() > 63 || h.find_first_of("/ \t") != std::string::npos)
         d.push_back({true, where("HCAS"),
                      fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
-                                 "`ibv_devices` or /sys/class/infiniband)",
-                                 id, h)});
+                                 "`ibv_devices` or /sys/class/infiniband)", id, h)});
+    // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
+    for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
+      for (size_t a = 0; a < list->size(); ++a)
+        if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
+            list->begin() + static_cast<long>(a))
+          d.push_back({true, where(key),
+                       fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
+                                   "its own netdev)",
+                                   id, key, (*list)[a])});
     if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
       d.push_back({true, where("HCAS"),
                    fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
-                               "netdev per HCA",
-                               id, n.hcas.size(), n.netdevs.size())});
+                               "netdev per HCA", id, n.hcas.size(), n.netdevs.size())});
     if (val("GID_INDEX") != "auto" && !val("GID_INDEX").empty())
       if (auto g = parse_u64(val("GID_INDEX")); g && *g <= 255) n.gid_index = static_cast<int>(*g);
     n.model_path = val("MODEL_PATH").empty() ? cfg.get("MODEL_PATH") : val("MODEL_PATH");
     for (const auto& g : split_list(val("GPUS"))) {
       auto v = parse_u64(g);
       if (!v || *v > 1023) {
-        d.push_back(
-            {true, where("GPUS"), fmt::format("NODE{}_GPUS: '{}' is not a GPU ordinal", id, g)});
+        d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS: '{}' is not a GPU ordinal", id, g)});
         continue;
       }
       if (std::find(n.gpus.begin(), n.gpus.end(), static_cast<int>(*v)) != n.gpus.end())
@@ -593,9 +558,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       auto where_b = cfg.settings[fmt::format("NODE{}_NAME", b.index)].source;
       if (where_b == "default") where_b = node_first_where[b.index];
       if (a.name == b.name)
-        d.push_back(
-            {true, where_b,
-             fmt::format("NODE{} and NODE{} are both named '{}'", a.index, b.index, a.name)});
+        d.push_back({true, where_b, fmt::format("NODE{} and NODE{} are both named '{}'", a.index,
+                                                b.index, a.name)});
       if (!a.local && !b.local && a.ssh_host == b.ssh_host && a.ssh_port == b.ssh_port)
         d.push_back({true, cfg.settings[fmt::format("NODE{}_SSH", b.index)].source,
                      fmt::format("NODE{} and NODE{} have the same SSH target {}:{}", a.index,
@@ -615,8 +579,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     d.push_back({true, cfg.settings["LINK_SPEED_MIN"].source,
                  fmt::format("LINK_SPEED_MIN: '{}' must be 'auto' or Gb/s as a whole number",
                              cfg.get("LINK_SPEED_MIN"))});
-  if (auto b = parse_ipv4(cfg.get("API_BIND"));
-      b && (*b >> 24) != 127 && cfg.get("API_KEY_FILE").empty())
+  if (auto b = parse_ipv4(cfg.get("API_BIND")); b && (*b >> 24) != 127 &&
+                                                cfg.get("API_KEY_FILE").empty())
     d.push_back({true, cfg.settings["API_BIND"].source,
                  fmt::format("API_BIND={} is not loopback: set API_KEY_FILE (a file of mode 0600 "
                              "holding the key) or bind 127.0.0.1",
@@ -624,10 +588,8 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   for (const char* k : {"SLOTS", "CONTEXT_LEN"})
     if (!refused.count(k) && cfg.get_int(k) < 1)
       d.push_back({true, cfg.settings[k].source, fmt::format("{} must be at least 1", k)});
-  if (auto pct = cfg.get_int("DISK_MAX_USE");
-      !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
-    d.push_back(
-        {true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
+  if (auto pct = cfg.get_int("DISK_MAX_USE"); !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
+    d.push_back({true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
   if (cfg.get("API_PORT") == cfg.get("RDZV_PORT"))
     d.push_back({true, cfg.settings["RDZV_PORT"].source, "RDZV_PORT and API_PORT must differ"});
   if (cfg.get("MODEL").empty() && !cfg.get("MODEL_PATH").empty()) {
@@ -648,14 +610,42 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   return cfg;
 }
 
+Result<std::string> read_api_key_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(Errc::config, "API_KEY_FILE " + path + ": " + std::strerror(errno) +
+                                        " (create it with the key on one line, chmod 600)");
+  if (!S_ISREG(st.st_mode))
+    return make_error(Errc::config, "API_KEY_FILE " + path + " is not a regular file");
+  if ((st.st_mode & 077) != 0)
+    return make_error(Errc::auth, fmt::format("API_KEY_FILE {} has mode {:04o}; other users could "
+                                              "read the key: chmod 600 {}",
+                                              path, st.st_mode & 07777, path));
+  auto text = read_file(path);
+  if (!text) return make_error(Errc::io, "API_KEY_FILE " + path + ": cannot read");
+  std::string key(trim(*text));
+  if (key.empty()) return make_error(Errc::config, "API_KEY_FILE " + path + " is empty");
+  // Two lines would make a key no client can send (a header value ends at the line).
+  if (key.find_first_of("\r\n") != std::string::npos)
+    return make_error(Errc::config, "API_KEY_FILE " + path +
+                                        " holds more than one line; put the key alone on the "
+                                        "first line");
+  for (unsigned char c : key)
+    if (c < 0x20 || c == 0x7f || c == ' ')
+      return make_error(Errc::config,
+                        fmt::format("API_KEY_FILE {}: the key holds a space or control character "
+                                    "(0x{:02x}); clients cannot send it in a Bearer header",
+                                    path, c));
+  return key;
+}
+
 Result<RingConfig> load_config(const std::string& path, const Environment& env,
                                std::vector<Diagnostic>* diags) {
   auto text = read_file(path);
   if (!text)
     return make_error(Errc::not_found,
                       fmt::format("{}: cannot read the cluster file (pass --config FILE or set "
-                                  "SPARK_CONFIG)",
-                                  path));
+                                  "SPARK_CONFIG)", path));
   return load_config_text(*text, path, env, diags);
 }
 

@@ -33,6 +33,12 @@ struct ModelFiles {
   std::string manifest_error;
   std::string manifest_digest;  // Manifest::digest() (content: names, sizes, hashes)
   uint64_t weight_bytes = 0;    // index metadata total_size, else the shards' sizes
+  // From the shards' safetensors headers (names and byte ranges only): the bytes of the
+  // routed experts' tensors, for splitting them the way the engine does.
+  bool tensor_sizes = false;  // every shard's header was read
+  std::string tensor_sizes_error;
+  uint64_t tensor_bytes = 0;  // sum over every tensor
+  uint64_t expert_bytes = 0;  // routed experts (plan::is_routed_expert_tensor)
 };
 
 /// Reads `model_path` (a node path) through the root.

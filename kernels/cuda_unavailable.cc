@@ -165,8 +165,10 @@ Status Matmul::run(const MatmulArgs& a, void*) {
   SPARK_TRY(matmul_check_args(a));
   return no_cuda("Matmul::run");
 }
-MatmulBackend Matmul::choose(size_t m, size_t, size_t) const {
-  return m <= kMatmulOwnMaxRows ? MatmulBackend::own : MatmulBackend::cublaslt;
+MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
+  const size_t nk = n * k;  // as in matmul.cu
+  if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
+  return MatmulBackend::cublaslt;
 }
 const std::string& Matmul::library_path() const {
   return impl_->path;

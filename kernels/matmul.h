@@ -2,7 +2,7 @@
 // Matrix products of a linear layer: out[m][n] = sum_k a[m][k] * w[n][k] (+ bias[n])
 // (+ out[m][n] when accumulating), BF16 in, FP32 accumulation, bf16 or fp32 out. Two
 // backends: cuBLASLt, loaded at run time with dlopen (libcublasLt.so.13) so the binaries
-// start without it, and kernels of our own for decode shapes (m <= 32 rows, memory-bound:
+// start without it, and a kernel of our own for decode shapes (m <= 32 rows, memory-bound:
 // one pass over the weight with 16-byte loads). Matmul::run picks per shape (see
 // Matmul::choose). matmul_ref is the CPU twin.
 #include <cstddef>
@@ -63,8 +63,9 @@ class Matmul {
 
   /// Runs one product on `stream` with args.backend (automatic: choose()).
   Status run(const MatmulArgs& args, void* stream);
-  /// The backend automatic picks for this shape: own for m <= kMatmulOwnMaxRows where it
-  /// measured faster than cuBLASLt on the H200, else cuBLASLt.
+  /// The backend automatic picks for this shape: the one measured faster on the H200
+  /// (bench/kernels): own for m <= 8 on weights of 8-16 Mi elements (4096 x 4096), else
+  /// cuBLASLt.
   MatmulBackend choose(size_t m, size_t n, size_t k) const;
   /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
   const std::string& library_path() const;

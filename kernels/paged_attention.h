@@ -99,7 +99,7 @@ Status attention_check_args(const AttentionBatch& b, bool decode);
 Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream);
 
 /// Context positions one decode block covers; longer contexts are split into partitions.
-inline constexpr int kDecodePartition = 512;
+inline constexpr int kDecodePartition = 128;
 
 /// Partitions attention_decode_cuda_device splits a context of max_seq_len into.
 inline size_t attention_decode_splits(int max_seq_len) {

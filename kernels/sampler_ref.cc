@@ -31,8 +31,8 @@ Status sample_check_params(const SampleParams& p, int vocab) {
 }
 
 size_t sample_workspace_bytes(int rows, int vocab) {
-  // The penalised, tempered logits of every row (fp32).
-  return rows <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(rows) * static_cast<size_t>(vocab) * 4;
+  // The penalised, tempered logits of every row and their probability mass (fp32 each).
+  return rows <= 0 || vocab <= 0 ? 0 : static_cast<size_t>(rows) * static_cast<size_t>(vocab) * 8;
 }
 
 void sample_state_update_ref(uint8_t* seen, int32_t* counts, int32_t token) {
@@ -88,23 +88,29 @@ SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, c
       if (z[i] > z[chosen]) chosen = i;
   } else {
     for (auto& v : z) v = sample_temper(v, p.temperature);
-    std::vector<float> sorted(z);
-    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    const float zmax = *std::max_element(z.begin(), z.end());
     // top-k: every value >= the k-th largest.
     float k_floor = -INFINITY;
-    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < V)
-      k_floor = sorted[static_cast<size_t>(p.top_k) - 1];
-    const float zmax = sorted[0];
+    std::vector<float> work;
+    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < V) {
+      work = z;
+      std::nth_element(work.begin(), work.begin() + (p.top_k - 1), work.end(),
+                       std::greater<float>());
+      k_floor = work[static_cast<size_t>(p.top_k) - 1];
+    }
     // top-p over the top-k distribution: the largest t whose {z >= t} holds top_p of it.
     float p_floor = -INFINITY;
     if (p.top_p < 1.0f) {
+      work.clear();
+      for (float v : z)
+        if (v >= k_floor) work.push_back(v);
+      std::sort(work.begin(), work.end(), std::greater<float>());
       double total = 0;
-      for (float v : sorted)
-        if (v >= k_floor) total += sample_mass(v, zmax);
+      for (float v : work) total += sample_mass(v, zmax);
       const double target = static_cast<double>(p.top_p) * total;
       double cum = 0;
-      for (float v : sorted) {
-        if (v < k_floor) break;
+      p_floor = work.back();
+      for (float v : work) {
         cum += sample_mass(v, zmax);
         if (cum >= target) {
           p_floor = v;

@@ -136,6 +136,7 @@ Result<Config> parse_config(const json& top, const std::string& where) {
     get_string(*level, "torch_dtype", &c.dtype);
     get_string(*level, "dtype", &c.dtype);
   }
+  c.raw = top;
   return c;
 }
 

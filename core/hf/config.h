@@ -42,6 +42,10 @@ struct Config {
   bool use_sliding_window = false;
   std::vector<int> eos_token_ids;  // eos_token_id (one id or a list), without duplicates
   std::string dtype;               // dtype, else torch_dtype ("bfloat16", ...); "" when absent
+  // The whole file as parsed: the memory planner (core/model_plan.h) reads its per-layer
+  // fields (layer_types, the indexer's and linear attention's dimensions, experts) from it,
+  // type-checking each, so that it sees the same file the engine and preflight see.
+  nlohmann::json raw;
 };
 
 /// Reads a parsed config.json; `where` names the file in messages (Errc::config).

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "core/log.h"
+#include "core/model_plan.h"
 
 namespace spark::engine {
 

@@ -2,10 +2,12 @@
 // captured fixture trees: exit codes, JSON shapes, fail-closed env.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/cli.h"
+#include "support/tempdir.h"
 
 using namespace spark;
 
@@ -39,7 +41,7 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
       ok.out.find(
           "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
           "rocep1s0f1:3\n") != std::string::npos);
-  CHECK(ok.out.find("# 43 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  CHECK(ok.out.find("# 53 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
   CHECK(fail.rc == 1);
@@ -88,6 +90,48 @@ TEST_CASE("env --rank renders each node's own GID index; fails closed on a broke
   CHECK(sparkctl({"--config", fx("zero-gid/cluster.env"), "env", "--rank", "7"}).rc == 2);
 }
 
+TEST_CASE("env --rank refuses a twin whose port is DOWN, as start does") {
+  auto down = sparkctl({"--config", fx("port-down/cluster.env"), "env", "--rank", "1", "--sysroot",
+                        fx("port-down/node1")});
+  CHECK(down.rc == 10);
+  CHECK(down.err.find("spark-b rocep1s0f1: port 1 is 1: DOWN") != std::string::npos);
+  CHECK(down.out.empty());
+  auto up = sparkctl({"--config", fx("port-down/cluster.env"), "env", "--rank", "0", "--sysroot",
+                      fx("port-down/node0")});
+  CHECK_MESSAGE(up.rc == 0, up.err);
+}
+
+TEST_CASE("bytes that are not UTF-8 in sysfs: --json and --local --json still report") {
+  auto ring = sparkctl({"--config", fx("bad-utf8/cluster.env"), "--json", "-v", "preflight",
+                        "--sysroot", fx("bad-utf8/node0"), "--sysroot", fx("bad-utf8/node1")});
+  CHECK_MESSAGE(ring.rc == 0, ring.err);
+  auto j = nlohmann::json::parse(ring.out, nullptr, false);
+  REQUIRE_FALSE(j.is_discarded());
+  CHECK(ring.out.find("5: LinkUp\\\\xFF\\\\xFE") != std::string::npos);
+  auto local = sparkctl({"--config", fx("bad-utf8/cluster.env"), "--json", "-v", "preflight",
+                         "--local", "--node", "1", "--sysroot", fx("bad-utf8/node1")});
+  CHECK_MESSAGE(local.rc == 0, local.err);
+  auto jl = nlohmann::json::parse(local.out, nullptr, false);
+  REQUIRE_FALSE(jl.is_discarded());
+  CHECK(jl["node"] == "spark-b");
+}
+
+TEST_CASE("a --sysroot that is a symlink loop names ELOOP with the input-error exit code") {
+  spark::test::TempDir t("spark-sysroot-loop");
+  std::filesystem::create_symlink(t / "loop", t / "loop");
+  for (std::vector<std::string> cmd :
+       {std::vector<std::string>{"preflight", "--local", "--node", "0", "--sysroot", t / "loop"},
+        std::vector<std::string>{"env", "--rank", "0", "--sysroot", t / "loop"}}) {
+    cmd.insert(cmd.begin(), {"--config", fx("healthy-pair/cluster.env")});
+    auto r = sparkctl(cmd);
+    CHECK(r.rc == 4);
+    CHECK(r.err.find("--sysroot " + (t / "loop") + ": symlink loop (ELOOP)") != std::string::npos);
+  }
+  auto missing = sparkctl({"--config", fx("healthy-pair/cluster.env"), "env", "--rank", "0",
+                           "--sysroot", "/nonexistent"});
+  CHECK(missing.rc == 4);
+}
+
 TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model",
                      fx("healthy-pair/node0/models/qwen3-32b"), "--capacity", "60GiB"});
@@ -108,4 +152,45 @@ TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   CHECK(t.out.find("GQA 8 KV heads x head_dim 128") != std::string::npos);
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", "/nonexistent"})
             .rc == 4);
+}
+
+TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a state, not KV") {
+  const std::string model =
+      std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models/plan/glm-5.3-flash";
+  auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model", model,
+                     "--context", "500000", "--kv-dtype", "fp8", "--kv-layout", "vllm",
+                     "--capacity", "100GiB", "--slots", "1", "--nodes", "2"});
+  REQUIRE_MESSAGE(p.rc == 0, p.err);
+  auto j = nlohmann::json::parse(p.out);
+  CHECK(j["model"]["layer_types"]["linear_attention"] == 34);
+  CHECK(j["model"]["layer_types"]["deepseek_sparse_attention"] == 11);
+  CHECK(j["kv_layout"] == "vllm");
+  REQUIRE(j["rows"].size() == 2);
+  // Per token only the 11 DSA layers count, and the latent is not halved at 2 ranks.
+  CHECK(j["rows"][0]["kv_per_token_per_rank"] == 11 * 656 + 11 * 9);
+  CHECK(j["rows"][1]["kv_per_token_per_rank"] == j["rows"][0]["kv_per_token_per_rank"]);
+  bool state = false, latent = false;
+  for (const auto& l : j["rows"][1]["layers"]) {
+    if (l["layer_type"] == "linear_attention") {
+      state = true;
+      CHECK(l["bytes_per_state"] == 0);
+      CHECK(l["bytes_per_slot"] == 3 * 32 * 128 * 3 * 2 + 32 * 128 * 128 * 4);
+    }
+    if (l["layer_type"] == "deepseek_sparse_attention" && l["part"] == "latent") {
+      latent = true;
+      CHECK(l["bytes_per_state"] == 656);
+      CHECK(l["bytes_per_sequence"] == 11ll * 656 * 500000);
+    }
+  }
+  CHECK(state);
+  CHECK(latent);
+  auto t = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
+                     "--kv-dtype", "fp8", "--kv-layout", "vllm", "--capacity", "100GiB"});
+  REQUIRE_MESSAGE(t.rc == 0, t.err);
+  CHECK(t.out.find("11 deepseek_sparse_attention, 34 linear_attention") != std::string::npos);
+  CHECK(t.out.find("fp8_ds_mla: 512 fp8 latent + 16 B scales + 128 B bf16 RoPE = 656 B") !=
+        std::string::npos);
+  CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
+                  "--kv-layout", "sglang"})
+            .rc == 2);
 }

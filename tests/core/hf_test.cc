@@ -6,6 +6,7 @@
 
 #include "core/hf/config.h"
 #include "core/hf/safetensors_index.h"
+#include "core/model_plan.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model_config.h"
 #include "env/model_files.h"
@@ -122,7 +123,7 @@ TEST_CASE("hf readers: preflight, the planner and the engine share them") {
   auto engine = engine::parse_model_config(bad_cfg, "config.json");
   REQUIRE_FALSE(engine.ok());
   CHECK(engine.error().message == "config.json: " + want);
-  auto plan = env::model_shape(nlohmann::json::parse(bad_cfg));
+  auto plan = plan::model_shape(nlohmann::json::parse(bad_cfg), "config.json");
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.error().message == "config.json: " + want);
 

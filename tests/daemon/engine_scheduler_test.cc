@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/model_plan.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/random_checkpoint.h"
 #include "support/tempdir.h"
@@ -319,4 +320,23 @@ TEST_CASE("engine: stats show how long the running step has taken (stall detecti
   t.join();
   CHECK(seen >= 50);  // each step does 2 layers x 2 all_reduces of 40 ms
   CHECK((*eng)->stats().step_running_ms == 0);
+}
+
+TEST_CASE("engine: a KV budget holds as many blocks as the plan's bytes per token allow") {
+  Fixture fx;
+  auto model = fx.model();
+  const auto& c = model->config();
+  // The plan (core/model_plan.h) for this model on one rank, fp32 K and V.
+  const uint64_t per_token = plan::kv_bytes_per_token_per_rank(
+      plan::dense_attention_shape(c.num_layers, c.num_kv_heads, c.head_dim),
+      {plan::KvLayout::native, "fp32"}, {1, 1});
+  EngineOptions o;
+  o.slots = 64;
+  o.max_context = c.max_position;
+  o.block_size = 16;
+  o.kv_cache_bytes = per_token * 16 * 7 + per_token * 15;  // 7 whole blocks and a bit
+  auto e = Engine::start(std::move(model), std::make_shared<LocalCollective>(), o);
+  REQUIRE_MESSAGE(e.ok(), (e.ok() ? std::string() : e.error().message));
+  CHECK((*e)->stats().blocks_total == 7);
+  (*e)->stop();
 }

@@ -1,4 +1,4 @@
-// Unit tests of the preflight pieces: GID resolution, plan arithmetic, rank environments,
+// Unit tests of the preflight pieces: GID resolution, rank environments,
 // the cross-node merge, pings and bandwidth verdicts, live facts, capture and replay.
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -16,6 +16,7 @@
 #include "env/capture.h"
 #include "env/facts.h"
 #include "env/meminfo.h"
+#include "env/model_files.h"
 #include "env/plan.h"
 #include "env/preflight.h"
 #include "env/rank_env.h"
@@ -121,51 +122,6 @@ TEST_CASE("resolve_roce_gid: an empty table fails closed, a missing port is name
         "    GID[  3]: ::ffff:10.10.2.2, RoCE v2, enp1s0f1np1\n");
 }
 
-TEST_CASE("plan: KV bytes per token for GQA and MLA, shares per rank, largest context") {
-  auto gqa = model_shape(nlohmann::json::parse(
-      R"({"num_hidden_layers":64,"num_attention_heads":64,"num_key_value_heads":8,"head_dim":128,"torch_dtype":"bfloat16"})"));
-  REQUIRE(gqa.ok());
-  CHECK(kv_bytes_per_token(*gqa, 2) == 64ull * 2 * 8 * 128 * 2);
-  CHECK(kv_bytes_per_token_per_rank(*gqa, 2, 2) == 64ull * 2 * 4 * 128 * 2);
-  CHECK(kv_bytes_per_token_per_rank(*gqa, 2, 16) ==
-        64ull * 2 * 1 * 128 * 2);  // a head is never split
-  auto mla = model_shape(nlohmann::json::parse(
-      R"({"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"torch_dtype":"bfloat16"})"));
-  REQUIRE(mla.ok());
-  CHECK(mla->mla);
-  CHECK(kv_bytes_per_token(*mla, 2) == 61ull * (512 + 64) * 2);
-  CHECK(kv_bytes_per_token(*mla, kv_dtype_bytes("fp8", *mla)) == 61ull * (512 + 64));
-  CHECK(kv_bytes_per_token_per_rank(*mla, 2, 2) == 31ull * (512 + 64) * 2);
-  auto nested = model_shape(nlohmann::json::parse(
-      R"({"architectures":["X"],"text_config":{"num_hidden_layers":2,"num_attention_heads":4,"hidden_size":256}})"));
-  REQUIRE(nested.ok());
-  CHECK(nested->head_dim == 64);
-  CHECK(nested->kv_heads == 4);
-  CHECK_FALSE(model_shape(nlohmann::json::parse(R"({"num_attention_heads":4})")).ok());
-
-  PlanInput in;
-  in.shape = *gqa;
-  in.weight_bytes = 64ull << 30;
-  in.kv_bytes = 2;
-  in.context = 32768;
-  in.slots = 4;
-  in.reserve = 4ull << 30;
-  in.capacity_per_rank = 100ull << 30;
-  auto rows = plan_table(in, 4);
-  REQUIRE(rows.size() == 4);
-  // 1 node: 64 GiB + 32 GiB KV (256 KiB/token x 131072 tokens) + 4 GiB = 100 GiB: fits exactly.
-  CHECK(rows[0].kv_per_rank == 32ull << 30);
-  CHECK(rows[0].need_per_rank == 100ull << 30);
-  CHECK(rows[0].fits);
-  CHECK(rows[0].max_context == 32768);
-  CHECK(rows[1].weights_per_rank == 32ull << 30);
-  CHECK(rows[1].max_context == (64ll << 30) / (128 * 1024 * 4));
-  in.capacity_per_rank = 60ull << 30;
-  auto r1 = plan_row(in, 1);
-  CHECK_FALSE(r1.fits);
-  CHECK(r1.max_context == 0);  // the weights alone do not fit
-}
-
 TEST_CASE("rank env: pins from the node's facts; fails closed without a usable GID") {
   auto cfg = ring(
       "NODE0_SSH=local\nNODE0_FABRIC_IP=127.0.0.1\nNODE1_SSH=b\nNODE1_FABRIC_IP=10.10.2.2\n"
@@ -173,8 +129,8 @@ TEST_CASE("rank env: pins from the node's facts; fails closed without a usable G
   NodeReport n1;
   n1.node = "node1";
   n1.index = 1;
-  n1.links = {{"rocep1s0f0", "enp1s0f0np0", "10.10.2.2", 9000, "up", 200000, 3},
-              {"rocep1s0f1", "enp1s0f1np1", "10.10.3.2", 9000, "up", 200000, 3}};
+  n1.links = {{"rocep1s0f0", "enp1s0f0np0", "10.10.2.2", 9000, "up", 200000, 3, "4: ACTIVE"},
+              {"rocep1s0f1", "enp1s0f1np1", "10.10.3.2", 9000, "up", 200000, 3, "4: ACTIVE"}};
   auto e = render_rank_env(cfg, 2, n1);
   REQUIRE_MESSAGE(e.ok(), e.error().message);
   CHECK(e->get("RANK") == "2");
@@ -248,12 +204,12 @@ TEST_CASE("merge_reports: unreachable nodes, clock skew outside the request wind
 TEST_CASE("plan_pings and path/bandwidth verdicts") {
   std::vector<NodeReport> reps(2);
   reps[0].node = "a";
-  reps[0].links = {{"", "fab0", "10.0.0.1", 9000, "up", 0, {}},
-                   {"", "fab1", "10.0.1.1", 9000, "up", 0, {}}};
+  reps[0].links = {{"", "fab0", "10.0.0.1", 9000, "up", 0, {}, ""},
+                   {"", "fab1", "10.0.1.1", 9000, "up", 0, {}, ""}};
   reps[1].node = "b";
   reps[1].index = 1;
-  reps[1].links = {{"", "fab0", "10.0.0.2", 9000, "up", 0, {}},
-                   {"", "fab1", "", 9000, "up", 0, {}}};
+  reps[1].links = {{"", "fab0", "10.0.0.2", 9000, "up", 0, {}, ""},
+                   {"", "fab1", "", 9000, "up", 0, {}, ""}};
   auto p = plan_pings(reps);
   REQUIRE(p.size() == 2);  // twin 1 of b has no address: nothing to ping there
   CHECK(p[0].command == "ping -n -q -M do -c 1 -W 1 -s 8972 -I 10.0.0.1 10.0.0.2");
@@ -464,4 +420,40 @@ TEST_CASE("rdma.devices warns when an ACTIVE twin is left out of NODE<i>_HCAS") 
             "rocep1s0f1 is ACTIVE but not in NODE1_HCAS: NCCL uses only the configured HCAs");
     }
   CHECK(warned);
+}
+
+TEST_CASE("mem.plan plans GLM-5.3-Flash with vLLM's records: the plan sparkctl plan prints") {
+  namespace fs = std::filesystem;
+  const std::string src = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/";
+  test::TempDir d("memplan");
+  fs::copy(src + "preflight/healthy-pair", d.path(), fs::copy_options::recursive);
+  for (const char* n : {"node0", "node1"})
+    fs::copy_file(src + "models/plan/glm-5.3-flash/config.json",
+                  d / (std::string(n) + "/models/qwen3-32b/config.json"),
+                  fs::copy_options::overwrite_existing);
+  auto text = read_file(d / "cluster.env");
+  REQUIRE(text);
+  d.write("cluster.env", *text + "KV_LAYOUT=vllm\nKV_DTYPE=fp8\nCONTEXT_LEN=500000\nSLOTS=1\n");
+  std::vector<Diagnostic> diags;
+  auto cfg = load_config(d / "cluster.env", Environment{}, &diags);
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
+  CheckFilter only;
+  only.only = {"mem.plan"};
+  auto r = replay_ring(*cfg, {d / "node0", d / "node1"}, only, true);
+  const CheckResult* row = nullptr;
+  for (const auto& c : r.checks)
+    if (c.node == "spark-a" && c.id == "mem.plan") row = &c;
+  REQUIRE(row);
+  // The same plan, computed here from the same files and keys.
+  auto in = plan_input(read_model_files(Sysroot(d / "node0"), "/models/qwen3-32b"), &*cfg);
+  REQUIRE(in.ok());
+  in->gpus_per_node = 1;
+  in->capacity_per_rank = 1;  // not compared
+  auto want = plan::plan_row(*in, 2);
+  CHECK(want.kv_per_rank ==
+        11ull * 656 * 500000 + 11ull * 132 * (500000 / 16) + want.state_per_rank);
+  CHECK(row->message.find("(vllm KV)") != std::string::npos);
+  CHECK(row->message.find(fmt::format("KV {} (500000 tokens x 1 slots, {} of it fixed state)",
+                                      format_size(want.kv_per_rank),
+                                      format_size(want.state_per_rank))) != std::string::npos);
 }
