@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "daemon/engine/safetensors.h"
+#include "kernels/sampler.h"
 
 namespace spark::engine {
 
@@ -196,6 +197,19 @@ class Device {
   }
   /// Drops every graph (their buffers changed).
   virtual void graph_clear() {}
+
+  // ---- sampling on the device (CUDA; the CPU samples on the host from the logits) ----
+  /// True when sample() draws on this device.
+  virtual bool samples_on_device() const { return false; }
+  /// Draws one token per row of `logits` (rows of `vocab` fp32) with params[r] (no
+  /// penalty state: rows with penalties are drawn on the host) and copies the results back:
+  /// the step's one host synchronisation.
+  virtual Status sample(const Buffer& logits, int vocab,
+                        const std::vector<kernels::SampleParams>& params,
+                        std::vector<kernels::SampleResult>* out) {
+    (void)logits, (void)vocab, (void)params, (void)out;
+    return make_error(Errc::unsupported, "this device samples on the host");
+  }
 };
 
 /// The CPU device (fp32; OpenBLAS). Process-wide, stateless apart from one step's layout,

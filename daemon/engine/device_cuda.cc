@@ -20,6 +20,7 @@
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/sampler.h"
 #include "kernels/swiglu.h"
 
 namespace spark::engine {
@@ -375,6 +376,51 @@ class CudaDevice final : public Device {
     return true;
   }
 
+  bool samples_on_device() const override { return true; }
+
+  Status sample(const Buffer& logits, int vocab, const std::vector<kernels::SampleParams>& params,
+                std::vector<kernels::SampleResult>* out) override {
+    const int rows = static_cast<int>(params.size());
+    out->resize(params.size());
+    if (rows == 0) return Status::Ok();
+    const size_t pbytes = params.size() * sizeof(kernels::SampleParams);
+    const size_t rbytes = params.size() * sizeof(kernels::SampleResult);
+    const size_t wbytes = kernels::sample_workspace_bytes(rows, vocab);
+    if (sample_rows_ < rows || sample_ws_.bytes() < wbytes) {
+      auto pd = alloc(ElemType::i32, (pbytes + 3) / 4);
+      auto rd = alloc(ElemType::i32, (rbytes + 3) / 4);
+      auto ph = host_staging(pbytes + rbytes + 64);
+      auto ws = alloc(ElemType::i32, (wbytes + 3) / 4 + 1);
+      if (!pd || !rd || !ph || !ws)
+        return make_error(Errc::resource, "cuda device: no memory for the sampler's buffers");
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      sample_params_ = *pd;
+      sample_results_ = *rd;
+      sample_host_ = *ph;
+      sample_ws_ = *ws;
+      sample_rows_ = rows;
+    }
+    auto* host = static_cast<char*>(sample_host_.data());
+    std::memcpy(host, params.data(), pbytes);
+    SPARK_TRY(kernels::cuda_memcpy_async(sample_params_.data(), host, pbytes, stream_));
+    kernels::SampleBatch b;
+    b.logits_dtype = kdt(logits.type());
+    b.logits = logits.data();
+    b.logits_stride = static_cast<size_t>(vocab);
+    b.vocab = vocab;
+    b.rows = rows;
+    b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
+    b.update_state = false;
+    b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
+    b.workspace = sample_ws_.data();
+    b.workspace_bytes = sample_ws_.bytes();
+    SPARK_TRY(kernels::sample_cuda_device(b, stream_));
+    SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    std::memcpy(out->data(), host + pbytes, rbytes);
+    return Status::Ok();
+  }
+
   void graph_clear() override {
     for (auto& [k, g] : graphs_) kernels::cuda_graph_destroy(g);
     graphs_.clear();
@@ -436,6 +482,8 @@ class CudaDevice final : public Device {
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;
   std::map<uint64_t, void*> graphs_;
+  Buffer sample_params_, sample_results_, sample_host_, sample_ws_;
+  int sample_rows_ = 0;
   std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event
 };
 

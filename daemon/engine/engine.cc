@@ -334,7 +334,25 @@ Status Engine::step() {
   }
   if (chunks.empty()) return Status::Ok();
   SPARK_TRY(broadcast_plan(plan));
-  SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
+  // On a device that samples, draw there (one small copy back per step instead of the
+  // logits), unless a row needs penalty state, which lives with the host sampler.
+  std::vector<kernels::SampleResult> drawn;
+  bool on_device = model_->device().samples_on_device();
+  std::vector<kernels::SampleParams> params;
+  if (on_device) {
+    for (size_t k = 0; k < chunks.size() && on_device; ++k) {
+      if (!chunks[k].want_logits) continue;
+      const auto kp = running_[chunk_seq[k]]->sampler->next_params();
+      if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
+          kp.frequency_penalty != 0.0f)
+        on_device = false;
+      params.push_back(kp);
+    }
+  }
+  if (on_device)
+    SPARK_TRY(model_->forward_sample(chunks, *cache_, *comm_, params, &drawn));
+  else
+    SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
 
   const auto& cfg = model_->config();
   const size_t V = static_cast<size_t>(cfg.vocab_size);
@@ -355,8 +373,16 @@ Status Engine::step() {
       s.hashes.push_back(h);
     }
     if (!chunks[k].want_logits) continue;
-    const float* lg = logits_.data() + row++ * V;
-    Sample smp = s.sampler->sample(lg);
+    Sample smp;
+    if (on_device) {
+      const kernels::SampleResult& d = drawn[row++];
+      smp.token = d.token;
+      if (params[row - 1].logprobs) smp.logprob = d.logprob;
+      for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+      s.sampler->record(d.token);
+    } else {
+      smp = s.sampler->sample(logits_.data() + row++ * V);
+    }
     s.tokens.push_back(smp.token);
     ++s.generated;
     ++generated;

@@ -271,9 +271,29 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     SPARK_TRY(run_layers(st, cache, comm, logits != nullptr));
   }
   if (!logits) return device_->synchronize();
+  if (sample_out_) {  // forward_sample: the draws come back, not the logits
+    if (static_cast<size_t>(R) != sample_params_->size())
+      return make_error(Errc::internal,
+                        fmt::format("forward_sample: {} logit rows but {} sampling parameters", R,
+                                    sample_params_->size()));
+    logits->clear();
+    return device_->sample(logits_, V, *sample_params_, sample_out_);
+  }
   logits->resize(static_cast<size_t>(R) * static_cast<size_t>(V));
   if (R > 0) SPARK_TRY(device_->to_host(logits_, logits->data(), logits->size()));
   return device_->synchronize();
+}
+
+Status Model::forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                             const std::vector<kernels::SampleParams>& params,
+                             std::vector<kernels::SampleResult>* results) {
+  std::vector<float> unused;
+  sample_params_ = &params;
+  sample_out_ = results;
+  Status st = forward(chunks, cache, comm, &unused, false);
+  sample_params_ = nullptr;
+  sample_out_ = nullptr;
+  return st;
 }
 
 Status Model::prepare(int tokens, int seqs, int max_context, int block_size, bool graphs) {

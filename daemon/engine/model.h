@@ -64,6 +64,12 @@ class Model {
   /// logits == nullptr (tensor-parallel workers) the final norm and lm_head are skipped.
   Status forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                  std::vector<float>* logits, bool all_logits = false);
+  /// forward() that draws the next token of each chunk with want_logits on the device
+  /// (params in chunk order; Device::samples_on_device() must be true): only the draws come
+  /// back to the host, not the logits.
+  Status forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                        const std::vector<kernels::SampleParams>& params,
+                        std::vector<kernels::SampleResult>* results);
 
   /// Sizes every buffer a step uses for steps of up to `tokens` tokens over `seqs`
   /// sequences of up to `max_context` tokens in `block_size`-token blocks, so that such
@@ -101,6 +107,8 @@ class Model {
   int cap_tokens_ = 0, cap_rows_ = 0;
   Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
   StepLayout step_;
+  const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample
+  std::vector<kernels::SampleResult>* sample_out_ = nullptr;
   // Graphs: on after prepare(graphs = true) on a device that has them.
   bool graphs_ = false;
   int graph_max_batch_ = 0, graph_max_context_ = 0, graph_width_ = 0;
