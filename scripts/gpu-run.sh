@@ -212,7 +212,7 @@ device() {
     mkdir -p "$repo/tests/fixtures"
     [ -e "$repo/tests/fixtures/models" ] || cp -r "$dev/fixtures/models" "$repo/tests/fixtures/"
     [ -e "$repo/tests/fixtures/tokenizer" ] || cp -r "$dev/fixtures/tokenizer" "$repo/tests/fixtures/"
-    step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc='cuda engine*,reference:*,engine:*,native backend:*' -s
+    step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc='cuda engine*,reference:*,engine:*,native backend:*'
     step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
   fi
   [[ $want == *" sparkd-gpu "* ]] &&
