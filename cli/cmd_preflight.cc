@@ -130,7 +130,7 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
   auto timeout_ms = parse_duration_ms(vm["timeout"].as<std::string>(), &why);
   if (!timeout_ms) return ctx.fail(make_error(Errc::usage, "--timeout: " + why));
 
-  auto cfg = load_ring_config(ctx);
+  auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
   bool verbose = ctx.opts.verbose > 0;
   std::vector<std::string> sysroots;
