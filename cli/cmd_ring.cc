@@ -206,11 +206,13 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   }
   out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", "RANK", "NODE", "STATE", "PID",
                      "UPTIME", "LAST-HB", "REASON");
-  for (const auto& r : s.ranks)
+  for (const auto& r : s.ranks) {
     out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", r.rank, r.node, r.state,
                        r.pid ? std::to_string(r.pid) : "-",
                        r.uptime_s >= 0 ? fmt::format("{} s", r.uptime_s) : "-",
                        r.last_seen_s >= 0 ? fmt::format("{:.1f} s", r.last_seen_s) : "-", r.reason);
+    if (!r.device.empty()) out << fmt::format("{:<5} device: {}\n", "", r.device);
+  }
   out << fmt::format("{:<12} {:>12} {:>12} {:>12}  {}\n", "NODE", "MEMFREE", "MEMAVAILABLE",
                      "MEMTOTAL", "GPU MEMORY (used/total MiB)");
   for (const auto& n : s.nodes) {

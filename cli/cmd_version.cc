@@ -21,8 +21,28 @@ VersionReport collect_version(bool probe, const env::GpuProbeOptions& opts) {
   if (probe) {
     r.gpu = env::probe_gpu(opts);
     r.probed = true;
+    r.engine_device = engine_device_for(r);
   }
   return r;
+}
+
+std::string engine_device_for(const VersionReport& r) {
+  if (!r.built_with_cuda) return "cpu: built without CUDA";
+  if (!r.gpu.has_gpu())
+    return "cpu: " +
+           (r.gpu.driver_reason.empty() ? std::string("no usable GPU") : r.gpu.driver_reason);
+  const auto& d = r.gpu.devices.front();
+  const std::string sm = std::to_string(d.cc_major * 10 + d.cc_minor);
+  bool built = false;
+  for (const auto& a : split_list(r.cuda_architectures, ','))
+    if (a == sm || a == sm + "a") built = true;
+  if (!built)
+    return fmt::format(
+        "cpu: GPU {} ({}) is sm_{}, this build has kernels for sm_{} only "
+        "(DEVICE=cuda fails at start; rebuild with CMAKE_CUDA_ARCHITECTURES "
+        "including {})",
+        d.index, d.name, sm, join(split_list(r.cuda_architectures, ','), ", sm_"), sm);
+  return fmt::format("cuda: GPU {} ({}, sm_{})", d.index, d.name, sm);
 }
 
 nlohmann::json to_json(const VersionReport& r) {
@@ -31,7 +51,10 @@ nlohmann::json to_json(const VersionReport& r) {
                        {{"cuda", r.built_with_cuda},
                         {"cuda_runtime", r.cuda_runtime},
                         {"cuda_architectures", r.cuda_architectures}}}};
-  if (r.probed) j["gpu"] = env::to_json(r.gpu);
+  if (r.probed) {
+    j["gpu"] = env::to_json(r.gpu);
+    j["engine_device"] = r.engine_device;
+  }
   return j;
 }
 
@@ -62,6 +85,7 @@ void print_version(std::ostream& out, const VersionReport& r, int verbose) {
     for (const auto& e : d.errors) out << "  query failed: " << e << "\n";
   }
   if (g.driver_loaded && !g.has_gpu()) out << "GPU: none usable: " << g.driver_reason << "\n";
+  out << "native engine (DEVICE=auto): " << r.engine_device << "\n";
   if (g.nccl_loaded)
     out << fmt::format("NCCL: {} ({})\n", env::nccl_version_text(g.nccl_version_code),
                        g.nccl_library);

@@ -17,7 +17,12 @@ struct VersionReport {
   std::string cuda_architectures;  // "90,121"
   bool probed = false;             // false with --short
   env::GpuReport gpu;
+  std::string engine_device;  // what the native engine's DEVICE=auto serves with here, and why
 };
+
+/// "cuda: GPU 0 (NVIDIA H200, sm_90)" or "cpu: <why not the GPU>", from the probe and the
+/// architectures built (a GPU outside them is named with the rebuild to do).
+std::string engine_device_for(const VersionReport& r);
 
 /// Builds the report; probes the GPU with `opts` unless `probe` is false.
 VersionReport collect_version(bool probe, const env::GpuProbeOptions& opts = {});

@@ -670,6 +670,7 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
             rs.state = hr.value("state", "unknown");
             rs.reason = hr.value("reason", "");
             rs.last_seen_s = hr.value("last_seen_s", -1.0);
+            rs.device = hr.value("device", "");
             if (!hr.value("alive", false) && hr.value("joined", false)) {
               rs.state = "fatal";
               rs.reason = "rank 0 lost its heartbeats";
@@ -916,6 +917,7 @@ json to_json(const RingStatus& s) {
                           {"alive", r.alive},
                           {"uptime_s", r.uptime_s},
                           {"last_seen_s", r.last_seen_s},
+                          {"device", r.device},
                           // ranks restart together: the ring's restarts by watch in the window
                           {"restarts", s.restarts}});
   j["nodes"] = json::array();

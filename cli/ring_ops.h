@@ -65,6 +65,7 @@ struct RankStatus {
   int64_t uptime_s = -1;
   bool alive = false;       // the process runs on its node
   double last_seen_s = -1;  // rank 0's last heartbeat from it
+  std::string device;       // what computes on it (native engine), from rank 0's /health
 };
 
 /// One node in status.

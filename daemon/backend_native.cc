@@ -40,12 +40,15 @@ Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
   o.kv_cache_bytes =
       ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
   const std::string kv = cfg.get("KV_DTYPE");
-  if (kv != "auto" && kv != "fp32")
-    return make_error(
-        Errc::unsupported,
-        fmt::format("KV_DTYPE={} is not available on the CPU engine, which keeps the KV cache in "
-                    "fp32 — set KV_DTYPE=auto",
-                    kv));
+  if (kv != "auto" && kv != "fp32" && kv != "bf16")
+    return make_error(Errc::unsupported,
+                      fmt::format("KV_DTYPE={} is not available in the native engine, which keeps "
+                                  "the KV cache in bf16 (GPU) or fp32 — set KV_DTYPE=auto, bf16 "
+                                  "or fp32",
+                                  kv));
+  o.kv_dtype = kv;
+  o.kv_from_free_memory = true;  // on a GPU: at most what is free after the weights
+  o.mem_reserve = static_cast<uint64_t>(cfg.get_int("MEM_RESERVE"));
   return o;
 }
 
@@ -180,6 +183,7 @@ class NativeBackend final : public Backend {
       o.nccl_debug_file = applied.debug_file;
       log::info(kComp, "rank {}: NCCL environment: {}", ctx.place.rank, applied.summary);
     }
+    o.device = cfg.get("DEVICE");
     if (ctx.world_size > 1 && !ctx.share)
       return make_error(Errc::internal,
                         "native engine: a ring of " + std::to_string(ctx.world_size) +
@@ -230,6 +234,8 @@ class NativeBackend final : public Backend {
     }
     auto r = rt_->status();
     if (const auto* f = rt_->fabric_report()) s.fabric = engine::to_json(*f);
+    s.device = r.device;
+    s.device_note = r.device_fallback;
     s.ready = r.ready;
     s.fatal = r.fatal;
     s.reason = r.reason;

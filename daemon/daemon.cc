@@ -566,7 +566,8 @@ void Daemon::Impl::run_heartbeats() {
                               {"reason", health.reason()},
                               {"pid", static_cast<int>(::getpid())},
                               {"slots_total", es.slots_total},
-                              {"slots_busy", es.slots_busy}};
+                              {"slots_busy", es.slots_busy},
+                              {"device", es.device}};
         auto r = hb.call(req, timing.heartbeat_timeout);
         if (!r.ok()) {
           st = r.error();
@@ -613,6 +614,8 @@ HealthSnapshot Daemon::snapshot() const {
   s.fabric = es.fabric;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;
   s.engine = I.engine->name();
+  s.device = es.device;
+  s.device_note = es.device_note;
   s.model = I.cfg.get("MODEL");
   s.version = kVersion;
   s.pid = static_cast<int>(::getpid());
@@ -632,6 +635,7 @@ HealthSnapshot Daemon::snapshot() const {
   self.alive = true;  // this process answers; its state says whether it is well
   self.last_seen_s = 0;
   self.pid = s.pid;
+  self.device = es.device;
   if (I.rdzv_server) {
     s.ranks = I.rdzv_server->ranks();
     if (!s.ranks.empty()) s.ranks[0] = self;

@@ -92,6 +92,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
                          {"last_seen_s", r.last_seen_s},
                          {"pid", r.pid}};
     if (!r.reason.empty()) rj["reason"] = r.reason;
+    if (!r.device.empty()) rj["device"] = r.device;
     ranks.push_back(rj);
   }
   j["ok"] = strict_ok(s);
@@ -114,6 +115,8 @@ nlohmann::json health_json(const HealthSnapshot& s) {
   j["pid"] = s.pid;
   if (!s.probe.is_null()) j["probe"] = s.probe;
   if (!s.fabric.is_null()) j["fabric"] = s.fabric;
+  if (!s.device.empty()) j["device"] = s.device;
+  if (!s.device_note.empty()) j["device_note"] = s.device_note;
   return j;
 }
 

@@ -52,6 +52,7 @@ struct RankHealth {
   bool alive = false;       // heartbeats arriving
   double last_seen_s = -1;  // seconds since the last heartbeat; -1 never
   int pid = 0;
+  std::string device;  // what computes on that rank (empty: not reported yet)
 };
 
 /// Everything GET /health reports.
@@ -69,14 +70,17 @@ struct HealthSnapshot {
   std::string model;
   std::string version;
   int pid = 0;
-  nlohmann::json probe;   // rank 0's readiness probe (null elsewhere)
-  nlohmann::json fabric;  // this rank's fabric self-test (null when it did not run)
+  nlohmann::json probe;     // rank 0's readiness probe (null elsewhere)
+  nlohmann::json fabric;    // this rank's fabric self-test (null when it did not run)
+  std::string device;       // what computes on this rank
+  std::string device_note;  // why DEVICE=auto chose the CPU
 };
 
 /// The /health JSON body (schema in man/sparkd.8):
 /// {ok, live, ready, state, reason?, fatal, stalled, rank, world_size, ranks_alive,
-///  ranks:[{rank,node,host,state,reason?,joined,alive,last_seen_s,pid}], slots:{total,busy},
-///  requests_in_flight, uptime_s, engine, model, version, pid}
+///  ranks:[{rank,node,host,state,reason?,joined,alive,last_seen_s,pid,device?}],
+///  slots:{total,busy}, requests_in_flight, uptime_s, engine, model, version, pid, device?,
+///  device_note?}
 nlohmann::json health_json(const HealthSnapshot& s);
 
 /// True when a strict check passes: ready, not fatal, not stalled, every rank alive.

@@ -342,6 +342,7 @@ void RendezvousServer::Impl::handle(const std::shared_ptr<RdzvConn>& c, const nl
       r.h.reason = req.value("reason", "");
       r.slots_total = req.value("slots_total", 0);
       r.slots_busy = req.value("slots_busy", 0);
+      r.h.device = req.value("device", "");
       ring = {{"state", state_name(ring_state)}, {"reason", ring_reason}};
     }
     auto rep = ok_reply();

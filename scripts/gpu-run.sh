@@ -44,8 +44,9 @@ MAX_STAGE_MIB=60
 declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_unit_tests]=tests/spark_unit_tests [spark_hw_tests]=tests/spark_hw_tests
   [spark_kernel_tests]=tests/spark_kernel_tests
-  [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench)
-DEFAULT_TARGETS="sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
+  [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench
+  [spark-engine]=daemon/engine/spark-engine)
+DEFAULT_TARGETS="sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
 EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
@@ -99,6 +100,11 @@ stage() {
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
   cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
+  # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
+  # the source path, which device() links here), scripts and the PyTorch peer.
+  mkdir -p "$dev/fixtures" "$dev/engine"
+  cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
+  cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -202,6 +208,24 @@ device() {
   # The kernel tests: the small binary when staged, else the same tests in the unit binary.
   local ktests="$dev/bin/spark_kernel_tests"
   [ -x "$ktests" ] || ktests="$dev/bin/spark_unit_tests"
+  # The engine on the GPU: the CUDA device against transformers' fixtures (and the CPU
+  # reference tests for contrast), transformers' own bf16-vs-fp32 spread, sparkd serving a
+  # chat from the GPU, and the decode/prefill/READY benchmark with its PyTorch peer.
+  if [[ $want == *" gpu-engine "* ]]; then
+    mkdir -p "$repo/tests/fixtures"
+    [ -e "$repo/tests/fixtures/models" ] || cp -r "$dev/fixtures/models" "$repo/tests/fixtures/"
+    [ -e "$repo/tests/fixtures/tokenizer" ] || cp -r "$dev/fixtures/tokenizer" "$repo/tests/fixtures/"
+    step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc='cuda engine*,reference:*,engine:*,native backend:*'
+    step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
+  fi
+  [[ $want == *" sparkd-gpu "* ]] &&
+    step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
+  if [[ $want == *" engine-bench "* ]]; then
+    local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
+    step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
+    step engine-bench 420 "$dev/bin/spark-engine" gpubench --model "$ck" --json-out "$out/engine_bench.json"
+    step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
+  fi
   [[ $want == *" gpu-kernels "* ]] &&
     step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*'
   [[ $want == *" kernel-bench "* ]] &&

@@ -70,8 +70,8 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
   return it == index_.end() ? nullptr : it->second.second;
 }
 
-Status Checkpoint::read(const std::string& name, const std::vector<int64_t>& shape,
-                        const Slice& slice, float* dst) const {
+Result<const TensorInfo*> Checkpoint::lookup(const std::string& name,
+                                             const std::vector<int64_t>& shape) const {
   auto it = index_.find(name);
   if (it == index_.end())
     return make_error(
@@ -89,10 +89,28 @@ Status Checkpoint::read(const std::string& name, const std::vector<int64_t>& sha
         fmt::format("{}: tensor \"{}\" has shape {} but config.json implies {}",
                     files_[it->second.first]->path(), name, fmt_shape(t.shape), fmt_shape(shape)));
   }
-  SPARK_TRY(files_[it->second.first]->read(t, slice, dst));
-  const int64_t rows = slice.rows < 0 ? t.rows() - slice.row0 : slice.rows;
-  const int64_t cols = slice.cols < 0 ? t.cols() - slice.col0 : slice.cols;
-  bytes_read_ += static_cast<uint64_t>(rows * cols) * dtype_size(t.dtype);
+  return &t;
+}
+
+Status Checkpoint::read(const std::string& name, const std::vector<int64_t>& shape,
+                        const Slice& slice, float* dst) const {
+  auto t = lookup(name, shape);
+  if (!t) return t.error();
+  SPARK_TRY(files_[index_.at(name).first]->read(**t, slice, dst));
+  const int64_t rows = slice.rows < 0 ? (*t)->rows() - slice.row0 : slice.rows;
+  const int64_t cols = slice.cols < 0 ? (*t)->cols() - slice.col0 : slice.cols;
+  bytes_read_ += static_cast<uint64_t>(rows * cols) * dtype_size((*t)->dtype);
+  return Status::Ok();
+}
+
+Status Checkpoint::read_raw(const std::string& name, const std::vector<int64_t>& shape,
+                            const Slice& slice, void* dst) const {
+  auto t = lookup(name, shape);
+  if (!t) return t.error();
+  SPARK_TRY(files_[index_.at(name).first]->read_raw(**t, slice, dst));
+  const int64_t rows = slice.rows < 0 ? (*t)->rows() - slice.row0 : slice.rows;
+  const int64_t cols = slice.cols < 0 ? (*t)->cols() - slice.col0 : slice.cols;
+  bytes_read_ += static_cast<uint64_t>(rows * cols) * dtype_size((*t)->dtype);
   return Status::Ok();
 }
 

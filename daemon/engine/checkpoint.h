@@ -23,6 +23,13 @@ class Checkpoint {
   /// full, unsliced shape the model expects).
   Status read(const std::string& name, const std::vector<int64_t>& shape, const Slice& slice,
               float* dst) const;
+  /// The tensor `name` after checking that its shape is `shape` (errors as read()).
+  Result<const TensorInfo*> lookup(const std::string& name,
+                                   const std::vector<int64_t>& shape) const;
+  /// Reads `slice` of tensor `name` into dst as stored in the file (no conversion; the
+  /// element type is lookup()'s dtype), after the same checks as read().
+  Status read_raw(const std::string& name, const std::vector<int64_t>& shape, const Slice& slice,
+                  void* dst) const;
   /// Drops the page cache of all weight files (posix_fadvise DONTNEED).
   void drop_page_cache() const;
   /// Paths of the weight files.

@@ -63,14 +63,46 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->max_context_ =
       opts.max_context > 0 ? std::min(opts.max_context, c.max_position) : c.max_position;
   const int per_seq = (e->max_context_ + opts.block_size - 1) / opts.block_size;
+  Device& dev = model->device();
+  ElemType kv_type = dev.compute_type();
+  if (opts.kv_dtype == "fp32") {
+    kv_type = ElemType::f32;
+  } else if (opts.kv_dtype == "bf16") {
+    if (dev.info().kind != "cuda")
+      return make_error(Errc::unsupported,
+                        fmt::format("KV_DTYPE=bf16 needs the CUDA device; this rank runs on {}, "
+                                    "which keeps the KV cache in fp32 — set KV_DTYPE=auto",
+                                    dev.info().name));
+    kv_type = ElemType::bf16;
+  } else if (opts.kv_dtype != "auto") {
+    return make_error(Errc::unsupported,
+                      fmt::format("KV_DTYPE={} is not supported by the native engine (auto, bf16 "
+                                  "or fp32)",
+                                  opts.kv_dtype));
+  }
+  const uint64_t per_block = KVCache::block_bytes(kv_type, c.num_layers, opts.block_size,
+                                                  model->local_kv_heads(), c.head_dim);
+  // The CPU keeps SLOTS full contexts (its memory is the guard's to watch); a GPU sizes
+  // from what is free, because there an over-large cache fails at allocation.
+  if (opts.kv_from_free_memory && opts.num_blocks <= 0 && dev.info().kind == "cuda") {
+    auto avail = dev.available_bytes();
+    if (!avail) return avail.error();
+    const uint64_t budget = *avail > opts.mem_reserve ? *avail - opts.mem_reserve : 0;
+    const uint64_t need = static_cast<uint64_t>(per_seq) * per_block;
+    if (budget < need) {
+      const uint64_t fits = budget / per_block * static_cast<uint64_t>(opts.block_size);
+      return make_error(
+          Errc::resource,
+          fmt::format("KV cache: one request of the full context ({} tokens) needs {} MiB of {} "
+                      "KV on {}, but {} MiB is available after the weights and MEM_RESERVE {} "
+                      "MiB leaves {} MiB; the largest context that fits is {} tokens — lower "
+                      "CONTEXT_LEN or MEM_RESERVE, or split the model over more ranks",
+                      e->max_context_, need >> 20, elem_name(kv_type), dev.info().name,
+                      *avail >> 20, opts.mem_reserve >> 20, budget >> 20, fits));
+    }
+    opts.kv_cache_bytes = budget;
+  }
   if (opts.num_blocks <= 0) {
-    // The same plan as `sparkctl plan` and preflight's mem.plan (core/model_plan.h): our
-    // layout, fp32 K and V on the CPU path.
-    const uint64_t per_block =
-        plan::kv_bytes_per_token_per_rank(
-            plan::dense_attention_shape(c.num_layers, c.num_kv_heads, c.head_dim),
-            plan::KvRecord{plan::KvLayout::native, "fp32"}, plan::KvSpread{comm->world_size(), 1}) *
-        static_cast<uint64_t>(opts.block_size);
     const uint64_t fit = opts.kv_cache_bytes / per_block;
     opts.num_blocks = static_cast<int>(std::min<uint64_t>(
         fit, static_cast<uint64_t>(per_seq) * static_cast<uint64_t>(opts.slots)));
@@ -83,20 +115,26 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->opts_ = opts;
   e->model_ = std::move(model);
   e->comm_ = std::move(comm);
-  e->cache_ = std::make_unique<KVCache>(c.num_layers, opts.num_blocks, opts.block_size,
-                                        e->model_->local_kv_heads(), c.head_dim);
+  auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type);
+  if (!cache) return cache.error();
+  e->cache_ = std::move(*cache);
+  SPARK_TRY(e->model_->prepare(std::max(opts.max_batch_tokens, opts.slots), opts.slots,
+                               e->max_context_, opts.block_size, opts.cuda_graphs));
   e->blocks_ =
       std::make_unique<BlockManager>(opts.num_blocks, opts.block_size, opts.prefix_caching);
   if (e->comm_->world_size() > 1) {
-    int64_t sizes[2] = {opts.num_blocks, opts.block_size};
+    int64_t sizes[3] = {opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type)};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
   }
   e->stats_.slots = opts.slots;
+  e->stats_.device = e->model_->device().info().name;
+  e->stats_.kv_dtype = elem_name(kv_type);
   e->stats_.blocks_total = opts.num_blocks;
   e->stats_.blocks_available = opts.num_blocks;
-  log::info("engine", "{}: {} slots, {} KV blocks of {} tokens ({} MiB), context {}, TP {}",
-            c.architecture, opts.slots, opts.num_blocks, opts.block_size, e->cache_->bytes() >> 20,
-            e->max_context_, e->comm_->world_size());
+  log::info(
+      "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}",
+      c.architecture, e->model_->device().info().name, opts.slots, opts.num_blocks, opts.block_size,
+      e->cache_->bytes() >> 20, elem_name(kv_type), e->max_context_, e->comm_->world_size());
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
   return e;
 }
@@ -296,7 +334,25 @@ Status Engine::step() {
   }
   if (chunks.empty()) return Status::Ok();
   SPARK_TRY(broadcast_plan(plan));
-  SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
+  // On a device that samples, draw there (one small copy back per step instead of the
+  // logits), unless a row needs penalty state, which lives with the host sampler.
+  std::vector<kernels::SampleResult> drawn;
+  bool on_device = model_->device().samples_on_device();
+  std::vector<kernels::SampleParams> params;
+  if (on_device) {
+    for (size_t k = 0; k < chunks.size() && on_device; ++k) {
+      if (!chunks[k].want_logits) continue;
+      const auto kp = running_[chunk_seq[k]]->sampler->next_params();
+      if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
+          kp.frequency_penalty != 0.0f)
+        on_device = false;
+      params.push_back(kp);
+    }
+  }
+  if (on_device)
+    SPARK_TRY(model_->forward_sample(chunks, *cache_, *comm_, params, &drawn));
+  else
+    SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
 
   const auto& cfg = model_->config();
   const size_t V = static_cast<size_t>(cfg.vocab_size);
@@ -317,8 +373,16 @@ Status Engine::step() {
       s.hashes.push_back(h);
     }
     if (!chunks[k].want_logits) continue;
-    const float* lg = logits_.data() + row++ * V;
-    Sample smp = s.sampler->sample(lg);
+    Sample smp;
+    if (on_device) {
+      const kernels::SampleResult& d = drawn[row++];
+      smp.token = d.token;
+      if (params[row - 1].logprobs) smp.logprob = d.logprob;
+      for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+      s.sampler->record(d.token);
+    } else {
+      smp = s.sampler->sample(logits_.data() + row++ * V);
+    }
     s.tokens.push_back(smp.token);
     ++s.generated;
     ++generated;
@@ -434,11 +498,12 @@ void Engine::loop() {
 }
 
 Status run_tp_worker(Model& model, Collective& comm) {
-  const auto& c = model.config();
-  int64_t sizes[2] = {0, 0};
+  int64_t sizes[3] = {0, 0, 0};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
-  KVCache cache(c.num_layers, static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
-                model.local_kv_heads(), c.head_dim);
+  auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
+                                  static_cast<ElemType>(sizes[2]));
+  if (!made) return made.error();
+  KVCache& cache = **made;
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);
   std::vector<int32_t> plan;

@@ -40,6 +40,17 @@ struct EngineOptions {
   int max_context = 0;                   // 0: the model's max_position_embeddings
   bool prefix_caching = true;
   int heartbeat_ms = 1000;  // TP: an idle rank 0 tells workers it is alive this often
+  /// KV element type: "auto" (the device's compute type: fp32 on the CPU, bf16 on CUDA),
+  /// "bf16" (CUDA only) or "fp32".
+  std::string kv_dtype = "auto";
+  /// Size the KV cache from the memory the device has free after the weights, less
+  /// mem_reserve (a GPU: its free memory; unified memory and the CPU: MemAvailable), capped
+  /// at `slots` full contexts. Start fails, with the numbers, when one full context does
+  /// not fit.
+  bool kv_from_free_memory = false;
+  uint64_t mem_reserve = 0;
+  /// CUDA: capture decode steps as CUDA graphs per batch-size bucket (eager when false).
+  bool cuda_graphs = true;
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };
@@ -83,8 +94,10 @@ struct EngineStats {
   uint64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   uint64_t generated_tokens = 0;
   int64_t step_running_ms =
-      0;                // age of the forward step in progress (0: none), for stall detection
-  bool failed = false;  // a step failed (e.g. a TP rank vanished); see error
+      0;                 // age of the forward step in progress (0: none), for stall detection
+  std::string device;    // what computes (DeviceInfo::name)
+  std::string kv_dtype;  // "fp32" / "bf16"
+  bool failed = false;   // a step failed (e.g. a TP rank vanished); see error
   std::string error;
 };
 

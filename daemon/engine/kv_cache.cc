@@ -1,21 +1,73 @@
 #include "daemon/engine/kv_cache.h"
 
+#include <fmt/format.h>
+
 namespace spark::engine {
 
-KVCache::KVCache(int num_layers, int num_blocks, int block_size, int n_kv_heads, int head_dim)
-    : num_blocks_(num_blocks),
-      block_size_(block_size),
-      n_kv_heads_(n_kv_heads),
-      head_dim_(head_dim),
-      per_layer_(static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
-                 static_cast<size_t>(n_kv_heads) * static_cast<size_t>(head_dim)),
-      k_(per_layer_ * static_cast<size_t>(num_layers)),
-      v_(per_layer_ * static_cast<size_t>(num_layers)) {}
+KVCache::KVCache(int num_layers, int num_blocks, int block_size, int n_kv_heads, int head_dim) {
+  auto cpu = make_cpu_device();
+  auto c = create(*cpu, ElemType::f32, num_layers, num_blocks, block_size, n_kv_heads, head_dim);
+  if (!c) throw std::bad_alloc();  // host allocation failure, as std::vector would throw
+  *this = std::move(**c);
+}
+
+Result<std::unique_ptr<KVCache>> KVCache::create(Device& device, ElemType type, int num_layers,
+                                                 int num_blocks, int block_size, int n_kv_heads,
+                                                 int head_dim) {
+  std::unique_ptr<KVCache> c(new KVCache());
+  c->num_blocks_ = num_blocks;
+  c->block_size_ = block_size;
+  c->n_kv_heads_ = n_kv_heads;
+  c->head_dim_ = head_dim;
+  c->type_ = type;
+  c->device_kind_ = device.info().kind;
+  c->per_layer_ = static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
+                  static_cast<size_t>(n_kv_heads) * static_cast<size_t>(head_dim);
+  const size_t n = c->per_layer_ * static_cast<size_t>(num_layers);
+  auto k = device.alloc(type, n);
+  if (!k)
+    return make_error(k.error().code,
+                      fmt::format("KV cache: {} blocks ({} MiB of {} K) on {}: {}", num_blocks,
+                                  (n * elem_size(type)) >> 20, elem_name(type), device.info().name,
+                                  k.error().message));
+  auto v = device.alloc(type, n);
+  if (!v)
+    return make_error(v.error().code,
+                      fmt::format("KV cache: {} blocks of {} V on {}: {}", num_blocks,
+                                  elem_name(type), device.info().name, v.error().message));
+  // Zeroed so that a padded attention read (a graph's unused batch rows) sees finite values.
+  SPARK_TRY(device.zero(*k));
+  SPARK_TRY(device.zero(*v));
+  c->k_ = std::move(*k);
+  c->v_ = std::move(*v);
+  return c;
+}
+
+uint64_t KVCache::block_bytes(ElemType type, int num_layers, int block_size, int n_kv_heads,
+                              int head_dim) {
+  return 2ull * static_cast<uint64_t>(num_layers) * static_cast<uint64_t>(block_size) *
+         static_cast<uint64_t>(n_kv_heads) * static_cast<uint64_t>(head_dim) * elem_size(type);
+}
+
+KVLayerView KVCache::view(int l) const {
+  KVLayerView p;
+  const size_t off = per_layer_ * static_cast<size_t>(l) * elem_size(type_);
+  p.k = static_cast<char*>(k_.data()) + off;
+  p.v = static_cast<char*>(v_.data()) + off;
+  p.num_blocks = num_blocks_;
+  p.block_size = block_size_;
+  p.n_kv_heads = n_kv_heads_;
+  p.head_dim = head_dim_;
+  p.type = type_;
+  return p;
+}
 
 kernels::PagedKVLayer KVCache::layer(int l) {
+  const KVLayerView v = view(l);
   kernels::PagedKVLayer p;
-  p.k = k_.data() + per_layer_ * static_cast<size_t>(l);
-  p.v = v_.data() + per_layer_ * static_cast<size_t>(l);
+  if (type_ != ElemType::f32 || device_kind_ != "cpu") return p;  // null pools: not host fp32
+  p.k = static_cast<float*>(v.k);
+  p.v = static_cast<float*>(v.v);
   p.block_size = block_size_;
   p.n_kv_heads = n_kv_heads_;
   p.head_dim = head_dim_;

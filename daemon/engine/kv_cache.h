@@ -1,28 +1,46 @@
 #pragma once
 // Paged KV cache storage: per layer a pool of blocks of `block_size` token slots for K and
-// V (this rank's KV heads only). Which block belongs to whom is the BlockManager's job
-// (block_manager.h); the model only reads and writes through block tables.
+// V (this rank's KV heads only), allocated on the model's device (fp32 on the CPU; bf16 or
+// fp32 on a GPU). Which block belongs to whom is the BlockManager's job (block_manager.h);
+// the model only reads and writes through block tables.
 #include <cstddef>
-#include <vector>
+#include <memory>
 
+#include "daemon/engine/device.h"
 #include "kernels/paged_attention.h"
 
 namespace spark::engine {
 
 class KVCache {
  public:
+  /// fp32 pools on the CPU.
   KVCache(int num_layers, int num_blocks, int block_size, int n_kv_heads, int head_dim);
+  /// Pools of `type` on `device` (Errc::resource when they do not fit).
+  static Result<std::unique_ptr<KVCache>> create(Device& device, ElemType type, int num_layers,
+                                                 int num_blocks, int block_size, int n_kv_heads,
+                                                 int head_dim);
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
-  /// Layer `l`'s pools, in the layout paged_attention_ref expects.
+  ElemType type() const { return type_; }
+  /// The device that holds the pools ("cpu", "cuda").
+  const std::string& device_kind() const { return device_kind_; }
+  /// Layer `l`'s pools.
+  KVLayerView view(int l) const;
+  /// Layer `l`'s pools in the layout paged_attention_ref expects (fp32 CPU caches only).
   kernels::PagedKVLayer layer(int l);
   /// Bytes of K+V storage.
-  size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+  size_t bytes() const { return k_.bytes() + v_.bytes(); }
+  /// Bytes one block takes over all layers, K and V, for `type`.
+  static uint64_t block_bytes(ElemType type, int num_layers, int block_size, int n_kv_heads,
+                              int head_dim);
 
  private:
-  int num_blocks_, block_size_, n_kv_heads_, head_dim_;
-  size_t per_layer_;
-  std::vector<float> k_, v_;
+  KVCache() = default;
+  int num_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  size_t per_layer_ = 0;  // elements per layer and pool
+  ElemType type_ = ElemType::f32;
+  std::string device_kind_;
+  Buffer k_, v_;
 };
 
 }  // namespace spark::engine

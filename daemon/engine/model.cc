@@ -1,8 +1,8 @@
 #include "daemon/engine/model.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -10,194 +10,221 @@
 
 #include "core/log.h"
 #include "daemon/engine/checkpoint.h"
-#include "kernels/paged_attention.h"
-#include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 
 namespace spark::engine {
 
-void set_blas_threads(int n) {
-  openblas_set_num_threads(n);
-}
-
-void linear(const float* x, const float* w, const float* b, float* y, int rows, int in, int out) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y,
-              out);
-  if (b)
-    for (int r = 0; r < rows; ++r)
-      for (int o = 0; o < out; ++o)
-        y[static_cast<size_t>(r) * static_cast<size_t>(out) + static_cast<size_t>(o)] += b[o];
-}
-
-namespace {
-
-// MemAvailable in bytes, 0 when /proc/meminfo cannot be read.
-uint64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kb << 10;
-  }
-  return 0;
-}
-
-}  // namespace
-
-// The weights are read in two passes: the first (dry) only checks every tensor's shape
-// against config.json and adds up what this rank will hold, so that a damaged
-// config.json or checkpoint is refused, and a model that cannot fit is named, before
-// anything is allocated; the second reads.
-struct Model::LoadPass {
-  bool dry = true;
-  uint64_t bytes = 0;  // fp32 bytes this rank holds after the load
-  const std::atomic<bool>* cancel = nullptr;
-};
-
-// Reads tensor `name` of full shape `shape` (slice `s`) into a new vector.
-Status Model::read_into(LoadPass& pass, const Checkpoint& ck, const std::string& name,
-                        const std::vector<int64_t>& shape, const Slice& s,
-                        std::vector<float>* out) {
-  if (pass.cancel && pass.cancel->load())
-    return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
-  const int64_t R = shape.empty() ? 1 : shape[0];
-  int64_t C = 1;
-  for (size_t i = 1; i < shape.size(); ++i) C *= shape[i];
-  const int64_t rows = s.rows < 0 ? R - s.row0 : s.rows;
-  const int64_t cols = s.cols < 0 ? C - s.col0 : s.cols;
-  if (pass.dry) {
-    const TensorInfo* t = ck.find(name);
-    // Missing or of another shape: read() names it before it touches the destination.
-    if (!t || t->shape != shape) return ck.read(name, shape, s, nullptr);
-    pass.bytes += static_cast<uint64_t>(rows * cols) * sizeof(float);
-    return Status::Ok();
-  }
-  out->assign(static_cast<size_t>(rows * cols), 0.0f);
-  return ck.read(name, shape, s, out->data());
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int world,
+                                           LoadReport* report) {
+  return load(dir, rank, world, make_cpu_device(), report);
 }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int world,
-                                           LoadReport* report) {
+                                           std::shared_ptr<Device> device, LoadReport* report) {
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = std::move(*cfg);
   m->rank_ = rank;
   m->world_ = world;
+  m->device_ = device ? std::move(device) : make_cpu_device();
+  auto plan = make_shard_plan(m->cfg_, rank, world, dir);
+  if (!plan) return plan.error();
+  m->plan_ = std::move(*plan);
   const auto& c = m->cfg_;
-  if (world < 1 || rank < 0 || rank >= world)
-    return make_error(Errc::internal, fmt::format("rank {} of world {} is invalid", rank, world));
-  if (c.num_heads % world || c.num_kv_heads % world || c.intermediate_size % world)
-    return make_error(
-        Errc::config,
-        fmt::format(
-            "{}: tensor parallel size {} must divide num_attention_heads ({}), num_key_value_heads "
-            "({}) and intermediate_size ({}) — choose a TP size that divides them",
-            dir, world, c.num_heads, c.num_kv_heads, c.intermediate_size));
-  m->nh_ = c.num_heads / world;
-  m->nkv_ = c.num_kv_heads / world;
-  m->inter_ = c.intermediate_size / world;
   m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, c.rope);
+  auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
+  if (!inv) return inv.error();
+  m->inv_freq_dev_ = *inv;
+  SPARK_TRY(m->device_->upload(m->inv_freq_dev_, m->inv_freq_.data(), DType::f32));
   SPARK_TRY(m->load_weights(dir, report));
   return m;
+}
+
+Buffer* Model::weight(int layer, WeightRole role) {
+  if (layer < 0) {
+    switch (role) {
+      case WeightRole::embed:
+        return &embed_;
+      case WeightRole::final_norm:
+        return &final_norm_;
+      case WeightRole::lm_head:
+        return &lm_head_;
+      default:
+        return nullptr;
+    }
+  }
+  auto& L = layers_[static_cast<size_t>(layer)];
+  switch (role) {
+    case WeightRole::in_norm:
+      return &L.in_norm;
+    case WeightRole::post_norm:
+      return &L.post_norm;
+    case WeightRole::q_norm:
+      return &L.q_norm;
+    case WeightRole::k_norm:
+      return &L.k_norm;
+    case WeightRole::wq:
+      return &L.wq;
+    case WeightRole::wk:
+      return &L.wk;
+    case WeightRole::wv:
+      return &L.wv;
+    case WeightRole::wo:
+      return &L.wo;
+    case WeightRole::bq:
+      return &L.bq;
+    case WeightRole::bk:
+      return &L.bk;
+    case WeightRole::bv:
+      return &L.bv;
+    case WeightRole::bo:
+      return &L.bo;
+    case WeightRole::w_gate_up:
+      return &L.w_gate_up;
+    case WeightRole::w_down:
+      return &L.w_down;
+    case WeightRole::b_gate_up:
+      return &L.b_gate_up;
+    case WeightRole::b_down:
+      return &L.b_down;
+    default:
+      return nullptr;
+  }
 }
 
 Status Model::load_weights(const std::string& dir, LoadReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ck = Checkpoint::open(dir);
   if (!ck) return ck.error();
-  LoadPass pass;
-  pass.cancel = report ? report->cancel : nullptr;
-  SPARK_TRY(load_pass(pass, *ck, dir));
-  if (uint64_t avail = mem_available(); avail > 0 && pass.bytes > avail)
+  const auto& c = cfg_;
+  Device& dev = *device_;
+  const std::atomic<bool>* cancel = report ? report->cancel : nullptr;
+  if (!c.tie_word_embeddings && !ck->find("lm_head.weight"))
+    return make_error(
+        Errc::integrity,
+        fmt::format("{}: lm_head.weight is missing and tie_word_embeddings is false", dir));
+  // Before anything is allocated: every tensor the plan reads exists with the shape
+  // config.json implies (a damaged config.json or checkpoint is refused by name), and what
+  // this rank will hold fits in what its device has free.
+  uint64_t need = 0;
+  for (const auto& r : plan_.reads) {
+    auto t = ck->lookup(r.tensor, r.shape);
+    if (!t) return t.error();
+  }
+  for (const auto& d : plan_.dests)
+    need += static_cast<uint64_t>(d.numel) *
+            elem_size(d.matrix ? dev.compute_type() : dev.vector_type());
+  if (auto avail = dev.available_bytes(); avail && *avail > 0 && need > *avail)
     return make_error(Errc::resource,
-                      fmt::format("{}: rank {} would hold {} MiB of weights (fp32) but "
-                                  "MemAvailable is {} MiB; use more ranks or a smaller model",
-                                  dir, rank_, pass.bytes >> 20, avail >> 20));
-  layers_.clear();
-  pass.dry = false;
-  SPARK_TRY(load_pass(pass, *ck, dir));
+                      fmt::format("{}: rank {} would hold {} MiB of weights on {} but {} MiB "
+                                  "are available; use more ranks or a smaller model",
+                                  dir, rank_, need >> 20, dev.info().name, *avail >> 20));
+  layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
+  uint64_t held = 0;
+  for (const auto& d : plan_.dests) {
+    auto b = dev.alloc(d.matrix ? dev.compute_type() : dev.vector_type(), d.numel);
+    if (!b)
+      return make_error(b.error().code, fmt::format("{}: loading weights onto {}: {}", dir,
+                                                    dev.info().name, b.error().message));
+    *weight(d.layer, d.role) = *b;
+    held += b->bytes();
+  }
+  // Each slice goes from the file into the staging buffer as stored, and from there into
+  // its destination (converted on the way when the types differ): one host buffer, reused.
+  size_t largest = 0;
+  for (const auto& r : plan_.reads) {
+    auto t = ck->lookup(r.tensor, r.shape);
+    if (!t) return t.error();
+    largest = std::max(largest, static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype));
+  }
+  const size_t staging_bytes = std::min(largest, dev.preferred_staging_bytes());
+  // Two staging buffers, alternated: a file read fills one while the other's copy to the
+  // device runs (the CPU device copies synchronously; there they just take turns).
+  Buffer stage[2];
+  for (auto& b : stage) {
+    auto s =
+        dev.host_staging(std::max<size_t>(staging_bytes / (dev.info().kind == "cpu" ? 2 : 1), 64));
+    if (!s) return s.error();
+    b = *s;
+  }
+  int turn = 0;
+  for (const auto& r : plan_.reads) {
+    if (cancel && cancel->load())
+      return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
+    const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
+    const size_t row_bytes = static_cast<size_t>(r.cols) * dtype_size(t->dtype);
+    const int64_t per = std::max<int64_t>(
+        1, static_cast<int64_t>(stage[0].bytes() / std::max<size_t>(row_bytes, 1)));
+    if (row_bytes > stage[0].bytes())
+      return make_error(Errc::internal,
+                        fmt::format("{}: a row of {} ({} bytes) exceeds the {}-byte "
+                                    "staging buffer",
+                                    dir, r.tensor, row_bytes, stage[0].bytes()));
+    Buffer* dst = weight(r.layer, r.role);
+    for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+      const int64_t n = std::min(per, r.rows - r0);
+      Slice s = r.slice;
+      s.row0 += r0;
+      s.rows = n;
+      if (s.cols < 0) s.cols = r.cols;
+      const Buffer& buf = stage[turn];
+      turn ^= 1;
+      SPARK_TRY(dev.staging_ready(buf.data()));
+      SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, buf.data()));
+      const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+      SPARK_TRY(dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
+    }
+  }
+  SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
   if (report) {
     report->bytes_read = ck->bytes_read();
-    uint64_t n = embed_.size() + lm_head_.size() + final_norm_.size();
-    for (const auto& L : layers_)
-      for (const auto* v :
-           {&L.in_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq,
-            &L.bk, &L.bv, &L.bo, &L.w_gate_up, &L.w_down, &L.b_gate_up, &L.b_down})
-        n += v->size();
-    report->weight_bytes = n * sizeof(float);
+    report->weight_bytes = held;
     report->files = ck->files();
+    report->device = dev.info().name;
     report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return Status::Ok();
 }
 
-Status Model::load_pass(LoadPass& pass, const Checkpoint& ckr, const std::string& dir) {
-  const Checkpoint* ck = &ckr;
-  auto read_into = [&](const Checkpoint& c, const std::string& name,
-                       const std::vector<int64_t>& shape, const Slice& s, std::vector<float>* out) {
-    return Model::read_into(pass, c, name, shape, s, out);
+Result<std::unique_ptr<KVCache>> Model::make_kv_cache(int num_blocks, int block_size,
+                                                      ElemType type) const {
+  return KVCache::create(*device_, type, cfg_.num_layers, num_blocks, block_size, plan_.kv_heads,
+                         cfg_.head_dim);
+}
+
+Status Model::reserve(int tokens, int logit_rows) {
+  Device& dev = *device_;
+  const ElemType at = dev.compute_type();
+  const size_t H = static_cast<size_t>(cfg_.hidden_size), hd = static_cast<size_t>(cfg_.head_dim);
+  const size_t qw = static_cast<size_t>(plan_.heads) * hd,
+               kw = static_cast<size_t>(plan_.kv_heads) * hd;
+  const size_t I = static_cast<size_t>(plan_.inter), V = static_cast<size_t>(cfg_.vocab_size);
+  auto grow = [&](Buffer& b, ElemType t, size_t n) -> Status {
+    auto a = dev.alloc(t, n);
+    if (!a) return a.error();
+    b = *a;
+    return Status::Ok();
   };
-  const auto& c = cfg_;
-  const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim, I = c.intermediate_size;
-  const int64_t NH = c.num_heads, NKV = c.num_kv_heads;
-  const Slice all;
-  SPARK_TRY(read_into(*ck, "model.embed_tokens.weight", {V, H}, all, &embed_));
-  SPARK_TRY(read_into(*ck, "model.norm.weight", {H}, all, &final_norm_));
-  if (!c.tie_word_embeddings) {
-    if (!ck->find("lm_head.weight"))
-      return make_error(
-          Errc::integrity,
-          fmt::format("{}: lm_head.weight is missing and tie_word_embeddings is false", dir));
-    SPARK_TRY(read_into(*ck, "lm_head.weight", {V, H}, all, &lm_head_));
+  if (tokens > cap_tokens_) {
+    const size_t T = static_cast<size_t>(tokens);
+    SPARK_TRY(grow(x_, at, T * H));
+    SPARK_TRY(grow(h_, at, T * H));
+    SPARK_TRY(grow(o_, at, T * H));
+    SPARK_TRY(grow(q_, at, T * qw));
+    SPARK_TRY(grow(att_, at, T * qw));
+    SPARK_TRY(grow(k_, at, T * kw));
+    SPARK_TRY(grow(v_, at, T * kw));
+    SPARK_TRY(grow(gate_up_, at, T * 2 * I));
+    SPARK_TRY(grow(act_, at, T * I));
+    cap_tokens_ = tokens;
   }
-  const Slice q_rows{rank_ * nh_ * hd, nh_ * hd, 0, -1};
-  const Slice kv_rows{rank_ * nkv_ * hd, nkv_ * hd, 0, -1};
-  const Slice o_cols{0, -1, rank_ * nh_ * hd, nh_ * hd};
-  const Slice mlp_rows{rank_ * inter_, inter_, 0, -1};
-  const Slice down_cols{0, -1, rank_ * inter_, inter_};
-  layers_.resize(static_cast<size_t>(c.num_layers));
-  for (int l = 0; l < c.num_layers; ++l) {
-    auto& L = layers_[static_cast<size_t>(l)];
-    const std::string p = fmt::format("model.layers.{}.", l);
-    SPARK_TRY(read_into(*ck, p + "input_layernorm.weight", {H}, all, &L.in_norm));
-    SPARK_TRY(read_into(*ck, p + "post_attention_layernorm.weight", {H}, all, &L.post_norm));
-    SPARK_TRY(read_into(*ck, p + "self_attn.q_proj.weight", {NH * hd, H}, q_rows, &L.wq));
-    SPARK_TRY(read_into(*ck, p + "self_attn.k_proj.weight", {NKV * hd, H}, kv_rows, &L.wk));
-    SPARK_TRY(read_into(*ck, p + "self_attn.v_proj.weight", {NKV * hd, H}, kv_rows, &L.wv));
-    SPARK_TRY(read_into(*ck, p + "self_attn.o_proj.weight", {H, NH * hd}, o_cols, &L.wo));
-    if (c.qkv_bias) {
-      SPARK_TRY(read_into(*ck, p + "self_attn.q_proj.bias", {NH * hd}, q_rows, &L.bq));
-      SPARK_TRY(read_into(*ck, p + "self_attn.k_proj.bias", {NKV * hd}, kv_rows, &L.bk));
-      SPARK_TRY(read_into(*ck, p + "self_attn.v_proj.bias", {NKV * hd}, kv_rows, &L.bv));
-    }
-    if (c.o_bias) SPARK_TRY(read_into(*ck, p + "self_attn.o_proj.bias", {H}, all, &L.bo));
-    if (c.qk_norm) {
-      SPARK_TRY(read_into(*ck, p + "self_attn.q_norm.weight", {hd}, all, &L.q_norm));
-      SPARK_TRY(read_into(*ck, p + "self_attn.k_norm.weight", {hd}, all, &L.k_norm));
-    }
-    // gate and up fused into one [2*inter][hidden] matrix: one product, then SwiGLU reads
-    // each row as [gate | up] (the layout of kernels/swiglu.h).
-    {
-      std::vector<float> g, u;
-      SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.weight", {I, H}, mlp_rows, &g));
-      SPARK_TRY(read_into(*ck, p + "mlp.up_proj.weight", {I, H}, mlp_rows, &u));
-      L.w_gate_up = std::move(g);
-      L.w_gate_up.insert(L.w_gate_up.end(), u.begin(), u.end());
-    }
-    SPARK_TRY(read_into(*ck, p + "mlp.down_proj.weight", {H, I}, down_cols, &L.w_down));
-    if (c.mlp_bias) {
-      std::vector<float> g, u;
-      SPARK_TRY(read_into(*ck, p + "mlp.gate_proj.bias", {I}, mlp_rows, &g));
-      SPARK_TRY(read_into(*ck, p + "mlp.up_proj.bias", {I}, mlp_rows, &u));
-      L.b_gate_up = std::move(g);
-      L.b_gate_up.insert(L.b_gate_up.end(), u.begin(), u.end());
-      SPARK_TRY(read_into(*ck, p + "mlp.down_proj.bias", {H}, all, &L.b_down));
-    }
+  if (logit_rows > cap_rows_) {
+    const size_t R = static_cast<size_t>(logit_rows);
+    SPARK_TRY(grow(sel_, at, R * H));
+    SPARK_TRY(grow(logits_, ElemType::f32, R * V));
+    cap_rows_ = logit_rows;
   }
   return Status::Ok();
 }
@@ -205,110 +232,216 @@ Status Model::load_pass(LoadPass& pass, const Checkpoint& ckr, const std::string
 Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                       std::vector<float>* logits, bool all_logits) {
   const auto& c = cfg_;
-  const int H = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
-  const float eps = static_cast<float>(c.rms_eps);
-  size_t T = 0;
-  for (const auto& ch : chunks) T += static_cast<size_t>(ch.n);
-  if (T == 0) {
+  const int V = c.vocab_size;
+  if (cache.device_kind() != device_->info().kind)
+    return make_error(Errc::internal,
+                      fmt::format("the KV cache is on the {} but the model is on {}",
+                                  cache.device_kind(), device_->info().name));
+  StepLayout& st = step_;
+  st.tokens.clear();
+  st.positions.clear();
+  st.chunk_begin.assign(1, 0);
+  st.chunk_len.clear();
+  st.block_tables.clear();
+  st.logit_rows.clear();
+  st.slots.clear();
+  st.table_width = 0;
+  st.max_seq_len_bound = 0;
+  for (const auto& ch : chunks)
+    st.table_width = std::max(st.table_width,
+                              (ch.start_pos + ch.n + cache.block_size() - 1) / cache.block_size());
+  for (const auto& ch : chunks) {
+    if (ch.n <= 0) continue;
+    for (int i = 0; i < ch.n; ++i) {
+      const int32_t tok = ch.tokens[i];
+      if (tok < 0 || tok >= V)
+        return make_error(Errc::usage,
+                          fmt::format("token id {} is outside the vocabulary [0, {})", tok, V));
+      if (ch.start_pos + i >= c.max_position)
+        return make_error(Errc::usage,
+                          fmt::format("position {} is beyond max_position_embeddings {}",
+                                      ch.start_pos + i, c.max_position));
+      if (all_logits) st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()));
+      st.tokens.push_back(tok);
+      st.positions.push_back(ch.start_pos + i);
+    }
+    if (!all_logits && ch.want_logits)
+      st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()) - 1);
+    st.chunk_begin.push_back(static_cast<int32_t>(st.tokens.size()));
+    st.chunk_len.push_back(ch.start_pos + ch.n);
+    const int bs = cache.block_size();
+    for (int i = 0; i < ch.n; ++i) {
+      const int pos = ch.start_pos + i;
+      st.slots.push_back(ch.block_table[pos / bs] * bs + pos % bs);
+    }
+    const int nb = (ch.start_pos + ch.n + bs - 1) / bs;
+    st.block_tables.insert(st.block_tables.end(), ch.block_table, ch.block_table + nb);
+    st.block_tables.resize(st.block_tables.size() + static_cast<size_t>(st.table_width - nb), 0);
+  }
+  if (st.tokens.empty()) {
     if (logits) logits->clear();
     return Status::Ok();
   }
-  const size_t qw = static_cast<size_t>(nh_ * hd), kw = static_cast<size_t>(nkv_ * hd);
-  x_.resize(T * static_cast<size_t>(H));
-  h_.resize(T * static_cast<size_t>(H));
-  o_.resize(T * static_cast<size_t>(H));
-  q_.resize(T * qw);
-  att_.resize(T * qw);
-  k_.resize(T * kw);
-  v_.resize(T * kw);
-  gate_up_.resize(T * 2 * static_cast<size_t>(inter_));
-  act_.resize(T * static_cast<size_t>(inter_));
-  pos_.resize(T);
-  {
-    size_t t = 0;
-    for (const auto& ch : chunks) {
-      for (int i = 0; i < ch.n; ++i, ++t) {
-        const int32_t tok = ch.tokens[i];
-        if (tok < 0 || tok >= V)
-          return make_error(Errc::usage,
-                            fmt::format("token id {} is outside the vocabulary [0, {})", tok, V));
-        if (ch.start_pos + i >= c.max_position)
-          return make_error(Errc::usage,
-                            fmt::format("position {} is beyond max_position_embeddings {}",
-                                        ch.start_pos + i, c.max_position));
-        pos_[t] = ch.start_pos + i;
-        std::copy(embed_.begin() + static_cast<ptrdiff_t>(tok) * H,
-                  embed_.begin() + static_cast<ptrdiff_t>(tok + 1) * H,
-                  x_.begin() + static_cast<ptrdiff_t>(t) * H);
-      }
-    }
+  const int R = logits ? static_cast<int>(st.logit_rows.size()) : 0;
+  if (graphs_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
+      st.table_width <= graph_width_ && comm.world_size() == 1 && (!logits || R == st.tokens_n())) {
+    SPARK_TRY(run_graph(cache, comm));
+  } else {
+    SPARK_TRY(reserve(st.tokens_n(), R));
+    SPARK_TRY(device_->begin_step(st));
+    SPARK_TRY(run_layers(st, cache, comm, logits != nullptr));
   }
-  const int Ti = static_cast<int>(T);
+  if (!logits) return device_->synchronize();
+  if (sample_out_) {  // forward_sample: the draws come back, not the logits
+    if (static_cast<size_t>(R) != sample_params_->size())
+      return make_error(Errc::internal,
+                        fmt::format("forward_sample: {} logit rows but {} sampling parameters", R,
+                                    sample_params_->size()));
+    logits->clear();
+    return device_->sample(logits_, V, *sample_params_, sample_out_);
+  }
+  logits->resize(static_cast<size_t>(R) * static_cast<size_t>(V));
+  if (R > 0) SPARK_TRY(device_->to_host(logits_, logits->data(), logits->size()));
+  return device_->synchronize();
+}
+
+Status Model::forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                             const std::vector<kernels::SampleParams>& params,
+                             std::vector<kernels::SampleResult>* results) {
+  std::vector<float> unused;
+  sample_params_ = &params;
+  sample_out_ = results;
+  Status st = forward(chunks, cache, comm, &unused, false);
+  sample_params_ = nullptr;
+  sample_out_ = nullptr;
+  return st;
+}
+
+Status Model::prepare(int tokens, int seqs, int max_context, int block_size, bool graphs) {
+  const int width = (max_context + block_size - 1) / block_size;
+  int bucket = 1;
+  while (bucket < seqs) bucket *= 2;
+  const int cap = std::max(tokens, bucket);
+  SPARK_TRY(reserve(cap, std::max(seqs, bucket)));
+  // A step has one chunk per running sequence (at most `seqs`, padded to the bucket).
+  SPARK_TRY(device_->reserve_step(cap, bucket, width, max_context, plan_.heads, cfg_.head_dim));
+  graphs_ = graphs && device_->supports_graphs();
+  graph_max_batch_ = bucket;
+  graph_max_context_ = max_context;
+  graph_width_ = width;
+  device_->graph_clear();
+  return Status::Ok();
+}
+
+Status Model::run_graph(KVCache& cache, Collective& comm) {
+  // Pad the step to its bucket: padding rows write no KV (slot -1) and attend to position 0
+  // of block 0 (finite: pools start zeroed); their logits are computed and ignored.
+  StepLayout st = step_;
+  const int real = st.tokens_n();
+  int B = 1;
+  while (B < real) B *= 2;
+  st.table_width = graph_width_;
+  std::vector<int32_t> tables(static_cast<size_t>(B) * static_cast<size_t>(graph_width_), 0);
+  for (int c = 0; c < real; ++c)
+    std::copy_n(step_.block_tables.begin() + static_cast<ptrdiff_t>(c) * step_.table_width,
+                step_.table_width, tables.begin() + static_cast<ptrdiff_t>(c) * graph_width_);
+  st.block_tables = std::move(tables);
+  for (int i = real; i < B; ++i) {
+    st.tokens.push_back(0);
+    st.positions.push_back(0);
+    st.slots.push_back(-1);
+    st.chunk_begin.push_back(i + 1);
+    st.chunk_len.push_back(1);
+  }
+  st.logit_rows.resize(static_cast<size_t>(B));
+  for (int i = 0; i < B; ++i) st.logit_rows[static_cast<size_t>(i)] = i;
+  st.max_seq_len_bound = graph_max_context_;
+  // The graph reads the KV pools of the cache it was captured with: key on both.
+  const uint64_t key = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cache.view(0).k)) << 8) ^
+                       static_cast<uint64_t>(B);
+  SPARK_TRY(device_->begin_step(st));
+  auto hit = device_->graph_launch(key);
+  if (!hit) return hit.error();
+  if (*hit) {
+    ++graph_replays_;
+    return Status::Ok();
+  }
+  // First step of this bucket: run it eagerly (library handles pick their algorithms, so
+  // nothing allocates under capture), then capture the same work for the next steps.
+  // The eager run computes this step's results; the capture only records.
+  SPARK_TRY(run_layers(st, cache, comm, true));
+  SPARK_TRY(device_->synchronize());
+  Status cap = device_->graph_begin();
+  if (cap.ok()) {
+    Status body = run_layers(st, cache, comm, true);
+    Status end = device_->graph_end(key);
+    cap = body.ok() ? end : body;
+  }
+  if (!cap.ok()) {
+    log::warn("engine",
+              "CUDA graph capture of a {}-sequence decode step failed ({}); decode "
+              "steps run eagerly from now on",
+              B, cap.message());
+    graphs_ = false;
+    device_->graph_clear();
+    return device_->synchronize();
+  }
+  ++graph_captures_;
+  return Status::Ok();
+}
+
+Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm, bool want) {
+  const auto& c = cfg_;
+  Device& dev = *device_;
+  const int H = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
+  const int T = st.tokens_n();
+  const int nh = plan_.heads, nkv = plan_.kv_heads, inter = plan_.inter;
+  const int qw = nh * hd, kw = nkv * hd;
+  const float eps = static_cast<float>(c.rms_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t Tz = static_cast<size_t>(T);
+  auto rows = [&](const Buffer& b, size_t width) { return b.view(0, Tz * width); };
+  const Buffer x = rows(x_, static_cast<size_t>(H)), h = rows(h_, static_cast<size_t>(H)),
+               o = rows(o_, static_cast<size_t>(H)), q = rows(q_, static_cast<size_t>(qw)),
+               att = rows(att_, static_cast<size_t>(qw)), k = rows(k_, static_cast<size_t>(kw)),
+               v = rows(v_, static_cast<size_t>(kw)),
+               gu = rows(gate_up_, 2 * static_cast<size_t>(inter)),
+               act = rows(act_, static_cast<size_t>(inter));
+  const Buffer none;
+
+  SPARK_TRY(dev.embed(embed_, x, H));
+  SPARK_TRY(dev.rmsnorm(x, layers_[0].in_norm, h, T, H, eps));
   for (int l = 0; l < c.num_layers; ++l) {
     const auto& L = layers_[static_cast<size_t>(l)];
-    kernels::rmsnorm_ref(x_.data(), L.in_norm.data(), h_.data(), T, static_cast<size_t>(H), eps);
-    linear(h_.data(), L.wq.data(), L.bq.empty() ? nullptr : L.bq.data(), q_.data(), Ti, H,
-           static_cast<int>(qw));
-    linear(h_.data(), L.wk.data(), L.bk.empty() ? nullptr : L.bk.data(), k_.data(), Ti, H,
-           static_cast<int>(kw));
-    linear(h_.data(), L.wv.data(), L.bv.empty() ? nullptr : L.bv.data(), v_.data(), Ti, H,
-           static_cast<int>(kw));
-    if (c.qk_norm) {
-      kernels::rmsnorm_ref(q_.data(), L.q_norm.data(), q_.data(), T * static_cast<size_t>(nh_),
-                           static_cast<size_t>(hd), eps);
-      kernels::rmsnorm_ref(k_.data(), L.k_norm.data(), k_.data(), T * static_cast<size_t>(nkv_),
-                           static_cast<size_t>(hd), eps);
-    }
-    kernels::rope_apply_ref(q_.data(), T, nh_, hd, pos_.data(), inv_freq_.data());
-    kernels::rope_apply_ref(k_.data(), T, nkv_, hd, pos_.data(), inv_freq_.data());
-    auto kv = cache.layer(l);
-    size_t t = 0;
-    for (const auto& ch : chunks) {
-      const size_t n = static_cast<size_t>(ch.n);
-      kernels::paged_kv_write_ref(kv, ch.block_table, pos_.data() + t, n, k_.data() + t * kw,
-                                  v_.data() + t * kw);
-      kernels::paged_attention_ref(kv, ch.block_table, pos_.data() + t, n, nh_, q_.data() + t * qw,
-                                   att_.data() + t * qw, scale, c.sliding_window);
-      t += n;
-    }
-    linear(att_.data(), L.wo.data(), nullptr, o_.data(), Ti, static_cast<int>(qw), H);
-    SPARK_TRY(comm.all_reduce_sum(o_.data(), o_.size()));
-    for (size_t i = 0; i < o_.size(); ++i)
-      x_[i] += o_[i] + (L.bo.empty() ? 0.0f : L.bo[i % static_cast<size_t>(H)]);
-    kernels::rmsnorm_ref(x_.data(), L.post_norm.data(), h_.data(), T, static_cast<size_t>(H), eps);
-    linear(h_.data(), L.w_gate_up.data(), L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(),
-           gate_up_.data(), Ti, H, 2 * inter_);
-    kernels::swiglu_ref(gate_up_.data(), act_.data(), T, static_cast<size_t>(inter_));
-    linear(act_.data(), L.w_down.data(), nullptr, o_.data(), Ti, inter_, H);
-    SPARK_TRY(comm.all_reduce_sum(o_.data(), o_.size()));
-    for (size_t i = 0; i < o_.size(); ++i)
-      x_[i] += o_[i] + (L.b_down.empty() ? 0.0f : L.b_down[i % static_cast<size_t>(H)]);
+    SPARK_TRY(dev.linear(h, L.wq, L.bq, q, T, H, qw));
+    SPARK_TRY(dev.linear(h, L.wk, L.bk, k, T, H, kw));
+    SPARK_TRY(dev.linear(h, L.wv, L.bv, v, T, H, kw));
+    SPARK_TRY(dev.rope_qk(q, k, nh, nkv, hd, inv_freq_dev_, L.q_norm, L.k_norm, eps));
+    const KVLayerView kv = cache.view(l);
+    SPARK_TRY(dev.kv_write(kv, k, v));
+    SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
+    SPARK_TRY(dev.linear(att, L.wo, none, o, T, qw, H));
+    SPARK_TRY(dev.all_reduce(comm, o));
+    SPARK_TRY(dev.add_rmsnorm(x, o, L.bo, L.post_norm, h, T, H, eps));
+    SPARK_TRY(dev.linear(h, L.w_gate_up, L.b_gate_up, gu, T, H, 2 * inter));
+    SPARK_TRY(dev.swiglu(gu, act, T, inter));
+    SPARK_TRY(dev.linear(act, L.w_down, none, o, T, inter, H));
+    SPARK_TRY(dev.all_reduce(comm, o));
+    // The residual add, then the next layer's input norm (after the last layer, the final
+    // norm) in the same pass.
+    const bool last = l + 1 == c.num_layers;
+    SPARK_TRY(dev.add_rmsnorm(x, o, L.b_down,
+                              last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm, h,
+                              T, H, eps));
   }
-  if (!logits) return Status::Ok();  // a tensor-parallel worker: rank 0 samples
-  // Final norm and lm_head only for the rows whose logits are wanted.
-  std::vector<size_t> rows;
-  {
-    size_t t = 0;
-    for (const auto& ch : chunks) {
-      if (all_logits) {
-        for (int i = 0; i < ch.n; ++i) rows.push_back(t + static_cast<size_t>(i));
-      } else if (ch.want_logits && ch.n > 0) {
-        rows.push_back(t + static_cast<size_t>(ch.n) - 1);
-      }
-      t += static_cast<size_t>(ch.n);
-    }
-  }
-  const size_t R = rows.size();
-  std::vector<float> sel(R * static_cast<size_t>(H));
-  for (size_t r = 0; r < R; ++r)
-    kernels::rmsnorm_ref(x_.data() + rows[r] * static_cast<size_t>(H), final_norm_.data(),
-                         sel.data() + r * static_cast<size_t>(H), 1, static_cast<size_t>(H), eps);
-  logits->resize(R * static_cast<size_t>(V));
-  if (R > 0)
-    linear(sel.data(), lm_head_.empty() ? embed_.data() : lm_head_.data(), nullptr, logits->data(),
-           static_cast<int>(R), H, V);
-  return Status::Ok();
+  if (!want) return Status::Ok();  // a tensor-parallel worker: rank 0 samples
+  const int R = static_cast<int>(st.logit_rows.size());
+  if (R == 0) return Status::Ok();
+  const size_t Rz = static_cast<size_t>(R);
+  const Buffer sel = sel_.view(0, Rz * static_cast<size_t>(H)),
+               lg = logits_.view(0, Rz * static_cast<size_t>(V));
+  SPARK_TRY(dev.gather_logit_rows(h, sel, H));
+  return dev.linear(sel, lm_head_.empty() ? embed_ : lm_head_, none, lg, R, H, V);
 }
 
 }  // namespace spark::engine

@@ -1,10 +1,10 @@
 #pragma once
-// A decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral) computed in fp32 on the CPU:
-// matrix products through OpenBLAS, RMSNorm / RoPE / SwiGLU / paged attention through the
-// reference twins in kernels/. With tensor parallelism (Megatron) this rank holds its
-// share of attention heads and MLP columns; o_proj and down_proj are row-split and their
-// partial sums are combined with Collective::all_reduce_sum. Embedding, norms and lm_head
-// are replicated, so every rank computes the same logits.
+// A decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral): the layer recipe, written
+// once over a Device (device.h): fp32 on the CPU (OpenBLAS and the reference twins in
+// kernels/), BF16 on a CUDA GPU. With tensor parallelism (Megatron, shard_plan.h) this rank
+// holds its share of attention heads and MLP columns; o_proj and down_proj are row-split and
+// their partial sums are combined through the device's all_reduce. Embedding, norms and
+// lm_head are replicated, so every rank computes the same logits.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "daemon/engine/collective.h"
+#include "daemon/engine/device.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model_config.h"
+#include "daemon/engine/shard_plan.h"
 
 namespace spark::engine {
 
@@ -23,11 +25,12 @@ struct Slice;
 /// What a load read and how long it took.
 struct LoadReport {
   uint64_t bytes_read = 0;    // tensor bytes read from the files by this rank
-  uint64_t weight_bytes = 0;  // fp32 bytes held by this rank
+  uint64_t weight_bytes = 0;  // bytes of weights held by this rank (on its device)
   double seconds = 0;
   std::vector<std::string> files;
   /// In: when set and true, the load stops at the next tensor (SIGTERM during a load).
   const std::atomic<bool>* cancel = nullptr;
+  std::string device;  // what holds them (DeviceInfo::name)
 };
 
 /// One sequence's share of a forward step: `n` new tokens at positions start_pos ...
@@ -41,16 +44,25 @@ struct SeqChunk {
 
 class Model {
  public:
-  /// Loads DIR (config.json + safetensors) as rank `rank` of `world` (heads and MLP split
-  /// evenly; each rank reads only its slices) and drops the files' page cache afterwards.
+  /// Loads DIR (config.json + safetensors) as rank `rank` of `world` on the CPU (heads and
+  /// MLP split evenly; each rank reads only its slices) and drops the files' page cache
+  /// afterwards.
   static Result<std::unique_ptr<Model>> load(const std::string& dir, int rank, int world,
+                                             LoadReport* report = nullptr);
+  /// The same onto `device` (weights in its compute type: fp32 on the CPU, BF16 on CUDA).
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, int rank, int world,
+                                             std::shared_ptr<Device> device,
                                              LoadReport* report = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   int rank() const { return rank_; }
   int world() const { return world_; }
   /// Heads of KV held by this rank (for sizing the KVCache).
-  int local_kv_heads() const { return nkv_; }
+  int local_kv_heads() const { return plan_.kv_heads; }
+  Device& device() const { return *device_; }
+  /// A KV cache of `num_blocks` blocks on this model's device.
+  Result<std::unique_ptr<KVCache>> make_kv_cache(int num_blocks, int block_size,
+                                                 ElemType type) const;
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
   /// want_logits the vocab_size logits of its last token into `logits` (in chunk order).
@@ -58,33 +70,57 @@ class Model {
   /// logits == nullptr (tensor-parallel workers) the final norm and lm_head are skipped.
   Status forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                  std::vector<float>* logits, bool all_logits = false);
+  /// forward() that draws the next token of each chunk with want_logits on the device
+  /// (params in chunk order; Device::samples_on_device() must be true): only the draws come
+  /// back to the host, not the logits.
+  Status forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                        const std::vector<kernels::SampleParams>& params,
+                        std::vector<kernels::SampleResult>* results);
+
+  /// Sizes every buffer a step uses for steps of up to `tokens` tokens over `seqs`
+  /// sequences of up to `max_context` tokens in `block_size`-token blocks, so that such
+  /// steps allocate nothing; with `graphs` (and a device that has them), decode-only steps
+  /// then run as graphs captured per batch-size bucket (1, 2, 4, ... up to `seqs`).
+  Status prepare(int tokens, int seqs, int max_context, int block_size, bool graphs);
+  /// Decode steps replayed from a graph / captured so far (for tests and the benchmark).
+  uint64_t graph_replays() const { return graph_replays_; }
+  uint64_t graph_captures() const { return graph_captures_; }
 
   /// RoPE inverse frequencies in use (tests compare them with the reference's).
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
 
  private:
   struct Layer {
-    std::vector<float> in_norm, post_norm, q_norm, k_norm;
-    std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
-    std::vector<float> w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
+    Buffer in_norm, post_norm, q_norm, k_norm;
+    Buffer wq, wk, wv, wo, bq, bk, bv, bo;
+    Buffer w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
   };
   Model() = default;
+  Buffer* weight(int layer, WeightRole role);
   Status load_weights(const std::string& dir, LoadReport* report);
-  struct LoadPass;
-  Status load_pass(LoadPass& pass, const Checkpoint& ck, const std::string& dir);
-  static Status read_into(LoadPass& pass, const Checkpoint& ck, const std::string& name,
-                          const std::vector<int64_t>& shape, const Slice& s,
-                          std::vector<float>* out);
+  Status reserve(int tokens, int logit_rows);
+  /// The layer recipe over the device for the step already handed to begin_step().
+  Status run_layers(const StepLayout& step, KVCache& cache, Collective& comm, bool logits);
 
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
-  int nh_ = 0, nkv_ = 0, inter_ = 0;  // this rank's heads, KV heads, MLP width
-  std::vector<float> embed_, lm_head_, final_norm_;
+  ShardPlan plan_;
+  std::shared_ptr<Device> device_;
+  Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
-  // Scratch reused across steps.
-  std::vector<float> x_, h_, q_, k_, v_, att_, o_, gate_up_, act_;
-  std::vector<int32_t> pos_;
+  // Scratch on the device, reused across steps (grown, never shrunk).
+  int cap_tokens_ = 0, cap_rows_ = 0;
+  Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
+  StepLayout step_;
+  const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample
+  std::vector<kernels::SampleResult>* sample_out_ = nullptr;
+  // Graphs: on after prepare(graphs = true) on a device that has them.
+  bool graphs_ = false;
+  int graph_max_batch_ = 0, graph_max_context_ = 0, graph_width_ = 0;
+  uint64_t graph_replays_ = 0, graph_captures_ = 0;
+  /// Runs a decode-only step as the graph of its bucket (capturing it the first time).
+  Status run_graph(KVCache& cache, Collective& comm);
 };
 
 /// Threads OpenBLAS may use for one matrix product (process-wide; 1 suits small models and

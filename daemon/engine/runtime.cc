@@ -18,12 +18,28 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   auto progress = [&](const std::string& s) {
     if (o.progress) o.progress(s);
   };
-  progress("loading weights");
+  progress("choosing the device");
+  auto dev = select_device(o.device, o.device_ordinal, &rt->device_fallback_);
+  if (!dev)
+    return make_error(dev.error().code, fmt::format("rank {}: {}", o.rank, dev.error().message));
+  if (!rt->device_fallback_.empty())
+    log::warn("engine", "rank {}: {}", o.rank, rt->device_fallback_);
+  rt->device_ = (*dev)->info().name;
+  rt->device_kind_ = (*dev)->info().kind;
+  if (o.world > 1 && rt->device_kind_ == "cuda")
+    return make_error(Errc::unsupported,
+                      fmt::format("rank {}: tensor parallelism over CUDA devices (world {}) is not "
+                                  "wired into the engine yet (the NCCL device collectives are "
+                                  "not called by the layer recipe) — serve with one rank per "
+                                  "model on the GPU, or DEVICE=cpu",
+                                  o.rank, o.world));
+  progress("loading weights onto " + rt->device_);
   rt->load_.cancel = o.cancel;
-  auto m = Model::load(o.model_dir, o.rank, o.world, &rt->load_);
+  auto m = Model::load(o.model_dir, o.rank, o.world, *dev, &rt->load_);
   if (!m) return m.error();
-  log::info("engine", "rank {}: loaded {} ({} MiB read, {:.2f} s)", o.rank,
-            (*m)->config().architecture, rt->load_.bytes_read >> 20, rt->load_.seconds);
+  log::info("engine", "rank {}: loaded {} onto {} ({} MiB read, {} MiB held, {:.2f} s)", o.rank,
+            (*m)->config().architecture, rt->device_, rt->load_.bytes_read >> 20,
+            rt->load_.weight_bytes >> 20, rt->load_.seconds);
   if (o.world > 1) {
     GlooOptions g;
     g.rank = o.rank;
@@ -155,6 +171,9 @@ void Runtime::stop() {
 
 RuntimeStatus Runtime::status() const {
   RuntimeStatus s;
+  s.device = device_;
+  s.device_kind = device_kind_;
+  s.device_fallback = device_fallback_;
   if (engine_) {
     s.stats = engine_->stats();
     s.fatal = s.stats.failed;

@@ -58,6 +58,8 @@ struct RuntimeOptions {
   /// When set and true, a load in progress stops at the next tensor.
   const std::atomic<bool>* cancel = nullptr;
   EngineOptions engine;
+  std::string device = "cpu";  // DEVICE: auto | cpu | cuda
+  int device_ordinal = 0;      // which CUDA device (of those CUDA_VISIBLE_DEVICES shows)
   bool warmup =
       true;  // rank 0 runs one real 1-token completion through every rank before start() returns
   int timeout_ms = 30000;              // each collective operation
@@ -67,8 +69,11 @@ struct RuntimeOptions {
 struct RuntimeStatus {
   bool ready = false;
   bool fatal = false;
-  std::string reason;  // why not ready / why fatal
-  EngineStats stats;   // rank 0
+  std::string reason;           // why not ready / why fatal
+  EngineStats stats;            // rank 0
+  std::string device;           // what serves this rank (DeviceInfo::name)
+  std::string device_kind;      // "cpu" / "cuda"
+  std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
 
 class Runtime {
@@ -98,6 +103,7 @@ class Runtime {
   std::shared_ptr<Collective> comm_;
   std::shared_ptr<NcclCollective> nccl_;
   std::optional<FabricReport> fabric_;
+  std::string device_, device_kind_, device_fallback_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;
   std::thread worker_;

@@ -325,6 +325,28 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   return nullptr;
 }
 
+Status SafetensorsFile::read_raw(const TensorInfo& t, const Slice& s, void* dst) const {
+  const int64_t R = t.rows(), C = t.cols();
+  const int64_t rows = s.rows < 0 ? R - s.row0 : s.rows;
+  const int64_t cols = s.cols < 0 ? C - s.col0 : s.cols;
+  if (s.row0 < 0 || s.col0 < 0 || rows < 0 || cols < 0 || s.row0 + rows > R || s.col0 + cols > C)
+    return make_error(
+        Errc::internal,
+        fmt::format("{}: slice rows [{}, +{}) cols [{}, +{}) outside tensor \"{}\" ({} x {})",
+                    path_, s.row0, rows, s.col0, cols, t.name, R, C));
+  const size_t es = dtype_size(t.dtype);
+  if (rows == 0 || cols == 0) return Status::Ok();
+  auto* out = static_cast<char*>(dst);
+  if (cols == C)
+    return pread_all(fd_, out, static_cast<size_t>(rows * C) * es,
+                     t.begin + static_cast<uint64_t>(s.row0 * C) * es, path_);
+  const size_t row_bytes = static_cast<size_t>(cols) * es;
+  for (int64_t r = 0; r < rows; ++r)
+    SPARK_TRY(pread_all(fd_, out + static_cast<size_t>(r) * row_bytes, row_bytes,
+                        t.begin + static_cast<uint64_t>((s.row0 + r) * C + s.col0) * es, path_));
+  return Status::Ok();
+}
+
 Status SafetensorsFile::read(const TensorInfo& t, const Slice& s, float* dst) const {
   if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
     return make_error(Errc::unsupported,

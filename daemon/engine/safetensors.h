@@ -82,6 +82,9 @@ class SafetensorsFile {
   /// Reads `slice` of tensor `t` into `dst` (row-major, slice.rows x slice.cols floats),
   /// converting BF16/F16 to float. Bytes outside the slice are not read.
   Status read(const TensorInfo& t, const Slice& slice, float* dst) const;
+  /// Reads `slice` of tensor `t` into `dst` as stored (slice.rows x slice.cols elements of
+  /// dtype_size(t.dtype) bytes, no conversion), for loaders that convert elsewhere.
+  Status read_raw(const TensorInfo& t, const Slice& slice, void* dst) const;
 
   /// Drops this file's pages from the page cache (posix_fadvise DONTNEED).
   void drop_page_cache() const;

@@ -4,6 +4,8 @@
 //   spark-engine bench --model DIR|--demo [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens
 //   64]
 //                [--slots 4] [--threads 1] [--json]
+//   spark-engine gpubench --model DIR [--json-out FILE] [--context 33792] [--max-tokens 256]
+//                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped"} when rank 0 is done. Exit codes as sparkctl(1).
 #include <cstdio>
@@ -14,10 +16,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/engine/engine_bench.h"
+#include "bench/engine/gpu_bench.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
-#include "bench/engine/engine_bench.h"
 #include "daemon/engine/demo_model.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gloo_collective.h"
@@ -224,6 +227,12 @@ int cmd_bench(const Args& a) {
   return rep->ok() ? 0 : 1;
 }
 
+int cmd_gpubench(const Args& a) {
+  auto r = run_gpu_bench(a.opt);
+  if (!r) return fail(r.error());
+  return *r;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,8 +246,10 @@ int main(int argc, char** argv) {
   try {
     if (a->cmd == "generate") return cmd_generate(*a);
     if (a->cmd == "bench") return cmd_bench(*a);
+    if (a->cmd == "gpubench") return cmd_gpubench(*a);
   } catch (const std::exception& e) {
     return fail(make_error(Errc::usage, e.what()));
   }
-  return fail(make_error(Errc::usage, "unknown command " + a->cmd + " (generate, bench)"));
+  return fail(
+      make_error(Errc::usage, "unknown command " + a->cmd + " (generate, bench, gpubench)"));
 }

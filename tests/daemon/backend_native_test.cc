@@ -10,6 +10,7 @@
 #include "daemon/backend.h"
 #include "daemon/engine/demo_model.h"
 #include "kernels/cuda_runtime.h"
+#include "support/gpu.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -47,6 +48,14 @@ TEST_CASE("native backend: serves the demo model; SLOTS and CONTEXT_LEN; the pro
   CHECK(s.slots_total == 3);
   CHECK(s.slots_busy == 0);
   CHECK_FALSE(progress.empty());
+  // DEVICE=auto (the default): the GPU when usable, else the CPU with the reason.
+  if (test::cuda_skip_reason().empty()) {
+    CHECK(s.device.find("sm_") != std::string::npos);
+    CHECK(s.device_note.empty());
+  } else {
+    CHECK(s.device.rfind("cpu", 0) == 0);
+    CHECK(s.device_note.find("DEVICE=auto chose the CPU") != std::string::npos);
+  }
   auto text = e->probe("The capital of France is", 30000ms);
   REQUIRE_MESSAGE(text.ok(), text.error().message);
   CHECK_FALSE(text->empty());

@@ -1,0 +1,335 @@
+// spark-engine gpubench: the engine on a GPU against the machine's own ceilings, measured
+// in the same run (see gpu_bench.h).
+#include "bench/engine/gpu_bench.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "core/strings.h"
+#include "daemon/engine/checkpoint.h"
+#include "daemon/engine/engine.h"
+#include "kernels/cuda_stream.h"
+#include "kernels/matmul.h"
+
+namespace spark::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Device-memory read bandwidth: a 16-byte-load read kernel over a buffer far larger than L2.
+Result<double> measure_read_gbps() {
+  const size_t bytes = size_t{4} << 30;
+  auto buf = kernels::cuda_malloc(bytes);
+  if (!buf) return buf.error();
+  auto sink = kernels::cuda_malloc(4 * 4096);
+  if (!sink) return sink.error();
+  auto s = kernels::cuda_stream_create();
+  if (!s) return s.error();
+  SPARK_TRY(kernels::cuda_memset_async(*buf, 0x5a, bytes, *s));  // non-zero data
+  auto e0 = kernels::cuda_event_create();
+  auto e1 = kernels::cuda_event_create();
+  if (!e0 || !e1) return make_error(Errc::internal, "cudaEventCreate failed");
+  std::vector<double> gbps;
+  for (int i = 0; i < 12; ++i) {
+    SPARK_TRY(kernels::cuda_event_record(*e0, *s));
+    SPARK_TRY(kernels::cuda_read_bandwidth_kernel(*buf, bytes, *sink, *s));
+    SPARK_TRY(kernels::cuda_event_record(*e1, *s));
+    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
+    if (!ms) return ms.error();
+    if (i >= 2) gbps.push_back(static_cast<double>(bytes) / (*ms * 1e-3) / 1e9);
+  }
+  std::sort(gbps.begin(), gbps.end());
+  kernels::cuda_event_destroy(*e0);
+  kernels::cuda_event_destroy(*e1);
+  kernels::cuda_stream_destroy(*s);
+  kernels::cuda_free(*buf);
+  kernels::cuda_free(*sink);
+  return gbps[gbps.size() / 2];
+}
+
+// BF16 matrix-product peak through the same cuBLASLt the engine uses (8192^3, random data).
+Result<double> measure_bf16_tflops() {
+  const size_t n = 8192;
+  auto mm = kernels::Matmul::create();
+  if (!mm) return mm.error();
+  auto s = kernels::cuda_stream_create();
+  if (!s) return s.error();
+  std::vector<void*> bufs;
+  for (int i = 0; i < 3; ++i) {
+    auto f = kernels::cuda_malloc(n * n * 4);
+    if (!f) return f.error();
+    auto b = kernels::cuda_malloc(n * n * 2);
+    if (!b) return b.error();
+    std::vector<float> host(n * n);
+    uint32_t x = 12345u + static_cast<uint32_t>(i);
+    for (auto& v : host) {
+      x = x * 1664525u + 1013904223u;
+      v = static_cast<float>(x >> 8) / 16777216.0f - 0.5f;
+    }
+    SPARK_TRY(kernels::cuda_memcpy_async(*f, host.data(), n * n * 4, *s));
+    SPARK_TRY(kernels::cuda_f32_to_bf16(static_cast<const float*>(*f), *b, n * n, *s));
+    SPARK_TRY(kernels::cuda_stream_synchronize(*s));
+    kernels::cuda_free(*f);
+    bufs.push_back(*b);
+  }
+  kernels::MatmulArgs m;
+  m.a = bufs[0];
+  m.lda = n;
+  m.w = bufs[1];
+  m.ldw = n;
+  m.out = bufs[2];
+  m.ldo = n;
+  m.m = m.n = m.k = n;
+  m.backend = kernels::MatmulBackend::cublaslt;
+  SPARK_TRY((*mm)->run(m, *s));
+  auto e0 = kernels::cuda_event_create();
+  auto e1 = kernels::cuda_event_create();
+  if (!e0 || !e1) return make_error(Errc::internal, "cudaEventCreate failed");
+  std::vector<double> tf;
+  for (int i = 0; i < 8; ++i) {
+    SPARK_TRY(kernels::cuda_event_record(*e0, *s));
+    SPARK_TRY((*mm)->run(m, *s));
+    SPARK_TRY(kernels::cuda_event_record(*e1, *s));
+    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
+    if (!ms) return ms.error();
+    tf.push_back(2.0 * n * n * n / (*ms * 1e-3) / 1e12);
+  }
+  std::sort(tf.begin(), tf.end());
+  for (void* b : bufs) kernels::cuda_free(b);
+  kernels::cuda_stream_destroy(*s);
+  return tf[tf.size() / 2];
+}
+
+// Sequential read rate of the checkpoint's files from a cold page cache (the loader's own
+// access pattern is sequential per tensor), then the cache dropped again.
+Result<double> measure_disk_gbps(const std::vector<std::string>& files) {
+  std::vector<char> buf(size_t{64} << 20);
+  uint64_t total = 0;
+  const auto t0 = Clock::now();
+  for (const auto& f : files) {
+    int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return make_error(Errc::io, "cannot open " + f);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ssize_t r;
+    while ((r = ::read(fd, buf.data(), buf.size())) > 0) total += static_cast<uint64_t>(r);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  return static_cast<double>(total) / secs_since(t0) / 1e9;
+}
+
+void drop_cache(const std::vector<std::string>& files) {
+  for (const auto& f : files) {
+    int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+struct StreamRun {
+  double decode_tok_s = 0;  // generated tokens after each stream's first, per second
+  double seconds = 0;
+  double ttft_ms = 0;
+  int wrong = 0;
+};
+
+// `streams` greedy requests at once; decode rate = tokens after the first token of each
+// request over the time from the last first token to the end.
+StreamRun run_streams(Engine& eng, int streams, int prompt, int max_tokens) {
+  struct Sh {
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    std::vector<int> count;
+    std::vector<Clock::time_point> first;
+  } sh;
+  sh.count.assign(static_cast<size_t>(streams), 0);
+  sh.first.resize(static_cast<size_t>(streams));
+  const int V = eng.config().vocab_size;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < streams; ++i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < prompt; ++k) p.push_back((k * 131 + i * 977 + 7) % (V - 3) + 3);
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = max_tokens;
+    sp.ignore_eos = true;
+    auto id = eng.submit({p, sp, [&sh, i](const TokenEvent& e) {
+                            std::lock_guard<std::mutex> lk(sh.mu);
+                            if (e.token >= 0) {
+                              if (sh.count[static_cast<size_t>(i)]++ == 0)
+                                sh.first[static_cast<size_t>(i)] = Clock::now();
+                            }
+                            if (e.request_done) {
+                              ++sh.done;
+                              sh.cv.notify_all();
+                            }
+                          }});
+    if (!id) return {0, 0, 0, streams};
+  }
+  std::unique_lock<std::mutex> lk(sh.mu);
+  sh.cv.wait(lk, [&] { return sh.done == streams; });
+  StreamRun r;
+  r.seconds = secs_since(t0);
+  Clock::time_point last_first = t0;
+  double after_first = 0;
+  for (int i = 0; i < streams; ++i) {
+    last_first = std::max(last_first, sh.first[static_cast<size_t>(i)]);
+    r.ttft_ms +=
+        std::chrono::duration<double, std::milli>(sh.first[static_cast<size_t>(i)] - t0).count() /
+        streams;
+    if (sh.count[static_cast<size_t>(i)] != max_tokens) ++r.wrong;
+    after_first += sh.count[static_cast<size_t>(i)] - 1;
+  }
+  // All streams decode together after the last one's first token; before that the steps
+  // mix prefill. Count only the steady part: tokens after last_first.
+  const double steady = std::chrono::duration<double>(Clock::now() - last_first).count();
+  r.decode_tok_s = steady > 0 ? after_first / std::max(steady, 1e-9) : 0;
+  return r;
+}
+
+}  // namespace
+
+Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
+  auto get = [&](const std::string& k, const std::string& def) {
+    auto it = opt.find(k);
+    return it == opt.end() ? def : it->second;
+  };
+  const std::string dir = get("model", "");
+  if (dir.empty()) return make_error(Errc::usage, "gpubench needs --model DIR");
+  nlohmann::json j;
+  j["model"] = dir;
+  auto bw = measure_read_gbps();
+  if (!bw) return bw.error();
+  auto peak = measure_bf16_tflops();
+  if (!peak) return peak.error();
+  j["hbm_read_gbps"] = *bw;
+  j["bf16_matmul_tflops"] = *peak;
+  auto ck = Checkpoint::open(dir);
+  if (!ck) return ck.error();
+  const auto files = ck->files();
+  drop_cache(files);
+  auto disk = measure_disk_gbps(files);
+  if (!disk) return disk.error();
+  j["disk_read_gbps"] = *disk;
+  uint64_t file_bytes = 0;
+  for (const auto& f : files) file_bytes += std::filesystem::file_size(f);
+  j["checkpoint_bytes"] = file_bytes;
+  drop_cache(files);
+
+  // Time to READY from a cold page cache: device, weights, KV cache, one real completion.
+  const auto t_ready = Clock::now();
+  auto dev = make_cuda_device(0);
+  if (!dev) return dev.error();
+  LoadReport load;
+  auto model = Model::load(dir, 0, 1, *dev, &load);
+  if (!model) return model.error();
+  const auto& cfg = (*model)->config();
+  const int ctx = static_cast<int>(std::stoi(get("context", "33792")));
+  EngineOptions o;
+  o.slots = 32;
+  o.max_context = ctx;
+  o.max_batch_tokens = std::stoi(get("max-batch-tokens", "8192"));
+  o.prefix_caching = false;
+  o.kv_from_free_memory = true;
+  o.mem_reserve = 2ull << 30;
+  o.cuda_graphs = get("graphs", "1") == "1";
+  auto eng = Engine::start(std::move(*model), std::make_shared<LocalCollective>(), o);
+  if (!eng) return eng.error();
+  {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 1;
+    p.ignore_eos = true;
+    auto w = generate_blocking(**eng, {1}, p, 600000);
+    if (!w) return w.error();
+  }
+  const double ready_s = secs_since(t_ready);
+  j["device"] = load.device;
+  j["weight_bytes"] = load.weight_bytes;
+  j["load_seconds"] = load.seconds;
+  j["ready_seconds"] = ready_s;
+  j["ready_disk_bound_seconds"] = static_cast<double>(file_bytes) / (*disk * 1e9);
+  j["ready_vs_disk"] = j["ready_disk_bound_seconds"].get<double>() / ready_s;
+
+  // Bytes one decode token reads: every weight once (the lm_head included; a tied
+  // embedding counts once), plus the KV of the context so far.
+  const int prompt = std::stoi(get("prompt-tokens", "128"));
+  const int gen = std::stoi(get("max-tokens", "256"));
+  const double kv_per_pos = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
+  const double avg_ctx = prompt + gen / 2.0;
+  const double bytes_tok = static_cast<double>(load.weight_bytes) + kv_per_pos * avg_ctx;
+  const double roofline = *bw * 1e9 / bytes_tok;
+  j["bytes_per_token"] = bytes_tok;
+  j["roofline_tok_s"] = roofline;
+  run_streams(**eng, 1, prompt, 16);  // warm-up: graphs of bucket 1 captured
+  auto b1 = run_streams(**eng, 1, prompt, gen);
+  j["decode_b1_tok_s"] = b1.decode_tok_s;
+  j["decode_b1_vs_roofline"] = b1.decode_tok_s / roofline;
+  nlohmann::json agg = nlohmann::json::array();
+  for (int s : {8, 32}) {
+    run_streams(**eng, s, prompt, 8);
+    auto r = run_streams(**eng, s, prompt, gen);
+    agg.push_back({{"streams", s},
+                   {"tok_s", r.decode_tok_s},
+                   {"vs_b1", r.decode_tok_s / std::max(b1.decode_tok_s, 1e-9)},
+                   {"wrong", r.wrong}});
+  }
+  j["aggregate_decode"] = agg;
+  // Prefill: one prompt, one token out; FLOPs = 2 x params x tokens + causal attention.
+  const double params = static_cast<double>(load.weight_bytes) / 2;
+  nlohmann::json pf = nlohmann::json::array();
+  for (int n : {1024, 8192, 32768}) {
+    if (n + 1 >= ctx) continue;
+    auto r = run_streams(**eng, 1, n, 1);
+    const double s = r.ttft_ms / 1e3;
+    const double flops = 2.0 * params * n + 2.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim *
+                                                static_cast<double>(n) * n;
+    pf.push_back({{"tokens", n},
+                  {"seconds", s},
+                  {"tok_s", n / s},
+                  {"tflops", flops / s / 1e12},
+                  {"vs_peak", flops / s / 1e12 / *peak}});
+  }
+  j["prefill"] = pf;
+  (*eng)->stop();
+  j["ok"] = b1.wrong == 0;
+  if (opt.count("json-out")) {
+    std::string why;
+    if (!write_file_atomic(get("json-out", ""), j.dump(2) + "\n", &why))
+      return make_error(Errc::io, get("json-out", "") + ": " + why);
+  }
+  std::printf("# gpubench %s on %s\n", dir.c_str(), load.device.c_str());
+  std::printf("  %-34s %12.1f GB/s\n", "HBM read (read kernel)", *bw);
+  std::printf("  %-34s %12.1f TFLOP/s\n", "bf16 matmul peak (cuBLASLt 8192^3)", *peak);
+  std::printf("  %-34s %12.2f GB/s\n", "disk read (cold cache)", *disk);
+  std::printf("  %-34s %12.2f s (disk bound %.2f s, %.0f%%)\n", "time to READY", ready_s,
+              j["ready_disk_bound_seconds"].get<double>(), 100 * j["ready_vs_disk"].get<double>());
+  std::printf("  %-34s %12.1f tok/s (roofline %.1f, %.1f%%)\n", "decode batch 1", b1.decode_tok_s,
+              roofline, 100 * b1.decode_tok_s / roofline);
+  for (const auto& r : agg)
+    std::printf("  decode %2d streams %23.1f tok/s (%.1fx batch 1)\n", r["streams"].get<int>(),
+                r["tok_s"].get<double>(), r["vs_b1"].get<double>());
+  for (const auto& r : pf)
+    std::printf("  prefill %6d tokens %19.0f tok/s (%.0f TFLOP/s, %.0f%% of peak)\n",
+                r["tokens"].get<int>(), r["tok_s"].get<double>(), r["tflops"].get<double>(),
+                100 * r["vs_peak"].get<double>());
+  std::printf("%s\n", j.dump().c_str());
+  return j["ok"].get<bool>() ? 0 : 1;
+}
+
+}  // namespace spark::engine

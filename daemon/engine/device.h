@@ -1,0 +1,231 @@
+#pragma once
+// The device seam: everything the layer recipe (model.cc) does to numbers goes through a
+// Device, so the recipe is written once and runs on the CPU (device_cpu.cc: fp32, OpenBLAS
+// and the reference twins in kernels/) or on a CUDA GPU (device_cuda.cc: BF16 weights and
+// KV, the CUDA entry points in kernels/, a stream, CUDA graphs for decode steps). Memory is
+// a Buffer owned by the device that allocated it; the recipe never dereferences one.
+//
+// A step is described once (StepLayout: token ids, positions, per-sequence chunks and block
+// tables, the rows whose logits are wanted), handed to begin_step(), and every op of that
+// step reads it from there, so a device can keep it in its own memory and a captured CUDA
+// graph can replay with new contents at the same addresses.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "daemon/engine/safetensors.h"
+#include "kernels/sampler.h"
+
+namespace spark::engine {
+
+class Collective;
+
+/// Element types of device buffers.
+enum class ElemType : uint8_t { f32, bf16, i32 };
+/// Bytes per element.
+size_t elem_size(ElemType t);
+/// "fp32", "bf16", "i32".
+const char* elem_name(ElemType t);
+
+/// A view of device memory: shares ownership of the allocation it points into.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::shared_ptr<void> owner, void* data, size_t numel, ElemType type)
+      : owner_(std::move(owner)), data_(data), numel_(numel), type_(type) {}
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * elem_size(type_); }
+  ElemType type() const { return type_; }
+  bool empty() const { return numel_ == 0; }
+  /// Elements [offset, offset + n) of this view (clamped to it).
+  Buffer view(size_t offset, size_t n) const;
+
+ private:
+  std::shared_ptr<void> owner_;
+  void* data_ = nullptr;
+  size_t numel_ = 0;
+  ElemType type_ = ElemType::f32;
+};
+
+/// One layer's paged K/V pools: blocks of [block_size][n_kv_heads][head_dim] elements.
+struct KVLayerView {
+  void* k = nullptr;
+  void* v = nullptr;
+  int num_blocks = 0;
+  int block_size = 16;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  ElemType type = ElemType::f32;
+};
+
+/// One forward step, flattened. Token row t belongs to chunk c when
+/// chunk_begin[c] <= t < chunk_begin[c + 1]; its position is positions[t]. Chunk c's block
+/// table is block_tables[c * table_width ...] (padded with 0), covering its positions.
+struct StepLayout {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> chunk_begin;  // size chunks + 1
+  std::vector<int32_t> chunk_len;    // per chunk: positions[last] + 1 (its context length)
+  std::vector<int32_t> block_tables;
+  int table_width = 0;
+  std::vector<int32_t> slots;       // per token: its cache slot (block * block_size + offset)
+  std::vector<int32_t> logit_rows;  // token rows whose logits are computed, in order
+  int max_seq_len_bound = 0;        // > 0: size attention for contexts up to this (graph capture)
+  int tokens_n() const { return static_cast<int>(tokens.size()); }
+  int chunks_n() const {
+    return static_cast<int>(chunk_begin.empty() ? 0 : chunk_begin.size() - 1);
+  }
+  /// True when every chunk is one token (a decode-only step: graph-capturable).
+  bool decode_only() const { return tokens_n() == chunks_n(); }
+};
+
+/// What serves a rank, for logs, /health and `sparkctl status`.
+struct DeviceInfo {
+  std::string kind;             // "cpu" or "cuda"
+  std::string name;             // "cpu (OpenBLAS, 4 threads)", "NVIDIA H200 (sm_90, 139.8 GiB)"
+  int ordinal = -1;             // CUDA device index
+  int sm = 0;                   // compute capability x 10 (90, 121)
+  bool unified_memory = false;  // the GPU shares the host's memory (GB10)
+  uint64_t total_bytes = 0;     // device memory (0 on the CPU)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceInfo& info() const = 0;
+  /// Element type the device keeps weight matrices and KV in by default, and computes
+  /// activations in (CPU: fp32; CUDA: bf16).
+  virtual ElemType compute_type() const = 0;
+
+  // ---- memory ----
+  /// Allocates `numel` elements (contents unspecified).
+  virtual Result<Buffer> alloc(ElemType type, size_t numel) = 0;
+  /// Fills `dst` from the host: `src` holds dst.numel() elements of safetensors type
+  /// `src_type` (F32, BF16 or F16), converted to dst's type. The copy may still be running
+  /// on return: write `src` again only after staging_ready(src) or synchronize() (a loader
+  /// alternates two staging buffers so that a file read overlaps the other's copy).
+  virtual Status upload(const Buffer& dst, const void* src, DType src_type) = 0;
+  /// A host buffer of `bytes` for loading slices straight into (page-locked on CUDA, so the
+  /// copy to the device runs at bus speed with no second host copy).
+  virtual Result<Buffer> host_staging(size_t bytes) = 0;
+  /// Size of the staging buffer a loader should use (small on the CPU, where it adds to
+  /// peak memory; larger on a GPU, where each copy has a fixed cost).
+  virtual size_t preferred_staging_bytes() const = 0;
+  /// Waits until no upload still reads host buffer `src`.
+  virtual Status staging_ready(const void* src) {
+    (void)src;
+    return Status::Ok();
+  }
+  /// Element type of weight vectors (norm weights, biases) on this device.
+  virtual ElemType vector_type() const { return compute_type(); }
+  /// Sets `dst` to zero.
+  virtual Status zero(const Buffer& dst) = 0;
+  /// Copies `n` fp32 elements of `src` (fp32 or bf16 buffer) to host floats.
+  virtual Status to_host(const Buffer& src, float* dst, size_t n) = 0;
+  /// Bytes this process may still allocate on the device (CUDA: free device memory, or on
+  /// unified memory MemAvailable; CPU: MemAvailable).
+  virtual Result<uint64_t> available_bytes() = 0;
+
+  // ---- one step ----
+  /// Takes the step's layout (copied; the device's ops of this step read it).
+  virtual Status begin_step(const StepLayout& step) = 0;
+  /// x[t] = table[tokens[t]] (rows of `dim`).
+  virtual Status embed(const Buffer& table, const Buffer& x, int dim) = 0;
+  /// y = rmsnorm(x) * w, `rows` rows of `dim`.
+  virtual Status rmsnorm(const Buffer& x, const Buffer& w, const Buffer& y, int rows, int dim,
+                         float eps) = 0;
+  /// x += delta (+ bias per column, when not empty); then, when w is not empty,
+  /// y = rmsnorm(x) * w. `rows` rows of `dim`.
+  virtual Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias,
+                             const Buffer& w, const Buffer& y, int rows, int dim, float eps) = 0;
+  /// y[rows][out] = x[rows][in] * W^T (+ b); W is [out][in] as Hugging Face stores it.
+  virtual Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y,
+                        int rows, int in, int out) = 0;
+  /// q ([tokens][heads][head_dim]) and k ([tokens][kv_heads][head_dim]): each head
+  /// RMS-normalised first when q_norm/k_norm are not empty (Qwen3), then rotated by the
+  /// step's positions (rotate-half layout).
+  virtual Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                         const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                         float eps) = 0;
+  /// Writes the step's k/v rows ([tokens][kv_heads][head_dim]) into the cache.
+  virtual Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) = 0;
+  /// Causal attention of each chunk's q rows over its cache ([tokens][heads][head_dim]);
+  /// window 0 = unlimited.
+  virtual Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                           float scale, int window) = 0;
+  /// y[r][i] = silu(gu[r][i]) * gu[r][dim + i].
+  virtual Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) = 0;
+  /// y[r] = x[logit_rows[r]] (rows of `dim`).
+  virtual Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) = 0;
+  /// Sums `x` across the tensor-parallel ranks in place.
+  virtual Status all_reduce(Collective& comm, const Buffer& x) = 0;
+  /// Waits for the step's work and reports its errors.
+  virtual Status synchronize() = 0;
+
+  // ---- fixed-address steps and graphs (CUDA; the CPU runs every step eagerly) ----
+  /// Sizes the step buffers for up to `tokens` tokens in `chunks` sequences with block
+  /// tables `width` wide, and decode attention over contexts of `max_seq_len` with `heads`
+  /// heads of `head_dim`, so such steps allocate nothing (a captured graph keeps its
+  /// addresses).
+  virtual Status reserve_step(int tokens, int chunks, int width, int max_seq_len, int heads,
+                              int head_dim) {
+    (void)tokens, (void)chunks, (void)width, (void)max_seq_len, (void)heads, (void)head_dim;
+    return Status::Ok();
+  }
+  /// True when graph_begin/graph_end/graph_launch work on this device.
+  virtual bool supports_graphs() const { return false; }
+  /// Starts recording the ops that follow (not running them) into a graph.
+  virtual Status graph_begin() { return make_error(Errc::unsupported, "no graphs on this device"); }
+  /// Ends the recording and keeps it under `key` (also when it failed: then ends the capture
+  /// and returns the error).
+  virtual Status graph_end(uint64_t key) {
+    (void)key;
+    return make_error(Errc::unsupported, "no graphs on this device");
+  }
+  /// Replays the graph under `key` with the current step's metadata; false when there is none.
+  virtual Result<bool> graph_launch(uint64_t key) {
+    (void)key;
+    return false;
+  }
+  /// Drops every graph (their buffers changed).
+  virtual void graph_clear() {}
+
+  // ---- sampling on the device (CUDA; the CPU samples on the host from the logits) ----
+  /// True when sample() draws on this device.
+  virtual bool samples_on_device() const { return false; }
+  /// Draws one token per row of `logits` (rows of `vocab` fp32) with params[r] (no
+  /// penalty state: rows with penalties are drawn on the host) and copies the results back:
+  /// the step's one host synchronisation.
+  virtual Status sample(const Buffer& logits, int vocab,
+                        const std::vector<kernels::SampleParams>& params,
+                        std::vector<kernels::SampleResult>* out) {
+    (void)logits, (void)vocab, (void)params, (void)out;
+    return make_error(Errc::unsupported, "this device samples on the host");
+  }
+};
+
+/// The CPU device (fp32; OpenBLAS). Process-wide, stateless apart from one step's layout,
+/// so the instance returned is new each call.
+std::shared_ptr<Device> make_cpu_device();
+
+/// The CUDA device `ordinal` (Errc::unsupported naming why it cannot be used: no driver, no
+/// device, an architecture this build has no kernels for, cuBLASLt missing).
+Result<std::shared_ptr<Device>> make_cuda_device(int ordinal);
+
+/// DEVICE=auto|cpu|cuda: the device to serve with. auto picks CUDA when usable, else the
+/// CPU, and puts why into `*fallback_reason`.
+Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ordinal,
+                                              std::string* fallback_reason);
+
+/// MemAvailable of /proc/meminfo in bytes.
+Result<uint64_t> host_mem_available();
+
+}  // namespace spark::engine

@@ -1,0 +1,243 @@
+// The CPU device: fp32 everywhere, matrix products on OpenBLAS, everything else through the
+// reference twins in kernels/ (which accumulate in double where it matters).
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "daemon/engine/collective.h"
+#include "daemon/engine/device.h"
+#include "daemon/engine/model.h"
+#include "kernels/bf16.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+namespace spark::engine {
+
+void set_blas_threads(int n) {
+  openblas_set_num_threads(n);
+}
+
+void linear(const float* x, const float* w, const float* b, float* y, int rows, int in, int out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y,
+              out);
+  if (b)
+    for (int r = 0; r < rows; ++r)
+      for (int o = 0; o < out; ++o)
+        y[static_cast<size_t>(r) * static_cast<size_t>(out) + static_cast<size_t>(o)] += b[o];
+}
+
+namespace {
+
+float* f32(const Buffer& b) {
+  return b.as<float>();
+}
+const float* f32_or_null(const Buffer& b) {
+  return b.empty() ? nullptr : b.as<float>();
+}
+
+Status need_f32(const Buffer& b, const char* what) {
+  if (b.type() != ElemType::f32)
+    return make_error(Errc::internal, fmt::format("cpu device: {} is {}, the CPU computes in fp32",
+                                                  what, elem_name(b.type())));
+  return Status::Ok();
+}
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice() {
+    info_.kind = "cpu";
+    info_.name = fmt::format("cpu (fp32, OpenBLAS {} threads)", openblas_get_num_threads());
+  }
+  const DeviceInfo& info() const override { return info_; }
+  ElemType compute_type() const override { return ElemType::f32; }
+
+  Result<Buffer> alloc(ElemType type, size_t numel) override {
+    const size_t bytes = std::max<size_t>(numel * elem_size(type), 1);
+    void* p = std::malloc(bytes);
+    if (!p)
+      return make_error(Errc::resource,
+                        fmt::format("cpu device: cannot allocate {} MiB", bytes >> 20));
+    return Buffer(std::shared_ptr<void>(p, std::free), p, numel, type);
+  }
+
+  Status upload(const Buffer& dst, const void* src, DType src_type) override {
+    const size_t n = dst.numel();
+    if (dst.type() == ElemType::f32) {
+      float* out = f32(dst);
+      switch (src_type) {
+        case DType::f32:
+          std::memcpy(out, src, n * 4);
+          return Status::Ok();
+        case DType::bf16: {
+          const auto* s = static_cast<const uint16_t*>(src);
+          for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(s[i]);
+          return Status::Ok();
+        }
+        case DType::f16: {
+          const auto* s = static_cast<const uint16_t*>(src);
+          for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(s[i]);
+          return Status::Ok();
+        }
+        default:
+          break;
+      }
+    }
+    return make_error(Errc::unsupported, fmt::format("cpu device: cannot load {} into {}",
+                                                     dtype_name(src_type), elem_name(dst.type())));
+  }
+
+  Result<Buffer> host_staging(size_t bytes) override {
+    auto b = alloc(ElemType::f32, (bytes + 3) / 4);
+    if (!b) return b.error();
+    return *b;
+  }
+
+  size_t preferred_staging_bytes() const override { return 4u << 20; }
+
+  Status zero(const Buffer& dst) override {
+    if (dst.bytes()) std::memset(dst.data(), 0, dst.bytes());
+    return Status::Ok();
+  }
+
+  Status to_host(const Buffer& src, float* dst, size_t n) override {
+    SPARK_TRY(need_f32(src, "to_host"));
+    std::memcpy(dst, src.data(), std::min(n, src.numel()) * sizeof(float));
+    return Status::Ok();
+  }
+
+  Result<uint64_t> available_bytes() override { return host_mem_available(); }
+
+  Status begin_step(const StepLayout& step) override {
+    step_ = step;
+    return Status::Ok();
+  }
+
+  Status embed(const Buffer& table, const Buffer& x, int dim) override {
+    const size_t H = static_cast<size_t>(dim);
+    for (size_t t = 0; t < step_.tokens.size(); ++t)
+      std::memcpy(f32(x) + t * H, f32(table) + static_cast<size_t>(step_.tokens[t]) * H,
+                  H * sizeof(float));
+    return Status::Ok();
+  }
+
+  Status rmsnorm(const Buffer& x, const Buffer& w, const Buffer& y, int rows, int dim,
+                 float eps) override {
+    kernels::rmsnorm_ref(f32(x), f32(w), f32(y), static_cast<size_t>(rows),
+                         static_cast<size_t>(dim), eps);
+    return Status::Ok();
+  }
+
+  Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias, const Buffer& w,
+                     const Buffer& y, int rows, int dim, float eps) override {
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(dim);
+    float* xs = f32(x);
+    const float* d = f32(delta);
+    const float* b = f32_or_null(bias);
+    for (size_t i = 0; i < n; ++i) xs[i] += d[i] + (b ? b[i % static_cast<size_t>(dim)] : 0.0f);
+    if (!w.empty()) return rmsnorm(x, w, y, rows, dim, eps);
+    return Status::Ok();
+  }
+
+  Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
+                int in, int out) override {
+    SPARK_TRY(need_f32(w, "a weight matrix"));
+    engine::linear(f32(x), f32(w), f32_or_null(b), f32(y), rows, in, out);
+    return Status::Ok();
+  }
+
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    const size_t T = step_.tokens.size(), hd = static_cast<size_t>(head_dim);
+    if (!q_norm.empty())
+      kernels::rmsnorm_ref(f32(q), f32(q_norm), f32(q), T * static_cast<size_t>(heads), hd, eps);
+    if (!k_norm.empty())
+      kernels::rmsnorm_ref(f32(k), f32(k_norm), f32(k), T * static_cast<size_t>(kv_heads), hd, eps);
+    kernels::rope_apply_ref(f32(q), T, heads, head_dim, step_.positions.data(), f32(inv_freq));
+    kernels::rope_apply_ref(f32(k), T, kv_heads, head_dim, step_.positions.data(), f32(inv_freq));
+    return Status::Ok();
+  }
+
+  Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {
+    SPARK_TRY(host_f32_kv(kv));
+    const auto p = paged(kv);
+    const size_t kw = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.head_dim);
+    for (int c = 0; c < step_.chunks_n(); ++c) {
+      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
+      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
+      kernels::paged_kv_write_ref(p, table(c), step_.positions.data() + t0, n, f32(k) + t0 * kw,
+                                  f32(v) + t0 * kw);
+    }
+    return Status::Ok();
+  }
+
+  Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                   float scale, int window) override {
+    SPARK_TRY(host_f32_kv(kv));
+    const auto p = paged(kv);
+    const size_t qw = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
+    for (int c = 0; c < step_.chunks_n(); ++c) {
+      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
+      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
+      kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
+                                   f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window);
+    }
+    return Status::Ok();
+  }
+
+  Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
+    kernels::swiglu_ref(f32(gate_up), f32(y), static_cast<size_t>(rows), static_cast<size_t>(dim));
+    return Status::Ok();
+  }
+
+  Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) override {
+    const size_t H = static_cast<size_t>(dim);
+    for (size_t r = 0; r < step_.logit_rows.size(); ++r)
+      std::memcpy(f32(y) + r * H, f32(x) + static_cast<size_t>(step_.logit_rows[r]) * H,
+                  H * sizeof(float));
+    return Status::Ok();
+  }
+
+  Status all_reduce(Collective& comm, const Buffer& x) override {
+    return comm.all_reduce_sum(f32(x), x.numel());
+  }
+
+  Status synchronize() override { return Status::Ok(); }
+
+ private:
+  static Status host_f32_kv(const KVLayerView& kv) {
+    if (kv.type != ElemType::f32)
+      return make_error(Errc::internal,
+                        fmt::format("cpu device: the KV cache is {}, the CPU needs fp32 pools",
+                                    elem_name(kv.type)));
+    return Status::Ok();
+  }
+  static kernels::PagedKVLayer paged(const KVLayerView& kv) {
+    kernels::PagedKVLayer p;
+    p.k = static_cast<float*>(kv.k);
+    p.v = static_cast<float*>(kv.v);
+    p.block_size = kv.block_size;
+    p.n_kv_heads = kv.n_kv_heads;
+    p.head_dim = kv.head_dim;
+    return p;
+  }
+  const int32_t* table(int c) const {
+    return step_.block_tables.data() +
+           static_cast<size_t>(c) * static_cast<size_t>(step_.table_width);
+  }
+
+  DeviceInfo info_;
+  StepLayout step_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_cpu_device() {
+  return std::make_shared<CpuDevice>();
+}
+
+}  // namespace spark::engine

@@ -1,0 +1,513 @@
+// The CUDA device: plain C++ over the kernels' device entry points (kernels/*.h, which take
+// void* streams and need no CUDA headers here). Weights, activations and (by default) the
+// KV cache are BF16; every product accumulates in fp32 (cuBLASLt or the kernels' own decode
+// GEMV), norms and softmax in fp32. All work goes on one stream owned by the device; the
+// host waits only where it must read results (logits, sampled ids) or reuse a buffer.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "core/log.h"
+#include "daemon/engine/collective.h"
+#include "daemon/engine/device.h"
+#include "kernels/bias.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/cuda_stream.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampler.h"
+#include "kernels/swiglu.h"
+
+namespace spark::engine {
+
+namespace {
+
+kernels::DType kdt(ElemType t) {
+  return t == ElemType::bf16 ? kernels::DType::bf16 : kernels::DType::f32;
+}
+
+Status need(ElemType got, ElemType want, const char* what) {
+  if (got != want)
+    return make_error(Errc::internal, fmt::format("cuda device: {} is {}, expected {}", what,
+                                                  elem_name(got), elem_name(want)));
+  return Status::Ok();
+}
+
+// Step metadata lives in one device buffer of int32 sections at fixed offsets for given
+// capacities, so a graph captured against them replays after begin_step() rewrites them.
+struct MetaLayout {
+  size_t cap_tokens = 0, cap_chunks = 0, cap_width = 0;
+  size_t tokens = 0, positions = 0, slots = 0, query_start = 0, seq_lens = 0, tables = 0, rows = 0,
+         total = 0;
+  void compute() {
+    size_t at = 0;
+    auto take = [&](size_t n) {
+      size_t o = at;
+      at += (n + 31) / 32 * 32;  // 128-byte aligned sections
+      return o;
+    };
+    tokens = take(cap_tokens);
+    positions = take(cap_tokens);
+    slots = take(cap_tokens);
+    query_start = take(cap_chunks + 1);
+    seq_lens = take(cap_chunks);
+    tables = take(cap_chunks * cap_width);
+    rows = take(cap_tokens);
+    total = at;
+  }
+};
+
+class CudaDevice final : public Device {
+ public:
+  static Result<std::shared_ptr<Device>> open(int ordinal) {
+    SPARK_TRY(kernels::cuda_device_count().status());
+    SPARK_TRY(kernels::cuda_select_device(ordinal));
+    auto lim = kernels::cuda_device_limits(ordinal);
+    if (!lim) return lim.error();
+    auto d = std::shared_ptr<CudaDevice>(new CudaDevice());
+    d->lim_ = *lim;
+    d->info_.kind = "cuda";
+    d->info_.ordinal = ordinal;
+    d->info_.sm = lim->cc_major * 10 + lim->cc_minor;
+    d->info_.unified_memory = lim->integrated;
+    d->info_.total_bytes = lim->total_memory;
+    d->info_.name = fmt::format("{} ({:.1f} GiB{})", kernels::describe_device(*lim),
+                                static_cast<double>(lim->total_memory) / (1ull << 30),
+                                lim->integrated ? ", unified memory" : "");
+    auto s = kernels::cuda_stream_create();
+    if (!s) return s.error();
+    d->stream_ = *s;
+    auto mm = kernels::Matmul::create();
+    if (!mm) return mm.error();
+    d->mm_ = std::move(*mm);
+    return std::shared_ptr<Device>(d);
+  }
+
+  ~CudaDevice() override {
+    graph_clear();
+    for (auto& [p, e] : copy_events_) kernels::cuda_event_destroy(e);
+    if (stream_) {
+      (void)kernels::cuda_stream_synchronize(stream_);
+      kernels::cuda_stream_destroy(stream_);
+    }
+  }
+
+  const DeviceInfo& info() const override { return info_; }
+  ElemType compute_type() const override { return ElemType::bf16; }
+  void* stream() const { return stream_; }
+
+  Result<Buffer> alloc(ElemType type, size_t numel) override {
+    auto p = kernels::cuda_malloc(numel * elem_size(type));
+    if (!p) return make_error(p.error().code, fmt::format("{}: {}", info_.name, p.error().message));
+    return Buffer(std::shared_ptr<void>(*p, kernels::cuda_free), *p, numel, type);
+  }
+
+  Status upload(const Buffer& dst, const void* src, DType src_type) override {
+    const size_t n = dst.numel();
+    if (n == 0) return Status::Ok();
+    const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
+                      (dst.type() == ElemType::f32 && src_type == DType::f32);
+    if (same) {
+      // Asynchronous: staging_ready(src) waits for this copy, so the caller's next read
+      // (into its other staging buffer) overlaps it.
+      void*& ev = copy_events_[src];
+      if (!ev) {
+        auto e = kernels::cuda_event_create();
+        if (!e) return e.error();
+        ev = *e;
+      }
+      SPARK_TRY(kernels::cuda_memcpy_async(dst.data(), src, dst.bytes(), stream_));
+      return kernels::cuda_event_record(ev, stream_);
+    }
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // staging may hold pending copies
+    // Widen on the host to fp32 (F16 and BF16 sources into fp32 destinations), or copy fp32
+    // up and round to bf16 on the device.
+    const float* f = nullptr;
+    if (src_type == DType::f32) {
+      f = static_cast<const float*>(src);
+    } else if (src_type == DType::bf16 || src_type == DType::f16) {
+      widen_.resize(n);
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i)
+        widen_[i] = src_type == DType::bf16 ? bf16_to_float(s[i]) : f16_to_float(s[i]);
+      f = widen_.data();
+    } else {
+      return make_error(Errc::unsupported,
+                        fmt::format("cuda device: cannot load {} into {}", dtype_name(src_type),
+                                    elem_name(dst.type())));
+    }
+    if (dst.type() == ElemType::f32) {
+      SPARK_TRY(kernels::cuda_memcpy_async(dst.data(), f, n * 4, stream_));
+      return kernels::cuda_stream_synchronize(stream_);
+    }
+    if (convert_.numel() < n) {
+      auto b = alloc(ElemType::f32, std::max(n, preferred_staging_bytes() / 4));
+      if (!b) return b.error();
+      convert_ = *b;
+    }
+    SPARK_TRY(kernels::cuda_memcpy_async(convert_.data(), f, n * 4, stream_));
+    SPARK_TRY(kernels::cuda_f32_to_bf16(convert_.as<float>(), dst.data(), n, stream_));
+    return kernels::cuda_stream_synchronize(stream_);
+  }
+
+  Result<Buffer> host_staging(size_t bytes) override {
+    auto p = kernels::cuda_host_alloc(bytes);
+    if (!p) return p.error();
+    return Buffer(std::shared_ptr<void>(*p, kernels::cuda_host_free), *p, bytes / 4, ElemType::f32);
+  }
+
+  size_t preferred_staging_bytes() const override { return 64u << 20; }
+
+  Status staging_ready(const void* src) override {
+    auto it = copy_events_.find(src);
+    if (it == copy_events_.end()) return Status::Ok();
+    return kernels::cuda_event_synchronize(it->second);
+  }
+
+  Status zero(const Buffer& dst) override {
+    return kernels::cuda_memset_async(dst.data(), 0, dst.bytes(), stream_);
+  }
+
+  Status to_host(const Buffer& src, float* dst, size_t n) override {
+    n = std::min(n, src.numel());
+    if (src.type() == ElemType::f32) {
+      SPARK_TRY(kernels::cuda_memcpy_async(dst, src.data(), n * 4, stream_));
+      return kernels::cuda_stream_synchronize(stream_);
+    }
+    std::vector<uint16_t> tmp(n);
+    SPARK_TRY(kernels::cuda_memcpy_async(tmp.data(), src.data(), n * 2, stream_));
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(tmp[i]);
+    return Status::Ok();
+  }
+
+  Result<uint64_t> available_bytes() override {
+    // On unified memory the GPU's allocations come out of the host's RAM, and the host
+    // freezes when that runs out: MemAvailable is the number that matters there.
+    if (info_.unified_memory) return host_mem_available();
+    auto m = kernels::cuda_mem_info();
+    if (!m) return m.error();
+    return static_cast<uint64_t>(m->free_bytes);
+  }
+
+  Status begin_step(const StepLayout& st) override {
+    step_ = st;
+    const size_t T = static_cast<size_t>(st.tokens_n()), C = static_cast<size_t>(st.chunks_n()),
+                 W = static_cast<size_t>(st.table_width);
+    SPARK_TRY(grow_meta(T, C, W));
+    // The host copy may still be read by the previous step's copy: it was synchronised by
+    // that step's to_host/synchronize, which every forward ends with.
+    auto* h = meta_host_.as<int32_t>();
+    std::memcpy(h + meta_.tokens, st.tokens.data(), T * 4);
+    std::memcpy(h + meta_.positions, st.positions.data(), T * 4);
+    std::memcpy(h + meta_.slots, st.slots.data(), T * 4);
+    std::memcpy(h + meta_.query_start, st.chunk_begin.data(), (C + 1) * 4);
+    std::memcpy(h + meta_.seq_lens, st.chunk_len.data(), C * 4);
+    // Tables at the capacity's row width, so the kernels' stride is fixed for a graph.
+    for (size_t c = 0; c < C; ++c) {
+      std::memcpy(h + meta_.tables + c * meta_.cap_width, st.block_tables.data() + c * W, W * 4);
+      std::memset(h + meta_.tables + c * meta_.cap_width + W, 0, (meta_.cap_width - W) * 4);
+    }
+    std::memcpy(h + meta_.rows, st.logit_rows.data(), st.logit_rows.size() * 4);
+    max_query_len_ = 0;
+    max_seq_len_ = 0;
+    for (size_t c = 0; c < C; ++c) {
+      max_query_len_ = std::max(max_query_len_, st.chunk_begin[c + 1] - st.chunk_begin[c]);
+      max_seq_len_ = std::max(max_seq_len_, st.chunk_len[c]);
+    }
+    if (st.max_seq_len_bound > 0) max_seq_len_ = std::max(max_seq_len_, st.max_seq_len_bound);
+    return kernels::cuda_memcpy_async(meta_dev_.data(), meta_host_.data(), meta_.total * 4,
+                                      stream_);
+  }
+
+  Status embed(const Buffer& table, const Buffer& x, int dim) override {
+    SPARK_TRY(need(table.type(), ElemType::bf16, "the embedding table"));
+    const size_t D = static_cast<size_t>(dim);
+    return kernels::embedding_cuda_device(kernels::DType::bf16, table.data(), table.numel() / D, D,
+                                          dev_i32(meta_.tokens), step_.tokens.size(), x.data(),
+                                          stream_);
+  }
+
+  Status rmsnorm(const Buffer& x, const Buffer& w, const Buffer& y, int rows, int dim,
+                 float eps) override {
+    return kernels::add_rmsnorm_cuda_device(kernels::DType::bf16, x.data(), nullptr, w.data(),
+                                            y.data(), static_cast<size_t>(rows),
+                                            static_cast<size_t>(dim), eps, stream_);
+  }
+
+  Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias, const Buffer& w,
+                     const Buffer& y, int rows, int dim, float eps) override {
+    if (!bias.empty())
+      SPARK_TRY(kernels::bias_add_cuda_device(kernels::DType::bf16, delta.data(), bias.data(),
+                                              static_cast<size_t>(rows), static_cast<size_t>(dim),
+                                              stream_));
+    return kernels::add_rmsnorm_cuda_device(kernels::DType::bf16, x.data(), delta.data(), w.data(),
+                                            y.data(), static_cast<size_t>(rows),
+                                            static_cast<size_t>(dim), eps, stream_);
+  }
+
+  Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
+                int in, int out) override {
+    kernels::MatmulArgs a;
+    a.a = x.data();
+    a.lda = static_cast<size_t>(in);
+    a.w = w.data();
+    a.ldw = static_cast<size_t>(in);
+    a.out = y.data();
+    a.out_dtype = kdt(y.type());
+    a.ldo = static_cast<size_t>(out);
+    a.m = static_cast<size_t>(rows);
+    a.n = static_cast<size_t>(out);
+    a.k = static_cast<size_t>(in);
+    a.bias = b.empty() ? nullptr : b.data();
+    return mm_->run(a, stream_);
+  }
+
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    kernels::RopeArgs r;
+    r.dtype = kernels::DType::bf16;
+    r.q = q.data();
+    r.q_stride = static_cast<size_t>(heads) * static_cast<size_t>(head_dim);
+    r.n_heads = heads;
+    r.k = k.data();
+    r.k_stride = static_cast<size_t>(kv_heads) * static_cast<size_t>(head_dim);
+    r.n_kv_heads = kv_heads;
+    r.head_dim = head_dim;
+    r.n_tokens = step_.tokens.size();
+    r.positions = dev_i32(meta_.positions);
+    r.inv_freq = inv_freq.as<float>();
+    r.q_norm = q_norm.empty() ? nullptr : q_norm.data();
+    r.k_norm = k_norm.empty() ? nullptr : k_norm.data();
+    r.norm_eps = eps;
+    return kernels::rope_cuda_device(r, stream_);
+  }
+
+  Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {
+    const size_t kw = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.head_dim);
+    return kernels::paged_kv_write_cuda_device(paged(kv), dev_i32(meta_.slots), step_.tokens.size(),
+                                               kernels::DType::bf16, k.data(), kw, v.data(), kw,
+                                               stream_);
+  }
+
+  Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                   float scale, int window) override {
+    kernels::AttentionBatch b;
+    b.dtype = kernels::DType::bf16;
+    b.q = q.data();
+    b.q_stride = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
+    b.out = out.data();
+    b.out_stride = b.q_stride;
+    b.n_heads = heads;
+    b.kv = paged(kv);
+    b.block_tables = dev_i32(meta_.tables);
+    b.max_blocks_per_seq = static_cast<int>(meta_.cap_width);
+    b.seq_lens = dev_i32(meta_.seq_lens);
+    b.query_start = dev_i32(meta_.query_start);
+    b.n_seqs = step_.chunks_n();
+    b.n_tokens = step_.tokens.size();
+    b.max_query_len = max_query_len_;
+    b.max_seq_len = max_seq_len_;
+    b.scale = scale;
+    b.window = window;
+    if (!step_.decode_only()) return kernels::attention_prefill_cuda_device(b, stream_);
+    SPARK_TRY(grow_attn_ws(
+        kernels::attention_decode_workspace_bytes(b.n_seqs, heads, kv.head_dim, max_seq_len_)));
+    b.workspace = attn_ws_.data();
+    b.workspace_bytes = attn_ws_.bytes();
+    return kernels::attention_decode_cuda_device(b, stream_);
+  }
+
+  Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
+    return kernels::swiglu_bf16_cuda_device(gate_up.as<kernels::bf16_bits>(),
+                                            y.as<kernels::bf16_bits>(), static_cast<size_t>(rows),
+                                            static_cast<size_t>(dim), stream_);
+  }
+
+  Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) override {
+    // A gather of rows is an embedding lookup whose table is x.
+    const size_t D = static_cast<size_t>(dim);
+    return kernels::embedding_cuda_device(kernels::DType::bf16, x.data(), x.numel() / D, D,
+                                          dev_i32(meta_.rows), step_.logit_rows.size(), y.data(),
+                                          stream_);
+  }
+
+  Status all_reduce(Collective& comm, const Buffer&) override {
+    if (comm.world_size() == 1) return Status::Ok();
+    return make_error(Errc::unsupported,
+                      "cuda device: tensor parallelism across GPUs needs the device collectives "
+                      "(NCCL), which this build does not have yet — run with TP=1 per GPU node "
+                      "or DEVICE=cpu");
+  }
+
+  Status synchronize() override { return kernels::cuda_stream_synchronize(stream_); }
+
+  Status reserve_step(int tokens, int chunks, int width, int max_seq_len, int heads,
+                      int head_dim) override {
+    SPARK_TRY(grow_meta(static_cast<size_t>(tokens), static_cast<size_t>(chunks),
+                        static_cast<size_t>(width)));
+    return grow_attn_ws(
+        kernels::attention_decode_workspace_bytes(chunks, heads, head_dim, max_seq_len));
+  }
+
+  bool supports_graphs() const override { return true; }
+
+  Status graph_begin() override { return kernels::cuda_graph_begin_capture(stream_); }
+
+  Status graph_end(uint64_t key) override {
+    auto g = kernels::cuda_graph_end_capture(stream_);
+    if (!g) return g.error();
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) kernels::cuda_graph_destroy(it->second);
+    graphs_[key] = *g;
+    return Status::Ok();
+  }
+
+  Result<bool> graph_launch(uint64_t key) override {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    SPARK_TRY(kernels::cuda_graph_launch(it->second, stream_));
+    return true;
+  }
+
+  bool samples_on_device() const override { return true; }
+
+  Status sample(const Buffer& logits, int vocab, const std::vector<kernels::SampleParams>& params,
+                std::vector<kernels::SampleResult>* out) override {
+    const int rows = static_cast<int>(params.size());
+    out->resize(params.size());
+    if (rows == 0) return Status::Ok();
+    const size_t pbytes = params.size() * sizeof(kernels::SampleParams);
+    const size_t rbytes = params.size() * sizeof(kernels::SampleResult);
+    const size_t wbytes = kernels::sample_workspace_bytes(rows, vocab);
+    if (sample_rows_ < rows || sample_ws_.bytes() < wbytes) {
+      auto pd = alloc(ElemType::i32, (pbytes + 3) / 4);
+      auto rd = alloc(ElemType::i32, (rbytes + 3) / 4);
+      auto ph = host_staging(pbytes + rbytes + 64);
+      auto ws = alloc(ElemType::i32, (wbytes + 3) / 4 + 1);
+      if (!pd || !rd || !ph || !ws)
+        return make_error(Errc::resource, "cuda device: no memory for the sampler's buffers");
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      sample_params_ = *pd;
+      sample_results_ = *rd;
+      sample_host_ = *ph;
+      sample_ws_ = *ws;
+      sample_rows_ = rows;
+    }
+    auto* host = static_cast<char*>(sample_host_.data());
+    std::memcpy(host, params.data(), pbytes);
+    SPARK_TRY(kernels::cuda_memcpy_async(sample_params_.data(), host, pbytes, stream_));
+    kernels::SampleBatch b;
+    b.logits_dtype = kdt(logits.type());
+    b.logits = logits.data();
+    b.logits_stride = static_cast<size_t>(vocab);
+    b.vocab = vocab;
+    b.rows = rows;
+    b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
+    b.update_state = false;
+    b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
+    b.workspace = sample_ws_.data();
+    b.workspace_bytes = sample_ws_.bytes();
+    SPARK_TRY(kernels::sample_cuda_device(b, stream_));
+    SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    std::memcpy(out->data(), host + pbytes, rbytes);
+    return Status::Ok();
+  }
+
+  void graph_clear() override {
+    for (auto& [k, g] : graphs_) kernels::cuda_graph_destroy(g);
+    graphs_.clear();
+  }
+
+ private:
+  CudaDevice() = default;
+  const int32_t* dev_i32(size_t off) const { return meta_dev_.as<int32_t>() + off; }
+
+  // Growing a buffer a graph reads would leave the graph pointing at freed memory: every
+  // growth drops the graphs (Model::prepare sizes them up front, so steady state never grows).
+  Status grow_meta(size_t T, size_t C, size_t W) {
+    if (T <= meta_.cap_tokens && C <= meta_.cap_chunks && W <= meta_.cap_width &&
+        !meta_dev_.empty())
+      return Status::Ok();
+    meta_.cap_tokens = std::max(meta_.cap_tokens, T);
+    meta_.cap_chunks = std::max(meta_.cap_chunks, C);
+    meta_.cap_width = std::max(meta_.cap_width, W);
+    meta_.compute();
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // the old buffers may be in use
+    graph_clear();
+    auto d = alloc(ElemType::i32, meta_.total);
+    if (!d) return d.error();
+    auto h = host_staging(meta_.total * 4);
+    if (!h) return h.error();
+    meta_dev_ = *d;
+    meta_host_ = *h;
+    return Status::Ok();
+  }
+
+  Status grow_attn_ws(size_t need) {
+    if (attn_ws_.bytes() >= need) return Status::Ok();
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    graph_clear();
+    auto w = alloc(ElemType::i32, (need + 3) / 4);
+    if (!w) return w.error();
+    attn_ws_ = *w;
+    return Status::Ok();
+  }
+  static kernels::PagedKVDevice paged(const KVLayerView& kv) {
+    kernels::PagedKVDevice p;
+    p.k = kv.k;
+    p.v = kv.v;
+    p.dtype = kdt(kv.type);
+    p.block_size = kv.block_size;
+    p.n_kv_heads = kv.n_kv_heads;
+    p.head_dim = kv.head_dim;
+    p.num_blocks = kv.num_blocks;
+    return p;
+  }
+
+  DeviceInfo info_;
+  kernels::DeviceLimits lim_;
+  void* stream_ = nullptr;
+  std::unique_ptr<kernels::Matmul> mm_;
+  StepLayout step_;
+  MetaLayout meta_;
+  Buffer meta_dev_, meta_host_, attn_ws_, convert_;
+  std::vector<float> widen_;
+  int max_query_len_ = 0, max_seq_len_ = 0;
+  std::map<uint64_t, void*> graphs_;
+  Buffer sample_params_, sample_results_, sample_host_, sample_ws_;
+  int sample_rows_ = 0;
+  std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Device>> make_cuda_device(int ordinal) {
+  return CudaDevice::open(ordinal);
+}
+
+Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ordinal,
+                                              std::string* fallback_reason) {
+  if (choice == "cpu") return make_cpu_device();
+  if (choice != "cuda" && choice != "auto")
+    return make_error(Errc::config, fmt::format("DEVICE={} is not one of auto, cpu, cuda", choice));
+  auto d = make_cuda_device(ordinal);
+  if (d) return d;
+  if (choice == "cuda")
+    return make_error(d.error().code,
+                      fmt::format("DEVICE=cuda: cannot use CUDA device {}: {} — fix the driver "
+                                  "or set DEVICE=cpu",
+                                  ordinal, d.error().message));
+  if (fallback_reason)
+    *fallback_reason = fmt::format("DEVICE=auto chose the CPU: {}", d.error().message);
+  return make_cpu_device();
+}
+
+}  // namespace spark::engine

@@ -1,0 +1,267 @@
+// The engine on the CUDA device against Hugging Face transformers (the fp32 fixtures of
+// tools/gen_reference.py) and through the scheduler. Without a GPU these print SKIP and
+// return; SPARK_REQUIRE_GPU=1 makes that a failure.
+//
+// The bf16 bound: the GPU keeps weights, activations and KV in bf16 (8 significant bits,
+// unit roundoff 2^-9 ~ 2e-3) and accumulates in fp32, as transformers does with
+// torch_dtype=bfloat16. Measured on the H200 (tools/bf16_bound.py; bench/results/
+// engine_gpu_bf16_bound-2026-12-01-h200.json), transformers' own bf16 run differs from its
+// fp32 run by up to 0.107 (llama), 0.090 (mistral), 0.267 (qwen2, |logits| up to 50) and
+// 0.066 (qwen3) over the same positions; the engine measured 0.074, 0.065, 0.163 and
+// 0.048. The bound, kBf16LogitBound = 0.25, is the size of transformers' own bf16 spread:
+// the engine must stay at least as close to the fp32 reference as transformers in bf16
+// is, at every recorded position, teacher-forced along the reference's greedy path (fp32
+// weights are rounded to bf16 once at load, as torch_dtype=bfloat16 does). The greedy token must
+// equal the reference's at every step, except where the reference's own top-2 gap is below 2 x the
+// bound (a bf16 near-tie): the test names such a step and prints the gap.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/strings.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/model.h"
+#include "support/gpu.h"
+
+using namespace spark;
+using namespace spark::engine;
+
+namespace {
+
+constexpr double kBf16LogitBound = 0.25;
+const std::string kFixtures = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models";
+
+std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(kFixtures, ec)) return out;
+  for (const auto& e : std::filesystem::directory_iterator(kFixtures, ec))
+    if (std::filesystem::exists(e.path() / "reference.json")) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double max_diff(const float* a, const nlohmann::json& b) {
+  double worst = 0;
+  for (size_t i = 0; i < b.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i].get<double>()));
+  return worst;
+}
+
+std::shared_ptr<Device> cuda_or_skip() {
+  if (test::skip_without_cuda()) return nullptr;
+  auto d = make_cuda_device(0);
+  REQUIRE_MESSAGE(d.ok(), (d.ok() ? std::string() : d.error().message));
+  return *d;
+}
+
+double top2_gap(const nlohmann::json& top) {
+  return top["logits"].size() < 2 ? 1e9
+                                  : top["logits"][0].get<double>() - top["logits"][1].get<double>();
+}
+
+// Tokens `got` against the reference greedy ids: -1 when equal, else the step of the first
+// difference, which must be a near-tie of the reference (else the test fails there).
+int check_greedy(const std::vector<int32_t>& got, const nlohmann::json& ref,
+                 const std::string& what) {
+  const auto expect = ref["greedy_ids"].get<std::vector<int32_t>>();
+  for (size_t s = 0; s < std::min(got.size(), expect.size()); ++s) {
+    if (got[s] == expect[s]) continue;
+    const double gap = top2_gap(ref["greedy_top"][s]);
+    MESSAGE(what << ": greedy token differs at step " << s << " (got " << got[s] << ", reference "
+                 << expect[s] << "); the reference's top-2 gap there is " << gap);
+    CHECK_MESSAGE(gap < 2 * kBf16LogitBound,
+                  "step " << s << " is not a bf16 near-tie: top-2 gap " << gap);
+    return static_cast<int>(s);
+  }
+  CHECK(got.size() >= expect.size());
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
+  std::string why;
+  auto cpu = select_device("cpu", 0, &why);
+  REQUIRE(cpu.ok());
+  CHECK((*cpu)->info().kind == "cpu");
+  auto bad = select_device("tpu", 0, &why);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("auto, cpu, cuda") != std::string::npos);
+  why.clear();
+  auto aut = select_device("auto", 0, &why);
+  REQUIRE(aut.ok());
+  const std::string skip = test::cuda_skip_reason();
+  if (skip.empty()) {
+    CHECK((*aut)->info().kind == "cuda");
+    CHECK(why.empty());
+    CHECK((*aut)->info().sm >= 90);
+  } else {
+    CHECK((*aut)->info().kind == "cpu");
+    CHECK(why.find("DEVICE=auto chose the CPU") != std::string::npos);
+    auto cuda = select_device("cuda", 0, &why);
+    REQUIRE_FALSE(cuda.ok());
+    CHECK(cuda.error().message.find("DEVICE=cuda") != std::string::npos);
+    MESSAGE("SKIP (GPU half): " << skip);
+  }
+}
+
+TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tokens agree") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  const auto dirs = fixture_dirs();
+  REQUIRE_MESSAGE(!dirs.empty(), "no reference fixtures under " << kFixtures);
+  for (const auto& dir : dirs) {
+    CAPTURE(dir);
+    auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    for (const std::string kv : {"bf16", "fp32"}) {
+      CAPTURE(kv);
+      auto d = make_cuda_device(0);
+      REQUIRE(d.ok());
+      LoadReport rep;
+      auto m = Model::load(dir, 0, 1, *d, &rep);
+      REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+      auto& model = **m;
+      const auto& c = model.config();
+      const size_t V = static_cast<size_t>(c.vocab_size);
+      CHECK(rep.device.find("sm_") != std::string::npos);
+      std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+      const int steps = ref["greedy_steps"].get<int>();
+      const int bs = 16;
+      const int blocks = (static_cast<int>(prompt.size()) + steps) / bs + 2;
+      auto cache = model.make_kv_cache(blocks, bs, kv == "bf16" ? ElemType::bf16 : ElemType::f32);
+      REQUIRE(cache.ok());
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks - 1 - i;
+      LocalCollective one;
+      std::vector<float> logits;
+      SeqChunk ch{prompt.data(), static_cast<int>(prompt.size()), 0, table.data(), true};
+      REQUIRE(model.forward({ch}, **cache, one, &logits, true).ok());
+      double worst = 0;
+      const auto& positions = ref["prompt_logits_positions"];
+      for (size_t r = 0; r < positions.size(); ++r)
+        worst = std::max(worst, max_diff(logits.data() + positions[r].get<size_t>() * V,
+                                         ref["prompt_logits"][r]));
+      // Teacher-forced along the reference's greedy path, so every step's logits compare.
+      const auto expect = ref["greedy_ids"].get<std::vector<int32_t>>();
+      std::vector<int32_t> seq = prompt, got;
+      std::vector<float> last(logits.end() - static_cast<ptrdiff_t>(V), logits.end());
+      for (int s = 0; s < steps; ++s) {
+        const auto key = std::to_string(s);
+        if (ref["greedy_full_logits"].contains(key))
+          worst = std::max(worst, max_diff(last.data(), ref["greedy_full_logits"][key]));
+        const auto& top = ref["greedy_top"][static_cast<size_t>(s)];
+        for (size_t k = 0; k < top["ids"].size(); ++k)
+          worst = std::max(
+              worst, std::abs(last[top["ids"][k].get<size_t>()] - top["logits"][k].get<double>()));
+        got.push_back(
+            static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+        seq.push_back(expect[static_cast<size_t>(s)]);
+        SeqChunk dch{&seq.back(), 1, static_cast<int>(seq.size()) - 1, table.data(), true};
+        if (s + 1 < steps) REQUIRE(model.forward({dch}, **cache, one, &last).ok());
+      }
+      const int flip = check_greedy(got, ref, "teacher-forced");
+      MESSAGE(dir << " on " << rep.device << ", weights " << ref["weights_dtype"].get<std::string>()
+                  << ", KV " << kv << ": max |logit diff| " << worst << " (bound "
+                  << kBf16LogitBound << "), greedy steps " << steps << ", first near-tie flip "
+                  << flip);
+      CHECK(steps >= 64);
+      CHECK(worst <= kBf16LogitBound);
+    }
+  }
+}
+
+TEST_CASE("cuda engine: the scheduler (chunked prefill, n=2, prefix cache) keeps greedy tokens") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  for (const auto& dir : fixture_dirs()) {
+    CAPTURE(dir);
+    auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    for (bool graphs : {true, false}) {
+      CAPTURE(graphs);
+      auto d = make_cuda_device(0);
+      REQUIRE(d.ok());
+      auto m = Model::load(dir, 0, 1, *d);
+      REQUIRE(m.ok());
+      EngineOptions o;
+      o.slots = 2;
+      o.block_size = 8;
+      o.max_batch_tokens = 5;  // the prompt prefills in uneven chunks next to decodes
+      o.cuda_graphs = graphs;
+      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+      REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
+      CHECK((*eng)->stats().kv_dtype == "bf16");
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = ref["greedy_steps"].get<int>();
+      p.ignore_eos = true;
+      p.n = 2;
+      const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+      auto r = generate_blocking(**eng, prompt, p);
+      REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+      check_greedy(r->tokens[0], ref, "scheduler choice 0");
+      check_greedy(r->tokens[1], ref, "scheduler choice 1");
+      auto again = generate_blocking(**eng, prompt, p);  // now from the prefix cache
+      REQUIRE(again.ok());
+      CHECK(again->cached_prompt_tokens > 0);
+      check_greedy(again->tokens[0], ref, "prefix-cached");
+    }
+  }
+}
+
+TEST_CASE("cuda engine: cancel frees the slot; seeds repeat; a too-small memory fails at start") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  const auto dirs = fixture_dirs();
+  REQUIRE(!dirs.empty());
+  const std::string dir = dirs.front();
+  {
+    auto m = Model::load(dir, 0, 1, dev);
+    REQUIRE(m.ok());
+    EngineOptions o;
+    o.slots = 1;
+    o.max_context = 256;
+    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+    REQUIRE(eng.ok());
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.seed = 7;
+    p.max_tokens = 200;
+    p.ignore_eos = true;
+    std::atomic<int> seen{0};
+    std::atomic<bool> cancelled{false};
+    auto id = (*eng)->submit({{1, 2, 3}, p, [&](const TokenEvent& e) {
+                                if (e.token >= 0) ++seen;
+                                if (e.finish == FinishReason::cancelled) cancelled = true;
+                              }});
+    REQUIRE(id.ok());
+    while (seen.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (*eng)->cancel(*id);
+    p.max_tokens = 16;
+    auto a = generate_blocking(**eng, {1, 2, 3}, p);  // gets the only slot once it is freed
+    REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.error().message));
+    CHECK(cancelled.load());
+    CHECK(seen.load() < 200);
+    auto b = generate_blocking(**eng, {1, 2, 3}, p);
+    REQUIRE(b.ok());
+    CHECK(a->tokens[0].size() == 16);
+    CHECK(a->tokens[0] == b->tokens[0]);  // same seed, same tokens
+  }
+  {
+    auto m = Model::load(dir, 0, 1, dev);
+    REQUIRE(m.ok());
+    EngineOptions o;
+    o.kv_from_free_memory = true;
+    o.mem_reserve = 1ull << 50;  // leaves nothing for the KV cache
+    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+    REQUIRE_FALSE(eng.ok());
+    CHECK(eng.error().code == Errc::resource);
+    CHECK(eng.error().message.find("largest context that fits is 0 tokens") != std::string::npos);
+    MESSAGE(eng.error().message);
+  }
+}
