@@ -17,7 +17,8 @@ DESTDIR=$tmp/root cmake --install "$BUILD" --prefix /usr >"$tmp/install.log"
 root=$tmp/root/usr
 expect=(
   bin/sparkctl sbin/sparkd
-  share/man/man1/sparkctl.1 share/man/man1/sparkctl-config.1 share/man/man5/sparkctl.env.5
+  share/man/man1/sparkctl.1.gz share/man/man1/sparkctl-config.1.gz share/man/man5/sparkctl.env.5.gz
+  share/doc/sparkctl/copyright share/doc/sparkctl/changelog.gz
   share/sparkctl/examples/local.env share/sparkctl/examples/two-sparks.env
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
   lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
@@ -25,7 +26,7 @@ expect=(
 )
 for f in "${expect[@]}"; do [[ -f $root/$f ]] || err "cmake --install did not install $f"; done
 for p in "$SRC"/man/*.[1-8]; do
-  n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n ]] || err "man page $n not installed"
+  n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n.gz ]] || err "man page $n.gz not installed"
 done
 [[ -x $root/bin/sparkctl ]] || err "bin/sparkctl is not executable"
 # Installed units run the binaries of this prefix, not the sources' /usr/local default.
