@@ -7,9 +7,10 @@
 #include <sstream>
 
 #include "cli/node_exec.h"
+#include "core/http_client.h"
+#include "core/install_layout.h"
 #include "core/process.h"
 #include "core/strings.h"
-#include "core/http_client.h"
 
 namespace spark::cli {
 
@@ -190,6 +191,7 @@ std::vector<LaunchResult> launch_ranks(
     std::string s = node_dirs_prelude(cfg) + kShellFns;
     s += "mkdir -p \"$S/run\" \"$L\" || { echo \"@@fatal x cannot create $S/run and $L\"; exit 1; "
          "}\n";
+    s += spark::sparkd_shell_lookup(lay.sparkd_bin, lay.sparkd_explicit);
     s += fmt::format("C=\"$S/run/ring-node{}.env\"\n", n);
     s += "cat >\"$C.tmp.$$\" && mv -f \"$C.tmp.$$\" \"$C\" || "
          "{ echo \"@@fatal x cannot write $C\"; exit 1; }\n";
@@ -207,11 +209,10 @@ std::vector<LaunchResult> launch_ranks(
       s += fmt::format(
           "p=$(num {pf}); if ours \"$p\" /sparkd-{r}.pid; then echo \"@@busy {r} $p\"; else "
           "rm -f {pf} {pf}.engine {pf}.launch; {env} setsid -f /bin/sh -c "
-          "'echo $$ >\"$0\"; exec \"$@\"' {pf}.launch {bin} --config \"$C\" --rank {r} "
+          "'echo $$ >\"$0\"; exec \"$@\"' {pf}.launch \"$B\" --config \"$C\" --rank {r} "
           "--pidfile {pf} --log-file \"$L/sparkd-{r}.log\" </dev/null >\"$L/sparkd-{r}.out\" "
           "2>&1; fi\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("env", env),
-          fmt::arg("bin", spark::shell_quote(lay.sparkd_bin)));
+          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("env", env));
     }
     // Wait (bounded, 10 s) until every rank wrote its pidfile or exited.
     s += "i=0; while [ $i -lt 100 ]; do w=0;";

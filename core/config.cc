@@ -57,7 +57,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"MTU_MIN", KeyType::integer, "9000", nullptr, "MTU below which preflight warns."},
       {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
       {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
-      {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: beside sparkctl."},
+      {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: PREFIX/sbin/sparkd of this sparkctl, beside it, the build tree, PATH."},
       {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it there); default: the head's own path."},
       {"SSH_USER", KeyType::string, nullptr, nullptr, "SSH user when a node's target names none (default: the current user)."},
       {"SSH_PORT", KeyType::port, "22", nullptr, "SSH port when a node's target names none."},
