@@ -55,7 +55,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"DISK_MAX_USE", KeyType::integer, "85", nullptr, "Highest disk use in percent allowed after staging."},
       {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr, "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
       {"MTU_MIN", KeyType::integer, "9000", nullptr, "MTU below which preflight warns."},
-      {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters); default ~/.local/state/sparkctl/RING_NAME."},
+      {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters), shared by every user of the ring; default /var/lib/sparkctl/RING_NAME when that exists, else ~/.local/state/sparkctl/RING_NAME."},
       {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
       {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: PREFIX/sbin/sparkd of this sparkctl, beside it, the build tree, PATH."},
       {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it there); default: the head's own path."},

@@ -35,6 +35,10 @@ grep -qx 'ExecStart=/usr/bin/sparkctl watch --quiet' "$units/sparkctl-watch.serv
   err "installed sparkctl-watch.service does not run /usr/bin/sparkctl: $(grep ExecStart "$units/sparkctl-watch.service" 2>&1)"
 grep -q '^ExecStart=/usr/sbin/sparkd ' "$units/sparkd@.service" 2>/dev/null ||
   err "installed sparkd@.service does not run /usr/sbin/sparkd: $(grep ExecStart "$units/sparkd@.service" 2>&1)"
+# A system install's shared state root: sticky and world-writable, so a ring started by a
+# user is found by root's timer (the default STATE_DIR is /var/lib/sparkctl/RING_NAME).
+[[ $(stat -c %a "$tmp/root/var/lib/sparkctl" 2>/dev/null) == 1777 ]] ||
+  err "cmake --install --prefix /usr did not make /var/lib/sparkctl mode 1777 ($(stat -c %a "$tmp/root/var/lib/sparkctl" 2>&1))"
 # The commented cluster file example (a conffile in the .deb) and the cron example.
 [[ -f $tmp/root/etc/sparkctl/ring.env ]] || err "cmake --install --prefix /usr did not install /etc/sparkctl/ring.env"
 grep -qv '^#' "$tmp/root/etc/sparkctl/ring.env" 2>/dev/null && err "/etc/sparkctl/ring.env is not all comments (it must describe no live ring)"
@@ -65,6 +69,7 @@ deb=$(ls "$tmp"/pkg/*.deb 2>/dev/null | head -n 1)
 [[ -n $deb ]] || { err "cpack made no .deb"; exit 1; }
 dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
 for f in "${expect[@]}"; do grep -qx "./usr/$f" "$tmp/contents" || err "$(basename "$deb") lacks /usr/$f"; done
+dpkg-deb -c "$deb" | grep -q '^drwxrwxrwt .* \./var/lib/sparkctl/$' || err "$(basename "$deb") lacks /var/lib/sparkctl/ mode 1777"
 grep -qx './etc/sparkctl/ring.env' "$tmp/contents" || err "$(basename "$deb") lacks /etc/sparkctl/ring.env"
 dpkg-deb -I "$deb" conffiles 2>/dev/null | grep -qx '/etc/sparkctl/ring.env' || err "/etc/sparkctl/ring.env is not a conffile of the .deb"
 # The packaged units verify once unpacked, with their paths pointing into the unpacked tree.
