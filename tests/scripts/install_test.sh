@@ -19,6 +19,8 @@ expect=(
   bin/sparkctl sbin/sparkd
   share/man/man1/sparkctl.1.gz share/man/man1/sparkctl-config.1.gz share/man/man5/sparkctl.env.5.gz
   share/doc/sparkctl/copyright share/doc/sparkctl/changelog.gz
+  share/sparkctl/prometheus/sparkctl-alerts.yml share/sparkctl/prometheus/scrape-open.yml
+  share/sparkctl/prometheus/scrape-auth.yml share/sparkctl/examples/sparkctl.cron
   share/sparkctl/examples/local.env share/sparkctl/examples/two-sparks.env
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
   lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
