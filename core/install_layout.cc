@@ -2,9 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
-#include "core/process.h"
+#include "core/strings.h"
 
 namespace spark {
 
@@ -23,22 +24,43 @@ std::string locate_sparkd(const std::string& self_exe) {
   return "";
 }
 
-std::string sparkd_shell_lookup(const std::string& preferred, bool explicit_bin) {
-  std::string q = shell_quote(preferred);
-  if (explicit_bin)
-    return "B=" + q +
-           "; [ -x \"$B\" ] || command -v \"$B\" >/dev/null 2>&1 || { echo \"@@fatal x " +
-           "SPARKD_BIN $B is not an executable on this node (install sparkd there or fix " +
-           "SPARKD_BIN in the cluster file)\"; exit 1; }\n";
-  // The head's choice first (the same install on every node), then this node's own.
-  return "B=" + q +
-         "; if [ ! -x \"$B\" ]; then B=; for c in /usr/sbin/sparkd /usr/local/sbin/sparkd; do "
-         "[ -x \"$c\" ] && { B=$c; break; }; done; [ -n \"$B\" ] || B=$(PATH=\"$PATH:/usr/local/"
-         "sbin:/usr/sbin:/sbin\" command -v sparkd 2>/dev/null) || B=; fi; [ -n \"$B\" ] || { echo "
-         "\"@@fatal x sparkd not found on this node (tried " +
-         q +
-         ", /usr/sbin/sparkd, /usr/local/sbin/sparkd, PATH): install the sparkctl package there "
-         "or set SPARKD_BIN in the cluster file\"; exit 1; }\n";
+namespace {
+bool executable(const std::string& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
+}
+std::string on_path(const std::string& name, const std::string& path) {
+  for (const auto& dir : split_list(path, ':'))
+    if (!dir.empty() && executable(dir + "/" + name)) return dir + "/" + name;
+  return "";
+}
+}  // namespace
+
+std::string node_sparkd(const std::string& preferred, bool explicit_bin,
+                        const std::string& self_exe, std::string* tried) {
+  const char* env_path = std::getenv("PATH");
+  std::string path = env_path ? env_path : "";
+  std::vector<std::string> seen;
+  auto try_one = [&](const std::string& c) {
+    if (c.empty()) return std::string();
+    seen.push_back(c);
+    if (c.find('/') == std::string::npos) return on_path(c, path);
+    return executable(c) ? c : std::string();
+  };
+  std::string found = try_one(preferred);
+  if (found.empty() && !explicit_bin) {
+    // cron's PATH and a non-root SSH session lack the sbin directories.
+    std::vector<std::string> more = {locate_sparkd(self_exe), "/usr/sbin/sparkd",
+                                     "/usr/local/sbin/sparkd"};
+    for (const auto& c : more)
+      if (found.empty()) found = try_one(c);
+    if (found.empty()) {
+      seen.push_back("sparkd on PATH");
+      found = on_path("sparkd", path + ":/usr/local/sbin:/usr/sbin:/sbin");
+    }
+  }
+  if (tried) *tried = join(seen, ", ");
+  return found;
 }
 
 }  // namespace spark

@@ -16,10 +16,11 @@ std::vector<std::string> sparkd_candidates(const std::string& self_exe);
 /// The first of sparkd_candidates(self_exe) that is an executable file; "" when none is.
 std::string locate_sparkd(const std::string& self_exe);
 
-/// The shell snippet that sets B on a node to the sparkd to run: `preferred` when it is
-/// executable there, else PREFIX/sbin/sparkd of the usual prefixes, else sparkd on PATH
-/// with the sbin directories added; it prints "@@fatal x <message>" and exits 1 when none.
-/// `explicit_bin`: the cluster file named it (SPARKD_BIN), so no fallback is tried.
-std::string sparkd_shell_lookup(const std::string& preferred, bool explicit_bin);
+/// The sparkd a node runs when the head asks for `preferred`: `preferred` when it is
+/// executable here (or a name found on PATH); else, unless `explicit_bin` (the cluster file
+/// named it in SPARKD_BIN), this node's own: locate_sparkd(self_exe), /usr/sbin/sparkd,
+/// /usr/local/sbin/sparkd, sparkd on PATH. "" when none; `tried` lists what was looked at.
+std::string node_sparkd(const std::string& preferred, bool explicit_bin,
+                        const std::string& self_exe, std::string* tried);
 
 }  // namespace spark

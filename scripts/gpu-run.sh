@@ -31,7 +31,8 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
-# "stage-bench"), OUT.
+# "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
+# NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -45,7 +46,7 @@ declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_kernel_tests]=tests/spark_kernel_tests
   [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench)
 DEFAULT_TARGETS="sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
-EXTRA_FILES=(tests/libfault_inject_libcuda.so)
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
@@ -71,7 +72,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda
+    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl
     build="$src/$build"
   fi
 
@@ -96,6 +97,8 @@ stage() {
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
+  cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
+  cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -211,6 +214,16 @@ device() {
       "$ktests" -tc='gpu *'
   fi
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
+  [[ $want == *" nccl "* ]] &&
+    step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
+  # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
+  [[ $want == *" nccl-ring "* ]] &&
+    step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}
+  # Machines with several GPUs: TP=2/4 vs TP=1, busbw vs nccl-tests (NCCL_TESTS_SRC: a
+  # checkout carried in, never committed), topology, a rank killed. Not in the default list.
+  [[ $want == *" multi-gpu "* ]] &&
+    step multi-gpu 580 bash "$dev/multi-gpu.sh" "$dev/bin" "$out/multi-gpu" ${NCCL_TESTS_SRC:-}
   # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
   [[ $want == *" stage-bench "* ]] &&
     step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \
