@@ -50,6 +50,7 @@ Result<json> evict_here(const std::vector<std::string>& paths, const std::string
     j["files"].push_back(std::move(jf));
   }
   j["skipped"] = rep->skipped;
+  j["unreadable"] = rep->unreadable;
   return j;
 }
 
@@ -66,6 +67,8 @@ void print_node(std::ostream& out, const json& n, int verbose) {
     out << fmt::format("; MemFree {} -> {}, MemAvailable {} -> {}", sz("mem_free_before"),
                        sz("mem_free_after"), sz("mem_available_before"), sz("mem_available_after"));
   out << "\n";
+  for (const auto& d : n.value("unreadable", json::array()))
+    out << fmt::format("  {:<10} {}\n", "error", d.get<std::string>());
   for (const auto& f : n["files"]) {
     bool problem = f.value("status", "") != "evicted";
     if (!problem && verbose == 0) continue;
@@ -156,13 +159,16 @@ int cmd_cache_stat(Context& ctx, const std::vector<std::string>& args) {
     return *rc;
   if (!vm.count("paths"))
     return ctx.fail(make_error(Errc::usage, "cache-stat: name the files or directories"));
-  std::vector<std::string> skipped;
-  auto files = expand_regular_files(vm["paths"].as<std::vector<std::string>>(), &skipped);
+  std::vector<std::string> skipped, unreadable;
+  auto files =
+      expand_regular_files(vm["paths"].as<std::vector<std::string>>(), &skipped, &unreadable);
   if (!files) return ctx.fail(files.error());
   const bool map = ctx.opts.verbose > 0 && !ctx.opts.json;
-  uint64_t pages = 0, resident = 0, bytes = 0, rbytes = 0;
+  uint64_t pages = 0, resident = 0, bytes = 0, rbytes = 0, unknown = 0;
   json jf = json::array();
-  int errors = 0;
+  int errors = static_cast<int>(unreadable.size());
+  if (!ctx.opts.json)
+    for (const auto& u : unreadable) *ctx.err << "sparkctl: cache-stat: " << u << "\n";
   for (const auto& p : *files) {
     auto r = file_residency(p, map);
     if (!r) {
@@ -171,6 +177,22 @@ int cmd_cache_stat(Context& ctx, const std::vector<std::string>& args) {
         jf.push_back({{"path", p}, {"error", r.error().message}});
       else
         *ctx.err << "sparkctl: cache-stat: " << r.error().message << "\n";
+      continue;
+    }
+    if (!r->known) {
+      // Never shown as resident: the kernel did not say.
+      ++unknown;
+      bytes += r->size;
+      if (ctx.opts.json)
+        jf.push_back({{"path", p},
+                      {"size", r->size},
+                      {"pages", r->pages},
+                      {"resident_pages", nullptr},
+                      {"resident_bytes", nullptr},
+                      {"reason", r->unknown_reason}});
+      else
+        *ctx.out << fmt::format("{:>10}/{:<10} {:>6}  {:>10}  {}  ({})\n", "?", r->pages, "?", "?",
+                                p, r->unknown_reason);
       continue;
     }
     pages += r->pages;
@@ -205,8 +227,9 @@ int cmd_cache_stat(Context& ctx, const std::vector<std::string>& args) {
                             pct, format_size(r->resident_bytes()), p, bar);
   }
   if (ctx.opts.json) {
-    *ctx.out << json{{"files", jf},    {"total_bytes", bytes},       {"resident_bytes", rbytes},
-                     {"pages", pages}, {"resident_pages", resident}, {"skipped", skipped}}
+    *ctx.out << json{{"files", jf},        {"total_bytes", bytes},       {"resident_bytes", rbytes},
+                     {"pages", pages},     {"resident_pages", resident}, {"unknown_files", unknown},
+                     {"skipped", skipped}, {"unreadable", unreadable}}
                     .dump(2)
              << "\n";
   } else {
@@ -214,6 +237,9 @@ int cmd_cache_stat(Context& ctx, const std::vector<std::string>& args) {
     *ctx.out << fmt::format("# {} files, {} pages, {} resident ({:.1f}%, {} of {})\n",
                             files->size(), pages, resident, pct, format_size(rbytes),
                             format_size(bytes));
+    if (unknown)
+      *ctx.out << fmt::format("# {} file(s) of unknown residency (hidden from this user)\n",
+                              unknown);
   }
   return errors ? exit_code(Errc::io) : 0;
 }

@@ -79,15 +79,15 @@ FabricPreflight run_fabric_preflight(const RingConfig& cfg, const PreflightRun& 
     return f;
   }
   // The sweep itself takes seconds; NCCL's first connect (and the join) bound the rest.
-  auto results = exec_on_nodes(cfg, nodes, cmds, "", run.timeout + std::chrono::seconds(120));
+  auto results = run_on_nodes(cfg, jobs_on(nodes, cmds), run.timeout + std::chrono::seconds(120));
   for (size_t k = 0; k < results.size(); ++k) {
     const auto& r = results[k];
     const std::string who = fmt::format("rank {} ({})", ranks[k].rank, r.node);
-    if (!r.result) {
-      f.errors.push_back(fmt::format("{}: {}", who, r.result.error().message));
+    if (r.error && r.out.empty()) {
+      f.errors.push_back(fmt::format("{}: {}", who, r.error->message));
       continue;
     }
-    json j = json::parse(r.result->out, nullptr, false);
+    json j = json::parse(r.out, nullptr, false);
     if (j.is_object() && j.contains("error") && j["error"].is_object()) {
       f.errors.push_back(
           fmt::format("{}: {}", who, j["error"].value("message", std::string("failed"))));
@@ -96,10 +96,10 @@ FabricPreflight run_fabric_preflight(const RingConfig& cfg, const PreflightRun& 
     auto rep = j.is_object() ? env::fabric_report_from_json(j)
                              : Result<env::FabricReport>(Error{Errc::remote, ""});
     if (!rep) {
-      const std::string both = r.result->err + r.result->out;
+      const std::string both = r.err + r.out;
       const std::string tail(trim(both).substr(0, 400));
-      f.errors.push_back(fmt::format("{}: fabric-rank printed no report (exit {}): {}", who,
-                                     r.result->exit_status, tail));
+      f.errors.push_back(fmt::format("{}: fabric-rank printed no report (exit {}{}): {}", who,
+                                     r.exit_status, r.error ? ", " + r.error->message : "", tail));
       continue;
     }
     f.ranks.push_back(std::move(*rep));

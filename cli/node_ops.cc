@@ -180,7 +180,11 @@ NodeProbe probe_here(const RingConfig& cfg, int node) {
     rp.rank = r;
     rp.pid = read_pid(pidfile_path(d, r));
     rp.alive = ours(rp.pid, sparkd_mark(r));
-    if (rp.alive) rp.uptime_s = uptime_s(rp.pid);
+    if (rp.alive) {
+      rp.uptime_s = uptime_s(rp.pid);
+      auto f = stat_fields(rp.pid);
+      rp.stopped = !f.empty() && (f[0] == "T" || f[0] == "t");
+    }
     p.ranks.push_back(rp);
   }
   if (auto m = env::read_meminfo("/")) {
@@ -371,8 +375,11 @@ json to_json(const NodeProbe& p) {
             {"ranks", json::array()},
             {"gpu_mem_mib", json::array()}};
   for (const auto& r : p.ranks)
-    j["ranks"].push_back(
-        {{"rank", r.rank}, {"pid", r.pid}, {"alive", r.alive}, {"uptime_s", r.uptime_s}});
+    j["ranks"].push_back({{"rank", r.rank},
+                          {"pid", r.pid},
+                          {"alive", r.alive},
+                          {"uptime_s", r.uptime_s},
+                          {"stopped", r.stopped}});
   for (const auto& [used, total] : p.gpu_mem_mib) j["gpu_mem_mib"].push_back({used, total});
   return j;
 }
@@ -386,7 +393,7 @@ NodeProbe probe_from_json(const json& j) {
   p.mem_total = j.value("mem_total", int64_t{-1});
   for (const auto& r : j.value("ranks", json::array()))
     p.ranks.push_back(RankProcess{r.value("rank", 0), r.value("pid", 0), r.value("alive", false),
-                                  r.value("uptime_s", int64_t{-1})});
+                                  r.value("uptime_s", int64_t{-1}), r.value("stopped", false)});
   for (const auto& g : j.value("gpu_mem_mib", json::array()))
     if (g.is_array() && g.size() == 2)
       p.gpu_mem_mib.emplace_back(g[0].get<int64_t>(), g[1].get<int64_t>());

@@ -43,6 +43,7 @@ struct RankProcess {
   int pid = 0;         // from the pidfile; 0 none
   bool alive = false;  // the pid runs, is not a zombie, and is that rank's sparkd
   int64_t uptime_s = -1;
+  bool stopped = false;  // state T in /proc/PID/stat (SIGSTOP, SIGTSTP, a debugger)
 };
 
 /// One node's probe.

@@ -651,6 +651,13 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
       if (!r.alive) {
         rs.state = "down";
         rs.reason = p.error ? p.error->message : "sparkd is not running";
+      } else if (r.stopped) {
+        // A stopped process keeps its pid and its sockets and answers nothing.
+        rs.state = "stopped";
+        rs.reason = fmt::format(
+            "sparkd pid {} is stopped (SIGSTOP or a debugger) and does not answer: send "
+            "SIGCONT or restart the ring",
+            r.pid);
       } else if (h && h->contains("ranks")) {
         rs.state = "starting";
         rs.reason = "rank 0 does not list it";
@@ -664,9 +671,13 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
               rs.reason = "rank 0 lost its heartbeats";
             }
           }
-      } else {
+      } else if (r.uptime_s >= 0 && r.uptime_s < 30) {
         rs.state = "starting";
         rs.reason = "rank 0 does not answer yet";
+      } else {
+        rs.state = "unresponsive";
+        rs.reason = "its process runs but rank 0's /health does not answer" +
+                    (h ? std::string() : ": " + h.error().message);
       }
       s.ranks.push_back(rs);
     }

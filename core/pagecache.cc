@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -35,6 +36,28 @@ uint64_t page_size() {
   return ps;
 }
 
+#ifndef __NR_cachestat
+#define __NR_cachestat 451  // the same number on every architecture (generic table)
+#endif
+struct CachestatRange {
+  uint64_t off, len;
+};
+struct Cachestat {
+  uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+constexpr const char* kHidden =
+    "residency unknown: this user neither owns the file nor may write it, and Linux hides "
+    "the page cache of such files (mincore reports them resident, cachestat refuses); run "
+    "as the owner or as root to measure";
+
+// True when mincore tells this user the truth about `fd` (the kernel's rule since 5.0:
+// owner, write permission, or CAP_FOWNER; euid 0 stands for the capability).
+bool mincore_truthful(int fd, const struct stat& sb) {
+  if (::geteuid() == 0 || sb.st_uid == ::geteuid()) return true;
+  return ::faccessat(AT_FDCWD, fmt::format("/proc/self/fd/{}", fd).c_str(), W_OK, AT_EACCESS) == 0;
+}
+
 // Counts resident pages of an open file of `size` bytes.
 Status count_resident(int fd, const std::string& path, uint64_t size, FileResidency* r,
                       bool want_map) {
@@ -43,6 +66,29 @@ Status count_resident(int fd, const std::string& path, uint64_t size, FileReside
   r->size = size;
   r->pages = (size + ps - 1) / ps;
   r->resident_pages = 0;
+  r->known = true;
+  r->unknown_reason.clear();
+  if (!want_map) {
+    CachestatRange range{0, 0};  // len 0: to the end of the file
+    Cachestat cs{};
+    long rc = ::syscall(__NR_cachestat, fd, &range, &cs, 0);
+    if (rc == 0) {
+      r->resident_pages = std::min<uint64_t>(cs.nr_cache, r->pages);
+      return {};
+    }
+    if (errno == EPERM) {
+      r->known = false;
+      r->unknown_reason = kHidden;
+      return {};
+    }
+    // ENOSYS (before 6.5) and the like: mincore below.
+  }
+  struct stat sb {};
+  if (::fstat(fd, &sb) == 0 && !mincore_truthful(fd, sb)) {
+    r->known = false;
+    r->unknown_reason = kHidden;
+    return {};
+  }
   if (want_map) r->map.assign(r->pages, false);
   std::vector<unsigned char> vec;
   for (uint64_t off = 0; off < size; off += kWindow) {
@@ -84,7 +130,18 @@ Result<FileResidency> file_residency(const std::string& path, bool want_map) {
 }
 
 Result<std::vector<std::string>> expand_regular_files(const std::vector<std::string>& paths,
-                                                      std::vector<std::string>* skipped) {
+                                                      std::vector<std::string>* skipped,
+                                                      std::vector<std::string>* unreadable) {
+  auto refused = [&](const std::string& dir, const std::error_code& ec) -> Status {
+    std::string why = fmt::format("{}: cannot list the directory: {}{}", dir, ec.message(),
+                                  ec == std::errc::permission_denied
+                                      ? " (its files were not evicted; run as a user who can "
+                                        "read it, or as root)"
+                                      : "");
+    if (!unreadable) return make_error(Errc::io, why);
+    unreadable->push_back(why);
+    return {};
+  };
   std::vector<std::string> out;
   for (const auto& p : paths) {
     std::error_code ec;
@@ -99,12 +156,22 @@ Result<std::vector<std::string>> expand_regular_files(const std::vector<std::str
       if (skipped) skipped->push_back(p);
       continue;
     }
-    fs::recursive_directory_iterator it(p, fs::directory_options::skip_permission_denied, ec);
-    if (ec) return make_error(Errc::io, fmt::format("cannot list {}: {}", p, ec.message()));
+    fs::recursive_directory_iterator it(p, fs::directory_options::none, ec);
+    if (ec) {
+      SPARK_TRY(refused(p, ec));
+      continue;
+    }
     for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (ec) return make_error(Errc::io, fmt::format("cannot list {}: {}", p, ec.message()));
       auto s = it->symlink_status(ec);
-      if (fs::is_directory(s)) continue;
+      if (fs::is_directory(s)) {
+        // Look before descending: the iterator gives up on the whole walk otherwise.
+        if (::access(it->path().c_str(), R_OK | X_OK) != 0) {
+          SPARK_TRY(refused(it->path().string(), std::error_code(errno, std::generic_category())));
+          it.disable_recursion_pending();
+        }
+        continue;
+      }
       if (fs::is_regular_file(s))
         out.push_back(it->path().string());
       else if (skipped)
@@ -161,15 +228,17 @@ Status evict_fd(int fd, bool writable) {
 }
 
 size_t EvictReport::problems() const {
-  return static_cast<size_t>(std::count_if(
-      files.begin(), files.end(), [](const EvictedFile& f) { return f.status != "evicted"; }));
+  return unreadable.size() +
+         static_cast<size_t>(std::count_if(files.begin(), files.end(), [](const EvictedFile& f) {
+           return f.status != "evicted" && f.status != "unverified";
+         }));
 }
 
 Result<EvictReport> evict_page_cache(const std::vector<std::string>& paths,
                                      const std::string& proc_root) {
   auto t0 = std::chrono::steady_clock::now();
   EvictReport rep;
-  auto files = expand_regular_files(paths, &rep.skipped);
+  auto files = expand_regular_files(paths, &rep.skipped, &rep.unreadable);
   if (!files) return files.error();
   for (const auto& path : *files) {
     EvictedFile ef;
@@ -207,6 +276,18 @@ Result<EvictReport> evict_page_cache(const std::vector<std::string>& paths,
     if (auto s = count_resident(f.fd, path, ef.size, &before, false); !s) {
       ef.status = "error";
       ef.reason = s.message();
+      rep.files.push_back(std::move(ef));
+      continue;
+    }
+    if (!before.known) {
+      // Hidden from this user: drop what the kernel lets us drop and say it is unverified.
+      if (auto s = evict_fd(f.fd, false); !s) {
+        ef.status = "error";
+        ef.reason = fmt::format("{}: {}", path, s.message());
+      } else {
+        ef.status = "unverified";
+        ef.reason = before.unknown_reason;
+      }
       rep.files.push_back(std::move(ef));
       continue;
     }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -66,6 +67,51 @@ Status make_parents(const std::string& dir, const std::string& rel) {
   return {};
 }
 
+// Refuses `rel` under `dir` when one of its parent directories is a symlink.
+Status refuse_linked_parents(const std::string& dir, const std::string& rel,
+                             const std::string& node) {
+  auto parts = split_list(rel, '/');
+  std::string cur = dir;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    cur += "/" + parts[i];
+    struct stat sb {};
+    if (::lstat(cur.c_str(), &sb) != 0) return {};  // not there yet: created without links
+    if (S_ISLNK(sb.st_mode))
+      return make_error(Errc::integrity,
+                        fmt::format("{}: {} is a symlink on the target; staging never writes "
+                                    "or reads through links: remove it (or stage into the "
+                                    "directory it points to) and run again",
+                                    node, cur));
+  }
+  return {};
+}
+
+// True when bytes [off, off+len) of `path` hash to `want` (a journaled chunk whose
+// durability was not yet confirmed by a "sync" line).
+bool chunk_on_disk(const std::string& path, uint64_t off, uint64_t len, const std::string& want) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  std::vector<char> buf(std::min<uint64_t>(len, 8u << 20));
+  bool ok = true;
+  for (uint64_t done = 0; done < len && ok;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - done));
+    ssize_t k = ::pread(fd, buf.data(), n, static_cast<off_t>(off + done));
+    if (k <= 0)
+      ok = false;
+    else {
+      XXH3_128bits_update(st, buf.data(), static_cast<size_t>(k));
+      done += static_cast<uint64_t>(k);
+    }
+  }
+  auto hv = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return ok && fmt::format("{:016x}{:016x}", hv.high64, hv.low64) == want;
+}
+
 // Per-file receive state.
 struct FileState {
   std::mutex mu;
@@ -82,13 +128,17 @@ struct FileState {
   int dfd = -1;  // O_DIRECT when the filesystem supports it: bulk writes skip the page cache
   int jfd = -1;
   std::string error;
-  std::string pending;  // journal lines of verified chunks not yet made durable
-  int pending_chunks = 0;
+  int pending_chunks = 0;  // journaled since the last fdatasync
 };
 
-// Verified chunks are journaled in batches: one fdatasync (a device cache flush) per batch
-// instead of per chunk. A kill loses at most this many chunks per file of progress.
+// Journal: a line "INDEX HASH" per verified chunk, appended as soon as the chunk's writes
+// returned, so a killed receiver loses at most the chunks it was receiving (their bytes and
+// the line are in the kernel either way). Durability against a power cut costs one
+// fdatasync (a device cache flush) per kJournalBatch chunks, followed by a "sync" line:
+// on resume the chunks journaled after the last "sync" are hashed again from the partial
+// file before they are trusted (at most a batch of chunks per file).
 constexpr int kJournalBatch = 8;
+constexpr std::string_view kJournalSync = "sync";
 
 class ReceiverImpl final : public Receiver {
  public:
@@ -133,6 +183,8 @@ class ReceiverImpl final : public Receiver {
   Status open_file(FileState& f);
   Status finalize(FileState& f);
   Status flush_journal(FileState& f);
+  Status journal_chunk(FileState& f, uint64_t index);
+  void give_back(FileState& f);
   json final_report();
   void fail_session(const std::string& msg) {
     std::lock_guard<std::mutex> g(err_mu_);
@@ -206,6 +258,9 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
     f->journal_path = f->final_path + kJournalSuffix;
     uint64_t nchunks = manifest_.chunk_count(e.size);
     f->verified.assign(nchunks, false);
+    // A symlinked directory on the target would take writes (and the mtime fix below)
+    // outside MODEL_PATH: refused before anything is looked at through it.
+    SPARK_TRY(refuse_linked_parents(opts_.dir, e.path, opts_.node));
     struct stat sb {};
     if (::lstat(f->final_path.c_str(), &sb) == 0) {
       if (!S_ISREG(sb.st_mode))
@@ -256,13 +311,23 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
       if (::lstat(f->partial_path.c_str(), &psb) == 0 && S_ISREG(psb.st_mode) &&
           static_cast<uint64_t>(psb.st_size) == e.size) {
         if (auto jt = read_file(f->journal_path)) {
+          std::vector<uint64_t> unsynced;  // journaled after the last fdatasync
           for (const auto& line : split_list(*jt, '\n')) {
+            if (line == kJournalSync) {
+              for (auto i : unsynced) f->verified[i] = true;
+              unsynced.clear();
+              continue;
+            }
             auto sp = line.find(' ');
             if (sp == std::string::npos) continue;
             auto idx = parse_u64(line.substr(0, sp));
             if (idx && *idx < nchunks && line.substr(sp + 1) == e.chunks[*idx])
-              f->verified[*idx] = true;
+              unsynced.push_back(*idx);
           }
+          for (auto i : unsynced)
+            if (chunk_on_disk(f->partial_path, manifest_.chunk_size * i,
+                              manifest_.chunk_len(e.size, i), e.chunks[i]))
+              f->verified[i] = true;
         }
       } else {
         need_new_bytes += e.size;
@@ -332,14 +397,32 @@ Status ReceiverImpl::open_file(FileState& f) {
                                               std::strerror(errno)));
     ::unlink(f.journal_path.c_str());
   }
-  // Reserve the space now so that a full disk is a clear error, not a torn write.
+  // Reserve the space now so that a full disk is a clear error, not a torn write. Free
+  // space is checked first: a reservation that fails half-way keeps the blocks it got.
   if (e.size > 0) {
+    ::fstat(f.fd, &sb);
+    const uint64_t have = static_cast<uint64_t>(sb.st_blocks) * 512;
+    const uint64_t need = e.size > have ? e.size - have : 0;
+    struct statvfs vs {};
+    if (need > 0 && ::fstatvfs(f.fd, &vs) == 0 &&
+        static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize < need) {
+      uint64_t free_bytes = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
+      give_back(f);
+      return make_error(
+          Errc::resource,
+          fmt::format("{}: disk full: {} needs {} more, the target filesystem has "
+                      "{} free; free space and run again",
+                      opts_.node, f.partial_path, format_size(need), format_size(free_bytes)));
+    }
     int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(e.size));
-    if (rc == ENOSPC)
+    if (rc == ENOSPC) {
+      give_back(f);
       return make_error(Errc::resource,
                         fmt::format("{}: disk full: cannot reserve {} for {}; free space on "
-                                    "the target filesystem and run again (progress is kept)",
+                                    "the target filesystem and run again (verified chunks are "
+                                    "kept)",
                                     opts_.node, format_size(e.size), f.partial_path));
+    }
   }
   // Direct writes keep the weights out of the target's page cache (unified memory) and run
   // at the disk's direct-write rate; tmpfs and friends refuse O_DIRECT and stay buffered.
@@ -363,18 +446,52 @@ Status ReceiverImpl::open_file(FileState& f) {
   return {};
 }
 
+// After ENOSPC: returns to the filesystem every block of the partial file that no verified
+// chunk covers (holes punched; the file keeps its size so the journal stays valid). With no
+// verified chunk the partial file and its journal go. Caller holds f.mu or owns f.
+void ReceiverImpl::give_back(FileState& f) {
+  const auto& e = *f.entry;
+  bool any = std::find(f.verified.begin(), f.verified.end(), true) != f.verified.end();
+  if (!any) {
+    if (f.fd >= 0) ::ftruncate(f.fd, 0);
+    ::unlink(f.partial_path.c_str());
+    ::unlink(f.journal_path.c_str());
+    return;
+  }
+  for (size_t c = 0; c < f.verified.size(); ++c) {
+    if (f.verified[c]) continue;
+    size_t d = c;
+    while (d < f.verified.size() && !f.verified[d]) ++d;
+    uint64_t off = manifest_.chunk_size * c;
+    uint64_t end = std::min<uint64_t>(e.size, manifest_.chunk_size * d);
+    (void)::fallocate(f.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+                      static_cast<off_t>(end - off));
+    c = d;
+  }
+}
+
 // Makes the pending chunks durable, then journals them: a journal line always names bytes
 // that are on disk. Caller holds f.mu.
 Status ReceiverImpl::flush_journal(FileState& f) {
-  if (f.pending.empty() || f.jfd < 0) return {};
+  if (f.pending_chunks == 0 || f.jfd < 0) return {};
   if (::fdatasync(f.fd) != 0)
     return make_error(Errc::io, fmt::format("{}: fdatasync {}: {}", opts_.node, f.partial_path,
                                             std::strerror(errno)));
-  if (::write(f.jfd, f.pending.data(), f.pending.size()) < 0)
+  std::string line = std::string(kJournalSync) + "\n";
+  if (::write(f.jfd, line.data(), line.size()) < 0)
     return make_error(Errc::io, fmt::format("{}: journal {}: {}", opts_.node, f.journal_path,
                                             std::strerror(errno)));
-  f.pending.clear();
   f.pending_chunks = 0;
+  return {};
+}
+
+// Appends the journal line of one verified chunk (caller holds f.mu).
+Status ReceiverImpl::journal_chunk(FileState& f, uint64_t index) {
+  std::string line = fmt::format("{} {}\n", index, f.entry->chunks[index]);
+  if (::write(f.jfd, line.data(), line.size()) < 0)
+    return make_error(Errc::io, fmt::format("{}: journal {}: {}", opts_.node, f.journal_path,
+                                            std::strerror(errno)));
+  ++f.pending_chunks;
   return {};
 }
 
@@ -388,7 +505,6 @@ Status ReceiverImpl::finalize(FileState& f) {
   if (!h) return h.error();
   if (h->xxh3 != e.xxh3) {
     ::ftruncate(f.jfd, 0);
-    f.pending.clear();
     f.pending_chunks = 0;
     std::fill(f.verified.begin(), f.verified.end(), false);
     return make_error(Errc::integrity,
@@ -505,6 +621,14 @@ void ReceiverImpl::data(Conn& c) {
                             std::strerror(err), err == ENOSPC ? "; free space and run again" : ""),
                 err == ENOSPC ? Errc::resource : Errc::io);
             io_failed = true;
+            if (err == ENOSPC) {
+              // Give back what no verified chunk covers; chunks other streams are still
+              // writing into those holes are not verified afterwards (failed).
+              std::lock_guard<std::mutex> g(f.mu);
+              f.failed = true;
+              f.error = fmt::format("disk full writing {}", f.partial_path);
+              give_back(f);
+            }
             break;
           }
           w += static_cast<size_t>(k);
@@ -535,15 +659,15 @@ void ReceiverImpl::data(Conn& c) {
     if (!already && hash_ok) {
       {
         std::lock_guard<std::mutex> g(f.mu);
-        bool stop_now = false;
-        if (!f.verified[h->b]) {
+        bool stop_now = f.failed;
+        if (!stop_now && !f.verified[h->b]) {
           f.verified[h->b] = true;
           --f.remaining;
-          f.pending += fmt::format("{} {}\n", h->b, e.chunks[h->b]);
-          ++f.pending_chunks;
           // (The last chunk needs no journal line: finalize fsyncs and renames.)
-          if (f.pending_chunks >= kJournalBatch && f.remaining > 0) {
-            if (auto s = flush_journal(f); !s) {
+          if (f.remaining > 0) {
+            auto s = journal_chunk(f, h->b);
+            if (s && f.pending_chunks >= kJournalBatch) s = flush_journal(f);
+            if (!s) {
               send_error(s.message(), s.code());
               stop_now = true;
             }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/http_client.h"
+#include "core/json_text.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/backend.h"
@@ -122,12 +123,8 @@ class ExecBackend final : public Backend {
     c.port = u->port;
     c.target = u->target;
     c.timeout = timeout;
-    c.body = nlohmann::json{
-        {"model", model_},
-        {"prompt", prompt},
-        {"max_tokens", 16},
-        {"temperature",
-         0}}.dump();
+    c.body = dump_json(nlohmann::json{
+        {"model", model_}, {"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}});
     auto r = http_call(c);
     if (!r) return r.error();
     if (r->status != 200)

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -187,7 +188,21 @@ class NativeBackend final : public Backend {
       std::lock_guard lk(mu_);
       loading_ = true;
     }
-    auto rt = engine::Runtime::start(std::move(o));
+    o.cancel = &stopping_;
+    // Sizes are checked against the checkpoint and MemAvailable before anything is
+    // allocated; an allocation that fails anyway is a fatal state with its reason, never
+    // an abort.
+    Result<std::unique_ptr<engine::Runtime>> rt = make_error(Errc::internal, "not started");
+    try {
+      rt = engine::Runtime::start(std::move(o));
+    } catch (const std::bad_alloc&) {
+      rt = make_error(Errc::resource,
+                      "out of memory while loading " + dir +
+                          " (an allocation failed; check SLOTS, CONTEXT_LEN and free memory)");
+    } catch (const std::length_error& e) {
+      rt =
+          make_error(Errc::resource, "allocation too large while loading " + dir + ": " + e.what());
+    }
     std::lock_guard lk(mu_);
     loading_ = false;
     if (!rt) return rt.error();
@@ -237,6 +252,7 @@ class NativeBackend final : public Backend {
   }
 
   void stop(std::chrono::milliseconds) override {
+    stopping_.store(true);  // a load in progress gives up at its next tensor
     std::unique_ptr<engine::Runtime> rt;
     {
       std::lock_guard lk(mu_);
@@ -298,6 +314,7 @@ class NativeBackend final : public Backend {
   bool loading_ = false;
   bool aborting_ = false;
   std::thread aborter_;  // aborts the collectives off the reactor (on_ring_problem)
+  std::atomic<bool> stopping_{false};
   int slots_ = 0;
   Metrics* metrics_ = nullptr;
 };

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "core/json_text.h"
 #include "core/log.h"
 
 namespace spark::daemon {
@@ -166,7 +167,7 @@ class RdzvConn : public std::enable_shared_from_this<RdzvConn> {
       : sock_(std::move(s)), buf_(kMaxLine), srv_(std::move(srv)) {}
   void start() { read(); }
   void reply(const nlohmann::json& j) {
-    outq_.push_back(j.dump() + "\n");
+    outq_.push_back(dump_json(j) + "\n");
     write();
   }
   void close() {
@@ -609,7 +610,7 @@ Result<nlohmann::json> RendezvousClient::call(const nlohmann::json& request, mil
   auto& I = *impl_;
   if (I.aborted) return make_error(Errc::network, I.who + ": stopping");
   if (!I.connected) return make_error(Errc::network, I.who + ": not connected to " + I.where());
-  std::string line = request.dump() + "\n";
+  std::string line = dump_json(request) + "\n";
   std::optional<boost::system::error_code> wres, rres;
   size_t nread = 0;
   net::async_write(I.sock, net::buffer(line), [&](boost::system::error_code e, size_t) {

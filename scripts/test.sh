@@ -4,7 +4,7 @@
 #      e2e tier's npm package (npm ci in tests/e2e/openai_client; the chat template
 #      reference script test fetches its own packages into tests/e2e/chat_templates)
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
-#      unit, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
+#      unit, drill, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
 #   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off) and run it
 #   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
 #      time on its seed corpus (tests/fuzz/corpus/<target>/)
@@ -110,7 +110,7 @@ fi
 if stage configure quiet cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
      "${LAUNCHER[@]}" &&
    stage build ninja -C build-ci -j "$JOBS"; then
-  for label in unit e2e script hw; do tier build-ci "$label"; done
+  for label in unit drill e2e script hw; do tier build-ci "$label"; done
 fi
 
 # Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time.

@@ -3,8 +3,10 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 
 #include "core/log.h"
 #include "daemon/engine/checkpoint.h"
@@ -30,19 +32,52 @@ void linear(const float* x, const float* w, const float* b, float* y, int rows, 
 
 namespace {
 
+// MemAvailable in bytes, 0 when /proc/meminfo cannot be read.
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb << 10;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// The weights are read in two passes: the first (dry) only checks every tensor's shape
+// against config.json and adds up what this rank will hold, so that a damaged
+// config.json or checkpoint is refused, and a model that cannot fit is named, before
+// anything is allocated; the second reads.
+struct Model::LoadPass {
+  bool dry = true;
+  uint64_t bytes = 0;  // fp32 bytes this rank holds after the load
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 // Reads tensor `name` of full shape `shape` (slice `s`) into a new vector.
-Status read_into(const Checkpoint& ck, const std::string& name, const std::vector<int64_t>& shape,
-                 const Slice& s, std::vector<float>* out) {
+Status Model::read_into(LoadPass& pass, const Checkpoint& ck, const std::string& name,
+                        const std::vector<int64_t>& shape, const Slice& s,
+                        std::vector<float>* out) {
+  if (pass.cancel && pass.cancel->load())
+    return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
   const int64_t R = shape.empty() ? 1 : shape[0];
   int64_t C = 1;
   for (size_t i = 1; i < shape.size(); ++i) C *= shape[i];
   const int64_t rows = s.rows < 0 ? R - s.row0 : s.rows;
   const int64_t cols = s.cols < 0 ? C - s.col0 : s.cols;
+  if (pass.dry) {
+    const TensorInfo* t = ck.find(name);
+    // Missing or of another shape: read() names it before it touches the destination.
+    if (!t || t->shape != shape) return ck.read(name, shape, s, nullptr);
+    pass.bytes += static_cast<uint64_t>(rows * cols) * sizeof(float);
+    return Status::Ok();
+  }
   out->assign(static_cast<size_t>(rows * cols), 0.0f);
   return ck.read(name, shape, s, out->data());
 }
-
-}  // namespace
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int world,
                                            LoadReport* report) {
@@ -74,6 +109,39 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ck = Checkpoint::open(dir);
   if (!ck) return ck.error();
+  LoadPass pass;
+  pass.cancel = report ? report->cancel : nullptr;
+  SPARK_TRY(load_pass(pass, *ck, dir));
+  if (uint64_t avail = mem_available(); avail > 0 && pass.bytes > avail)
+    return make_error(Errc::resource,
+                      fmt::format("{}: rank {} would hold {} MiB of weights (fp32) but "
+                                  "MemAvailable is {} MiB; use more ranks or a smaller model",
+                                  dir, rank_, pass.bytes >> 20, avail >> 20));
+  layers_.clear();
+  pass.dry = false;
+  SPARK_TRY(load_pass(pass, *ck, dir));
+  ck->drop_page_cache();
+  if (report) {
+    report->bytes_read = ck->bytes_read();
+    uint64_t n = embed_.size() + lm_head_.size() + final_norm_.size();
+    for (const auto& L : layers_)
+      for (const auto* v :
+           {&L.in_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq,
+            &L.bk, &L.bv, &L.bo, &L.w_gate_up, &L.w_down, &L.b_gate_up, &L.b_down})
+        n += v->size();
+    report->weight_bytes = n * sizeof(float);
+    report->files = ck->files();
+    report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return Status::Ok();
+}
+
+Status Model::load_pass(LoadPass& pass, const Checkpoint& ckr, const std::string& dir) {
+  const Checkpoint* ck = &ckr;
+  auto read_into = [&](const Checkpoint& c, const std::string& name,
+                       const std::vector<int64_t>& shape, const Slice& s, std::vector<float>* out) {
+    return Model::read_into(pass, c, name, shape, s, out);
+  };
   const auto& c = cfg_;
   const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim, I = c.intermediate_size;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads;
@@ -130,19 +198,6 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       L.b_gate_up.insert(L.b_gate_up.end(), u.begin(), u.end());
       SPARK_TRY(read_into(*ck, p + "mlp.down_proj.bias", {H}, all, &L.b_down));
     }
-  }
-  ck->drop_page_cache();
-  if (report) {
-    report->bytes_read = ck->bytes_read();
-    uint64_t n = embed_.size() + lm_head_.size() + final_norm_.size();
-    for (const auto& L : layers_)
-      for (const auto* v :
-           {&L.in_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq,
-            &L.bk, &L.bv, &L.bo, &L.w_gate_up, &L.w_down, &L.b_gate_up, &L.b_down})
-        n += v->size();
-    report->weight_bytes = n * sizeof(float);
-    report->files = ck->files();
-    report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 // share of attention heads and MLP columns; o_proj and down_proj are row-split and their
 // partial sums are combined with Collective::all_reduce_sum. Embedding, norms and lm_head
 // are replicated, so every rank computes the same logits.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,12 +17,17 @@
 
 namespace spark::engine {
 
+class Checkpoint;
+struct Slice;
+
 /// What a load read and how long it took.
 struct LoadReport {
   uint64_t bytes_read = 0;    // tensor bytes read from the files by this rank
   uint64_t weight_bytes = 0;  // fp32 bytes held by this rank
   double seconds = 0;
   std::vector<std::string> files;
+  /// In: when set and true, the load stops at the next tensor (SIGTERM during a load).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 /// One sequence's share of a forward step: `n` new tokens at positions start_pos ...
@@ -64,6 +70,11 @@ class Model {
   };
   Model() = default;
   Status load_weights(const std::string& dir, LoadReport* report);
+  struct LoadPass;
+  Status load_pass(LoadPass& pass, const Checkpoint& ck, const std::string& dir);
+  static Status read_into(LoadPass& pass, const Checkpoint& ck, const std::string& name,
+                          const std::vector<int64_t>& shape, const Slice& s,
+                          std::vector<float>* out);
 
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;

@@ -44,6 +44,45 @@ Status check_rope(const hf::RopeScaling& r, const std::string& where) {
   return Status::Ok();
 }
 
+// Sizes far beyond any published checkpoint are a damaged or hostile config.json: refusing
+// them here keeps an absurd value from reaching an allocation (vocab 1e9 aborted sparkd
+// with std::bad_alloc; head_dim 1e9 held 2 GB for half a minute).
+struct Bound {
+  const char* key;
+  int ModelConfig::*field;
+  int lo, hi;
+};
+constexpr Bound kBounds[] = {
+    {"vocab_size", &ModelConfig::vocab_size, 1, 1 << 22},
+    {"hidden_size", &ModelConfig::hidden_size, 2, 1 << 16},
+    {"intermediate_size", &ModelConfig::intermediate_size, 1, 1 << 19},
+    {"num_hidden_layers", &ModelConfig::num_layers, 1, 1024},
+    {"num_attention_heads", &ModelConfig::num_heads, 1, 1024},
+    {"num_key_value_heads", &ModelConfig::num_kv_heads, 1, 1024},
+    {"head_dim", &ModelConfig::head_dim, 2, 1024},
+    {"max_position_embeddings", &ModelConfig::max_position, 1, 1 << 24},
+};
+
+Status check_bounds(const ModelConfig& c, const std::string& where) {
+  for (const auto& b : kBounds) {
+    int v = c.*b.field;
+    if (v < b.lo || v > b.hi)
+      return cfg_error(where, fmt::format("\"{}\" is {}; it must be {} to {} (a damaged "
+                                          "config.json?)",
+                                          b.key, v, b.lo, b.hi));
+  }
+  if (!(c.rms_eps > 0 && c.rms_eps < 1))
+    return cfg_error(where,
+                     fmt::format("\"rms_norm_eps\" is {}; it must be > 0 and < 1", c.rms_eps));
+  if (!(c.rope_theta > 0 && c.rope_theta < 1e12))
+    return cfg_error(where,
+                     fmt::format("\"rope_theta\" is {}; it must be > 0 and < 1e12", c.rope_theta));
+  if (c.bos_token_id >= c.vocab_size)
+    return cfg_error(where, fmt::format("\"bos_token_id\" {} is outside the vocabulary of {}",
+                                        c.bos_token_id, c.vocab_size));
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string supported_architectures() {
@@ -117,6 +156,7 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
   c.bos_token_id = h.bos_token_id.value_or(-1);
   c.eos_token_ids = h.eos_token_ids;
   c.torch_dtype = h.dtype;
+  SPARK_TRY(check_bounds(c, where));
   return c;
 }
 

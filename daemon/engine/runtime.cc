@@ -19,6 +19,7 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     if (o.progress) o.progress(s);
   };
   progress("loading weights");
+  rt->load_.cancel = o.cancel;
   auto m = Model::load(o.model_dir, o.rank, o.world, &rt->load_);
   if (!m) return m.error();
   log::info("engine", "rank {}: loaded {} ({} MiB read, {:.2f} s)", o.rank,

@@ -55,6 +55,8 @@ struct RuntimeOptions {
   FabricExpect fabric_expect;   // rank/world are filled from rank/world
   std::string nccl_debug_file;  // NCCL_DEBUG_FILE, parsed for the transports; "" none
   std::function<void(const std::string&)> progress;  // "loading weights", ...
+  /// When set and true, a load in progress stops at the next tensor.
+  const std::atomic<bool>* cancel = nullptr;
   EngineOptions engine;
   bool warmup =
       true;  // rank 0 runs one real 1-token completion through every rank before start() returns

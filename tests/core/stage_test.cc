@@ -5,8 +5,11 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -393,4 +396,130 @@ TEST_CASE("stage wire: a data connection leaves its send buffer to the kernel's 
   socklen_t len = sizeof snd;
   REQUIRE(::getsockopt(c->fd(), SOL_SOCKET, SO_SNDBUF, &snd, &len) == 0);
   CHECK(static_cast<uint64_t>(snd) <= tune_max);
+}
+
+TEST_CASE("stage: a symlinked directory on the target is refused, nothing outside is touched") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst"), outside("spark-stage-out");
+  auto m = make_model(src);
+  // The same content behind the link: the old receiver accepted it and set the mtime of
+  // a file outside the target.
+  std::filesystem::copy(src / "tokenizer", outside / "tokenizer");
+  struct stat before {};
+  REQUIRE(::stat((outside / "tokenizer/tokenizer.json").c_str(), &before) == 0);
+  std::filesystem::create_directories(dst / "model");
+  REQUIRE(::symlink((outside / "tokenizer").c_str(), (dst / "model/tokenizer").c_str()) == 0);
+  LoopReceiver rx(dst / "model");
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(!rep.ok());
+  CHECK(rep.error().code == Errc::integrity);
+  CHECK(rep.error().message.find("model/tokenizer is a symlink") != std::string::npos);
+  struct stat after {};
+  REQUIRE(::stat((outside / "tokenizer/tokenizer.json").c_str(), &after) == 0);
+  CHECK(after.st_mtim.tv_sec == before.st_mtim.tv_sec);
+  CHECK(after.st_mtim.tv_nsec == before.st_mtim.tv_nsec);
+}
+
+TEST_CASE("stage: each verified chunk is journaled at once; a kill loses at most one chunk") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst"), snap("spark-stage-snap");
+  auto m = make_model(src);
+  const auto& big = *std::find_if(m.files.begin(), m.files.end(), [](const ManifestEntry& e) {
+    return e.path == "model-00001-of-00002.safetensors";
+  });
+  REQUIRE(big.size == 1000000);
+  const std::string journal = dst / (big.path + kJournalSuffix);
+  const std::string partial = dst / (big.path + kPartialSuffix);
+  // What a kill -9 leaves is what the files hold at that moment (the kernel keeps both):
+  // snapshot them while the transfer runs, chunk by chunk (one stream, paced).
+  std::atomic<bool> done{false};
+  std::string snap_journal, snap_partial;
+  std::thread watcher([&] {
+    while (!done) {
+      auto j = read_file(journal);
+      if (j && !j->empty() && j->find("sync") == std::string::npos) {
+        auto p = read_file(partial);
+        if (p && p->size() == big.size) {
+          snap_journal = *j;
+          snap_partial = *p;
+          return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  {
+    LoopReceiver rx(dst.path());
+    auto o = fast();
+    o.streams = 1;
+    o.fault_delay_ms = 30;
+    auto rep = send_model(src.path(), m, {rx.spec()}, o);
+    REQUIRE(rep.ok());
+    CHECK(rep->ok);
+  }
+  done = true;
+  watcher.join();
+  // Lines appeared before a batch of 8 chunks was complete.
+  REQUIRE_MESSAGE(!snap_journal.empty(), "no journal line before the first sync");
+  size_t lines = static_cast<size_t>(std::count(snap_journal.begin(), snap_journal.end(), '\n'));
+  CHECK(lines >= 1);
+  CHECK(lines < 8);
+  // Resume from the snapshot: every journaled chunk whose bytes are on disk is kept.
+  test::TempDir dst2("spark-stage-dst2");
+  std::filesystem::create_directories(std::filesystem::path(dst2 / big.path).parent_path());
+  REQUIRE(write_file_atomic(dst2 / (big.path + kPartialSuffix), snap_partial, nullptr));
+  REQUIRE(write_file_atomic(dst2 / (big.path + kJournalSuffix), snap_journal, nullptr));
+  {
+    LoopReceiver rx(dst2.path());
+    auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+    REQUIRE(rep.ok());
+    CHECK(rep->ok);
+    CHECK(rep->targets[0].resume_bytes >= lines * kChunk - kChunk);  // at most one not yet on disk
+    CHECK(rep->targets[0].resume_bytes <= lines * kChunk);
+  }
+  CHECK(same_tree(src.path(), dst2.path(), m));
+  // A journaled chunk whose bytes never reached the disk (a power cut before the sync) is
+  // not trusted: it is hashed again and sent again.
+  test::TempDir dst3("spark-stage-dst3");
+  std::string zeros(big.size, '\0');
+  REQUIRE(write_file_atomic(dst3 / (big.path + kPartialSuffix), zeros, nullptr));
+  REQUIRE(write_file_atomic(dst3 / (big.path + kJournalSuffix), snap_journal, nullptr));
+  LoopReceiver rx3(dst3.path());
+  auto rep3 = send_model(src.path(), m, {rx3.spec()}, fast());
+  REQUIRE(rep3.ok());
+  CHECK(rep3->targets[0].resume_bytes == 0);
+  CHECK(same_tree(src.path(), dst3.path(), m));
+}
+
+TEST_CASE("stage: a file larger than the free space fails before reserving and leaves no blocks") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIP: needs root to mount a small tmpfs as the target");
+    return;
+  }
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  REQUIRE(::mount("tmpfs", dst.path().c_str(), "tmpfs", 0, "size=512k") == 0);
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{dst.path()};
+  // A sparse partial of the right size (what a hole-punched resume leaves) counts as no
+  // new space for the sender's check; the receiver must find out itself.
+  const std::string partial =
+      dst / (std::string("model-00001-of-00002.safetensors") + kPartialSuffix);
+  int fd = ::open(partial.c_str(), O_CREAT | O_WRONLY, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 1000000) == 0);
+  ::close(fd);
+  struct statvfs v0 {};
+  REQUIRE(::statvfs(dst.path().c_str(), &v0) == 0);
+  LoopReceiver rx(dst.path());
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  bool failed = !rep.ok() || !rep->ok;
+  REQUIRE(failed);
+  std::string msg = rep.ok() ? rep->targets[0].error : rep.error().message;
+  CHECK(msg.find("disk full") != std::string::npos);
+  // Nothing kept its blocks: the unverified partial is gone, the filesystem as free as before.
+  CHECK_FALSE(std::filesystem::exists(partial));
+  struct statvfs v1 {};
+  REQUIRE(::statvfs(dst.path().c_str(), &v1) == 0);
+  CHECK(v1.f_bfree + 16 >= v0.f_bfree);
 }

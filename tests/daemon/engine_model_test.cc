@@ -3,13 +3,17 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/random_checkpoint.h"
@@ -310,6 +314,68 @@ TEST_CASE("model: unsupported architectures and bad configs are clear errors") {
   CHECK(v5->rope_theta == 500000.0);
   CHECK(v5->eos_token_ids == std::vector<int>{5, 6});
   CHECK(v5->num_kv_heads == 1);
+}
+
+TEST_CASE("model: absurd or nonsense config.json values are refused with the key and the file") {
+  const std::string base =
+      R"({"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,)"
+      R"("intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2)";
+  auto err = [&](const std::string& extra) {
+    auto r = parse_model_config(base + extra + "}", "/m/config.json");
+    return r.ok() ? std::string() : r.error().message;
+  };
+  CHECK(err("").empty());
+  for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
+           {R"(,"hidden_size":1000000000)", "hidden_size"},
+           {R"(,"vocab_size":1000000000)", "vocab_size"},
+           {R"(,"head_dim":1000000000)", "head_dim"},
+           {R"(,"max_position_embeddings":0)", "max_position_embeddings"},
+           {R"(,"rms_norm_eps":-1)", "rms_norm_eps"},
+           {R"(,"rms_norm_eps":0)", "rms_norm_eps"},
+           {R"(,"rope_theta":0)", "rope_theta"},
+           {R"(,"num_hidden_layers":100000)", "num_hidden_layers"},
+           {R"(,"bos_token_id":10)", "bos_token_id"}}) {
+    CAPTURE(extra);
+    std::string m = err(extra);
+    CHECK(m.find("/m/config.json") != std::string::npos);
+    CHECK(m.find("\"" + key + "\"") != std::string::npos);
+  }
+}
+
+TEST_CASE("model: config.json sizes that disagree with the checkpoint fail before allocating") {
+  test::TempDir dir("model-shapes");
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::llama), DType::f32, 4, 1}).ok());
+  auto cj = read_file(dir.path() + "/config.json");
+  REQUIRE(cj);
+  auto j = nlohmann::json::parse(*cj);
+  j["vocab_size"] = 1 << 22;  // 4M rows of 64: 1 GiB of fp32 if it were allocated
+  j["intermediate_size"] = 1 << 19;
+  REQUIRE(write_file_atomic(dir.path() + "/config.json", j.dump(), nullptr));
+  struct rusage before {};
+  ::getrusage(RUSAGE_SELF, &before);
+  auto m = Model::load(dir.path(), 0, 1, nullptr);
+  struct rusage after {};
+  ::getrusage(RUSAGE_SELF, &after);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().message.find("model.embed_tokens.weight") != std::string::npos);
+  CHECK(m.error().message.find("config.json implies") != std::string::npos);
+  // The refusal came from the shape pass, not after a gigabyte was taken.
+  CHECK(after.ru_maxrss - before.ru_maxrss < 256 * 1024);  // KiB
+}
+
+TEST_CASE("model: a load stops at the next tensor when cancelled") {
+  test::TempDir dir("model-cancel");
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::llama), DType::f32, 4, 1}).ok());
+  std::atomic<bool> cancel{true};
+  LoadReport rep;
+  rep.cancel = &cancel;
+  auto m = Model::load(dir.path(), 0, 1, &rep);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().message.find("shutting down") != std::string::npos);
+  cancel = false;
+  CHECK(Model::load(dir.path(), 0, 1, &rep).ok());
 }
 
 TEST_CASE("model: TP slicing needs divisible head counts") {

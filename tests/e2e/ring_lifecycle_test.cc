@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -114,6 +115,22 @@ TEST_CASE("e2e sparkctl: start --no-wait and the watch's start-up grace while lo
   auto st = ring.json_run({"status"});
   CHECK(st.rc == exit_code(Errc::precondition));
   CHECK(st.j["state"] == "loading");
+}
+
+TEST_CASE("e2e sparkctl: a stopped (SIGSTOP) rank shows as stopped and not answering") {
+  LocalRing ring(2);
+  auto s = ring.json_run({"start"});
+  REQUIRE_MESSAGE(s.rc == 0, s.all());
+  auto pid = parse_i64(trim(read_file(ring.state("run/sparkd-1.pid")).value_or("")));
+  REQUIRE(pid);
+  REQUIRE(::kill(static_cast<pid_t>(*pid), SIGSTOP) == 0);
+  auto st = ring.json_run({"status"});
+  ::kill(static_cast<pid_t>(*pid), SIGCONT);
+  INFO(st.all());
+  REQUIRE(st.j["ranks"].size() == 2);
+  CHECK(st.j["ranks"][1]["state"] == "stopped");
+  CHECK(st.j["ranks"][1]["reason"].get<std::string>().find("does not answer") != std::string::npos);
+  CHECK(st.j["ranks"][0]["state"] != "stopped");
 }
 
 TEST_CASE(
