@@ -82,7 +82,7 @@ echo "man_lint: --help of ${#cmds[@]} commands checked"
 # the node scripts use (cli/ring_nodes.cc, "sparkd-{}.log" etc.) are the only ones a page
 # may name, and every code a page lists under EXIT STATUS is one that exit_code() returns
 # (or 1, checks failed; or preflight's kExitWarnings, env/preflight.h).
-mapfile -t rankfiles < <(grep -ho '\(sparkd\|engine\)-[a-z]*{[a-z]*}\.[a-z]*' "$SRC"/cli/ring_nodes.cc "$SRC"/cli/cmd_ring.cc \
+mapfile -t rankfiles < <(grep -ho '\(sparkd\|engine\)-[a-z]*{[a-z]*}\.[a-z]*' "$SRC"/cli/ring_nodes.cc "$SRC"/cli/node_ops.cc "$SRC"/cli/cmd_ring.cc \
   "$SRC"/daemon/backend_exec.cc 2>/dev/null | sed 's/{[a-z]*}/<N>/' | sort -u)
 grep -ho 'engine-rank" *+ *std::to_string([a-z_]*) *+ *"\.log"' "$SRC"/daemon/backend_exec.cc >/dev/null &&
   rankfiles+=("engine-rank<N>.log")
