@@ -34,9 +34,10 @@ Result<RingConfig> Context::load_config(std::vector<Diagnostic>* diags) const {
 
 int Context::fail(const Error& e) const {
   if (opts.json) {
-    nlohmann::json j = {{"error", {{"code", std::string(errc_name(e.code))},
-                                   {"exit_code", exit_code(e.code)},
-                                   {"message", e.message}}}};
+    nlohmann::json j = {{"error",
+                         {{"code", std::string(errc_name(e.code))},
+                          {"exit_code", exit_code(e.code)},
+                          {"message", e.message}}}};
     // Messages can quote bytes read from a node: invalid UTF-8 must not lose the error.
     *out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
@@ -74,12 +75,17 @@ int cmd_help(Context& ctx, const std::vector<std::string>& args) {
     print_usage(*ctx.out);
     return 0;
   }
+  if (args[0] == "--help" || args[0] == "-h") {  // `help --help`, and so `help help`
+    *ctx.out << "usage: sparkctl help [COMMAND]\n\nLists the commands, or prints COMMAND's "
+                "usage and options (the same as `sparkctl COMMAND --help`).\n";
+    return 0;
+  }
   const Command* c = find_command(args[0]);
   if (!c) {
     auto hint = did_you_mean(args[0], command_names());
-    return ctx.fail(make_error(Errc::usage,
-                               fmt::format("unknown command '{}'{}", args[0],
-                                           hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint))));
+    return ctx.fail(make_error(
+        Errc::usage, fmt::format("unknown command '{}'{}", args[0],
+                                 hint.empty() ? "" : fmt::format("; did you mean '{}'?", hint))));
   }
   return c->run(ctx, {"--help"});
 }
@@ -116,8 +122,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
     } else if (starts_with(a, "--config=")) {
       ctx.opts.config_path = a.substr(9);
     } else if (starts_with(a, "-")) {
-      return ctx.fail(make_error(Errc::usage,
-                                 fmt::format("unknown global option '{}' (see sparkctl --help)", a)));
+      return ctx.fail(make_error(
+          Errc::usage, fmt::format("unknown global option '{}' (see sparkctl --help)", a)));
     } else {
       break;
     }
@@ -132,11 +138,16 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
   // Global flags are also accepted after the command name.
   std::vector<std::string> rest;
   for (size_t k = 0; k < args.size(); ++k) {
-    if (args[k] == "--json") ctx.opts.json = true;
-    else if (args[k] == "-v" || args[k] == "--verbose") ++ctx.opts.verbose;
-    else if ((args[k] == "--config" || args[k] == "-c") && k + 1 < args.size()) ctx.opts.config_path = args[++k];
-    else if (starts_with(args[k], "--config=")) ctx.opts.config_path = args[k].substr(9);
-    else rest.push_back(args[k]);
+    if (args[k] == "--json")
+      ctx.opts.json = true;
+    else if (args[k] == "-v" || args[k] == "--verbose")
+      ++ctx.opts.verbose;
+    else if ((args[k] == "--config" || args[k] == "-c") && k + 1 < args.size())
+      ctx.opts.config_path = args[++k];
+    else if (starts_with(args[k], "--config="))
+      ctx.opts.config_path = args[k].substr(9);
+    else
+      rest.push_back(args[k]);
   }
   const Command* c = find_command(name);
   if (!c) {

@@ -19,8 +19,7 @@ int cmd_demo_model(Context& ctx, const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("dir", 1);
   po::variables_map vm;
-  if (auto rc =
-          parse_args(ctx, "demo-model", "sparkctl demo-model DIR [--force]", desc, args, vm, &pos))
+  if (auto rc = parse_args(ctx, "demo-model", "demo-model DIR [--force]", desc, args, vm, &pos))
     return *rc;
   if (!vm.count("dir")) return ctx.fail(make_error(Errc::usage, "demo-model: DIR is required"));
   auto rep = engine::write_demo_model(vm["dir"].as<std::string>(), vm.count("force") > 0);

@@ -228,20 +228,40 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
 
 int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("watch options");
+  desc.add_options()("quiet,q",
+                     "print only changes of verdict and failures (for cron and timers: a "
+                     "healthy ring prints nothing)");
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "watch", "watch [--json]", desc, args, vm)) return *rc;
+  if (auto rc = parse_args(ctx, "watch", "watch [--quiet] [--json]", desc, args, vm)) return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
+  std::string state = head_state_dir(*cfg);
+  std::string before = read_watch_record(state).last_verdict;
   auto w = watch_once(*cfg, ring_layout(*cfg, ctx.argv0));
   int rc = 0;
   if (w.verdict == "gave_up") rc = exit_code(Errc::precondition);
   if (w.verdict == "restart_failed")
     rc =
         w.restart && w.restart->error ? exit_code(w.restart->error->code) : exit_code(Errc::remote);
+  // A watch that finds no ring to watch must not pass silently from cron: most often the
+  // ring was started by another user, whose state this watch cannot see.
+  if (w.verdict == "not_started") {
+    rc = exit_code(Errc::not_found);
+    *ctx.err << fmt::format(
+        "watch: error: no started ring '{}' in STATE_DIR {}: nothing to watch. Start it with "
+        "`sparkctl start`; if it was started by another user or with another cluster file, "
+        "point STATE_DIR in the cluster file at the ring's shared state directory\n",
+        cfg->get("RING_NAME"), state);
+  }
   if (ctx.opts.json) {
     *ctx.out << to_json(w).dump(2) << "\n";
     return rc;
   }
+  // --quiet: steady good news (healthy, grace, busy, disabled) is silent unless it changed.
+  bool steady = w.verdict == "healthy" || w.verdict == "grace" || w.verdict == "busy" ||
+                w.verdict == "disabled";
+  if (vm.count("quiet") && steady && w.verdict == before && w.alerts.empty()) return rc;
+  if (vm.count("quiet") && w.verdict == "not_started") return rc;  // said on stderr
   *ctx.out << fmt::format("watch: {}{}\n", w.verdict, w.reason.empty() ? "" : ": " + w.reason);
   if (!w.incident_dir.empty()) *ctx.out << "log tails saved in " << w.incident_dir << "\n";
   if (w.restart) print_start(ctx, *w.restart);

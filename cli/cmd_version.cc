@@ -107,8 +107,7 @@ int cmd_version(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("Options");
   desc.add_options()("short", "print only the version of sparkctl; do not probe the GPU");
   po::variables_map vm;
-  if (auto rc =
-          parse_args(ctx, "version", "sparkctl version [--short] [--json] [-v]", desc, args, vm))
+  if (auto rc = parse_args(ctx, "version", "version [--short] [--json] [-v]", desc, args, vm))
     return *rc;
   VersionReport r = collect_version(vm.count("short") == 0);
   if (ctx.opts.json)

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli/ring_state.h"
+#include "core/install_layout.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/meminfo.h"
@@ -145,9 +147,13 @@ NodeDirs node_dirs(const RingConfig& cfg) {
   if (!cfg.get("STATE_DIR").empty()) {
     d.state = cfg.get("STATE_DIR");
   } else {
+    // The same rule as head_state_dir(): the system root when this node has one.
+    std::string name = cfg.get("RING_NAME").empty() ? "spark" : cfg.get("RING_NAME");
+    std::error_code ec;
     const char* home = std::getenv("HOME");
-    d.state = fmt::format("{}/.local/state/sparkctl/{}", home ? home : "",
-                          cfg.get("RING_NAME").empty() ? "spark" : cfg.get("RING_NAME"));
+    d.state = std::filesystem::is_directory(kSystemStateRoot, ec)
+                  ? fmt::format("{}/{}", kSystemStateRoot, name)
+                  : fmt::format("{}/.local/state/sparkctl/{}", home ? home : "", name);
   }
   d.log = cfg.get("LOG_DIR").empty() ? d.state + "/logs" : cfg.get("LOG_DIR");
   return d;
@@ -223,6 +229,23 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
   if (!write_file_atomic(conf, config_text, &why))
     return fail_all(fmt::format("cannot write {}: {}", conf, why));
 
+  // The head's sparkd path, or this node's own install when that path is not here.
+  std::string tried;
+  std::error_code self_ec;
+  auto self = std::filesystem::canonical("/proc/self/exe", self_ec);
+  const bool explicit_bin = !cfg.get("SPARKD_BIN").empty();
+  const std::string bin =
+      spark::node_sparkd(sparkd_bin, explicit_bin, self_ec ? "" : self.string(), &tried);
+  if (bin.empty())
+    return fail_all(explicit_bin
+                        ? fmt::format("SPARKD_BIN {} is not an executable on this node (install "
+                                      "sparkd there or fix SPARKD_BIN in the cluster file)",
+                                      sparkd_bin)
+                        : fmt::format("sparkd not found on this node (tried {}): install the "
+                                      "sparkctl package there or set SPARKD_BIN in the cluster "
+                                      "file",
+                                      tried));
+
   std::map<int, int> spawned;  // rank -> pid of the detached sparkd
   for (auto& lr : out) {
     const std::string pf = pidfile_path(d, lr.rank);
@@ -235,7 +258,7 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
     for (const auto& f : {pf, pf + ".engine", fmt::format("{}/sparkd-{}.out", d.log, lr.rank)})
       std::filesystem::remove(f, ec);
     ProcessSpec spec;
-    spec.argv = {sparkd_bin,
+    spec.argv = {bin,
                  "--config",
                  conf,
                  "--rank",

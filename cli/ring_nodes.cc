@@ -8,7 +8,9 @@
 
 #include "cli/cmd_preflight.h"
 #include "cli/node_exec.h"
+#include "cli/ring_state.h"
 #include "core/http_client.h"
+#include "core/install_layout.h"
 #include "core/process.h"
 #include "core/strings.h"
 
@@ -77,11 +79,17 @@ RankPlace place_of(const RingConfig& cfg, int rank) {
 
 std::string node_dirs_prelude(const RingConfig& cfg) {
   std::string s;
-  if (!cfg.get("STATE_DIR").empty())
+  if (!cfg.get("STATE_DIR").empty()) {
     s = "S=" + spark::shell_quote(cfg.get("STATE_DIR")) + "\n";
-  else
-    s = "S=\"$HOME/.local/state/sparkctl/\"" +
-        spark::shell_quote(cfg.get("RING_NAME").empty() ? "spark" : cfg.get("RING_NAME")) + "\n";
+  } else {
+    // The same rule as head_state_dir(), decided on each node.
+    std::string name =
+        spark::shell_quote(cfg.get("RING_NAME").empty() ? "spark" : cfg.get("RING_NAME"));
+    s = fmt::format(
+        "if [ -d {root} ]; then S={root}/{name}; else S=\"$HOME/.local/state/sparkctl/\"{name}; "
+        "fi\n",
+        fmt::arg("root", kSystemStateRoot), fmt::arg("name", name));
+  }
   if (!cfg.get("LOG_DIR").empty())
     s += "L=" + spark::shell_quote(cfg.get("LOG_DIR")) + "\n";
   else

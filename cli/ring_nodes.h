@@ -18,8 +18,9 @@ namespace spark::cli {
 
 /// Where things are, for one ring.
 struct RingLayout {
-  std::string sparkd_bin;    // on the nodes
-  std::string sparkctl_bin;  // on the nodes
+  std::string sparkd_bin;        // on the nodes (a node without it falls back to its own)
+  bool sparkd_explicit = false;  // SPARKD_BIN named it: no fallback
+  std::string sparkctl_bin;      // on the nodes
   std::chrono::milliseconds node_timeout{30000};
 };
 

@@ -10,6 +10,7 @@
 
 #include "cli/cmd_preflight.h"
 #include "cli/node_exec.h"
+#include "core/install_layout.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/rank_env.h"
@@ -501,16 +502,11 @@ RingLayout ring_layout(const RingConfig& cfg, const std::string& /*argv0*/) {
   lay.sparkctl_bin = cfg.get("SPARKCTL_BIN").empty() ? exe : cfg.get("SPARKCTL_BIN");
   if (!cfg.get("SPARKD_BIN").empty()) {
     lay.sparkd_bin = cfg.get("SPARKD_BIN");
+    lay.sparkd_explicit = true;
   } else {
-    namespace fs = std::filesystem;
-    fs::path dir = fs::path(exe).parent_path();
-    std::error_code ec;
-    if (fs::exists(dir / "sparkd", ec))
-      lay.sparkd_bin = (dir / "sparkd").string();
-    else if (fs::exists(dir.parent_path() / "daemon" / "sparkd", ec))  // the build tree
-      lay.sparkd_bin = (dir.parent_path() / "daemon" / "sparkd").string();
-    else
-      lay.sparkd_bin = "sparkd";
+    // The installed prefix, beside, the build tree; the nodes fall back to their own.
+    lay.sparkd_bin = spark::locate_sparkd(exe);
+    if (lay.sparkd_bin.empty()) lay.sparkd_bin = "sparkd";
   }
   milliseconds ssh = dur(cfg, "SSH_TIMEOUT", milliseconds(10000));
   lay.node_timeout = ssh + milliseconds(20000);

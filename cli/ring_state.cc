@@ -20,8 +20,13 @@ using nlohmann::json;
 
 std::string head_state_dir(const RingConfig& cfg) {
   if (!cfg.get("STATE_DIR").empty()) return cfg.get("STATE_DIR");
-  const char* home = std::getenv("HOME");
   std::string name = cfg.get("RING_NAME").empty() ? "spark" : cfg.get("RING_NAME");
+  // A system install (the package makes /var/lib/sparkctl) keeps every ring's state there,
+  // so root's timer and the user who started the ring see the same ring.
+  std::error_code ec;
+  if (std::filesystem::is_directory(kSystemStateRoot, ec))
+    return fmt::format("{}/{}", kSystemStateRoot, name);
+  const char* home = std::getenv("HOME");
   return fmt::format("{}/.local/state/sparkctl/{}", home && *home ? home : "/tmp", name);
 }
 

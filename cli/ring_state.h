@@ -15,6 +15,9 @@
 namespace spark::cli {
 
 /// STATE_DIR on the head: the key's value, else ~/.local/state/sparkctl/RING_NAME.
+/// The system-wide state root: when it exists (a system install), the default STATE_DIR is
+/// kSystemStateRoot/RING_NAME on every node, else ~/.local/state/sparkctl/RING_NAME.
+inline constexpr const char* kSystemStateRoot = "/var/lib/sparkctl";
 std::string head_state_dir(const RingConfig& cfg);
 
 /// Wall-clock now in milliseconds since the epoch (state files record wall time).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "core/install_layout.h"
 #include "core/strings.h"
 #include "env/facts.h"
 #include "env/gpu.h"
@@ -815,11 +816,10 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   req.model_path = node.model_path;
   req.sparkd_bin = cfg.get("SPARKD_BIN");
   if (req.sparkd_bin.empty() && root.live()) {
-    // Default: beside this sparkctl.
+    // Default: the sparkd that start would run from this sparkctl's install.
     std::error_code ec;
     auto self = std::filesystem::canonical("/proc/self/exe", ec);
-    if (!ec) req.sparkd_bin = (self.parent_path() / "sparkd").string();
-    if (!std::filesystem::exists(req.sparkd_bin, ec)) req.sparkd_bin.clear();
+    if (!ec) req.sparkd_bin = spark::locate_sparkd(self.string());
   }
   if (node.index == 0) {
     req.ports.emplace_back(cfg.get("API_BIND"), static_cast<int>(cfg.get_int("API_PORT")));

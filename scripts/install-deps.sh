@@ -25,6 +25,8 @@ PACKAGES=(
   iperf3 rsync netcat-openbsd procps python3 vmtouch
   # Monitoring (the metrics tests validate rules with promtool), systemd units (analyze).
   prometheus systemd
+  # The .deb checks (tests/scripts/deb_lintian_test.sh).
+  lintian
   # Man page lint.
   man-db groff-base
 )

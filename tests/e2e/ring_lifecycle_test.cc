@@ -220,3 +220,27 @@ TEST_CASE(
   CHECK(teardown);
   CHECK_FALSE(std::filesystem::exists(ring.state("run/sparkd-0.pid")));
 }
+
+TEST_CASE("e2e sparkctl: watch --quiet prints only changes; a watch with no ring says so") {
+  LocalRing ring(2);
+  // No ring started in this STATE_DIR: an error on stderr and a non-zero exit, even quiet,
+  // so that a cron job watching another user's state does not pass silently.
+  auto none = ring.run({"watch", "--quiet"});
+  CHECK_MESSAGE(none.rc == exit_code(Errc::not_found), none.all());
+  CHECK_MESSAGE(none.err.find("no started ring") != std::string::npos, none.all());
+  CHECK_MESSAGE(none.err.find(ring.dir / "state") != std::string::npos, none.all());
+  CHECK(none.out.empty());
+  auto s = ring.run({"start"});
+  REQUIRE_MESSAGE(s.rc == 0, s.all());
+  // The first healthy check is a change (from the start's record); the next ones are silent.
+  auto first = ring.run({"watch", "--quiet"});
+  CHECK_MESSAGE(first.rc == 0, first.all());
+  auto second = ring.run({"watch", "--quiet"});
+  CHECK_MESSAGE(second.rc == 0, second.all());
+  CHECK_MESSAGE(second.out.empty(), second.all());
+  CHECK(second.err.empty());
+  // Without --quiet a healthy check still says so (an operator at a terminal).
+  auto loud = ring.run({"watch"});
+  CHECK_MESSAGE(loud.out.find("watch: healthy") != std::string::npos, loud.all());
+  ring.run({"stop"});
+}

@@ -17,7 +17,10 @@ DESTDIR=$tmp/root cmake --install "$BUILD" --prefix /usr >"$tmp/install.log"
 root=$tmp/root/usr
 expect=(
   bin/sparkctl sbin/sparkd
-  share/man/man1/sparkctl.1 share/man/man1/sparkctl-config.1 share/man/man5/sparkctl.env.5
+  share/man/man1/sparkctl.1.gz share/man/man1/sparkctl-config.1.gz share/man/man5/sparkctl.env.5.gz
+  share/doc/sparkctl/copyright share/doc/sparkctl/changelog.gz
+  share/sparkctl/prometheus/sparkctl-alerts.yml share/sparkctl/prometheus/scrape-open.yml
+  share/sparkctl/prometheus/scrape-auth.yml share/sparkctl/examples/sparkctl.cron
   share/sparkctl/examples/local.env share/sparkctl/examples/two-sparks.env
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
   lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
@@ -25,15 +28,32 @@ expect=(
 )
 for f in "${expect[@]}"; do [[ -f $root/$f ]] || err "cmake --install did not install $f"; done
 for p in "$SRC"/man/*.[1-8]; do
-  n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n ]] || err "man page $n not installed"
+  n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n.gz ]] || err "man page $n.gz not installed"
 done
 [[ -x $root/bin/sparkctl ]] || err "bin/sparkctl is not executable"
 # Installed units run the binaries of this prefix, not the sources' /usr/local default.
 units=$root/lib/systemd/system
-grep -qx 'ExecStart=/usr/bin/sparkctl watch' "$units/sparkctl-watch.service" 2>/dev/null ||
+grep -qx 'ExecStart=/usr/bin/sparkctl watch --quiet' "$units/sparkctl-watch.service" 2>/dev/null ||
   err "installed sparkctl-watch.service does not run /usr/bin/sparkctl: $(grep ExecStart "$units/sparkctl-watch.service" 2>&1)"
 grep -q '^ExecStart=/usr/sbin/sparkd ' "$units/sparkd@.service" 2>/dev/null ||
   err "installed sparkd@.service does not run /usr/sbin/sparkd: $(grep ExecStart "$units/sparkd@.service" 2>&1)"
+# A system install's shared state root: sticky and world-writable, so a ring started by a
+# user is found by root's timer (the default STATE_DIR is /var/lib/sparkctl/RING_NAME).
+[[ $(stat -c %a "$tmp/root/var/lib/sparkctl" 2>/dev/null) == 1777 ]] ||
+  err "cmake --install --prefix /usr did not make /var/lib/sparkctl mode 1777 ($(stat -c %a "$tmp/root/var/lib/sparkctl" 2>&1))"
+# The commented cluster file example (a conffile in the .deb) and the cron example.
+[[ -f $tmp/root/etc/sparkctl/ring.env ]] || err "cmake --install --prefix /usr did not install /etc/sparkctl/ring.env"
+grep -qv '^#' "$tmp/root/etc/sparkctl/ring.env" 2>/dev/null && err "/etc/sparkctl/ring.env is not all comments (it must describe no live ring)"
+grep -q 'watch --quiet' "$root/share/sparkctl/examples/sparkctl.cron" 2>/dev/null || err "the cron example does not run watch --quiet"
+grep -q '^Environment=SPARK_CONFIG=/etc/sparkctl/ring.env' "$units/sparkctl-watch.service" || err "the watch unit does not name /etc/sparkctl/ring.env"
+# With cron's PATH (no sbin), the installed sparkctl finds the installed sparkd from its own
+# prefix: preflight reports that sparkd's version.
+if [[ -x $root/bin/sparkctl ]]; then
+  env -i PATH=/usr/bin:/bin timeout 120 "$root/bin/sparkctl" --config "$root/share/sparkctl/examples/local.env" \
+    --json preflight >"$tmp/preflight.json" 2>"$tmp/preflight.err" || true
+  grep -q '"sparkd_version": "sparkd ' "$tmp/preflight.json" ||
+    err "installed sparkctl (PATH=/usr/bin:/bin) did not find the installed sparkd: $(grep -o '"sparkd_version": "[^"]*"' "$tmp/preflight.json" | head -n 1) $(tail -n 3 "$tmp/preflight.err")"
+fi
 # The installed binary runs and validates the installed examples.
 if [[ -x $root/bin/sparkctl ]]; then
   env -i PATH="$PATH" "$root/bin/sparkctl" --version >/dev/null || err "installed sparkctl --version failed"
@@ -51,6 +71,9 @@ deb=$(ls "$tmp"/pkg/*.deb 2>/dev/null | head -n 1)
 [[ -n $deb ]] || { err "cpack made no .deb"; exit 1; }
 dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
 for f in "${expect[@]}"; do grep -qx "./usr/$f" "$tmp/contents" || err "$(basename "$deb") lacks /usr/$f"; done
+dpkg-deb -c "$deb" | grep -q '^drwxrwxrwt .* \./var/lib/sparkctl/$' || err "$(basename "$deb") lacks /var/lib/sparkctl/ mode 1777"
+grep -qx './etc/sparkctl/ring.env' "$tmp/contents" || err "$(basename "$deb") lacks /etc/sparkctl/ring.env"
+dpkg-deb -I "$deb" conffiles 2>/dev/null | grep -qx '/etc/sparkctl/ring.env' || err "/etc/sparkctl/ring.env is not a conffile of the .deb"
 # The packaged units verify once unpacked, with their paths pointing into the unpacked tree.
 if command -v systemd-analyze >/dev/null; then
   dpkg-deb -x "$deb" "$tmp/deb"

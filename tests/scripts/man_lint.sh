@@ -68,5 +68,45 @@ for c in "${cmds[@]}"; do
 done
 echo "man_lint: ${#cmds[@]} commands checked"
 
+# Every command's --help: "usage: sparkctl CMD ...", exit 0, none of Boost's internals
+# ("-h [ --help ]", "arg (=show)"); `help help` and `help --help` answer too.
+for c in "${cmds[@]}" help; do
+  out=$(env -i PATH="$PATH" "$SPARKCTL" "$c" --help 2>&1) || err "sparkctl $c --help exited $?: $out"
+  [[ $(head -n 1 <<<"$out") == "usage: sparkctl $c"* ]] || err "sparkctl $c --help starts '$(head -n 1 <<<"$out")'"
+  grep -qE '\[ --|arg \(=|^  -h \[' <<<"$out" && err "sparkctl $c --help shows Boost's option internals: $(grep -E '\[ --|arg \(=' <<<"$out" | head -n 1)"
+done
+out=$(env -i PATH="$PATH" "$SPARKCTL" help help 2>&1) || err "sparkctl help help exited $?: $out"
+echo "man_lint: --help of ${#cmds[@]} commands checked"
+
+# Drift between pages and code where the code can be read: the per-rank file names that
+# the node scripts use (cli/ring_nodes.cc, "sparkd-{}.log" etc.) are the only ones a page
+# may name, and every code a page lists under EXIT STATUS is one that exit_code() returns
+# (or 1, checks failed; or preflight's kExitWarnings, env/preflight.h).
+mapfile -t rankfiles < <(grep -ho '\(sparkd\|engine\)-[a-z]*{[a-z]*}\.[a-z]*' "$SRC"/cli/ring_nodes.cc "$SRC"/cli/node_ops.cc "$SRC"/cli/cmd_ring.cc \
+  "$SRC"/daemon/backend_exec.cc 2>/dev/null | sed 's/{[a-z]*}/<N>/' | sort -u)
+grep -ho 'engine-rank" *+ *std::to_string([a-z_]*) *+ *"\.log"' "$SRC"/daemon/backend_exec.cc >/dev/null &&
+  rankfiles+=("engine-rank<N>.log")
+((${#rankfiles[@]} >= 2)) || err "could not read the per-rank file names from cli/ring_nodes.cc"
+for p in "${pages[@]}"; do
+  while read -r named; do
+    ok=0
+    for f in "${rankfiles[@]}"; do [[ $named == "$f" ]] && ok=1; done
+    ((ok)) || err "$(basename "$p") names $named; the code writes: ${rankfiles[*]}"
+  done < <(sed 's/\\-/-/g' "$p" | grep -o '\(sparkd\|engine\)-[a-z]*<N>\.[a-z]*' | sort -u)
+done
+warn_code=$(sed -n 's/.*kExitWarnings = \([0-9]*\);.*/\1/p' "$SRC/env/preflight.h")
+for p in "${pages[@]}"; do
+  while read -r c; do
+    ok=0
+    for k in "${codes[@]}" 0 1 $warn_code; do [[ $c == "$k" ]] && ok=1; done
+    ((ok)) || err "$(basename "$p"): EXIT STATUS lists $c, which no Errc maps to (core/error.cc)"
+  done < <(sed -n '/^\.SH EXIT STATUS/,/^\.SH /p' "$p" | sed -n 's/^\.B \([0-9][0-9]*\)$/\1/p')
+done
+# sparkctl(1) sends status to its page: a not-ready status is exit 10 there, so the main
+# page must not say it is 1.
+sed -n '/^\.SH EXIT STATUS/,/^\.SH /p' "$SRC/man/sparkctl.1" | awk '/^\.B [0-9]+$/{c=$2} /not ready/ && !/10/{print c}' |
+  grep -qvx 10 && err "man/sparkctl.1 gives a not-ready status another exit code than 10 (sparkctl-status(1))"
+echo "man_lint: per-rank file names (${rankfiles[*]}) and EXIT STATUS codes checked"
+
 ((fail == 0)) && echo "man_lint: OK"
 exit $fail

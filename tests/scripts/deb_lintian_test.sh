@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The .deb that `cpack -G DEB` makes is clean of lintian errors: a copyright file, a
+# compressed changelog and man pages, an extended description, a well-formed maintainer
+# field. Warnings are printed, not failed on (some, like no-manual-page for a helper, are
+# choices). Skips (exit 77) with the reason when lintian is not installed.
+# Usage: deb_lintian_test.sh SRC_DIR BUILD_DIR
+set -euo pipefail
+SRC=${1:?usage: deb_lintian_test.sh SRC_DIR BUILD_DIR}
+BUILD=${2:?usage: deb_lintian_test.sh SRC_DIR BUILD_DIR}
+if ! command -v lintian >/dev/null; then
+  echo "deb_lintian_test: SKIP: lintian is not installed (scripts/install-deps.sh installs it)"
+  exit 77
+fi
+tmp=$(mktemp -d /tmp/sparkctl-lintian.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+err() { echo "deb_lintian_test: FAIL: $*"; fail=1; }
+
+# The compressed pages are build outputs; make sure they are current before packaging.
+cmake --build "$BUILD" --target spark_compressed_docs >/dev/null
+(cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) ||
+  { err "cpack failed:"; tail -n 20 "$tmp/cpack.log"; exit 1; }
+deb=$(ls "$tmp"/pkg/*.deb 2>/dev/null | head -n 1)
+[[ -n $deb ]] || { err "cpack made no .deb"; exit 1; }
+
+# lintian refuses to run as root without --allow-root (CI containers run as root).
+allow=()
+((EUID == 0)) && allow=(--allow-root)
+# Exit 1 means it found errors (counted below); anything else is lintian failing to run.
+rc=0
+lintian "${allow[@]}" --tag-display-limit 0 "$deb" >"$tmp/lintian.out" 2>&1 || rc=$?
+((rc <= 1)) || { err "lintian exited $rc:"; cat "$tmp/lintian.out"; exit 1; }
+errors=$(grep -c '^E: ' "$tmp/lintian.out" || true)
+warnings=$(grep -c '^W: ' "$tmp/lintian.out" || true)
+if ((errors > 0)); then
+  err "lintian reports $errors error(s) on $(basename "$deb"):"
+  grep '^E: ' "$tmp/lintian.out"
+fi
+grep '^W: ' "$tmp/lintian.out" || true
+
+# What the package must carry, whatever lintian's version checks.
+dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
+for f in ./usr/share/doc/sparkctl/copyright ./usr/share/doc/sparkctl/changelog.gz \
+  ./usr/share/man/man1/sparkctl.1.gz ./usr/share/man/man8/sparkd.8.gz; do
+  grep -qx "$f" "$tmp/contents" || err "$(basename "$deb") lacks $f"
+done
+grep -q '\.[1-8]$' "$tmp/contents" && err "uncompressed man pages: $(grep '\.[1-8]$' "$tmp/contents" | tr '\n' ' ')"
+dpkg-deb -x "$deb" "$tmp/root"
+cmp -s "$tmp/root/usr/share/doc/sparkctl/copyright" "$SRC/packaging/debian/copyright" ||
+  err "packaged copyright differs from packaging/debian/copyright"
+grep -q 'License: Apache-2.0' "$tmp/root/usr/share/doc/sparkctl/copyright" || err "copyright names no Apache-2.0 licence"
+grep -q 'Apache License' "$SRC/LICENSE" && grep -q 'END OF TERMS AND CONDITIONS' "$SRC/LICENSE" ||
+  err "LICENSE is not the full Apache-2.0 text"
+# The changelog's newest entry is this package's version.
+version=$(dpkg-deb -f "$deb" Version)
+top=$(zcat "$tmp/root/usr/share/doc/sparkctl/changelog.gz" | head -n 1 | sed -n 's/^sparkctl (\([^)]*\)).*/\1/p')
+[[ $top == "$version" ]] || err "changelog's newest entry is '$top', the package is '$version' (add an entry to packaging/debian/changelog)"
+desc_lines=$(dpkg-deb -f "$deb" Description | wc -l)
+((desc_lines > 2)) || err "the extended description is empty ($desc_lines line(s))"
+maint=$(dpkg-deb -f "$deb" Maintainer)
+[[ $maint =~ ^[^\<]+\ \<[^@\ ]+@[^@\ ]+\.[a-z]+\>$ ]] || err "Maintainer '$maint' is not 'Name <address>'"
+[[ $maint == *localhost* ]] && err "Maintainer '$maint' is on localhost"
+
+echo "deb_lintian_test: $(basename "$deb"): $errors lintian error(s), $warnings warning(s)"
+((fail == 0)) && echo "deb_lintian_test: OK"
+exit $fail
