@@ -57,9 +57,22 @@ fi
 # The installed binary runs and validates the installed examples.
 if [[ -x $root/bin/sparkctl ]]; then
   env -i PATH="$PATH" "$root/bin/sparkctl" --version >/dev/null || err "installed sparkctl --version failed"
+  # Examples whose head (a `local` node) names an API key file: config check reads that
+  # file as start would, so this machine gets one of its own (the environment overrides
+  # the file's API_KEY_FILE); without one, config check must refuse, naming the file.
+  printf 'k%.0s' {1..32} >"$tmp/api-key" && chmod 600 "$tmp/api-key"
   for e in "$root"/share/sparkctl/examples/*.env; do
-    env -i PATH="$PATH" "$root/bin/sparkctl" --config "$e" config check >/dev/null 2>"$tmp/err" ||
+    key=()
+    grep -q '^API_KEY_FILE=' "$e" && key=(API_KEY_FILE="$tmp/api-key")
+    env -i PATH="$PATH" "${key[@]}" "$root/bin/sparkctl" --config "$e" config check >/dev/null 2>"$tmp/err" ||
       err "installed sparkctl config check $(basename "$e"): $(cat "$tmp/err")"
+    if ((${#key[@]})); then
+      env -i PATH="$PATH" API_KEY_FILE="$tmp/no-such-key" "$root/bin/sparkctl" --config "$e" config check >/dev/null 2>"$tmp/err" &&
+        grep -q '^NODE0_SSH=local' "$e" &&
+        err "installed sparkctl config check $(basename "$e") accepted a missing API key file"
+      grep -q "no-such-key" "$tmp/err" || ! grep -q '^NODE0_SSH=local' "$e" ||
+        err "config check $(basename "$e") with a missing key file did not name it: $(cat "$tmp/err")"
+    fi
   done
 fi
 echo "install_test: cmake --install checked (${#expect[@]} files)"
