@@ -193,7 +193,7 @@ for i in "${!pending[@]}"; do
   done
   shown=${e//@CLANG@/${clang:-N}}
   if [[ -n $pick ]]; then
-    [[ $pick != "$e" ]] && echo "install-deps: $shown -> $pick (what apt offers here)"
+    [[ ${pick%:*} != "$e" ]] && echo "install-deps: $shown -> ${pick%:*} (what apt offers here)"
     to_install+=("$pick")
   elif [[ -n ${COST[$e]:-} ]]; then
     lost+=("$shown: ${COST[$e]}")
