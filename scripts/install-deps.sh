@@ -14,6 +14,8 @@
 #              adds A to dpkg (multiarch), installs the libraries as :A, the cross compiler
 #              and qemu-user-static; not the test tools (their tiers run natively only).
 #   --check    only report what is missing (exit 1 if anything is).
+#   --list     print the name each entry resolves to here (installed, else what apt
+#              offers; "# none: ENTRY" where apt has none) and change nothing.
 #
 # Add a package with one line in its list below:  LIBRARIES+=(libfoo-dev)   # what needs it
 # An entry "a|b" is the first of a, b that apt offers; @CLANG@ is the major version of the
@@ -65,12 +67,13 @@ optional iperf3 "no iperf3: preflight's link-rate check cannot be compared by ha
 
 # Appended by other parts of the project (one line each, below this comment).
 
-usage() { sed -n '2,22p' "$0"; }
-mode=test check_only=0 arch=""
+usage() { sed -n '2,24p' "$0"; }
+mode=test check_only=0 list_only=0 arch=""
 while (($#)); do
   case "$1" in
     --demo) mode=demo ;;
     --check) check_only=1 ;;
+    --list) list_only=1 check_only=1 ;;
     --arch) arch=${2:?--arch needs a Debian architecture, e.g. arm64}; shift ;;
     --arch=*) arch=${1#--arch=} ;;
     -h|--help) usage; exit 0 ;;
@@ -164,6 +167,31 @@ satisfied() {
 }
 
 clang=$(clang_major)
+# resolve ENTRY KIND: the installed alternative, else the first that apt offers, else "".
+resolve() {
+  local alt name
+  IFS='|' read -r -a alts <<<"$1"
+  for pass in installed offered; do
+    for alt in "${alts[@]}"; do
+      if [[ $alt == *@CLANG@* ]]; then
+        [[ -n $clang ]] || continue
+        alt=${alt//@CLANG@/$clang}
+      fi
+      name=$alt
+      [[ $2 == lib && -n $arch ]] && name=$(qualify "$alt")
+      if [[ $pass == installed ]]; then installed "$name" && { echo "$name"; return; }
+      else offered "$name" && { echo "$name"; return; }; fi
+    done
+  done
+  return 0
+}
+if ((list_only)); then
+  for i in "${!entries[@]}"; do
+    n=$(resolve "${entries[$i]}" "${libs[$i]}")
+    [[ -n $n ]] && echo "$n" || echo "# none: ${entries[$i]//@CLANG@/${clang:-N}}${COST[${entries[$i]}]:+ (${COST[${entries[$i]}]})}"
+  done
+  exit 0
+fi
 pending=() pending_kind=()
 for i in "${!entries[@]}"; do
   satisfied "${entries[$i]}" "${libs[$i]}" || { pending+=("${entries[$i]}"); pending_kind+=("${libs[$i]}"); }
