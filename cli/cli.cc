@@ -28,7 +28,8 @@ int Context::fail(const Error& e) const {
     nlohmann::json j = {{"error", {{"code", std::string(errc_name(e.code))},
                                    {"exit_code", exit_code(e.code)},
                                    {"message", e.message}}}};
-    *out << j.dump(2) << "\n";
+    // Messages can quote bytes read from a node: invalid UTF-8 must not lose the error.
+    *out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     *err << "sparkctl: " << e.message << "\n";
   }

@@ -1,6 +1,7 @@
 // sparkctl config show | check
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -57,9 +58,28 @@ int config_show(Context& ctx, bool all) {
   return 0;
 }
 
+// The API key file, checked as sparkd checks it at start, when rank 0 is this machine
+// (elsewhere the file lives on that node: start checks it there).
+void check_key_file(const Result<RingConfig>& cfg, std::vector<Diagnostic>* diags) {
+  if (!cfg) return;
+  const std::string& path = cfg->get("API_KEY_FILE");
+  if (path.empty()) return;
+  const auto& src = cfg->settings.at("API_KEY_FILE").source;
+  if (cfg->nodes.empty() || !cfg->nodes[0].local) {
+    diags->push_back({false, src,
+                      fmt::format("API_KEY_FILE {} is on {}; start checks it there", path,
+                                  cfg->nodes.empty() ? "rank 0" : cfg->nodes[0].name)});
+    return;
+  }
+  if (auto key = read_api_key_file(path); !key) diags->push_back({true, src, key.error().message});
+}
+
 int config_check(Context& ctx) {
   std::vector<Diagnostic> diags;
   auto cfg = spark::load_config(ctx.opts.config_path, ctx.env, &diags);
+  check_key_file(cfg, &diags);
+  if (cfg && std::any_of(diags.begin(), diags.end(), [](const Diagnostic& d) { return d.error; }))
+    cfg = make_error(Errc::config, "API_KEY_FILE is refused");
   if (ctx.opts.json) {
     nlohmann::json j;
     j["file"] = ctx.opts.config_path;

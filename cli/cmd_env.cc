@@ -36,6 +36,8 @@ int cmd_env(Context& ctx, const std::vector<std::string>& args) {
   filter.only = {"rdma", "net.link", "gpu"};
   std::optional<env::NodeReport> report;
   if (vm.count("sysroot")) {
+    if (auto s = check_sysroot_dir(vm["sysroot"].as<std::string>()); !s.ok())
+      return ctx.fail(s.error());
     report = env::run_node_checks(*cfg, node, env::Sysroot(vm["sysroot"].as<std::string>()), filter,
                                   false);
   } else {
@@ -56,7 +58,7 @@ int cmd_env(Context& ctx, const std::vector<std::string>& args) {
   if (ctx.opts.json) {
     nlohmann::json j = {{"rank", e->rank}, {"node", e->node}, {"env", nlohmann::json::object()}};
     for (const auto& [k, v] : e->vars) j["env"][k] = v;
-    *ctx.out << j.dump(2) << "\n";
+    *ctx.out << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else if (vm.count("export")) {
     *ctx.out << e->to_shell();
   } else {

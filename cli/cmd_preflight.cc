@@ -4,8 +4,11 @@
 
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -31,6 +34,23 @@ std::vector<std::string> ids_of(const po::variables_map& vm, const char* key) {
 
 }  // namespace
 
+Status check_sysroot_dir(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    int e = errno;
+    if (e == ELOOP)
+      return make_error(Errc::not_found,
+                        fmt::format("--sysroot {}: symlink loop (ELOOP): the path never reaches a "
+                                    "directory; point it at the captured tree itself",
+                                    path));
+    return make_error(Errc::not_found, fmt::format("--sysroot {}: {}", path, std::strerror(e)));
+  }
+  if (!S_ISDIR(st.st_mode))
+    return make_error(Errc::not_found,
+                      fmt::format("--sysroot {}: not a directory or .tar.gz", path));
+  return Status::Ok();
+}
+
 /// A captured tree: a directory, or a capture-node archive unpacked into a temporary one.
 class SysrootHandle {
  public:
@@ -45,9 +65,7 @@ class SysrootHandle {
   }
   Status open(const std::string& path) {
     if (!ends_with(path, ".tar.gz") && !ends_with(path, ".tgz")) {
-      if (!std::filesystem::is_directory(path))
-        return make_error(Errc::not_found,
-                          fmt::format("--sysroot {}: not a directory or .tar.gz", path));
+      if (auto s = check_sysroot_dir(path); !s.ok()) return s;
       dir_ = path;
       return Status::Ok();
     }
@@ -133,7 +151,8 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
     auto nr = env::run_node_checks(
         *cfg, *node, env::Sysroot(sysroots.empty() ? "/" : handles[0]->dir()), filter, verbose);
     if (ctx.opts.json) {
-      *ctx.out << env::report_to_json(nr).dump(2) << "\n";
+      *ctx.out << env::report_to_json(nr).dump(2, ' ', false, json::error_handler_t::replace)
+               << "\n";
       env::add_checks(&rep, nr.checks);
       return rep.exit_code();
     }
@@ -167,7 +186,10 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
     rep = run_ring_preflight(*cfg, run);
   }
   if (ctx.opts.json)
-    *ctx.out << env::ring_report_to_json(rep, verbose).dump(2) << "\n";
+    // Node files may hold any bytes: replace what is not UTF-8 so the report always comes out.
+    *ctx.out << env::ring_report_to_json(rep, verbose)
+                    .dump(2, ' ', false, json::error_handler_t::replace)
+             << "\n";
   else
     *ctx.out << env::format_report_table(rep, verbose);
   return rep.exit_code();

@@ -21,6 +21,10 @@ Result<RingConfig> load_ring_config(Context& ctx);
 /// Which node of the ring this machine is: --node, else the hostname, else the one local node.
 Result<int> this_node(const RingConfig& cfg, int requested);
 
+/// Checks a --sysroot directory: it must be a directory; a missing one or a symlink loop
+/// (ELOOP) is named with the path (Errc::not_found: the input-error exit code).
+Status check_sysroot_dir(const std::string& path);
+
 /// Options of a ring-wide preflight run.
 struct PreflightRun {
   env::CheckFilter filter;

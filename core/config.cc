@@ -9,6 +9,10 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/strings.h"
 
@@ -31,7 +35,9 @@ const std::vector<KeySpec>& ring_keys() {
       {"PROBE_EXPECT", KeyType::string, nullptr, nullptr, "Text the probe completion must contain (empty: any non-empty text)."},
       {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
       {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
-      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key (mode 0600)."},
+      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key on one line (mode 0600)."},
+      {"API_MAX_CONNECTIONS", KeyType::integer, "512", nullptr, "Open HTTP connections rank 0 accepts in all (0 = no limit); one more is answered 503."},
+      {"API_MAX_CONNECTIONS_PER_PEER", KeyType::integer, "128", nullptr, "Open HTTP connections rank 0 accepts from one client address (0 = no limit)."},
       {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
@@ -66,12 +72,14 @@ const std::vector<KeySpec>& ring_keys() {
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
       {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr, "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
+      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr, "More known-bad versions (JSON, as the built-in list), read on each node by preflight's sw.known_bad."},
       {"START_CHECKS", KeyType::list, nullptr, nullptr, "Preflight checks start runs, fail-closed (IDs or groups); default every check but net.bandwidth."},
       {"STOP_GRACE", KeyType::duration, "30s", nullptr, "How long stop waits after SIGTERM before SIGKILL of a rank."},
       {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
       {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
       {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
-      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|llama3|chatml|mistral", "Chat format of the model; auto detects it from tokenizer_config.json, the architecture and the vocabulary."},
+      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
+      {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
       {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
       {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr, "How often follower ranks send heartbeats to rank 0."},
@@ -367,6 +375,23 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     int node = -1;
     std::string suffix;
     const KeySpec* spec = classify(k, &node, &suffix);
+    // A value that is not UTF-8 passes every other check and then poisons what carries
+    // it (the /health JSON of a ring that serves answered 400 forever); a NUL cuts it short
+    // wherever it becomes a C string.
+    if (auto at = r.value.find('\0'); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value holds a NUL byte at offset {}; remove it", k, at)});
+      refused.insert(k);
+      continue;
+    }
+    if (auto at = utf8_invalid_at(r.value); at != std::string::npos) {
+      d.push_back({true, r.source,
+                   fmt::format("{}: the value is not UTF-8 (byte 0x{:02x} at offset {}); write "
+                               "the file in UTF-8",
+                               k, static_cast<unsigned char>(r.value[at]), at)});
+      refused.insert(k);
+      continue;
+    }
     if (has_placeholder(r.value)) {
       d.push_back({true, r.source,
                    fmt::format("{}={} is still a placeholder: replace it with the real value", k,
@@ -494,6 +519,15 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
         d.push_back({true, where("HCAS"),
                      fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
                                  "`ibv_devices` or /sys/class/infiniband)", id, h)});
+    // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
+    for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
+      for (size_t a = 0; a < list->size(); ++a)
+        if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
+            list->begin() + static_cast<long>(a))
+          d.push_back({true, where(key),
+                       fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
+                                   "its own netdev)",
+                                   id, key, (*list)[a])});
     if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
       d.push_back({true, where("HCAS"),
                    fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
@@ -573,6 +607,35 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     if (d[i].error) errors.push_back(fmt::format("{}: {}", d[i].where, d[i].message));
   if (!errors.empty()) return make_error(Errc::config, join(errors, "\n"));
   return cfg;
+}
+
+Result<std::string> read_api_key_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(Errc::config, "API_KEY_FILE " + path + ": " + std::strerror(errno) +
+                                        " (create it with the key on one line, chmod 600)");
+  if (!S_ISREG(st.st_mode))
+    return make_error(Errc::config, "API_KEY_FILE " + path + " is not a regular file");
+  if ((st.st_mode & 077) != 0)
+    return make_error(Errc::auth, fmt::format("API_KEY_FILE {} has mode {:04o}; other users could "
+                                              "read the key: chmod 600 {}",
+                                              path, st.st_mode & 07777, path));
+  auto text = read_file(path);
+  if (!text) return make_error(Errc::io, "API_KEY_FILE " + path + ": cannot read");
+  std::string key(trim(*text));
+  if (key.empty()) return make_error(Errc::config, "API_KEY_FILE " + path + " is empty");
+  // Two lines would make a key no client can send (a header value ends at the line).
+  if (key.find_first_of("\r\n") != std::string::npos)
+    return make_error(Errc::config, "API_KEY_FILE " + path +
+                                        " holds more than one line; put the key alone on the "
+                                        "first line");
+  for (unsigned char c : key)
+    if (c < 0x20 || c == 0x7f || c == ' ')
+      return make_error(Errc::config,
+                        fmt::format("API_KEY_FILE {}: the key holds a space or control character "
+                                    "(0x{:02x}); clients cannot send it in a Bearer header",
+                                    path, c));
+  return key;
 }
 
 Result<RingConfig> load_config(const std::string& path, const Environment& env,

@@ -110,6 +110,11 @@ Result<RingConfig> load_config(const std::string& path, const Environment& env,
 Result<RingConfig> load_config_text(std::string_view text, std::string_view file,
                                     const Environment& env, std::vector<Diagnostic>* diags);
 
+/// Reads an API key file the way sparkd does at start (and `config check` before it): a
+/// regular file of mode 0600 or stricter holding one line, the key, without spaces or
+/// control characters. Errc::auth / Errc::config naming the file and the fix.
+Result<std::string> read_api_key_file(const std::string& path);
+
 /// True if the address is in a documentation range (192.0.2/24, 198.51.100/24, 203.0.113/24).
 bool is_documentation_ipv4(uint32_t ip);
 

@@ -44,5 +44,8 @@ bool write_file_atomic(const std::string& path, std::string_view data, std::stri
                        unsigned mode = 0644);
 /// Hex of bytes.
 std::string to_hex(const void* data, size_t n);
+/// Offset of the first byte that is not part of well-formed UTF-8 (overlong forms,
+/// surrogates and code points past U+10FFFF included), or npos when all of `s` is UTF-8.
+size_t utf8_invalid_at(std::string_view s);
 
 }  // namespace spark

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <utility>
 
+#include "core/json_text.h"
 #include "core/log.h"
 #include "daemon/http_server.h"
 #include "daemon/metrics.h"
@@ -21,7 +22,7 @@ using openai::ApiError;
 Response api_error(const ApiError& e) {
   Response r;
   r.status = e.status;
-  r.body = openai::error_body(e).dump();
+  r.body = dump_json(openai::error_body(e));
   return r;
 }
 
@@ -252,12 +253,34 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   }
 }
 
+ApiError context_exceeded(int max_context, int64_t counted, size_t bytes, const char* param) {
+  return openai::invalid_request(
+      "This model's maximum context length is " + std::to_string(max_context) +
+          " tokens. However, the " + param + " alone hold more than " + std::to_string(counted) +
+          " tokens (" + std::to_string(bytes) + " bytes; counting stopped at the limit). " +
+          "Please reduce the length of the " + param + ".",
+      param, "context_length_exceeded");
+}
+
 void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
           const std::string& body, Responder http) {
   auto r = openai::parse_chat_request(body, m->limits);
   if (!r.ok()) return http.send(api_error(r.error));
-  const openai::ChatRequest& req = *r.value;
+  openai::ChatRequest& req = *r.value;
   if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
+  {
+    std::vector<std::string_view> texts;
+    size_t bytes = 0;
+    for (const auto& msg : req.messages) {
+      texts.push_back(msg.content);
+      bytes += msg.content.size();
+    }
+    int64_t counted = 0;
+    if (exceeds_context(m->tokenizer, texts, m->max_context, &counted))
+      return http.send(api_error(context_exceeded(m->max_context, counted, bytes, "messages")));
+  }
+  if (m->escape_special)
+    for (auto& msg : req.messages) msg.content = m->tokenizer.escape_special(msg.content);
   auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context);
   if (!p.ok()) return http.send(api_error(p.error));
   auto resp = std::make_unique<openai::CompletionWriter>(
@@ -272,6 +295,12 @@ void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<co
   if (!r.ok()) return http.send(api_error(r.error));
   const openai::CompletionRequest& req = *r.value;
   if (auto e = openai::check_model(req.model, m->model)) return http.send(api_error(*e));
+  if (const auto* text = std::get_if<std::string>(&req.prompt)) {
+    int64_t counted = 0;
+    if (exceeds_context(m->tokenizer, {*text}, m->max_context, &counted))
+      return http.send(
+          api_error(context_exceeded(m->max_context, counted, text->size(), "prompt")));
+  }
   auto p = openai::prepare_completion(req, m->tokenizer, m->max_context);
   if (!p.ok()) return http.send(api_error(p.error));
   auto resp = std::make_unique<openai::CompletionWriter>(req, m->tokenizer, m->model,
@@ -288,8 +317,12 @@ Response tokenize(const ApiModel& m, const std::string& body) {
   if (r.value->prompt) {
     ids = m.tokenizer.encode(*r.value->prompt, r.value->add_special_tokens);
   } else {
-    auto text = tok::render_chat(m.chat_format, r.value->messages, tok::Json::array(),
-                                 r.value->add_generation_prompt);
+    // What the model would see: message content escaped as a chat completion escapes it.
+    auto messages = r.value->messages;
+    if (m.escape_special)
+      for (auto& msg : messages) msg.content = m.tokenizer.escape_special(msg.content);
+    auto text = tok::render_chat(m.chat_format, messages, tok::Json::array(),
+                                 r.value->add_generation_prompt, r.value->chat_template_kwargs);
     if (!text) return api_error(openai::from_error(text.error(), "messages"));
     ids = m.tokenizer.encode(*text, false);
   }
@@ -315,6 +348,32 @@ Response detokenize(const ApiModel& m, const std::string& body) {
   return out;
 }
 }  // namespace
+
+bool exceeds_context(const tok::Tokenizer& tok, const std::vector<std::string_view>& texts,
+                     int max_context, int64_t* counted) {
+  constexpr size_t kPiece = 4096;
+  constexpr int64_t kSlackPerCut = 4;
+  size_t bytes = 0;
+  for (auto t : texts) bytes += t.size();
+  *counted = 0;
+  // A token covers at least one byte of text: shorter text always fits.
+  if (bytes <= static_cast<size_t>(std::max(max_context, 0))) return false;
+  int64_t tokens = 0, cuts = 0;
+  for (auto t : texts) {
+    ++cuts;  // the template puts something between two texts; count it as a cut too
+    while (!t.empty()) {
+      size_t n = std::min(kPiece, t.size());
+      while (n < t.size() && n > 0 && (static_cast<unsigned char>(t[n]) & 0xC0) == 0x80) --n;
+      if (n == 0) n = std::min(kPiece, t.size());
+      tokens += static_cast<int64_t>(tok.encode(t.substr(0, n), false).size());
+      t.remove_prefix(n);
+      if (!t.empty()) ++cuts;
+      *counted = std::max<int64_t>(0, tokens - kSlackPerCut * cuts);
+      if (*counted > max_context) return true;
+    }
+  }
+  return false;
+}
 
 void ApiState::set(std::shared_ptr<const ApiModel> m) {
   std::lock_guard lk(mu_);
@@ -348,11 +407,14 @@ bool ApiState::cancel_newest(const std::string& reason) {
 }
 
 void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
-  // Parsing, chat rendering and tokenizing run here, off the reactor.
+  // Parsing, chat rendering and tokenizing run here, off the reactor; long bodies on a
+  // worker of their own so that they queue behind each other, not in front of short ones.
   auto pool = std::make_shared<boost::asio::thread_pool>(2);
-  auto offload = [state, pool](auto fn) {
-    return [state, pool, fn](const Request& req, Responder http) {
-      boost::asio::post(*pool, [state, fn, body = req.body, http]() mutable {
+  auto long_pool = std::make_shared<boost::asio::thread_pool>(1);
+  auto offload = [state, pool, long_pool](auto fn) {
+    return [state, pool, long_pool, fn](const Request& req, Responder http) {
+      auto& lane = req.body.size() > kLongBody ? *long_pool : *pool;
+      boost::asio::post(lane, [state, fn, body = req.body, http]() mutable {
         auto m = state->get();
         if (!m || !m->engine) return http.send(api_error(not_loaded()));
         try {
@@ -372,7 +434,7 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
     auto m = state->get();
     if (!m) return api_error(not_loaded());
     Response r;
-    r.body = openai::models_list(m->model, m->created, m->max_context).dump();
+    r.body = dump_json(openai::models_list(m->model, m->created, m->max_context));
     return r;
   });
   server.route_async(

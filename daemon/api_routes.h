@@ -34,6 +34,9 @@ struct ApiModel {
   std::set<int32_t> stop_token_ids;  // end-of-turn and EOS ids
   openai::Limits limits;
   int64_t created = 0;  // /v1/models "created"
+  /// CHAT_SPECIAL_TOKENS=escape: special-token spellings in chat message content are read
+  /// as text (Tokenizer::escape_special), never as the tokens themselves.
+  bool escape_special = true;
   /// Called before a request is submitted; blocks while memory is short (MemoryGuard) and
   /// fails the request (503) when memory stays short. Null: no guard.
   std::function<Status()> admit;
@@ -64,6 +67,16 @@ class ApiState {
 
 /// Registers the API routes on `server` (before it starts). Replaces the daemon's
 /// placeholder /v1/models.
+/// Bodies over kLongBody bytes are parsed and tokenized on a worker of their own, so that
+/// long prompts never keep short requests waiting.
 void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state);
+inline constexpr size_t kLongBody = 64u << 10;
+
+/// True when `texts` cannot fit `max_context` tokens, decided without tokenizing more than
+/// about max_context tokens of them: pieces of 4 KiB are counted until a lower bound of
+/// the whole passes the limit (a cut can move a token boundary, hence the slack per cut).
+/// *counted: that lower bound.
+bool exceeds_context(const tok::Tokenizer& tok, const std::vector<std::string_view>& texts,
+                     int max_context, int64_t* counted);
 
 }  // namespace spark::daemon

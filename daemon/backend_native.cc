@@ -83,18 +83,12 @@ class NativeBackend final : public Backend {
       auto t = tok::Tokenizer::from_file(dir + "/tokenizer.json");
       if (!t) return t.error();
       api->tokenizer = std::move(*t);
-      tok::Json tcfg = tok::Json::object();
-      if (std::filesystem::is_regular_file(dir + "/tokenizer_config.json", ec)) {
-        auto text = read_file(dir + "/tokenizer_config.json");
-        if (!text) return make_error(Errc::io, "cannot read " + dir + "/tokenizer_config.json");
-        tcfg = tok::Json::parse(*text, nullptr, false);
-        if (tcfg.is_discarded())
-          return make_error(Errc::config, dir + "/tokenizer_config.json is not valid JSON");
-      }
+      auto tcfg = tok::load_tokenizer_config(dir);
+      if (!tcfg) return tcfg.error();
       auto mc = engine::load_model_config(dir);
       if (!mc) return mc.error();
       auto fmt =
-          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), tcfg, mc->architecture, &api->tokenizer);
+          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), *tcfg, mc->architecture, &api->tokenizer);
       if (!fmt) return fmt.error();
       api->chat_format = *fmt;
       if (ctx.progress)
@@ -105,6 +99,7 @@ class NativeBackend final : public Backend {
       for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);
       // Ids the model cannot produce (a tokenizer larger than the embedding) never stop it.
       std::erase_if(api->stop_token_ids, [&](int32_t id) { return id >= mc->vocab_size; });
+      api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
       api->model = cfg.get("MODEL");
       if (api->model.empty()) api->model = std::filesystem::path(dir).filename().string();
       api->created = static_cast<int64_t>(std::time(nullptr));

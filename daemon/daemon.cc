@@ -45,26 +45,6 @@ bool is_loopback(const std::string& ipv4) {
   return ip && (*ip >> 24) == 127;
 }
 
-Result<std::string> read_api_key_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    return make_error(Errc::config, "API_KEY_FILE " + path + ": " + std::strerror(errno) +
-                                        " (create it with the key on one line, chmod 600)");
-  if (!S_ISREG(st.st_mode))
-    return make_error(Errc::config, "API_KEY_FILE " + path + " is not a regular file");
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-    return make_error(Errc::auth, "API_KEY_FILE " + path + " has mode " + mode +
-                                      "; other users could read the key: chmod 600 " + path);
-  }
-  auto text = read_file(path);
-  if (!text) return make_error(Errc::io, "API_KEY_FILE " + path + ": cannot read");
-  std::string key(trim(*text));
-  if (key.empty()) return make_error(Errc::config, "API_KEY_FILE " + path + " is empty");
-  return key;
-}
-
 DaemonTiming timing_from_config(const RingConfig& cfg) {
   DaemonTiming t;
   auto ms = [&](const char* key, milliseconds def) {
@@ -269,6 +249,10 @@ Status Daemon::start() {
                             " is not loopback and no API key is configured: set API_KEY_FILE to a "
                             "file (mode 0600) holding the key, or bind 127.0.0.1");
     }
+    so.max_connections =
+        static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS")));
+    so.max_connections_per_peer =
+        static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS_PER_PEER")));
     so.public_paths = {"/health"};
     so.not_ready = [this]() -> std::string {
       State st = impl_->health.state();

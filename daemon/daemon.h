@@ -55,9 +55,6 @@ struct DaemonTiming {
 /// JOIN_TIMEOUT, STALL_TIMEOUT).
 DaemonTiming timing_from_config(const RingConfig& cfg);
 
-/// Reads an API key file: must exist, be a regular file of mode 0600 (or stricter, no group
-/// or other bits) and hold a non-empty key. Errc::auth / Errc::config naming the file and fix.
-Result<std::string> read_api_key_file(const std::string& path);
 /// True for 127.0.0.0/8.
 bool is_loopback(const std::string& ipv4);
 

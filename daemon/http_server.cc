@@ -11,7 +11,9 @@
 #include <optional>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "core/log.h"
+#include "daemon/openai/errors.h"
 
 namespace spark::daemon {
 
@@ -100,7 +102,7 @@ std::string Request::header(const std::string& lower_name) const {
 Response Response::json(int status, const nlohmann::json& j) {
   Response r;
   r.status = status;
-  r.body = j.dump();
+  r.body = dump_json(j);
   r.body += '\n';
   return r;
 }
@@ -109,10 +111,40 @@ Response Response::error(const Error& e) {
   return error(e, http_status(e.code));
 }
 
+namespace {
+// The OpenAI error type that goes with an HTTP status, so that clients written against
+// OpenAI read the listener's own errors (401, 404, 405, 413, 431, 503) like the API's.
+const char* openai_error_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable_error";
+    case 504:
+      return "timeout_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+}  // namespace
+
 Response Response::error(const Error& e, int status) {
-  nlohmann::json j;
-  j["error"] = {{"message", e.message}, {"type", std::string(errc_name(e.code))}, {"code", status}};
-  return json(status, j);
+  openai::ApiError a;
+  a.status = status;
+  a.message = e.message;
+  a.type = openai_error_type(status);
+  a.code = std::string(errc_name(e.code));
+  Response r;
+  r.status = status;
+  r.body = dump_json(openai::error_body(a));
+  r.body += '\n';
+  return r;
 }
 
 void throw_http(Errc code, std::string message) {
@@ -168,8 +200,13 @@ class Session : public std::enable_shared_from_this<Session> {
         stream_(std::in_place, std::move(sock)) {
     beast::error_code ec;
     auto ep = stream_->socket().remote_endpoint(ec);
-    if (!ec) peer_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+    if (!ec) {
+      peer_addr_ = ep.address().to_string();
+      peer_ = peer_addr_ + ":" + std::to_string(ep.port());
+    }
   }
+
+  const std::string& peer_addr() const { return peer_addr_; }
 
   void start() { do_read(); }
 
@@ -206,20 +243,25 @@ class Session : public std::enable_shared_from_this<Session> {
   void send(Response r) {
     if (replied_ || !in_request_ || !stream_) return;
     replied_ = true;
+    std::string wire;
+    try {
+      wire = serialize(std::move(r));
+    } catch (const std::exception& e) {
+      // A header the serializer refuses: answer 500 rather than leave the request open.
+      log::error(kComp, "cannot serialize a {} reply: {}", r.status, e.what());
+      keep_alive_ = false;
+      r.status = 500;
+      const std::string body =
+          "{\"error\":{\"message\":\"internal error: the reply could not be built\","
+          "\"type\":\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
+      wire =
+          "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+          "Connection: close\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body;
+    }
     impl_->count(r.status);
-    http::response<http::string_body> res{static_cast<http::status>(r.status), version_};
-    res.set(http::field::server, impl_->opts.server_name);
-    res.set(http::field::content_type, r.content_type);
-    for (auto& [k, v] : r.headers) res.set(k, v);
-    bool keep = keep_alive_ && !impl_->stopping.load();
-    res.keep_alive(keep);
-    keep_alive_ = keep;
-    res.body() = std::move(r.body);
-    res.prepare_payload();
-    std::ostringstream os;
-    os << res;
     finish_after_write_ = true;
-    queue(os.str());
+    queue(std::move(wire));
   }
 
   void begin_stream(int status, const std::string& content_type) {
@@ -259,6 +301,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  std::string serialize(Response r) {
+    http::response<http::string_body> res{static_cast<http::status>(r.status), version_};
+    res.set(http::field::server, impl_->opts.server_name);
+    res.set(http::field::content_type, r.content_type);
+    for (auto& [k, v] : r.headers) res.set(k, v);
+    bool keep = keep_alive_ && !impl_->stopping.load();
+    res.keep_alive(keep);
+    keep_alive_ = keep;
+    res.body() = std::move(r.body);
+    res.prepare_payload();
+    std::ostringstream os;
+    os << res;
+    return os.str();
+  }
+
   void do_read() {
     if (!stream_ || impl_->stopping.load()) return close();
     parser_.emplace();
@@ -337,18 +394,45 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& msg = parser_->get();
     version_ = msg.version();
     keep_alive_ = msg.keep_alive();
-    Request req;
-    req.method = str(msg.method_string());
-    req.target = str(msg.target());
-    split_target(req.target, &req.path, &req.query);
-    for (auto& f : msg) req.headers[lower(str(f.name_string()))] = str(f.value());
-    req.body = std::move(msg.body());
-    req.peer = peer_;
     begin_request();
+    Request req;
+    try {
+      req.method = str(msg.method_string());
+      req.target = str(msg.target());
+      split_target(req.target, &req.path, &req.query);
+      for (auto& f : msg) req.headers[lower(str(f.name_string()))] = str(f.value());
+      req.body = std::move(msg.body());
+      req.peer = peer_;
+    } catch (const std::exception& e) {
+      return send(Response::error(make_error(Errc::resource, std::string("cannot take the "
+                                                                         "request: ") +
+                                                                 e.what()),
+                                  503));
+    }
     dispatch(req);
   }
 
+  // Every reply, the listener's own 401/404/405/503 included, is built inside one guard:
+  // whatever throws becomes a JSON error and the request is answered, so the in-flight
+  // count always comes back down.
   void dispatch(const Request& req) {
+    try {
+      route_request(req);
+    } catch (const HttpError& e) {
+      send(Response::error(e.error()));
+    } catch (const nlohmann::json::exception& e) {
+      send(Response::error(make_error(Errc::usage, std::string("bad JSON in request: ") + e.what()),
+                           400));
+    } catch (const std::exception& e) {
+      log::error(kComp, "{} {}: unhandled exception: {}", req.method, req.path, e.what());
+      send(Response::error(make_error(Errc::internal, std::string("internal error: ") + e.what())));
+    } catch (...) {
+      log::error(kComp, "{} {}: unhandled exception", req.method, req.path);
+      send(Response::error(make_error(Errc::internal, "internal error")));
+    }
+  }
+
+  void route_request(const Request& req) {
     const auto& opts = impl_->opts;
     if (!opts.api_key.empty() && !opts.public_paths.count(req.path)) {
       std::string auth = req.header("authorization");
@@ -396,21 +480,11 @@ class Session : public std::enable_shared_from_this<Session> {
       srv_->api_in_flight_.fetch_add(1);
     }
     Responder responder(shared_from_this());
-    try {
-      if (route.sync) {
-        send(route.sync(req));
-      } else {
-        route.async(req, responder);
-        watch_peer();
-      }
-    } catch (const HttpError& e) {
-      send(Response::error(e.error()));
-    } catch (const nlohmann::json::exception& e) {
-      send(Response::error(
-          make_error(Errc::usage, std::string("bad JSON in request: ") + e.what())));
-    } catch (const std::exception& e) {
-      log::error(kComp, "{} {}: unhandled exception: {}", req.method, req.path, e.what());
-      send(Response::error(make_error(Errc::internal, std::string("internal error: ") + e.what())));
+    if (route.sync) {
+      send(route.sync(req));
+    } else {
+      route.async(req, responder);
+      watch_peer();
     }
   }
 
@@ -467,7 +541,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<beast::tcp_stream> stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::string peer_;
+  std::string peer_, peer_addr_;
   unsigned version_ = 11;
   bool keep_alive_ = false;
   bool in_request_ = false;
@@ -572,16 +646,62 @@ Status HttpServer::start() {
 
 // Accepting is a free function over Impl so the session type stays private to this file.
 namespace {
+
+// Why a new connection from `addr` is over a limit ("" when it is not). Sessions that
+// ended have been pruned from impl.sessions.
+std::string over_connection_limit(const HttpServer::Impl& impl, const std::string& addr) {
+  const auto& o = impl.opts;
+  size_t total = 0, from_peer = 0;
+  for (const auto& w : impl.sessions) {
+    auto s = w.lock();
+    if (!s || s->closed()) continue;
+    ++total;
+    if (s->peer_addr() == addr) ++from_peer;
+  }
+  if (o.max_connections > 0 && total >= o.max_connections)
+    return "too many connections: " + std::to_string(total) + " open, the limit is " +
+           std::to_string(o.max_connections) + " (API_MAX_CONNECTIONS)";
+  if (o.max_connections_per_peer > 0 && from_peer >= o.max_connections_per_peer)
+    return "too many connections from " + addr + ": " + std::to_string(from_peer) +
+           " open, the limit is " + std::to_string(o.max_connections_per_peer) +
+           " per address (API_MAX_CONNECTIONS_PER_PEER)";
+  return "";
+}
+
+// Answers 503 on a connection over a limit without reading from it, then closes it.
+void refuse_connection(tcp::socket sock, const std::string& why) {
+  log::warn(kComp, "refusing a connection: {}", why);
+  auto r = Response::error(make_error(Errc::busy, why), 503);
+  auto wire = std::make_shared<std::string>(
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(r.body.size()) + "\r\n\r\n" + r.body);
+  auto sp = std::make_shared<tcp::socket>(std::move(sock));
+  net::async_write(*sp, net::buffer(*wire), [sp, wire](beast::error_code, size_t) {
+    beast::error_code ec;
+    sp->shutdown(tcp::socket::shutdown_both, ec);
+    sp->close(ec);
+  });
+}
+
 void do_accept(HttpServer* srv, HttpServer::Impl* impl) {
   impl->acceptor.async_accept(
       net::make_strand(impl->ioc), [srv, impl](beast::error_code ec, tcp::socket sock) {
         if (ec == net::error::operation_aborted || !impl->acceptor.is_open()) return;
         if (!ec && !impl->stopping.load()) {
-          auto s = std::make_shared<Session>(std::move(sock), srv);
           auto& v = impl->sessions;
           v.erase(std::remove_if(v.begin(), v.end(), [](auto& w) { return w.expired(); }), v.end());
-          v.push_back(s);
-          s->start();
+          beast::error_code pec;
+          auto ep = sock.remote_endpoint(pec);
+          std::string addr = pec ? std::string() : ep.address().to_string();
+          std::string why = over_connection_limit(*impl, addr);
+          if (!why.empty()) {
+            refuse_connection(std::move(sock), why);
+          } else {
+            auto s = std::make_shared<Session>(std::move(sock), srv);
+            v.push_back(s);
+            s->start();
+          }
         } else if (ec) {
           log::warn(kComp, "accept failed: {}", ec.message());
         }

@@ -50,8 +50,8 @@ struct Response {
 
   /// A JSON response.
   static Response json(int status, const nlohmann::json& j);
-  /// The JSON error body for an Error: {"error":{"message","type","code"}}, status from
-  /// http_status(e.code).
+  /// The OpenAI-shaped JSON error body for an Error: {"error":{"message","type","param",
+  /// "code"}} (type from the status, code the Errc name), status from http_status(e.code).
   static Response error(const Error& e);
   /// Same with an explicit status (405, 413, 431, 503 where the kind's default differs).
   static Response error(const Error& e, int status);
@@ -99,6 +99,10 @@ struct ServerOptions {
   uint32_t header_limit = 64u << 10;              // bytes; larger headers get 431
   std::chrono::milliseconds idle_timeout{60000};  // keep-alive read timeout
   std::chrono::milliseconds write_timeout{60000};
+  /// Open connections at most, in all and from one client address (0: no limit); a
+  /// connection over either limit is answered 503 and closed before anything is read.
+  size_t max_connections = 512;
+  size_t max_connections_per_peer = 128;
   std::string api_key;                               // non-empty: Bearer required
   std::set<std::string> public_paths = {"/health"};  // answered without the key
   std::string server_name = "sparkd";

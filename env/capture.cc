@@ -71,7 +71,8 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
     }
   }
   for (const auto& f : root.recorded_files()) {
-    auto text = read_file(root.path(f));
+    // As bounded as the probes' own reads: a FIFO or an endless file is not copied.
+    auto text = read_file_bounded(root.path(f), kJsonReadCap);
     if (!text) continue;  // unreadable (EINVAL on a down link's speed): replays as unreadable
     fs::create_directories(fs::path(dest(f)).parent_path(), ec);
     std::string why;
@@ -98,7 +99,10 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
     ++sum.sized;
   }
   std::string why;
-  if (!write_file_atomic(out_dir + "/facts.json", facts_to_json(facts).dump(1) + "\n", &why))
+  if (!write_file_atomic(
+          out_dir + "/facts.json",
+          facts_to_json(facts).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+          &why))
     return make_error(Errc::io, "facts.json: " + why);
   return sum;
 }

@@ -136,10 +136,10 @@ Residency page_cache_residency(const std::string& dir) {
   for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
     if (ec) break;
     if (!it->is_regular_file(ec)) continue;
-    int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) continue;
     struct stat st {};
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
       auto size = static_cast<size_t>(st.st_size);
       void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
       if (m != MAP_FAILED) {
@@ -309,7 +309,10 @@ Result<NodeFacts> facts_from_json(const json& j) {
 
 Result<NodeFacts> node_facts(const Sysroot& root, const FactsRequest& req) {
   if (root.live()) return collect_live_facts(root, req);
-  auto text = root.read("/facts.json");
+  auto text = root.read("/facts.json", kJsonReadCap);
+  if (!text && root.problem("/facts.json"))
+    return make_error(
+        Errc::io, fmt::format("{}: {}", root.path("/facts.json"), *root.problem("/facts.json")));
   if (!text)
     return make_error(Errc::not_found,
                       fmt::format("{}: no facts.json in the captured tree (make captures with "

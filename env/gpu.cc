@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/strings.h"
+#include "env/sysroot.h"
 
 // The driver API's numbers, declared here because libcuda is never linked. Where the
 // toolkit's cuda.h is on the include path, the values are checked against it.
@@ -27,12 +28,14 @@ constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
+constexpr int kAttrIntegrated = 18;
 }  // namespace spark::env::drv
 #if __has_include(<cuda.h>)
 #include <cuda.h>
 namespace spark::env::drv {
 static_assert(CUDA_SUCCESS == kCudaSuccess);
 static_assert(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT == kAttrMultiprocessorCount);
+static_assert(CU_DEVICE_ATTRIBUTE_INTEGRATED == kAttrIntegrated);
 static_assert(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR == kAttrComputeCapabilityMajor);
 static_assert(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR == kAttrComputeCapabilityMinor);
 static_assert(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN ==
@@ -179,6 +182,7 @@ DriverPart query_driver(const std::string& lib) {
       d.total_memory = mem;
     else
       d.errors.push_back(fmt::format("cuDeviceTotalMem_v2: {}", api.describe(r)));
+    int integrated = 0;
     struct {
       int attr;
       const char* name;
@@ -189,6 +193,7 @@ DriverPart query_driver(const std::string& lib) {
         {kAttrMaxSharedMemoryPerBlockOptin, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
          &d.max_smem_per_block_optin},
         {kAttrMultiprocessorCount, "MULTIPROCESSOR_COUNT", &d.multiprocessors},
+        {kAttrIntegrated, "INTEGRATED", &integrated},
     };
     for (auto& a : attrs) {
       int v = 0;
@@ -197,6 +202,7 @@ DriverPart query_driver(const std::string& lib) {
       else
         d.errors.push_back(fmt::format("cuDeviceGetAttribute({}): {}", a.name, api.describe(r)));
     }
+    d.integrated = integrated != 0;
     p.devices.push_back(std::move(d));
   }
   return p;
@@ -256,7 +262,7 @@ std::string nccl_version_text(int code) {
 }
 
 std::string read_kernel_module_version(const std::string& root) {
-  auto text = read_file(under(root, "/proc/driver/nvidia/version"));
+  auto text = read_file_bounded(under(root, "/proc/driver/nvidia/version"), kSysfsReadCap);
   if (!text) return {};
   // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build ..."
   static const std::regex version(R"(Kernel Module[^\n]*?\s(\d+\.\d+(?:\.\d+)?)\s)");
@@ -295,8 +301,8 @@ std::vector<GpuHolder> find_gpu_holders(const std::string& root, int exclude_pid
       closedir(fd);
       if (h.devices.empty()) continue;
       std::sort(h.devices.begin(), h.devices.end());
-      auto comm = read_file(fmt::format("{}/{}/comm", proc, pe->d_name));
-      h.comm = comm ? std::string(trim(*comm)) : "?";
+      auto comm = read_file_bounded(fmt::format("{}/{}/comm", proc, pe->d_name), kSysfsReadCap);
+      h.comm = comm ? escape_invalid_utf8(trim(*comm)) : "?";
       out.push_back(std::move(h));
     }
     closedir(pd);
@@ -350,6 +356,7 @@ nlohmann::json to_json(const GpuReport& r) {
                        {"total_memory_bytes", d.total_memory},
                        {"max_shared_memory_per_block_optin_bytes", d.max_smem_per_block_optin},
                        {"multiprocessors", d.multiprocessors},
+                       {"integrated", d.integrated},
                        {"errors", d.errors}});
   }
   nlohmann::json holders = nlohmann::json::array();
@@ -402,6 +409,7 @@ Result<GpuReport> gpu_report_from_json(const nlohmann::json& j) {
       d.total_memory = jd.at("total_memory_bytes").get<uint64_t>();
       d.max_smem_per_block_optin = jd.at("max_shared_memory_per_block_optin_bytes").get<int>();
       d.multiprocessors = jd.at("multiprocessors").get<int>();
+      d.integrated = jd.value("integrated", false);  // absent in older captures
       d.errors = jd.at("errors").get<std::vector<std::string>>();
       r.devices.push_back(std::move(d));
     }

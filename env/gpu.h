@@ -25,6 +25,7 @@ struct GpuDevice {
   int max_smem_per_block_optin = 0;  // bytes
   int multiprocessors = 0;
   std::vector<std::string> errors;
+  bool integrated = false;  // shares the host's memory (GB10, Jetson): unified memory
 };
 
 /// A process other than the prober that holds an NVIDIA device file open.

@@ -62,7 +62,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   }
 
   std::map<std::string, uint64_t> expected;
-  if (auto text = root.read(model_path + "/" + kManifestName)) {
+  if (auto text = root.read(model_path + "/" + kManifestName, kJsonReadCap)) {
     m.has_manifest = true;
     auto man = parse_manifest_json(*text, model_path + "/" + kManifestName);
     if (!man) {
@@ -82,7 +82,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   };
 
   add("config.json");
-  if (auto text = root.read(model_path + "/config.json")) {
+  if (auto text = root.read(model_path + "/config.json", kJsonReadCap)) {
     auto c = hf::parse_config_text(*text, "config.json");
     if (!c) {
       m.config_error = c.error().message;
@@ -99,7 +99,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   if (std::find(entries.begin(), entries.end(), hf::kSafetensorsIndexName) != entries.end()) {
     m.index_name = hf::kSafetensorsIndexName;
     add(m.index_name);
-    auto text = root.read(model_path + "/" + m.index_name);
+    auto text = root.read(model_path + "/" + m.index_name, kJsonReadCap);
     auto idx = text ? hf::parse_safetensors_index(*text, m.index_name)
                     : Result<hf::SafetensorsIndex>(
                           make_error(Errc::io, fmt::format("{}: cannot read", m.index_name)));

@@ -56,6 +56,7 @@ struct LinkFacts {
   std::string operstate;
   int64_t speed_mbps = 0;
   std::optional<int> gid_index;  // resolved RoCE v2 index (nullopt: none)
+  std::string port_state;        // the HCA's port 1 state ("4: ACTIVE"); "" when unknown
 };
 
 /// What one node found: its verdicts plus the facts the cross-node checks compare.

@@ -7,6 +7,7 @@
 #include "core/strings.h"
 #include "env/facts.h"
 #include "env/gpu.h"
+#include "env/known_bad.h"
 #include "env/meminfo.h"
 #include "env/model_files.h"
 #include "env/net.h"
@@ -22,6 +23,8 @@ using nlohmann::json;
 namespace {
 
 constexpr uint64_t kGiB = 1ull << 30;
+// Page cache on unified memory above which `mem` warns: the floor operators keep free.
+constexpr uint64_t kUmaCacheWarn = 8 * kGiB;
 
 struct NodeRun {
   const RingConfig& cfg;
@@ -42,6 +45,43 @@ bool is_gb10(const Sysroot& root) {
          product.find("GB10") != std::string::npos;
 }
 
+// The fix for HCAs that map to other netdevs than configured: the netdevs the HCAs really
+// have, in the order of NODE<i>_HCAS, when that is a list the config check accepts.
+std::string netdev_fix(NodeRun& r, const std::vector<std::optional<Hca>>& hcas) {
+  std::vector<std::string> real;
+  for (const auto& h : hcas) {
+    if (!h || h->netdevs.size() != 1) return "see the other rdma.netdev rows";
+    if (std::find(real.begin(), real.end(), h->netdevs[0]) != real.end())
+      return "see the rdma.netdev 'shared' row";
+    real.push_back(h->netdevs[0]);
+  }
+  return fmt::format("set {}={} (the netdev of each of {}, in order)", r.key("NETDEVS"),
+                     join(real, ","), r.key("HCAS"));
+}
+
+// Two HCAs on one netdev: keep the HCA whose netdev holds the fabric address (else the first)
+// and each other HCA with a netdev of its own.
+std::string shared_netdev_fix(NodeRun& r, const std::vector<std::optional<Hca>>& hcas,
+                              const std::vector<std::string>& names) {
+  std::vector<std::string> keep_h, keep_d;
+  bool kept_shared = false;
+  for (const auto& h : hcas) {
+    if (!h || h->netdevs.empty()) continue;
+    bool shared = std::find(names.begin(), names.end(), h->name) != names.end();
+    if (shared && kept_shared) continue;
+    if (std::find(keep_d.begin(), keep_d.end(), h->netdevs[0]) != keep_d.end()) continue;
+    kept_shared = kept_shared || shared;
+    keep_h.push_back(h->name);
+    keep_d.push_back(h->netdevs[0]);
+  }
+  return fmt::format(
+      "use one HCA per netdev: set {}={} and {}={}; to use {} as well, give it its own netdev "
+      "(check the port's mode and bonding: /sys/class/infiniband/{}/device/net should list "
+      "one netdev)",
+      r.key("HCAS"), join(keep_h, ","), r.key("NETDEVS"), join(keep_d, ","), names.back(),
+      names.back());
+}
+
 void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hca>>& hcas) {
   const auto& n = r.node;
   bool want_devices = r.filter.enabled("rdma.devices");
@@ -58,6 +98,11 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
     if (!want_devices) continue;
     if (hcas.back()) {
       r.add("rdma.devices", name, Verdict::pass, fmt::format("{} present", name));
+    } else if (auto why = r.root.problem("/sys/class/infiniband/" + name)) {
+      // Listed but unreadable (a symlink loop in a captured tree): not "did you mean".
+      r.add("rdma.devices", name, Verdict::fail,
+            fmt::format("/sys/class/infiniband/{} cannot be read: {}", name, *why),
+            "recapture the node (`sparkctl capture-node`): a live sysfs has no symlink loops");
     } else {
       auto hint = did_you_mean(name, present);
       r.add("rdma.devices", name, Verdict::fail,
@@ -71,19 +116,6 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
   }
   if (want_devices) {
     // A twin left out halves the fabric (98 vs 161 Gb/s measured with one twin vs both).
-    std::vector<std::string> idle;
-    for (const auto& name : present) {
-      if (std::find(n.hcas.begin(), n.hcas.end(), name) != n.hcas.end()) continue;
-      auto h = read_hca(r.root, name);
-      const RdmaPort* p = h ? h->port(1) : nullptr;
-      if (p && p->state_code == 4 && p->link_layer == "Ethernet") idle.push_back(name);
-    }
-    if (!idle.empty())
-      r.add("rdma.devices", "twins", Verdict::warn,
-            fmt::format("{} {} ACTIVE but not in {}: NCCL uses only the configured HCAs",
-                        join(idle, ", "), idle.size() == 1 ? "is" : "are", r.key("HCAS")),
-            fmt::format("add {} to {} (and its netdev to {}) to use both twins", join(idle, ","),
-                        r.key("HCAS"), r.key("NETDEVS")));
     std::vector<std::string> uverbs;
     for (const auto& e : r.root.list("/dev/infiniband"))
       if (starts_with(e, "uverbs")) uverbs.push_back(e);
@@ -117,6 +149,7 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
     if (!h) continue;
     std::string subject = h->name + ":1";
     const RdmaPort* p = h->port(1);
+    if (p && i < r.rep.links.size()) r.rep.links[i].port_state = p->state;
     std::string netdev = i < n.netdevs.size() ? n.netdevs[i] : std::string();
     if (r.filter.enabled("rdma.port")) {
       if (!p) {
@@ -150,8 +183,7 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
         std::string actual = h->netdevs.empty() ? "no netdev" : join(h->netdevs, ", ");
         r.add("rdma.netdev", h->name, Verdict::fail,
               fmt::format("{} maps to {}, not the configured {}", h->name, actual, netdev),
-              fmt::format("list {} in the order of {} ({} -> {})", r.key("NETDEVS"), r.key("HCAS"),
-                          h->name, actual));
+              netdev_fix(r, hcas));
       } else {
         auto v4 = facts.ipv4_of(netdev);
         if (v4.empty())
@@ -163,6 +195,22 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
                 fmt::format("{} -> {} ({})", h->name, netdev, join(v4, ", ")));
       }
     }
+  }
+  if (r.filter.enabled("rdma.netdev")) {
+    // Two configured HCAs on one netdev: one link driven through two devices; no order of
+    // NODE<i>_NETDEVS can describe it.
+    std::map<std::string, std::vector<std::string>> by_netdev;
+    for (const auto& h : hcas)
+      if (h)
+        for (const auto& d : h->netdevs) by_netdev[d].push_back(h->name);
+    for (const auto& [d, names] : by_netdev)
+      if (names.size() > 1)
+        r.add("rdma.netdev", "shared " + d, Verdict::fail,
+              fmt::format("{} {} map to netdev {}: two HCAs on one link, and {} cannot list {} "
+                          "twice",
+                          join(names, " and "), names.size() == 2 ? "both" : "all", d,
+                          r.key("NETDEVS"), d),
+              shared_netdev_fix(r, hcas, names));
   }
   if (r.filter.enabled("rdma.netdev") && !n.netdevs.empty()) {
     std::string holder = facts.netdev_of(n.fabric_ip);
@@ -179,10 +227,13 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
 void check_gid(NodeRun& r, const NodeFacts& facts, const std::vector<std::optional<Hca>>& hcas) {
   const auto& n = r.node;
   if (n.hcas.empty()) return;
-  std::vector<std::pair<std::string, std::string>> others;
+  std::vector<KnownAddress> known;
   for (const auto& o : r.cfg.nodes)
-    if (o.index != n.index && !o.fabric_ip.empty()) others.emplace_back(o.name, o.fabric_ip);
+    if (o.index != n.index && !o.fabric_ip.empty())
+      known.push_back({o.fabric_ip, o.name, false, "", ""});
   std::vector<std::pair<std::string, int>> resolved;
+  std::vector<std::pair<size_t, int>> found;  // (twin, index of its own RoCE v2 address)
+  std::vector<std::pair<size_t, GidResolution>> results;
   bool want = r.filter.enabled("rdma.gid");
   for (size_t i = 0; i < n.hcas.size(); ++i) {
     const auto& h = hcas[i];
@@ -193,19 +244,62 @@ void check_gid(NodeRun& r, const NodeFacts& facts, const std::vector<std::option
               fmt::format("{}: no such device, so no GID", n.hcas[i]), "see rdma.devices");
       continue;
     }
+    // The GID table follows the HCA's own netdev: when that is not the configured one
+    // (rdma.netdev says so), resolve against the netdev the HCA really has.
+    std::string netdev = link.netdev;
+    if (!netdev.empty() && h->netdevs.size() == 1 && h->netdevs[0] != netdev)
+      netdev = h->netdevs[0];
     std::string ip = n.fabric_ip;
-    if (!link.netdev.empty() && facts.netdev_of(n.fabric_ip) != link.netdev) {
-      auto v4 = facts.ipv4_of(link.netdev);
+    if (!netdev.empty() && facts.netdev_of(n.fabric_ip) != netdev) {
+      auto v4 = facts.ipv4_of(netdev);
       if (!v4.empty()) ip = v4[0];  // the other twin carries its own address
     }
-    auto res = resolve_roce_gid(*h, 1, ip, n.gid_index, others, r.key("GID_INDEX"));
+    // This node's addresses on its other netdevs: a GID holding one of them is a crossed
+    // port or a swapped address, not another node's.
+    auto mine = known;
+    for (const auto& a : facts.addrs) {
+      if (a.family != "inet" || a.address == ip || a.ifname == netdev ||
+          std::find(h->netdevs.begin(), h->netdevs.end(), a.ifname) != h->netdevs.end())
+        continue;
+      std::string hca;
+      for (size_t j = 0; j < n.netdevs.size() && j < n.hcas.size(); ++j)
+        if (n.netdevs[j] == a.ifname) hca = n.hcas[j];
+      mine.insert(mine.begin(), KnownAddress{a.address, n.name, true, a.ifname, hca});
+    }
+    auto res = resolve_roce_gid(*h, 1, ip, n.gid_index, mine, r.key("GID_INDEX"));
     link.gid_index = res.usable();
     if (res.usable()) resolved.emplace_back(h->name, *res.usable());
-    if (want)
-      r.add("rdma.gid", h->name + ":1", res.ok() ? Verdict::pass : Verdict::fail,
-            fmt::format("{}{}", res.message,
-                        res.ok() ? "" : fmt::format(" [{}]", gid_fault_name(res.fault))),
-            res.fix);
+    if (res.index) found.emplace_back(i, *res.index);
+    results.emplace_back(i, std::move(res));
+  }
+  // One NODE<i>_GID_INDEX serves every twin: "set it to 5" is a fix only when every twin has
+  // its address at 5; else the fix is the layout, or one twin alone.
+  bool one_index = std::all_of(found.begin(), found.end(),
+                               [&](const auto& f) { return f.second == found[0].second; }) &&
+                   found.size() == n.hcas.size();
+  auto one_twin = [&](size_t i, int idx) {
+    std::string nd = i < n.netdevs.size() ? n.netdevs[i] : "";
+    return fmt::format("set {}={}{} and {}={}", r.key("HCAS"), n.hcas[i],
+                       nd.empty() ? "" : fmt::format(" and {}={}", r.key("NETDEVS"), nd),
+                       r.key("GID_INDEX"), idx);
+  };
+  std::string layouts;
+  for (const auto& [i, idx] : found)
+    layouts += fmt::format("{}{} at {}", layouts.empty() ? "" : ", ", n.hcas[i], idx);
+  for (auto& [i, res] : results) {
+    if (!want) continue;
+    std::string fix = res.fix;
+    if (!res.ok() && res.index && !one_index && n.hcas.size() > 1)
+      fix = fmt::format(
+          "the twins hold their RoCE v2 addresses at different indexes ({}) and a single {} "
+          "must serve both: give both twins the same address layout so the tables line up, or use "
+          "this "
+          "twin alone: {}",
+          layouts, r.key("GID_INDEX"), one_twin(i, *res.index));
+    r.add("rdma.gid", n.hcas[i] + ":1", res.ok() ? Verdict::pass : Verdict::fail,
+          fmt::format("{}{}", res.message,
+                      res.ok() ? "" : fmt::format(" [{}]", gid_fault_name(res.fault))),
+          fix);
   }
   if (want && resolved.size() > 1) {
     bool same = std::all_of(resolved.begin(), resolved.end(),
@@ -217,9 +311,64 @@ void check_gid(NodeRun& r, const NodeFacts& facts, const std::vector<std::option
             fmt::format("RoCE v2 GIDs differ between HCAs ({}); NCCL_IB_GID_INDEX is one value "
                         "per process",
                         join(parts, ", ")),
-            "give both twins the same address layout (an IPv4 each, the same IPv6 addresses) so "
-            "the tables line up, or configure one twin");
+            fmt::format("give both twins the same address layout (an IPv4 each, the same IPv6 "
+                        "addresses) so the tables line up, or use one twin: {}",
+                        one_twin(0, resolved[0].second)));
     }
+  }
+}
+
+// A twin left out halves the fabric (98 vs 161 Gb/s measured with one twin vs both). Only a
+// twin with a netdev of its own can be added (one that shares a configured HCA's netdev would
+// make NODE<i>_NETDEVS list it twice, which the config check refuses), and "add it" is the
+// fix only when its RoCE v2 address sits at the configured twins' GID index.
+void check_idle_twins(NodeRun& r, const NodeFacts& facts,
+                      const std::vector<std::optional<Hca>>& hcas) {
+  const auto& n = r.node;
+  if (!r.filter.enabled("rdma.devices") || n.hcas.empty()) return;
+  std::vector<std::string> used;
+  for (const auto& h : hcas)
+    if (h) used.insert(used.end(), h->netdevs.begin(), h->netdevs.end());
+  std::optional<int> index;
+  for (const auto& l : r.rep.links)
+    if (l.gid_index) index = l.gid_index;
+  std::vector<std::string> idle, idle_netdevs, misaligned;
+  for (const auto& name : list_hcas(r.root)) {
+    if (std::find(n.hcas.begin(), n.hcas.end(), name) != n.hcas.end()) continue;
+    auto h = read_hca(r.root, name);
+    const RdmaPort* p = h ? h->port(1) : nullptr;
+    if (!p || p->state_code != 4 || p->link_layer != "Ethernet" || h->netdevs.size() != 1 ||
+        std::find(used.begin(), used.end(), h->netdevs[0]) != used.end())
+      continue;
+    auto v4 = facts.ipv4_of(h->netdevs[0]);
+    if (v4.empty()) continue;  // no address: NCCL could not use it either
+    auto res = resolve_roce_gid(*h, 1, v4[0], std::nullopt,
+                                std::vector<std::pair<std::string, std::string>>{}, "");
+    if (!res.index) continue;
+    if (index && *res.index != *index) {
+      misaligned.push_back(fmt::format("{} (RoCE v2 at GID index {}, the configured twins' at {})",
+                                       name, *res.index, *index));
+      continue;
+    }
+    idle.push_back(name);
+    idle_netdevs.push_back(h->netdevs[0]);
+  }
+  if (!idle.empty() && n.hcas.size() == n.netdevs.size()) {
+    auto hcas_v = n.hcas, nd_v = n.netdevs;
+    hcas_v.insert(hcas_v.end(), idle.begin(), idle.end());
+    nd_v.insert(nd_v.end(), idle_netdevs.begin(), idle_netdevs.end());
+    r.add("rdma.devices", "twins", Verdict::warn,
+          fmt::format("{} {} ACTIVE but not in {}: NCCL uses only the configured HCAs",
+                      join(idle, ", "), idle.size() == 1 ? "is" : "are", r.key("HCAS")),
+          fmt::format("set {}={} and {}={} to use both twins", r.key("HCAS"), join(hcas_v, ","),
+                      r.key("NETDEVS"), join(nd_v, ",")));
+  } else if (!misaligned.empty()) {
+    r.add("rdma.devices", "twins", Verdict::warn,
+          fmt::format("{} {} ACTIVE but not in {}: NCCL uses only the configured HCAs",
+                      join(misaligned, ", "), misaligned.size() == 1 ? "is" : "are", r.key("HCAS")),
+          "to use both twins, first give them the same address layout (an IPv4 each, the same "
+          "IPv6 addresses) so their GID tables line up, then add the twin to " +
+              r.key("HCAS") + " and " + r.key("NETDEVS"));
   }
 }
 
@@ -273,52 +422,115 @@ void check_links(NodeRun& r, const NodeFacts& facts, bool gb10) {
   }
 }
 
-void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, const ModelFiles& mf,
-               bool gb10, const std::optional<GpuReport>& gpu) {
-  const auto& cfg = r.cfg;
-  if (r.filter.enabled("mem")) {
-    if (!mi) {
-      r.add("mem", "", Verdict::fail, mi.error().message, "is /proc mounted?");
-    } else {
-      uint64_t avail = mi->get("MemAvailable"), free = mi->get("MemFree"),
-               cached = mi->get("Cached"), dirty = mi->get("Dirty");
-      uint64_t model_cached = facts.residency ? facts.residency->resident_bytes : 0;
-      std::string desc = fmt::format(
-          "MemAvailable {}, MemFree {}, Cached {} ({} of it the model's files), Dirty {}",
-          format_size(avail), format_size(free), format_size(cached), format_size(model_cached),
-          format_size(dirty));
-      uint64_t free_min = cfg.get_size("MEM_FREE_MIN"),
-               avail_min = cfg.get_size("MEM_AVAILABLE_MIN");
-      std::vector<std::string> low;
-      if (avail < avail_min)
-        low.push_back(fmt::format("MemAvailable {} < MEM_AVAILABLE_MIN {}", format_size(avail),
-                                  format_size(avail_min)));
-      if (free < free_min)
-        low.push_back(
-            fmt::format("MemFree {} < MEM_FREE_MIN {}", format_size(free), format_size(free_min)));
-      std::string evict_fix =
-          model_cached >= kGiB
-              ? fmt::format(
-                    "run `sparkctl evict`: {} of page cache is the model's files and can be "
-                    "dropped without root{}",
-                    format_size(model_cached),
-                    gb10 ? " (on unified memory it counts against the GPU)" : "")
-              : "stop what uses the memory, or `sync; echo 1 > /proc/sys/vm/drop_caches` as root";
-      if (!low.empty())
-        r.add("mem", "", Verdict::fail, fmt::format("{}; {}", join(low, "; "), desc), evict_fix);
-      else if (dirty > kGiB)
-        r.add("mem", "", Verdict::warn,
-              fmt::format("{} not yet written back; {}", format_size(dirty), desc),
-              "run `sync` before starting");
-      else if (gb10 && model_cached > 8 * kGiB)
-        r.add("mem", "", Verdict::warn,
-              fmt::format("{} of page cache is the model's files; {}", format_size(model_cached),
-                          desc),
-              evict_fix);
-      else
-        r.add("mem", "", Verdict::pass, desc);
-    }
+// Who holds the page cache, and what each fix frees: the model's files (`sparkctl evict`,
+// no root), the other files' clean cache (drop_caches, root), shared memory (neither).
+struct CacheSplit {
+  uint64_t model = 0;  // the model's files, resident (mincore)
+  uint64_t other = 0;  // other files' cache that drop_caches can free
+  uint64_t shmem = 0;  // tmpfs and shared memory: counted in Cached, freed by neither
+  uint64_t dirty = 0;
+};
+
+CacheSplit split_cache(const MemInfo& m, const NodeFacts& facts) {
+  CacheSplit c;
+  uint64_t cached = m.get("Cached") + m.get("Buffers");
+  c.shmem = std::min(m.get("Shmem"), cached);
+  c.model = std::min(facts.residency ? facts.residency->resident_bytes : 0, cached - c.shmem);
+  c.other = cached - c.shmem - c.model;
+  c.dirty = m.get("Dirty");
+  return c;
+}
+
+// The fix that clears `shortfall`: each step in the order it should be taken, until the
+// memory it frees covers the shortfall, and what is left when even all of them do not.
+std::string mem_fix(uint64_t shortfall, const CacheSplit& c, bool uma) {
+  std::vector<std::string> steps;
+  uint64_t freed = 0;
+  if (c.model >= kGiB / 4 && freed < shortfall) {
+    steps.push_back(fmt::format(
+        "run `sparkctl evict` ({} of page cache is the model's files; no "
+        "root needed{})",
+        format_size(c.model), uma ? "; on unified memory it counts against the GPU" : ""));
+    freed += c.model;
   }
+  if (c.other >= kGiB / 4 && freed < shortfall) {
+    steps.push_back(fmt::format(
+        "{} the page cache of other files ({}) as root: `sudo sh -c 'sync; echo 1 > "
+        "/proc/sys/vm/drop_caches'` (needs root; `sync` first writes back the {} dirty)",
+        steps.empty() ? "drop" : "then drop", format_size(c.other), format_size(c.dirty)));
+    freed += c.other;
+  }
+  if (freed < shortfall) {
+    std::string left = fmt::format("{} more is held by processes{}", format_size(shortfall - freed),
+                                   c.shmem >= kGiB ? fmt::format(" or shared memory ({} in tmpfs "
+                                                                 "or /dev/shm, which drop_caches "
+                                                                 "cannot free)",
+                                                                 format_size(c.shmem))
+                                                   : "");
+    steps.push_back(fmt::format("{}: stop what uses it (`ps aux --sort=-rss | head`){}", left,
+                                c.shmem >= kGiB ? " or remove files from /dev/shm" : ""));
+  }
+  return join(steps, "; ");
+}
+
+void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, bool uma) {
+  const auto& cfg = r.cfg;
+  if (!mi) {
+    r.add("mem", "", Verdict::fail, mi.error().message, "is /proc mounted?");
+    return;
+  }
+  uint64_t avail = mi->get("MemAvailable"), free = mi->get("MemFree");
+  CacheSplit c = split_cache(*mi, facts);
+  std::string desc = fmt::format(
+      "MemAvailable {}, MemFree {}, page cache {} ({} the model's files, {} other files{}), "
+      "Dirty {}",
+      format_size(avail), format_size(free), format_size(c.model + c.other + c.shmem),
+      format_size(c.model), format_size(c.other),
+      c.shmem ? fmt::format(", {} shared memory", format_size(c.shmem)) : "", format_size(c.dirty));
+  uint64_t free_min = cfg.get_size("MEM_FREE_MIN"), avail_min = cfg.get_size("MEM_AVAILABLE_MIN");
+  std::vector<std::string> low;
+  uint64_t shortfall = 0;
+  if (avail < avail_min) {
+    low.push_back(fmt::format("MemAvailable {} < MEM_AVAILABLE_MIN {}", format_size(avail),
+                              format_size(avail_min)));
+    shortfall = avail_min - avail;
+  }
+  if (free < free_min) {
+    low.push_back(
+        fmt::format("MemFree {} < MEM_FREE_MIN {}", format_size(free), format_size(free_min)));
+    shortfall = std::max(shortfall, free_min - free);
+  }
+  // On unified memory the GPU allocates from MemFree: the page cache is not the GPU's until
+  // the kernel reclaims it, and engines that size their pools from free memory see MemFree.
+  std::string uma_note =
+      uma ? fmt::format("; on unified memory the GPU sees MemFree {} (not MemAvailable {})",
+                        format_size(free), format_size(avail))
+          : "";
+  uint64_t reclaimable = c.model + c.other;
+  if (!low.empty()) {
+    r.add("mem", "", Verdict::fail,
+          fmt::format("{}; short by {}; {}{}", join(low, "; "), format_size(shortfall), desc,
+                      uma_note),
+          mem_fix(shortfall, c, uma));
+  } else if (c.dirty > kGiB) {
+    r.add("mem", "", Verdict::warn,
+          fmt::format("{} not yet written back; {}", format_size(c.dirty), desc),
+          "run `sync` before starting");
+  } else if (uma && reclaimable > kUmaCacheWarn) {
+    r.add("mem", "", Verdict::warn,
+          fmt::format("{} of page cache holds memory the GPU cannot use until it is reclaimed; "
+                      "{}{}",
+                      format_size(reclaimable), desc, uma_note),
+          mem_fix(reclaimable, c, uma));
+  } else {
+    r.add("mem", "", Verdict::pass, desc + uma_note);
+  }
+}
+
+void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, const ModelFiles& mf,
+               bool gb10, bool uma, const std::optional<GpuReport>& gpu) {
+  const auto& cfg = r.cfg;
+  if (r.filter.enabled("mem")) check_mem_now(r, facts, mi, uma);
   if (r.filter.enabled("mem.plan")) {
     if (!mf.config_ok) {
       r.add("mem.plan", "", Verdict::skip,
@@ -387,18 +599,6 @@ void check_sys(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi) {
           "set `* - memlock unlimited` in /etc/security/limits.d/ (LimitMEMLOCK=infinity for "
           "systemd units; --ulimit memlock=-1 for containers)");
   }
-  auto cmdline = r.root.read_line("/proc/cmdline").value_or("");
-  bool kho = false;
-  for (const auto& w : split_list(cmdline, ' '))
-    if (w == "kho=off") kho = true;
-  if (kho)
-    r.add("sys", "kho", Verdict::pass, "kho=off on the kernel command line");
-  else if (rdma)
-    r.add("sys", "kho", Verdict::warn,
-          "kho=off is not on the kernel command line (large RDMA registrations can fail)",
-          "add kho=off to GRUB_CMDLINE_LINUX, update-grub, reboot");
-  else
-    r.add("sys", "kho", Verdict::skip, "kho=off matters only with RDMA");
   uint64_t swap = mi ? mi->get("SwapTotal") : 0;
   r.add("sys", "swap", Verdict::pass,
         swap ? fmt::format("swap {} (SwapFree {})", format_size(swap),
@@ -412,6 +612,42 @@ void check_sys(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi) {
       mode = thp->substr(lb + 1, rb - lb - 1);
   }
   r.add("sys", "thp", Verdict::pass, "transparent huge pages: " + mode);
+}
+
+void check_known_bad(NodeRun& r, const NodeFacts& facts, const std::optional<GpuReport>& gpu,
+                     const std::vector<std::optional<Hca>>& hcas) {
+  if (!r.filter.enabled("sw.known_bad")) return;
+  auto list = load_known_bad(r.cfg.get("KNOWN_BAD_FILE"));
+  if (!list) {
+    r.add("sw.known_bad", "", Verdict::fail, list.error().message,
+          "fix or unset KNOWN_BAD_FILE (the format is in sparkctl-preflight(1))");
+    return;
+  }
+  SoftwareVersions sw;
+  sw.kernel = facts.kernel_release;
+  sw.cmdline = r.root.read_line("/proc/cmdline").value_or("");
+  sw.driver = gpu ? gpu->kernel_module_version : "";
+  sw.nccl = nccl_version_text(facts.nccl.version);
+  sw.rdma = !r.node.hcas.empty();
+  for (const auto& h : hcas)
+    if (h) sw.firmware.emplace_back(h->name, h->fw_ver);
+  for (auto& c : known_bad_checks(*list, sw, r.node.name)) r.rep.checks.push_back(std::move(c));
+}
+
+void check_reads(NodeRun& r) {
+  if (!r.filter.enabled("sys.read")) return;
+  auto problems = r.root.problems();
+  if (problems.empty()) {
+    r.add("sys.read", "", Verdict::pass,
+          "every file probed was a regular file, under the size cap and answered in time");
+    return;
+  }
+  for (const auto& p : problems)
+    r.add("sys.read", p.path, Verdict::fail, fmt::format("{}: {}", r.root.path(p.path), p.what),
+          r.root.live() ? "find what replaced the file (`ls -l`, `stat`); a wedged sysfs "
+                          "attribute points at its driver (`dmesg`)"
+                        : "recapture the node with `sparkctl capture-node` (a capture holds "
+                          "only regular files and directories)");
 }
 
 void check_disk(NodeRun& r, const NodeFacts& facts, const ModelFiles& mf) {
@@ -594,6 +830,7 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   if (!facts_r) {
     r.add("sys", "facts", Verdict::fail, facts_r.error().message,
           "capture the node with `sparkctl capture-node`");
+    check_reads(r);
     return rep;
   }
   const NodeFacts& facts = *facts_r;
@@ -625,17 +862,23 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   std::vector<std::optional<Hca>> hcas;
   check_rdma(r, facts, hcas);
   check_gid(r, facts, hcas);
+  check_idle_twins(r, facts, hcas);
   check_links(r, facts, gb10);
   auto mi_text = root.read("/proc/meminfo");
   Result<MemInfo> mi = mi_text ? parse_meminfo(*mi_text)
                                : Result<MemInfo>(make_error(Errc::io, "cannot read /proc/meminfo"));
   auto mf = node.model_path.empty() ? ModelFiles{} : read_model_files(root, node.model_path);
-  check_mem(r, facts, mi, mf, gb10, gpu);
+  bool uma = gb10;
+  if (gpu)
+    for (const auto& d : gpu->devices) uma = uma || d.integrated;
+  check_mem(r, facts, mi, mf, gb10, uma, gpu);
   check_sys(r, facts, mi);
   check_disk(r, facts, mf);
   check_gpu(r, gpu, gpu_error);
   check_ports(r, facts);
   check_model(r, mf);
+  check_known_bad(r, facts, gpu, hcas);
+  check_reads(r);  // last: every probe above has read what it reads
 
   // Report order is the catalog's, whatever order the probes ran in.
   auto order = [](const std::string& id) {

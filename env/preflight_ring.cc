@@ -43,11 +43,18 @@ const std::vector<CheckInfo>& check_catalog() {
       {"net.link", "operstate up, speed floor, MTU, the same MTU on every node", false},
       {"net.path", "don't-fragment ping of MTU-28 bytes to every peer on every twin", true},
       {"net.bandwidth", "TCP throughput per twin against line rate (--bandwidth)", true},
-      {"mem", "MemAvailable, MemFree, Dirty; model files in the page cache", false},
+      {"mem",
+       "MemAvailable, MemFree, Dirty; page cache (the model's, other files) on unified "
+       "memory",
+       false},
       {"mem.plan", "weights share + KV pool + reserve per rank fits", false},
-      {"sys", "memlock, kho=off, swap, transparent huge pages", false},
+      {"sys", "memlock, swap, transparent huge pages", false},
+      {"sys.read", "every probed file read safely: regular, under the size cap and deadline",
+       false},
       {"disk", "model filesystem use after staging under DISK_MAX_USE", false},
       {"gpu", "driver, device, memory, no other process on the GPU", false},
+      {"sw.known_bad", "kernel, driver, NCCL, firmware against the known-bad list (kho=off)",
+       false},
       {"sw.parity", "sparkctl, NCCL, driver, config and manifest identical on every node", true},
       {"port.free", "API and rendezvous ports can be bound", false},
       {"model.files", "config.json, index and every shard present, sizes as the manifest", false},
@@ -127,7 +134,8 @@ json report_to_json(const NodeReport& r) {
                           {"mtu", l.mtu},
                           {"operstate", l.operstate},
                           {"speed_mbps", l.speed_mbps},
-                          {"gid_index", l.gid_index ? json(*l.gid_index) : json()}});
+                          {"gid_index", l.gid_index ? json(*l.gid_index) : json()},
+                          {"port_state", l.port_state}});
   if (!r.raw.is_null()) j["raw"] = r.raw;
   return j;
 }
@@ -159,6 +167,7 @@ Result<NodeReport> report_from_json(const json& j) {
       f.speed_mbps = l.value("speed_mbps", int64_t{0});
       if (l.contains("gid_index") && l["gid_index"].is_number_integer())
         f.gid_index = l["gid_index"].get<int>();
+      f.port_state = l.value("port_state", "");
       r.links.push_back(f);
     }
     if (j.contains("raw")) r.raw = j["raw"];

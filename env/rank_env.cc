@@ -73,6 +73,30 @@ Result<RankEnv> render_rank_env(const RingConfig& cfg, int rank, const NodeRepor
     std::optional<int> gid;
     for (size_t i = 0; i < node.hcas.size(); ++i) {
       const LinkFacts* l = i < report.links.size() ? &report.links[i] : nullptr;
+      // A twin whose port is not ACTIVE still has a GID table; NCCL would pick the dead port
+      // (start refuses through preflight's rdma.port; so does every rank environment).
+      if (l && !l->port_state.empty() && !starts_with(l->port_state, "4")) {
+        std::vector<std::string> keep_h, keep_d;
+        for (size_t j = 0; j < node.hcas.size(); ++j)
+          if (j != i) {
+            keep_h.push_back(node.hcas[j]);
+            if (j < node.netdevs.size()) keep_d.push_back(node.netdevs[j]);
+          }
+        std::string without =
+            keep_h.empty() || keep_d.size() != keep_h.size()
+                ? ""
+                : fmt::format(
+                      ", or use the other twin alone: set NODE{}_HCAS={} and "
+                      "NODE{}_NETDEVS={}",
+                      node.index, join(keep_h, ","), node.index, join(keep_d, ","));
+        return make_error(
+            Errc::precondition,
+            fmt::format("{} {}: port 1 is {}, not 4: ACTIVE; refusing to put it in NCCL_IB_HCA "
+                        "(see `sparkctl preflight --only rdma.port`). Fix the link (the cable, "
+                        "the peer, `ip link set {} up`){}",
+                        node.name, node.hcas[i], l->port_state,
+                        l->netdev.empty() ? "<netdev>" : l->netdev, without));
+      }
       if (!l || !l->gid_index)
         return make_error(Errc::precondition,
                           fmt::format("{} {}: no usable RoCE v2 GID index (run `sparkctl preflight "

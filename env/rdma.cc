@@ -87,6 +87,7 @@ std::optional<Hca> read_hca(const Sysroot& root, const std::string& name) {
   Hca h;
   h.name = name;
   h.netdevs = root.list(base + "/device/net");
+  h.fw_ver = root.read_line(base + "/fw_ver").value_or("");
   for (const auto& p : root.list(base + "/ports")) {
     auto pn = parse_u64(p);
     if (!pn) continue;
@@ -103,8 +104,13 @@ std::optional<Hca> read_hca(const Sysroot& root, const std::string& name) {
       if (!idx) continue;
       GidEntry e;
       e.index = static_cast<int>(*idx);
-      e.raw = root.read_line(pb + "/gids/" + gi).value_or("");
-      if (!parse_gid(e.raw, &e.bytes)) e.bytes.fill(0);
+      e.path = pb + "/gids/" + gi;
+      e.raw = root.read_line(e.path).value_or("");
+      if (!parse_gid(e.raw, &e.bytes)) {
+        // An unreadable file is an empty entry; text that is not a GID is named as such.
+        e.bytes.fill(0);
+        e.malformed = !e.raw.empty();
+      }
       if (!e.zero()) {
         // The kernel answers EINVAL for the attributes of empty entries; only ask for real ones.
         e.type = root.read_line(pb + "/gid_attrs/types/" + gi).value_or("");
@@ -137,6 +143,10 @@ const char* gid_fault_name(GidFault f) {
       return "moved";
     case GidFault::not_found:
       return "not_found";
+    case GidFault::other_twin:
+      return "other_twin";
+    case GidFault::unparseable:
+      return "unparseable";
   }
   return "not_found";
 }
@@ -144,6 +154,22 @@ const char* gid_fault_name(GidFault f) {
 GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& fabric_ip,
                                std::optional<int> configured,
                                const std::vector<std::pair<std::string, std::string>>& other_ips,
+                               const std::string& config_key) {
+  std::vector<KnownAddress> known;
+  for (const auto& [node, ip] : other_ips) known.push_back({ip, node, false, "", ""});
+  return resolve_roce_gid(hca, port_no, fabric_ip, configured, known, config_key);
+}
+
+namespace {
+std::string quoted_junk(const GidEntry& g) {
+  std::string t = g.raw.size() > 60 ? g.raw.substr(0, 60) + "..." : g.raw;
+  return fmt::format("{} holds '{}', not a GID (8 groups of 4 hex digits)", g.path, t);
+}
+}  // namespace
+
+GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& fabric_ip,
+                               std::optional<int> configured,
+                               const std::vector<KnownAddress>& known,
                                const std::string& config_key) {
   GidResolution r;
   r.configured = configured;
@@ -156,11 +182,26 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
     r.fix = fmt::format("check /sys/class/infiniband/{}/ports", hca.name);
     return r;
   }
+  auto whose = [&](const std::string& ip) -> const KnownAddress* {
+    for (const auto& k : known)
+      if (k.ip == ip) return &k;
+    return nullptr;
+  };
+  auto twin_name = [](const KnownAddress& k) {
+    return k.hca.empty() ? k.netdev : fmt::format("{} ({})", k.netdev, k.hca);
+  };
   const GidEntry* v1 = nullptr;
   const GidEntry* other = nullptr;
   std::string other_node;
+  const GidEntry* twin = nullptr;
+  const KnownAddress* twin_addr = nullptr;
+  std::vector<const GidEntry*> junk;
   bool any_ipv6 = false;
   for (const auto& g : port->gids) {
+    if (g.malformed) {
+      junk.push_back(&g);
+      continue;
+    }
     if (g.zero()) continue;
     if (g.ipv4_mapped() && g.ipv4() == fabric_ip) {
       if (g.roce_v2()) {
@@ -169,11 +210,16 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
         v1 = &g;
       }
     } else if (g.ipv4_mapped()) {
-      for (const auto& [node, ip] : other_ips)
-        if (ip == g.ipv4() && !other) {
-          other = &g;
-          other_node = node;
+      const KnownAddress* k = whose(g.ipv4());
+      if (k && k->this_node) {
+        if (!twin || (g.roce_v2() && !twin->roce_v2())) {
+          twin = &g;
+          twin_addr = k;
         }
+      } else if (k && !other) {
+        other = &g;
+        other_node = k->node;
+      }
     } else {
       any_ipv6 = true;
     }
@@ -189,7 +235,12 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
       return r;
     }
     const GidEntry* at = port->gid(*configured);
-    if (!at || at->zero()) {
+    const KnownAddress* at_owner = at && at->ipv4_mapped() ? whose(at->ipv4()) : nullptr;
+    if (at && at->malformed) {
+      r.fault = GidFault::unparseable;
+      r.message = fmt::format("{}: GID index {} is unparseable: {}; {}", where, *configured,
+                              quoted_junk(*at), found_at);
+    } else if (!at || at->zero()) {
       r.fault = GidFault::all_zero;
       r.message = fmt::format("{}: GID index {} is all-zero; {}", where, *configured, found_at);
     } else if (at->ipv4_mapped() && at->ipv4() == fabric_ip && !at->roce_v2()) {
@@ -197,13 +248,17 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
       r.message =
           fmt::format("{}: GID index {} holds {} as {}, not RoCE v2; {}", where, *configured, want,
                       at->type.empty() ? "unknown type" : at->type, found_at);
+    } else if (at_owner && at_owner->this_node) {
+      r.fault = GidFault::other_twin;
+      r.message = fmt::format(
+          "{}: GID index {} holds {}, the address of this node's other twin {}, not this "
+          "port's {}; {}",
+          where, *configured, at->text(), twin_name(*at_owner), fabric_ip, found_at);
     } else if (at->ipv4_mapped() && at->ipv4() != fabric_ip) {
-      std::string whose;
-      for (const auto& [node, ip] : other_ips)
-        if (ip == at->ipv4()) whose = fmt::format(", node {}'s fabric address", node);
+      std::string owner = at_owner ? fmt::format(", node {}'s fabric address", at_owner->node) : "";
       r.fault = GidFault::other_node;
       r.message = fmt::format("{}: GID index {} holds {}{} (this node's is {}); {}", where,
-                              *configured, at->text(), whose, fabric_ip, found_at);
+                              *configured, at->text(), owner, fabric_ip, found_at);
     } else if (r.index) {
       r.fault = GidFault::moved;
       r.message = fmt::format(
@@ -232,10 +287,40 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
   auto append = [&](const std::string& s) {
     r.message += r.message.empty() ? fmt::format("{}: {}", where, s) : "; " + s;
   };
-  if (v1) {
+  std::string v1_note =
+      v1 ? fmt::format("{} is present only as {} (index {})", want, v1->type, v1->index) : "";
+  if (twin) {
+    // The port carries the other twin's address: a crossed cable or swapped addresses. The
+    // v1 entry of our own address (if any) is a symptom of the same thing, not the cause.
+    if (!configured || r.fault == GidFault::not_found || r.fault == GidFault::ipv6_only)
+      r.fault = GidFault::other_twin;
+    if (r.fault != GidFault::other_twin || !configured)
+      append(fmt::format("{} carries {} (index {}, {}), the address of this node's other twin {}",
+                         ndev, twin->text(), twin->index,
+                         twin->type.empty() ? "unknown type" : twin->type, twin_name(*twin_addr)));
+    if (v1) append(v1_note);
+    r.fix = fmt::format(
+        "each twin needs its own address: {} on {}, {} on {}. Compare `ip -br addr show dev {}` "
+        "and `ip -br addr show dev {}` and move the address that is on the wrong netdev; if the "
+        "addresses are right, the ports are cross-cabled: cable {} to the peer's matching port "
+        "(`rdma link show` on both nodes). Then rerun preflight",
+        fabric_ip, ndev, twin_addr->ip, twin_addr->netdev, ndev, twin_addr->netdev, hca.name);
+  } else if (!junk.empty()) {
+    // An entry the kernel wrote but we cannot read hides what it holds: name it before
+    // concluding anything from the entries around it.
+    if (!configured || r.fault == GidFault::not_found) r.fault = GidFault::unparseable;
+    for (const auto* g : junk)
+      if (!configured || g->index != *configured)
+        append(fmt::format("GID index {} is unparseable: {}", g->index, quoted_junk(*g)));
+    if (v1) append(v1_note);
+    r.fix = fmt::format(
+        "a live node's sysfs always holds GIDs: recapture the node (`sparkctl capture-node`), "
+        "or check the HCA driver (`dmesg | grep mlx5`) and that {} has address {}",
+        ndev, fabric_ip);
+  } else if (v1) {
     if (!configured) r.fault = GidFault::roce_v1;
     if (r.fault != GidFault::roce_v1 || !configured)  // else the message already says so
-      append(fmt::format("{} is present only as {} (index {})", want, v1->type, v1->index));
+      append(v1_note);
     r.fix = "enable RoCE v2 on the HCA (the default for ConnectX; check `cma_roce_mode -d " +
             hca.name + "` and the switch/peer settings), then rerun preflight";
   } else if (other) {

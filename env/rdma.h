@@ -17,8 +17,10 @@ struct GidEntry {
   int index = 0;
   std::string raw;  // as sysfs prints it: 8 colon-separated groups of 4 hex digits
   std::array<uint8_t, 16> bytes{};
-  std::string type;  // "RoCE v2", "IB/RoCE v1", "" when unreadable (empty entries)
-  std::string ndev;  // gid_attrs/ndevs/<i>, "" when unreadable
+  std::string type;        // "RoCE v2", "IB/RoCE v1", "" when unreadable (empty entries)
+  std::string ndev;        // gid_attrs/ndevs/<i>, "" when unreadable
+  bool malformed = false;  // the file holds text that is not a GID (bytes are then zero)
+  std::string path;        // node path of the gids/<i> file, for messages
   bool zero() const;
   /// True for ::ffff:a.b.c.d.
   bool ipv4_mapped() const;
@@ -44,6 +46,7 @@ struct RdmaPort {
 /// One RDMA device.
 struct Hca {
   std::string name;
+  std::string fw_ver;                // fw_ver ("28.39.1002"), "" when unreadable
   std::vector<std::string> netdevs;  // device/net/*
   std::vector<RdmaPort> ports;
   const RdmaPort* port(int p) const;
@@ -58,13 +61,15 @@ std::optional<Hca> read_hca(const Sysroot& root, const std::string& name);
 
 /// What is wrong with a node's GID for one HCA port.
 enum class GidFault {
-  none,        // resolved (and equal to the configured index, when one is set)
-  all_zero,    // the configured index holds an all-zero (or missing) entry
-  roce_v1,     // the address is there only as RoCE v1 (at the configured index or anywhere)
-  other_node,  // the entry holds another node's fabric address
-  ipv6_only,   // only IPv6 GIDs: the netdev has no IPv4 address
-  moved,       // the configured index holds another GID; ours is at a different index now
-  not_found,   // no RoCE v2 GID for the fabric address at all
+  none,         // resolved (and equal to the configured index, when one is set)
+  all_zero,     // the configured index holds an all-zero (or missing) entry
+  roce_v1,      // the address is there only as RoCE v1 (at the configured index or anywhere)
+  other_node,   // the entry holds another node's fabric address
+  ipv6_only,    // only IPv6 GIDs: the netdev has no IPv4 address
+  moved,        // the configured index holds another GID; ours is at a different index now
+  not_found,    // no RoCE v2 GID for the fabric address at all
+  other_twin,   // the entry holds the address of this node's other twin (crossed port/address)
+  unparseable,  // the configured entry's file is not a GID (junk text)
 };
 
 /// Stable name of a fault ("all_zero", ...), used in JSON.
@@ -82,6 +87,15 @@ struct GidResolution {
   std::optional<int> usable() const { return ok() ? index : std::nullopt; }
 };
 
+/// An IPv4 address the resolver can name when a GID holds it: another node's fabric address,
+/// or one of this node's own addresses on another netdev (the other twin's).
+struct KnownAddress {
+  std::string ip;
+  std::string node;        // the node it belongs to
+  bool this_node = false;  // one of this node's addresses, on `netdev` (of `hca`, if known)
+  std::string netdev, hca;
+};
+
 /// Finds the index whose GID is RoCE v2 and equals ::ffff:<fabric_ip> on `port` of `hca`;
 /// when `configured` is set, verifies it and names the exact fault. `other_ips` are the
 /// other nodes' fabric addresses (to say "another node's address"); `config_key` is the
@@ -89,6 +103,11 @@ struct GidResolution {
 GidResolution resolve_roce_gid(const Hca& hca, int port, const std::string& fabric_ip,
                                std::optional<int> configured,
                                const std::vector<std::pair<std::string, std::string>>& other_ips,
+                               const std::string& config_key);
+/// The same with this node's other addresses too (to say "this node's other twin").
+GidResolution resolve_roce_gid(const Hca& hca, int port, const std::string& fabric_ip,
+                               std::optional<int> configured,
+                               const std::vector<KnownAddress>& known,
                                const std::string& config_key);
 
 /// The GID table as `ibv_devinfo -v` would show it: non-zero entries with type and netdev.

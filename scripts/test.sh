@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test run, as CI does it (.ci/run calls exactly this):
 #   1. install the Debian packages (scripts/install-deps.sh; skips what is there) and the
-#      e2e tier's npm package (npm ci in tests/e2e/openai_client)
+#      e2e tier's npm package (npm ci in tests/e2e/openai_client; the chat template
+#      reference script test fetches its own packages into tests/e2e/chat_templates)
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
 #   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off) and run it

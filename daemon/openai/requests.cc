@@ -119,6 +119,15 @@ std::vector<tok::ChatMessage> parse_messages(const Json& j) {
                        msg.role),
            p + ".role");
     msg.content = content_text(m.value("content", Json()), p + ".content");
+    msg.content_null = !present(m, "content");
+    // vLLM's names for an earlier assistant turn's reasoning (templates such as Qwen3's read
+    // reasoning_content).
+    for (const char* k : {"reasoning_content", "reasoning"})
+      if (msg.role == "assistant" && present(m, k)) {
+        if (!m[k].is_string())
+          fail(fmt::format("{}.{} must be a string.", p, k), fmt::format("{}.{}", p, k));
+        msg.reasoning_content = m[k].get<std::string>();
+      }
     if (msg.role == "assistant" && present(m, "tool_calls")) {
       const Json& tcs = m["tool_calls"];
       if (!tcs.is_array())
@@ -144,9 +153,15 @@ std::vector<tok::ChatMessage> parse_messages(const Json& j) {
       }
     }
     if (msg.role == "tool") {
-      if (present(m, "tool_call_id") && !m["tool_call_id"].is_string())
-        fail(fmt::format("{}.tool_call_id must be a string.", p), p + ".tool_call_id");
-      msg.tool_call_id = m.value("tool_call_id", std::string());
+      // As in OpenAI's API: a tool result must say which call it answers.
+      if (!present(m, "tool_call_id"))
+        fail(fmt::format("{}: a 'tool' message needs 'tool_call_id', the id of the tool call "
+                         "it answers.",
+                         p),
+             p + ".tool_call_id");
+      if (!m["tool_call_id"].is_string() || m["tool_call_id"].get<std::string>().empty())
+        fail(fmt::format("{}.tool_call_id must be a non-empty string.", p), p + ".tool_call_id");
+      msg.tool_call_id = m["tool_call_id"].get<std::string>();
     }
     out.push_back(std::move(msg));
   }
@@ -283,6 +298,19 @@ Sampling parse_sampling(const Json& j, const Limits& limits, bool chat) {
 }
 
 // Fields whose meaning we cannot honour are refused rather than silently ignored.
+// chat_template_kwargs: extra template variables (enable_thinking, ...), as vLLM takes them.
+// The names the server itself passes cannot be overridden.
+Json parse_template_kwargs(const Json& j) {
+  if (!present(j, "chat_template_kwargs")) return Json::object();
+  const Json& k = j["chat_template_kwargs"];
+  if (!k.is_object()) fail("'chat_template_kwargs' must be an object.", "chat_template_kwargs");
+  for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"})
+    if (k.contains(reserved))
+      fail(fmt::format("'chat_template_kwargs' cannot set '{}'; use the request field.", reserved),
+           "chat_template_kwargs");
+  return k;
+}
+
 void refuse_unsupported(const Json& j) {
   if (present(j, "response_format")) {
     const Json& rf = j["response_format"];
@@ -336,6 +364,7 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const Limits& l
     refuse_unsupported(j);
     parse_stream(j, &r.stream, &r.include_usage);
     r.add_generation_prompt = boolean(j, "add_generation_prompt", true);
+    r.chat_template_kwargs = parse_template_kwargs(j);
     return r;
   });
 }
@@ -391,6 +420,7 @@ ApiResult<TokenizeRequest> parse_tokenize_request(std::string_view body, const L
       r.messages = parse_messages(j);
       r.add_special_tokens = boolean(j, "add_special_tokens", false);
       r.add_generation_prompt = boolean(j, "add_generation_prompt", true);
+      r.chat_template_kwargs = parse_template_kwargs(j);
     } else {
       fail("either 'prompt' or 'messages' is required.", "prompt");
     }

@@ -61,6 +61,7 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool add_generation_prompt = true;
+  Json chat_template_kwargs = Json::object();  // extra chat template variables
 };
 
 struct CompletionRequest {
@@ -79,6 +80,7 @@ struct TokenizeRequest {
   std::vector<tok::ChatMessage> messages;
   bool add_special_tokens = true;  // prompt form (chat form: false, the template has BOS)
   bool add_generation_prompt = true;
+  Json chat_template_kwargs = Json::object();
   bool return_token_strs = false;
 };
 

@@ -8,7 +8,8 @@ ApiResult<PreparedPrompt> prepare_chat(const ChatRequest& req, const tok::Tokeni
                                        const tok::ChatFormat& fmt, int max_context) {
   ApiResult<PreparedPrompt> r;
   Json tools = req.tool_choice.kind == ToolChoice::Kind::none ? Json::array() : req.tools;
-  auto text = tok::render_chat(fmt, req.messages, tools, req.add_generation_prompt);
+  auto text = tok::render_chat(fmt, req.messages, tools, req.add_generation_prompt,
+                               req.chat_template_kwargs);
   if (!text) {
     r.error = from_error(text.error(), "messages");
     return r;

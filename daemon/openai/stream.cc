@@ -47,9 +47,12 @@ std::string StopMatcher::finish() {
 
 ChoiceStream::ChoiceStream(const tok::Tokenizer& tok, ChoiceStreamOptions opt)
     : dec_(tok, opt.skip_special_tokens &&
-                    !(opt.parse_tool_calls && opt.family == tok::ChatFamily::mistral)),
+                    !(opt.parse_tool_calls && (opt.family == tok::ChatFamily::mistral ||
+                                               opt.family == tok::ChatFamily::deepseek))),
       stop_(std::move(opt.stop)) {
-  if (opt.parse_tool_calls) parser_ = std::make_unique<tok::ToolCallParser>(opt.family);
+  // "other" families have no tool-call syntax we know: their output stays content.
+  if (opt.parse_tool_calls && opt.family != tok::ChatFamily::other)
+    parser_ = std::make_unique<tok::ToolCallParser>(opt.family);
 }
 
 ChoiceStream::Step ChoiceStream::through_parser(std::string text, bool final) {

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "daemon/tokenizer/tokenizer.h"
 
@@ -319,6 +323,10 @@ std::string_view chat_family_name(ChatFamily f) {
       return "chatml";
     case ChatFamily::mistral:
       return "mistral";
+    case ChatFamily::deepseek:
+      return "deepseek";
+    case ChatFamily::other:
+      return "other";
   }
   return "?";
 }
@@ -331,15 +339,206 @@ std::optional<ChatFamily> parse_chat_family(std::string_view s) {
 }
 
 std::vector<std::string> ChatFormat::stop_tokens() const {
+  std::vector<std::string> out;
   switch (family) {
     case ChatFamily::llama3:
-      return {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+      out = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+      break;
     case ChatFamily::chatml:
-      return {"<|im_end|>", "<|endoftext|>"};
+      out = {"<|im_end|>", "<|endoftext|>"};
+      break;
     case ChatFamily::mistral:
-      return {eos_token.empty() ? "</s>" : eos_token};
+      out = {eos_token.empty() ? "</s>" : eos_token};
+      break;
+    case ChatFamily::deepseek:
+    case ChatFamily::other:
+      break;
   }
-  return {};
+  // A template's model ends its turns with the tokenizer's eos_token (Gemma's
+  // <end_of_turn>, DeepSeek's <｜end▁of▁sentence｜>).
+  if (chat_template && !eos_token.empty() &&
+      std::find(out.begin(), out.end(), eos_token) == out.end())
+    out.push_back(eos_token);
+  return out;
+}
+
+namespace {
+
+std::optional<std::string> token_string(const Json& cfg, const char* k) {
+  if (!cfg.is_object() || !cfg.contains(k)) return std::nullopt;
+  const Json& v = cfg[k];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// The family whose tool-call syntax and stop tokens a template's output follows.
+ChatFamily template_family(const std::string& t) {
+  if (t.find("<｜tool▁calls▁begin｜>") != std::string::npos) return ChatFamily::deepseek;
+  if (t.find("[TOOL_CALLS]") != std::string::npos) return ChatFamily::mistral;
+  if (t.find("<tool_call>") != std::string::npos) return ChatFamily::chatml;
+  if (t.find("<|start_header_id|>") != std::string::npos) return ChatFamily::llama3;
+  if (t.find("<|im_start|>") != std::string::npos) return ChatFamily::chatml;
+  if (t.find("[INST]") != std::string::npos) return ChatFamily::mistral;
+  return ChatFamily::other;
+}
+
+Json template_context(const ChatTemplate& ct, const std::vector<ChatMessage>& messages,
+                      const Json& tools, bool add_generation_prompt, const Json& kwargs) {
+  Json ctx = Json::object();
+  for (const auto& [k, v] : ct.special_tokens.items()) ctx[k] = v;
+  if (kwargs.is_object())
+    for (const auto& [k, v] : kwargs.items()) ctx[k] = v;
+  ctx["messages"] = template_messages(messages, ct.object_arguments, ct.null_content);
+  ctx["tools"] = tools.is_array() && !tools.empty() ? tools : Json();
+  ctx["documents"] = Json();
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  return ctx;
+}
+
+const jinja::Template& pick_template(const ChatTemplate& ct, const Json& tools) {
+  bool has_tools = tools.is_array() && !tools.empty();
+  if (has_tools && ct.tool_use_tmpl) return *ct.tool_use_tmpl;
+  return ct.default_tmpl ? *ct.default_tmpl : *ct.tool_use_tmpl;
+}
+
+// Renders a conversation with one tool call both ways and keeps the form of the arguments
+// (dict or text) that comes out as written; likewise whether a null content is passed
+// as None or as "" (Qwen3's template fails on None, DeepSeek-V3's needs it).
+void probe_conventions(ChatTemplate& ct) {
+  const std::string args_text = "{\"probe_key\": \"probe_value\"}";
+  Json tools = Json::array({Json::parse(
+      R"({"type": "function", "function": {"name": "probe_fn", "description": "probe",
+          "parameters": {"type": "object", "properties": {"probe_key": {"type": "string"}}}}})")});
+  // 0: the render fails; 1: it renders; 2: it renders with the arguments as written.
+  auto outcome = [&](bool object_args, bool null_content) {
+    std::vector<ChatMessage> m(3);
+    m[0].role = "user";
+    m[0].content = "probe";
+    m[1].role = "assistant";
+    m[1].content_null = true;
+    m[1].tool_calls.push_back({"probecall", "probe_fn", args_text});
+    m[2].role = "tool";
+    m[2].content = "probe result";
+    m[2].tool_call_id = "probecall";
+    ChatTemplate c = ct;
+    c.object_arguments = object_args;
+    c.null_content = null_content;
+    auto out = pick_template(c, tools).render(template_context(c, m, tools, true, Json()));
+    if (!out.ok()) return 0;
+    return out->find(args_text) != std::string::npos ? 2 : 1;
+  };
+  bool obj = outcome(true, true) == 2 || outcome(true, false) == 2;
+  bool str = outcome(false, true) == 2 || outcome(false, false) == 2;
+  ct.object_arguments = obj || !str;
+  // None where the template handles it (DeepSeek-V3 tests `content is none`), else "" where
+  // that renders (Qwen3 fails on None; Llama 3.0's `trim` would print "None").
+  ct.null_content =
+      outcome(ct.object_arguments, true) == 2 || outcome(ct.object_arguments, false) == 0;
+}
+
+Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg) {
+  auto ct = std::make_shared<ChatTemplate>();
+  ct->origin = cfg.value("chat_template_origin", std::string("tokenizer_config.json"));
+  const Json& t = cfg["chat_template"];
+  std::string where = ct->origin + " chat_template";
+  if (t.is_string()) {
+    auto tm = jinja::Template::parse(t.get<std::string>(), where);
+    if (!tm) return tm.error();
+    ct->default_tmpl = std::move(*tm);
+  } else if (t.is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+    for (const auto& e : t) {
+      if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+          !e.contains("template") || !e["template"].is_string())
+        return make_error(Errc::config, where +
+                                            ": each named template needs a string 'name' "
+                                            "and 'template'");
+      std::string name = e["name"].get<std::string>();
+      if (name != "default" && name != "tool_use") continue;
+      auto tm = jinja::Template::parse(e["template"].get<std::string>(), where + " '" + name + "'");
+      if (!tm) return tm.error();
+      (name == "default" ? ct->default_tmpl : ct->tool_use_tmpl) = std::move(*tm);
+    }
+    if (!ct->default_tmpl && !ct->tool_use_tmpl)
+      return make_error(Errc::config, where + " has no template named 'default' or 'tool_use'");
+  } else {
+    return make_error(Errc::config, where + " is neither a string nor a list of named templates");
+  }
+  for (const char* k :
+       {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
+    if (auto v = token_string(cfg, k)) ct->special_tokens[k] = *v;
+  if (cfg.contains("additional_special_tokens") && cfg["additional_special_tokens"].is_array()) {
+    Json extra = Json::array();
+    for (const auto& e : cfg["additional_special_tokens"])
+      if (e.is_string())
+        extra.push_back(e);
+      else if (e.is_object() && e.contains("content") && e["content"].is_string())
+        extra.push_back(e["content"]);
+    ct->special_tokens["additional_special_tokens"] = extra;
+  }
+  probe_conventions(*ct);
+  return ct;
+}
+
+}  // namespace
+
+Json template_messages(const std::vector<ChatMessage>& messages, bool object_arguments,
+                       bool null_content) {
+  Json out = Json::array();
+  for (const auto& m : messages) {
+    Json j = Json::object();
+    j["role"] = m.role == "ipython" ? "tool" : m.role;
+    j["content"] = m.content_null && null_content ? Json() : Json(m.content);
+    if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      Json calls = Json::array();
+      for (const auto& tc : m.tool_calls) {
+        Json fn = Json::object();
+        fn["name"] = tc.name;
+        fn["arguments"] = object_arguments ? arguments_value(tc.arguments) : Json(tc.arguments);
+        Json c = Json::object();
+        c["id"] = tc.id;
+        c["type"] = "function";
+        c["function"] = fn;
+        calls.push_back(c);
+      }
+      j["tool_calls"] = calls;
+    }
+    if (m.role == "tool" && !m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    out.push_back(j);
+  }
+  return out;
+}
+
+Result<Json> load_tokenizer_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  auto slurp = [](const std::string& path, std::string* out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return !f.bad();
+  };
+  Json cfg = Json::object();
+  std::error_code ec;
+  std::string path = dir + "/tokenizer_config.json";
+  if (fs::is_regular_file(path, ec)) {
+    std::string text;
+    if (!slurp(path, &text)) return make_error(Errc::io, "cannot read " + path);
+    cfg = Json::parse(text, nullptr, false);
+    if (cfg.is_discarded() || !cfg.is_object())
+      return make_error(Errc::config, path + " is not a valid JSON object");
+  }
+  std::string jinja_path = dir + "/chat_template.jinja";
+  if (fs::is_regular_file(jinja_path, ec)) {
+    std::string text;
+    if (!slurp(jinja_path, &text)) return make_error(Errc::io, "cannot read " + jinja_path);
+    cfg["chat_template"] = text;
+    cfg["chat_template_origin"] = "chat_template.jinja";
+  }
+  return cfg;
 }
 
 Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std::string_view arch,
@@ -351,22 +550,32 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
     f.source = std::move(source);
     return f;
   };
-  if (!key.empty() && key != "auto") {
+  if (!key.empty() && key != "auto" && key != "template") {
     auto fam = parse_chat_family(key);
     if (!fam)
-      return make_error(Errc::config, fmt::format("CHAT_FORMAT={} is not one of auto, llama3, "
-                                                  "chatml, mistral",
+      return make_error(Errc::config, fmt::format("CHAT_FORMAT={} is not one of auto, template, "
+                                                  "llama3, chatml, mistral",
                                                   key));
     return finish(*fam, "CHAT_FORMAT");
   }
-  if (!tmpl.empty()) {
-    if (tmpl.find("<|start_header_id|>") != std::string::npos)
-      return finish(ChatFamily::llama3, "chat_template markers (<|start_header_id|>)");
-    if (tmpl.find("<|im_start|>") != std::string::npos)
-      return finish(ChatFamily::chatml, "chat_template markers (<|im_start|>)");
-    if (tmpl.find("[INST]") != std::string::npos)
-      return finish(ChatFamily::mistral, "chat_template markers ([INST])");
+  bool has_template =
+      cfg.is_object() && cfg.contains("chat_template") && !cfg["chat_template"].is_null();
+  if (has_template) {
+    auto ct = compile_template(cfg);
+    if (!ct) return ct.error();
+    ChatFormat f;
+    f.family = template_family(tmpl);
+    f.bos_token = token_string(cfg, "bos_token").value_or("");
+    f.eos_token = token_string(cfg, "eos_token").value_or("");
+    f.chat_template = *ct;
+    f.source = (*ct)->origin + " chat_template";
+    return f;
   }
+  if (key == "template")
+    return make_error(Errc::config,
+                      "CHAT_FORMAT=template but the checkpoint has no chat_template (neither in "
+                      "tokenizer_config.json nor a chat_template.jinja); set CHAT_FORMAT=auto or "
+                      "a built-in format (llama3, chatml, mistral)");
   if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM")
     return finish(ChatFamily::chatml, fmt::format("architecture {}", arch));
   if (arch == "MistralForCausalLM")
@@ -382,14 +591,20 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
   }
   return make_error(
       Errc::unsupported,
-      fmt::format("cannot tell the chat format: tokenizer_config.json has {}, "
-                  "architecture '{}', no <|start_header_id|>/<|im_start|>/[INST] "
-                  "token; set CHAT_FORMAT=llama3|chatml|mistral",
-                  tmpl.empty() ? "no chat_template" : "an unrecognized chat_template", arch));
+      fmt::format("cannot tell the chat format: no chat_template in tokenizer_config.json or "
+                  "chat_template.jinja, architecture '{}', no <|start_header_id|>/<|im_start|>/"
+                  "[INST] token; set CHAT_FORMAT=llama3|chatml|mistral",
+                  arch));
 }
 
 Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages,
-                                const Json& tools, bool add_generation_prompt) {
+                                const Json& tools, bool add_generation_prompt,
+                                const Json& template_kwargs) {
+  if (f.chat_template) {
+    const ChatTemplate& ct = *f.chat_template;
+    return pick_template(ct, tools).render(
+        template_context(ct, messages, tools, add_generation_prompt, template_kwargs));
+  }
   std::vector<ChatMessage> m = messages;
   for (auto& msg : m)
     if (msg.role == "ipython") msg.role = "tool";
@@ -401,8 +616,14 @@ Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessa
       return render_llama3(f, std::move(m), tools, add_generation_prompt);
     case ChatFamily::mistral:
       return render_mistral(f, std::move(m), tools);
+    case ChatFamily::deepseek:
+    case ChatFamily::other:
+      break;
   }
-  return make_error(Errc::internal, "unknown chat family");
+  return make_error(Errc::unsupported,
+                    fmt::format("the '{}' family has no built-in chat format; it needs the "
+                                "checkpoint's chat_template",
+                                chat_family_name(f.family)));
 }
 
 }  // namespace spark::tok

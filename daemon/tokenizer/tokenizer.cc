@@ -229,6 +229,20 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text_in, bool add_specia
       ids.push_back(*seg.token);
       continue;
     }
+    // Marks of escape_special() kept the special token from matching; the text itself is
+    // tokenized without them.
+    if (seg.text.find(kLiteralMark) != std::string::npos) {
+      std::string plain;
+      plain.reserve(seg.text.size());
+      std::string_view rest = seg.text;
+      for (size_t at; (at = rest.find(kLiteralMark)) != std::string_view::npos;) {
+        plain.append(rest.substr(0, at));
+        rest.remove_prefix(at + kLiteralMark.size());
+      }
+      plain.append(rest);
+      seg.text = std::move(plain);
+      if (seg.text.empty()) continue;
+    }
     pieces.clear();
     pieces.push_back(std::move(seg.text));
     if (t.pre) t.pre->split(pieces, seg.at_start);
@@ -242,6 +256,42 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text_in, bool add_specia
       out.insert(out.end(), ids.begin(), ids.end());
     else
       out.insert(out.end(), p.ids.begin(), p.ids.end());
+  }
+  return out;
+}
+
+std::string Tokenizer::escape_special(std::string_view text) const {
+  const auto& toks = impl_->added->tokens();
+  bool first[256] = {};
+  for (const auto& t : toks)
+    if (t.special && !t.content.empty()) first[static_cast<unsigned char>(t.content[0])] = true;
+  first[static_cast<unsigned char>(kLiteralMark[0])] = true;
+  std::string out;
+  out.reserve(text.size() + 16);
+  size_t i = 0;
+  while (i < text.size()) {
+    if (!first[static_cast<unsigned char>(text[i])]) {
+      out += text[i++];
+      continue;
+    }
+    if (text.substr(i, kLiteralMark.size()) == kLiteralMark) {
+      out += "\xEF\xBF\xBD";  // U+FFFD: the client's own mark is not ours
+      i += kLiteralMark.size();
+      continue;
+    }
+    bool hit = false;
+    for (const auto& t : toks)
+      if (t.special && !t.content.empty() && text.substr(i, t.content.size()) == t.content) {
+        hit = true;
+        break;
+      }
+    // The mark goes after the first character, so that no special token matches here.
+    size_t n = 1;
+    if (hit)
+      while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) ++n;
+    out.append(text.substr(i, n));
+    if (hit) out += kLiteralMark;
+    i += n;
   }
   return out;
 }

@@ -1,9 +1,10 @@
 #pragma once
 // A Hugging Face tokenizer.json BPE tokenizer (byte-level, or SentencePiece-style with byte
-// fallback): encode/decode give exactly what the `tokenizers` library gives (tests/daemon/tokenizer_reference_test.cc checks it
-// against references the library produced). Pipeline: added/special tokens are cut out of
-// the text, the rest is normalized, pre-tokenized, BPE-merged, and the post-processor adds
-// BOS/EOS when asked. Decoding maps byte-level characters back to bytes.
+// fallback): encode/decode give exactly what the `tokenizers` library gives
+// (tests/daemon/tokenizer_reference_test.cc checks it against references the library produced).
+// Pipeline: added/special tokens are cut out of the text, the rest is normalized, pre-tokenized,
+// BPE-merged, and the post-processor adds BOS/EOS when asked. Decoding maps byte-level characters
+// back to bytes.
 #include <memory>
 #include <optional>
 #include <span>
@@ -47,11 +48,20 @@ class Tokenizer {
   /// True when decoding is a plain concatenation of token_bytes (ByteLevel decoder).
   bool byte_level_decoder() const;
 
+  /// Marks every spelling of a special token in `text` (client-supplied message content)
+  /// so that encode() reads it as plain text instead of that token: "<|im_start|>" typed
+  /// by a user must not open a turn. The mark is U+FDD0, a noncharacter reserved for
+  /// internal use; one already in `text` becomes U+FFFD. encode() removes the marks.
+  std::string escape_special(std::string_view text) const;
+
   struct Impl;
 
  private:
   std::shared_ptr<const Impl> impl_;
 };
+
+/// The mark escape_special() puts after the first byte of a special token's spelling.
+inline constexpr std::string_view kLiteralMark = "\xEF\xB7\x90";  // U+FDD0
 
 /// Incremental detokenizer for streaming: push() returns the new text, never a broken
 /// UTF-8 sequence (incomplete bytes are held until they complete). With the ByteLevel

@@ -9,6 +9,13 @@ namespace spark::tok {
 namespace {
 constexpr std::string_view kQwenOpen = "<tool_call>", kQwenClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL_CALLS]";
+// DeepSeek-V3:
+// <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS
+// \n```<｜tool▁call▁end｜>)+<｜tool▁calls▁end｜>; V3.1 drops the type and the fence
+// (<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>).
+constexpr std::string_view kDsOpen = "<｜tool▁calls▁begin｜>", kDsClose = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCall = "<｜tool▁call▁begin｜>", kDsSep = "<｜tool▁sep｜>",
+                           kDsCallEnd = "<｜tool▁call▁end｜>";
 
 std::string random_id(size_t n, std::string_view prefix) {
   static const char* alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -120,6 +127,44 @@ bool ToolCallParser::add_call(ToolParseDelta& out, const std::string& text, bool
   return true;
 }
 
+bool ToolCallParser::add_deepseek_calls(ToolParseDelta& out, std::string_view body) {
+  Json calls = Json::array();
+  size_t i = 0;
+  for (;;) {
+    size_t b = body.find(kDsCall, i);
+    if (b == std::string_view::npos) break;
+    if (!all_space(body.substr(i, b - i))) return false;
+    size_t sep = body.find(kDsSep, b);
+    size_t end = body.find(kDsCallEnd, b);
+    if (sep == std::string_view::npos || end == std::string_view::npos || sep > end) return false;
+    std::string_view head = body.substr(b + kDsCall.size(), sep - b - kDsCall.size());
+    std::string_view rest = body.substr(sep + kDsSep.size(), end - sep - kDsSep.size());
+    std::string name, args;
+    size_t nl = rest.find('\n');
+    if (nl != std::string_view::npos && rest.substr(nl + 1).starts_with("```json\n")) {
+      name = std::string(rest.substr(0, nl));
+      std::string_view a = rest.substr(nl + 1 + 8);
+      size_t fence = a.rfind("```");
+      if (fence == std::string_view::npos) return false;
+      a = a.substr(0, fence);
+      while (!a.empty() && a.back() == '\n') a.remove_suffix(1);
+      args = std::string(a);
+    } else {
+      name = std::string(head);
+      args = std::string(rest);
+    }
+    Json o = Json::object();
+    o["name"] = name;
+    Json parsed = Json::parse(args, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object()) return false;
+    o["arguments"] = parsed;
+    calls.push_back(o);
+    i = end + kDsCallEnd.size();
+  }
+  if (calls.empty() || !all_space(body.substr(i))) return false;
+  return add_call(out, calls.dump(), true);
+}
+
 void ToolCallParser::step(ToolParseDelta& out, bool final) {
   for (;;) {
     switch (mode_) {
@@ -151,7 +196,9 @@ void ToolCallParser::step(ToolParseDelta& out, bool final) {
         continue;
       }
       case Mode::text: {
-        std::string_view marker = family_ == ChatFamily::mistral ? kMistralCalls : kQwenOpen;
+        std::string_view marker = family_ == ChatFamily::mistral    ? kMistralCalls
+                                  : family_ == ChatFamily::deepseek ? kDsOpen
+                                                                    : kQwenOpen;
         size_t p = buf_.find(marker);
         if (p == std::string::npos) {
           size_t hold = final ? 0 : partial_suffix(buf_, marker);
@@ -167,6 +214,17 @@ void ToolCallParser::step(ToolParseDelta& out, bool final) {
         continue;
       }
       case Mode::block: {  // Qwen: inside <tool_call> ... </tool_call>
+        if (family_ == ChatFamily::deepseek) {
+          size_t p = buf_.find(kDsClose);
+          if (p == std::string::npos && !final) return;
+          std::string body = buf_.substr(0, p);
+          if (!add_deepseek_calls(out, body))
+            emit_text(out,
+                      json_raw_ + body + (p == std::string::npos ? "" : std::string(kDsClose)));
+          buf_.erase(0, p == std::string::npos ? buf_.size() : p + kDsClose.size());
+          mode_ = Mode::text;
+          continue;
+        }
         size_t p = buf_.find(kQwenClose);
         if (p == std::string::npos) {
           if (!final) return;

@@ -2,8 +2,9 @@
 // Parses model output into OpenAI tool calls, also incrementally while streaming: Qwen's
 // <tool_call>{json}</tool_call> blocks (ChatML), Llama 3's bare JSON object
 // {"name": ..., "parameters": {...}} (optionally after <|python_tag|>, several separated by
-// ';'), Mistral's [TOOL_CALLS][{...}, ...]. Text that may still become a tool call is held
-// back; anything malformed is returned as plain content, never as an error.
+// ';'), Mistral's [TOOL_CALLS][{...}, ...], DeepSeek-V3's <｜tool▁calls▁begin｜> blocks. Text that
+// may still become a tool call is held back; anything malformed is returned as plain content, never
+// as an error.
 #include <functional>
 #include <string>
 #include <string_view>
@@ -50,6 +51,7 @@ class ToolCallParser {
   void step(ToolParseDelta& out, bool final);
   void emit_text(ToolParseDelta& out, std::string_view t);
   bool add_call(ToolParseDelta& out, const std::string& json_text, bool array);
+  bool add_deepseek_calls(ToolParseDelta& out, std::string_view body);
 
   ChatFamily family_;
   std::function<std::string()> make_id_;

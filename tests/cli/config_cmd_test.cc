@@ -1,6 +1,7 @@
 // sparkctl config show | check, through the real command table: provenance of every value
 // (file:line, environment, default), exit codes, findings in file order, --json.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -105,4 +106,26 @@ TEST_CASE("config: SPARK_CONFIG names the file when --config does not") {
   CHECK(has(r.out, file));
   auto u = config_cli({"config", "frobnicate"}, {{"SPARK_CONFIG", file}});
   CHECK(u.rc == 2);
+}
+
+TEST_CASE("config check refuses the API key files that start refuses") {
+  test::TempDir dir;
+  auto check = [&](const std::string& content, mode_t mode) {
+    auto key = dir.write("key", content);
+    ::chmod(key.c_str(), mode);
+    auto file = dir.write("ring.env", "NODE0_SSH=local\nAPI_KEY_FILE=" + key + "\n");
+    return config_cli({"--config", file.c_str(), "config", "check"});
+  };
+  auto two = check("first\nsecond\n", 0600);
+  CHECK(two.rc == 3);
+  CHECK(has(two.err, "ring.env:2: error: API_KEY_FILE"));
+  CHECK(has(two.err, "more than one line"));
+  auto open = check("k\n", 0644);
+  CHECK(open.rc == 3);
+  CHECK(has(open.err, "mode 0644"));
+  CHECK(has(open.err, "chmod 600"));
+  CHECK(check("\n", 0600).rc == 3);
+  CHECK(has(check("a b\n", 0600).err, "space or control character"));
+  auto good = check("s3cret\n", 0600);
+  CHECK_MESSAGE(good.rc == 0, good.err);
 }

@@ -2,10 +2,12 @@
 // captured fixture trees: exit codes, JSON shapes, fail-closed env.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/cli.h"
+#include "support/tempdir.h"
 
 using namespace spark;
 
@@ -39,7 +41,7 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
       ok.out.find(
           "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
           "rocep1s0f1:3\n") != std::string::npos);
-  CHECK(ok.out.find("# 43 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  CHECK(ok.out.find("# 53 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
   CHECK(fail.rc == 1);
@@ -86,6 +88,48 @@ TEST_CASE("env --rank renders each node's own GID index; fails closed on a broke
   CHECK(broken.err.find("spark-b rocep1s0f0: no usable RoCE v2 GID index") != std::string::npos);
   CHECK(broken.out.empty());
   CHECK(sparkctl({"--config", fx("zero-gid/cluster.env"), "env", "--rank", "7"}).rc == 2);
+}
+
+TEST_CASE("env --rank refuses a twin whose port is DOWN, as start does") {
+  auto down = sparkctl({"--config", fx("port-down/cluster.env"), "env", "--rank", "1", "--sysroot",
+                        fx("port-down/node1")});
+  CHECK(down.rc == 10);
+  CHECK(down.err.find("spark-b rocep1s0f1: port 1 is 1: DOWN") != std::string::npos);
+  CHECK(down.out.empty());
+  auto up = sparkctl({"--config", fx("port-down/cluster.env"), "env", "--rank", "0", "--sysroot",
+                      fx("port-down/node0")});
+  CHECK_MESSAGE(up.rc == 0, up.err);
+}
+
+TEST_CASE("bytes that are not UTF-8 in sysfs: --json and --local --json still report") {
+  auto ring = sparkctl({"--config", fx("bad-utf8/cluster.env"), "--json", "-v", "preflight",
+                        "--sysroot", fx("bad-utf8/node0"), "--sysroot", fx("bad-utf8/node1")});
+  CHECK_MESSAGE(ring.rc == 0, ring.err);
+  auto j = nlohmann::json::parse(ring.out, nullptr, false);
+  REQUIRE_FALSE(j.is_discarded());
+  CHECK(ring.out.find("5: LinkUp\\\\xFF\\\\xFE") != std::string::npos);
+  auto local = sparkctl({"--config", fx("bad-utf8/cluster.env"), "--json", "-v", "preflight",
+                         "--local", "--node", "1", "--sysroot", fx("bad-utf8/node1")});
+  CHECK_MESSAGE(local.rc == 0, local.err);
+  auto jl = nlohmann::json::parse(local.out, nullptr, false);
+  REQUIRE_FALSE(jl.is_discarded());
+  CHECK(jl["node"] == "spark-b");
+}
+
+TEST_CASE("a --sysroot that is a symlink loop names ELOOP with the input-error exit code") {
+  spark::test::TempDir t("spark-sysroot-loop");
+  std::filesystem::create_symlink(t / "loop", t / "loop");
+  for (std::vector<std::string> cmd :
+       {std::vector<std::string>{"preflight", "--local", "--node", "0", "--sysroot", t / "loop"},
+        std::vector<std::string>{"env", "--rank", "0", "--sysroot", t / "loop"}}) {
+    cmd.insert(cmd.begin(), {"--config", fx("healthy-pair/cluster.env")});
+    auto r = sparkctl(cmd);
+    CHECK(r.rc == 4);
+    CHECK(r.err.find("--sysroot " + (t / "loop") + ": symlink loop (ELOOP)") != std::string::npos);
+  }
+  auto missing = sparkctl({"--config", fx("healthy-pair/cluster.env"), "env", "--rank", "0",
+                           "--sysroot", "/nonexistent"});
+  CHECK(missing.rc == 4);
 }
 
 TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {

@@ -5,6 +5,8 @@
 
 #include <map>
 
+#include "core/strings.h"
+
 using namespace spark;
 
 TEST_CASE("a minimal local ring resolves with defaults and provenance") {
@@ -282,6 +284,17 @@ TEST_CASE("config: HCA and netdev lists must pair up") {
         std::string::npos);
 }
 
+TEST_CASE("config: a netdev or HCA listed twice is refused (one entry per twin)") {
+  auto msg = load_err(std::string(kTwo) +
+                      "NODE1_NETDEVS=enp1s0f0np0,enp1s0f0np0\n"
+                      "NODE1_HCAS=rocep1s0f0,rocep1s0f1\n");
+  CHECK(msg.find("t.env:5: NODE1_NETDEVS lists enp1s0f0np0 twice") != std::string::npos);
+  msg = load_err(std::string(kTwo) +
+                 "NODE1_NETDEVS=enp1s0f0np0,enp1s0f1np1\n"
+                 "NODE1_HCAS=rocep1s0f0,rocep1s0f0\n");
+  CHECK(msg.find("NODE1_HCAS lists rocep1s0f0 twice") != std::string::npos);
+}
+
 TEST_CASE("config: API_BIND beyond loopback needs an API key file") {
   auto msg = load_err("NODE0_SSH=local\nAPI_BIND=0.0.0.0\n");
   CHECK(msg.find("t.env:2: API_BIND=0.0.0.0 is not loopback: set API_KEY_FILE") !=
@@ -340,4 +353,30 @@ TEST_CASE("config: the digest follows the resolved values") {
   CHECK(a->digest() == b->digest());
   CHECK(a->digest() != c->digest());
   CHECK(a->digest().size() == 32);
+}
+
+TEST_CASE("config: values that are not UTF-8 or hold a NUL are refused with file:line") {
+  auto msg = load_err("NODE0_SSH=local\nMODEL=caf\xe9\n");
+  CHECK(msg.find("t.env:2: MODEL: the value is not UTF-8 (byte 0xe9 at offset 3)") !=
+        std::string::npos);
+  CHECK(load_err("NODE0_SSH=local\nPROBE_PROMPT=ok \xc0\xaf\n").find("t.env:2: PROBE_PROMPT") !=
+        std::string::npos);  // overlong form
+  CHECK(load_err("NODE0_SSH=local\nMODEL=\xed\xa0\x80\n").find("not UTF-8") !=
+        std::string::npos);  // a UTF-16 surrogate
+  std::string nul = "NODE0_SSH=local\n\nMODEL=a";
+  nul += '\0';
+  nul += "b\n";
+  CHECK(load_err(nul).find("t.env:3: MODEL: the value holds a NUL byte at offset 1") !=
+        std::string::npos);
+  std::vector<Diagnostic> d;
+  CHECK(load("NODE0_SSH=local\nMODEL=caf\xc3\xa9 \xe6\xbc\xa2\xf0\x9f\xa4\x96\n", &d).ok());
+}
+
+TEST_CASE("utf8_invalid_at finds the first byte that is not well-formed UTF-8") {
+  CHECK(utf8_invalid_at("plain") == std::string_view::npos);
+  CHECK(utf8_invalid_at("\xf4\x8f\xbf\xbf") == std::string_view::npos);  // U+10FFFF
+  CHECK(utf8_invalid_at("ab\xf4\x90\x80\x80") == 2);                     // past U+10FFFF
+  CHECK(utf8_invalid_at("a\xe2\x82") == 1);                              // truncated
+  CHECK(utf8_invalid_at("\xe0\x80\x80") == 0);                           // overlong
+  CHECK(utf8_invalid_at("x\x80") == 1);                                  // lone continuation
 }

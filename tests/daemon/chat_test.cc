@@ -8,6 +8,7 @@
 
 #include "core/strings.h"
 #include "daemon/tokenizer/tokenizer.h"
+#include "support/tempdir.h"
 
 using namespace spark;
 using namespace spark::tok;
@@ -166,18 +167,22 @@ TEST_CASE("unknown roles are a usage error") {
   CHECK(r.error().message.find("robot") != std::string::npos);
 }
 
-TEST_CASE("choose_chat_format: key, then template markers, then architecture, then vocabulary") {
+TEST_CASE("choose_chat_format: key, then the template, then architecture, then vocabulary") {
   auto cfg_text = read_file(fixture_dir("/tokenizer_config.json"));
   REQUIRE(cfg_text);
   Json cfg = Json::parse(*cfg_text);
   auto f = choose_chat_format("auto", cfg, "LlamaForCausalLM", nullptr);
   REQUIRE(f.ok());
-  CHECK(f->family == ChatFamily::chatml);  // template markers beat the architecture
-  CHECK(f->default_system == "You are a helpful assistant.");
-  CHECK(f->source.find("chat_template") != std::string::npos);
+  CHECK(f->family == ChatFamily::chatml);  // the template beats the architecture
+  CHECK(f->chat_template != nullptr);
+  CHECK(f->source == "tokenizer_config.json chat_template");
+  auto native = choose_chat_format("chatml", cfg, "", nullptr);
+  REQUIRE(native.ok());
+  CHECK(native->chat_template == nullptr);
+  CHECK(native->default_system == "You are a helpful assistant.");
 
   Json llama_cfg = Json::parse(*read_file(fixture_dir("/llama3/tokenizer_config.json")));
-  auto l = choose_chat_format("", llama_cfg, "", nullptr);
+  auto l = choose_chat_format("llama3", llama_cfg, "", nullptr);
   REQUIRE(l.ok());
   CHECK(l->family == ChatFamily::llama3);
   CHECK(l->llama_knowledge_header);
@@ -233,7 +238,7 @@ TEST_CASE("Llama 3.2+ templates that call strftime_now get today's date") {
 
 TEST_CASE("Mistral v0.3 (spaced) and v0.1 styles are read from the template") {
   Json cfg = Json::parse(*read_file(fixture_dir("/spm/tokenizer_config.json")));
-  auto f = choose_chat_format("", cfg, "MistralForCausalLM", nullptr);
+  auto f = choose_chat_format("mistral", cfg, "MistralForCausalLM", nullptr);
   REQUIRE(f.ok());
   CHECK(f->family == ChatFamily::mistral);
   CHECK(f->mistral_style == ChatFormat::MistralStyle::v3);
@@ -253,7 +258,7 @@ TEST_CASE("Mistral v0.3 (spaced) and v0.1 styles are read from the template") {
         "[/TOOL_RESULTS]");
   Json v1cfg = Json::object();
   v1cfg["chat_template"] = "{{ '[INST] ' + message['content'] + ' [/INST]' }}";
-  auto v1 = choose_chat_format("", v1cfg, "", nullptr);
+  auto v1 = choose_chat_format("mistral", v1cfg, "", nullptr);
   REQUIRE(v1.ok());
   CHECK(v1->mistral_style == ChatFormat::MistralStyle::v1);
   std::vector<ChatMessage> u = {
@@ -275,4 +280,118 @@ TEST_CASE("a rendered Mistral prompt encodes [INST] as control tokens with the s
   CHECK(ids.back() == *tok->token_to_id("[/INST]"));
   // Legacy SentencePiece normalization prepends U+2581 to the segment after [INST] too.
   CHECK(tok->decode(ids, true) == " Hello world");
+}
+
+namespace {
+ChatFormat template_format(const std::string& tmpl, Json cfg = Json::object()) {
+  cfg["chat_template"] = tmpl;
+  auto r = choose_chat_format("", cfg, "", nullptr);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.error().message));
+  return *r;
+}
+}  // namespace
+
+TEST_CASE("chat_template: rendered with transformers' variables; kwargs; eos stops") {
+  Json cfg = Json::parse(R"({"bos_token": {"content": "<B>"}, "eos_token": "<E>"})");
+  ChatFormat f = template_format(
+      "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+      "{% if tools is not none %}T{{ tools | length }}{% endif %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}"
+      "{% if enable_thinking is defined and enable_thinking is false %}<nothink>{% endif %}"
+      "{{ eos_token }}",
+      cfg);
+  CHECK(f.family == ChatFamily::other);
+  CHECK(f.stop_tokens() == std::vector<std::string>{"<E>"});
+  std::vector<ChatMessage> m = {{"system", "s", {}, ""}, {"user", "u", {}, ""}};
+  CHECK(*render_chat(f, m, Json::array(), true) == "<B><system>s<user>u<assistant><E>");
+  CHECK(*render_chat(f, m, Json::array({weather_tool()}), false) == "<B><system>s<user>uT1<E>");
+  Json kw = Json::parse(R"({"enable_thinking": false})");
+  CHECK(*render_chat(f, m, Json::array(), true, kw) ==
+        "<B><system>s<user>u<assistant><nothink><E>");
+  // A template's raise_exception is a usage error (a 400 at the API).
+  ChatFormat strict = template_format(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}ok");
+  auto e = render_chat(strict, m, Json::array(), true);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.error().code == Errc::usage);
+  CHECK(e.error().message.find("user first") != std::string::npos);
+}
+
+TEST_CASE("chat_template: named templates, chat_template.jinja, CHAT_FORMAT=template") {
+  Json cfg = Json::object();
+  cfg["chat_template"] = Json::parse(
+      R"([{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools"},
+          {"name": "rag", "template": "{{ x | unknown_filter }}"}])");
+  auto f = choose_chat_format("template", cfg, "", nullptr);
+  REQUIRE(f.ok());
+  std::vector<ChatMessage> m = {{"user", "u", {}, ""}};
+  CHECK(*render_chat(*f, m, Json::array(), true) == "plain");
+  CHECK(*render_chat(*f, m, Json::array({weather_tool()}), true) == "tools");
+
+  test::TempDir dir;
+  dir.write("tokenizer_config.json", R"({"chat_template": "from config", "eos_token": "</s>"})");
+  auto c1 = load_tokenizer_config(dir.path());
+  REQUIRE(c1.ok());
+  CHECK((*c1)["chat_template"] == "from config");
+  dir.write("chat_template.jinja", "from {{ 'file' }}\n");
+  auto c2 = load_tokenizer_config(dir.path());
+  REQUIRE(c2.ok());
+  auto f2 = choose_chat_format("", *c2, "", nullptr);
+  REQUIRE(f2.ok());
+  CHECK(f2->source == "chat_template.jinja chat_template");
+  CHECK(*render_chat(*f2, m, Json::array(), true) == "from file");
+  dir.write("tokenizer_config.json", "{not json");
+  auto bad = load_tokenizer_config(dir.path());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("tokenizer_config.json") != std::string::npos);
+
+  auto none = choose_chat_format("template", Json::object(), "Qwen3ForCausalLM", nullptr);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code == Errc::config);
+  // A built-in name still overrides a template.
+  auto forced = choose_chat_format("chatml", *c2, "", nullptr);
+  REQUIRE(forced.ok());
+  CHECK(forced->chat_template == nullptr);
+}
+
+TEST_CASE("chat_template: an unsupported construct fails at load, naming file and line") {
+  Json cfg = Json::object();
+  cfg["chat_template"] = "{% for m in messages %}\n{{ m.content | wordwrap }}\n{% endfor %}";
+  auto r = choose_chat_format("", cfg, "Qwen3ForCausalLM", nullptr);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == Errc::unsupported);
+  CHECK(r.error().message.find("tokenizer_config.json chat_template line 2: filter 'wordwrap'") ==
+        0);
+}
+
+TEST_CASE("chat_template: tool-call arguments and null contents take the form the template needs") {
+  std::vector<ChatMessage> m = {{"user", "u", {}, ""},
+                                {"assistant", "", {{"call1", "f", "{\"a\": 1}"}}, ""},
+                                {"tool", "r", {}, "call1"}};
+  m[1].content_null = true;
+  // Llama 3.1 / Mistral style: tojson of the arguments needs a dict.
+  ChatFormat dict = template_format(
+      "{% for m in messages %}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | "
+      "tojson }}{% endif %}{% endfor %}");
+  CHECK(dict.chat_template->object_arguments);
+  CHECK(*render_chat(dict, m, Json::array(), false) == "{\"a\": 1}");
+  // DeepSeek-V3 style: string concatenation needs the text; `content is none` needs None.
+  ChatFormat text = template_format(
+      "{% for m in messages %}{% if m.role == 'assistant' and m.content is none %}"
+      "{{ 'call:' + m.tool_calls[0].function.arguments }}{% endif %}{% endfor %}");
+  CHECK_FALSE(text.chat_template->object_arguments);
+  CHECK(text.chat_template->null_content);
+  CHECK(*render_chat(text, m, Json::array(), false) == "call:{\"a\": 1}");
+  // Qwen3 style: `'</think>' in content` fails on None, so a null content arrives as "".
+  ChatFormat qwen = template_format(
+      "{% for m in messages %}{% if '</think>' in m.content %}{% endif %}{% if m.tool_calls %}"
+      "{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}");
+  CHECK_FALSE(qwen.chat_template->null_content);
+  CHECK(*render_chat(qwen, m, Json::array(), false) == "{\"a\": 1}");
+  Json msgs = template_messages(m, true, true);
+  CHECK(msgs[0].dump() == R"({"role":"user","content":"u"})");
+  CHECK(msgs[1].dump() ==
+        R"({"role":"assistant","content":null,"tool_calls":[{"id":"call1","type":"function",)"
+        R"("function":{"name":"f","arguments":{"a":1}}}]})");
+  CHECK(msgs[2].dump() == R"({"role":"tool","content":"r","tool_call_id":"call1"})");
 }

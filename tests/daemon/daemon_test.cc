@@ -187,6 +187,15 @@ TEST_CASE("daemon: binding beyond loopback needs an API key file of mode 0600") 
     CHECK(s.code() == Errc::auth);
     CHECK(s.message().find("chmod 600") != std::string::npos);
   }
+  {
+    // Two lines: no client could ever send that key; refused rather than locking all out.
+    std::string two = dir.write("key2", "topsecret\nmore\n");
+    ::chmod(two.c_str(), 0600);
+    Daemon d(local_ring("API_KEY_FILE=" + two + "\n"), o);
+    Status s = d.start();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.message().find("more than one line") != std::string::npos);
+  }
   ::chmod(key.c_str(), 0600);
   Daemon d(local_ring("API_KEY_FILE=" + key + "\n"), o);
   REQUIRE(d.start().ok());

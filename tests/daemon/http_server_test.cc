@@ -37,6 +37,46 @@ nlohmann::json body_json(const HttpReply& r) {
   return nlohmann::json::parse(r.body);
 }
 
+// Writes `bytes` on a fresh connection and reads the whole answer. The connection is
+// half-closed after the request unless it asks for "Connection: close" (an async route
+// reads a half-close as a client that went away, and drops its answer).
+std::string raw_exchange(uint16_t port, const std::string& bytes) {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket sock(io);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  boost::asio::write(sock, boost::asio::buffer(bytes));
+  if (bytes.find("Connection: close") == std::string::npos)
+    sock.shutdown(boost::asio::ip::tcp::socket::shutdown_send);
+  std::string got;
+  char buf[4096];
+  boost::system::error_code ec;
+  while (!ec) {
+    size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+    got.append(buf, n);
+  }
+  return got;
+}
+
+// The JSON body of a raw HTTP answer (after the blank line).
+nlohmann::json raw_body(const std::string& reply) {
+  auto at = reply.find("\r\n\r\n");
+  if (at == std::string::npos) return nullptr;
+  return nlohmann::json::parse(reply.substr(at + 4), nullptr, false);
+}
+
+bool openai_shaped(const nlohmann::json& j) {
+  return j.is_object() && j.contains("error") && j["error"].contains("message") &&
+         j["error"]["type"].is_string() && j["error"].contains("param") &&
+         j["error"].contains("code");
+}
+
+// Waits until the server has no request in flight (each reply is written before the
+// count drops, so the client can see its answer a moment before).
+int settled_in_flight(const HttpServer& s) {
+  for (int i = 0; i < 400 && s.in_flight() != 0; ++i) std::this_thread::sleep_for(5ms);
+  return s.in_flight();
+}
+
 }  // namespace
 
 TEST_CASE("http: routes answer, unknown routes and wrong methods get JSON errors") {
@@ -61,7 +101,9 @@ TEST_CASE("http: routes answer, unknown routes and wrong methods get JSON errors
   r = get(s, "/nope");
   REQUIRE(r.ok());
   CHECK(r->status == 404);
-  CHECK(body_json(*r)["error"]["type"] == "not_found");
+  CHECK(body_json(*r)["error"]["type"] == "not_found_error");
+  CHECK(body_json(*r)["error"]["code"] == "not_found");
+  CHECK(body_json(*r)["error"]["param"].is_null());
   CHECK(body_json(*r)["error"]["message"].get<std::string>().find("/nope") != std::string::npos);
 
   r = get(s, "/missing");
@@ -72,14 +114,16 @@ TEST_CASE("http: routes answer, unknown routes and wrong methods get JSON errors
   r = get(s, "/boom");
   REQUIRE(r.ok());
   CHECK(r->status == 500);
-  CHECK(body_json(*r)["error"]["type"] == "internal");
+  CHECK(body_json(*r)["error"]["type"] == "server_error");
+  CHECK(body_json(*r)["error"]["code"] == "internal");
   CHECK(body_json(*r)["error"]["message"].get<std::string>().find("kaboom") != std::string::npos);
 
   r = http_call(call_to(s, "DELETE", "/ping"));
   REQUIRE(r.ok());
   CHECK(r->status == 405);
   CHECK(r->headers["allow"] == "GET");
-  CHECK(body_json(*r)["error"]["code"] == 405);
+  CHECK(body_json(*r)["error"]["type"] == "invalid_request_error");
+  CHECK(body_json(*r)["error"]["code"] == "usage");
   CHECK(s.shutdown(1000ms) == 0);
 }
 
@@ -275,6 +319,130 @@ TEST_CASE("http: a port in use is a clear network error") {
   REQUIRE_FALSE(st.ok());
   CHECK(st.code() == Errc::network);
   CHECK(st.message().find(std::to_string(a.port())) != std::string::npos);
+}
+
+TEST_CASE("http: no request leaves the in-flight count wrong; every error is OpenAI-shaped") {
+  for (bool keyed : {false, true}) {
+    for (bool gated : {false, true}) {
+      CAPTURE(keyed);
+      CAPTURE(gated);
+      ServerOptions o;
+      if (keyed) o.api_key = "k";
+      if (gated) o.not_ready = [] { return std::string("loading: \xff\xfe weights"); };
+      o.body_limit = 4096;
+      o.header_limit = 2048;
+      HttpServer s(o);
+      std::vector<std::thread> workers;
+      std::mutex mu;
+      s.route("GET", "/health", [](const Request&) { return Response::json(200, {{"ok", 1}}); });
+      s.route("POST", "/v1/echo", [](const Request& r) {
+        return Response::json(200, {{"body", r.body}, {"path", r.path}});  // any bytes
+      });
+      s.route("GET", "/v1/throw",
+              [](const Request& r) -> Response { throw std::runtime_error("bad " + r.path); });
+      s.route_async("GET", "/v1/async-throw", [](const Request&, Responder) {
+        throw HttpError(make_error(Errc::usage, "refused \xc3\x28"));
+      });
+      s.route_async("POST", "/v1/later", [&](const Request& r, Responder rsp) {
+        std::lock_guard lk(mu);
+        workers.emplace_back([rsp, b = r.body] { rsp.send(Response::json(200, {{"echo", b}})); });
+      });
+      REQUIRE(s.start().ok());
+      const std::string auth = keyed ? "Authorization: Bearer k\r\n" : "";
+      const std::vector<std::pair<std::string, std::string>> cases = {
+          {"404 invalid UTF-8 path", "GET /%ff HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"},
+          {"404 raw byte path", "GET /\xff\xfe HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"},
+          {"405", "DELETE /v1/echo HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"},
+          {"405 bad method", "G\xffT /v1/echo HTTP/1.1\r\nHost: x\r\n\r\n"},
+          {"413", "POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n"},
+          {"431", "GET /v1/echo HTTP/1.1\r\nX: " + std::string(4000, 'a') + "\r\n\r\n"},
+          {"400 garbage", "\x01\x02\x03 nonsense\r\n\r\n"},
+          {"echo bad UTF-8 body", "POST /v1/echo%ff HTTP/1.1\r\nHost: x\r\n" + auth +
+                                      "Content-Length: 3\r\n\r\n\xff\xc3\x28"},
+          {"throw", "GET /v1/throw%ff HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"},
+          {"async throw", "GET /v1/async-throw HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"},
+          {"async", "POST /v1/later HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + auth +
+                        "Content-Length: 2\r\n\r\n\xfe\xff"},
+          {"401 bad key", "GET /v1/throw HTTP/1.1\r\nAuthorization: Bearer \xff\r\n\r\n"},
+          {"pipelined",
+           "GET /%ff HTTP/1.1\r\nHost: x\r\n" + auth + "\r\nGET /%fe HTTP/1.1\r\n" + auth + "\r\n"},
+          {"truncated", "POST /v1/echo HTTP/1.1\r\nContent-Length: 50\r\n\r\nabc"},
+      };
+      for (const auto& [name, bytes] : cases) {
+        CAPTURE(name);
+        std::string reply = raw_exchange(s.port(), bytes);
+        if (name == "pipelined") {
+          CHECK(reply.rfind("HTTP/1.1 404", 0) == 0);
+          CHECK(reply.find("HTTP/1.1 404", 1) != std::string::npos);  // both answered
+        } else if (name != "truncated") {
+          REQUIRE(reply.rfind("HTTP/1.1 ", 0) == 0);
+          int status = std::stoi(reply.substr(9, 3));
+          if (status != 200)
+            CHECK(openai_shaped(raw_body(reply)));
+          else
+            CHECK(raw_body(reply).is_object());
+        }
+        CHECK(settled_in_flight(s) == 0);
+        CHECK(s.api_in_flight() == 0);
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      CHECK(s.shutdown(5000ms) == 0);
+      CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // nothing left for the grace
+      std::lock_guard lk(mu);
+      for (auto& w : workers) w.join();
+    }
+  }
+}
+
+TEST_CASE("http: connections over the per-address or total cap get 503 and are closed") {
+  ServerOptions o;
+  o.max_connections_per_peer = 2;
+  o.max_connections = 3;
+  HttpServer s(o);
+  s.route("GET", "/ping", [](const Request&) { return Response::json(200, {{"pong", true}}); });
+  REQUIRE(s.start().ok());
+  boost::asio::io_context io;
+  using tcp = boost::asio::ip::tcp;
+  auto open_idle = [&] {
+    auto sock = std::make_unique<tcp::socket>(io);
+    sock->connect({boost::asio::ip::make_address("127.0.0.1"), s.port()});
+    return sock;
+  };
+  auto a = open_idle();
+  auto b = open_idle();
+  // The server must have accepted both before the third arrives.
+  std::this_thread::sleep_for(100ms);
+  std::string reply = raw_exchange(s.port(), "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+  REQUIRE(reply.rfind("HTTP/1.1 503", 0) == 0);
+  auto j = raw_body(reply);
+  CHECK(openai_shaped(j));
+  CHECK(j["error"]["message"].get<std::string>().find("API_MAX_CONNECTIONS_PER_PEER") !=
+        std::string::npos);
+  CHECK(reply.find("Retry-After: 1") != std::string::npos);
+  // Another address of this host counts on its own, up to the total.
+  {
+    tcp::socket other(io);
+    other.open(tcp::v4());
+    other.bind({boost::asio::ip::make_address("127.0.0.2"), 0});
+    other.connect({boost::asio::ip::make_address("127.0.0.1"), s.port()});
+    boost::asio::write(other, boost::asio::buffer(std::string("GET /ping HTTP/1.1\r\nHost: x\r\n"
+                                                              "Connection: close\r\n\r\n")));
+    std::string got;
+    char buf[1024];
+    boost::system::error_code ec;
+    while (!ec) got.append(buf, other.read_some(boost::asio::buffer(buf), ec));
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+  }
+  // A closed connection frees its place.
+  a->close();
+  std::string ok;
+  for (int i = 0; i < 100; ++i) {
+    ok = raw_exchange(s.port(), "GET /ping HTTP/1.1\r\nHost: x\r\n\r\n");
+    if (ok.rfind("HTTP/1.1 200", 0) == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(ok.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(s.shutdown(1000ms) == 0);
 }
 
 TEST_CASE("http client: parse_url") {

@@ -133,6 +133,16 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
             .ok());
   CHECK(chat_error(with(R"("logit_bias": {"5": 10})")).param == "logit_bias");
   CHECK(chat_error(with(R"("functions": [])")).param == "functions");
+  // A tool result must name the call it answers.
+  CHECK(chat_error(R"({"messages": [{"role": "user", "content": "x"},
+                                    {"role": "tool", "content": "sunny"}]})")
+            .param == "messages[1].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": "", "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
+  CHECK(
+      chat_error(R"({"messages": [{"role": "tool", "tool_call_id": 7, "content": "y"}]})").param ==
+      "messages[0].tool_call_id");
   ApiError big = chat_error(with(""), limits_with([](Limits& l) { l.max_body_bytes = 10; }));
   CHECK(big.status == 413);
   CHECK(big.code == "request_too_large");
@@ -466,4 +476,52 @@ TEST_CASE("toolkit errors map to OpenAI statuses and types") {
   Json j;
   j["text"] = std::string("ok\xFF");
   CHECK(sse_event(j) == "data: {\"text\":\"ok\xEF\xBF\xBD\"}\n\n");
+}
+
+TEST_CASE(
+    "chat request: chat_template_kwargs, reasoning_content, null content reach the template") {
+  auto r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "Hi"},
+          {"role": "assistant", "content": null, "reasoning_content": "hmm",
+           "tool_calls": [{"id": "c1", "type": "function",
+                           "function": {"name": "f", "arguments": "{}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+          {"role": "assistant", "reasoning": "r2", "content": "done"}],
+          "chat_template_kwargs": {"enable_thinking": false, "custom": [1]}})",
+      {});
+  REQUIRE(r.ok());
+  CHECK(r.value->chat_template_kwargs.dump() == R"({"enable_thinking":false,"custom":[1]})");
+  CHECK_FALSE(r.value->messages[0].content_null);
+  CHECK(r.value->messages[1].content_null);
+  CHECK(r.value->messages[1].reasoning_content == "hmm");
+  CHECK(r.value->messages[3].reasoning_content == "r2");
+  CHECK(chat_error(with(R"("chat_template_kwargs": [1])")).param == "chat_template_kwargs");
+  ApiError reserved = chat_error(with(R"("chat_template_kwargs": {"messages": []})"));
+  CHECK(reserved.param == "chat_template_kwargs");
+  CHECK(reserved.message.find("'messages'") != std::string::npos);
+  CHECK(
+      chat_error(R"({"messages": [{"role": "assistant", "content": "x", "reasoning_content": 5}]})")
+          .param == "messages[0].reasoning_content");
+
+  // Through prepare_chat into a template that shows what it was given.
+  tok::Json cfg = tok::Json::object();
+  cfg["chat_template"] =
+      "{% for m in messages %}{{ m.role }}:{{ m.content }}|{{ m.reasoning_content }}|"
+      "{% endfor %}{{ enable_thinking }}";
+  auto fmt = tok::choose_chat_format("", cfg, "", nullptr);
+  REQUIRE(fmt.ok());
+  auto p = prepare_chat(*r.value, fixture(), *fmt, 4096);
+  REQUIRE(p.ok());
+  // (The template never shows tool calls, so a null content reaches it as "".)
+  CHECK(p.value->text == "user:Hi||assistant:|hmm|tool:ok||assistant:done|r2|False");
+  // A template's raise_exception becomes a 400 naming messages.
+  cfg["chat_template"] = "{{ raise_exception('Only user and assistant roles are supported!') }}";
+  auto strict = tok::choose_chat_format("", cfg, "", nullptr);
+  REQUIRE(strict.ok());
+  auto bad = prepare_chat(*r.value, fixture(), *strict, 4096);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error.status == 400);
+  CHECK(bad.error.param == "messages");
+  CHECK(bad.error.message.find("Only user and assistant roles are supported!") !=
+        std::string::npos);
 }

@@ -156,3 +156,40 @@ TEST_CASE("whitespace after a call is dropped only when no text follows (any chu
   auto only = parse_all_ways(ChatFamily::chatml, "<tool_call>{\"name\": \"f\"}</tool_call>\n\n");
   CHECK(only.content.empty());
 }
+
+TEST_CASE("DeepSeek-V3 tool-call blocks (V3 fenced and V3.1 forms), streamed in every split") {
+  const std::string v3 =
+      "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function"
+      "<｜tool▁sep｜>search\n```json\n{\"query\": \"a ``` b\"}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>";
+  ToolParseDelta d = parse_all_ways(ChatFamily::deepseek, v3);
+  CHECK(d.content == "Let me check.");
+  REQUIRE(d.calls.size() == 2);
+  CHECK(d.calls[0].name == "get_weather");
+  CHECK(d.calls[0].arguments == "{\"city\": \"Paris\"}");
+  CHECK(d.calls[1].name == "search");
+  CHECK(d.calls[1].arguments == "{\"query\": \"a ``` b\"}");
+
+  // V3.1: name before the separator, bare JSON after it; the end marker may be missing
+  // when generation stops on the end-of-sentence token.
+  ToolParseDelta v31 = parse_all_ways(
+      ChatFamily::deepseek,
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"tz\": \"UTC\"}"
+      "<｜tool▁call▁end｜>");
+  CHECK(v31.content.empty());
+  REQUIRE(v31.calls.size() == 1);
+  CHECK(v31.calls[0].name == "get_time");
+  CHECK(v31.calls[0].arguments == "{\"tz\": \"UTC\"}");
+
+  ToolParseDelta plain = parse_all_ways(ChatFamily::deepseek, "No tools needed: 2 < 3.");
+  CHECK(plain.content == "No tools needed: 2 < 3.");
+  CHECK(plain.calls.empty());
+  // Bad JSON inside the block: the whole block comes back as text.
+  const std::string bad =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{oops\n```"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ToolParseDelta b = parse_all_ways(ChatFamily::deepseek, bad);
+  CHECK(b.calls.empty());
+  CHECK(b.content == bad);
+}

@@ -129,8 +129,8 @@ TEST_CASE("rank env: pins from the node's facts; fails closed without a usable G
   NodeReport n1;
   n1.node = "node1";
   n1.index = 1;
-  n1.links = {{"rocep1s0f0", "enp1s0f0np0", "10.10.2.2", 9000, "up", 200000, 3},
-              {"rocep1s0f1", "enp1s0f1np1", "10.10.3.2", 9000, "up", 200000, 3}};
+  n1.links = {{"rocep1s0f0", "enp1s0f0np0", "10.10.2.2", 9000, "up", 200000, 3, "4: ACTIVE"},
+              {"rocep1s0f1", "enp1s0f1np1", "10.10.3.2", 9000, "up", 200000, 3, "4: ACTIVE"}};
   auto e = render_rank_env(cfg, 2, n1);
   REQUIRE_MESSAGE(e.ok(), e.error().message);
   CHECK(e->get("RANK") == "2");
@@ -204,12 +204,12 @@ TEST_CASE("merge_reports: unreachable nodes, clock skew outside the request wind
 TEST_CASE("plan_pings and path/bandwidth verdicts") {
   std::vector<NodeReport> reps(2);
   reps[0].node = "a";
-  reps[0].links = {{"", "fab0", "10.0.0.1", 9000, "up", 0, {}},
-                   {"", "fab1", "10.0.1.1", 9000, "up", 0, {}}};
+  reps[0].links = {{"", "fab0", "10.0.0.1", 9000, "up", 0, {}, ""},
+                   {"", "fab1", "10.0.1.1", 9000, "up", 0, {}, ""}};
   reps[1].node = "b";
   reps[1].index = 1;
-  reps[1].links = {{"", "fab0", "10.0.0.2", 9000, "up", 0, {}},
-                   {"", "fab1", "", 9000, "up", 0, {}}};
+  reps[1].links = {{"", "fab0", "10.0.0.2", 9000, "up", 0, {}, ""},
+                   {"", "fab1", "", 9000, "up", 0, {}, ""}};
   auto p = plan_pings(reps);
   REQUIRE(p.size() == 2);  // twin 1 of b has no address: nothing to ping there
   CHECK(p[0].command == "ping -n -q -M do -c 1 -W 1 -s 8972 -I 10.0.0.1 10.0.0.2");

@@ -58,6 +58,9 @@ int cuDeviceGetAttribute(int* v, int attr, int) {
     case 16:
       *v = 132;
       return 0;  // multiprocessors
+    case 18:
+      *v = 0;
+      return 0;  // integrated: a discrete GPU
     case 97:
       return kInvalidValue;  // shared memory opt-in: the injected failure
     default:

@@ -1,7 +1,9 @@
 // libFuzzer target for what a node sends the head and what a capture holds: node reports
-// (preflight --local --json, read by the head), facts.json, sysfs GID strings and meminfo.
-// Besides "no crash, no leak, no UB": whatever parses must survive a JSON round trip, and a
-// parsed GID must format back to the same 16 bytes.
+// (preflight --local --json, read by the head), facts.json, sysfs GID strings, meminfo, the
+// known-bad versions list and its version ranges, and the escaping of sysfs text that is not
+// UTF-8. Besides "no crash, no leak, no UB": whatever parses must survive a JSON round trip,
+// a parsed GID must format back to the same 16 bytes, and escaped text must be valid UTF-8
+// (JSON output throws on anything else).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -10,9 +12,11 @@
 #include <string>
 
 #include "env/facts.h"
+#include "env/known_bad.h"
 #include "env/meminfo.h"
 #include "env/preflight.h"
 #include "env/rdma.h"
+#include "env/sysroot.h"
 
 namespace {
 void require(bool ok) {
@@ -37,6 +41,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)e.text();
   }
   (void)spark::env::parse_meminfo(input);
+  // Escaped sysfs text renders as JSON (dump throws on invalid UTF-8 with the strict handler).
+  std::string esc = spark::env::escape_invalid_utf8(input);
+  (void)nlohmann::json(esc).dump();
+  require(spark::env::escape_invalid_utf8(esc) == esc);
+  // "VERSION\nRANGE": a known-bad comparison on arbitrary text.
+  if (auto nl = input.find('\n'); nl != std::string::npos)
+    (void)spark::env::version_matches(input.substr(0, nl), input.substr(nl + 1));
+  if (auto kb = spark::env::parse_known_bad(input, "fuzz"); kb.ok())
+    for (const auto& e : kb->entries) require(spark::env::version_matches("1.0", e.versions).ok());
   auto j = nlohmann::json::parse(input, nullptr, false);
   if (j.is_discarded()) return 0;
   if (auto r = spark::env::report_from_json(j); r.ok()) {
