@@ -62,8 +62,8 @@ optional() { COST[$1]=$2; }
 optional "libclang-rt-@CLANG@-dev|libclang-common-@CLANG@-dev" \
   "no libFuzzer runtime: scripts/test.sh skips the fuzz tier (with the reason)"
 optional prometheus "no promtool: the metrics tests skip the promtool lint (with the reason)"
-optional vmtouch "no vmtouch: nothing in the build; only the page-cache comparison by hand"
-optional iperf3 "no iperf3: preflight's link-rate check cannot be compared by hand"
+optional vmtouch "no vmtouch: no test needs it (it checks sparkctl cache-stat by hand)"
+optional iperf3 "no iperf3: no test needs it (it measures a link by hand, beside preflight)"
 
 # Appended by other parts of the project (one line each, below this comment).
 
