@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -15,8 +16,16 @@ namespace spark::cli {
 Result<RingConfig> Context::load_config(std::vector<Diagnostic>* diags) const {
   std::vector<Diagnostic> local;
   auto& d = diags ? *diags : local;
-  auto cfg = spark::load_config(opts.config_path, env, &d);
-  if (!diags) {
+  Result<RingConfig> cfg = make_error(Errc::internal, "not loaded");
+  if (opts.config_path == "-") {
+    // The head's resolved cluster file on stdin (config_wire_text): this node's environment
+    // must not change it, so the ranks' config digests stay the head's.
+    config_text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    cfg = load_config_text(config_text, "<stdin>", Environment{}, &d);
+  } else {
+    cfg = spark::load_config(opts.config_path, env, &d);
+  }
+  if (!diags && opts.config_path != "-") {  // the head printed the wire text's warnings
     for (const auto& w : d)
       if (!w.error) *err << fmt::format("sparkctl: warning: {}: {}\n", w.where, w.message);
   }

@@ -25,8 +25,13 @@ struct Context {
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
   std::string argv0;  // path of this sparkctl binary
+  /// The cluster file's text that load_config read from stdin for --config - (the head's
+  /// resolved file), for commands that keep it (node launch writes it for sparkd).
+  mutable std::string config_text;
 
-  /// Loads and validates the cluster file; prints warnings to err (or collects them for JSON).
+  /// Loads and validates the cluster file (--config -: the head's resolved file on stdin,
+  /// without this environment's overrides); the one way a command loads it. Prints warnings
+  /// to err, or collects them into `diags` (for JSON).
   Result<RingConfig> load_config(std::vector<Diagnostic>* diags = nullptr) const;
   /// Prints an error (table mode: "sparkctl: message"; JSON: {"error":{...}}) and returns
   /// its exit code.

@@ -31,9 +31,7 @@ int cmd_capture_node(Context& ctx, const std::vector<std::string>& args) {
   std::string out = vm["out"].as<std::string>();
   // A node without a (valid) cluster file can still be captured: then every HCA and netdev.
   std::vector<Diagnostic> diags;
-  auto cfg = ctx.opts.config_path == "-"
-                 ? load_ring_config(ctx)
-                 : spark::load_config(ctx.opts.config_path, ctx.env, &diags);
+  auto cfg = ctx.load_config(&diags);
   std::optional<int> node;
   if (cfg) {
     auto n = this_node(*cfg, vm["node"].as<int>());

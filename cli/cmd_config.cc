@@ -76,7 +76,7 @@ void check_key_file(const Result<RingConfig>& cfg, std::vector<Diagnostic>* diag
 
 int config_check(Context& ctx) {
   std::vector<Diagnostic> diags;
-  auto cfg = spark::load_config(ctx.opts.config_path, ctx.env, &diags);
+  auto cfg = ctx.load_config(&diags);
   check_key_file(cfg, &diags);
   if (cfg && std::any_of(diags.begin(), diags.end(), [](const Diagnostic& d) { return d.error; }))
     cfg = make_error(Errc::config, "API_KEY_FILE is refused");

@@ -23,7 +23,7 @@ int cmd_env(Context& ctx, const std::vector<std::string>& args) {
           parse_args(ctx, "env", "env --rank N [--sysroot DIR] [--export]", desc, args, vm, &pos))
     return *rc;
   if (!vm.count("rank")) return ctx.fail(make_error(Errc::usage, "env: --rank N is required"));
-  auto cfg = load_ring_config(ctx);
+  auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
   int rank = vm["rank"].as<int>();
   auto ranks = cfg->ranks();

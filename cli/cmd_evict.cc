@@ -6,8 +6,9 @@
 
 #include "cli/args.h"
 #include "cli/cmd_stage.h"
-#include "cli/stage_nodes.h"
+#include "cli/node_exec.h"
 #include "core/pagecache.h"
+#include "core/process.h"
 #include "core/strings.h"
 #include "env/meminfo.h"
 
@@ -107,25 +108,25 @@ int cmd_evict(Context& ctx, const std::vector<std::string>& args) {
                                                              "or NODE{}_MODEL_PATH)",
                                                              n.name, n.index)));
       jobs.push_back(
-          {&n,
+          {n.index,
            fmt::format("{} evict --local --json --node {} {}", shell_quote(sparkctl_on(*cfg, ctx)),
                        shell_quote(n.name), shell_quote(n.model_path)),
            ""});
     }
     auto results = run_on_nodes(*cfg, jobs, std::chrono::minutes(10));
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const auto& r = results[i];
+    for (const auto& r : results) {
+      forward_stderr(r);
       json j;
-      if (!r) {
-        j = {{"node", jobs[i].node->name}, {"ok", false}, {"error", r.error().message}};
+      if (!r.ok()) {
+        j = {{"node", r.node}, {"ok", false}, {"error", r.error->message}};
       } else {
-        j = json::parse(r->out, nullptr, false);
+        j = json::parse(r.out, nullptr, false);
         if (j.is_discarded() || !j.is_object())
-          j = {{"node", jobs[i].node->name},
+          j = {{"node", r.node},
                {"ok", false},
-               {"error", fmt::format("evict exited {} without a report", r->exit_status)}};
+               {"error", fmt::format("evict exited {} without a report", r.exit_status)}};
         else if (j.contains("error") && j["error"].is_object())
-          j = {{"node", jobs[i].node->name},
+          j = {{"node", r.node},
                {"ok", false},
                {"error", j["error"].value("message", std::string("failed"))}};
       }

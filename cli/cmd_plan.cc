@@ -59,7 +59,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                            "[--kv-dtype T] [--kv-layout L] [--moe-split S] ...",
                            desc, args, vm))
     return *rc;
-  auto cfg = load_ring_config(ctx);
+  auto cfg = ctx.load_config();
   if (!cfg && !vm.count("model")) return ctx.fail(cfg.error());
   const RingConfig* rc = cfg ? &*cfg : nullptr;
   std::string model =

@@ -14,6 +14,7 @@
 #include <ostream>
 
 #include "cli/args.h"
+#include "cli/fabric_preflight.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/bwtest.h"
@@ -97,6 +98,9 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
       "run only these check IDs or groups (comma-separated)")(
       "skip", po::value<std::vector<std::string>>()->composing(), "skip these check IDs or groups")(
       "bandwidth", "also measure TCP throughput per twin between neighbouring nodes")(
+      "fabric",
+      "run the fabric self-test instead: NCCL all-reduce and all-gather from 8 KB to 256 MB on "
+      "every rank's GPU with the ring's own pins, checked values, bus bandwidth, transports")(
       "bw-seconds", po::value<double>()->default_value(2.0), "length of the bandwidth test")(
       "timeout", po::value<std::string>()->default_value("30s"),
       "deadline for every node's answer")("bw-listen",
@@ -105,10 +109,11 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
       "bw-send", po::value<std::vector<std::string>>()->composing(),
       "(internal) bandwidth sender BIND>ADDR:PORT");
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "preflight",
-                           "preflight [--only IDS] [--skip IDS] [--bandwidth] [--local [--node N]] "
-                           "[--sysroot DIR|TAR.GZ ...]",
-                           desc, args, vm))
+  if (auto rc = parse_args(
+          ctx, "preflight",
+          "preflight [--only IDS] [--skip IDS] [--bandwidth] [--fabric] [--local [--node N]] "
+          "[--sysroot DIR|TAR.GZ ...]",
+          desc, args, vm))
     return *rc;
 
   // The bandwidth test's node side: no config needed.
@@ -130,7 +135,7 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
   auto timeout_ms = parse_duration_ms(vm["timeout"].as<std::string>(), &why);
   if (!timeout_ms) return ctx.fail(make_error(Errc::usage, "--timeout: " + why));
 
-  auto cfg = load_ring_config(ctx);
+  auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
   bool verbose = ctx.opts.verbose > 0;
   std::vector<std::string> sysroots;
@@ -170,6 +175,22 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
     auto t0 = std::chrono::steady_clock::now();
     rep = env::replay_ring(*cfg, dirs, filter, verbose);
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else if (vm.count("fabric")) {
+    PreflightRun run;
+    run.verbose = verbose;
+    run.timeout = std::chrono::milliseconds(*timeout_ms);
+    run.sparkctl_bin = cfg->get("SPARKCTL_BIN");
+    if (run.sparkctl_bin.empty()) {
+      std::error_code ec;
+      auto p = std::filesystem::canonical("/proc/self/exe", ec);
+      run.sparkctl_bin = ec ? ctx.argv0 : p.string();
+    }
+    auto f = run_fabric_preflight(*cfg, run);
+    if (ctx.opts.json)
+      *ctx.out << fabric_preflight_to_json(f).dump(2) << "\n";
+    else
+      *ctx.out << render_fabric_preflight(f);
+    return f.passed() ? 0 : 1;  // a failed check, as for the other checks
   } else {
     PreflightRun run;
     run.filter = filter;

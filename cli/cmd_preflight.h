@@ -16,8 +16,6 @@ int cmd_capture_node(Context& ctx, const std::vector<std::string>& args);
 /// The cluster file as sent to a node (`sparkctl --config - ...` reads it on stdin): every
 /// resolved key, double-quoted, so the node resolves exactly what the head resolved.
 std::string config_wire_text(const RingConfig& cfg);
-/// Loads the config; "-" reads the wire text from stdin (node mode).
-Result<RingConfig> load_ring_config(Context& ctx);
 /// Which node of the ring this machine is: --node, else the hostname, else the one local node.
 Result<int> this_node(const RingConfig& cfg, int requested);
 

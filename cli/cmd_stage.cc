@@ -17,8 +17,9 @@
 #include <ostream>
 
 #include "cli/args.h"
-#include "cli/stage_nodes.h"
+#include "cli/node_exec.h"
 #include "core/log.h"
+#include "core/process.h"
 #include "core/stage_recv.h"
 #include "core/stage_send.h"
 #include "core/strings.h"
@@ -370,6 +371,231 @@ int cmd_stage_send(Context& ctx, const std::vector<std::string>& args) {
   return run_send(ctx, vm["dir"].as<std::string>(), targets, so, *cs);
 }
 
+namespace {
+
+// The source and the targets of stage-weights: --from (default node 0) and --to (default
+// every other node), each with a model path, the targets with a fabric address.
+struct StagePlan {
+  const NodeConfig* src = nullptr;
+  std::vector<const NodeConfig*> dst;
+};
+Result<StagePlan> pick_nodes(const RingConfig& cfg, const po::variables_map& vm) {
+  auto find = [&](const std::string& name) -> const NodeConfig* {
+    for (const auto& n : cfg.nodes)
+      if (n.name == name || std::to_string(n.index) == name) return &n;
+    return nullptr;
+  };
+  StagePlan plan;
+  const NodeConfig* src = vm.count("from") ? find(vm["from"].as<std::string>()) : &cfg.nodes.at(0);
+  if (!src)
+    return make_error(Errc::not_found, fmt::format("stage-weights: no node '{}' in {}",
+                                                   vm["from"].as<std::string>(), cfg.path));
+  std::vector<const NodeConfig*> dst;
+  if (vm.count("to")) {
+    for (const auto& name : split_list(vm["to"].as<std::string>())) {
+      const NodeConfig* n = find(name);
+      if (!n)
+        return make_error(Errc::not_found,
+                          fmt::format("stage-weights: no node '{}' in {}", name, cfg.path));
+      if (n == src)
+        return make_error(Errc::usage, fmt::format("stage-weights: {} is the source", name));
+      dst.push_back(n);
+    }
+  } else {
+    for (const auto& n : cfg.nodes)
+      if (&n != src) dst.push_back(&n);
+  }
+  if (dst.empty())
+    return make_error(Errc::usage,
+                      "stage-weights: no target nodes (a ring of one node "
+                      "has nothing to stage)");
+  for (const auto* n : std::vector<const NodeConfig*>{src})
+    if (n->model_path.empty())
+      return make_error(Errc::config, fmt::format("{}: no model path (set MODEL_PATH or "
+                                                  "NODE{}_MODEL_PATH)",
+                                                  n->name, n->index));
+  for (const auto* n : dst) {
+    if (n->model_path.empty())
+      return make_error(Errc::config, fmt::format("{}: no model path (set MODEL_PATH or "
+                                                  "NODE{}_MODEL_PATH)",
+                                                  n->name, n->index));
+    if (n->fabric_ip.empty())
+      return make_error(Errc::config,
+                        fmt::format("{}: NODE{}_FABRIC_IP is not set; stage-weights sends "
+                                    "over the fabric only",
+                                    n->name, n->index));
+  }
+  plan.src = src;
+  plan.dst = dst;
+  return plan;
+}
+
+// --verify-only: every node verifies its copy against its own manifest; the digests must
+// equal the source's.
+int verify_only(Context& ctx, const RingConfig& cfg, const StagePlan& plan, const std::string& bin,
+                bool deep) {
+  const NodeConfig* src = plan.src;
+  const auto& dst = plan.dst;
+  std::vector<NodeJob> jobs;
+  std::vector<const NodeConfig*> all{src};
+  all.insert(all.end(), dst.begin(), dst.end());
+  for (const auto* n : all)
+    jobs.push_back({n->index,
+                    fmt::format("{} --json manifest {} --verify{}", shell_quote(bin),
+                                shell_quote(n->model_path), deep ? "" : " --quick"),
+                    ""});
+  auto res = run_on_nodes(cfg, jobs, std::chrono::hours(2));
+  for (const auto& r : res) forward_stderr(r);
+  json out = {{"nodes", json::array()}};
+  bool ok = true;
+  std::string want;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    json jn = {{"node", res[i].node}};
+    json rep = res[i].ok() ? json::parse(res[i].out, nullptr, false) : json();
+    if (!res[i].ok()) {
+      jn["ok"] = false;
+      jn["error"] = res[i].error->message;
+    } else if (rep.is_discarded() || !rep.is_object() || rep.contains("error")) {
+      jn["ok"] = false;
+      jn["error"] = rep.is_object() && rep.contains("error") && rep["error"].is_object()
+                        ? rep["error"].value("message", std::string("failed"))
+                        : "no report";
+    } else {
+      jn = rep;
+      jn["node"] = res[i].node;
+      if (i == 0) want = rep.value("digest", std::string());
+      if (rep.value("digest", std::string()) != want) {
+        jn["ok"] = false;
+        jn["error"] = fmt::format("manifest digest {} differs from the source's {}",
+                                  rep.value("digest", std::string()), want);
+      }
+    }
+    ok = ok && jn.value("ok", false);
+    out["nodes"].push_back(jn);
+  }
+  out["ok"] = ok;
+  if (ctx.opts.json) {
+    *ctx.out << out.dump(2) << "\n";
+  } else {
+    for (const auto& n : out["nodes"])
+      *ctx.out << fmt::format("{:<12} {:<8} {}\n", n.value("node", "?"),
+                              n.value("ok", false) ? "OK" : "MISMATCH",
+                              n.value("ok", false) ? n.value("digest", std::string())
+                                                   : n.value("error", std::string("see --json")));
+  }
+  return ok ? 0 : exit_code(Errc::integrity);
+}
+
+// Starts a receiver on every target with its own one-time token (on stdin, never in argv)
+// and reads back where each listens. On any failure the receivers that did start are
+// released.
+Result<std::vector<stage::TargetSpec>> start_receivers(const RingConfig& cfg,
+                                                       const std::vector<const NodeConfig*>& dst,
+                                                       const std::string& bin) {
+  std::vector<NodeJob> jobs;
+  std::vector<std::string> tokens;
+  const auto idle_s = cfg.get_duration_ms("STAGE_TIMEOUT") / 1000;
+  for (const auto* n : dst) {
+    auto tok = stage::make_token();
+    if (!tok) return tok.error();
+    tokens.push_back(*tok);
+    jobs.push_back(
+        {n->index,
+         fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}",
+                     shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
+                     shell_quote(n->name), std::max<uint64_t>(idle_s, 5),
+                     n->netdevs.size() > 1 ? " --netdevs " + shell_quote(join(n->netdevs, ","))
+                                           : std::string()),
+         *tok + "\n"});
+  }
+  auto started = run_on_nodes(cfg, jobs, std::chrono::seconds(60));
+  for (const auto& r : started) forward_stderr(r);
+  std::vector<stage::TargetSpec> targets;
+  std::string errs;
+  Errc code = Errc::ok;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto* n = &cfg.nodes.at(static_cast<size_t>(jobs[i].node));
+    const auto& run = started[i];
+    std::string line;
+    if (run.ok())
+      for (const auto& l : split_list(run.out, '\n'))
+        if (starts_with(l, kRecvBanner)) line = l;
+    if (!run.ok() || line.empty()) {
+      std::string why = !run.ok() ? run.error->message
+                                  : fmt::format(
+                                        "{}: stage-recv exited {} without listening "
+                                        "(output: {})",
+                                        n->name, run.exit_status, trim(run.out));
+      errs += (errs.empty() ? "" : "; ") + why;
+      if (code == Errc::ok) code = run.ok() ? Errc::remote : run.error->code;
+      continue;
+    }
+    stage::TargetSpec t;
+    t.node = n->name;
+    t.token = tokens[i];
+    for (const auto& kv : split_list(line, ' '))
+      if (starts_with(kv, "addrs="))
+        for (const auto& a : split_list(kv.substr(6), ',')) {
+          auto colon = a.rfind(':');
+          if (colon == std::string::npos) continue;
+          t.addrs.emplace_back(a.substr(0, colon),
+                               static_cast<int>(parse_u64(a.substr(colon + 1)).value_or(0)));
+        }
+    targets.push_back(std::move(t));
+  }
+  if (!errs.empty()) {
+    for (const auto& t : targets) release_receiver(t, "another target failed to start");
+    return make_error(code, errs);
+  }
+  return targets;
+}
+
+// The source is another node: it runs the sending half, with the tokens on its stdin. Its
+// progress lines arrive when it ends (the runner returns output at exit).
+int send_from_node(Context& ctx, const RingConfig& cfg, const NodeConfig* src,
+                   const std::vector<stage::TargetSpec>& targets, const std::string& bin,
+                   const stage::SendOptions& so, uint64_t chunk) {
+  std::string cmd = fmt::format(
+      "{} --json stage-send --dir {} --streams {} --chunk-size {} "
+      "--max-use {}{}{}",
+      shell_quote(bin), shell_quote(src->model_path), so.streams, chunk ? chunk : kDefaultChunkSize,
+      so.max_use_pct, so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
+  std::string input;
+  for (const auto& t : targets) {
+    std::string addrs;
+    for (const auto& a : t.addrs)
+      addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
+    cmd += fmt::format(" --target {}", shell_quote(t.node + "=" + addrs));
+    input += t.node + " " + t.token + "\n";
+  }
+  auto res = run_on_nodes(cfg, {NodeJob{src->index, cmd, input}}, std::chrono::hours(12));
+  forward_stderr(res[0]);
+  if (!res[0].ok()) {
+    for (const auto& t : targets) release_receiver(t, "the source could not be reached");
+    return ctx.fail(*res[0].error);
+  }
+  auto j = json::parse(res[0].out, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return ctx.fail(make_error(
+        Errc::remote,
+        fmt::format("{}: stage-send exited {} without a report", src->name, res[0].exit_status)));
+  if (j.contains("error") && j["error"].is_object()) {
+    auto rcode = Errc::remote;
+    for (int e = 1; e <= static_cast<int>(Errc::internal); ++e)
+      if (errc_name(static_cast<Errc>(e)) == j["error"].value("code", std::string()))
+        rcode = static_cast<Errc>(e);
+    return ctx.fail(make_error(
+        rcode, fmt::format("{}: {}", src->name, j["error"].value("message", std::string()))));
+  }
+  if (ctx.opts.json)
+    *ctx.out << j.dump(2) << "\n";
+  else
+    print_report(*ctx.out, j);
+  return res[0].exit_status;
+}
+
+}  // namespace
+
 int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("stage-weights options");
   desc.add_options()("from", po::value<std::string>(), "source node (default: node 0, the head)")(
@@ -388,158 +614,13 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
     return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
-  auto find = [&](const std::string& name) -> const NodeConfig* {
-    for (const auto& n : cfg->nodes)
-      if (n.name == name || std::to_string(n.index) == name) return &n;
-    return nullptr;
-  };
-  const NodeConfig* src = vm.count("from") ? find(vm["from"].as<std::string>()) : &cfg->nodes.at(0);
-  if (!src)
-    return ctx.fail(make_error(
-        Errc::not_found,
-        fmt::format("stage-weights: no node '{}' in {}", vm["from"].as<std::string>(), cfg->path)));
-  std::vector<const NodeConfig*> dst;
-  if (vm.count("to")) {
-    for (const auto& name : split_list(vm["to"].as<std::string>())) {
-      const NodeConfig* n = find(name);
-      if (!n)
-        return ctx.fail(make_error(
-            Errc::not_found, fmt::format("stage-weights: no node '{}' in {}", name, cfg->path)));
-      if (n == src)
-        return ctx.fail(
-            make_error(Errc::usage, fmt::format("stage-weights: {} is the source", name)));
-      dst.push_back(n);
-    }
-  } else {
-    for (const auto& n : cfg->nodes)
-      if (&n != src) dst.push_back(&n);
-  }
-  if (dst.empty())
-    return ctx.fail(make_error(Errc::usage,
-                               "stage-weights: no target nodes (a ring of one node "
-                               "has nothing to stage)"));
-  for (const auto* n : std::vector<const NodeConfig*>{src})
-    if (n->model_path.empty())
-      return ctx.fail(make_error(Errc::config, fmt::format("{}: no model path (set MODEL_PATH or "
-                                                           "NODE{}_MODEL_PATH)",
-                                                           n->name, n->index)));
-  for (const auto* n : dst) {
-    if (n->model_path.empty())
-      return ctx.fail(make_error(Errc::config, fmt::format("{}: no model path (set MODEL_PATH or "
-                                                           "NODE{}_MODEL_PATH)",
-                                                           n->name, n->index)));
-    if (n->fabric_ip.empty())
-      return ctx.fail(make_error(Errc::config,
-                                 fmt::format("{}: NODE{}_FABRIC_IP is not set; stage-weights sends "
-                                             "over the fabric only",
-                                             n->name, n->index)));
-  }
+  auto plan = pick_nodes(*cfg, vm);
+  if (!plan) return ctx.fail(plan.error());
   const std::string bin = sparkctl_on(*cfg, ctx);
   const uint64_t chunk = cfg->get_size("STAGE_CHUNK_SIZE");
-  if (vm.count("verify-only")) {
-    // Every node verifies its copy against its own manifest; digests must equal the source's.
-    std::vector<NodeJob> jobs;
-    std::vector<const NodeConfig*> all{src};
-    all.insert(all.end(), dst.begin(), dst.end());
-    for (const auto* n : all)
-      jobs.push_back({n,
-                      fmt::format("{} --json manifest {} --verify{}", shell_quote(bin),
-                                  shell_quote(n->model_path), vm.count("deep") ? "" : " --quick"),
-                      ""});
-    auto res = run_on_nodes(*cfg, jobs, std::chrono::hours(2));
-    json out = {{"nodes", json::array()}};
-    bool ok = true;
-    std::string want;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      json jn = {{"node", jobs[i].node->name}};
-      json rep = res[i] ? json::parse(res[i]->out, nullptr, false) : json();
-      if (!res[i]) {
-        jn["ok"] = false;
-        jn["error"] = res[i].error().message;
-      } else if (rep.is_discarded() || !rep.is_object() || rep.contains("error")) {
-        jn["ok"] = false;
-        jn["error"] = rep.is_object() && rep.contains("error") && rep["error"].is_object()
-                          ? rep["error"].value("message", std::string("failed"))
-                          : "no report";
-      } else {
-        jn = rep;
-        jn["node"] = jobs[i].node->name;
-        if (i == 0) want = rep.value("digest", std::string());
-        if (rep.value("digest", std::string()) != want) {
-          jn["ok"] = false;
-          jn["error"] = fmt::format("manifest digest {} differs from the source's {}",
-                                    rep.value("digest", std::string()), want);
-        }
-      }
-      ok = ok && jn.value("ok", false);
-      out["nodes"].push_back(jn);
-    }
-    out["ok"] = ok;
-    if (ctx.opts.json) {
-      *ctx.out << out.dump(2) << "\n";
-    } else {
-      for (const auto& n : out["nodes"])
-        *ctx.out << fmt::format("{:<12} {:<8} {}\n", n.value("node", "?"),
-                                n.value("ok", false) ? "OK" : "MISMATCH",
-                                n.value("ok", false) ? n.value("digest", std::string())
-                                                     : n.value("error", std::string("see --json")));
-    }
-    return ok ? 0 : exit_code(Errc::integrity);
-  }
-  // Start a receiver on every target with its own one-time token (on stdin, never in argv).
-  std::vector<NodeJob> jobs;
-  std::vector<std::string> tokens;
-  const auto idle_s = cfg->get_duration_ms("STAGE_TIMEOUT") / 1000;
-  for (const auto* n : dst) {
-    auto tok = stage::make_token();
-    if (!tok) return ctx.fail(tok.error());
-    tokens.push_back(*tok);
-    jobs.push_back(
-        {n,
-         fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}",
-                     shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
-                     shell_quote(n->name), std::max<uint64_t>(idle_s, 5),
-                     n->netdevs.size() > 1 ? " --netdevs " + shell_quote(join(n->netdevs, ","))
-                                           : std::string()),
-         *tok + "\n"});
-  }
-  auto started = run_on_nodes(*cfg, jobs, std::chrono::seconds(60));
-  std::vector<stage::TargetSpec> targets;
-  std::string errs;
-  Errc code = Errc::ok;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const auto* n = jobs[i].node;
-    std::string line;
-    if (started[i])
-      for (const auto& l : split_list(started[i]->out, '\n'))
-        if (starts_with(l, kRecvBanner)) line = l;
-    if (!started[i] || line.empty()) {
-      std::string why = !started[i] ? started[i].error().message
-                                    : fmt::format(
-                                          "{}: stage-recv exited {} without listening "
-                                          "(output: {})",
-                                          n->name, started[i]->exit_status, trim(started[i]->out));
-      errs += (errs.empty() ? "" : "; ") + why;
-      if (code == Errc::ok) code = started[i] ? Errc::remote : started[i].error().code;
-      continue;
-    }
-    stage::TargetSpec t;
-    t.node = n->name;
-    t.token = tokens[i];
-    for (const auto& kv : split_list(line, ' '))
-      if (starts_with(kv, "addrs="))
-        for (const auto& a : split_list(kv.substr(6), ',')) {
-          auto colon = a.rfind(':');
-          if (colon == std::string::npos) continue;
-          t.addrs.emplace_back(a.substr(0, colon),
-                               static_cast<int>(parse_u64(a.substr(colon + 1)).value_or(0)));
-        }
-    targets.push_back(std::move(t));
-  }
-  if (!errs.empty()) {
-    for (const auto& t : targets) release_receiver(t, "another target failed to start");
-    return ctx.fail(make_error(code, errs));
-  }
+  if (vm.count("verify-only")) return verify_only(ctx, *cfg, *plan, bin, vm.count("deep") > 0);
+  auto targets = start_receivers(*cfg, plan->dst, bin);
+  if (!targets) return ctx.fail(targets.error());
   stage::SendOptions so;
   so.streams = vm.count("streams") ? vm["streams"].as<int>()
                                    : static_cast<int>(cfg->get_int("STAGE_STREAMS"));
@@ -551,46 +632,9 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   so.timeout =
       std::chrono::milliseconds(std::max<uint64_t>(cfg->get_duration_ms("STAGE_TIMEOUT"), 5000));
   apply_faults(ctx, so);
-  if (src->local)
-    return run_send(ctx, src->model_path, targets, so, chunk ? chunk : kDefaultChunkSize);
-  // The source is another node: it runs the sending half, with the tokens on its stdin.
-  // Its progress lines arrive when it ends (the runner returns output at exit).
-  std::string cmd = fmt::format(
-      "{} --json stage-send --dir {} --streams {} --chunk-size {} "
-      "--max-use {}{}{}",
-      shell_quote(bin), shell_quote(src->model_path), so.streams, chunk ? chunk : kDefaultChunkSize,
-      so.max_use_pct, so.deep ? " --deep" : "", so.keep_cache ? " --keep-cache" : "");
-  std::string input;
-  for (const auto& t : targets) {
-    std::string addrs;
-    for (const auto& a : t.addrs)
-      addrs += fmt::format("{}{}:{}", addrs.empty() ? "" : ",", a.first, a.second);
-    cmd += fmt::format(" --target {}", shell_quote(t.node + "=" + addrs));
-    input += t.node + " " + t.token + "\n";
-  }
-  auto res = run_on_nodes(*cfg, {NodeJob{src, cmd, input}}, std::chrono::hours(12));
-  if (!res[0]) {
-    for (const auto& t : targets) release_receiver(t, "the source could not be reached");
-    return ctx.fail(res[0].error());
-  }
-  auto j = json::parse(res[0]->out, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return ctx.fail(make_error(
-        Errc::remote,
-        fmt::format("{}: stage-send exited {} without a report", src->name, res[0]->exit_status)));
-  if (j.contains("error") && j["error"].is_object()) {
-    auto rcode = Errc::remote;
-    for (int e = 1; e <= static_cast<int>(Errc::internal); ++e)
-      if (errc_name(static_cast<Errc>(e)) == j["error"].value("code", std::string()))
-        rcode = static_cast<Errc>(e);
-    return ctx.fail(make_error(
-        rcode, fmt::format("{}: {}", src->name, j["error"].value("message", std::string()))));
-  }
-  if (ctx.opts.json)
-    *ctx.out << j.dump(2) << "\n";
-  else
-    print_report(*ctx.out, j);
-  return res[0]->exit_status;
+  if (plan->src->local)
+    return run_send(ctx, plan->src->model_path, *targets, so, chunk ? chunk : kDefaultChunkSize);
+  return send_from_node(ctx, *cfg, plan->src, *targets, bin, so, chunk);
 }
 
 }  // namespace spark::cli

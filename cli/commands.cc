@@ -34,6 +34,7 @@ const std::vector<Command>& commands() {
       {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
       {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
       {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
+      {"node", "(internal) probe, launch or stop this node's ranks for the head (JSON)", cmd_node},
   };
   return table;
 }

@@ -54,13 +54,6 @@ std::string config_wire_text(const RingConfig& cfg) {
   return out;
 }
 
-Result<RingConfig> load_ring_config(Context& ctx) {
-  if (ctx.opts.config_path != "-") return ctx.load_config();
-  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  // The wire text is fully resolved on the head; this node's environment must not change it.
-  return load_config_text(text, "<stdin>", Environment{}, nullptr);
-}
-
 Result<int> this_node(const RingConfig& cfg, int requested) {
   if (requested >= 0) {
     if (requested >= static_cast<int>(cfg.nodes.size()))
@@ -134,15 +127,15 @@ std::vector<NodeOutcome> collect_node_reports(const RingConfig& cfg, const Prefl
     }));
   }
   int64_t sent = env::now_ms();
-  auto results = exec_on_nodes(cfg, remote, commands, wire, opt.timeout);
+  auto results = run_on_nodes(cfg, jobs_on(remote, commands, wire), opt.timeout);
   int64_t recv = env::now_ms();
   for (size_t r = 0; r < results.size(); ++r) {
     auto& o = outcomes[remote_slot[r]];
-    const auto& res = results[r].result;
+    const auto* res = &results[r];
     o.sent_ms = sent;
     o.recv_ms = recv;
-    if (!res) {
-      o.error = res.error();
+    if (!res->ok()) {
+      o.error = *res->error;
       continue;
     }
     o.seconds = res->seconds;
@@ -190,15 +183,15 @@ std::vector<env::CheckResult> run_pings(const RingConfig& cfg, const PreflightRu
     nodes.push_back(node);
     commands.push_back(script);
   }
-  auto results = exec_on_nodes(cfg, nodes, commands, "", std::chrono::milliseconds(10000));
+  auto results = run_on_nodes(cfg, jobs_on(nodes, commands), std::chrono::milliseconds(10000));
   std::vector<env::PingResult> pings;
   for (auto& p : plans) pings.push_back(p.probe);
   std::vector<bool> seen(plans.size(), false);
   for (size_t r = 0; r < results.size(); ++r) {
-    const auto& res = results[r].result;
-    if (!res) {
+    const auto* res = &results[r];
+    if (!res->ok()) {
       for (size_t i : by_node[nodes[r]]) {
-        pings[i].detail = res.error().message;
+        pings[i].detail = res->error->message;
         seen[i] = true;
       }
       continue;
@@ -262,19 +255,19 @@ std::vector<env::CheckResult> run_bandwidth(const RingConfig& cfg, const Preflig
                                    shell_quote(opt.sparkctl_bin), opt.bw_seconds, args));
   }
   auto results =
-      exec_on_nodes(cfg, nodes, commands, "",
-                    std::chrono::milliseconds(static_cast<int>(opt.bw_seconds * 1000) + 20000));
+      run_on_nodes(cfg, jobs_on(nodes, commands),
+                   std::chrono::milliseconds(static_cast<int>(opt.bw_seconds * 1000) + 20000));
   for (size_t r = 0; r < results.size(); ++r) {
     size_t k = 0;
     for (size_t i = 0; i < reports.size(); ++i)
       if (reports[i].index == nodes[r]) k = i;
-    const auto& res = results[r].result;
-    json j = res ? json::parse(res->out, nullptr, false) : json();
+    const auto* res = &results[r];
+    json j = res->ok() ? json::parse(res->out, nullptr, false) : json();
     auto& mine = run_of[k];
     for (size_t s = 0; s < mine.size(); ++s) {
       auto& b = runs[mine[s]];
-      if (!res) {
-        b.error = res.error().message;
+      if (!res->ok()) {
+        b.error = res->error->message;
       } else if (!j.is_object() || !j.contains("sent") || s >= j["sent"].size()) {
         b.error =
             fmt::format("{}: bandwidth test gave no result ({})", b.from_node, tail_of(res->err));

@@ -6,10 +6,11 @@
 #include <map>
 #include <sstream>
 
+#include "cli/cmd_preflight.h"
 #include "cli/node_exec.h"
+#include "core/http_client.h"
 #include "core/process.h"
 #include "core/strings.h"
-#include "core/http_client.h"
 
 namespace spark::cli {
 
@@ -17,66 +18,53 @@ using nlohmann::json;
 
 namespace {
 
-// Shell functions every node script uses. alive PID: the pid runs and is not a zombie (a
-// killed daemon whose parent does not reap stays a zombie; it holds nothing). ours PID TEXT:
-// alive and its command line contains TEXT (guards against a recycled pid in a stale pidfile).
-constexpr const char* kShellFns =
-    "alive() { case \"$1\" in ''|0|*[!0-9]*) return 1;; esac; "
-    "st=$(sed 's/.*) //' /proc/$1/stat 2>/dev/null) || return 1; "
-    "[ -n \"$st\" ] && [ \"${st%% *}\" != Z ]; }\n"
-    "ours() { alive \"$1\" && tr '\\0' ' ' </proc/$1/cmdline 2>/dev/null | grep -q -- \"$2\"; }\n"
-    "num() { tr -dc 0-9 <\"$1\" 2>/dev/null; }\n";
-
-// Joins its input lines into one line of at most ~600 characters, keeping the end; a cut
-// drops the partial word it leaves at the front and says so ("... ").
-constexpr const char* kTailLine =
-    "awk '{ s = s $0 \" \" } END { if (length(s) > 600) { s = substr(s, length(s) - 599); "
-    "sub(/^[^ ]* /, \"\", s); s = \"... \" s } printf \"%s\", s }'";
-
-std::vector<int> ranks_of_node(const RingConfig& cfg, int node) {
-  std::vector<int> out;
-  for (const auto& p : cfg.ranks())
-    if (p.node == node) out.push_back(p.rank);
-  return out;
-}
-
 std::vector<int> all_nodes(const RingConfig& cfg) {
   std::vector<int> out;
   for (const auto& n : cfg.nodes) out.push_back(n.index);
   return out;
 }
 
-// "@@tag a b c" lines of a node script's output.
-// "@@tag w1 .. wn rest": the first `words` words, then the rest of the line as one field.
-std::vector<std::vector<std::string>> tagged(const std::string& out, const std::string& tag,
-                                             int words) {
-  std::vector<std::vector<std::string>> rows;
-  std::istringstream in(out);
-  std::string line;
-  std::string prefix = "@@" + tag + " ";
-  while (std::getline(in, line)) {
-    if (!starts_with(line, prefix)) continue;
-    std::vector<std::string> parts;
-    std::string rest = line.substr(prefix.size());
-    for (int k = 0; k < words; ++k) {
-      auto sp = rest.find(' ');
-      if (sp == std::string::npos) break;
-      parts.push_back(rest.substr(0, sp));
-      rest = rest.substr(sp + 1);
+// Runs `sparkctl --config - node <op> --node N <args[k]>` on nodes[k], all at once, with the
+// head's resolved cluster file on stdin; the JSON reply of each, or why there is none.
+struct NodeReply {
+  NodeRun run;
+  json reply;  // an object when the node answered
+  std::optional<Error> error;
+};
+std::vector<NodeReply> node_op(const RingConfig& cfg, const RingLayout& lay, const char* op,
+                               const std::vector<int>& nodes, const std::vector<std::string>& args,
+                               const std::string& config_text, std::chrono::milliseconds timeout) {
+  std::vector<NodeJob> jobs;
+  for (size_t k = 0; k < nodes.size(); ++k)
+    jobs.push_back(NodeJob{
+        nodes[k],
+        fmt::format("{} --config - node {} --node {}{}", spark::shell_quote(lay.sparkctl_bin), op,
+                    nodes[k], args.empty() ? std::string() : args[k]),
+        config_text});
+  std::vector<NodeReply> out;
+  for (auto& run : run_on_nodes(cfg, jobs, timeout)) {
+    NodeReply r;
+    r.run = std::move(run);
+    if (r.run.error) {
+      r.error = r.run.error;
+    } else {
+      auto j = json::parse(r.run.out, nullptr, false);
+      if (j.is_object() && j.contains("error") && j["error"].is_object())
+        r.error = make_error(Errc::remote, fmt::format("{}: sparkctl node {}: {}", r.run.node, op,
+                                                       j["error"].value("message", "failed")));
+      else if (!j.is_object())
+        r.error = make_error(
+            Errc::remote,
+            fmt::format("{}: `{} node {}` exited {} without a reply{}{} (is this sparkctl "
+                        "installed there? SPARKCTL_BIN)",
+                        r.run.node, lay.sparkctl_bin, op, r.run.exit_status,
+                        trim(r.run.err).empty() ? "" : ": ", trim(r.run.err)));
+      else
+        r.reply = std::move(j);
     }
-    parts.push_back(rest);
-    rows.push_back(parts);
+    out.push_back(std::move(r));
   }
-  return rows;
-}
-
-int to_int(const std::string& s, int def = 0) {
-  auto v = parse_i64(trim(s));
-  return v ? static_cast<int>(*v) : def;
-}
-
-std::string pidfile(int rank) {
-  return fmt::format("\"$S/run/sparkd-{}.pid\"", rank);
+  return out;
 }
 
 }  // namespace
@@ -101,81 +89,18 @@ std::string node_dirs_prelude(const RingConfig& cfg) {
   return s;
 }
 
-std::vector<NodeRun> run_on(const RingConfig& cfg, const std::vector<int>& nodes,
-                            const std::vector<std::string>& commands, const std::string& input,
-                            std::chrono::milliseconds timeout) {
-  auto results = exec_on_nodes(cfg, nodes, commands, input, timeout);
-  std::vector<NodeRun> out;
-  for (size_t k = 0; k < nodes.size(); ++k) {
-    NodeRun r;
-    r.index = nodes[k];
-    r.node = cfg.nodes.at(static_cast<size_t>(nodes[k])).name;
-    if (k >= results.size()) {
-      r.error = make_error(Errc::internal, "no result");
-    } else if (!results[k].result) {
-      r.error = results[k].result.error();
-    } else {
-      r.exit_status = results[k].result->exit_status;
-      r.out = results[k].result->out;
-      r.err = results[k].result->err;
-      if (results[k].result->timed_out)
-        r.error = make_error(Errc::timeout, fmt::format("{}: the node script timed out", r.node));
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
 std::vector<NodeProbe> probe_nodes(const RingConfig& cfg, const RingLayout& lay) {
-  std::vector<int> nodes = all_nodes(cfg);
-  std::vector<std::string> cmds;
-  for (int n : nodes) {
-    std::string s = node_dirs_prelude(cfg) + kShellFns;
-    for (int r : ranks_of_node(cfg, n))
-      s += fmt::format(
-          "p=$(num {pf}); a=0; up=-1; if ours \"$p\" /sparkd-{r}.pid; then a=1; "
-          "up=$(ps -o etimes= -p \"$p\" 2>/dev/null | tr -dc 0-9); fi; "
-          "echo \"@@rank {r} ${{p:-0}} $a ${{up:--1}}\"\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
-    s += "grep -E '^(MemTotal|MemFree|MemAvailable):' /proc/meminfo | tr -s ' ' | sed 's/^/@@mem "
-         "/'\n"
-         "if command -v nvidia-smi >/dev/null 2>&1; then timeout 5 nvidia-smi "
-         "--query-gpu=memory.used,memory.total --format=csv,noheader,nounits 2>/dev/null | "
-         "tr -d ' ' | tr ',' ' ' | sed 's/^/@@gpu /'; fi\n"
-         "true\n";
-    cmds.push_back(s);
-  }
-  auto runs = run_on(cfg, nodes, cmds, "", lay.node_timeout);
   std::vector<NodeProbe> out;
-  for (auto& run : runs) {
-    NodeProbe p;
-    p.node = run.node;
-    p.index = run.index;
-    if (run.error) {
-      p.error = run.error;
-      for (int r : ranks_of_node(cfg, run.index)) p.ranks.push_back(RankProcess{r, 0, false, -1});
-      out.push_back(std::move(p));
-      continue;
+  for (auto& r :
+       node_op(cfg, lay, "probe", all_nodes(cfg), {}, config_wire_text(cfg), lay.node_timeout)) {
+    NodeProbe p = r.error ? NodeProbe{} : probe_from_json(r.reply);
+    p.node = r.run.node;
+    p.index = r.run.index;
+    if (r.error) {
+      p.error = r.error;
+      for (int rank : ranks_of_node(cfg, r.run.index))
+        p.ranks.push_back(RankProcess{rank, 0, false, -1});
     }
-    for (const auto& row : tagged(run.out, "rank", 3)) {
-      if (row.size() < 4) continue;
-      RankProcess rp;
-      rp.rank = to_int(row[0]);
-      rp.pid = to_int(row[1]);
-      rp.alive = row[2] == "1";
-      rp.uptime_s = to_int(row[3], -1);
-      p.ranks.push_back(rp);
-    }
-    for (const auto& row : tagged(run.out, "mem", 2)) {
-      if (row.size() < 2) continue;
-      int64_t kib = to_int(row[1], -1);
-      int64_t bytes = kib < 0 ? -1 : kib * 1024;
-      if (row[0] == "MemFree:") p.mem_free = bytes;
-      if (row[0] == "MemAvailable:") p.mem_available = bytes;
-      if (row[0] == "MemTotal:") p.mem_total = bytes;
-    }
-    for (const auto& row : tagged(run.out, "gpu", 1))
-      if (row.size() >= 2) p.gpu_mem_mib.emplace_back(to_int(row[0], -1), to_int(row[1], -1));
     out.push_back(std::move(p));
   }
   return out;
@@ -185,79 +110,23 @@ std::vector<LaunchResult> launch_ranks(
     const RingConfig& cfg, const RingLayout& lay, const std::string& config_text,
     const std::vector<std::vector<std::pair<std::string, std::string>>>& rank_env) {
   std::vector<int> nodes = all_nodes(cfg);
-  std::vector<std::string> cmds;
+  std::vector<std::string> args;
   for (int n : nodes) {
-    std::string s = node_dirs_prelude(cfg) + kShellFns;
-    s += "mkdir -p \"$S/run\" \"$L\" || { echo \"@@fatal x cannot create $S/run and $L\"; exit 1; "
-         "}\n";
-    s += fmt::format("C=\"$S/run/ring-node{}.env\"\n", n);
-    s += "cat >\"$C.tmp.$$\" && mv -f \"$C.tmp.$$\" \"$C\" || "
-         "{ echo \"@@fatal x cannot write $C\"; exit 1; }\n";
-    auto ranks = ranks_of_node(cfg, n);
-    for (int r : ranks) {
-      std::string env = "env";
+    std::string a = " --sparkd " + spark::shell_quote(lay.sparkd_bin);
+    for (int r : ranks_of_node(cfg, n))
       if (static_cast<size_t>(r) < rank_env.size())
         for (const auto& [k, v] : rank_env[static_cast<size_t>(r)])
-          env += " " + spark::shell_quote(k + "=" + v);
-      // setsid -f: a new session, so neither the SSH session ending nor the runner's process
-      // group kill reaches sparkd; all output goes to files so the channel closes at once.
-      // The detached shell writes its pid to <pidfile>.launch and execs sparkd, so the wait
-      // below sees a sparkd that exited before it wrote its pidfile (bad config, a library
-      // missing, refused at once) instead of waiting out its bound.
-      s += fmt::format(
-          "p=$(num {pf}); if ours \"$p\" /sparkd-{r}.pid; then echo \"@@busy {r} $p\"; else "
-          "rm -f {pf} {pf}.engine {pf}.launch; {env} setsid -f /bin/sh -c "
-          "'echo $$ >\"$0\"; exec \"$@\"' {pf}.launch {bin} --config \"$C\" --rank {r} "
-          "--pidfile {pf} --log-file \"$L/sparkd-{r}.log\" </dev/null >\"$L/sparkd-{r}.out\" "
-          "2>&1; fi\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("env", env),
-          fmt::arg("bin", spark::shell_quote(lay.sparkd_bin)));
-    }
-    // Wait (bounded, 10 s) until every rank wrote its pidfile or exited.
-    s += "i=0; while [ $i -lt 100 ]; do w=0;";
-    for (int r : ranks)
-      s += fmt::format(
-          " [ -s {pf} ] || {{ q=$(num {pf}.launch); [ -n \"$q\" ] && ! alive \"$q\"; }} || w=1;",
-          fmt::arg("pf", pidfile(r)));
-    s += " [ $w = 0 ] && break; sleep 0.1; i=$((i+1)); done\n";
-    for (int r : ranks)
-      s += fmt::format(
-          "p=$(num {pf}); if alive \"$p\"; then echo \"@@pid {r} $p\"; else echo \"@@nopid {r} "
-          "x $(tail -n 4 \"$L/sparkd-{r}.out\" \"$L/sparkd-{r}.log\" 2>/dev/null | grep -v '^==' | "
-          "{tail})\"; fi; rm -f {pf}.launch\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r), fmt::arg("tail", kTailLine));
-    cmds.push_back(s);
+          a += " --env " + spark::shell_quote(fmt::format("{}:{}={}", r, k, v));
+    args.push_back(a);
   }
-  auto runs = run_on(cfg, nodes, cmds, config_text, lay.node_timeout);
   std::vector<LaunchResult> out;
-  for (auto& run : runs) {
-    std::map<int, LaunchResult> by_rank;
-    for (int r : ranks_of_node(cfg, run.index)) {
-      LaunchResult lr;
-      lr.rank = r;
-      lr.node = run.node;
-      lr.error = run.error ? run.error->message
-                           : fmt::format("{}: no answer from the launch script (exit {}): {}",
-                                         run.node, run.exit_status, trim(run.err));
-      by_rank[r] = lr;
+  for (auto& r : node_op(cfg, lay, "launch", nodes, args, config_text, lay.node_timeout)) {
+    if (r.error) {
+      for (int rank : ranks_of_node(cfg, r.run.index))
+        out.push_back(LaunchResult{rank, r.run.node, 0, r.error->message});
+      continue;
     }
-    for (const auto& row : tagged(run.out, "fatal", 1))
-      for (auto& [r, lr] : by_rank) lr.error = fmt::format("{}: {}", run.node, row.back());
-    for (const auto& row : tagged(run.out, "busy", 1))
-      if (auto it = by_rank.find(to_int(row[0], -1)); it != by_rank.end())
-        it->second.error = fmt::format(
-            "{}: rank {} already runs (sparkd pid {}); stop the ring first (sparkctl stop)",
-            run.node, it->first, row.size() > 1 ? row[1] : "?");
-    for (const auto& row : tagged(run.out, "pid", 1))
-      if (auto it = by_rank.find(to_int(row[0], -1)); it != by_rank.end() && row.size() > 1) {
-        it->second.pid = to_int(row[1]);
-        it->second.error.clear();
-      }
-    for (const auto& row : tagged(run.out, "nopid", 2))
-      if (auto it = by_rank.find(to_int(row[0], -1)); it != by_rank.end())
-        it->second.error = fmt::format("{}: sparkd rank {} did not start: {}", run.node, it->first,
-                                       trim(row.back()));
-    for (auto& [r, lr] : by_rank) out.push_back(lr);
+    for (auto& lr : launches_from_json(r.reply)) out.push_back(std::move(lr));
   }
   std::sort(out.begin(), out.end(),
             [](const LaunchResult& a, const LaunchResult& b) { return a.rank < b.rank; });
@@ -267,88 +136,21 @@ std::vector<LaunchResult> launch_ranks(
 std::vector<StopResult> stop_ranks(const RingConfig& cfg, const RingLayout& lay,
                                    std::chrono::milliseconds grace) {
   std::vector<int> nodes = all_nodes(cfg);
-  std::vector<std::string> cmds;
-  int64_t tenths = std::max<int64_t>(1, grace.count() / 100);
-  for (int n : nodes) {
-    auto ranks = ranks_of_node(cfg, n);
-    std::string s = node_dirs_prelude(cfg) + kShellFns;
-    for (int r : ranks)
-      s += fmt::format(
-          "p{r}=$(num {pf}); e{r}=$(num {pf}.engine); "
-          "if ours \"$p{r}\" /sparkd-{r}.pid; then kill -TERM \"$p{r}\" 2>/dev/null; "
-          "echo \"@@term {r} $p{r}\"; else p{r}=; fi\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
-    s += fmt::format("i=0; while [ $i -lt {} ]; do w=0;", tenths);
-    for (int r : ranks) s += fmt::format(" alive \"$p{}\" && w=1;", r);
-    s += " [ $w = 0 ] && break; sleep 0.1; i=$((i+1)); done\n";
-    for (int r : ranks)
-      s += fmt::format(
-          "if alive \"$p{r}\"; then kill -KILL \"$p{r}\" 2>/dev/null; echo \"@@kill {r} $p{r}\"; "
-          "fi\n"
-          "if [ -n \"$e{r}\" ] && [ \"$e{r}\" -gt 1 ] && [ -n \"$(pgrep -g \"$e{r}\")\" ]; then "
-          "kill -KILL -\"$e{r}\" 2>/dev/null; echo \"@@killengine {r} $e{r}\"; fi\n",
-          fmt::arg("r", r));
-    // Any sparkd of this node the pidfiles do not know (a pidfile lost or overwritten): found by
-    // its --config path. The pattern is built at run time so it never matches this script.
-    s += fmt::format(
-        "pat=$(printf '%s' \"$S/run/ring-node{n}\" | sed 's|[^a-zA-Z0-9/_-]|[&]|g')\n"
-        "for q in $(pgrep -f -- \"${{pat}}[.]env\"); do alive \"$q\" && "
-        "{{ kill -KILL \"$q\" 2>/dev/null; echo \"@@kill -1 $q\"; }}; done\n"
-        "sleep 0.2\n",
-        fmt::arg("n", n));
-    for (int r : ranks)
-      s += fmt::format(
-          "l=0; if alive \"$p{r}\"; then echo \"@@left {r} x sparkd pid $p{r}\"; l=1; fi\n"
-          "if [ -n \"$e{r}\" ] && [ \"$e{r}\" -gt 1 ]; then for q in $(pgrep -g \"$e{r}\"); do "
-          "alive \"$q\" && {{ echo \"@@left {r} x engine pid $q (process group $e{r})\"; l=1; }}; "
-          "done; fi\n"
-          "[ $l = 0 ] && rm -f {pf} {pf}.engine\n",
-          fmt::arg("pf", pidfile(r)), fmt::arg("r", r));
-    s += "for q in $(pgrep -f -- \"${pat}[.]env\"); do alive \"$q\" && "
-         "echo \"@@left -1 x sparkd pid $q (not in a pidfile)\"; done\ntrue\n";
-    cmds.push_back(s);
-  }
-  auto runs = run_on(cfg, nodes, cmds, "", grace + lay.node_timeout);
+  std::vector<std::string> args(nodes.size(), fmt::format(" --grace-ms {}", grace.count()));
   std::vector<StopResult> out;
-  for (auto& run : runs) {
-    std::map<int, StopResult> by_rank;
-    for (int r : ranks_of_node(cfg, run.index)) {
-      StopResult sr;
-      sr.rank = r;
-      sr.node = run.node;
-      sr.how = "none";
-      if (run.error) sr.error = run.error->message;
-      by_rank[r] = sr;
+  for (auto& r :
+       node_op(cfg, lay, "stop", nodes, args, config_wire_text(cfg), grace + lay.node_timeout)) {
+    if (r.error) {
+      for (int rank : ranks_of_node(cfg, r.run.index)) {
+        StopResult sr;
+        sr.rank = rank;
+        sr.node = r.run.node;
+        sr.error = r.error->message;
+        out.push_back(sr);
+      }
+      continue;
     }
-    auto rank_of = [&](const std::string& s) -> StopResult* {
-      int r = to_int(s, -1);
-      if (r < 0) return by_rank.empty() ? nullptr : &by_rank.begin()->second;
-      auto it = by_rank.find(r);
-      return it == by_rank.end() ? nullptr : &it->second;
-    };
-    for (const auto& row : tagged(run.out, "term", 1))
-      if (auto* sr = rank_of(row[0]); sr && row.size() > 1) {
-        sr->pid = to_int(row[1]);
-        sr->how = "sigterm";
-      }
-    for (const auto& row : tagged(run.out, "kill", 1))
-      if (auto* sr = rank_of(row[0]); sr && row.size() > 1) {
-        if (sr->pid == 0) sr->pid = to_int(row[1]);
-        sr->how = "sigkill";
-      }
-    for (const auto& row : tagged(run.out, "killengine", 1))
-      if (auto* sr = rank_of(row[0])) {
-        if (sr->how == "none") sr->how = "sigkill";
-        sr->how += " (engine group)";
-      }
-    for (const auto& row : tagged(run.out, "left", 2))
-      if (auto* sr = rank_of(row[0]))
-        sr->left.push_back(fmt::format("{}: {}", run.node, row.back()));
-    if (!run.error && run.exit_status != 0)
-      for (auto& [r, sr] : by_rank)
-        sr.error =
-            fmt::format("{}: stop script exited {}: {}", run.node, run.exit_status, trim(run.err));
-    for (auto& [r, sr] : by_rank) out.push_back(sr);
+    for (auto& sr : stops_from_json(r.reply)) out.push_back(std::move(sr));
   }
   std::sort(out.begin(), out.end(),
             [](const StopResult& a, const StopResult& b) { return a.rank < b.rank; });
@@ -363,7 +165,7 @@ Result<std::string> read_rank_log(const RingConfig& cfg, const RingLayout& lay, 
                       "if [ -r \"$L/sparkd-{r}.log\" ]; then tail -n {n} \"$L/sparkd-{r}.log\"; "
                       "else echo \"no log $L/sparkd-{r}.log\" >&2; exit 4; fi\n",
                       fmt::arg("r", rank), fmt::arg("n", lines));
-  auto runs = run_on(cfg, {p.node}, {s}, "", lay.node_timeout);
+  auto runs = run_on_nodes(cfg, jobs_on({p.node}, {s}, ""), lay.node_timeout);
   if (runs.empty()) return make_error(Errc::internal, "no result");
   if (runs[0].error) return *runs[0].error;
   if (runs[0].exit_status != 0)
@@ -401,7 +203,7 @@ Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
     std::string cmd =
         fmt::format("{} health-get --host {} --port {} --timeout-ms {}",
                     spark::shell_quote(lay.sparkctl_bin), host, port, timeout.count());
-    auto runs = run_on(cfg, {0}, {cmd}, "", timeout + lay.node_timeout);
+    auto runs = run_on_nodes(cfg, jobs_on({0}, {cmd}, ""), timeout + lay.node_timeout);
     if (runs.empty() || runs[0].error)
       return runs.empty() ? make_error(Errc::internal, "no result") : *runs[0].error;
     json j = json::parse(runs[0].out, nullptr, false);

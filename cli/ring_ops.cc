@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/cmd_preflight.h"
+#include "cli/node_exec.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/rank_env.h"
@@ -121,7 +122,8 @@ Status evict_models(const RingConfig& cfg, const RingLayout& lay, StartReport& r
     st.done(true, "skipped: no MODEL_PATH");
     return Status::Ok();
   }
-  auto runs = run_on(cfg, nodes, cmds, "", std::max(lay.node_timeout, milliseconds(300000)));
+  auto runs =
+      run_on_nodes(cfg, jobs_on(nodes, cmds), std::max(lay.node_timeout, milliseconds(300000)));
   std::vector<std::string> parts;
   for (const auto& r : runs) {
     if (r.error) {
@@ -269,6 +271,109 @@ std::string stop_leftovers(const std::vector<StopResult>& rs) {
 }
 
 // The part of start that runs under the lock.
+// A manual start clears DISABLED and GAVE_UP and ends the restart cap's window.
+void clear_for_manual_start(const std::string& state) {
+  clear_marker(state, Marker::disabled);
+  clear_marker(state, Marker::gave_up);
+  WatchRecord w = read_watch_record(state);
+  w.failures = 0;
+  w.restarts_ms.clear();
+  (void)write_watch_record(state, w);
+}
+
+// A ring that already runs is not started twice.
+Status check_not_running(const RingConfig& cfg, const RingLayout& lay, StartReport& rep) {
+  Step st{rep, "check"};
+  std::vector<std::string> running;
+  for (const auto& p : probe_nodes(cfg, lay)) {
+    if (p.error) {
+      st.done(false, p.error->message);
+      return *p.error;
+    }
+    for (const auto& r : p.ranks)
+      if (r.alive) running.push_back(fmt::format("rank {} on {} (pid {})", r.rank, p.node, r.pid));
+  }
+  if (!running.empty()) {
+    st.done(false, "already running");
+    return make_error(Errc::busy, fmt::format("the ring already runs: {}; use `sparkctl "
+                                              "restart` to start it again",
+                                              join(running, ", ")));
+  }
+  st.done(true, "no rank runs");
+  return Status::Ok();
+}
+
+// Each node's facts for the rank environments: from the preflight gate, or with
+// --skip-preflight from the RDMA probe alone (netdev addresses, GID indexes), said loudly.
+Result<std::vector<env::NodeReport>> start_facts(const RingConfig& cfg, const RingLayout& lay,
+                                                 const StartOptions& opt, StartReport& rep) {
+  if (!opt.skip_preflight) return run_start_preflight(cfg, lay, rep);
+  rep.warnings.push_back(
+      "PREFLIGHT SKIPPED (--skip-preflight): the ring starts without the checks for wrong GID "
+      "indexes, interface pins, memory and parity; a ring that dies later may be one of those");
+  rep.steps.push_back(StartStep{"preflight", true, "SKIPPED (--skip-preflight)", 0});
+  PreflightRun facts;
+  facts.filter.only = {"rdma"};
+  facts.sparkctl_bin = lay.sparkctl_bin;
+  facts.timeout = lay.node_timeout;
+  std::vector<int> all;
+  for (const auto& n : cfg.nodes) all.push_back(n.index);
+  std::vector<env::NodeReport> reports;
+  for (auto& o : collect_node_reports(cfg, facts, all)) {
+    if (o.error) return *o.error;
+    if (o.report) reports.push_back(std::move(*o.report));
+  }
+  return reports;
+}
+
+// One attempt: the memory gate, the launch of every rank (recorded in ring.json), and unless
+// --no-wait, READY. Ok when the ring is up (rep.ready says whether READY was waited for).
+Status launch_once(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt,
+                   const std::string& state, const std::string& wire,
+                   const std::vector<std::vector<std::pair<std::string, std::string>>>& envs,
+                   StartReport& rep) {
+  SPARK_TRY(wait_memory(cfg, lay, rep));
+  Step st{rep, "launch"};
+  RingRecord rec;
+  rec.started = true;
+  rec.launched_ms = wall_ms();
+  rec.endpoint = rep.endpoint;
+  rec.model = rep.model;
+  rec.by = opt.by;
+  rep.ranks = launch_ranks(cfg, lay, wire, envs);
+  std::vector<std::string> errs;
+  for (const auto& r : rep.ranks) {
+    rec.pids.push_back(r.pid);
+    if (!r.error.empty()) errs.push_back(r.error);
+  }
+  (void)write_ring_record(state, rec);
+  if (!errs.empty()) {
+    Status s = make_error(Errc::remote, join(errs, "; "));
+    st.done(false, s.message());
+    return s;
+  }
+  st.done(true, fmt::format("{} rank(s) launched", rep.ranks.size()));
+  if (!opt.wait_ready) return Status::Ok();
+  SPARK_TRY(wait_ready(cfg, lay, rep));
+  rec.ready_ms = wall_ms();
+  (void)write_ring_record(state, rec);
+  WatchRecord w = read_watch_record(state);
+  w.failures = 0;
+  (void)write_watch_record(state, w);
+  rep.ready = true;
+  return Status::Ok();
+}
+
+// Tears the whole ring down after a failed attempt: nothing half-started stays on any node.
+// What is still running, or "".
+std::string tear_down(const RingConfig& cfg, const RingLayout& lay, StartReport& rep) {
+  Step td{rep, "teardown"};
+  auto stopped = stop_ranks(cfg, lay, dur(cfg, "STOP_GRACE", milliseconds(30000)));
+  std::string left = stop_leftovers(stopped);
+  td.done(left.empty(), left.empty() ? "nothing left on any node" : "LEFT RUNNING: " + left);
+  return left;
+}
+
 StartReport start_locked(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt,
                          const std::string& state) {
   auto t0 = Clock::now();
@@ -281,58 +386,11 @@ StartReport start_locked(const RingConfig& cfg, const RingLayout& lay, const Sta
     rep.seconds = since(t0);
     return rep;
   };
-  if (opt.by != "watch") {
-    clear_marker(state, Marker::disabled);
-    clear_marker(state, Marker::gave_up);
-    WatchRecord w = read_watch_record(state);
-    w.failures = 0;
-    w.restarts_ms.clear();  // a manual start ends the restart cap's window
-    (void)write_watch_record(state, w);
-  }
-  // A ring that already runs is not started twice.
-  {
-    Step st{rep, "check"};
-    std::vector<std::string> running;
-    for (const auto& p : probe_nodes(cfg, lay)) {
-      if (p.error) {
-        st.done(false, p.error->message);
-        return fail(*p.error);
-      }
-      for (const auto& r : p.ranks)
-        if (r.alive)
-          running.push_back(fmt::format("rank {} on {} (pid {})", r.rank, p.node, r.pid));
-    }
-    if (!running.empty()) {
-      st.done(false, "already running");
-      return fail(make_error(Errc::busy, fmt::format("the ring already runs: {}; use `sparkctl "
-                                                     "restart` to start it again",
-                                                     join(running, ", "))));
-    }
-    st.done(true, "no rank runs");
-  }
-  std::vector<env::NodeReport> reports;
-  if (opt.skip_preflight) {
-    rep.warnings.push_back(
-        "PREFLIGHT SKIPPED (--skip-preflight): the ring starts without the checks for wrong GID "
-        "indexes, interface pins, memory and parity; a ring that dies later may be one of those");
-    rep.steps.push_back(StartStep{"preflight", true, "SKIPPED (--skip-preflight)", 0});
-    // The rank environment still needs each node's facts (netdev addresses, GID indexes).
-    PreflightRun facts;
-    facts.filter.only = {"rdma"};
-    facts.sparkctl_bin = lay.sparkctl_bin;
-    facts.timeout = lay.node_timeout;
-    std::vector<int> all;
-    for (const auto& n : cfg.nodes) all.push_back(n.index);
-    for (auto& o : collect_node_reports(cfg, facts, all)) {
-      if (o.error) return fail(*o.error);
-      if (o.report) reports.push_back(std::move(*o.report));
-    }
-  } else {
-    auto pr = run_start_preflight(cfg, lay, rep);
-    if (!pr) return fail(pr.error());
-    reports = std::move(*pr);
-  }
-  auto envs = render_envs(cfg, reports);
+  if (opt.by != "watch") clear_for_manual_start(state);
+  if (Status s = check_not_running(cfg, lay, rep); !s.ok()) return fail(s.error());
+  auto reports = start_facts(cfg, lay, opt, rep);
+  if (!reports) return fail(reports.error());
+  auto envs = render_envs(cfg, *reports);
   if (!envs) return fail(envs.error());
   if (Status s = evict_models(cfg, lay, rep); !s.ok()) return fail(s.error());
 
@@ -341,54 +399,16 @@ StartReport start_locked(const RingConfig& cfg, const RingLayout& lay, const Sta
   std::vector<std::string> failures;
   for (int a = 1; a <= attempts; ++a) {
     rep.attempts = a;
-    Status s = wait_memory(cfg, lay, rep);
+    Status s = launch_once(cfg, lay, opt, state, wire, *envs, rep);
     if (s.ok()) {
-      Step st{rep, "launch"};
-      RingRecord rec;
-      rec.started = true;
-      rec.launched_ms = wall_ms();
-      rec.endpoint = rep.endpoint;
-      rec.model = rep.model;
-      rec.by = opt.by;
-      rep.ranks = launch_ranks(cfg, lay, wire, *envs);
-      std::vector<std::string> errs;
-      for (const auto& r : rep.ranks) {
-        rec.pids.push_back(r.pid);
-        if (!r.error.empty()) errs.push_back(r.error);
-      }
-      (void)write_ring_record(state, rec);
-      if (!errs.empty()) {
-        s = make_error(Errc::remote, join(errs, "; "));
-        st.done(false, s.message());
-      } else {
-        st.done(true, fmt::format("{} rank(s) launched", rep.ranks.size()));
-        if (!opt.wait_ready) {
-          rep.seconds = since(t0);
-          return rep;
-        }
-        s = wait_ready(cfg, lay, rep);
-        if (s.ok()) {
-          rec.ready_ms = wall_ms();
-          (void)write_ring_record(state, rec);
-          WatchRecord w = read_watch_record(state);
-          w.failures = 0;
-          (void)write_watch_record(state, w);
-          rep.ready = true;
-          rep.seconds = since(t0);
-          return rep;
-        }
-      }
+      rep.seconds = since(t0);
+      return rep;
     }
     failures.push_back(fmt::format("attempt {}: {}", a, s.message()));
-    // Tear the whole ring down: nothing half-started stays on any node.
-    Step td{rep, "teardown"};
-    auto stopped = stop_ranks(cfg, lay, dur(cfg, "STOP_GRACE", milliseconds(30000)));
-    std::string left = stop_leftovers(stopped);
-    td.done(left.empty(), left.empty() ? "nothing left on any node" : "LEFT RUNNING: " + left);
-    if (!left.empty()) failures.back() += "; teardown left processes running: " + left;
-    if (s.code() == Errc::config || s.code() == Errc::usage || s.code() == Errc::resource) {
+    if (std::string left = tear_down(cfg, lay, rep); !left.empty())
+      failures.back() += "; teardown left processes running: " + left;
+    if (s.code() == Errc::config || s.code() == Errc::usage || s.code() == Errc::resource)
       return fail(make_error(s.code(), join(failures, " | ")));
-    }
     if (a == attempts) return fail(make_error(s.code(), join(failures, " | ")));
   }
   return fail(make_error(Errc::internal, "start: no attempt ran"));
@@ -663,6 +683,100 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
   return s;
 }
 
+namespace {
+
+// One watch pass: the records it reads and writes and the report it builds.
+struct WatchPass {
+  const RingConfig& cfg;
+  const RingLayout& lay;
+  std::string state;
+  WatchRecord rec;
+  RingRecord ring;
+  WatchReport w;
+  // Records the verdict in the report and in watch.json.
+  WatchReport save(const std::string& verdict, const std::string& reason) {
+    w.verdict = verdict;
+    w.reason = reason;
+    w.failures = rec.failures;
+    rec.last_check_ms = wall_ms();
+    rec.last_verdict = verdict;
+    rec.last_reason = reason;
+    (void)write_watch_record(state, rec);
+    return w;
+  }
+};
+
+// The reasons not to restart an unhealthy ring yet: the start-up grace (only loading), fewer
+// failed checks in a row than WATCH_FAILURES, the restart cap (then GAVE_UP and an alert),
+// the backoff after earlier restarts. The report of the held-off pass, or nullopt to restart.
+std::optional<WatchReport> hold_off(WatchPass& p, const std::string& problem, bool only_loading,
+                                    int64_t now, int64_t window) {
+  int64_t grace = static_cast<int64_t>(p.cfg.get_duration_ms("WATCH_GRACE"));
+  if (only_loading && now - p.ring.launched_ms < grace) {
+    return p.save("grace", fmt::format("{} (start-up grace: {:.0f} s of {:.0f} s used)", problem,
+                                       (now - p.ring.launched_ms) / 1000.0, grace / 1000.0));
+  }
+  ++p.rec.failures;
+  p.w.failures = p.rec.failures;
+  if (p.rec.failures < p.w.failures_needed)
+    return p.save("unhealthy", fmt::format("{} (failed check {} of {})", problem, p.rec.failures,
+                                           p.w.failures_needed));
+  int max_restarts = static_cast<int>(p.cfg.get_int("WATCH_MAX_RESTARTS"));
+  int k = static_cast<int>(p.rec.restarts_ms.size());
+  if (k >= max_restarts) {
+    std::string why = fmt::format(
+        "{} restart(s) in the last {:.0f} s (WATCH_MAX_RESTARTS {} per "
+        "WATCH_WINDOW) and the ring is unhealthy again: {}",
+        k, window / 1000.0, max_restarts, problem);
+    (void)set_marker(p.state, Marker::gave_up, why);
+    p.save("gave_up", why);
+    run_alert(p.cfg, "gave_up", why, p.w);
+    return p.w;
+  }
+  if (k > 0) {
+    int64_t backoff = static_cast<int64_t>(p.cfg.get_duration_ms("WATCH_BACKOFF"));
+    int64_t need = backoff << std::min(k - 1, 20);
+    int64_t waited = now - p.rec.restarts_ms.back();
+    if (waited < need)
+      return p.save("backoff", fmt::format("{}; next restart allowed in {:.0f} s (backoff {:.0f} s "
+                                           "after restart {} in the window)",
+                                           problem, (need - waited) / 1000.0, need / 1000.0, k));
+  }
+  return std::nullopt;
+}
+
+// Heals: keeps the ranks' log tails as an incident, stops the whole ring, starts it again,
+// and alerts with the outcome.
+WatchReport heal(WatchPass& p, const std::string& problem, int64_t now) {
+  p.w.incident_dir = save_log_tails(p.cfg, p.lay, p.state, problem);
+  p.rec.restarts_ms.push_back(now);
+  p.w.restarts_in_window = static_cast<int>(p.rec.restarts_ms.size());
+  p.save("restarting", problem);
+  auto stopped = stop_ranks(p.cfg, p.lay, dur(p.cfg, "STOP_GRACE", milliseconds(30000)));
+  std::string left = stop_leftovers(stopped);
+  StartOptions so;
+  so.by = "watch";
+  StartReport sr;
+  if (!left.empty()) {
+    sr.error = make_error(Errc::remote, "the old ring did not stop: " + left);
+  } else {
+    sr = start_locked(p.cfg, p.lay, so, p.state);
+  }
+  p.w.restart = sr;
+  p.rec = read_watch_record(p.state);  // start_locked updated it
+  if (sr.ready) {
+    p.rec.failures = 0;
+    p.save("restarted", "was: " + problem);
+    run_alert(p.cfg, "healed", "restarted the ring; it is READY again (was: " + problem + ")", p.w);
+  } else {
+    p.save("restart_failed", sr.error ? sr.error->message : "not ready");
+    run_alert(p.cfg, "restart_failed", p.w.reason, p.w);
+  }
+  return p.w;
+}
+
+}  // namespace
+
 WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
   WatchReport w;
   std::string state = head_state_dir(cfg);
@@ -683,98 +797,34 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
     return w;
   }
   if (marker_exit()) return w;  // a stop may have finished while we took the lock
-  WatchRecord rec = read_watch_record(state);
-  RingRecord ring = read_ring_record(state);
-  auto save = [&](const std::string& verdict, const std::string& reason) {
-    w.verdict = verdict;
-    w.reason = reason;
-    w.failures = rec.failures;
-    rec.last_check_ms = wall_ms();
-    rec.last_verdict = verdict;
-    rec.last_reason = reason;
-    (void)write_watch_record(state, rec);
-    return w;
-  };
+  WatchPass p{cfg, lay, state, read_watch_record(state), read_ring_record(state), w};
   int64_t window = static_cast<int64_t>(cfg.get_duration_ms("WATCH_WINDOW"));
   int64_t now = wall_ms();
-  rec.restarts_ms.erase(std::remove_if(rec.restarts_ms.begin(), rec.restarts_ms.end(),
-                                       [&](int64_t t) { return now - t >= window; }),
-                        rec.restarts_ms.end());
-  w.restarts_in_window = static_cast<int>(rec.restarts_ms.size());
+  auto& restarts = p.rec.restarts_ms;
+  restarts.erase(std::remove_if(restarts.begin(), restarts.end(),
+                                [&](int64_t t) { return now - t >= window; }),
+                 restarts.end());
+  p.w.restarts_in_window = static_cast<int>(restarts.size());
   if (auto g = read_marker(state, Marker::gave_up)) {
-    w.verdict = "gave_up";
-    w.reason = "GAVE_UP marker set (" + g->value("reason", std::string("?")) +
-               "); no restarts until `sparkctl start`";
-    return w;
+    p.w.verdict = "gave_up";
+    p.w.reason = "GAVE_UP marker set (" + g->value("reason", std::string("?")) +
+                 "); no restarts until `sparkctl start`";
+    return p.w;
   }
-  if (!ring.started) {
-    w.verdict = "not_started";
-    w.reason =
+  if (!p.ring.started) {
+    p.w.verdict = "not_started";
+    p.w.reason =
         "the ring was never started with `sparkctl start`; watch only keeps a started ring up";
-    return w;
+    return p.w;
   }
   bool only_loading = false;
   std::string problem = ring_problem(cfg, lay, &only_loading);
   if (problem.empty()) {
-    rec.failures = 0;
-    return save("healthy", "");
+    p.rec.failures = 0;
+    return p.save("healthy", "");
   }
-  int64_t grace = static_cast<int64_t>(cfg.get_duration_ms("WATCH_GRACE"));
-  if (only_loading && now - ring.launched_ms < grace) {
-    return save("grace", fmt::format("{} (start-up grace: {:.0f} s of {:.0f} s used)", problem,
-                                     (now - ring.launched_ms) / 1000.0, grace / 1000.0));
-  }
-  ++rec.failures;
-  w.failures = rec.failures;
-  if (rec.failures < w.failures_needed)
-    return save("unhealthy", fmt::format("{} (failed check {} of {})", problem, rec.failures,
-                                         w.failures_needed));
-  int max_restarts = static_cast<int>(cfg.get_int("WATCH_MAX_RESTARTS"));
-  int k = static_cast<int>(rec.restarts_ms.size());
-  if (k >= max_restarts) {
-    std::string why = fmt::format(
-        "{} restart(s) in the last {:.0f} s (WATCH_MAX_RESTARTS {} per "
-        "WATCH_WINDOW) and the ring is unhealthy again: {}",
-        k, window / 1000.0, max_restarts, problem);
-    (void)set_marker(state, Marker::gave_up, why);
-    save("gave_up", why);
-    run_alert(cfg, "gave_up", why, w);
-    return w;
-  }
-  if (k > 0) {
-    int64_t backoff = static_cast<int64_t>(cfg.get_duration_ms("WATCH_BACKOFF"));
-    int64_t need = backoff << std::min(k - 1, 20);
-    int64_t waited = now - rec.restarts_ms.back();
-    if (waited < need)
-      return save("backoff", fmt::format("{}; next restart allowed in {:.0f} s (backoff {:.0f} s "
-                                         "after restart {} in the window)",
-                                         problem, (need - waited) / 1000.0, need / 1000.0, k));
-  }
-  w.incident_dir = save_log_tails(cfg, lay, state, problem);
-  rec.restarts_ms.push_back(now);
-  w.restarts_in_window = static_cast<int>(rec.restarts_ms.size());
-  save("restarting", problem);
-  auto stopped = stop_ranks(cfg, lay, dur(cfg, "STOP_GRACE", milliseconds(30000)));
-  std::string left = stop_leftovers(stopped);
-  StartOptions so;
-  so.by = "watch";
-  StartReport sr;
-  if (!left.empty()) {
-    sr.error = make_error(Errc::remote, "the old ring did not stop: " + left);
-  } else {
-    sr = start_locked(cfg, lay, so, state);
-  }
-  w.restart = sr;
-  rec = read_watch_record(state);  // start_locked updated it
-  if (sr.ready) {
-    rec.failures = 0;
-    save("restarted", "was: " + problem);
-    run_alert(cfg, "healed", "restarted the ring; it is READY again (was: " + problem + ")", w);
-  } else {
-    save("restart_failed", sr.error ? sr.error->message : "not ready");
-    run_alert(cfg, "restart_failed", w.reason, w);
-  }
-  return w;
+  if (auto held = hold_off(p, problem, only_loading, now, window)) return *held;
+  return heal(p, problem, now);
 }
 
 // ---- JSON ----

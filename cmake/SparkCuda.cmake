@@ -1,5 +1,5 @@
 # CUDA is enabled when nvcc is found (PATH, CUDACXX, or /usr/local/cuda). Kernels build for
-# sm_90 (H100/H200) and sm_121 (GB10) unless CMAKE_CUDA_ARCHITECTURES says otherwise.
+# sm_90a (H100/H200) and sm_121a (GB10) unless CMAKE_CUDA_ARCHITECTURES says otherwise.
 # The binaries never link libcuda or libnccl: cudart is linked statically (it loads the
 # driver at run time) and NCCL is opened with dlopen, so a machine without a driver runs
 # the CPU path instead of failing to start.
@@ -11,8 +11,11 @@ if(SPARK_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # sm_90a (H100/H200) and sm_121a (GB10): the "a" targets allow the architecture's own
+    # instructions; their code runs only on exactly that compute capability, and
+    # cuda_select_device() refuses any other GPU at start.
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90 121)
+      set(CMAKE_CUDA_ARCHITECTURES 90a 121a)
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)

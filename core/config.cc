@@ -89,6 +89,10 @@ const std::vector<KeySpec>& ring_keys() {
       {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
       {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
       {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
+      {"COLLECTIVE", KeyType::choice, "auto", "auto|gloo|nccl", "How the native engine's ranks talk: nccl (device data plane over NCCL, control plane over Gloo), gloo (everything over Gloo on the CPU), or auto (nccl when the ring has several ranks, a GPU and libnccl)."},
+      {"NVLS_ENABLE", KeyType::boolean, "false", nullptr, "Let NCCL use NVLink multicast (NCCL_NVLS_ENABLE); off by default."},
+      {"FABRIC_TEST", KeyType::boolean, "true", nullptr, "Run the fabric self-test (NCCL all-reduce and all-gather sweep) before READY."},
+      {"FABRIC_MIN_BUSBW", KeyType::string, "0", nullptr, "Least bus bandwidth in GB/s the fabric self-test accepts at its largest size (0: no floor)."},
   };
   return k;
 }
@@ -302,34 +306,40 @@ bool has_placeholder(const std::string& v) {
 
 }  // namespace
 
-Result<RingConfig> load_config_text(std::string_view text, std::string_view file,
-                                    const Environment& env, std::vector<Diagnostic>* diags) {
-  std::vector<Diagnostic> local_diags;
-  auto& d = diags ? *diags : local_diags;
-  size_t first_diag = d.size();
-  auto parsed = parse_env_text(text, file);
-  if (!parsed) return parsed.error();
+namespace {
 
+// What load_config_text builds up, step by step: the raw values (file, then environment),
+// the node indices seen and where each first appeared, the keys whose values were refused,
+// and the diagnostics.
+struct Loading {
   RingConfig cfg;
-  cfg.path = std::string(file);
-  std::map<std::string, Raw> raw;     // every known key that was set
+  std::map<std::string, Raw> raw;  // every known key that was set
   std::set<int> node_ids;
   std::map<int, std::string> node_first_where;
+  std::set<std::string> refused;  // refused by validate_values; not checked again
+  std::vector<Diagnostic>* d = nullptr;
+};
 
-  auto classify = [&](const std::string& key, int* node, std::string* suffix) -> const KeySpec* {
-    std::string_view digits, sfx;
-    if (split_node_key(key, &digits, &sfx)) {
-      auto idx = parse_u64(digits);
-      *node = idx ? static_cast<int>(std::min<uint64_t>(*idx, 1000)) : 1000;
-      *suffix = std::string(sfx);
-      return find_spec(node_keys(), *suffix);
-    }
-    *node = -1;
-    return find_spec(ring_keys(), key);
-  };
+// The schema entry of a key: a node key (NODE<i>_SUFFIX, *node = i) or a ring key (*node = -1).
+const KeySpec* classify(const std::string& key, int* node, std::string* suffix) {
+  std::string_view digits, sfx;
+  if (split_node_key(key, &digits, &sfx)) {
+    auto idx = parse_u64(digits);
+    *node = idx ? static_cast<int>(std::min<uint64_t>(*idx, 1000)) : 1000;
+    *suffix = std::string(sfx);
+    return find_spec(node_keys(), *suffix);
+  }
+  *node = -1;
+  return find_spec(ring_keys(), key);
+}
 
-  // The file.
-  for (const auto& e : parsed.value()) {
+// The file's entries: unknown keys warned about, node indices noted, repeats warned about.
+void read_entries(Loading& L, const std::vector<EnvEntry>& entries) {
+  auto& d = *L.d;
+  auto& raw = L.raw;
+  auto& node_ids = L.node_ids;
+  auto& node_first_where = L.node_first_where;
+  for (const auto& e : entries) {
     std::string where = fmt::format("{}:{}", e.file, e.line);
     int node = -1;
     std::string suffix;
@@ -355,7 +365,13 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
                                              e.key, it->second.source)});
     raw[e.key] = Raw{e.value, where, false};
   }
-  // The environment overrides, an explicit empty value included.
+}
+
+// The environment overrides, an explicit empty value included.
+void apply_environment(Loading& L, const Environment& env) {
+  auto& raw = L.raw;
+  auto& node_ids = L.node_ids;
+  auto& node_first_where = L.node_first_where;
   for (const auto& [k, v] : env.vars) {
     int node = -1;
     std::string suffix;
@@ -368,9 +384,13 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     }
     raw[k] = Raw{v, "environment", true};
   }
+}
 
-  // Validate each set value. A key whose value is refused here is not checked again below.
-  std::set<std::string> refused;
+// Validates each set value. A key whose value is refused here is not checked again later.
+void validate_values(Loading& L) {
+  auto& d = *L.d;
+  auto& raw = L.raw;
+  auto& refused = L.refused;
   for (const auto& [k, r] : raw) {
     int node = -1;
     std::string suffix;
@@ -405,8 +425,12 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       refused.insert(k);
     }
   }
+}
 
-  // Resolve ring-wide keys.
+// Ring-wide keys: the value set, else the default, else empty; each with its source.
+void resolve_ring_keys(Loading& L) {
+  auto& cfg = L.cfg;
+  auto& raw = L.raw;
   for (const auto& spec : ring_keys()) {
     auto it = raw.find(spec.name);
     if (it != raw.end() && !it->second.value.empty()) {
@@ -419,8 +443,13 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
       cfg.settings[spec.name] = Setting{"", it != raw.end() ? it->second.source : "unset"};
     }
   }
+}
 
-  // Nodes: indices must run 0..n-1 without gaps.
+// Nodes: indices must run 0..n-1 without gaps, and there must be one.
+void check_node_numbering(Loading& L, std::string_view file) {
+  auto& d = *L.d;
+  auto& node_ids = L.node_ids;
+  auto& node_first_where = L.node_first_where;
   int expect = 0;
   for (int id : node_ids) {
     if (id != expect) {
@@ -435,121 +464,143 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   if (node_ids.empty())
     d.push_back({true, std::string(file),
                  "no nodes: define at least NODE0_SSH (use NODE0_SSH=local for this machine)"});
+}
 
-  for (int id : node_ids) {
-    if (id >= kMaxNodes) continue;
-    NodeConfig n;
-    n.index = id;
-    for (const auto& spec : node_keys()) {
-      std::string key = fmt::format("NODE{}_{}", id, spec.name);
-      auto it = raw.find(key);
-      Setting s;
-      if (it != raw.end() && !it->second.value.empty()) s = Setting{it->second.value, it->second.source};
-      else if (spec.default_value) s = Setting{spec.default_value, "default"};
-      else s = Setting{"", it != raw.end() ? it->second.source : "unset"};
-      cfg.settings[key] = s;
-    }
-    auto val = [&](const char* f) { return cfg.settings[fmt::format("NODE{}_{}", id, f)].value; };
-    auto where = [&](const char* f) {
-      auto& src = cfg.settings[fmt::format("NODE{}_{}", id, f)].source;
-      return src == "unset" || src == "default" ? node_first_where[id] : src;
-    };
-    n.name = val("NAME").empty() ? fmt::format("node{}", id) : val("NAME");
-    if (val("NAME").empty()) cfg.settings[fmt::format("NODE{}_NAME", id)] = Setting{n.name, "default"};
-    n.ssh = val("SSH");
-    if (n.ssh.empty()) {
-      d.push_back({true, where("SSH"),
-                   fmt::format("NODE{}_SSH is not set: give [user@]host[:port], or 'local' for "
-                               "this machine", id)});
-    } else if (n.ssh == "local") {
-      n.local = true;
-      n.ssh_host = "localhost";
-    } else {
-      std::string t = n.ssh;
-      if (auto at = t.find('@'); at != std::string::npos) {
-        n.ssh_user = t.substr(0, at);
-        t = t.substr(at + 1);
-      }
-      n.ssh_port = static_cast<int>(cfg.get_int("SSH_PORT"));
-      if (auto colon = t.rfind(':'); colon != std::string::npos) {
-        auto p = parse_u64(t.substr(colon + 1));
-        if (!p || *p < 1 || *p > 65535) {
-          d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: port is out of range 1-65535",
-                                                       id, n.ssh)});
-        } else {
-          n.ssh_port = static_cast<int>(*p);
-        }
-        t = t.substr(0, colon);
-      }
-      n.ssh_host = t;
-      if (n.ssh_user.empty()) n.ssh_user = cfg.get("SSH_USER");
-      if (t.empty() || t.find_first_of(" \t/") != std::string::npos)
-        d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: not a host name", id, n.ssh)});
-      if (auto ip = parse_ipv4(t); ip && is_documentation_ipv4(*ip))
-        d.push_back({true, where("SSH"),
-                     fmt::format("NODE{}_SSH={}: {} is a documentation address (RFC 5737)", id,
-                                 n.ssh, t)});
-    }
-    n.fabric_ip = val("FABRIC_IP");
-    if (n.fabric_ip.empty()) {
-      if (n.local) n.fabric_ip = "127.0.0.1";
-      else
-        d.push_back({true, where("FABRIC_IP"),
-                     fmt::format("NODE{}_FABRIC_IP is not set: the node's IPv4 on the fabric link",
-                                 id)});
-    }
-    if (auto ip = parse_ipv4(n.fabric_ip); ip && (*ip >> 24) == 127 && !n.local)
-      d.push_back({true, where("FABRIC_IP"),
-                   fmt::format("NODE{}_FABRIC_IP={} is a loopback address on a remote node; NCCL "
-                               "cannot use loopback", id, n.fabric_ip)});
-    if (auto ip = parse_ipv4(n.fabric_ip);
-        ip && (*ip == 0 || *ip == 0xFFFFFFFFu || (*ip >> 28) == 0xE || (*ip >> 24) == 0))
-      d.push_back({true, where("FABRIC_IP"),
-                   fmt::format("NODE{}_FABRIC_IP={} is not a unicast host address: give the "
-                               "address configured on the node's fabric netdev", id, n.fabric_ip)});
-    n.netdevs = split_list(val("NETDEVS"));
-    n.hcas = split_list(val("HCAS"));
-    for (const auto& nd : n.netdevs)
-      if (!valid_netdev_name(nd))
-        d.push_back({true, where("NETDEVS"),
-                     fmt::format("NODE{}_NETDEVS: '{}' is not an interface name (1-15 characters, "
-                                 "no '/', ':' or spaces; see `ip -br link`)", id, nd)});
-    for (const auto& h : n.hcas)
-      if (h.size() > 63 || h.find_first_of("/ \t") != std::string::npos)
-        d.push_back({true, where("HCAS"),
-                     fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
-                                 "`ibv_devices` or /sys/class/infiniband)", id, h)});
-    // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
-    for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
-      for (size_t a = 0; a < list->size(); ++a)
-        if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
-            list->begin() + static_cast<long>(a))
-          d.push_back({true, where(key),
-                       fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
-                                   "its own netdev)",
-                                   id, key, (*list)[a])});
-    if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
-      d.push_back({true, where("HCAS"),
-                   fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
-                               "netdev per HCA", id, n.hcas.size(), n.netdevs.size())});
-    if (val("GID_INDEX") != "auto" && !val("GID_INDEX").empty())
-      if (auto g = parse_u64(val("GID_INDEX")); g && *g <= 255) n.gid_index = static_cast<int>(*g);
-    n.model_path = val("MODEL_PATH").empty() ? cfg.get("MODEL_PATH") : val("MODEL_PATH");
-    for (const auto& g : split_list(val("GPUS"))) {
-      auto v = parse_u64(g);
-      if (!v || *v > 1023) {
-        d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS: '{}' is not a GPU ordinal", id, g)});
-        continue;
-      }
-      if (std::find(n.gpus.begin(), n.gpus.end(), static_cast<int>(*v)) != n.gpus.end())
-        d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS lists GPU {} twice", id, *v)});
-      n.gpus.push_back(static_cast<int>(*v));
-    }
-    if (n.gpus.empty()) n.gpus.push_back(0);
-    cfg.nodes.push_back(std::move(n));
+// Node `id`: its keys resolved like the ring's, then its SSH target, fabric address, netdevs,
+// HCAs, GID index, model path and GPUs checked.
+NodeConfig resolve_node(Loading& L, int id) {
+  auto& d = *L.d;
+  auto& cfg = L.cfg;
+  auto& raw = L.raw;
+  auto& node_first_where = L.node_first_where;
+  NodeConfig n;
+  n.index = id;
+  for (const auto& spec : node_keys()) {
+    std::string key = fmt::format("NODE{}_{}", id, spec.name);
+    auto it = raw.find(key);
+    Setting s;
+    if (it != raw.end() && !it->second.value.empty())
+      s = Setting{it->second.value, it->second.source};
+    else if (spec.default_value)
+      s = Setting{spec.default_value, "default"};
+    else
+      s = Setting{"", it != raw.end() ? it->second.source : "unset"};
+    cfg.settings[key] = s;
   }
+  auto val = [&](const char* f) { return cfg.settings[fmt::format("NODE{}_{}", id, f)].value; };
+  auto where = [&](const char* f) {
+    auto& src = cfg.settings[fmt::format("NODE{}_{}", id, f)].source;
+    return src == "unset" || src == "default" ? node_first_where[id] : src;
+  };
+  n.name = val("NAME").empty() ? fmt::format("node{}", id) : val("NAME");
+  if (val("NAME").empty())
+    cfg.settings[fmt::format("NODE{}_NAME", id)] = Setting{n.name, "default"};
+  n.ssh = val("SSH");
+  if (n.ssh.empty()) {
+    d.push_back({true, where("SSH"),
+                 fmt::format("NODE{}_SSH is not set: give [user@]host[:port], or 'local' for "
+                             "this machine",
+                             id)});
+  } else if (n.ssh == "local") {
+    n.local = true;
+    n.ssh_host = "localhost";
+  } else {
+    std::string t = n.ssh;
+    if (auto at = t.find('@'); at != std::string::npos) {
+      n.ssh_user = t.substr(0, at);
+      t = t.substr(at + 1);
+    }
+    n.ssh_port = static_cast<int>(cfg.get_int("SSH_PORT"));
+    if (auto colon = t.rfind(':'); colon != std::string::npos) {
+      auto p = parse_u64(t.substr(colon + 1));
+      if (!p || *p < 1 || *p > 65535) {
+        d.push_back({true, where("SSH"),
+                     fmt::format("NODE{}_SSH={}: port is out of range 1-65535", id, n.ssh)});
+      } else {
+        n.ssh_port = static_cast<int>(*p);
+      }
+      t = t.substr(0, colon);
+    }
+    n.ssh_host = t;
+    if (n.ssh_user.empty()) n.ssh_user = cfg.get("SSH_USER");
+    if (t.empty() || t.find_first_of(" \t/") != std::string::npos)
+      d.push_back({true, where("SSH"), fmt::format("NODE{}_SSH={}: not a host name", id, n.ssh)});
+    if (auto ip = parse_ipv4(t); ip && is_documentation_ipv4(*ip))
+      d.push_back(
+          {true, where("SSH"),
+           fmt::format("NODE{}_SSH={}: {} is a documentation address (RFC 5737)", id, n.ssh, t)});
+  }
+  n.fabric_ip = val("FABRIC_IP");
+  if (n.fabric_ip.empty()) {
+    if (n.local)
+      n.fabric_ip = "127.0.0.1";
+    else
+      d.push_back(
+          {true, where("FABRIC_IP"),
+           fmt::format("NODE{}_FABRIC_IP is not set: the node's IPv4 on the fabric link", id)});
+  }
+  if (auto ip = parse_ipv4(n.fabric_ip); ip && (*ip >> 24) == 127 && !n.local)
+    d.push_back({true, where("FABRIC_IP"),
+                 fmt::format("NODE{}_FABRIC_IP={} is a loopback address on a remote node; NCCL "
+                             "cannot use loopback",
+                             id, n.fabric_ip)});
+  if (auto ip = parse_ipv4(n.fabric_ip);
+      ip && (*ip == 0 || *ip == 0xFFFFFFFFu || (*ip >> 28) == 0xE || (*ip >> 24) == 0))
+    d.push_back({true, where("FABRIC_IP"),
+                 fmt::format("NODE{}_FABRIC_IP={} is not a unicast host address: give the "
+                             "address configured on the node's fabric netdev",
+                             id, n.fabric_ip)});
+  n.netdevs = split_list(val("NETDEVS"));
+  n.hcas = split_list(val("HCAS"));
+  for (const auto& nd : n.netdevs)
+    if (!valid_netdev_name(nd))
+      d.push_back({true, where("NETDEVS"),
+                   fmt::format("NODE{}_NETDEVS: '{}' is not an interface name (1-15 characters, "
+                               "no '/', ':' or spaces; see `ip -br link`)",
+                               id, nd)});
+  for (const auto& h : n.hcas)
+    if (h.size() > 63 || h.find_first_of("/ \t") != std::string::npos)
+      d.push_back({true, where("HCAS"),
+                   fmt::format("NODE{}_HCAS: '{}' is not an RDMA device name (see "
+                               "`ibv_devices` or /sys/class/infiniband)",
+                               id, h)});
+  // One link per entry: a netdev or HCA listed twice would drive one link as two twins.
+  for (auto [list, key] : {std::pair{&n.netdevs, "NETDEVS"}, std::pair{&n.hcas, "HCAS"}})
+    for (size_t a = 0; a < list->size(); ++a)
+      if (std::find(list->begin(), list->begin() + static_cast<long>(a), (*list)[a]) !=
+          list->begin() + static_cast<long>(a))
+        d.push_back({true, where(key),
+                     fmt::format("NODE{}_{} lists {} twice: one entry per twin (each HCA with "
+                                 "its own netdev)",
+                                 id, key, (*list)[a])});
+  if (!n.hcas.empty() && !n.netdevs.empty() && n.hcas.size() != n.netdevs.size())
+    d.push_back({true, where("HCAS"),
+                 fmt::format("NODE{}: {} HCAs but {} netdevs; list them in the same order, one "
+                             "netdev per HCA",
+                             id, n.hcas.size(), n.netdevs.size())});
+  if (val("GID_INDEX") != "auto" && !val("GID_INDEX").empty())
+    if (auto g = parse_u64(val("GID_INDEX")); g && *g <= 255) n.gid_index = static_cast<int>(*g);
+  n.model_path = val("MODEL_PATH").empty() ? cfg.get("MODEL_PATH") : val("MODEL_PATH");
+  for (const auto& g : split_list(val("GPUS"))) {
+    auto v = parse_u64(g);
+    if (!v || *v > 1023) {
+      d.push_back(
+          {true, where("GPUS"), fmt::format("NODE{}_GPUS: '{}' is not a GPU ordinal", id, g)});
+      continue;
+    }
+    if (std::find(n.gpus.begin(), n.gpus.end(), static_cast<int>(*v)) != n.gpus.end())
+      d.push_back({true, where("GPUS"), fmt::format("NODE{}_GPUS lists GPU {} twice", id, *v)});
+    n.gpus.push_back(static_cast<int>(*v));
+  }
+  if (n.gpus.empty()) n.gpus.push_back(0);
+  return n;
+}
 
-  // Duplicates across nodes.
+// No two nodes with the same name, SSH target or fabric address.
+void check_duplicate_nodes(Loading& L) {
+  auto& d = *L.d;
+  auto& cfg = L.cfg;
+  auto& node_first_where = L.node_first_where;
   for (size_t i = 0; i < cfg.nodes.size(); ++i)
     for (size_t j = i + 1; j < cfg.nodes.size(); ++j) {
       const auto& a = cfg.nodes[i];
@@ -568,8 +619,13 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
                      fmt::format("NODE{} and NODE{} have the same fabric address {}", a.index,
                                  b.index, a.fabric_ip)});
     }
+}
 
-  // Ring-wide consistency.
+// Keys that must agree with each other.
+void check_ring_consistency(Loading& L) {
+  auto& d = *L.d;
+  auto& cfg = L.cfg;
+  auto& refused = L.refused;
   if (cfg.get("ENGINE") == "exec" && cfg.get("ENGINE_EXEC").empty())
     d.push_back({true, cfg.settings["ENGINE"].source,
                  "ENGINE=exec needs ENGINE_EXEC, the command to run on every rank"});
@@ -596,7 +652,30 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
     while (p.size() > 1 && p.back() == '/') p.pop_back();
     cfg.settings["MODEL"] = Setting{p.substr(p.rfind('/') + 1), "derived from MODEL_PATH"};
   }
+}
 
+}  // namespace
+
+Result<RingConfig> load_config_text(std::string_view text, std::string_view file,
+                                    const Environment& env, std::vector<Diagnostic>* diags) {
+  std::vector<Diagnostic> local_diags;
+  auto& d = diags ? *diags : local_diags;
+  size_t first_diag = d.size();
+  auto parsed = parse_env_text(text, file);
+  if (!parsed) return parsed.error();
+
+  Loading L;
+  L.d = &d;
+  L.cfg.path = std::string(file);
+  read_entries(L, parsed.value());
+  apply_environment(L, env);
+  validate_values(L);
+  resolve_ring_keys(L);
+  check_node_numbering(L, file);
+  for (int id : L.node_ids)
+    if (id < kMaxNodes) L.cfg.nodes.push_back(resolve_node(L, id));
+  check_duplicate_nodes(L);
+  check_ring_consistency(L);
   // Diagnostics in file order: whole-file ones first, then by line, the environment last.
   std::stable_sort(d.begin() + static_cast<std::ptrdiff_t>(first_diag), d.end(),
                    [&](const Diagnostic& a, const Diagnostic& b) {
@@ -606,7 +685,7 @@ Result<RingConfig> load_config_text(std::string_view text, std::string_view file
   for (size_t i = first_diag; i < d.size(); ++i)
     if (d[i].error) errors.push_back(fmt::format("{}: {}", d[i].where, d[i].message));
   if (!errors.empty()) return make_error(Errc::config, join(errors, "\n"));
-  return cfg;
+  return std::move(L.cfg);
 }
 
 Result<std::string> read_api_key_file(const std::string& path) {

@@ -483,7 +483,12 @@ Result<pid_t> spawn_detached(const ProcessSpec& spec, const std::string& log_pat
   if (first == 0) {
     ::setsid();
     pid_t second = ::fork();
-    if (second == 0) exec_child(prep, devnull.get(), log.get(), log.get(), errp.write.get(), true);
+    if (second == 0) {
+      // The daemon leads a session of its own (and so its own process group): a session that
+      // ends, or a kill of the caller's group, never reaches it, and `ps -o sid` shows it.
+      ::setsid();
+      exec_child(prep, devnull.get(), log.get(), log.get(), errp.write.get(), false);
+    }
     if (second < 0) {
       int e = errno;
       (void)!::write(errp.write.get(), &e, sizeof e);

@@ -94,8 +94,8 @@ class ChildProcess {
   int term_signal_ = 0;
 };
 
-/// Starts a command fully detached from the caller (setsid, double fork): it survives the
-/// caller, has no controlling terminal, stdin /dev/null, stdout and stderr appended to
+/// Starts a command fully detached from the caller (double fork, setsid): it survives the
+/// caller, leads its own session and process group, has no controlling terminal, stdin /dev/null, stdout and stderr appended to
 /// log_path (created 0644). Returns its pid once exec succeeded. spec.input, timeout and
 /// die_with_parent are ignored.
 Result<pid_t> spawn_detached(const ProcessSpec& spec, const std::string& log_path);

@@ -513,7 +513,8 @@ std::unique_ptr<Runner> make_runner(const RingConfig& cfg, const NodeConfig& nod
 
 std::vector<NodeResult> fan_out(const std::vector<Runner*>& runners,
                                 const std::vector<std::string>& commands,
-                                std::chrono::milliseconds timeout) {
+                                std::chrono::milliseconds timeout,
+                                const std::vector<std::string>& inputs) {
   std::vector<NodeResult> results(runners.size());
   std::vector<std::thread> threads;
   threads.reserve(runners.size());
@@ -529,9 +530,16 @@ std::vector<NodeResult> fan_out(const std::vector<Runner*>& runners,
           fmt::format("fan_out: {} commands for {} nodes", commands.size(), runners.size()));
       continue;
     }
+    if (inputs.size() > 1 && inputs.size() != runners.size()) {
+      results[i].result = make_error(Errc::internal, fmt::format("fan_out: {} inputs for {} nodes",
+                                                                 inputs.size(), runners.size()));
+      continue;
+    }
     const std::string& cmd = commands.size() == 1 ? commands[0] : commands[i];
-    threads.emplace_back([&results, &runners, &cmd, i, timeout] {
-      results[i].result = runners[i]->run(cmd, timeout);
+    static const std::string kNoInput;
+    const std::string& in = inputs.empty() ? kNoInput : inputs.size() == 1 ? inputs[0] : inputs[i];
+    threads.emplace_back([&results, &runners, &cmd, &in, i, timeout] {
+      results[i].result = runners[i]->run(cmd, timeout, in);
     });
   }
   for (auto& t : threads) t.join();

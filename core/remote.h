@@ -8,7 +8,7 @@
 // second channel, since sshd refuses signal requests for root logins), and, should the
 // connection be lost, by coreutils `timeout` wrapped around it on the node. A call returns
 // when the command exited AND its stdout/stderr closed, so a command that starts a daemon
-// must detach it: `setsid -f sparkd ... </dev/null >LOG 2>&1` (see spawn_detached() for the
+// must detach it (as `sparkctl node launch` does with spawn_detached(); see it for the
 // local side). Threads: one Runner is used by one thread at a time; fan_out gives each
 // runner its own thread.
 #include <chrono>
@@ -74,9 +74,11 @@ struct NodeResult {
 };
 
 /// Runs one command per runner, all at once (one thread per node), and waits for all.
-/// commands[i] goes to runners[i]; a single command goes to every runner.
+/// commands[i] goes to runners[i]; a single command goes to every runner. `inputs` is fed on
+/// stdin the same way (none, one for every runner, or one per runner).
 std::vector<NodeResult> fan_out(const std::vector<Runner*>& runners,
                                 const std::vector<std::string>& commands,
-                                std::chrono::milliseconds timeout);
+                                std::chrono::milliseconds timeout,
+                                const std::vector<std::string>& inputs = {});
 
 }  // namespace spark

@@ -424,126 +424,93 @@ std::string space_problem(const std::string& node, uint64_t new_bytes, uint64_t 
   return "";
 }
 
-Result<SendReport> send_model(const std::string& dir, const Manifest& m,
-                              const std::vector<TargetSpec>& targets, const SendOptions& o) {
-  auto t0 = Clock::now();
-  SendReport rep;
-  rep.digest = m.digest();
-  rep.total_bytes = m.total_bytes();
-  const std::string manifest_text = manifest_to_json(m);
-  std::vector<std::unique_ptr<TargetRun>> runs;
-  for (const auto& s : targets) {
-    auto t = std::make_unique<TargetRun>();
-    t->spec = s;
-    t->res.node = s.node;
-    runs.push_back(std::move(t));
+namespace {
+
+// 1. Every target's plan, in parallel (a --deep plan hashes the target's files). On any
+// failure nothing was sent: every receiver is told to stop (they keep no new state).
+Status plan_all(std::vector<std::unique_ptr<TargetRun>>& runs, const Manifest& m,
+                const std::string& manifest_text, const SendOptions& o) {
+  std::vector<std::thread> th;
+  std::vector<Status> st(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i)
+    th.emplace_back([&, i] { st[i] = plan_target(*runs[i], m, manifest_text, o); });
+  for (auto& x : th) x.join();
+  std::string errs;
+  Errc code = Errc::ok;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (!st[i]) {
+      errs += (errs.empty() ? "" : "; ") + st[i].message();
+      if (code == Errc::ok) code = st[i].code();
+    }
+  if (!errs.empty()) {
+    // Nothing was sent: tell every receiver to stop (they keep no new state).
+    for (auto& t : runs) {
+      if (!t->control.valid()) continue;
+      std::string why = "stage-weights aborted before sending: " + errs;
+      (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
+    }
+    return make_error(code, errs);
   }
-  // 1. Plans, in parallel (a --deep plan hashes the target's files).
-  {
-    std::vector<std::thread> th;
-    std::vector<Status> st(runs.size());
-    for (size_t i = 0; i < runs.size(); ++i)
-      th.emplace_back([&, i] { st[i] = plan_target(*runs[i], m, manifest_text, o); });
-    for (auto& x : th) x.join();
-    std::string errs;
-    Errc code = Errc::ok;
-    for (size_t i = 0; i < runs.size(); ++i)
-      if (!st[i]) {
-        errs += (errs.empty() ? "" : "; ") + st[i].message();
-        if (code == Errc::ok) code = st[i].code();
-      }
-    if (!errs.empty()) {
-      // Nothing was sent: tell every receiver to stop (they keep no new state).
-      for (auto& t : runs) {
-        if (!t->control.valid()) continue;
-        std::string why = "stage-weights aborted before sending: " + errs;
-        (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
-      }
-      return make_error(code, errs);
+  return Status::Ok();
+}
+
+// Chain mode: target i forwards to target i+1 everything that i+1 and later need; the
+// source feeds only target 0. Sends each target its FORWARD frame and waits for the acks.
+Status set_up_chain(std::vector<std::unique_ptr<TargetRun>>& runs, const SendOptions& o) {
+  std::vector<std::vector<std::vector<bool>>> u(runs.size());
+  u.back() = runs.back()->need;
+  for (size_t i = runs.size() - 1; i-- > 0;) {
+    u[i] = runs[i]->need;
+    for (size_t f = 0; f < u[i].size(); ++f)
+      for (size_t c = 0; c < u[i][f].size(); ++c)
+        if (u[i + 1][f][c]) u[i][f][c] = true;
+  }
+  std::string errs;
+  Errc code = Errc::ok;
+  for (size_t i = 0; i + 1 < runs.size(); ++i) {
+    const auto& next = runs[i + 1]->spec;
+    json addrs = json::array();
+    for (const auto& a : next.addrs) addrs.push_back({a.first, a.second});
+    json fw = {{"node", next.node},
+               {"addrs", addrs},
+               {"token", next.token},
+               {"streams", std::max(1, o.streams)},
+               {"need", encode_need(u[i + 1])}};
+    std::string body = fw.dump();
+    auto& c = runs[i]->control;
+    Status st = c.send_frame(Header{Frame::forward, 0, 0, 0, body.size()}, body.data());
+    Result<Header> h = st ? c.recv_header() : Result<Header>(st.error());
+    if (h && h->type == Frame::error) h = wire_error(c, *h);
+    if (h && h->type != Frame::forward)
+      h = make_error(Errc::network, fmt::format("{}: expected FORWARD ack", runs[i]->spec.node));
+    if (!h) {
+      errs += (errs.empty() ? "" : "; ") + h.error().message;
+      if (code == Errc::ok) code = h.error().code;
     }
   }
-  for (auto& t : runs) t->res.bytes_sent = 0;
-
-  // Chain mode: target i forwards to target i+1 everything that i+1 and later need; the
-  // source feeds only target 0.
-  const bool chain = o.chain && runs.size() > 1;
-  if (chain) {
-    std::vector<std::vector<std::vector<bool>>> u(runs.size());
-    u.back() = runs.back()->need;
-    for (size_t i = runs.size() - 1; i-- > 0;) {
-      u[i] = runs[i]->need;
-      for (size_t f = 0; f < u[i].size(); ++f)
-        for (size_t c = 0; c < u[i][f].size(); ++c)
-          if (u[i + 1][f][c]) u[i][f][c] = true;
+  if (!errs.empty()) {
+    for (auto& t : runs) {
+      std::string why = "stage-weights aborted before sending: " + errs;
+      (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
     }
-    std::string errs;
-    Errc code = Errc::ok;
-    for (size_t i = 0; i + 1 < runs.size(); ++i) {
-      const auto& next = runs[i + 1]->spec;
-      json addrs = json::array();
-      for (const auto& a : next.addrs) addrs.push_back({a.first, a.second});
-      json fw = {{"node", next.node},
-                 {"addrs", addrs},
-                 {"token", next.token},
-                 {"streams", std::max(1, o.streams)},
-                 {"need", encode_need(u[i + 1])}};
-      std::string body = fw.dump();
-      auto& c = runs[i]->control;
-      Status st = c.send_frame(Header{Frame::forward, 0, 0, 0, body.size()}, body.data());
-      Result<Header> h = st ? c.recv_header() : Result<Header>(st.error());
-      if (h && h->type == Frame::error) h = wire_error(c, *h);
-      if (h && h->type != Frame::forward)
-        h = make_error(Errc::network, fmt::format("{}: expected FORWARD ack", runs[i]->spec.node));
-      if (!h) {
-        errs += (errs.empty() ? "" : "; ") + h.error().message;
-        if (code == Errc::ok) code = h.error().code;
-      }
-    }
-    if (!errs.empty()) {
-      for (auto& t : runs) {
-        std::string why = "stage-weights aborted before sending: " + errs;
-        (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
-      }
-      return make_error(code, errs);
-    }
-    runs[0]->need = u[0];
-    for (size_t i = 1; i < runs.size(); ++i)
-      for (auto& f : runs[i]->need) std::fill(f.begin(), f.end(), false);
+    return make_error(code, errs);
   }
+  runs[0]->need = u[0];
+  for (size_t i = 1; i < runs.size(); ++i)
+    for (auto& f : runs[i]->need) std::fill(f.begin(), f.end(), false);
+  return Status::Ok();
+}
 
-  // 2. Streams per target, one reader for all: each needed chunk is read once.
-  const int streams = std::max(1, o.streams);
-  Slots slots(static_cast<size_t>(2 * streams + 2));
-  std::vector<std::thread> senders;
-  for (size_t i = 0; i < (chain ? 1 : runs.size()); ++i)
-    for (int s = 0; s < streams; ++s)
-      senders.emplace_back([&, s, t = runs[i].get()] { stream_loop(*t, s, o); });
-
-  std::atomic<bool> done{false};
-  std::thread progress;
-  if (o.progress)
-    progress = std::thread([&] {
-      while (!done.load()) {
-        Progress p;
-        for (auto& t : runs) {
-          p.targets.push_back({t->spec.node, t->acked.load(), t->res.need_bytes});
-          p.done += t->acked.load();
-          p.total += t->res.need_bytes;
-        }
-        p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        o.progress(p);
-        for (int i = 0; i < 5 && !done.load(); ++i)
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    });
-
-  // The reader walks the needed chunks in file order and queues each once for every target
-  // that needs it; it asks the kernel to read the chunk ahead (the disk is read once, in
-  // large sequential requests) and the streams sendfile it from the page cache: no copy
-  // through user space, and the same pages serve every target. A file's cache is dropped
-  // when its last chunk is done on every target (Slots bound what is queued or in flight).
+// 2b. The reader walks the needed chunks in file order and queues each once for every target
+// that needs it; it asks the kernel to read the chunk ahead (the disk is read once, in
+// large sequential requests) and the streams sendfile it from the page cache: no copy
+// through user space, and the same pages serve every target. A file's cache is dropped
+// when its last chunk is done on every target (Slots bound what is queued or in flight).
+// The paths read go to *read_paths.
+Status read_and_queue(const std::string& dir, const Manifest& m,
+                      std::vector<std::unique_ptr<TargetRun>>& runs, Slots& slots,
+                      const SendOptions& o, SendReport* rep, std::vector<std::string>* read_paths) {
   Status read_status;
-  std::vector<std::string> read_paths;
   for (size_t fi = 0; fi < m.files.size() && read_status; ++fi) {
     const auto& f = m.files[fi];
     uint64_t n = m.chunk_count(f.size);
@@ -553,7 +520,7 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     if (!any) continue;
     auto src = std::make_shared<SourceFile>();
     src->path = dir + "/" + f.path;
-    read_paths.push_back(src->path);
+    read_paths->push_back(src->path);
     src->evict = !o.keep_cache;
     src->fd = ::open(src->path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (src->fd < 0) {
@@ -585,7 +552,7 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
       b->src = src;
       ::posix_fadvise(src->fd, static_cast<off_t>(b->offset), static_cast<off_t>(b->len),
                       POSIX_FADV_WILLNEED);
-      rep.bytes_read += b->len;
+      rep->bytes_read += b->len;
       for (auto* t : to) {
         std::lock_guard<std::mutex> g(t->mu);
         if (!t->failed.load()) t->q.push_back(b);
@@ -593,79 +560,65 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
       }
     }
   }
-  for (auto& t : runs) {
-    std::lock_guard<std::mutex> g(t->mu);
-    t->closed = true;
-    t->cv.notify_all();
-  }
-  for (auto& x : senders) x.join();
-  for (auto& t : runs) t->q.clear();  // (after a failure) before `slots` goes away
-  if (!read_status)
-    for (auto& t : runs) t->fail(read_status.code(), read_status.message());
+  return read_status;
+}
 
-  // 3. Final pass on every target: finalize, verify against the manifest, evict, report.
-  auto finish_one = [&](TargetRun* t) {
-    if (t->failed.load()) {
-      std::string why = t->res.error;
-      (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
-      return;
-    }
-    json req = {{"keep_cache", o.keep_cache}};
-    std::string body = req.dump();
-    t->control.set_timeout(o.plan_timeout);
-    auto s = t->control.send_frame(Header{Frame::finish, 0, 0, 0, body.size()}, body.data());
-    if (!s) return t->fail(s.code(), s.message());
-    auto h = t->control.recv_header();
-    if (!h) return t->fail(h.error().code, h.error().message);
-    if (h->type == Frame::error) {
-      auto e = wire_error(t->control, *h);
-      return t->fail(e.code, e.message);
-    }
-    auto text = t->control.recv_payload(*h);
-    if (!text) return t->fail(text.error().code, text.error().message);
-    t->res.receiver_report = *text;
-    auto r = json::parse(*text, nullptr, false);
-    if (r.is_discarded() || !r.value("ok", false)) {
-      std::string why;
-      if (!r.is_discarded() && r.contains("problems"))
-        for (const auto& p : r["problems"])
-          why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", p.value("path", "?"),
-                             p.value("problem", "?"));
-      if (!r.is_discarded() && !r.value("error", std::string()).empty())
-        why = r.value("error", std::string()) + (why.empty() ? "" : "; " + why);
-      t->fail(Errc::integrity, fmt::format("{}: final verification failed: {}", t->spec.node,
-                                           why.empty() ? "unreadable report" : why));
-    }
-  };
-  std::vector<std::thread> fin;
-  if (chain) {
-    // In order: a target reports only after it forwarded everything downstream.
-    for (auto& tp : runs) finish_one(tp.get());
-  } else {
-    for (auto& tp : runs) fin.emplace_back([&, t = tp.get()] { finish_one(t); });
+// 3. The final pass on one target: finalize, verify against the manifest, evict, report.
+void finish_target(TargetRun* t, const SendOptions& o) {
+  if (t->failed.load()) {
+    std::string why = t->res.error;
+    (void)t->control.send_frame(Header{Frame::abort, 0, 0, 0, why.size()}, why.data());
+    return;
   }
-  for (auto& x : fin) x.join();
-  // Each file's cache was dropped when its last chunk was acked, but pages that TCP still
-  // held then (sendfile lends them to the socket until the peer's TCP acks) stay: drop the
-  // cache of every file read once more, now that every target has reported, and check it
-  // (bounded: a few retries while the last acks are processed).
-  if (!o.keep_cache)
-    for (const auto& path : read_paths) {
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-      if (fd < 0) continue;
-      for (int k = 0; k < 10; ++k) {
-        (void)evict_fd(fd, false);
-        auto r = file_residency(path);
-        if (!r || r->resident_pages == 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      ::close(fd);
-    }
-  done.store(true);
-  if (progress.joinable()) progress.join();
+  json req = {{"keep_cache", o.keep_cache}};
+  std::string body = req.dump();
+  t->control.set_timeout(o.plan_timeout);
+  auto s = t->control.send_frame(Header{Frame::finish, 0, 0, 0, body.size()}, body.data());
+  if (!s) return t->fail(s.code(), s.message());
+  auto h = t->control.recv_header();
+  if (!h) return t->fail(h.error().code, h.error().message);
+  if (h->type == Frame::error) {
+    auto e = wire_error(t->control, *h);
+    return t->fail(e.code, e.message);
+  }
+  auto text = t->control.recv_payload(*h);
+  if (!text) return t->fail(text.error().code, text.error().message);
+  t->res.receiver_report = *text;
+  auto r = json::parse(*text, nullptr, false);
+  if (r.is_discarded() || !r.value("ok", false)) {
+    std::string why;
+    if (!r.is_discarded() && r.contains("problems"))
+      for (const auto& p : r["problems"])
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", p.value("path", "?"),
+                           p.value("problem", "?"));
+    if (!r.is_discarded() && !r.value("error", std::string()).empty())
+      why = r.value("error", std::string()) + (why.empty() ? "" : "; " + why);
+    t->fail(Errc::integrity, fmt::format("{}: final verification failed: {}", t->spec.node,
+                                         why.empty() ? "unreadable report" : why));
+  }
+}
 
-  rep.ok = true;
-  rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+// Each file's cache was dropped when its last chunk was acked, but pages that TCP still
+// held then (sendfile lends them to the socket until the peer's TCP acks) stay: drop the
+// cache of every file read once more, now that every target has reported, and check it
+// (bounded: a few retries while the last acks are processed).
+void drop_read_cache(const std::vector<std::string>& read_paths) {
+  for (const auto& path : read_paths) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    for (int k = 0; k < 10; ++k) {
+      (void)evict_fd(fd, false);
+      auto r = file_residency(path);
+      if (!r || r->resident_pages == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::close(fd);
+  }
+}
+
+// The report: per target what was sent (in a chain, what the previous target forwarded).
+void fill_report(std::vector<std::unique_ptr<TargetRun>>& runs, bool chain, SendReport* rep) {
+  rep->ok = true;
   for (size_t i = 0; i < runs.size(); ++i) {
     auto& t = runs[i];
     t->res.bytes_sent = t->sent.load();
@@ -676,11 +629,86 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     }
     t->res.chunks_sent = t->chunks.load();
     t->res.chunks_resent = t->resent.load();
-    t->res.seconds = rep.seconds;
+    t->res.seconds = rep->seconds;
     t->res.ok = !t->failed.load();
-    if (!t->res.ok) rep.ok = false;
-    rep.targets.push_back(t->res);
+    if (!t->res.ok) rep->ok = false;
+    rep->targets.push_back(t->res);
   }
+}
+
+}  // namespace
+
+Result<SendReport> send_model(const std::string& dir, const Manifest& m,
+                              const std::vector<TargetSpec>& targets, const SendOptions& o) {
+  auto t0 = Clock::now();
+  SendReport rep;
+  rep.digest = m.digest();
+  rep.total_bytes = m.total_bytes();
+  const std::string manifest_text = manifest_to_json(m);
+  std::vector<std::unique_ptr<TargetRun>> runs;
+  for (const auto& s : targets) {
+    auto t = std::make_unique<TargetRun>();
+    t->spec = s;
+    t->res.node = s.node;
+    runs.push_back(std::move(t));
+  }
+  SPARK_TRY(plan_all(runs, m, manifest_text, o));
+  for (auto& t : runs) t->res.bytes_sent = 0;
+  const bool chain = o.chain && runs.size() > 1;
+  if (chain) SPARK_TRY(set_up_chain(runs, o));
+
+  // 2. Streams per target, one reader for all: each needed chunk is read once.
+  const int streams = std::max(1, o.streams);
+  Slots slots(static_cast<size_t>(2 * streams + 2));
+  std::vector<std::thread> senders;
+  for (size_t i = 0; i < (chain ? 1 : runs.size()); ++i)
+    for (int s = 0; s < streams; ++s)
+      senders.emplace_back([&, s, t = runs[i].get()] { stream_loop(*t, s, o); });
+
+  std::atomic<bool> done{false};
+  std::thread progress;
+  if (o.progress)
+    progress = std::thread([&] {
+      while (!done.load()) {
+        Progress p;
+        for (auto& t : runs) {
+          p.targets.push_back({t->spec.node, t->acked.load(), t->res.need_bytes});
+          p.done += t->acked.load();
+          p.total += t->res.need_bytes;
+        }
+        p.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        o.progress(p);
+        for (int i = 0; i < 5 && !done.load(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+
+  std::vector<std::string> read_paths;
+  Status read_status = read_and_queue(dir, m, runs, slots, o, &rep, &read_paths);
+  for (auto& t : runs) {
+    std::lock_guard<std::mutex> g(t->mu);
+    t->closed = true;
+    t->cv.notify_all();
+  }
+  for (auto& x : senders) x.join();
+  for (auto& t : runs) t->q.clear();  // (after a failure) before `slots` goes away
+  if (!read_status)
+    for (auto& t : runs) t->fail(read_status.code(), read_status.message());
+
+  std::vector<std::thread> fin;
+  if (chain) {
+    // In order: a target reports only after it forwarded everything downstream.
+    for (auto& tp : runs) finish_target(tp.get(), o);
+  } else {
+    for (auto& tp : runs) fin.emplace_back([&, t = tp.get()] { finish_target(t, o); });
+  }
+  for (auto& x : fin) x.join();
+  if (!o.keep_cache) drop_read_cache(read_paths);
+  done.store(true);
+  if (progress.joinable()) progress.join();
+
+  rep.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  fill_report(runs, chain, &rep);
   return rep;
 }
 

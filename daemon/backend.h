@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/config.h"
@@ -31,6 +32,9 @@ struct BackendStatus {
   /// daemon reports `stalled` when it passes STALL_TIMEOUT.
   std::chrono::milliseconds oldest_call{0};
   std::string oldest_call_what;  // what that call is, for the stalled reason
+  /// The fabric self-test's report (engine/fabric_test.h to_json), shown in /health; null
+  /// when it did not run.
+  nlohmann::json fabric;
 };
 
 /// What a backend starts with.
@@ -54,6 +58,16 @@ struct BackendContext {
       share;
   /// Waits at a named barrier until every rank arrives (deadline inside). Null: one rank.
   std::function<Status(const std::string& name)> barrier;
+  /// The ring's key-value store (rank 0's rendezvous): set publishes, get waits for a key up
+  /// to its timeout. The engine's own meshes (Gloo, NCCL) meet through it, so a ring runs one
+  /// TCP store. Null when the ring has one rank.
+  std::function<Status(const std::string& key, const std::string& value)> store_set;
+  std::function<Result<std::string>(const std::string& key, std::chrono::milliseconds timeout)>
+      store_get;
+  /// What the control plane knows of ranks that are gone ("rank 1 (spark-b): heartbeat
+  /// silent 6 s"), for the message of a collective that timed out; "" when nothing. May be
+  /// null.
+  std::function<std::string()> missing_ranks;
   /// Reports loading progress ("loading weights 40%"): shown as the not-ready reason.
   std::function<void(const std::string&)> progress;
 };
@@ -77,6 +91,9 @@ class Backend {
                                     std::chrono::milliseconds /*timeout*/) {
     return make_error(Errc::unsupported, std::string(name()) + " engine has no probe");
   }
+  /// The daemon found the ring broken (a rank dead or fatal): collectives in flight should
+  /// fail at once with `why` instead of waiting out their deadline. Thread-safe.
+  virtual void on_ring_problem(const std::string& /*why*/) {}
   /// Rank 0: adds the engine's API routes (/v1/...) before the listener starts.
   virtual void add_routes(HttpServer& /*server*/) {}
 };

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <future>
 #include <mutex>
+#include <thread>
 
 #include "core/log.h"
 #include "core/strings.h"
@@ -23,6 +24,8 @@
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
 #include "daemon/tokenizer/py_json.h"
+#include "env/nccl_env.h"
+#include "kernels/cuda_runtime.h"
 
 namespace spark::daemon {
 
@@ -47,6 +50,35 @@ Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
 
 namespace {
 constexpr const char* kComp = "native";
+
+// COLLECTIVE: nccl asks for it (and fails with the reason where it cannot be had); auto takes
+// it for a ring of several ranks where this node has a GPU and libnccl, unless a node's
+// fabric address is loopback (test rings whose ranks share one GPU, which NCCL refuses).
+Result<bool> use_nccl(const RingConfig& cfg, int world) {
+  const std::string mode = cfg.get("COLLECTIVE").empty() ? "auto" : cfg.get("COLLECTIVE");
+  if (mode == "gloo" || (mode == "auto" && world < 2)) return false;
+  auto gpus = kernels::cuda_device_count();
+  auto lib = engine::nccl::load();
+  if (mode == "nccl") {
+    if (!gpus) return make_error(Errc::unsupported, "COLLECTIVE=nccl: " + gpus.error().message);
+    if (!lib) return make_error(Errc::unsupported, "COLLECTIVE=nccl: " + lib.error().message);
+    return true;
+  }
+  if (!gpus || !lib) {
+    log::info(kComp, "COLLECTIVE=auto: Gloo on the CPU, because {}",
+              !gpus ? gpus.error().message : lib.error().message);
+    return false;
+  }
+  for (const auto& n : cfg.nodes)
+    if (auto ip = parse_ipv4(n.fabric_ip); ip && (*ip >> 24) == 127) {
+      log::info(kComp,
+                "COLLECTIVE=auto: Gloo on the CPU, because {} has a loopback fabric "
+                "address (ranks of one host sharing a GPU)",
+                n.name);
+      return false;
+    }
+  return true;
+}
 
 class NativeBackend final : public Backend {
  public:
@@ -122,6 +154,31 @@ class NativeBackend final : public Backend {
     o.share = ctx.share;
     o.progress = ctx.progress;
     o.engine = *eo;
+    if (ctx.store_set && ctx.store_get)
+      o.store = std::make_shared<engine::FunctionStore>(ctx.store_set, ctx.store_get);
+    auto nccl = use_nccl(cfg, ctx.world_size);
+    if (!nccl) return nccl.error();
+    if (*nccl) {
+      o.nccl = true;
+      // A collective that waits past HEARTBEAT_TIMEOUT means a rank is gone: rank 0 is then
+      // fatal within that time, and the request in flight fails with the reason.
+      if (!cfg.get("HEARTBEAT_TIMEOUT").empty())
+        o.nccl_options.op_timeout = std::chrono::milliseconds(
+            std::max<uint64_t>(1000, cfg.get_duration_ms("HEARTBEAT_TIMEOUT")));
+      if (!cfg.get("JOIN_TIMEOUT").empty())
+        o.nccl_options.init_timeout =
+            std::chrono::milliseconds(cfg.get_duration_ms("JOIN_TIMEOUT"));
+      o.nccl_options.missing_ranks = ctx.missing_ranks;
+      o.fabric.timeout = o.nccl_options.op_timeout;
+      o.fabric_test = cfg.get("FABRIC_TEST").empty() || cfg.get_bool("FABRIC_TEST");
+      auto floor = env::fabric_min_busbw(cfg);
+      if (!floor) return floor.error();
+      o.fabric_expect =
+          engine::fabric_expect_from_env(ctx.place.rank, ctx.world_size, node.name, *floor);
+      auto applied = env::apply_nccl_debug_env(ctx.log_dir, ctx.place.rank);
+      o.nccl_debug_file = applied.debug_file;
+      log::info(kComp, "rank {}: NCCL environment: {}", ctx.place.rank, applied.summary);
+    }
     if (ctx.world_size > 1 && !ctx.share)
       return make_error(Errc::internal,
                         "native engine: a ring of " + std::to_string(ctx.world_size) +
@@ -157,6 +214,7 @@ class NativeBackend final : public Backend {
       return s;
     }
     auto r = rt_->status();
+    if (const auto* f = rt_->fabric_report()) s.fabric = engine::to_json(*f);
     s.ready = r.ready;
     s.fatal = r.fatal;
     s.reason = r.reason;
@@ -185,7 +243,20 @@ class NativeBackend final : public Backend {
       rt = std::move(rt_);
     }
     api_->set(nullptr);
-    if (rt) rt->stop();
+    if (aborter_.joinable()) aborter_.join();
+    if (rt) {
+      rt->abort_collectives("sparkd is stopping");
+      rt->stop();
+    }
+  }
+
+  void on_ring_problem(const std::string& why) override {
+    // ncclCommAbort can take a while (it joins NCCL's threads): never on the caller's thread,
+    // which is the daemon's reactor. Once per engine.
+    std::lock_guard lk(mu_);
+    if (!rt_ || aborting_) return;
+    aborting_ = true;
+    aborter_ = std::thread([rt = rt_.get(), why] { rt->abort_collectives(why); });
   }
 
   Result<std::string> probe(const std::string& prompt, std::chrono::milliseconds timeout) override {
@@ -225,6 +296,8 @@ class NativeBackend final : public Backend {
   std::mutex mu_;
   std::unique_ptr<engine::Runtime> rt_;
   bool loading_ = false;
+  bool aborting_ = false;
+  std::thread aborter_;  // aborts the collectives off the reactor (on_ring_problem)
   int slots_ = 0;
   Metrics* metrics_ = nullptr;
 };

@@ -360,6 +360,7 @@ void Daemon::Impl::on_watchdog() {
     rdzv_server->set_ring_state(health.state(), health.reason());
     if (auto p = rdzv_server->problem()) {
       if (p->state == State::fatal || engine_started.load()) {
+        if (p->state == State::fatal) engine->on_ring_problem(p->reason);
         health.set(p->state, p->reason);
         return;
       }
@@ -441,6 +442,17 @@ void Daemon::Impl::run_lifecycle() {
     if (!js.ok()) return fail(js.message(), js.code());
     ctx.barrier = [this](const std::string& name) -> Status {
       return rdzv->barrier(name, place.rank, timing.join_timeout);
+    };
+    ctx.store_set = [this](const std::string& key, const std::string& value) {
+      return rdzv->set(key, value);
+    };
+    ctx.store_get = [this](const std::string& key, milliseconds timeout) {
+      return rdzv->get(key, timeout);
+    };
+    ctx.missing_ranks = [this]() -> std::string {
+      if (!rdzv_server) return "";
+      auto p = rdzv_server->problem();
+      return p ? p->reason : std::string();
     };
     ctx.share = [this](const std::string& key, const std::string& value) -> Result<std::string> {
       if (place.rank == 0) {
@@ -598,6 +610,7 @@ HealthSnapshot Daemon::snapshot() const {
   BackendStatus es = I.engine->status();
   s.slots_total = es.slots_total;
   s.slots_busy = es.slots_busy;
+  s.fabric = es.fabric;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;
   s.engine = I.engine->name();
   s.model = I.cfg.get("MODEL");

@@ -113,6 +113,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
   j["version"] = s.version;
   j["pid"] = s.pid;
   if (!s.probe.is_null()) j["probe"] = s.probe;
+  if (!s.fabric.is_null()) j["fabric"] = s.fabric;
   return j;
 }
 

@@ -69,7 +69,8 @@ struct HealthSnapshot {
   std::string model;
   std::string version;
   int pid = 0;
-  nlohmann::json probe;  // rank 0's readiness probe (null elsewhere)
+  nlohmann::json probe;   // rank 0's readiness probe (null elsewhere)
+  nlohmann::json fabric;  // this rank's fabric self-test (null when it did not run)
 };
 
 /// The /health JSON body (schema in man/sparkd.8):

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/daemon.h"
+#include "daemon/fabric_rank.h"
 
 namespace spark::daemon {
 
@@ -52,6 +53,9 @@ Status write_pidfile(const std::string& path) {
 }  // namespace
 
 int sparkd_main(int argc, const char* const* argv) {
+  // `sparkd fabric-rank ...`: one rank of `sparkctl preflight --fabric`, no daemon.
+  if (argc > 1 && std::string_view(argv[1]) == "fabric-rank")
+    return fabric_rank_main(argc - 1, argv + 1);
   auto parsed = parse_daemon_args(argc, argv, std::cout, std::cerr);
   if (std::holds_alternative<int>(parsed)) return std::get<int>(parsed);
   DaemonOptions opts = std::get<DaemonOptions>(std::move(parsed));

@@ -59,8 +59,8 @@ std::string netdev_fix(NodeRun& r, const std::vector<std::optional<Hca>>& hcas) 
                      join(real, ","), r.key("HCAS"));
 }
 
-// Two HCAs on one netdev: keep the HCA whose netdev holds the fabric address (else the first)
-// and each other HCA with a netdev of its own.
+// Two HCAs on one netdev: keep the first of those that share it, and every other HCA with a
+// netdev of its own.
 std::string shared_netdev_fix(NodeRun& r, const std::vector<std::optional<Hca>>& hcas,
                               const std::vector<std::string>& names) {
   std::vector<std::string> keep_h, keep_d;
@@ -115,7 +115,6 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
     }
   }
   if (want_devices) {
-    // A twin left out halves the fabric (98 vs 161 Gb/s measured with one twin vs both).
     std::vector<std::string> uverbs;
     for (const auto& e : r.root.list("/dev/infiniband"))
       if (starts_with(e, "uverbs")) uverbs.push_back(e);
@@ -523,7 +522,7 @@ void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi
                       format_size(reclaimable), desc, uma_note),
           mem_fix(reclaimable, c, uma));
   } else {
-    r.add("mem", "", Verdict::pass, desc + uma_note);
+    r.add("mem", "", Verdict::pass, desc + (uma ? " (unified memory)" : ""));
   }
 }
 

@@ -117,9 +117,11 @@ Result<RankEnv> render_rank_env(const RingConfig& cfg, int rank, const NodeRepor
   } else {
     set("NCCL_IB_DISABLE", "1");
   }
-  // NVLink SHARP needs NVSwitch: never on a GB10 or a node with one GPU.
-  if (node.gpus.size() == 1 || report.gpu_name.find("GB10") != std::string::npos)
-    set("NCCL_NVLS_ENABLE", "0");
+  // NVLink multicast needs NVSwitch and, on shared hosts, can take the GPUs out of service:
+  // off unless the cluster file says otherwise, and never where it cannot exist.
+  const bool nvls = cfg.get_bool("NVLS_ENABLE") && node.gpus.size() > 1 &&
+                    report.gpu_name.find("GB10") == std::string::npos;
+  set("NCCL_NVLS_ENABLE", nvls ? "1" : "0");
   set("SPARK_NODE", node.name);
   set("SPARK_CONFIG_DIGEST", cfg.digest());
   return e;

@@ -2,8 +2,10 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/cuda_runtime.h"
@@ -73,6 +75,113 @@ Result<int> cuda_device_count() {
 
 Status cuda_synchronize() {
   SPARK_CUDA_TRY(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
+namespace {
+
+// A kernel whose image must load on the device for this build to run there.
+__global__ void probe_kernel(int* p) {
+  if (p) *p = 1;
+}
+
+std::mutex g_limits_mu;
+std::vector<DeviceLimits>& limits_cache() {
+  static std::vector<DeviceLimits> c;
+  return c;
+}
+
+// "90a,121a" -> {90, 121}; "90-real" -> 90.
+std::vector<int> built_sms() {
+  std::vector<int> out;
+  const std::string s = cuda_architectures();
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    int v = 0;
+    bool digits = false;
+    for (size_t k = i; k < j && s[k] >= '0' && s[k] <= '9'; ++k)
+      v = v * 10 + (s[k] - '0'), digits = true;
+    if (digits) out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string describe_device(const DeviceLimits& d) {
+  return "sm_" + std::to_string(d.cc_major * 10 + d.cc_minor) + " (" + d.name + ", device " +
+         std::to_string(d.device) + ")";
+}
+
+Result<DeviceLimits> cuda_device_limits(int device) {
+  if (device < 0) SPARK_CUDA_TRY(cudaGetDevice(&device));
+  {
+    std::lock_guard<std::mutex> lk(g_limits_mu);
+    for (const auto& l : limits_cache())
+      if (l.device == device) return l;
+  }
+  cudaDeviceProp p{};
+  SPARK_CUDA_TRY(cudaGetDeviceProperties(&p, device));
+  DeviceLimits l;
+  l.device = device;
+  l.name = p.name;
+  l.cc_major = p.major;
+  l.cc_minor = p.minor;
+  l.sm_count = p.multiProcessorCount;
+  l.smem_per_block = p.sharedMemPerBlock;
+  l.smem_per_block_optin = p.sharedMemPerBlockOptin;
+  l.smem_per_sm = p.sharedMemPerMultiprocessor;
+  l.max_threads_per_block = p.maxThreadsPerBlock;
+  l.total_memory = p.totalGlobalMem;
+  l.l2_bytes = static_cast<size_t>(p.l2CacheSize);
+  l.integrated = p.integrated != 0;
+  std::lock_guard<std::mutex> lk(g_limits_mu);
+  limits_cache().push_back(l);
+  return l;
+}
+
+Status cuda_select_device(int device) {
+  SPARK_TRY(cuda_device_count().status());
+  SPARK_CUDA_TRY(cudaSetDevice(device));
+  auto l = cuda_device_limits(device);
+  SPARK_TRY(l.status());
+  const int sm = l->cc_major * 10 + l->cc_minor;
+  bool listed = false;
+  for (int b : built_sms()) listed = listed || b == sm;
+  const std::string fix = "rebuild with -DCMAKE_CUDA_ARCHITECTURES=\"" + std::to_string(sm) +
+                          "\" (or add it to the list), or run on a GPU of the list";
+  if (!listed)
+    return make_error(Errc::unsupported,
+                      describe_device(*l) +
+                          " is not among the GPUs this build has kernels for (sm_" +
+                          cuda_architectures() + "): " + fix);
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaFuncGetAttributes(&attr, probe_kernel);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error(detail::errc_for_cuda(e),
+                      describe_device(*l) + ": the kernels of this build do not load (" +
+                          cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + "): " + fix);
+  }
+  return Status::Ok();
+}
+
+Status cuda_check_launch(const char* kernel, unsigned threads, size_t smem_bytes) {
+  auto l = cuda_device_limits(-1);
+  SPARK_TRY(l.status());
+  if (threads == 0 || threads > static_cast<unsigned>(l->max_threads_per_block))
+    return make_error(Errc::resource, std::string(kernel) + ": needs " + std::to_string(threads) +
+                                          " threads per block, " + describe_device(*l) +
+                                          " allows " + std::to_string(l->max_threads_per_block));
+  if (smem_bytes > l->smem_per_block_optin)
+    return make_error(Errc::resource,
+                      std::string(kernel) + ": needs " + std::to_string(smem_bytes) +
+                          " bytes of shared memory per block, " + describe_device(*l) + " allows " +
+                          std::to_string(l->smem_per_block_optin) +
+                          " (a smaller head_dim or tile, or a GPU with more)");
   return Status::Ok();
 }
 

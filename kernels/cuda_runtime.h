@@ -49,4 +49,36 @@ class DeviceMemory {
   size_t n_ = 0;
 };
 
+/// What a device can do, as the kernels need it before a launch.
+struct DeviceLimits {
+  int device = 0;
+  std::string name;  // "NVIDIA H200"
+  int cc_major = 0, cc_minor = 0;
+  int sm_count = 0;
+  size_t smem_per_block = 0;        // without opt-in (48 KiB)
+  size_t smem_per_block_optin = 0;  // the most a kernel may ask for (227 KiB H200, 99 KiB GB10)
+  size_t smem_per_sm = 0;
+  int max_threads_per_block = 0;
+  size_t total_memory = 0;
+  size_t l2_bytes = 0;
+  bool integrated = false;  // memory shared with the host (GB10)
+};
+
+/// The limits of `device` (-1: the current device); cached per device after the first call.
+Result<DeviceLimits> cuda_device_limits(int device = -1);
+
+/// "sm_90 (NVIDIA H200, device 0)": how messages name a device.
+std::string describe_device(const DeviceLimits& d);
+
+/// Makes `device` current and checks this build can run on it: its compute capability is
+/// among cuda_architectures() and a kernel image loads. Call at device selection, so an
+/// unsupported GPU fails at start: Errc::unsupported naming the device, its sm and the
+/// architectures built, with the rebuild to do.
+Status cuda_select_device(int device);
+
+/// Checks a launch against the current device's limits before making it: Errc::resource
+/// "<kernel>: needs <what> <n>, <device> allows <limit>" when `threads` or `smem_bytes`
+/// (dynamic shared memory) is past them.
+Status cuda_check_launch(const char* kernel, unsigned threads, size_t smem_bytes);
+
 }  // namespace spark::kernels

@@ -3,8 +3,14 @@
 
 #include <utility>
 
+#include "kernels/bias.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampler.h"
 #include "kernels/swiglu.h"
 
 namespace spark::kernels {
@@ -85,6 +91,87 @@ Status swiglu_bf16_cuda_device(const bf16_bits* gate_up, bf16_bits* y, size_t ro
                                void*) {
   SPARK_TRY(swiglu_check_args(gate_up, y, rows, dim, sizeof(bf16_bits)));
   return no_cuda("swiglu_bf16_cuda_device");
+}
+
+Result<DeviceLimits> cuda_device_limits(int) {
+  return no_cuda("cuda_device_limits");
+}
+std::string describe_device(const DeviceLimits& d) {
+  return "sm_" + std::to_string(d.cc_major * 10 + d.cc_minor) + " (" + d.name + ", device " +
+         std::to_string(d.device) + ")";
+}
+Status cuda_select_device(int) {
+  return no_cuda("cuda_select_device");
+}
+Status cuda_check_launch(const char* kernel, unsigned, size_t) {
+  return no_cuda(kernel);
+}
+
+Status embedding_cuda_device(DType, const void* table, size_t vocab, size_t dim, const int32_t* ids,
+                             size_t n, void* out, void*) {
+  SPARK_TRY(embedding_check_args(table, vocab, dim, ids, n, out));
+  return no_cuda("embedding_cuda_device");
+}
+Status bias_add_cuda_device(DType, void*, const void*, size_t, size_t, void*) {
+  return no_cuda("bias_add_cuda_device");
+}
+Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void*, const void* w, void* out,
+                               size_t rows, size_t dim, float eps, void*) {
+  SPARK_TRY(rmsnorm_check_args(hidden, w, out, rows, dim, eps, dtype_size(dt)));
+  return no_cuda("add_rmsnorm_cuda_device");
+}
+Status head_rmsnorm_cuda_device(DType, void*, size_t, size_t, int, int, const void*, float, void*) {
+  return no_cuda("head_rmsnorm_cuda_device");
+}
+Status rope_cuda_device(const RopeArgs& a, void*) {
+  SPARK_TRY(rope_check_args(a));
+  return no_cuda("rope_cuda_device");
+}
+Status paged_kv_write_cuda_device(const PagedKVDevice&, const int32_t*, size_t, DType, const void*,
+                                  size_t, const void*, size_t, void*) {
+  return no_cuda("paged_kv_write_cuda_device");
+}
+Status attention_prefill_cuda_device(const AttentionBatch& b, void*) {
+  SPARK_TRY(attention_check_args(b, false));
+  return no_cuda("attention_prefill_cuda_device");
+}
+Status attention_decode_cuda_device(const AttentionBatch& b, void*) {
+  SPARK_TRY(attention_check_args(b, true));
+  return no_cuda("attention_decode_cuda_device");
+}
+Status sample_cuda_device(const SampleBatch&, void*) {
+  return no_cuda("sample_cuda_device");
+}
+Status sample_state_reset_cuda_device(uint8_t*, int32_t*, int, const int32_t*, size_t, void*) {
+  return no_cuda("sample_state_reset_cuda_device");
+}
+Status argmax_cuda_device(DType, const void*, size_t, size_t, int32_t*, void*) {
+  return no_cuda("argmax_cuda_device");
+}
+Status matmul_own_cuda_device(const MatmulArgs& a, void*) {
+  SPARK_TRY(matmul_check_args(a));
+  return no_cuda("matmul_own_cuda_device");
+}
+
+struct Matmul::Impl {
+  std::string path;
+};
+Matmul::Matmul(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Matmul::~Matmul() = default;
+Result<std::unique_ptr<Matmul>> Matmul::create(size_t) {
+  return no_cuda("Matmul::create");
+}
+Status Matmul::run(const MatmulArgs& a, void*) {
+  SPARK_TRY(matmul_check_args(a));
+  return no_cuda("Matmul::run");
+}
+MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
+  const size_t nk = n * k;  // as in matmul.cu
+  if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
+  return MatmulBackend::cublaslt;
+}
+const std::string& Matmul::library_path() const {
+  return impl_->path;
 }
 
 }  // namespace spark::kernels

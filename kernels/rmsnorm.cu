@@ -5,9 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/cuda_runtime.h"
+#include "kernels/device_common.cuh"
 #include "kernels/rmsnorm.h"
 
 namespace spark::kernels {
@@ -133,6 +135,102 @@ Status rmsnorm_bf16_cuda_device(const bf16_bits* x_dev, const bf16_bits* w_dev, 
   return launch(
       reinterpret_cast<const __nv_bfloat16*>(x_dev), reinterpret_cast<const __nv_bfloat16*>(w_dev),
       reinterpret_cast<__nv_bfloat16*>(y_dev), rows, dim, eps, static_cast<cudaStream_t>(stream));
+}
+
+namespace {
+
+// hidden += delta (rounded to T) and out = rmsnorm(hidden) * w, one block per row. Each
+// thread re-reads in the second pass only the elements it wrote in the first, so the
+// in-place update needs no barrier beyond the reduction's.
+template <typename T>
+__global__ void add_rmsnorm_kernel(T* __restrict__ hidden, const T* __restrict__ delta,
+                                   const T* __restrict__ w, T* __restrict__ out, size_t rows,
+                                   size_t dim, float eps) {
+  __shared__ float scratch[33];
+  for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    T* h = hidden + row * dim;
+    float ss = 0.f;
+    if (delta) {
+      const T* d = delta + row * dim;
+      for (size_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const T v = dev::from_f<T>(dev::to_f(h[i]) + dev::to_f(d[i]));
+        h[i] = v;
+        const float f = dev::to_f(v);
+        ss = fmaf(f, f, ss);
+      }
+    } else {
+      for (size_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float f = dev::to_f(h[i]);
+        ss = fmaf(f, f, ss);
+      }
+    }
+    ss = dev::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+    T* o = out + row * dim;
+    for (size_t i = threadIdx.x; i < dim; i += blockDim.x)
+      o[i] = dev::from_f<T>(dev::to_f(h[i]) * inv * dev::to_f(w[i]));
+  }
+}
+
+// One warp per (token, head), in place.
+template <typename T>
+__global__ void head_rmsnorm_kernel(T* __restrict__ x, size_t token_stride, size_t n_tokens,
+                                    int n_heads, int head_dim, const T* __restrict__ w, float eps) {
+  const size_t warps = size_t{gridDim.x} * (blockDim.x / 32);
+  const unsigned lane = threadIdx.x & 31u;
+  for (size_t job = blockIdx.x * size_t{blockDim.x / 32} + threadIdx.x / 32;
+       job < n_tokens * static_cast<size_t>(n_heads); job += warps) {
+    const size_t t = job / static_cast<size_t>(n_heads), hh = job % static_cast<size_t>(n_heads);
+    T* v = x + t * token_stride + hh * static_cast<size_t>(head_dim);
+    float ss = 0.f;
+    for (int i = static_cast<int>(lane); i < head_dim; i += 32) {
+      const float f = dev::to_f(v[i]);
+      ss = fmaf(f, f, ss);
+    }
+    ss = dev::warp_sum(ss);
+    const float inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+    for (int i = static_cast<int>(lane); i < head_dim; i += 32)
+      v[i] = dev::from_f<T>(dev::to_f(v[i]) * inv * dev::to_f(w[i]));
+  }
+}
+
+}  // namespace
+
+Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void* delta, const void* w, void* out,
+                               size_t rows, size_t dim, float eps, void* stream) {
+  SPARK_TRY(rmsnorm_check_args(hidden, w, out, rows, dim, eps, dtype_size(dt)));
+  if (rows == 0) return Status::Ok();
+  if (out == hidden || (delta && out == delta))
+    return make_error(Errc::usage, "add_rmsnorm: out must not alias hidden or delta");
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>(rows, 1u << 20));
+  SPARK_DISPATCH_DTYPE(dt, T,
+                       add_rmsnorm_kernel<T>
+                       <<<blocks, threads_for(dim), 0, static_cast<cudaStream_t>(stream)>>>(
+                           static_cast<T*>(hidden), static_cast<const T*>(delta),
+                           static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status head_rmsnorm_cuda_device(DType dt, void* x, size_t token_stride, size_t n_tokens,
+                                int n_heads, int head_dim, const void* w, float eps, void* stream) {
+  if (n_heads <= 0 || head_dim <= 0)
+    return make_error(Errc::usage, "head_rmsnorm: n_heads and head_dim must be > 0");
+  if (token_stride < static_cast<size_t>(n_heads) * static_cast<size_t>(head_dim))
+    return make_error(Errc::usage, "head_rmsnorm: token_stride is less than n_heads * head_dim");
+  if (!std::isfinite(eps) || eps < 0)
+    return make_error(Errc::usage, "head_rmsnorm: eps must be finite and >= 0");
+  if (n_tokens == 0) return Status::Ok();
+  if (!x || !w) return make_error(Errc::usage, "head_rmsnorm: null pointer");
+  const size_t jobs = n_tokens * static_cast<size_t>(n_heads);
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((jobs + 7) / 8, 1u << 16));
+  SPARK_DISPATCH_DTYPE(dt, T,
+                       head_rmsnorm_kernel<T>
+                       <<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+                           static_cast<T*>(x), token_stride, n_tokens, n_heads, head_dim,
+                           static_cast<const T*>(w), eps));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
 }
 
 }  // namespace spark::kernels

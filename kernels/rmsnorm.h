@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/bf16.h"
+#include "kernels/dtype.h"
 
 namespace spark::kernels {
 
@@ -41,5 +42,27 @@ Status rmsnorm_cuda_device(const float* x_dev, const float* w_dev, float* y_dev,
 /// BF16 variant of rmsnorm_cuda_device (pointers to __nv_bfloat16).
 Status rmsnorm_bf16_cuda_device(const bf16_bits* x_dev, const bf16_bits* w_dev, bf16_bits* y_dev,
                                 size_t rows, size_t dim, float eps, void* stream);
+
+/// Reference of the fused residual add + RMSNorm, as a layer's pre-norm step does it:
+/// hidden[r] += delta[r] (rounded to `store`), then out[r] = rmsnorm(hidden[r]) * w (rounded
+/// to `store`). delta may be null (plain RMSNorm of hidden, which is then left as is).
+void add_rmsnorm_ref(float* hidden, const float* delta, const float* w, float* out, size_t rows,
+                     size_t dim, float eps, DType store);
+
+/// Fused residual add + RMSNorm on device pointers, all of type `dt`: hidden += delta (in
+/// place; skipped when delta is null), out = rmsnorm(hidden) * w. fp32 math, one read of
+/// each input; out must not alias hidden or delta.
+Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void* delta, const void* w, void* out,
+                               size_t rows, size_t dim, float eps, void* stream);
+
+/// Reference per-head RMSNorm in place (Qwen3's q_norm/k_norm): x is [n_tokens] rows of
+/// `token_stride` elements holding n_heads heads of head_dim each at the start; each head
+/// is normalised with the same head_dim weights. Results rounded to `store`.
+void head_rmsnorm_ref(float* x, size_t token_stride, size_t n_tokens, int n_heads, int head_dim,
+                      const float* w, float eps, DType store);
+
+/// Per-head RMSNorm in place on device pointers of type `dt` (layout as head_rmsnorm_ref).
+Status head_rmsnorm_cuda_device(DType dt, void* x, size_t token_stride, size_t n_tokens,
+                                int n_heads, int head_dim, const void* w, float eps, void* stream);
 
 }  // namespace spark::kernels

@@ -30,6 +30,28 @@ void rmsnorm_bf16_ref(const bf16_bits* x, const bf16_bits* w, bf16_bits* y, size
   }
 }
 
+void add_rmsnorm_ref(float* hidden, const float* delta, const float* w, float* out, size_t rows,
+                     size_t dim, float eps, DType store) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* h = hidden + r * dim;
+    if (delta)
+      for (size_t i = 0; i < dim; ++i) h[i] = round_to(store, h[i] + delta[r * dim + i]);
+    rmsnorm_ref(h, w, out + r * dim, 1, dim, eps);
+    for (size_t i = 0; i < dim; ++i) out[r * dim + i] = round_to(store, out[r * dim + i]);
+  }
+}
+
+void head_rmsnorm_ref(float* x, size_t token_stride, size_t n_tokens, int n_heads, int head_dim,
+                      const float* w, float eps, DType store) {
+  const size_t hd = static_cast<size_t>(head_dim);
+  for (size_t t = 0; t < n_tokens; ++t)
+    for (size_t h = 0; h < static_cast<size_t>(n_heads); ++h) {
+      float* v = x + t * token_stride + h * hd;
+      rmsnorm_ref(v, w, v, 1, hd, eps);
+      for (size_t i = 0; i < hd; ++i) v[i] = round_to(store, v[i]);
+    }
+}
+
 Status rmsnorm_check_args(const void* x, const void* w, const void* y, size_t rows, size_t dim,
                           float eps, size_t elem_size) {
   if (dim == 0) return make_error(Errc::usage, "rmsnorm: dim must be > 0");

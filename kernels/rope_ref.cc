@@ -1,5 +1,8 @@
+#include <fmt/format.h>
+
 #include <cmath>
 
+#include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 
 namespace spark::kernels {
@@ -49,6 +52,60 @@ void rope_apply_ref(float* x, size_t n_tokens, int n_heads, int head_dim, const 
       }
     }
   }
+}
+
+namespace {
+
+void rope_heads_ref(float* base, size_t stride, int n_heads, const RopeArgs& a, const float* norm) {
+  const size_t hd = static_cast<size_t>(a.head_dim), half = hd / 2;
+  for (size_t t = 0; t < a.n_tokens; ++t)
+    for (size_t h = 0; h < static_cast<size_t>(n_heads); ++h) {
+      float* v = base + t * stride + h * hd;
+      if (norm) rmsnorm_ref(v, norm, v, 1, hd, a.norm_eps);
+      for (size_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(a.positions[t]) * a.inv_freq[i];
+        const double c = std::cos(static_cast<double>(angle));
+        const double s = std::sin(static_cast<double>(angle));
+        const double x0 = v[i], x1 = v[i + half];
+        v[i] = round_to(a.dtype, static_cast<float>(x0 * c - x1 * s));
+        v[i + half] = round_to(a.dtype, static_cast<float>(x1 * c + x0 * s));
+      }
+    }
+}
+
+}  // namespace
+
+void rope_ref(const RopeArgs& a) {
+  rope_heads_ref(static_cast<float*>(a.q), a.q_stride, a.n_heads, a,
+                 static_cast<const float*>(a.q_norm));
+  if (a.k)
+    rope_heads_ref(static_cast<float*>(a.k), a.k_stride, a.n_kv_heads, a,
+                   static_cast<const float*>(a.k_norm));
+}
+
+Status rope_check_args(const RopeArgs& a) {
+  auto bad = [](std::string m) { return make_error(Errc::usage, "rope: " + std::move(m)); };
+  if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > 512)
+    return bad(fmt::format("head_dim {} must be even and in [2, 512]", a.head_dim));
+  if (a.n_heads <= 0) return bad(fmt::format("n_heads {} must be > 0", a.n_heads));
+  if (a.n_tokens == 0) return Status::Ok();
+  if (!a.q || !a.positions || !a.inv_freq)
+    return bad(fmt::format("null {} pointer", !a.q           ? "q"
+                                              : !a.positions ? "positions"
+                                                             : "inv_freq"));
+  const size_t hd = static_cast<size_t>(a.head_dim);
+  if (a.q_stride < static_cast<size_t>(a.n_heads) * hd)
+    return bad(fmt::format("q_stride {} is less than n_heads * head_dim = {}", a.q_stride,
+                           static_cast<size_t>(a.n_heads) * hd));
+  if (a.k) {
+    if (a.n_kv_heads <= 0) return bad(fmt::format("n_kv_heads {} must be > 0", a.n_kv_heads));
+    if (a.k_stride < static_cast<size_t>(a.n_kv_heads) * hd)
+      return bad(fmt::format("k_stride {} is less than n_kv_heads * head_dim = {}", a.k_stride,
+                             static_cast<size_t>(a.n_kv_heads) * hd));
+  }
+  if (!std::isfinite(a.norm_eps) || a.norm_eps < 0)
+    return bad(fmt::format("norm_eps {} must be finite and >= 0", a.norm_eps));
+  return Status::Ok();
 }
 
 }  // namespace spark::kernels

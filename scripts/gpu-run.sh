@@ -23,9 +23,16 @@
 # summary.txt (one line per step, '#' header), summary.json, one <step>.log per step,
 # version.json, nvidia-smi.txt. The run exits non-zero when any step failed.
 #
-# Environment: for `stage` BUILD_DIR (build-gpu), CUDA_ARCHS (90), JOBS (2), STAGE_DIR
-# (.device), STAGE_FROM (stage an existing build instead of building); for `device`
-# GPU_RUN_STEPS (default "libraries version hw gpu-kernels unit"), OUT.
+# Environment: for `stage` BUILD_DIR (build-gpu), CUDA_ARCHS (90a), JOBS (2), STAGE_DIR
+# (.device), STAGE_FROM (stage an existing build instead of building), GPU_TARGETS (the
+# binaries to build and stage, default all of "sparkctl sparkd spark_unit_tests
+# spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
+# GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
+# a fraction of the tree); for `device` GPU_RUN_STEPS (default
+# "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
+# compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
+# "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
+# NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -33,15 +40,26 @@ die() { echo "gpu-run.sh: $*" >&2; exit 1; }
 # Libraries never copied (see above). Matched against the soname.
 SYSTEM_LIBS='^(linux-vdso|ld-linux.*|libc|libm|libdl|librt|libpthread|libresolv|libutil|libanl|libnsl|libmvec|libstdc\+\+|libgcc_s|libcuda|libnvidia-.*|libibverbs|librdmacm|libmlx4|libmlx5|libefa|libnl-3|libnl-route-3)\.so'
 MAX_STAGE_MIB=60
-BINARIES=(cli/sparkctl daemon/sparkd tests/spark_unit_tests tests/spark_hw_tests tests/spark_fault_server)
-EXTRA_FILES=(tests/libfault_inject_libcuda.so)
+# target name -> path in the build tree
+declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
+  [spark_unit_tests]=tests/spark_unit_tests [spark_hw_tests]=tests/spark_hw_tests
+  [spark_kernel_tests]=tests/spark_kernel_tests
+  [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench)
+DEFAULT_TARGETS="sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
 stage() {
   local src; src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   cd "$src"
-  local build=${BUILD_DIR:-build-gpu} archs=${CUDA_ARCHS:-90} jobs=${JOBS:-2}
+  local build=${BUILD_DIR:-build-gpu} archs=${CUDA_ARCHS:-90a} jobs=${JOBS:-2}
+  local want_targets; read -r -a want_targets <<< "${GPU_TARGETS:-$DEFAULT_TARGETS}"
+  local t BINARIES=()
+  for t in "${want_targets[@]}"; do
+    [ -n "${BINARY_PATH[$t]:-}" ] || die "GPU_TARGETS: unknown target '$t' (known: ${!BINARY_PATH[*]})"
+    BINARIES+=("${BINARY_PATH[$t]}")
+  done
   if [ -n "${STAGE_FROM:-}" ]; then
     build=$STAGE_FROM  # an existing build (the script test uses this); no configure/build
     archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
@@ -54,8 +72,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    local targets=(sparkctl sparkd spark_unit_tests spark_hw_tests spark_fault_server fault_inject_libcuda)
-    ninja -C "$build" -j"$jobs" "${targets[@]}"
+    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl
     build="$src/$build"
   fi
 
@@ -64,7 +81,13 @@ stage() {
   mkdir -p "$dev/bin" "$dev/lib"
   local f
   for f in "${BINARIES[@]}" "${EXTRA_FILES[@]}"; do
-    [ -f "$build/$f" ] || die "$build/$f was not built"
+    if [ ! -f "$build/$f" ]; then
+      # An existing build (STAGE_FROM) may lack the kernel binaries (no CUDA): skip them.
+      if [ -n "${STAGE_FROM:-}" ]; then
+        case $f in "${BINARY_PATH[spark_kernel_bench]}"|"${BINARY_PATH[spark_kernel_tests]}") continue ;; esac
+      fi
+      die "$build/$f was not built"
+    fi
     cp "$build/$f" "$dev/bin/"
   done
   strip --strip-unneeded "$dev"/bin/* 2>/dev/null || true
@@ -74,6 +97,8 @@ stage() {
     if command -v "$t" >/dev/null; then cp -L "$(command -v "$t")" "$dev/tools/$t"; fi
   done
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
+  cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
+  cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -174,9 +199,31 @@ device() {
     timeout 60 "$dev/bin/sparkctl" version --json > "$out/version.json" 2>> "$out/version.log" || true
   fi
   [[ $want == *" hw "* ]] && step hw 240 "$dev/bin/spark_hw_tests"
+  # The kernel tests: the small binary when staged, else the same tests in the unit binary.
+  local ktests="$dev/bin/spark_kernel_tests"
+  [ -x "$ktests" ] || ktests="$dev/bin/spark_unit_tests"
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 120 "$dev/bin/spark_unit_tests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*' -s
+    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*'
+  [[ $want == *" kernel-bench "* ]] &&
+    step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json"
+  # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned
+  # accesses, leaks); the 32k-token cases are left out there (SPARK_TEST_NO_LARGE).
+  if [[ $want == *" memcheck "* ]]; then
+    local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    step memcheck "${MEMCHECK_TIMEOUT:-300}" env SPARK_TEST_NO_LARGE=1 "$cs" --tool memcheck --leak-check full --error-exitcode 9 \
+      "$ktests" -tc='gpu *'
+  fi
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
+  [[ $want == *" nccl "* ]] &&
+    step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
+  # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
+  [[ $want == *" nccl-ring "* ]] &&
+    step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}
+  # Machines with several GPUs: TP=2/4 vs TP=1, busbw vs nccl-tests (NCCL_TESTS_SRC: a
+  # checkout carried in, never committed), topology, a rank killed. Not in the default list.
+  [[ $want == *" multi-gpu "* ]] &&
+    step multi-gpu 580 bash "$dev/multi-gpu.sh" "$dev/bin" "$out/multi-gpu" ${NCCL_TESTS_SRC:-}
   # Not in the default list: GPU_RUN_STEPS="stage-bench" (root; namespaces, zram, page cache).
   [[ $want == *" stage-bench "* ]] &&
     step stage-bench 540 env PATH="$dev/tools:$PATH" SPARKCTL="$dev/bin/sparkctl" \

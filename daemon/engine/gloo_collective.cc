@@ -48,7 +48,68 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
+// Gloo's Store interface over a RendezvousStore (sparkd's rendezvous: text values, so the
+// binary address blobs are hex-encoded).
+class RendezvousStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  RendezvousStoreAdapter(RendezvousStore* s, std::string prefix, std::chrono::milliseconds timeout)
+      : s_(s), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    auto st = s_->set(prefix_ + key, hex_encode(std::string(data.begin(), data.end())));
+    if (!st.ok()) throw std::runtime_error(st.message());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = s_->get(prefix_ + key, timeout_);
+    if (!v) throw std::runtime_error(v.error().message);
+    auto bytes = hex_decode(*v);
+    if (!bytes) throw std::runtime_error(bytes.error().message);
+    return std::vector<char>(bytes->begin(), bytes->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    for (const auto& k : keys) {
+      auto v = s_->get(prefix_ + k, timeout_);
+      if (!v) throw std::runtime_error(v.error().message);
+    }
+  }
+
+ private:
+  RendezvousStore* s_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
 }  // namespace
+
+std::string hex_encode(const std::string& bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  s.reserve(bytes.size() * 2);
+  for (char c : bytes) {
+    auto b = static_cast<unsigned char>(c);
+    s += kHex[b >> 4];
+    s += kHex[b & 15];
+  }
+  return s;
+}
+
+Result<std::string> hex_decode(const std::string& hex) {
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (hex.size() % 2) return make_error(Errc::integrity, "rendezvous value is not hex: odd length");
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return make_error(Errc::integrity,
+                        fmt::format("rendezvous value is not hex at offset {}", 2 * i));
+    out[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return out;
+}
 
 struct GlooCollective::Impl {
   GlooOptions opts;
@@ -87,7 +148,9 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
   const auto timeout = std::chrono::milliseconds(o.timeout_ms);
   const auto join_timeout = std::chrono::milliseconds(
       o.rendezvous_timeout_ms > 0 ? o.rendezvous_timeout_ms : o.timeout_ms);
-  if (o.rank == 0 && o.store_port == 0) {
+  if (o.store) {
+    // sparkd: the ring's one store is the daemon's rendezvous.
+  } else if (o.rank == 0 && o.store_port == 0) {
     auto s = start_rendezvous_store(o.store_host, 0);
     if (!s) return s.error();
     im.server = *s;
@@ -97,21 +160,31 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
     auto s = start_rendezvous_store(o.store_host, o.store_port);
     if (s) im.server = *s;
   }
-  auto client = TcpStoreClient::connect(o.store_host, im.opts.store_port, join_timeout);
-  if (!client) return client.error();
-  im.client = std::move(*client);
+  if (!o.store) {
+    auto client = TcpStoreClient::connect(o.store_host, im.opts.store_port, join_timeout);
+    if (!client) return client.error();
+    im.client = std::move(*client);
+  }
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.bind_host;
     im.dev = gloo::transport::tcp::CreateDevice(attr);
     im.ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world);
     im.ctx->setTimeout(timeout);
-    StoreAdapter store(im.client.get(), o.prefix + "/", join_timeout);
-    im.ctx->connectFullMesh(store, im.dev);
+    if (o.store) {
+      RendezvousStoreAdapter store(o.store.get(), o.prefix + "/", join_timeout);
+      im.ctx->connectFullMesh(store, im.dev);
+    } else {
+      StoreAdapter store(im.client.get(), o.prefix + "/", join_timeout);
+      im.ctx->connectFullMesh(store, im.dev);
+    }
   } catch (const std::exception& e) {
-    return make_error(Errc::network,
-                      fmt::format("Gloo rendezvous of rank {} of {} via store {}:{} failed: {}",
-                                  o.rank, o.world, o.store_host, im.opts.store_port, e.what()));
+    return make_error(
+        Errc::network,
+        fmt::format("Gloo rendezvous of rank {} of {} via {} failed: {}", o.rank, o.world,
+                    o.store ? std::string("the ring's rendezvous")
+                            : fmt::format("store {}:{}", o.store_host, im.opts.store_port),
+                    e.what()));
   }
   // Presence is not effect: the mesh must carry data.
   float check[2] = {static_cast<float>(o.rank), 1.0f};
@@ -122,8 +195,12 @@ Result<std::shared_ptr<GlooCollective>> GlooCollective::connect(const GlooOption
                       fmt::format("Gloo mesh check on rank {}: all_reduce gave ({}, {}), expected "
                                   "({}, {})",
                                   o.rank, check[0], check[1], want, o.world));
-  log::info("engine", "Gloo mesh up: rank {} of {} (bind {}, store {}:{})", o.rank, o.world,
-            o.bind_host, o.store_host, im.opts.store_port);
+  if (o.store)
+    log::info("engine", "Gloo mesh up: rank {} of {} (bind {}, through the ring's rendezvous)",
+              o.rank, o.world, o.bind_host);
+  else
+    log::info("engine", "Gloo mesh up: rank {} of {} (bind {}, store {}:{})", o.rank, o.world,
+              o.bind_host, o.store_host, im.opts.store_port);
   return g;
 }
 

@@ -1,12 +1,14 @@
 #pragma once
-// Collective over Gloo's TCP transport for the CPU tensor-parallel path. Rank 0 serves the
-// rendezvous store (tcp_store.h); every rank binds its Gloo device to its own address,
+// Collective over Gloo's TCP transport for the CPU tensor-parallel path and the control plane
+// of the GPU path. The ranks meet through a RendezvousStore (sparkd's rendezvous), or else
+// rank 0 serves a TCP store (tcp_store.h); every rank binds its Gloo device to its own address,
 // publishes it through the store, and connects a full mesh. After connecting, an
 // all_reduce of the ranks checks the mesh really carries data before it is trusted.
 #include <memory>
 #include <string>
 
 #include "daemon/engine/collective.h"
+#include "daemon/engine/rendezvous_store.h"
 
 namespace spark::engine {
 
@@ -19,6 +21,9 @@ struct GlooOptions {
   std::string prefix = "sparkd";         // key namespace, e.g. a ring generation
   int timeout_ms = 30000;                // every collective operation
   int rendezvous_timeout_ms = 0;         // waiting for the other ranks to join; 0: timeout_ms
+  /// When set, the mesh addresses go through this store (sparkd: its rendezvous) and no
+  /// TCP store is started or dialled; store_host/store_port are then unused.
+  std::shared_ptr<RendezvousStore> store;
 };
 
 class GlooCollective final : public Collective {

@@ -32,8 +32,9 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     g.store_port = o.store_port;
     g.timeout_ms = o.timeout_ms;
     g.rendezvous_timeout_ms = o.rendezvous_timeout_ms;
+    g.store = o.store;
     std::shared_ptr<TcpStoreServer> server;
-    if (g.store_port == 0) {
+    if (!g.store && g.store_port == 0) {
       if (!o.share)
         return make_error(Errc::internal,
                           "runtime: world > 1 without a store port needs a share function");
@@ -53,6 +54,8 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
         return make_error(Errc::internal, "runtime: bad store address from rendezvous: " + *addr);
       g.store_host = addr->substr(0, colon);
       g.store_port = static_cast<int>(*port);
+    } else {
+      progress("joining the tensor-parallel mesh");
     }
     auto c = GlooCollective::connect(g);
     if (!c) return c.error();
@@ -60,6 +63,9 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     rt->store_ = std::move(server);
   } else {
     rt->comm_ = std::make_shared<LocalCollective>();
+  }
+  if (o.nccl) {
+    SPARK_TRY(rt->connect_nccl(o, progress));
   }
   if (o.rank == 0) {
     auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
@@ -87,6 +93,54 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   }
   rt->opts_ = std::move(o);
   return rt;
+}
+
+Status Runtime::connect_nccl(const RuntimeOptions& o,
+                             const std::function<void(const std::string&)>& progress) {
+  NcclOptions n = o.nccl_options;
+  n.rank = o.rank;
+  n.world = o.world;
+  // The unique id goes through the ring's store (or the share function), published by rank 0.
+  NcclCollective::ShareFn share;
+  if (o.store) {
+    auto store = o.store;
+    const auto wait = std::chrono::milliseconds(o.rendezvous_timeout_ms);
+    share = [store, wait, rank = o.rank](const std::string& key,
+                                         const std::string& v) -> Result<std::string> {
+      if (rank == 0) {
+        SPARK_TRY(store->set(key, v));
+        return v;
+      }
+      return store->get(key, wait);
+    };
+  } else {
+    share = o.share;
+  }
+  progress("connecting NCCL");
+  auto c = NcclCollective::connect_via(n, share, comm_);
+  if (!c) return c.error();
+  nccl_ = *c;
+  comm_ = nccl_;
+  if (!o.fabric_test) return Status::Ok();
+  progress("fabric self-test");
+  FabricExpect e = o.fabric_expect;
+  e.rank = o.rank;
+  e.world = o.world;
+  auto r = run_fabric_test(*nccl_, o.fabric, e, o.nccl_debug_file);
+  if (!r) return make_error(r.error().code, "fabric self-test: " + r.error().message);
+  fabric_ = std::move(*r);
+  log::info("engine", "rank {}: fabric self-test {} in {:.2f} s", o.rank, fabric_->summary(),
+            fabric_->seconds);
+  for (const auto& line : split_list(render_fabric_table({*fabric_}), '\n'))
+    log::info("engine", "{}", line);
+  if (!fabric_->passed())
+    return make_error(Errc::precondition,
+                      "fabric self-test failed: " + join(fabric_->failures, "; "));
+  return Status::Ok();
+}
+
+void Runtime::abort_collectives(const std::string& why) {
+  if (nccl_) nccl_->abort(why);
 }
 
 Runtime::~Runtime() {

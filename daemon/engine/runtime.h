@@ -1,7 +1,9 @@
 #pragma once
 // One rank's engine, ready for sparkd's `native` backend: loads this rank's slices of the
-// model, joins the tensor-parallel mesh (Gloo over TCP; rank 0 serves the rendezvous store
-// and publishes its address through the daemon's `share` function), then rank 0 runs the
+// model, joins the tensor-parallel mesh (Gloo over TCP through the ring's store, sparkd's
+// rendezvous; without one rank 0 serves a TCP store and publishes its address through the
+// `share` function), optionally connects NCCL for the data plane (the unique id through the
+// same store) and runs the fabric self-test, then rank 0 runs the
 // Engine (the HTTP layer submits to engine()) and the other ranks run the TP worker loop
 // on a thread of their own. Each rank loads its weights first and then joins the mesh, so a
 // slow loader delays the join (bounded by rendezvous_timeout_ms) instead of timing out a
@@ -16,10 +18,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/fabric_test.h"
+#include "daemon/engine/nccl_collective.h"
+#include "daemon/engine/rendezvous_store.h"
 #include "daemon/engine/tcp_store.h"
 
 namespace spark::engine {
@@ -35,6 +41,19 @@ struct RuntimeOptions {
   /// others receive it). Needed when world > 1 and store_port is 0.
   std::function<Result<std::string>(const std::string& key, const std::string& value_if_rank0)>
       share;
+  /// The ring's one store (sparkd: its rendezvous). When set, Gloo's mesh and the NCCL
+  /// unique id meet through it and rank 0 starts no TCP store of its own.
+  std::shared_ptr<RendezvousStore> store;
+  /// Data plane over NCCL (the device calls, the fabric self-test) with the control plane on
+  /// Gloo (LocalCollective for one rank); false: Gloo alone.
+  bool nccl = false;
+  NcclOptions nccl_options;  // rank/world are filled from rank/world
+  /// The fabric self-test (NCCL only) runs after the connect and before the engine starts;
+  /// a failed test fails start() with its reasons.
+  bool fabric_test = true;
+  FabricOptions fabric;
+  FabricExpect fabric_expect;   // rank/world are filled from rank/world
+  std::string nccl_debug_file;  // NCCL_DEBUG_FILE, parsed for the transports; "" none
   std::function<void(const std::string&)> progress;  // "loading weights", ...
   EngineOptions engine;
   bool warmup =
@@ -61,13 +80,22 @@ class Runtime {
   /// Rank 0 stops the engine (which releases the workers); workers wait for that.
   void stop();
   const LoadReport& load_report() const { return load_; }
+  /// The fabric self-test's report (nullptr when it did not run).
+  const FabricReport* fabric_report() const { return fabric_ ? &*fabric_ : nullptr; }
+  /// Aborts the NCCL communicator (when there is one): a collective in flight fails at once
+  /// with `why`. Thread-safe; for the daemon when its heartbeats find a rank gone.
+  void abort_collectives(const std::string& why);
 
  private:
   Runtime() = default;
+  Status connect_nccl(const RuntimeOptions& o,
+                      const std::function<void(const std::string&)>& progress);
   RuntimeOptions opts_;
   LoadReport load_;
   std::shared_ptr<TcpStoreServer> store_;  // rank 0, when it picked the port
   std::shared_ptr<Collective> comm_;
+  std::shared_ptr<NcclCollective> nccl_;
+  std::optional<FabricReport> fabric_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;
   std::thread worker_;

@@ -1,14 +1,15 @@
 #pragma once
 // Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, a
-// per-sequence seeded random stream, logprobs. One Sampler per generated sequence.
+// counter-based random draw keyed by (seed, stream, step), logprobs. One Sampler per
+// generated sequence. The draw itself is kernels/sampler.h's, the same function the GPU
+// sampler computes, so a sequence gets the same tokens on either device.
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/sampler.h"
 
 namespace spark::engine {
 
@@ -57,15 +58,23 @@ class Sampler {
           uint64_t stream);
   /// Picks the next token from `logits` (vocab_size floats; not modified) and records it.
   Sample sample(const float* logits);
+  /// The kernel parameters of the next draw (seed, stream and step included), for a device
+  /// sampler that draws for this sequence: it then picks what sample() would.
+  kernels::SampleParams next_params() const;
+  /// Records a token drawn elsewhere (by the device sampler), as sample() does.
+  void record(int32_t token);
+  /// Penalty state: 1 for tokens of the prompt and output so far, and output counts.
+  const std::vector<uint8_t>& seen() const { return seen_; }
+  const std::vector<int32_t>& counts() const { return counts_; }
 
  private:
-  double uniform();
   SamplingParams p_;
   int vocab_;
-  std::vector<uint8_t> seen_;                    // in prompt or output (repetition penalty)
-  std::unordered_map<int32_t, int> out_counts_;  // generated tokens (presence/frequency)
-  std::mt19937_64 rng_;
-  std::vector<int32_t> idx_;
+  std::vector<uint8_t> seen_;
+  std::vector<int32_t> counts_;
+  uint64_t seed_ = 0;
+  uint64_t stream_ = 0;
+  uint32_t step_ = 0;
 };
 
 }  // namespace spark::engine

@@ -172,6 +172,10 @@ uint64_t resident(const std::string& dir, const Manifest& m) {
 TEST_CASE("stage: the page cache of what was read and written is dropped unless keep_cache") {
   test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
   auto m = make_model(src);
+  // Weights on a disk are clean; these were just written, and dirty pages cannot be dropped
+  // until writeback (which a loaded machine may not have done yet): write them back now, so
+  // the claim below is about what stage-weights drops, not about the kernel's writeback.
+  ::sync();
   auto warm = [&] {
     for (const auto& f : m.files) REQUIRE(read_file(src / f.path).has_value());
   };

@@ -9,6 +9,7 @@
 #include "daemon/api_routes.h"
 #include "daemon/backend.h"
 #include "daemon/engine/demo_model.h"
+#include "kernels/cuda_runtime.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -114,4 +115,42 @@ TEST_CASE("ApiState: the memory guard cancels the newest request still in flight
   CHECK(cancelled == std::vector<std::string>{"a:low memory"});
   CHECK_FALSE(st.cancel_newest("again"));
   st.remove_request(a);  // idempotent after the cancel removed it
+}
+
+TEST_CASE("native backend: COLLECTIVE=nccl is refused with the reason where NCCL cannot run") {
+  if (!kernels::cuda_device_count().ok()) {
+    test::TempDir dir("native-nccl");
+    REQUIRE(engine::write_demo_model(dir / "model", false).ok());
+    RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nCOLLECTIVE=nccl\n");
+    auto e = make_backend(cfg, 0);
+    BackendContext ctx;
+    ctx.cfg = &cfg;
+    Status st = e->start(ctx);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == Errc::unsupported);
+    CHECK(st.message().find("COLLECTIVE=nccl: no CUDA device") == 0);
+    // auto on one rank stays on the host collective and serves.
+    RingConfig a = ring("MODEL_PATH=" + dir / "model" + "\nCOLLECTIVE=auto\n");
+    auto ea = make_backend(a, 0);
+    BackendContext ca;
+    ca.cfg = &a;
+    CHECK(ea->start(ca).ok());
+    CHECK(ea->status().fabric.is_null());  // no NCCL, no self-test
+    ea->stop(1000ms);
+    return;
+  }
+  // With a GPU: one rank over NCCL runs the self-test before it serves, and says so.
+  test::TempDir dir("native-nccl");
+  REQUIRE(engine::write_demo_model(dir / "model", false).ok());
+  RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nCOLLECTIVE=nccl\n");
+  auto e = make_backend(cfg, 0);
+  BackendContext ctx;
+  ctx.cfg = &cfg;
+  ctx.log_dir = dir.path();
+  Status st = e->start(ctx);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  auto s = e->status();
+  REQUIRE(s.fabric.is_object());
+  CHECK(s.fabric["passed"] == true);
+  e->stop(1000ms);
 }

@@ -222,3 +222,20 @@ TEST_CASE("jinja: what the interpreter lacks fails at load with the construct an
   CHECK(load_error("{% frobnicate %}").message.find("unknown statement") != std::string::npos);
   CHECK(load_error("{{ a b }}").code == Errc::config);
 }
+
+TEST_CASE("jinja: hostile nesting and runaway output fail cleanly, not by a crash") {
+  CHECK(load_error("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}")
+            .message.find("nested deeper") != std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 1000; ++i) ifs += "{% if true %}";
+  CHECK(load_error(ifs).message.find("nested deeper") != std::string::npos);
+  Json ctx = Json::object();
+  ctx["tools"] = Json::parse(std::string(600, '[') + std::string(600, ']'));
+  Error e = render_error("{{ tools | length }}", ctx);
+  CHECK(e.code == Errc::usage);
+  CHECK(e.message.find("512") != std::string::npos);
+  CHECK(render_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").message.find("recursed") !=
+        std::string::npos);
+  CHECK(render_error("{% set s = 'x' * 100000 %}{% for i in range(700) %}{{ s }}{% endfor %}")
+            .message.find("MiB") != std::string::npos);
+}

@@ -142,7 +142,7 @@ TEST_CASE("rank env: pins from the node's facts; fails closed without a usable G
   CHECK(e->get("NCCL_SOCKET_IFNAME") == "=enp1s0f0np0");
   CHECK(e->get("GLOO_SOCKET_IFNAME") == "enp1s0f0np0");
   CHECK(e->get("MASTER_ADDR") == "127.0.0.1");
-  CHECK(e->get("NCCL_NVLS_ENABLE") == "");  // two GPUs, not a GB10
+  CHECK(e->get("NCCL_NVLS_ENABLE") == "0");  // off unless the cluster file turns it on
   CHECK(e->to_shell().find("export NCCL_IB_GID_INDEX='3'\n") != std::string::npos);
 
   n1.links[1].gid_index = std::nullopt;
@@ -164,6 +164,19 @@ TEST_CASE("rank env: pins from the node's facts; fails closed without a usable G
   CHECK(local->get("NCCL_IB_DISABLE") == "1");
   CHECK(local->get("NCCL_NVLS_ENABLE") == "0");
   CHECK(render_rank_env(cfg, 3, n0).error().code == Errc::usage);
+
+  // NVLS_ENABLE turns NVLink multicast on where it can exist (several GPUs, not a GB10).
+  auto nvls = ring(
+      "NVLS_ENABLE=true\nNODE0_SSH=local\nNODE0_FABRIC_IP=127.0.0.1\nNODE1_SSH=b\n"
+      "NODE1_FABRIC_IP=10.10.2.2\nNODE1_NETDEVS=enp1s0f0np0,enp1s0f1np1\n"
+      "NODE1_HCAS=rocep1s0f0,rocep1s0f1\nNODE1_GPUS=0,1\n");
+  n1.links[1].gid_index = 3;
+  auto on = render_rank_env(nvls, 1, n1);
+  REQUIRE_MESSAGE(on.ok(), on.error().message);
+  CHECK(on->get("NCCL_NVLS_ENABLE") == "1");
+  CHECK(render_rank_env(nvls, 0, n0)->get("NCCL_NVLS_ENABLE") == "0");  // one GPU
+  n1.gpu_name = "NVIDIA GB10";
+  CHECK(render_rank_env(nvls, 1, n1)->get("NCCL_NVLS_ENABLE") == "0");
 }
 
 TEST_CASE("merge_reports: unreachable nodes, clock skew outside the request window") {

@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)openai::parse_tokenize_request(body, limits);
   (void)openai::parse_detokenize_request(body, limits);
 
-  for (auto fam : {tok::ChatFamily::llama3, tok::ChatFamily::chatml, tok::ChatFamily::mistral}) {
+  for (auto fam : {tok::ChatFamily::llama3, tok::ChatFamily::chatml, tok::ChatFamily::mistral,
+                   tok::ChatFamily::deepseek}) {
     auto whole = tok::ToolCallParser::parse(fam, body, ids);
     tok::ToolCallParser p(fam, ids);
     std::string content;

@@ -55,7 +55,8 @@ TEST_CASE("hw: resolve_roce_gid finds the RoCE v2 GID that ibv_devinfo shows for
     return;
   }
   for (const auto& l : links) {
-    auto r = resolve_roce_gid(l.hca, 1, l.ipv4, std::nullopt, {}, "NODE0_GID_INDEX");
+    auto r = resolve_roce_gid(l.hca, 1, l.ipv4, std::nullopt, std::vector<KnownAddress>{},
+                              "NODE0_GID_INDEX");
     std::cout << "# " << format_gid_table(l.hca) << "# " << r.message << "\n";
     REQUIRE_MESSAGE(r.ok(), r.message);
     auto dev = run_process(

@@ -614,6 +614,8 @@ class Eval {
         ScopeP outer = sc;
         o.set("__call__", Value::callable([this, np, outer, depth](Args& a) {
                 if (a.pos.size() != 1) fail(a.line, "loop() takes one iterable");
+                if (depth + 1 >= kMaxDepth)
+                  fail(a.line, fmt::format("recursive loop deeper than {}", kMaxDepth));
                 std::string sub;
                 Flow f = Flow::normal;
                 exec_for(*np, outer, sub, f, &a.pos[0], depth + 1);
@@ -1669,6 +1671,8 @@ Result<std::string> Template::render(const Json& context) const {
     int64_t start = p.size() > 1 ? p[0] : 0, stop = p.size() > 1 ? p[1] : p[0];
     int64_t step = p.size() > 2 ? p[2] : 1;
     if (step == 0) fail(a.line, "range() step must not be zero");
+    int64_t n = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+    if (n > kMaxRange) fail(a.line, fmt::format("range() longer than {}", kMaxRange));
     Array out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       if (static_cast<int64_t>(out.size()) >= kMaxRange)
@@ -1693,11 +1697,11 @@ Result<std::string> Template::render(const Json& context) const {
 #pragma GCC diagnostic pop
     return Value::string(std::string(buf, n));
   });
-  if (context.is_object())
-    for (const auto& [k, v] : context.items()) globals->vars[k] = from_json(v);
   ScopeP top = child(globals);
   std::string out;
   try {
+    if (context.is_object())
+      for (const auto& [k, v] : context.items()) globals->vars[k] = from_json(v);
     Flow f = Flow::normal;
     ev.exec(*root_, top, out, f);
   } catch (const RenderError& e) {

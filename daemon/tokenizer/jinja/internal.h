@@ -203,7 +203,7 @@ std::string to_str(const Value& v);
 /// transformers' tojson: json.dumps(v, ensure_ascii=False, indent, separators, sort_keys).
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
                     const std::string& key_sep, bool sort_keys);
-/// Deep conversion of request JSON into values.
-Value from_json(const Json& j);
+/// Deep conversion of request JSON into values (RenderError past 512 levels of nesting).
+Value from_json(const Json& j, int depth = 0);
 
 }  // namespace spark::tok::jinja

@@ -356,6 +356,7 @@ class Parser {
 
   // Statements until one of `ends` (a block keyword); *end receives which (empty at eof).
   NodeP body(const std::vector<std::string>& ends, std::string* end) {
+    Nest guard(*this);
     NodeP b = node(Node::T::body, cur().line);
     for (;;) {
       const Token& tk = cur();
@@ -587,7 +588,10 @@ class Parser {
     return t;
   }
 
-  NodeP expr() { return or_expr(true); }
+  NodeP expr() {
+    Nest guard(*this);
+    return or_expr(true);
+  }
 
   NodeP or_expr(bool ternary) {
     NodeP l = and_expr();
@@ -712,6 +716,7 @@ class Parser {
   }
 
   NodeP unary(bool with_filter) {
+    Nest guard(*this);
     NodeP n;
     int line = cur().line;
     if (is_op("-") || is_op("+")) {
@@ -941,8 +946,20 @@ class Parser {
     }
   }
 
+  // Nesting depth of blocks and expressions: a hostile template cannot exhaust the stack.
+  struct Nest {
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxNesting)
+        p_.fail(fmt::format("nested deeper than {} levels", kMaxNesting));
+    }
+    ~Nest() { --p_.depth_; }
+    Parser& p_;
+  };
+  static constexpr int kMaxNesting = 200;
+
   std::vector<Token> t_;
   size_t p_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -244,7 +244,8 @@ std::string to_json(const Value& v, int indent, const std::string& item_sep,
   return out;
 }
 
-Value from_json(const Json& j) {
+Value from_json(const Json& j, int depth) {
+  if (depth > 512) throw RenderError("the template's input nests deeper than 512 levels", 0);
   switch (j.type()) {
     case Json::value_t::null:
       return Value::none();
@@ -264,12 +265,12 @@ Value from_json(const Json& j) {
     case Json::value_t::array: {
       Array a;
       a.reserve(j.size());
-      for (const auto& x : j) a.push_back(from_json(x));
+      for (const auto& x : j) a.push_back(from_json(x, depth + 1));
       return Value::array(std::move(a));
     }
     case Json::value_t::object: {
       Value o = Value::object();
-      for (const auto& [k, x] : j.items()) o.obj->items.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) o.obj->items.emplace_back(k, from_json(x, depth + 1));
       return o;
     }
     default:

@@ -1,0 +1,417 @@
+// Kernel benchmark: one run measures the device's HBM read bandwidth (a read kernel of our
+// own and a device-to-device copy), then each kernel against it (memory-bound kernels as a
+// share of that bandwidth, matrix products also in TFLOP/s), with cuBLASLt and the own
+// decode kernel side by side on every Llama-3-8B projection shape. Each timing replays a
+// CUDA graph of many launches (launch gaps hidden) over inputs rotated among enough copies
+// to exceed the L2 cache, median of several replays. Inputs are random, never zeros.
+//
+// Usage: spark_kernel_bench [--json FILE] [--quick]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_runtime.h"
+#include "kernels/matmul.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampler.h"
+
+using namespace spark::kernels;
+using json = nlohmann::json;
+
+namespace {
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+#define ST(x)                                                                        \
+  do {                                                                               \
+    auto s_ = (x);                                                                   \
+    if (!s_.ok()) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.message().c_str()); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+__global__ void fill_random(uint16_t* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    const float f = (static_cast<float>(x & 0xffffff) / 16777216.f - 0.5f) * 2.f * scale;
+    __nv_bfloat16 b = __float2bfloat16_rn(f);
+    p[i] = *reinterpret_cast<uint16_t*>(&b);
+  }
+}
+
+__global__ void read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) atomicAdd(sink, 1u);  // keeps the loads; practically never taken
+}
+
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  return p;
+}
+void* random_bf16(size_t n, uint32_t seed, float scale = 1.f) {
+  void* p = dalloc(n * 2);
+  fill_random<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, scale);
+  CK(cudaGetLastError());
+  return p;
+}
+
+// Median time in microseconds of one call of `body(i)` (i = the rotation index), from
+// replays of a graph of `per_graph` calls.
+double time_us(cudaStream_t st, int per_graph, const std::function<void(int)>& body,
+               int replays = 7) {
+  for (int i = 0; i < 3; ++i) body(i);  // warm-up outside capture (plans, attributes)
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < per_graph; ++i) body(i);
+  CK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t ge;
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaGraphLaunch(ge, st));
+  std::vector<double> t;
+  for (int r = 0; r < replays; ++r) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0 / per_graph);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
+      json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else {
+      std::fprintf(stderr, "usage: spark_kernel_bench [--json FILE] [--quick]\n");
+      return 2;
+    }
+  }
+  ST(cuda_select_device(0));
+  auto lim = cuda_device_limits(0);
+  ST(lim.status());
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  json out;
+  out["device"] = describe_device(*lim);
+  out["sm_count"] = lim->sm_count;
+  out["l2_bytes"] = lim->l2_bytes;
+  out["smem_per_block_optin"] = lim->smem_per_block_optin;
+
+  // ---- HBM bandwidth ----
+  const size_t bw_bytes = size_t{4} << 30;
+  void* big = random_bf16(bw_bytes / 2, 1);
+  void* big2 = dalloc(bw_bytes);
+  unsigned* sink = static_cast<unsigned*>(dalloc(4));
+  const unsigned rblocks = static_cast<unsigned>(lim->sm_count * 8);
+  const double t_read = time_us(st, 5, [&](int) {
+    read_kernel<<<rblocks, 512, 0, st>>>(static_cast<const uint4*>(big), bw_bytes / 16, sink);
+  });
+  const double t_copy = time_us(
+      st, 5, [&](int) { CK(cudaMemcpyAsync(big2, big, bw_bytes, cudaMemcpyDeviceToDevice, st)); });
+  const double read_gbs = bw_bytes / t_read / 1e3;
+  const double copy_gbs = 2.0 * bw_bytes / t_copy / 1e3;
+  out["hbm_read_GBps"] = read_gbs;
+  out["d2d_copy_GBps"] = copy_gbs;
+  fmt::print("# {}: {} SMs, L2 {} MiB, shared memory per block {} KiB (opt-in)\n",
+             describe_device(*lim), lim->sm_count, lim->l2_bytes >> 20,
+             lim->smem_per_block_optin >> 10);
+  fmt::print("# HBM read {:.0f} GB/s (read kernel, 4 GiB), D2D copy {:.0f} GB/s (read+write)\n\n",
+             read_gbs, copy_gbs);
+  CK(cudaFree(big2));
+
+  // ---- matrix products ----
+  auto mm = Matmul::create();
+  ST(mm.status());
+  out["cublaslt"] = (*mm)->library_path();
+  struct Shape {
+    const char* name;
+    size_t n, k;
+  } shapes[] = {{"q/o 4096x4096", 4096, 4096},
+                {"k/v 1024x4096", 1024, 4096},
+                {"gate_up 28672x4096", 28672, 4096},
+                {"down 4096x14336", 4096, 14336},
+                {"lm_head 128256x4096", 128256, 4096}};
+  std::vector<size_t> ms = {1, 8, 32, 1024, 8192};
+  if (quick) ms = {1, 8, 32, 1024};
+  // A bf16 dense-product peak in the same run: cuBLASLt on 8192^3.
+  {
+    const size_t n = 8192;
+    void *a = random_bf16(n * n, 2), *w = random_bf16(n * n, 3), *o = dalloc(n * n * 2);
+    MatmulArgs args;
+    args.a = a, args.lda = n, args.w = w, args.ldw = n, args.out = o, args.ldo = n, args.m = n,
+    args.n = n, args.k = n;
+    args.backend = MatmulBackend::cublaslt;
+    const double t = time_us(st, 5, [&](int) { ST((*mm)->run(args, st)); });
+    out["bf16_peak_TFLOPs"] = 2.0 * n * n * n / t / 1e6;
+    fmt::print("# bf16 matrix-product peak (cuBLASLt 8192^3): {:.0f} TFLOP/s\n\n",
+               2.0 * n * n * n / t / 1e6);
+    CK(cudaFree(a));
+    CK(cudaFree(w));
+    CK(cudaFree(o));
+  }
+  fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
+             "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
+             "%HBM", "TFLOP/s", "faster");
+  json mjs = json::array();
+  for (const auto& sh : shapes) {
+    const size_t wbytes = sh.n * sh.k * 2;
+    // Enough weight copies to exceed the L2 (and at least 2).
+    const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
+    std::vector<void*> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(sh.n * sh.k, 10 + c, 0.05f));
+    for (size_t m : ms) {
+      void* a = random_bf16(m * sh.k, 99);
+      void* o = dalloc(m * sh.n * 2);
+      MatmulArgs args;
+      args.a = a, args.lda = sh.k, args.ldw = sh.k, args.out = o, args.ldo = sh.n, args.m = m,
+      args.n = sh.n, args.k = sh.k;
+      const int per = m >= 1024 ? 3 : 20;
+      auto run = [&](MatmulBackend be) {
+        args.backend = be;
+        return time_us(st, per, [&](int i) {
+          args.w = ws[static_cast<size_t>(i) % ws.size()];
+          ST((*mm)->run(args, st));
+        });
+      };
+      const double bytes = static_cast<double>(wbytes + m * sh.k * 2 + m * sh.n * 2);
+      const double flops = 2.0 * m * sh.n * sh.k;
+      const double tl = run(MatmulBackend::cublaslt);
+      double to = 0;
+      if (m <= kMatmulOwnMaxRows) to = run(MatmulBackend::own);
+      auto gbs = [&](double t) { return bytes / t / 1e3; };
+      const std::string faster = to > 0 && to < tl ? "own" : "cublaslt";
+      if (to > 0)
+        fmt::print(
+            "{:<22} {:>5} | {:>10.1f} {:>8.0f} {:>5.0f}% {:>7.1f} | {:>10.1f} {:>8.0f} {:>5.0f}% "
+            "{:>7.1f} | {}\n",
+            sh.name, m, tl, gbs(tl), 100 * gbs(tl) / read_gbs, flops / tl / 1e6, to, gbs(to),
+            100 * gbs(to) / read_gbs, flops / to / 1e6, faster);
+      else
+        fmt::print(
+            "{:<22} {:>5} | {:>10.1f} {:>8.0f} {:>5.0f}% {:>7.1f} | {:>10} {:>8} {:>6} {:>7} | "
+            "{}\n",
+            sh.name, m, tl, gbs(tl), 100 * gbs(tl) / read_gbs, flops / tl / 1e6, "-", "-", "-", "-",
+            faster);
+      json j = {{"shape", sh.name},
+                {"n", sh.n},
+                {"k", sh.k},
+                {"m", m},
+                {"cublaslt_us", tl},
+                {"cublaslt_GBps", gbs(tl)},
+                {"cublaslt_TFLOPs", flops / tl / 1e6},
+                {"faster", faster},
+                {"chosen", matmul_backend_name((*mm)->choose(m, sh.n, sh.k))}};
+      if (to > 0) j["own_us"] = to, j["own_GBps"] = gbs(to), j["own_TFLOPs"] = flops / to / 1e6;
+      mjs.push_back(j);
+      CK(cudaFree(a));
+      CK(cudaFree(o));
+    }
+    for (void* p : ws) CK(cudaFree(p));
+  }
+  out["matmul"] = mjs;
+
+  // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
+  json ajs = json::array();
+  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
+  const int nh = 32, nkv = 8, hd = 128, bs = 16;
+  auto attention = [&](bool decode, int n_seqs, int ctx, int qlen) {
+    const int blocks_per = (ctx + bs - 1) / bs;
+    const size_t nblocks = static_cast<size_t>(blocks_per) * n_seqs;
+    const size_t row = static_cast<size_t>(nkv) * hd;
+    void *kp = random_bf16(nblocks * bs * row, 5), *vp = random_bf16(nblocks * bs * row, 6);
+    std::vector<int32_t> tables(nblocks), lens(static_cast<size_t>(n_seqs), ctx),
+        qs(static_cast<size_t>(n_seqs) + 1);
+    std::vector<int32_t> perm(nblocks);
+    for (size_t i = 0; i < nblocks; ++i) perm[i] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+    tables = perm;
+    for (int s = 0; s <= n_seqs; ++s) qs[static_cast<size_t>(s)] = s * qlen;
+    void *dt = dalloc(tables.size() * 4), *dl = dalloc(lens.size() * 4),
+         *dq = dalloc(qs.size() * 4);
+    CK(cudaMemcpy(dt, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dl, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dq, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    const size_t T = static_cast<size_t>(n_seqs) * qlen;
+    void *q = random_bf16(T * nh * hd, 8), *o = dalloc(T * nh * hd * 2);
+    AttentionBatch b;
+    b.q = q, b.q_stride = static_cast<size_t>(nh) * hd, b.out = o, b.out_stride = b.q_stride,
+    b.n_heads = nh;
+    b.kv.k = kp, b.kv.v = vp, b.kv.block_size = bs, b.kv.n_kv_heads = nkv, b.kv.head_dim = hd;
+    b.kv.num_blocks = static_cast<int>(nblocks);
+    b.block_tables = static_cast<int32_t*>(dt), b.max_blocks_per_seq = blocks_per,
+    b.seq_lens = static_cast<int32_t*>(dl);
+    b.query_start = static_cast<int32_t*>(dq), b.n_seqs = n_seqs, b.n_tokens = T,
+    b.max_query_len = qlen;
+    b.max_seq_len = ctx, b.scale = 0.0883883f;
+    void* ws = nullptr;
+    if (decode) {
+      b.workspace_bytes = attention_decode_workspace_bytes(n_seqs, nh, hd, ctx);
+      if (b.workspace_bytes) ws = dalloc(b.workspace_bytes);
+      b.workspace = ws;
+    }
+    const double t = time_us(st, decode ? 20 : 3, [&](int) {
+      ST(decode ? attention_decode_cuda_device(b, st) : attention_prefill_cuda_device(b, st));
+    });
+    std::string name =
+        fmt::format("{} seqs {} ctx {} q {}", decode ? "decode" : "prefill", n_seqs, ctx, qlen);
+    json j = {{"kernel", decode ? "attention_decode" : "attention_prefill"},
+              {"seqs", n_seqs},
+              {"ctx", ctx},
+              {"q", qlen},
+              {"us", t}};
+    if (decode) {
+      const double bytes = 2.0 * n_seqs * ctx * row * 2;
+      j["GBps"] = bytes / t / 1e3;
+      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, t, bytes / t / 1e3,
+                 100 * bytes / t / 1e3 / read_gbs);
+    } else {
+      // Causal: each query attends to (prefix + its index + 1) keys; 4 flops per key and dim.
+      const double keys = static_cast<double>(n_seqs) *
+                          (static_cast<double>(ctx - qlen) * qlen + 0.5 * qlen * (qlen + 1.0));
+      const double flops = 4.0 * keys * hd * nh;
+      j["TFLOPs"] = flops / t / 1e6;
+      fmt::print("{:<34} {:>10.1f} {:>10.1f} {:>7.0f}%\n", name, t, flops / t / 1e6,
+                 100 * flops / t / 1e6 / out["bf16_peak_TFLOPs"].get<double>());
+    }
+    ajs.push_back(j);
+    for (void* p : {kp, vp, dt, dl, dq, q, o}) CK(cudaFree(p));
+    if (ws) CK(cudaFree(ws));
+  };
+  attention(true, 1, 4096, 1);
+  attention(true, 1, 32768, 1);
+  attention(true, 8, 4096, 1);
+  attention(true, 32, 4096, 1);
+  attention(false, 1, 1024, 1024);
+  attention(false, 1, 8192, 8192);
+  if (!quick) attention(false, 1, 32768, 32768);
+  out["attention"] = ajs;
+
+  // ---- norms, RoPE, sampler ----
+  json ojs = json::array();
+  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
+  for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
+    const size_t dim = 4096;
+    void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),
+         *w = random_bf16(dim, 22), *y = dalloc(rows * dim * 2);
+    const double t = time_us(st, 50, [&](int) {
+      ST(add_rmsnorm_cuda_device(DType::bf16, h, d, w, y, rows, dim, 1e-5f, st));
+    });
+    const double bytes = 4.0 * rows * dim * 2;  // read h, d; write h, y
+    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n",
+               fmt::format("add_rmsnorm {}x{}", rows, dim), t, bytes / t / 1e3,
+               100 * bytes / t / 1e3 / read_gbs);
+    ojs.push_back({{"kernel", "add_rmsnorm"},
+                   {"rows", rows},
+                   {"dim", dim},
+                   {"us", t},
+                   {"GBps", bytes / t / 1e3}});
+    for (void* p : {h, d, w, y}) CK(cudaFree(p));
+  }
+  for (size_t T : {size_t{1}, size_t{32}, size_t{8192}}) {
+    const size_t stride = (32 + 16) * 128;
+    void* qkv = random_bf16(T * stride, 30);
+    std::vector<int32_t> pos(T);
+    for (size_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(i * 3);
+    auto inv = rope_inv_freq(128, 500000.0, {});
+    void *dp = dalloc(T * 4), *di = dalloc(inv.size() * 4);
+    CK(cudaMemcpy(dp, pos.data(), T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(di, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    RopeArgs a;
+    a.q = qkv, a.q_stride = stride, a.n_heads = 32, a.k = static_cast<char*>(qkv) + 32 * 128 * 2,
+    a.k_stride = stride;
+    a.n_kv_heads = 8, a.head_dim = 128, a.n_tokens = T, a.positions = static_cast<int32_t*>(dp),
+    a.inv_freq = static_cast<float*>(di);
+    const double t = time_us(st, 50, [&](int) { ST(rope_cuda_device(a, st)); });
+    const double bytes = 2.0 * T * 40 * 128 * 2;
+    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n", fmt::format("rope q+k {} tokens", T), t,
+               bytes / t / 1e3, 100 * bytes / t / 1e3 / read_gbs);
+    ojs.push_back({{"kernel", "rope"}, {"tokens", T}, {"us", t}, {"GBps", bytes / t / 1e3}});
+    for (void* p : {qkv, dp, di}) CK(cudaFree(p));
+  }
+  for (int rows : {1, 32}) {
+    const int V = 128256;
+    void* logits = dalloc(static_cast<size_t>(rows) * V * 4);
+    std::vector<float> hl(static_cast<size_t>(rows) * V);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0, 3);
+    for (auto& f : hl) f = nd(rng);
+    CK(cudaMemcpy(logits, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<SampleParams> ps(static_cast<size_t>(rows));
+      for (auto& p : ps) {
+        p.seed = 1;
+        if (mode == 0) p.temperature = 0;
+        if (mode == 2) p.top_p = 0.9f, p.top_k = 50, p.logprobs = 1, p.top_logprobs = 5;
+      }
+      void *dp = dalloc(ps.size() * sizeof(SampleParams)),
+           *dr = dalloc(ps.size() * sizeof(SampleResult));
+      CK(cudaMemcpy(dp, ps.data(), ps.size() * sizeof(SampleParams), cudaMemcpyHostToDevice));
+      void* ws = dalloc(sample_workspace_bytes(rows, V));
+      SampleBatch b;
+      b.logits = logits, b.logits_stride = V, b.vocab = V, b.rows = rows,
+      b.params = static_cast<SampleParams*>(dp);
+      b.results = static_cast<SampleResult*>(dr), b.workspace = ws,
+      b.workspace_bytes = sample_workspace_bytes(rows, V);
+      b.update_state = false;
+      const double t = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st)); });
+      const char* what[] = {"greedy", "temperature 1", "top-k 50 top-p 0.9 logprobs top-5"};
+      fmt::print("{:<34} {:>10.1f} {:>10} {:>8}\n",
+                 fmt::format("sampler {} rows: {}", rows, what[mode]), t, "-", "-");
+      ojs.push_back(
+          {{"kernel", "sampler"}, {"rows", rows}, {"vocab", V}, {"mode", what[mode]}, {"us", t}});
+      for (void* p : {dp, dr, ws}) CK(cudaFree(p));
+    }
+    CK(cudaFree(logits));
+  }
+  out["other"] = ojs;
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+  }
+  std::printf("\n%s\n", out.dump().c_str());
+  return 0;
+}

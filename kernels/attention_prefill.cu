@@ -1,0 +1,343 @@
+// Prefill attention over the paged KV cache, flash-attention style (FlashAttention-2's
+// work split): a block owns 64 queries of one head of one sequence, 4 warps of 16 query
+// rows each; it walks the causal range of keys in tiles of BN, keeping the running row
+// max, row sum and output in registers (online softmax in fp32, exp2 domain). Products
+// run on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulation); the score
+// accumulators are reused as the A operand of P*V without leaving registers. K and V
+// tiles are gathered through the block table into shared memory (V transposed, so both
+// operands are read with 32-bit loads); an fp32 cache is rounded to bf16 for the products.
+// head_dim is padded with zeros to the kernel's HD (64, 128 or 256).
+#include <cfloat>
+#include <type_traits>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/paged_attention.h"
+
+namespace spark::kernels {
+namespace {
+
+constexpr int kBM = 64;  // queries per block
+constexpr int kWarpsP = 4;
+
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight elements of an fp32 cache row as bf16 (a uint4); zeros where invalid.
+template <typename C>
+__device__ __forceinline__ uint4 load8_bf16(const C* p, bool valid);
+template <>
+__device__ __forceinline__ uint4 load8_bf16<float>(const float* p, bool valid) {
+  if (!valid) return make_uint4(0, 0, 0, 0);
+  float f[8];
+  dev::load8(p, f);
+  return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]),
+                    pack_bf16(f[6], f[7]));
+}
+
+// Q's A fragment for k-step kk: rows r and r + 8 of the warp's 16, columns 2c..2c+1 and +8.
+template <int P>
+__device__ __forceinline__ void load_q_frag(const dev::bf16* q_s, int r, int kk, int c,
+                                            uint32_t* a) {
+  const dev::bf16* qa = q_s + r * P + kk * 16 + c * 2;
+  a[0] = *reinterpret_cast<const uint32_t*>(qa);
+  a[1] = *reinterpret_cast<const uint32_t*>(qa + 8 * P);
+  a[2] = *reinterpret_cast<const uint32_t*>(qa + 8);
+  a[3] = *reinterpret_cast<const uint32_t*>(qa + 8 * P + 8);
+}
+
+template <int HD, int BN>
+struct PrefillSmem {
+  static constexpr int kP =
+      HD + 8;  // row pitch (bf16) of every tile, padded against bank conflicts
+  static constexpr size_t q_elems = size_t{kBM} * kP;
+  static constexpr size_t kv_elems = size_t{BN} * kP;            // one K or V tile
+  static constexpr size_t bytes = (q_elems + 4 * kv_elems) * 2;  // Q, then K and V twice
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared without passing through registers; zero-filled when !valid.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <typename C, int HD, int BN>
+__global__ void __launch_bounds__(kWarpsP * 32) prefill_kernel(AttentionBatch b) {
+  using S = PrefillSmem<HD, BN>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  dev::bf16* q_s = reinterpret_cast<dev::bf16*>(smem_raw);
+  dev::bf16* kv_s = q_s + S::q_elems;  // stage t: K at kv_s + 2t*kv_elems, V right after
+
+  const int seq = blockIdx.z, h = blockIdx.y;
+  const int qs = b.query_start[seq];
+  const int qlen = b.query_start[seq + 1] - qs;
+  const int m0 = blockIdx.x * kBM;
+  if (m0 >= qlen) return;
+  const int ctx = b.seq_lens[seq];
+  const int hd = b.kv.head_dim;
+  const int group = b.n_heads / b.kv.n_kv_heads;
+  const int kvh = h / group;
+  const int pbase = ctx - qlen;  // position of query 0
+  const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+
+  // Q tile -> shared (bf16, zero padded).
+  constexpr int kCh = HD / 8;
+  for (int c = tid; c < kBM * kCh; c += blockDim.x) {
+    const int r = c / kCh, d = (c % kCh) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (m0 + r < qlen && d < hd) {
+      const size_t off =
+          static_cast<size_t>(qs + m0 + r) * b.q_stride + static_cast<size_t>(h) * hd + d;
+      if (b.dtype == DType::bf16) {
+        v = *reinterpret_cast<const uint4*>(static_cast<const dev::bf16*>(b.q) + off);
+      } else {
+        float f[8];
+        dev::load8(static_cast<const float*>(b.q) + off, f);
+        v = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]),
+                       pack_bf16(f[6], f[7]));
+      }
+    }
+    *reinterpret_cast<uint4*>(q_s + r * S::kP + d) = v;
+  }
+
+  const int g = lane >> 2, cq = lane & 3;
+  const int rA = warp * 16 + g, rB = rA + 8;  // this thread's two rows in the tile
+  const int posA = pbase + m0 + rA, posB = pbase + m0 + rB;
+  const bool rowA_ok = m0 + rA < qlen, rowB_ok = m0 + rB < qlen;
+  const float sl2 = b.scale * 1.4426950408889634f;
+
+  const int last = pbase + min(m0 + kBM, qlen) - 1;  // last query position of the tile
+  const int kend = min(ctx, last + 1);
+  int kstart = 0;
+  if (b.window > 0) kstart = max(0, pbase + m0 - b.window + 1);
+  kstart = kstart / BN * BN;
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+
+  const int32_t* table = b.block_tables + static_cast<size_t>(seq) * b.max_blocks_per_seq;
+  const size_t row_elems = static_cast<size_t>(b.kv.n_kv_heads) * hd;
+  const C* kpool = static_cast<const C*>(b.kv.k);
+  const C* vpool = static_cast<const C*>(b.kv.v);
+
+  // K/V tiles are double-buffered: tile i+1 is copied (cp.async for a bf16 cache) while
+  // tile i is computed. An fp32 cache is converted on the way, synchronously.
+  auto issue_tile = [&](int n0, int stage) {
+    dev::bf16* ks = kv_s + static_cast<size_t>(2 * stage) * S::kv_elems;
+    dev::bf16* vs = ks + S::kv_elems;
+    for (int c = tid; c < BN * kCh; c += blockDim.x) {
+      const int r = c / kCh, d = (c % kCh) * 8;
+      const int kp = n0 + r;
+      const bool valid = kp < kend && d < hd;
+      size_t off = 0;
+      if (valid) {
+        const int blk = table[kp / b.kv.block_size];
+        off = (static_cast<size_t>(blk) * b.kv.block_size + kp % b.kv.block_size) * row_elems +
+              static_cast<size_t>(kvh) * hd + d;
+      }
+      if constexpr (std::is_same_v<C, dev::bf16>) {
+        cp_async16(ks + r * S::kP + d, kpool + off, valid);
+        cp_async16(vs + r * S::kP + d, vpool + off, valid);
+      } else {
+        *reinterpret_cast<uint4*>(ks + r * S::kP + d) = load8_bf16<C>(kpool + off, valid);
+        *reinterpret_cast<uint4*>(vs + r * S::kP + d) = load8_bf16<C>(vpool + off, valid);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Q's A fragments stay in registers for every key tile (head_dim <= 128).
+  constexpr bool kHoistQ = HD <= 128;
+  uint32_t qf[kHoistQ ? HD / 16 : 1][4];
+  if constexpr (kHoistQ) {
+    __syncthreads();  // Q is in shared memory
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) load_q_frag<S::kP>(q_s, rA, kk, cq, qf[kk]);
+  }
+
+  issue_tile(kstart, 0);
+  int stage = 0;
+  for (int n0 = kstart; n0 < kend; n0 += BN, stage ^= 1) {
+    if (n0 + BN < kend) {
+      issue_tile(n0 + BN, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile `stage` (and Q, the first time) is in shared memory
+    const dev::bf16* k_s = kv_s + static_cast<size_t>(2 * stage) * S::kv_elems;
+    const dev::bf16* v_s = k_s + S::kv_elems;
+
+    // S = Q K^T for this warp's 16 rows; K's B fragments by ldmatrix (two key tiles and
+    // both k halves per instruction).
+    float s[BN / 8][4];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      if constexpr (kHoistQ) {
+        a[0] = qf[kk][0], a[1] = qf[kk][1], a[2] = qf[kk][2], a[3] = qf[kk][3];
+      } else {
+        load_q_frag<S::kP>(q_s, rA, kk, cq, a);
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 8; j += 2) {
+        const dev::bf16* krow =
+            k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * S::kP + kk * 16 + ((lane >> 3) & 1) * 8;
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(smem_u32(krow)));
+        mma_bf16(s[j], a, b0, b1);
+        mma_bf16(s[j + 1], a, b2, b3);
+      }
+    }
+
+    // Mask, scale to the exp2 domain, online softmax.
+    float tmA = -INFINITY, tmB = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kp = n0 + j * 8 + cq * 2 + (e & 1);
+        const int pos = e < 2 ? posA : posB;
+        const bool ok = (e < 2 ? rowA_ok : rowB_ok) && kp <= pos && kp < kend &&
+                        (b.window <= 0 || kp > pos - b.window);
+        s[j][e] = ok ? s[j][e] * sl2 : -INFINITY;
+        if (e < 2)
+          tmA = fmaxf(tmA, s[j][e]);
+        else
+          tmB = fmaxf(tmB, s[j][e]);
+      }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, o2));
+      tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, o2));
+    }
+    const float nmA = fmaxf(mA, tmA), nmB = fmaxf(mB, tmB);
+    const float uA = nmA == -INFINITY ? 0.f : nmA, uB = nmB == -INFINITY ? 0.f : nmB;
+    const float alA = exp2f(mA - uA), alB = exp2f(mB - uB);
+    mA = nmA, mB = nmB;
+    float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      s[j][0] = exp2f(s[j][0] - uA), s[j][1] = exp2f(s[j][1] - uA);
+      s[j][2] = exp2f(s[j][2] - uB), s[j][3] = exp2f(s[j][3] - uB);
+      sumA += s[j][0] + s[j][1];
+      sumB += s[j][2] + s[j][3];
+    }
+    lA = lA * alA + sumA;
+    lB = lB * alB + sumB;
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) o[j][0] *= alA, o[j][1] *= alA, o[j][2] *= alB, o[j][3] *= alB;
+
+      // O += P V; V's B fragments come transposed out of the row-major tile (ldmatrix.trans).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < HD / 8; j += 2) {
+        const dev::bf16* vrow =
+            v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * S::kP + (j + (lane >> 4)) * 8;
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "r"(smem_u32(vrow)));
+        mma_bf16(o[j], a, b0, b1);
+        mma_bf16(o[j + 1], a, b2, b3);
+      }
+    }
+    __syncthreads();  // every warp is done with tile `stage` before it is refilled
+  }
+
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, o2);
+    lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+  }
+  const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+#pragma unroll
+  for (int j = 0; j < HD / 8; ++j) {
+    const int d = j * 8 + cq * 2;
+    if (d >= hd) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const bool ok = half == 0 ? rowA_ok : rowB_ok;
+      if (!ok) continue;
+      const int r = half == 0 ? rA : rB;
+      const float inv = half == 0 ? iA : iB;
+      const size_t off =
+          static_cast<size_t>(qs + m0 + r) * b.out_stride + static_cast<size_t>(h) * hd + d;
+      const float x0 = o[j][2 * half] * inv, x1 = o[j][2 * half + 1] * inv;
+      if (b.dtype == DType::bf16) {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<dev::bf16*>(b.out) + off) =
+            __floats2bfloat162_rn(x0, x1);
+      } else {
+        float* op = static_cast<float*>(b.out) + off;
+        op[0] = x0, op[1] = x1;
+      }
+    }
+  }
+}
+
+template <typename C, int HD, int BN>
+Status launch_prefill(const AttentionBatch& b, cudaStream_t st) {
+  constexpr size_t smem = PrefillSmem<HD, BN>::bytes;
+  auto* k = prefill_kernel<C, HD, BN>;
+  SPARK_TRY(detail::prepare_launch(k, "attention_prefill", kWarpsP * 32, smem));
+  const dim3 grid(static_cast<unsigned>((b.max_query_len + kBM - 1) / kBM),
+                  static_cast<unsigned>(b.n_heads), static_cast<unsigned>(b.n_seqs));
+  k<<<grid, kWarpsP * 32, smem, st>>>(b);
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+template <typename C>
+Status dispatch_prefill(const AttentionBatch& b, cudaStream_t st) {
+  const int hd = b.kv.head_dim;
+  if (hd <= 64) return launch_prefill<C, 64, 64>(b, st);
+  if (hd <= 128) return launch_prefill<C, 128, 64>(b, st);
+  return launch_prefill<C, 256, 32>(b, st);
+}
+
+}  // namespace
+
+Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
+  SPARK_TRY(attention_check_args(b, false));
+  if (b.n_seqs == 0 || b.n_tokens == 0) return Status::Ok();
+  if (b.n_seqs > 65535 || b.n_heads > 65535)
+    return make_error(Errc::usage,
+                      "attention_prefill: more than 65535 sequences or heads in one batch");
+  auto st = static_cast<cudaStream_t>(stream);
+  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill<C>(b, st));
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels

@@ -1,0 +1,88 @@
+#pragma once
+// For .cu files only: element loads/stores for the two storage types, warp reductions and
+// the DType dispatch the untyped entry points share.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace spark::kernels::dev {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f(bf16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+/// `scratch` holds 33 floats; the call ends with a barrier, so scratch may be reused.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < nw ? scratch[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) scratch[32] = s;
+  }
+  __syncthreads();
+  const float r = scratch[32];
+  __syncthreads();
+  return r;
+}
+
+/// Eight elements as floats from a 16-byte aligned address.
+__device__ __forceinline__ void load8(const bf16* p, float* f) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float* f) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+}  // namespace spark::kernels::dev
+
+/// Calls `body` with `T` bound to float or __nv_bfloat16 as `dt` says.
+#define SPARK_DISPATCH_DTYPE(dt, T, ...)         \
+  do {                                           \
+    if ((dt) == ::spark::kernels::DType::bf16) { \
+      using T = ::spark::kernels::dev::bf16;     \
+      __VA_ARGS__;                               \
+    } else {                                     \
+      using T = float;                           \
+      __VA_ARGS__;                               \
+    }                                            \
+  } while (0)

@@ -1,0 +1,79 @@
+#pragma once
+// Matrix products of a linear layer: out[m][n] = sum_k a[m][k] * w[n][k] (+ bias[n])
+// (+ out[m][n] when accumulating), BF16 in, FP32 accumulation, bf16 or fp32 out. Two
+// backends: cuBLASLt, loaded at run time with dlopen (libcublasLt.so.13) so the binaries
+// start without it, and a kernel of our own for decode shapes (m <= 32 rows, memory-bound:
+// one pass over the weight with 16-byte loads). Matmul::run picks per shape (see
+// Matmul::choose). matmul_ref is the CPU twin.
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/dtype.h"
+
+namespace spark::kernels {
+
+/// Which implementation runs a product.
+enum class MatmulBackend : uint8_t { automatic, cublaslt, own };
+
+/// "auto", "cublaslt" or "own".
+const char* matmul_backend_name(MatmulBackend b);
+
+/// Most rows the own (decode) kernel takes.
+inline constexpr size_t kMatmulOwnMaxRows = 32;
+
+/// One product; pointers are device pointers, strides in elements.
+struct MatmulArgs {
+  const void* a = nullptr;  // [m][k] bf16, row stride lda
+  size_t lda = 0;
+  const void* w = nullptr;  // [n][k] bf16 (a linear layer's weight), row stride ldw
+  size_t ldw = 0;
+  void* out = nullptr;  // [m][n] of out_dtype, row stride ldo
+  DType out_dtype = DType::bf16;
+  size_t ldo = 0;
+  size_t m = 0, n = 0, k = 0;
+  const void* bias = nullptr;  // optional [n] bf16
+  bool accumulate = false;     // out += product (a residual add), instead of out = product
+  MatmulBackend backend = MatmulBackend::automatic;
+};
+
+/// Reference product on floats, accumulated in double, result rounded to `store`.
+void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
+                const float* bias, bool accumulate, DType store);
+
+/// Checks MatmulArgs (non-null, strides >= widths, k a multiple of 8 and 16-byte aligned
+/// rows for the own kernel).
+Status matmul_check_args(const MatmulArgs& a);
+
+/// The own decode-shaped kernel directly (m <= kMatmulOwnMaxRows), on `stream`.
+Status matmul_own_cuda_device(const MatmulArgs& a, void* stream);
+
+/// A cuBLASLt handle, its workspace and the algorithms chosen per shape, for the current
+/// device. Not thread-safe: one per engine thread. Products it runs can be captured in a
+/// CUDA graph once each shape has run once outside capture (the algorithm is chosen then).
+class Matmul {
+ public:
+  /// Loads libcublasLt.so.13 and allocates `workspace_bytes` of device workspace.
+  /// Errc::unsupported naming the library (and the fix) when it cannot be loaded.
+  static Result<std::unique_ptr<Matmul>> create(size_t workspace_bytes = size_t{32} << 20);
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+
+  /// Runs one product on `stream` with args.backend (automatic: choose()).
+  Status run(const MatmulArgs& args, void* stream);
+  /// The backend automatic picks for this shape: the one measured faster on the H200
+  /// (bench/kernels): own for m <= 8 on weights of 8-16 Mi elements (4096 x 4096), else
+  /// cuBLASLt.
+  MatmulBackend choose(size_t m, size_t n, size_t k) const;
+  /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
+  const std::string& library_path() const;
+
+ private:
+  struct Impl;
+  explicit Matmul(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spark::kernels

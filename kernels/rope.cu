@@ -1,0 +1,77 @@
+// RoPE (rotate-half layout) on the GPU, optionally after a per-head RMSNorm (Qwen3): one
+// warp per (token, head) over the q heads and then the k heads. Each lane holds up to 8
+// rotation pairs (i, i + head_dim/2) in registers, so the norm and the rotation read and
+// write each element once.
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/rope.h"
+
+namespace spark::kernels {
+namespace {
+
+constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
+
+template <typename T>
+__global__ void rope_kernel(RopeArgs a) {
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t heads =
+      static_cast<size_t>(a.n_heads) + (a.k ? static_cast<size_t>(a.n_kv_heads) : 0);
+  const size_t jobs = a.n_tokens * heads;
+  const size_t warps = size_t{gridDim.x} * (blockDim.x / 32);
+  const int half = a.head_dim / 2;
+  for (size_t job = blockIdx.x * size_t{blockDim.x / 32} + threadIdx.x / 32; job < jobs;
+       job += warps) {
+    const size_t t = job / heads, h = job % heads;
+    const bool is_q = h < static_cast<size_t>(a.n_heads);
+    T* v = is_q ? static_cast<T*>(a.q) + t * a.q_stride + h * a.head_dim
+                : static_cast<T*>(a.k) + t * a.k_stride + (h - a.n_heads) * a.head_dim;
+    const T* norm = static_cast<const T*>(is_q ? a.q_norm : a.k_norm);
+    float x0[kMaxPairsPerLane], x1[kMaxPairsPerLane];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = static_cast<int>(lane) + 32 * j;
+      x0[j] = i < half ? dev::to_f(v[i]) : 0.f;
+      x1[j] = i < half ? dev::to_f(v[i + half]) : 0.f;
+      ss = fmaf(x0[j], x0[j], fmaf(x1[j], x1[j], ss));
+    }
+    if (norm) {
+      ss = dev::warp_sum(ss);
+      const float inv = rsqrtf(ss / static_cast<float>(a.head_dim) + a.norm_eps);
+#pragma unroll
+      for (int j = 0; j < kMaxPairsPerLane; ++j) {
+        const int i = static_cast<int>(lane) + 32 * j;
+        if (i < half) {
+          x0[j] = x0[j] * inv * dev::to_f(norm[i]);
+          x1[j] = x1[j] * inv * dev::to_f(norm[i + half]);
+        }
+      }
+    }
+    const float pos = static_cast<float>(a.positions[t]);
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = static_cast<int>(lane) + 32 * j;
+      if (i < half) {
+        float s, c;
+        sincosf(pos * a.inv_freq[i], &s, &c);
+        v[i] = dev::from_f<T>(x0[j] * c - x1[j] * s);
+        v[i + half] = dev::from_f<T>(x1[j] * c + x0[j] * s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status rope_cuda_device(const RopeArgs& a, void* stream) {
+  SPARK_TRY(rope_check_args(a));
+  if (a.n_tokens == 0) return Status::Ok();
+  const size_t jobs = a.n_tokens * static_cast<size_t>(a.n_heads + (a.k ? a.n_kv_heads : 0));
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((jobs + 7) / 8, 1u << 16));
+  SPARK_DISPATCH_DTYPE(a.dtype, T,
+                       rope_kernel<T><<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(a));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels

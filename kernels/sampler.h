@@ -1,0 +1,106 @@
+#pragma once
+// The sampler, one definition for both devices: penalties, temperature, top-k, top-p,
+// min-p, then a draw by the Gumbel-max trick with Philox numbers keyed by (seed, request,
+// step, token) (philox.h), plus logprobs and up to 20 top alternatives. sample_ref is the
+// CPU twin of the CUDA kernel in sampler.cu; given the same logits and state they pick the
+// same token (they differ only when a floating-point rounding moves a top-p boundary or
+// two perturbed scores meet within an ulp).
+//
+// Definition, for logits l (fp32) of one row:
+//   z_i   = l_i, divided by repetition_penalty if positive (times it if not) where seen_i,
+//           minus presence_penalty + frequency_penalty * count_i where count_i > 0
+//   greedy (temperature 0): the lowest i with the largest z_i
+//   else  z_i /= temperature; K = {i : z_i >= the top_k-th largest z} (all when top_k <= 0);
+//         p_i = exp(z_i - max z) / sum over K; P = {i in K : z_i >= t}, t the largest value
+//         with sum of p over {z >= t} >= top_p; M = {i : p_i >= min_p * max p};
+//         token = argmax over K & P & M of z_i + g_i, g_i = -log(-log(u_i)),
+//         u_i = philox_uniform(seed, request, step, i); ties: the lowest id.
+//   logprob = l_token - logsumexp(l); top = the top_logprobs largest l (ties: lowest id).
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/dtype.h"
+
+namespace spark::kernels {
+
+/// Most alternatives a row can report.
+inline constexpr int kSampleMaxTop = 20;
+
+/// Per-row sampling parameters (plain data, copied to the device as an array).
+struct SampleParams {
+  float temperature = 1.0f;  // 0: greedy
+  int32_t top_k = 0;         // <= 0: off
+  float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t top_logprobs = 0;  // 0..kSampleMaxTop
+  uint64_t seed = 0;
+  uint64_t request = 0;   // the random stream: one per generated sequence
+  uint32_t step = 0;      // index of the token being generated in that sequence
+  uint32_t logprobs = 0;  // 1: fill logprob (top_logprobs > 0 implies it)
+};
+
+/// What a row's draw gives.
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0;  // log-softmax of the raw logits at token (when asked)
+  int32_t n_top = 0;
+  int32_t top_ids[kSampleMaxTop] = {};
+  float top_logprobs[kSampleMaxTop] = {};
+};
+
+/// Checks one row's parameters against the ranges above; names the field.
+Status sample_check_params(const SampleParams& p, int vocab);
+
+/// Reference draw for one row: `seen` (vocab bytes, 1 = in prompt or output) and `counts`
+/// (vocab ints, times generated) may be null when no penalty asks for them. Does not
+/// update the state (sample_state_update_ref does).
+SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, const uint8_t* seen,
+                        const int32_t* counts);
+
+/// After a draw: seen[token] = 1, ++counts[token].
+void sample_state_update_ref(uint8_t* seen, int32_t* counts, int32_t token);
+
+/// A batch of rows for the device sampler. Pointers are device pointers.
+struct SampleBatch {
+  DType logits_dtype = DType::f32;
+  const void* logits = nullptr;  // [rows] of vocab, row stride logits_stride elements
+  size_t logits_stride = 0;
+  int vocab = 0;
+  int rows = 0;
+  const SampleParams* params = nullptr;  // [rows]
+  // Penalty state, one row per sequence slot: seen [n_state][vocab] bytes, counts
+  // [n_state][vocab] int32. state_row[r] picks row r's slot (null: row r uses slot r).
+  // seen/counts may be null when no row has a penalty.
+  uint8_t* seen = nullptr;
+  int32_t* counts = nullptr;
+  const int32_t* state_row = nullptr;
+  bool update_state = true;         // record the drawn token in seen/counts
+  SampleResult* results = nullptr;  // [rows]
+  int32_t* tokens = nullptr;        // optional [rows]: the drawn ids alone (for graphs)
+  void* workspace = nullptr;        // sample_workspace_bytes(rows, vocab)
+  size_t workspace_bytes = 0;
+};
+
+/// Scratch bytes the device sampler needs for `rows` rows of `vocab`.
+size_t sample_workspace_bytes(int rows, int vocab);
+
+/// Draws one token per row on `stream` (one thread block per row).
+Status sample_cuda_device(const SampleBatch& b, void* stream);
+
+/// Resets one slot's penalty state on the device: seen = the prompt's tokens (ids outside
+/// [0, vocab) ignored), counts = 0. prompt is a device array of n ids.
+Status sample_state_reset_cuda_device(uint8_t* seen_row, int32_t* counts_row, int vocab,
+                                      const int32_t* prompt, size_t n, void* stream);
+
+/// Reference argmax per row: the lowest index of the largest value.
+void argmax_ref(const float* x, size_t rows, size_t dim, int32_t* out);
+
+/// Argmax per row on the device (x of type dt, rows of dim; ties: the lowest index).
+Status argmax_cuda_device(DType dt, const void* x, size_t rows, size_t dim, int32_t* out,
+                          void* stream);
+
+}  // namespace spark::kernels

@@ -1,0 +1,759 @@
+// The engine's CUDA kernels against their CPU twins, over many shapes, on fresh random
+// inputs (SPARK_TEST_SEED replays one), with every output poisoned first so an element
+// the kernel did not write fails the bound. Skips with a printed reason without a GPU.
+//
+// bf16 bounds: the kernels compute in fp32 and round once to bf16; the twins compute in
+// double (or fp32 for the same roundings) and round once too. Two roundings of values that
+// differ by far less than a bf16 ulp land at most one ulp apart, so the bound is one ulp
+// of the reference plus what the kernel's own fp32 or bf16 intermediates can add (stated
+// per test).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/bias.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampler.h"
+#include "support/gpu.h"
+
+using namespace spark;
+using namespace spark::kernels;
+using test::DeviceBuf;
+
+namespace {
+
+// One bf16 ulp at |r|: 2^(e - 7) for 2^e <= |r| < 2^(e+1); the smallest normal's below.
+double bf16_ulp(double r) {
+  r = std::fabs(r);
+  if (r < 0x1p-126) return 0x1p-133;
+  return std::ldexp(1.0, std::ilogb(r) - 7);
+}
+
+std::vector<float> randoms(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& f : v) f = d(rng);
+  return v;
+}
+
+// Host values as stored in `t` (bf16: rounded) and their device bit patterns.
+std::vector<float> as_stored(std::vector<float> v, DType t) {
+  for (auto& f : v) f = round_to(t, f);
+  return v;
+}
+
+struct Dev {
+  kernels::DeviceMemory mem;
+  size_t n = 0;
+  DType t = DType::f32;
+  void* get() const { return mem.get(); }
+};
+
+Dev to_dev(const std::vector<float>& v, DType t) {
+  Dev d;
+  d.n = v.size(), d.t = t;
+  auto m = DeviceMemory::allocate(std::max<size_t>(1, v.size()) * dtype_size(t));
+  REQUIRE_MESSAGE(m.ok(), m.error().message);
+  d.mem = std::move(*m);
+  if (t == DType::bf16) {
+    std::vector<bf16_bits> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+    if (!b.empty()) REQUIRE(d.mem.copy_from_host(b.data(), b.size() * 2).ok());
+  } else if (!v.empty()) {
+    REQUIRE(d.mem.copy_from_host(v.data(), v.size() * 4).ok());
+  }
+  return d;
+}
+
+Dev poisoned(size_t n, DType t) {
+  Dev d;
+  d.n = n, d.t = t;
+  auto m = DeviceMemory::allocate(std::max<size_t>(1, n) * dtype_size(t));
+  REQUIRE(m.ok());
+  d.mem = std::move(*m);
+  std::vector<uint8_t> ff(std::max<size_t>(1, n) * dtype_size(t), 0xFF);
+  REQUIRE(d.mem.copy_from_host(ff.data(), ff.size()).ok());
+  return d;
+}
+
+std::vector<float> from_dev(const Dev& d) {
+  std::vector<float> v(d.n);
+  if (d.t == DType::bf16) {
+    std::vector<bf16_bits> b(d.n);
+    REQUIRE(d.mem.copy_to_host(b.data(), b.size() * 2).ok());
+    for (size_t i = 0; i < d.n; ++i) v[i] = bf16_to_float(b[i]);
+  } else {
+    REQUIRE(d.mem.copy_to_host(v.data(), v.size() * 4).ok());
+  }
+  return v;
+}
+
+template <typename T>
+DeviceBuf<T> ints_to_dev(const std::vector<T>& v) {
+  return DeviceBuf<T>::from(v);
+}
+
+// Counts elements outside |got - ref| <= bound(i); NaN (unwritten) counts as outside.
+template <typename Bound>
+size_t outside(const std::vector<float>& got, const std::vector<float>& ref, Bound bound,
+               double* max_err) {
+  size_t bad = 0;
+  *max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(e <= bound(i))) ++bad;
+    if (std::isnan(e))
+      *max_err = INFINITY;
+    else
+      *max_err = std::max(*max_err, e);
+  }
+  return bad;
+}
+
+const DType kTypes[] = {DType::f32, DType::bf16};
+
+// The 32k-token cases take long under compute-sanitizer: SPARK_TEST_NO_LARGE=1 leaves them
+// out there (and says so).
+bool large_cases() {
+  const char* e = std::getenv("SPARK_TEST_NO_LARGE");
+  if (e && std::string(e) == "1") {
+    MESSAGE("SPARK_TEST_NO_LARGE=1: the 32k-token cases are left out");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("gpu embedding: rows copied exactly, ids outside the vocabulary give zeros") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("embedding"));
+  struct Shape {
+    size_t vocab, dim, n;
+  } shapes[] = {{1, 1, 1},         {10, 7, 5},    {1000, 64, 33},
+                {32000, 4096, 17}, {50, 24, 300}, {7, 4097, 3}};
+  for (auto t : kTypes)
+    for (auto sh : shapes) {
+      CAPTURE(std::string(dtype_name(t)));
+      CAPTURE(sh.vocab);
+      CAPTURE(sh.dim);
+      auto table = as_stored(randoms(rng, sh.vocab * sh.dim, -3, 3), t);
+      std::vector<int32_t> ids(sh.n);
+      std::uniform_int_distribution<int32_t> id(-2, static_cast<int32_t>(sh.vocab) + 1);
+      for (auto& i : ids) i = id(rng);
+      std::vector<float> ref(sh.n * sh.dim);
+      embedding_ref(table.data(), sh.vocab, sh.dim, ids.data(), sh.n, ref.data());
+      auto dt = to_dev(table, t);
+      auto di = ints_to_dev(ids);
+      auto out = poisoned(sh.n * sh.dim, t);
+      auto s =
+          embedding_cuda_device(t, dt.get(), sh.vocab, sh.dim, di.get(), sh.n, out.get(), nullptr);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+      REQUIRE(cuda_synchronize().ok());
+      double err = 0;
+      CHECK(outside(
+                from_dev(out), ref, [](size_t) { return 0.0; }, &err) == 0);
+    }
+}
+
+TEST_CASE("gpu add_rmsnorm: residual add then RMSNorm, within one ulp of the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("add_rmsnorm"));
+  // bf16: hidden + delta is the same float sum rounded the same way on both sides (exact
+  // match required); the normalised output differs by the fp32-vs-double rms only, far
+  // below half an ulp, so one ulp bounds it. f32: a few fp32 ulps of |y| < 24.
+  struct Shape {
+    size_t rows, dim;
+  } shapes[] = {{1, 1}, {3, 7}, {5, 100}, {17, 1000}, {64, 4096}, {2, 8195}, {3, 20000}, {333, 64}};
+  for (auto t : kTypes)
+    for (bool with_delta : {true, false})
+      for (auto sh : shapes) {
+        CAPTURE(std::string(dtype_name(t)));
+        CAPTURE(with_delta);
+        CAPTURE(sh.rows);
+        CAPTURE(sh.dim);
+        auto h = as_stored(randoms(rng, sh.rows * sh.dim, -4, 4), t);
+        auto d = as_stored(randoms(rng, sh.rows * sh.dim, -2, 2), t);
+        auto w = as_stored(randoms(rng, sh.dim, 0.25f, 2.f), t);
+        auto href = h;
+        std::vector<float> yref(h.size());
+        add_rmsnorm_ref(href.data(), with_delta ? d.data() : nullptr, w.data(), yref.data(),
+                        sh.rows, sh.dim, 1e-5f, t);
+        auto dh = to_dev(h, t), dd = to_dev(d, t), dw = to_dev(w, t);
+        auto dy = poisoned(h.size(), t);
+        auto s = add_rmsnorm_cuda_device(t, dh.get(), with_delta ? dd.get() : nullptr, dw.get(),
+                                         dy.get(), sh.rows, sh.dim, 1e-5f, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        double err = 0;
+        CHECK(outside(
+                  from_dev(dh), href, [](size_t) { return 0.0; }, &err) == 0);
+        auto bound = [&](size_t i) {
+          return t == DType::bf16 ? bf16_ulp(yref[i]) : 4e-6 * (1 + std::fabs(yref[i]));
+        };
+        CHECK(outside(from_dev(dy), yref, bound, &err) == 0);
+        MESSAGE("add_rmsnorm " << std::string(dtype_name(t)) << " " << sh.rows << "x" << sh.dim
+                               << " max err " << err);
+      }
+}
+
+TEST_CASE("gpu rope: default, linear and llama3 scaling, fused per-head q/k norm, strided rows") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("rope"));
+  // fp32 angle, sincosf within 2 ulp and two fp32 products: |err| <= 1e-6 * (|x0| + |x1|)
+  // for angles up to 32k rad (positions up to 32k), so one bf16 ulp plus that bounds bf16.
+  hf::RopeScaling lin, l3;
+  lin.type = "linear", lin.factor = 4;
+  l3.type = "llama3", l3.factor = 8, l3.original_max_position = 8192;
+  struct Case {
+    int nh, nkv, hd;
+    size_t T;
+    bool norm;
+    hf::RopeScaling sc;
+  } cases[] = {{4, 2, 16, 5, false, {}},  {32, 8, 128, 7, false, l3}, {28, 4, 128, 3, true, {}},
+               {2, 1, 24, 9, true, lin},  {8, 8, 64, 33, false, {}},  {1, 1, 256, 2, true, l3},
+               {64, 8, 128, 1, true, {}}, {3, 1, 512, 2, false, {}}};
+  for (auto t : kTypes)
+    for (const auto& c : cases) {
+      CAPTURE(std::string(dtype_name(t)));
+      CAPTURE(c.hd);
+      CAPTURE(c.nh);
+      CAPTURE(c.norm);
+      const size_t stride = static_cast<size_t>((c.nh + 2 * c.nkv) * c.hd);  // fused QKV row
+      auto qkv = as_stored(randoms(rng, c.T * stride, -2, 2), t);
+      auto qn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+      auto kn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+      std::vector<int32_t> pos(c.T);
+      std::uniform_int_distribution<int32_t> pd(0, 32767);
+      for (auto& p : pos) p = pd(rng);
+      auto inv = rope_inv_freq(c.hd, 500000.0, c.sc);
+      auto ref = qkv;
+      RopeArgs a;
+      a.dtype = t, a.q = ref.data(), a.q_stride = stride, a.n_heads = c.nh;
+      a.k = ref.data() + static_cast<size_t>(c.nh * c.hd), a.k_stride = stride,
+      a.n_kv_heads = c.nkv;
+      a.head_dim = c.hd, a.n_tokens = c.T, a.positions = pos.data(), a.inv_freq = inv.data();
+      a.q_norm = c.norm ? qn.data() : nullptr, a.k_norm = c.norm ? kn.data() : nullptr;
+      rope_ref(a);
+      auto d = to_dev(qkv, t), dqn = to_dev(qn, t), dkn = to_dev(kn, t);
+      auto dpos = ints_to_dev(pos);
+      auto dinv = DeviceBuf<float>::from(inv);
+      RopeArgs g = a;
+      g.q = d.get();
+      g.k = static_cast<char*>(d.get()) + static_cast<size_t>(c.nh * c.hd) * dtype_size(t);
+      g.positions = dpos.get(), g.inv_freq = dinv.get();
+      g.q_norm = c.norm ? dqn.get() : nullptr, g.k_norm = c.norm ? dkn.get() : nullptr;
+      auto s = rope_cuda_device(g, nullptr);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+      REQUIRE(cuda_synchronize().ok());
+      auto got = from_dev(d);
+      double err = 0;
+      const double scale = c.norm ? 4.0 : 3.0;  // |x| bound after the norm (weights <= 1.5)
+      auto bound = [&](size_t i) {
+        return (t == DType::bf16 ? bf16_ulp(ref[i]) : 0.0) + 2e-6 * scale +
+               1e-6 * std::fabs(ref[i]);
+      };
+      CHECK(outside(got, ref, bound, &err) == 0);  // v (untouched) must match too
+      MESSAGE("rope " << std::string(dtype_name(t)) << " hd " << c.hd << " max err " << err);
+    }
+}
+
+TEST_CASE("gpu head_rmsnorm and bias_add match their twins") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("head_rmsnorm"));
+  for (auto t : kTypes)
+    for (int hd : {16, 24, 128, 256})
+      for (size_t T : {size_t{1}, size_t{13}}) {
+        CAPTURE(std::string(dtype_name(t)));
+        CAPTURE(hd);
+        const int nh = 5;
+        const size_t stride = static_cast<size_t>(nh * hd + 8);
+        auto x = as_stored(randoms(rng, T * stride, -3, 3), t);
+        auto w = as_stored(randoms(rng, static_cast<size_t>(hd), 0.5f, 1.5f), t);
+        auto ref = x;
+        head_rmsnorm_ref(ref.data(), stride, T, nh, hd, w.data(), 1e-6f, t);
+        auto dx = to_dev(x, t), dw = to_dev(w, t);
+        auto s = head_rmsnorm_cuda_device(t, dx.get(), stride, T, nh, hd, dw.get(), 1e-6f, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        double err = 0;
+        CHECK(outside(
+                  from_dev(dx), ref,
+                  [&](size_t i) {
+                    return (t == DType::bf16 ? bf16_ulp(ref[i]) : 0.0) +
+                           4e-6 * (1 + std::fabs(ref[i]));
+                  },
+                  &err) == 0);
+      }
+  for (auto t : kTypes)
+    for (size_t dim : {size_t{1}, size_t{3}, size_t{4096}, size_t{5121}}) {
+      const size_t rows = 7;
+      auto x = as_stored(randoms(rng, rows * dim, -3, 3), t);
+      auto b = as_stored(randoms(rng, dim, -1, 1), t);
+      auto ref = x;
+      bias_add_ref(ref.data(), b.data(), rows, dim, t);
+      auto dx = to_dev(x, t), db = to_dev(b, t);
+      REQUIRE(bias_add_cuda_device(t, dx.get(), db.get(), rows, dim, nullptr).ok());
+      REQUIRE(cuda_synchronize().ok());
+      double err = 0;
+      CHECK(outside(
+                from_dev(dx), ref, [](size_t) { return 0.0; }, &err) == 0);  // one rounding each
+    }
+}
+
+namespace {
+
+// A paged cache with random block tables for several sequences, filled on the device by
+// paged_kv_write_cuda_device and on the host by the twin.
+struct PagedSetup {
+  int bs, nkv, hd, num_blocks, max_blocks;
+  DType kv_t;
+  std::vector<int32_t> ctx;         // per sequence
+  std::vector<int32_t> tables;      // [seqs][max_blocks]
+  std::vector<float> kpool, vpool;  // host twin pools (values as stored)
+  Dev dk, dv;
+  DeviceBuf<int32_t> dtables, dlens;
+  PagedKVDevice dev() const {
+    PagedKVDevice p;
+    p.k = dk.get(), p.v = dv.get(), p.dtype = kv_t, p.block_size = bs, p.n_kv_heads = nkv;
+    p.head_dim = hd, p.num_blocks = num_blocks;
+    return p;
+  }
+};
+
+PagedSetup make_paged(std::mt19937& rng, DType kv_t, int bs, int nkv, int hd,
+                      std::vector<int32_t> ctx, DType src_t) {
+  PagedSetup P;
+  P.bs = bs, P.nkv = nkv, P.hd = hd, P.kv_t = kv_t, P.ctx = ctx;
+  int total = 0, maxb = 1;
+  for (int c : ctx) total += (c + bs - 1) / bs, maxb = std::max(maxb, (c + bs - 1) / bs);
+  P.num_blocks = total + 3;
+  P.max_blocks = maxb;
+  std::vector<int32_t> perm(static_cast<size_t>(P.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  P.tables.assign(ctx.size() * static_cast<size_t>(maxb), -1);
+  size_t next = 0;
+  std::vector<int32_t> slots;
+  for (size_t s = 0; s < ctx.size(); ++s)
+    for (int p = 0; p < ctx[s]; ++p) {
+      if (p % bs == 0)
+        P.tables[s * static_cast<size_t>(maxb) + static_cast<size_t>(p / bs)] = perm[next++];
+      slots.push_back(P.tables[s * static_cast<size_t>(maxb) + static_cast<size_t>(p / bs)] * bs +
+                      p % bs);
+    }
+  const size_t row = static_cast<size_t>(nkv * hd);
+  const size_t pool = static_cast<size_t>(P.num_blocks) * static_cast<size_t>(bs) * row;
+  // Source rows as the model would produce them (src_t), strided inside a wider row.
+  const size_t stride = row + 8;
+  auto k = as_stored(randoms(rng, slots.size() * stride, -2, 2), src_t);
+  auto v = as_stored(randoms(rng, slots.size() * stride, -2, 2), src_t);
+  P.kpool.assign(pool, 0.f), P.vpool.assign(pool, 0.f);
+  PagedKVLayer L{P.kpool.data(), P.vpool.data(), bs, nkv, hd};
+  paged_kv_write_slots_ref(L, slots.data(), slots.size(), k.data(), stride, v.data(), stride, kv_t);
+  P.dk = poisoned(pool, kv_t), P.dv = poisoned(pool, kv_t);
+  auto dkk = to_dev(k, src_t), dvv = to_dev(v, src_t);
+  auto dslots = DeviceBuf<int32_t>::from(slots);
+  auto s = paged_kv_write_cuda_device(P.dev(), dslots.get(), slots.size(), src_t, dkk.get(), stride,
+                                      dvv.get(), stride, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  P.dtables = DeviceBuf<int32_t>::from(P.tables);
+  P.dlens = DeviceBuf<int32_t>::from(ctx);
+  return P;
+}
+
+// Compares the device pools with the twin's where the twin wrote (the rest stays poison).
+void check_pools(const PagedSetup& P) {
+  auto gk = from_dev(P.dk), gv = from_dev(P.dv);
+  const size_t row = static_cast<size_t>(P.nkv * P.hd);
+  size_t bad = 0, written = 0;
+  for (size_t s = 0; s < P.ctx.size(); ++s)
+    for (int p = 0; p < P.ctx[s]; ++p) {
+      const size_t slot = static_cast<size_t>(
+          P.tables[s * static_cast<size_t>(P.max_blocks) + static_cast<size_t>(p / P.bs)] * P.bs +
+          p % P.bs);
+      for (size_t i = 0; i < row; ++i, ++written)
+        if (!(gk[slot * row + i] == P.kpool[slot * row + i]) ||
+            !(gv[slot * row + i] == P.vpool[slot * row + i]))
+          ++bad;
+    }
+  CHECK(written > 0);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("gpu paged KV write: bf16 and f32 caches from bf16 and f32 rows, through block tables") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("kv_write"));
+  for (auto kv_t : kTypes)
+    for (auto src_t : kTypes) {
+      CAPTURE(std::string(dtype_name(kv_t)));
+      CAPTURE(std::string(dtype_name(src_t)));
+      auto P = make_paged(rng, kv_t, 16, 2, 24, {1, 17, 40}, src_t);
+      check_pools(P);
+    }
+}
+
+namespace {
+
+// Runs decode or prefill for sequences with contexts `ctx` and query counts `qlen` and
+// compares sampled query rows (every row when `all`) with paged_attention_ref.
+void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv, int hd,
+                    int bs, const std::vector<int32_t>& ctx, const std::vector<int32_t>& qlen,
+                    int window, size_t max_checked_rows) {
+  CAPTURE(decode);
+  CAPTURE(std::string(dtype_name(kv_t)));
+  CAPTURE(std::string(dtype_name(q_t)));
+  CAPTURE(nh);
+  CAPTURE(nkv);
+  CAPTURE(hd);
+  CAPTURE(window);
+  CAPTURE(ctx[0]);
+  auto P = make_paged(rng, kv_t, bs, nkv, hd, ctx, DType::bf16);
+  std::vector<int32_t> qstart{0};
+  for (int q : qlen) qstart.push_back(qstart.back() + q);
+  const size_t T = static_cast<size_t>(qstart.back());
+  const size_t qrow = static_cast<size_t>(nh * hd), qstride = qrow + 16;
+  auto q = as_stored(randoms(rng, T * qstride, -2, 2), q_t);
+  auto dq = to_dev(q, q_t);
+  auto dout = poisoned(T * qrow, q_t);
+  auto dqs = DeviceBuf<int32_t>::from(qstart);
+  AttentionBatch b;
+  b.dtype = q_t, b.q = dq.get(), b.q_stride = qstride, b.out = dout.get(), b.out_stride = qrow;
+  b.n_heads = nh, b.kv = P.dev(), b.block_tables = P.dtables.get(),
+  b.max_blocks_per_seq = P.max_blocks;
+  b.seq_lens = P.dlens.get(), b.query_start = dqs.get(), b.n_seqs = static_cast<int>(ctx.size());
+  b.n_tokens = T, b.max_query_len = *std::max_element(qlen.begin(), qlen.end());
+  b.max_seq_len = *std::max_element(ctx.begin(), ctx.end()),
+  b.scale = 1.f / std::sqrt(static_cast<float>(hd));
+  b.window = window;
+  DeviceMemory ws;
+  if (decode) {
+    const size_t need = attention_decode_workspace_bytes(b.n_seqs, nh, hd, b.max_seq_len);
+    if (need) {
+      auto m = DeviceMemory::allocate(need);
+      REQUIRE(m.ok());
+      ws = std::move(*m);
+      b.workspace = ws.get(), b.workspace_bytes = need;
+    }
+  }
+  auto s =
+      decode ? attention_decode_cuda_device(b, nullptr) : attention_prefill_cuda_device(b, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto got = from_dev(dout);
+  float vmax = 0;
+  for (float v : P.vpool) vmax = std::max(vmax, std::fabs(v));
+  PagedKVLayer L{P.kpool.data(), P.vpool.data(), bs, nkv, hd};
+  size_t bad = 0, checked = 0;
+  double max_err = 0;
+  for (size_t sq = 0; sq < ctx.size(); ++sq) {
+    const int n = qlen[sq];
+    // Rows 0, step, 2 step, ... and always the last one (the longest context).
+    const int step =
+        static_cast<int>(std::max<size_t>(1, static_cast<size_t>(n) / max_checked_rows));
+    std::vector<int> rows;
+    for (int i = 0; i < n; i += step) rows.push_back(i);
+    if (rows.back() != n - 1) rows.push_back(n - 1);
+    for (int row : rows) {
+      const int32_t pos = ctx[sq] - n + row;
+      const size_t tok = static_cast<size_t>(qstart[sq] + row);
+      std::vector<float> qf(q.begin() + static_cast<ptrdiff_t>(tok * qstride),
+                            q.begin() + static_cast<ptrdiff_t>(tok * qstride + qrow));
+      std::vector<float> ref(qrow);
+      paged_attention_ref(L, P.tables.data() + sq * static_cast<size_t>(P.max_blocks), &pos, 1, nh,
+                          qf.data(), ref.data(), b.scale, window);
+      for (size_t e = 0; e < qrow; ++e) {
+        // Decode: fp32 throughout, one rounding at the end. Prefill: P is rounded to bf16
+        // for the tensor cores (relative 2^-9 per weight, so 2^-8 * max|v| after the
+        // normalisation), and an f32 cache or f32 q is rounded to bf16 as well (another
+        // 2^-8 relative on scores of at most hd * 4 * scale, i.e. e^(2^-8 * 2 * sqrt(hd))
+        // on the weights).
+        double bound = (q_t == DType::bf16 ? bf16_ulp(ref[e]) : 0.0) + 2e-5 * vmax;
+        if (!decode) {
+          bound += 0x1p-8 * vmax;
+          if (kv_t == DType::f32 || q_t == DType::f32)
+            bound += (std::exp(0x1p-8 * 2 * 4 * std::sqrt(static_cast<double>(hd))) - 1) * 2 * vmax;
+        }
+        const double err = std::fabs(static_cast<double>(got[tok * qrow + e]) - ref[e]);
+        if (!(err <= bound)) ++bad;
+        max_err = std::isnan(err) ? INFINITY : std::max(max_err, err);
+        ++checked;
+      }
+    }
+  }
+  // Rows not checked against the reference must still have been written.
+  size_t unwritten = 0;
+  for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+  MESSAGE((decode ? "decode" : "prefill")
+          << " kv " << dtype_name(kv_t) << " hd " << hd << " heads " << nh << "/" << nkv << " ctx "
+          << ctx[0] << " max err " << max_err);
+  CHECK(checked > 0);
+  CHECK(bad == 0);
+  CHECK(unwritten == 0);
+}
+
+}  // namespace
+
+TEST_CASE("gpu decode attention over the paged cache: GQA, splits, windows, head dims") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode"));
+  for (auto kv_t : kTypes) {
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 7, 300, 1000}, {1, 1, 1, 1}, 0,
+                   1);
+    attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1);
+    attention_case(rng, true, kv_t, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 16, 1, 64, 16, {4100}, {1}, 0,
+                   1);  // group 16: chunks
+    attention_case(rng, true, kv_t, DType::bf16, 8, 2, 256, 32, {513, 2}, {1, 1}, 0, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 8, 8, 128, 16, {2000, 50}, {1, 1}, 700,
+                   1);  // window
+  }
+  if (large_cases())  // a 32k context
+    attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1);
+}
+
+TEST_CASE("gpu prefill attention: causal, GQA, cached prefixes, ragged batches, up to 32k") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("prefill"));
+  for (auto kv_t : kTypes) {
+    attention_case(rng, false, kv_t, DType::bf16, 8, 2, 128, 16, {1, 65, 200}, {1, 65, 200}, 0,
+                   1000);
+    attention_case(rng, false, kv_t, DType::bf16, 4, 2, 16, 16, {300, 77}, {100, 77}, 0,
+                   1000);  // prefix
+    attention_case(rng, false, kv_t, DType::bf16, 2, 1, 24, 8, {130}, {130}, 0, 1000);
+    attention_case(rng, false, kv_t, DType::bf16, 4, 4, 64, 16, {500, 31}, {129, 31}, 100,
+                   1000);  // window
+    attention_case(rng, false, kv_t, DType::bf16, 4, 1, 256, 16, {190}, {190}, 0, 1000);
+  }
+  attention_case(rng, false, DType::bf16, DType::f32, 4, 2, 128, 16, {70}, {70}, 0, 1000);
+  attention_case(rng, false, DType::bf16, DType::bf16, 32, 8, 128, 16, {2048}, {2048}, 0, 64);
+  if (large_cases()) {  // a 32k prompt; 1000 new tokens after an 8000-token prefix
+    attention_case(rng, false, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {32768}, 0, 24);
+    attention_case(rng, false, DType::bf16, DType::bf16, 4, 1, 128, 16, {9000}, {1000}, 0, 40);
+  }
+}
+
+TEST_CASE("gpu argmax and sampler pick the same tokens as the CPU twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("sampler"));
+  for (int V : {1, 7, 1000, 32000, 151936}) {
+    CAPTURE(V);
+    const int rows = 24;
+    auto logits = randoms(rng, static_cast<size_t>(rows) * static_cast<size_t>(V), -8, 8);
+    // A few rows with ties and a dominant token, so tie rules are exercised.
+    for (int r = 0; r < 3 && V > 2; ++r) {
+      logits[static_cast<size_t>(r) * V + 1] = 20, logits[static_cast<size_t>(r) * V + 2] = 20;
+    }
+    std::vector<int32_t> am(rows);
+    argmax_ref(logits.data(), static_cast<size_t>(rows), static_cast<size_t>(V), am.data());
+    auto dl = to_dev(logits, DType::f32);
+    auto dam = DeviceBuf<int32_t>::poisoned(rows);
+    REQUIRE(
+        argmax_cuda_device(DType::f32, dl.get(), rows, static_cast<size_t>(V), dam.get(), nullptr)
+            .ok());
+    REQUIRE(cuda_synchronize().ok());
+    CHECK(dam.host() == am);
+
+    std::vector<SampleParams> ps(rows);
+    std::vector<uint8_t> seen(static_cast<size_t>(rows) * V, 0);
+    std::vector<int32_t> counts(static_cast<size_t>(rows) * V, 0);
+    std::uniform_int_distribution<int> tok(0, V - 1);
+    for (int r = 0; r < rows; ++r) {
+      auto& p = ps[r];
+      p.seed = rng(), p.request = rng(), p.step = rng() % 1000;
+      p.temperature = r % 6 == 0 ? 0.f : 0.3f + 0.2f * (r % 5);
+      p.top_k = r % 4 == 1 ? 1 + r : 0;
+      p.top_p = r % 3 == 2 ? 0.9f : 1.f;
+      p.min_p = r % 5 == 3 ? 0.05f : 0.f;
+      p.repetition_penalty = r % 2 ? 1.3f : 1.f;
+      p.presence_penalty = r % 7 == 4 ? 0.5f : 0.f;
+      p.frequency_penalty = r % 7 == 5 ? -0.7f : 0.f;
+      p.logprobs = 1;
+      p.top_logprobs = r % 21;
+      for (int i = 0; i < 20; ++i) {
+        const int t = tok(rng);
+        seen[static_cast<size_t>(r) * V + t] = 1;
+        counts[static_cast<size_t>(r) * V + t] += i % 3;
+      }
+    }
+    auto dparams = DeviceBuf<SampleParams>::from(ps);
+    auto dseen = DeviceBuf<uint8_t>::from(seen);
+    auto dcounts = DeviceBuf<int32_t>::from(counts);
+    auto dres = DeviceBuf<SampleResult>::poisoned(rows);
+    auto dtok = DeviceBuf<int32_t>::poisoned(rows);
+    auto ws = DeviceMemory::allocate(sample_workspace_bytes(rows, V));
+    REQUIRE(ws.ok());
+    SampleBatch b;
+    b.logits = dl.get(), b.logits_stride = static_cast<size_t>(V), b.vocab = V, b.rows = rows;
+    b.params = dparams.get(), b.seen = dseen.get(), b.counts = dcounts.get(),
+    b.results = dres.get();
+    b.tokens = dtok.get(), b.workspace = ws->get(), b.workspace_bytes = ws->size();
+    auto s = sample_cuda_device(b, nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+    auto res = dres.host();
+    auto toks = dtok.host();
+    auto seen_after = dseen.host();
+    auto counts_after = dcounts.host();
+    size_t same = 0;
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      auto ref = sample_ref(logits.data() + static_cast<size_t>(r) * V, V, ps[r],
+                            seen.data() + static_cast<size_t>(r) * V,
+                            counts.data() + static_cast<size_t>(r) * V);
+      same += res[r].token == ref.token;
+      CHECK(res[r].token == ref.token);
+      CHECK(toks[r] == ref.token);
+      CHECK(res[r].logprob == doctest::Approx(ref.logprob).epsilon(1e-5).scale(1));
+      CHECK(res[r].n_top == ref.n_top);
+      for (int i = 0; i < ref.n_top && i < res[r].n_top; ++i) {
+        CHECK(res[r].top_ids[i] == ref.top_ids[i]);
+        CHECK(res[r].top_logprobs[i] ==
+              doctest::Approx(ref.top_logprobs[i]).epsilon(1e-5).scale(1));
+      }
+      // The state records the draw.
+      CHECK(seen_after[static_cast<size_t>(r) * V + res[r].token] == 1);
+      CHECK(counts_after[static_cast<size_t>(r) * V + res[r].token] ==
+            counts[static_cast<size_t>(r) * V + res[r].token] + 1);
+    }
+    MESSAGE("sampler V " << V << ": " << same << "/" << rows << " rows drew the CPU twin's token");
+  }
+}
+
+TEST_CASE("gpu sampler state reset marks the prompt and clears counts") {
+  if (test::skip_without_cuda()) return;
+  const int V = 1000;
+  auto dseen = DeviceBuf<uint8_t>::poisoned(V);
+  auto dcounts = DeviceBuf<int32_t>::poisoned(V);
+  std::vector<int32_t> prompt = {3, 999, 3, -1, 1000, 0};
+  auto dp = DeviceBuf<int32_t>::from(prompt);
+  REQUIRE(sample_state_reset_cuda_device(dseen.get(), dcounts.get(), V, dp.get(), prompt.size(),
+                                         nullptr)
+              .ok());
+  REQUIRE(cuda_synchronize().ok());
+  auto seen = dseen.host();
+  auto counts = dcounts.host();
+  for (int i = 0; i < V; ++i) {
+    CHECK(seen[i] == ((i == 3 || i == 999 || i == 0) ? 1 : 0));
+    CHECK(counts[i] == 0);
+  }
+}
+
+TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the twin") {
+  if (test::skip_without_cuda()) return;
+  auto mm = Matmul::create();
+  REQUIRE_MESSAGE(mm.ok(), mm.error().message);
+  MESSAGE("cuBLASLt from " << (*mm)->library_path());
+  std::mt19937 rng(test::fresh_seed("matmul"));
+  // fp32 accumulation of exact bf16 products, in any order: |err| <= k * 2^-24 * sum|a w|
+  // (the classical gamma_k bound), plus one bf16 ulp of the result for a bf16 output. The
+  // own kernel adds bias and the old output in fp32 and rounds once, as the twin does.
+  // cuBLASLt's epilogue on a bf16 output (bias, or accumulating into it) was seen on the
+  // H200 to round an intermediate to bf16 first, so there the bound adds one bf16 ulp of
+  // the intermediates' magnitude (sum|a w| + |bias| + |old out|) for each such rounding.
+  struct Shape {
+    size_t m, n, k;
+  } shapes[] = {{1, 1, 8},       {1, 4096, 4096},  {3, 1000, 96},  {8, 1024, 4096},
+                {17, 333, 264},  {32, 4096, 1024}, {33, 128, 512}, {64, 512, 4096},
+                {1, 128256, 64}, {200, 256, 128}};
+  for (auto sh : shapes)
+    for (auto ot : kTypes)
+      for (auto be : {MatmulBackend::cublaslt, MatmulBackend::own})
+        for (int mode : {0, 1, 2, 3}) {
+          const bool with_bias = mode & 1, acc = mode & 2;
+          if (be == MatmulBackend::own && sh.m > kMatmulOwnMaxRows) continue;
+          CAPTURE(sh.m);
+          CAPTURE(sh.n);
+          CAPTURE(sh.k);
+          CAPTURE(std::string(dtype_name(ot)));
+          CAPTURE(std::string(matmul_backend_name(be)));
+          CAPTURE(with_bias);
+          CAPTURE(acc);
+          auto a = as_stored(randoms(rng, sh.m * sh.k, -1, 1), DType::bf16);
+          auto w = as_stored(randoms(rng, sh.n * sh.k, -1, 1), DType::bf16);
+          auto bias = as_stored(randoms(rng, sh.n, -1, 1), DType::bf16);
+          auto out0 = as_stored(randoms(rng, sh.m * sh.n, -1, 1), ot);
+          auto ref = out0;
+          matmul_ref(a.data(), w.data(), ref.data(), sh.m, sh.n, sh.k,
+                     with_bias ? bias.data() : nullptr, acc, ot);
+          auto da = to_dev(a, DType::bf16), dw = to_dev(w, DType::bf16),
+               db = to_dev(bias, DType::bf16);
+          Dev dout = acc ? to_dev(out0, ot) : poisoned(sh.m * sh.n, ot);
+          MatmulArgs args;
+          args.a = da.get(), args.lda = sh.k, args.w = dw.get(), args.ldw = sh.k,
+          args.out = dout.get();
+          args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m, args.n = sh.n, args.k = sh.k;
+          args.bias = with_bias ? db.get() : nullptr, args.accumulate = acc, args.backend = be;
+          auto s = (*mm)->run(args, nullptr);
+          REQUIRE_MESSAGE(s.ok(), s.message());
+          REQUIRE(cuda_synchronize().ok());
+          auto got = from_dev(dout);
+          double err = 0;
+          const int epilogue_roundings =
+              be == MatmulBackend::cublaslt && ot == DType::bf16 ? int{with_bias} + int{acc} : 0;
+          auto bound = [&](size_t idx) {
+            const size_t i = idx / sh.n, j = idx % sh.n;
+            double mag = 0;
+            for (size_t t = 0; t < sh.k; ++t)
+              mag += std::fabs(static_cast<double>(a[i * sh.k + t]) * w[j * sh.k + t]);
+            if (with_bias) mag += std::fabs(bias[j]);
+            if (acc) mag += std::fabs(out0[idx]);
+            return static_cast<double>(sh.k + 2) * 0x1p-24 * mag +
+                   (ot == DType::bf16 ? bf16_ulp(ref[idx]) : 0.0) +
+                   epilogue_roundings * bf16_ulp(mag);
+          };
+          // Checking every element of the largest shapes costs seconds: sample rows there.
+          size_t bad = 0;
+          err = 0;
+          const size_t stride = sh.m * sh.n > 2000000 ? 97 : 1;
+          for (size_t idx = 0; idx < ref.size(); idx += stride) {
+            const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
+            if (!(e <= bound(idx))) ++bad;
+            err = std::isnan(e) ? INFINITY : std::max(err, e);
+          }
+          size_t unwritten = 0;
+          for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+          CHECK(bad == 0);
+          CHECK(unwritten == 0);
+        }
+  // The measured choice: own on 4096 x 4096 at decode rows, cuBLASLt elsewhere.
+  CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(8, 4096, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
+  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::cublaslt);
+  CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
+}
+
+TEST_CASE("gpu device limits: queried, checked before launches, the device selected at start") {
+  if (test::skip_without_cuda()) return;
+  auto l = cuda_device_limits();
+  REQUIRE_MESSAGE(l.ok(), l.error().message);
+  MESSAGE(describe_device(*l) << ": " << l->sm_count << " SMs, " << l->smem_per_block_optin
+                              << " bytes shared memory per block (opt-in), L2 " << l->l2_bytes);
+  CHECK(l->sm_count > 0);
+  CHECK(l->smem_per_block_optin >= l->smem_per_block);
+  CHECK(l->smem_per_block >= 48 * 1024);
+  auto sel = cuda_select_device(l->device);
+  CHECK_MESSAGE(sel.ok(), sel.message());
+  auto big = cuda_check_launch("test_kernel", 128, l->smem_per_block_optin + 1);
+  CHECK(big.code() == Errc::resource);
+  CHECK(big.message().find("test_kernel") != std::string::npos);
+  CHECK(big.message().find("shared memory") != std::string::npos);
+  CHECK(big.message().find(l->name) != std::string::npos);
+  CHECK(cuda_check_launch("test_kernel", 4096, 0).message().find("threads") != std::string::npos);
+  CHECK(cuda_check_launch("test_kernel", 256, 1024).ok());
+}

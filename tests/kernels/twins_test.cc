@@ -1,0 +1,180 @@
+// The CPU twins of the engine's kernels (these run everywhere): the Philox generator
+// against the published known-answer vectors, the sampler's definition, and the small
+// ops' contracts (rounding points, out-of-range ids, skipped slots, argument checks).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/paged_attention.h"
+#include "kernels/philox.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampler.h"
+
+using namespace spark;
+using namespace spark::kernels;
+
+TEST_CASE("philox4x32-10 matches the Random123 known-answer vectors") {
+  auto check = [](Philox4 ctr, uint32_t k0, uint32_t k1, Philox4 want) {
+    Philox4 got = philox4x32_10(ctr, k0, k1);
+    for (int i = 0; i < 4; ++i) CHECK(got.v[i] == want.v[i]);
+  };
+  check({{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}});
+  check({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu,
+        {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}});
+  check({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u,
+        {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}});
+}
+
+TEST_CASE("philox_uniform is inside (0, 1), depends on every key part, and is uniform") {
+  double sum = 0;
+  for (uint32_t i = 0; i < 20000; ++i) {
+    const double u = philox_uniform(42, 7, 3, i);
+    REQUIRE(u > 0);
+    REQUIRE(u < 1);
+    sum += u;
+  }
+  CHECK(sum / 20000 == doctest::Approx(0.5).epsilon(0.02));
+  const double base = philox_uniform(1, 2, 3, 4);
+  CHECK(philox_uniform(2, 2, 3, 4) != base);
+  CHECK(philox_uniform(1, 3, 3, 4) != base);
+  CHECK(philox_uniform(1, 2, 4, 4) != base);
+  CHECK(philox_uniform(1, 2, 3, 5) != base);
+  CHECK(philox_uniform(1, 2ull << 32, 3, 4) != philox_uniform(1, 2, 3, 4));  // request's high half
+}
+
+TEST_CASE("sample_ref: greedy, top-k ties, top-p floor, min-p, and the Gumbel draw's frequencies") {
+  SampleParams p;
+  p.temperature = 0;
+  std::vector<float> l = {0.5f, 3.f, 3.f, -1.f};
+  CHECK(sample_ref(l.data(), 4, p, nullptr, nullptr).token == 1);  // lowest id of the max
+  // top_k = 1 with a tie at the floor keeps both tied tokens (all values >= the k-th).
+  p.temperature = 1;
+  p.top_k = 1;
+  std::map<int, int> seen;
+  for (uint32_t step = 0; step < 400; ++step) {
+    p.step = step;
+    ++seen[sample_ref(l.data(), 4, p, nullptr, nullptr).token];
+  }
+  CHECK(seen.size() == 2);
+  CHECK(seen[1] > 150);
+  CHECK(seen[2] > 150);
+  // Frequencies follow the softmax: probabilities 0.5, 0.3, 0.2.
+  std::vector<float> m = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  p = {};
+  std::map<int, int> h;
+  const int n = 30000;
+  for (uint32_t step = 0; step < n; ++step) {
+    p.step = step;
+    ++h[sample_ref(m.data(), 3, p, nullptr, nullptr).token];
+  }
+  CHECK(h[0] / double(n) == doctest::Approx(0.5).epsilon(0.03));
+  CHECK(h[1] / double(n) == doctest::Approx(0.3).epsilon(0.04));
+  CHECK(h[2] / double(n) == doctest::Approx(0.2).epsilon(0.05));
+  // top_p 0.75: 0.5 < 0.75 <= 0.8, so tokens 0 and 1.
+  p.top_p = 0.75f;
+  h.clear();
+  for (uint32_t step = 0; step < 2000; ++step) {
+    p.step = step;
+    ++h[sample_ref(m.data(), 3, p, nullptr, nullptr).token];
+  }
+  CHECK(h.size() == 2);
+  CHECK(h.count(2) == 0);
+  // min_p 0.5: p >= 0.25 (0.5 and 0.3).
+  p.top_p = 1, p.min_p = 0.5f;
+  h.clear();
+  for (uint32_t step = 0; step < 2000; ++step) {
+    p.step = step;
+    ++h[sample_ref(m.data(), 3, p, nullptr, nullptr).token];
+  }
+  CHECK(h.size() == 2);
+}
+
+TEST_CASE("sample_ref: penalties, logprobs and top alternatives") {
+  std::vector<float> l = {2.f, 1.9f, -3.f};
+  std::vector<uint8_t> seen = {1, 0, 0};
+  std::vector<int32_t> counts = {0, 2, 0};
+  SampleParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 1.1f;  // 2 / 1.1 = 1.82 < 1.9
+  CHECK(sample_ref(l.data(), 3, p, seen.data(), counts.data()).token == 1);
+  p.frequency_penalty = 0.1f;  // 1.9 - 0.2 = 1.7 < 1.82
+  CHECK(sample_ref(l.data(), 3, p, seen.data(), counts.data()).token == 0);
+  p = {};
+  p.temperature = 0;
+  p.top_logprobs = 2;
+  auto r = sample_ref(l.data(), 3, p, nullptr, nullptr);
+  const double lse = std::log(std::exp(2.0) + std::exp(1.9) + std::exp(-3.0));
+  CHECK(r.logprob == doctest::Approx(2.0 - lse).epsilon(1e-6));
+  REQUIRE(r.n_top == 2);
+  CHECK(r.top_ids[0] == 0);
+  CHECK(r.top_ids[1] == 1);
+  CHECK(r.top_logprobs[1] == doctest::Approx(1.9 - lse).epsilon(1e-5));
+  sample_state_update_ref(seen.data(), counts.data(), 2);
+  CHECK(seen[2] == 1);
+  CHECK(counts[2] == 1);
+  CHECK(sample_check_params(p, 3).ok());
+  p.top_logprobs = 21;
+  CHECK(sample_check_params(p, 3).message().find("top_logprobs") != std::string::npos);
+}
+
+TEST_CASE("twins: embedding zeros for bad ids, add_rmsnorm rounds the sum, KV slots < 0 skipped") {
+  std::vector<float> table = {1, 2, 3, 4, 5, 6};
+  std::vector<int32_t> ids = {2, -1, 0, 3};
+  std::vector<float> out(8, 9.f);
+  embedding_ref(table.data(), 3, 2, ids.data(), 4, out.data());
+  CHECK(out == std::vector<float>{5, 6, 0, 0, 1, 2, 0, 0});
+  CHECK(embedding_check_args(table.data(), 3, 0, ids.data(), 1, out.data()).code() == Errc::usage);
+
+  // bf16: 1 + 2^-9 rounds back to 1 before the norm.
+  std::vector<float> h = {1.f, 1.f}, d = {0x1p-9f, 0.f}, w = {1.f, 1.f}, y(2);
+  add_rmsnorm_ref(h.data(), d.data(), w.data(), y.data(), 1, 2, 0.f, DType::bf16);
+  CHECK(h[0] == 1.f);
+  CHECK(y[0] == 1.f);
+  h = {1.f, 1.f};
+  add_rmsnorm_ref(h.data(), d.data(), w.data(), y.data(), 1, 2, 0.f, DType::f32);
+  CHECK(h[0] == 1.f + 0x1p-9f);
+
+  std::vector<float> kp(2 * 2 * 2, -1.f), vp(kp.size(), -1.f);  // 2 blocks of 2 slots, row 2
+  PagedKVLayer L{kp.data(), vp.data(), 2, 1, 2};
+  std::vector<int32_t> slots = {3, -1};
+  std::vector<float> k = {1.f, 2.f, 9.f, 9.f}, v = {3.f, 4.f, 9.f, 9.f};
+  paged_kv_write_slots_ref(L, slots.data(), 2, k.data(), 2, v.data(), 2, DType::f32);
+  CHECK(kp == std::vector<float>{-1, -1, -1, -1, -1, -1, 1, 2});
+  CHECK(vp[6] == 3.f);
+}
+
+TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
+  AttentionBatch b;
+  b.kv.head_dim = 20;
+  b.kv.n_kv_heads = 1;
+  b.n_heads = 2;
+  b.n_seqs = 1;
+  CHECK(attention_check_args(b, true).message().find("head_dim 20") != std::string::npos);
+  b.kv.head_dim = 128;
+  b.n_heads = 3;
+  b.kv.n_kv_heads = 2;
+  CHECK(attention_check_args(b, false).message().find("multiple of n_kv_heads") !=
+        std::string::npos);
+  CHECK(attention_decode_splits(1) == 1);
+  CHECK(attention_decode_splits(kDecodePartition + 1) == 2);
+  CHECK(attention_decode_workspace_bytes(2, 4, 128, kDecodePartition) == 0);
+  CHECK(attention_decode_workspace_bytes(2, 4, 128, 3 * kDecodePartition) == 2 * 4 * 3 * 130 * 4);
+
+  MatmulArgs a;
+  a.m = 1, a.n = 4, a.k = 8, a.lda = 4;
+  int dummy = 0;
+  a.a = &dummy, a.w = &dummy, a.out = &dummy, a.ldw = 8, a.ldo = 4;
+  CHECK(matmul_check_args(a).message().find("lda 4") != std::string::npos);
+  std::vector<float> x = {1, 2}, wt = {3, 4, 5, 6}, o = {10, 20}, bias = {1, -1};
+  matmul_ref(x.data(), wt.data(), o.data(), 1, 2, 2, bias.data(), true, DType::f32);
+  CHECK(o == std::vector<float>{10 + 11 + 1, 20 + 17 - 1});
+
+  RopeArgs r;
+  r.head_dim = 7;
+  CHECK(rope_check_args(r).message().find("head_dim 7") != std::string::npos);
+}
