@@ -32,6 +32,25 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The remote command's exit status, or -1 when sshd sent none (the command died of a
+// signal, or the session timed out first). libssh 0.11 (Debian 13, Ubuntu 24.10+) replaced
+// ssh_channel_get_exit_status with ssh_channel_get_exit_state and deprecated the old call.
+int channel_exit_status(ssh_channel ch) {
+#if LIBSSH_VERSION_INT >= SSH_VERSION_INT(0, 11, 0)
+  uint32_t code = 0;
+  char* signal = nullptr;
+  int core_dumped = 0;
+  if (ssh_channel_get_exit_state(ch, &code, &signal, &core_dumped) != SSH_OK) return -1;
+  if (signal != nullptr) {
+    ssh_string_free_char(signal);
+    return -1;
+  }
+  return static_cast<int>(code);
+#else
+  return ssh_channel_get_exit_status(ch);
+#endif
+}
+
 // A command as shown in messages: one line, at most 80 characters.
 std::string short_command(const std::string& command) {
   std::string s = command;
@@ -415,7 +434,7 @@ Result<CommandResult> SshRunner::exec(const std::string& command, Clock::time_po
   int64_t left = ms_left(deadline);
   if (left <= 0) return timed_out();
   set_session_timeout(left);
-  int status = ssh_channel_get_exit_status(ch);
+  int status = channel_exit_status(ch);
   if (status == -1 && !ssh_channel_is_closed(ch) && ms_left(deadline) <= 0) return timed_out();
   r.exit_status = status;
   r.seconds = seconds_since(t0);

@@ -124,6 +124,23 @@ if ((do_asan)); then
   fi
 fi
 
+# libFuzzer needs clang and its fuzzer runtime (libclang-rt-N-dev, which install-deps.sh
+# installs where apt offers it): without them the tier is skipped with the reason.
+fuzz_missing() {
+  command -v clang++ >/dev/null || { echo "clang++ is not installed"; return 0; }
+  local d rc=0
+  d=$(mktemp -d)
+  printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$d/f.cc"
+  clang++ -fsanitize=fuzzer,address,undefined "$d/f.cc" -o "$d/f" >"$d/log" 2>&1 || rc=$?
+  ((rc == 0)) || echo "clang++ cannot link -fsanitize=fuzzer: $(grep -m1 -iE 'error|cannot' "$d/log")"
+  rm -rf "$d"
+  ((rc != 0))
+}
+if ((do_fuzz)) && fuzz_why=$(fuzz_missing); then
+  echo "=== fuzz: SKIP: $fuzz_why (install the fuzzer runtime: scripts/install-deps.sh names it)"
+  do_fuzz=0 skipped=$((skipped + 1))
+fi
+
 # libFuzzer: clang, every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its
 # seed corpus. A crash leaves its input in build-fuzz/artifacts/.
 if ((do_fuzz)); then

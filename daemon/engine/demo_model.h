@@ -3,6 +3,7 @@
 // (the same bytes on every machine) plus the project's byte-level BPE tokenizer
 // (daemon/engine/demo/) and its ChatML chat template, so a machine without a GPU can start a
 // ring and answer a chat request. Its weights are random: it produces fluent-looking nonsense.
+#include <cstdint>
 #include <string>
 #include <vector>
 
