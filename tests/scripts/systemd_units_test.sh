@@ -25,6 +25,6 @@ for u in sparkctl-watch.service sparkctl-watch.timer sparkd@1.service; do
   if [[ -n $out ]]; then echo "FAIL: $u: $out"; fail=1; else echo "ok: $u"; fi
 done
 grep -q '^Unit=sparkctl-watch.service$' "$tmp/sparkctl-watch.timer" || { echo "FAIL: the timer does not start sparkctl-watch.service"; fail=1; }
-grep -q '^ExecStart=.* watch$' "$tmp/sparkctl-watch.service" || { echo "FAIL: the service does not run sparkctl watch"; fail=1; }
+grep -Eq '^ExecStart=.* watch( --quiet)?$' "$tmp/sparkctl-watch.service" || { echo "FAIL: the service does not run sparkctl watch"; fail=1; }
 grep -q '^Restart=no$' "$tmp/sparkd@1.service" || { echo "FAIL: sparkd@ must not restart one rank alone"; fail=1; }
 exit $fail
