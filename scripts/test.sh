@@ -81,7 +81,7 @@ tier() {
     local skip
     skip=$(grep -c '(Skipped)' "$log" || true)
     passed=$((passed + total - fail - skip)); failed=$((failed + fail)); skipped=$((skipped + skip))
-    ((fail > 0)) && failures+=($(sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p" "$log"))
+    ((fail > 0)) && failures+=($(grep -v "(Skipped)" "$log" | sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p"))
   fi
   echo "=== ctest -L $label: done ($((SECONDS - t0)) s)"
   rm -f "$log"
