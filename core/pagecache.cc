@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "core/strings.h"
 
@@ -225,6 +226,24 @@ Status evict_fd(int fd, bool writable) {
   int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   if (rc != 0) return make_error(Errc::io, fmt::format("posix_fadvise: {}", std::strerror(rc)));
   return {};
+}
+
+Status evict_fd_settled(int fd, bool writable, int tries) {
+  // DONTNEED skips pages that are transiently referenced (a read-ahead or a writeback still
+  // completing, on a loaded machine): drop, look, and drop again until nothing is left.
+  Status last;
+  for (int k = 0; k < std::max(tries, 1); ++k) {
+    last = evict_fd(fd, writable);
+    if (!last) return last;
+    struct stat sb {};
+    if (::fstat(fd, &sb) != 0) return last;
+    FileResidency r;
+    if (!count_resident(fd, "", static_cast<uint64_t>(sb.st_size), &r, false) || !r.known ||
+        r.resident_pages == 0)
+      return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * (k + 1)));
+  }
+  return last;
 }
 
 size_t EvictReport::problems() const {

@@ -90,4 +90,8 @@ Result<EvictReport> evict_page_cache(const std::vector<std::string>& paths,
 /// Used by stage-weights on the files it wrote and read.
 Status evict_fd(int fd, bool writable);
 
+/// evict_fd, repeated (up to `tries` times, with a short growing pause) while pages of the
+/// file are still resident: DONTNEED is advisory and skips pages that are busy at that moment.
+Status evict_fd_settled(int fd, bool writable, int tries = 8);
+
 }  // namespace spark

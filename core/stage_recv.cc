@@ -526,7 +526,7 @@ Status ReceiverImpl::finalize(FileState& f) {
   ::close(f.jfd);
   f.jfd = -1;
   ::unlink(f.journal_path.c_str());
-  if (!keep_cache_) (void)evict_fd(f.fd, false);
+  if (!keep_cache_) (void)evict_fd_settled(f.fd, false);
   ::close(f.fd);
   f.fd = -1;
   if (f.dfd >= 0) ::close(f.dfd);

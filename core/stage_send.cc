@@ -606,12 +606,7 @@ void drop_read_cache(const std::vector<std::string>& read_paths) {
   for (const auto& path : read_paths) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) continue;
-    for (int k = 0; k < 10; ++k) {
-      (void)evict_fd(fd, false);
-      auto r = file_residency(path);
-      if (!r || r->resident_pages == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    (void)evict_fd_settled(fd, false, 10);
     ::close(fd);
   }
 }

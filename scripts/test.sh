@@ -39,18 +39,38 @@ passed=0 failed=0 skipped=0 failures=()
 t_start=$SECONDS
 
 # stage NAME CMD...: runs CMD, counts it, logs the time; output goes to the terminal.
+# A failed stage's log is kept so that the summary at the end can repeat why it failed.
+STAGE_LOGS=$(mktemp -d)
+trap 'rm -rf "$STAGE_LOGS"' EXIT
 stage() {
   local name=$1; shift
-  local t0=$SECONDS
+  local t0=$SECONDS rc=0 log="$STAGE_LOGS/${#failures[@]}-${name//[^A-Za-z0-9_-]/_}.log"
   echo "=== $name: $*"
-  if "$@"; then
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if ((rc == 0)); then
     passed=$((passed + 1))
     echo "=== $name: ok ($((SECONDS - t0)) s)"
+    rm -f "$log"
     return 0
   fi
   failed=$((failed + 1)); failures+=("$name")
+  fail_logs+=("$name=$log")
   echo "=== $name: FAILED ($((SECONDS - t0)) s)"
   return 1
+}
+fail_logs=()
+
+# why_failed: for each failed stage, the lines of its log that say why (test case, file:line,
+# sanitizer report), so that they are at the end of a long CI log.
+why_failed() {
+  local entry name log
+  for entry in "${fail_logs[@]}"; do
+    name=${entry%%=*} log=${entry#*=}
+    echo "=== why $name failed:"
+    grep -E -B2 -A8 'ERROR|FATAL|FAILED|error:|Error:|runtime error|Sanitizer|Assertion|what\(\)' "$log" |
+      grep -v '^SKIP: ' | head -n 80
+  done
 }
 
 # quiet CMD...: runs CMD with its output in a log, shown only when it fails.
@@ -162,7 +182,7 @@ fi
 
 echo
 echo "=== total time $((SECONDS - t_start)) s"
-((failed > 0)) && echo "=== failed: ${failures[*]}"
+((failed > 0)) && { why_failed; echo "=== failed: ${failures[*]}"; }
 ((skipped > 0)) && echo "=== skipped (with a printed reason): $skipped"
 echo "$passed passed, $failed failed"
 ((failed == 0))
