@@ -80,8 +80,8 @@ struct SplitParams {
   float* partials;    // [n_seqs][n_heads][cap][head_dim + 2]
 };
 
-template <typename C, int HD, int G, int U>
-__global__ void __launch_bounds__(kThreads) split_kernel(SplitParams P) {
+template <typename C, int HD, int G, int U, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   constexpr int L = HD / 8;    // lanes per row
   constexpr int RPW = 32 / L;  // rows per warp and load
   constexpr int NS = kWarps * RPW;
@@ -314,13 +314,15 @@ template <typename C, int HD>
 Status launch_hd(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
   // Fewer rows per batch where G heads already take many registers.
   if (gmax <= 1)
-    split_kernel<C, HD, 1, 8><<<grid, kThreads, 0, st>>>(P);
+    split_kernel<C, HD, 1, 8, 1><<<grid, kThreads, 0, st>>>(P);
   else if (gmax <= 2)
-    split_kernel<C, HD, 2, 8><<<grid, kThreads, 0, st>>>(P);
+    split_kernel<C, HD, 2, 8, 1><<<grid, kThreads, 0, st>>>(P);
+  else if (gmax <= 4 && HD == 128 && P.b.decode_variant == 1)
+    split_kernel<C, 128, 4, 4, 3><<<grid, kThreads, 0, st>>>(P);
   else if (gmax <= 4)
-    split_kernel<C, HD, 4, 8><<<grid, kThreads, 0, st>>>(P);
+    split_kernel<C, HD, 4, 8, 1><<<grid, kThreads, 0, st>>>(P);
   else
-    split_kernel<C, HD, 8, 4><<<grid, kThreads, 0, st>>>(P);
+    split_kernel<C, HD, 8, 4, 1><<<grid, kThreads, 0, st>>>(P);
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -87,6 +87,10 @@ struct AttentionBatch {
   int window = 0;             // sliding window (Mistral), 0 = off
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
+  // Split-K decode, for the kernel benchmark: 0 = the engine's kernel; 1 = fewer rows per
+  // batch (4) under a register cap for 3 blocks per multiprocessor (more warps in flight,
+  // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
+  int decode_variant = 0;
 };
 
 /// Checks an AttentionBatch against its contract and the kernels' limits (head_dim a

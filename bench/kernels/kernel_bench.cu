@@ -351,13 +351,13 @@ int main(int argc, char** argv) {
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
+  fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
   const int nh = 32, nkv = 8, hd = 128, bs = 16;
   // Decode runs the split-K kernel the engine uses and the previous (partitioned) kernel on
   // the same inputs; `bound` > 0 sizes the launch for contexts up to it, as the engine's
   // captured decode graphs do (CONTEXT_LEN), while the real contexts are `ctx`.
   auto attention = [&](bool decode, int n_seqs, int ctx, int qlen, bool partitioned = false,
-                       int bound = 0) {
+                       int bound = 0, int variant = 0) {
     const int blocks_per = (std::max(ctx, bound) + bs - 1) / bs;
     const size_t nblocks = static_cast<size_t>(blocks_per) * n_seqs;
     const size_t row = static_cast<size_t>(nkv) * hd;
@@ -386,6 +386,7 @@ int main(int argc, char** argv) {
     b.query_start = static_cast<int32_t*>(dq), b.n_seqs = n_seqs, b.n_tokens = T,
     b.max_query_len = qlen;
     b.max_seq_len = std::max(ctx, bound), b.scale = 0.0883883f;
+    b.decode_variant = variant;
     void* ws = nullptr;
     if (decode) {
       b.workspace_bytes =
@@ -402,7 +403,10 @@ int main(int argc, char** argv) {
          : partitioned ? attention_decode_partitioned_cuda_device(b, st)
                        : attention_decode_cuda_device(b, st));
     });
-    const char* kname = !decode ? "prefill" : partitioned ? "decode (old)" : "decode";
+    const char* kname = !decode       ? "prefill"
+                        : partitioned ? "decode (old)"
+                        : variant     ? "decode (U4x3)"
+                                      : "decode";
     std::string name =
         fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
                     bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
@@ -412,12 +416,13 @@ int main(int argc, char** argv) {
               {"seqs", n_seqs},
               {"ctx", ctx},
               {"bound", std::max(ctx, bound)},
+              {"variant", variant},
               {"q", qlen},
               {"us", t}};
     if (decode) {
       const double bytes = 2.0 * n_seqs * ctx * row * 2;
       j["GBps"] = bytes / t / 1e3;
-      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, t, bytes / t / 1e3,
+      fmt::print("{:<42} {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, t, bytes / t / 1e3,
                  100 * bytes / t / 1e3 / read_gbs);
     } else {
       // Causal: each query attends to (prefix + its index + 1) keys; 4 flops per key and dim.
@@ -425,19 +430,23 @@ int main(int argc, char** argv) {
                           (static_cast<double>(ctx - qlen) * qlen + 0.5 * qlen * (qlen + 1.0));
       const double flops = 4.0 * keys * hd * nh;
       j["TFLOPs"] = flops / t / 1e6;
-      fmt::print("{:<34} {:>10.1f} {:>10.1f} {:>7.0f}%\n", name, t, flops / t / 1e6,
+      fmt::print("{:<42} {:>10.1f} {:>10.1f} {:>7.0f}%\n", name, t, flops / t / 1e6,
                  100 * flops / t / 1e6 / out["bf16_peak_TFLOPs"].get<double>());
     }
     ajs.push_back(j);
     for (void* p : {kp, vp, dt, dl, dq, q, o}) CK(cudaFree(p));
     if (ws) CK(cudaFree(ws));
   };
-  // Each decode shape with the split-K kernel, then the previous one. The last three are
-  // the engine benchmark's decode: short contexts under a graph sized for 33792.
+  // Each decode shape with the split-K kernel, its variant with more warps and fewer loads
+  // each (decode_variant 1), then the previous kernel. The last three are the engine
+  // benchmark's decode: short contexts under a graph sized for 33792.
   const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
                                   {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
-  for (const auto& d : decode_shapes)
-    for (bool old : {false, true}) attention(true, d[0], d[1], 1, old, d[2]);
+  for (const auto& d : decode_shapes) {
+    attention(true, d[0], d[1], 1, false, d[2]);
+    attention(true, d[0], d[1], 1, false, d[2], 1);
+    attention(true, d[0], d[1], 1, true, d[2]);
+  }
   attention(false, 1, 1024, 1024);
   attention(false, 1, 8192, 8192);
   if (!quick) attention(false, 1, 32768, 32768);

@@ -418,8 +418,9 @@ namespace {
 void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv, int hd,
                     int bs, const std::vector<int32_t>& ctx, const std::vector<int32_t>& qlen,
                     int window, size_t max_checked_rows, bool partitioned = false,
-                    int ctx_bound = 0) {
+                    int ctx_bound = 0, int variant = 0) {
   CAPTURE(decode);
+  CAPTURE(variant);
   CAPTURE(partitioned);
   CAPTURE(ctx_bound);
   CAPTURE(std::string(dtype_name(kv_t)));
@@ -447,6 +448,7 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
   b.max_seq_len = std::max(ctx_bound, *std::max_element(ctx.begin(), ctx.end())),
   b.scale = 1.f / std::sqrt(static_cast<float>(hd));
   b.window = window;
+  b.decode_variant = variant;
   // A graph's tables are as wide as the bound; past each context they hold -1, which a
   // kernel that reads beyond its context would follow out of the pool.
   DeviceBuf<int32_t> wide;
@@ -554,6 +556,11 @@ TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, win
                    {1, 1, 1, 1, 1, 1}, 0, 1);
     attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 200, 4000}, {1, 1, 1}, 0, 1,
                    false, 33792);
+    // The benchmark's variant (4 rows per batch, 3 blocks per multiprocessor).
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 65, 200, 4000}, {1, 1, 1, 1},
+                   0, 1, false, 33792, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 12, 4, 96, 16, {700, 3}, {1, 1}, 300, 1, false, 0,
+                   1);
     std::vector<int32_t> many(80), ones(80, 1);
     for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(1 + 37 * i);
     attention_case(rng, true, kv_t, DType::bf16, 8, 8, 64, 16, many, ones, 0, 1);
