@@ -219,7 +219,7 @@ step "install-deps --arch $TARGET" in_root "bash scripts/install-deps.sh --arch 
       done
       qemu-aarch64-static $B/cli/sparkctl version
       qemu-aarch64-static $B/daemon/sparkd --help >/dev/null" &&
-  step "unit tests (qemu-aarch64-static)" run_unit_tests
+  step "unit tests (qemu-aarch64-static)" run_unit_tests || true   # set -e: the summary still comes
 step "cross build: every other target" in_root "$CONFIGURE >/dev/null && ninja -C $B -k 0 -j$JOBS" || true
 
 echo
