@@ -33,7 +33,7 @@ while (($#)); do
     --suite) SUITE=${2:?--suite needs a name}; shift ;;
     --keep) KEEP=1 ;;
     --resume) RESUME=1 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "distro-test: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
