@@ -44,8 +44,13 @@ struct RuntimeOptions {
   /// The ring's one store (sparkd: its rendezvous). When set, Gloo's mesh and the NCCL
   /// unique id meet through it and rank 0 starts no TCP store of its own.
   std::shared_ptr<RendezvousStore> store;
+  /// Names the ranks the daemon's heartbeats find missing, for the message of a collective
+  /// that failed or timed out (Gloo and NCCL); optional.
+  std::function<std::string()> missing_ranks;
   /// Data plane over NCCL (the device calls, the fabric self-test) with the control plane on
-  /// Gloo (LocalCollective for one rank); false: Gloo alone.
+  /// Gloo (LocalCollective for one rank); false: Gloo alone (CUDA ranks then stage their
+  /// device collectives through page-locked host memory, HostStagedCollective: eager decode
+  /// steps, and several ranks may share one GPU).
   bool nccl = false;
   NcclOptions nccl_options;  // rank/world are filled from rank/world
   /// The fabric self-test (NCCL only) runs after the connect and before the engine starts;
@@ -89,6 +94,10 @@ class Runtime {
   const LoadReport& load_report() const { return load_; }
   /// The fabric self-test's report (nullptr when it did not run).
   const FabricReport* fabric_report() const { return fabric_ ? &*fabric_ : nullptr; }
+  /// Rank 0: every rank's self-test report, in rank order (each rank publishes its own
+  /// through the ring's store right after the test); empty when the test did not run or the
+  /// ring has no store. A rank whose report did not arrive is missing from the list.
+  const std::vector<FabricReport>& fabric_reports() const { return fabric_all_; }
   /// Aborts the NCCL communicator (when there is one): a collective in flight fails at once
   /// with `why`. Thread-safe; for the daemon when its heartbeats find a rank gone.
   void abort_collectives(const std::string& why);
@@ -103,6 +112,7 @@ class Runtime {
   std::shared_ptr<Collective> comm_;
   std::shared_ptr<NcclCollective> nccl_;
   std::optional<FabricReport> fabric_;
+  std::vector<FabricReport> fabric_all_;
   std::string device_, device_kind_, device_fallback_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;
