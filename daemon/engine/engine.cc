@@ -335,8 +335,7 @@ void Engine::admit() {
 
 Status Engine::broadcast_plan(const std::vector<int32_t>& plan) {
   if (comm_->world_size() == 1) return Status::Ok();
-  return send_plan(*comm_, plan.empty() ? kPlanHeartbeat : static_cast<int32_t>(plan.size()),
-                   plan);
+  return send_plan(*comm_, plan.empty() ? kPlanHeartbeat : static_cast<int32_t>(plan.size()), plan);
 }
 
 Status Engine::step() {

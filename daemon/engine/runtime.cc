@@ -153,31 +153,36 @@ Status Runtime::connect_nccl(const RuntimeOptions& o,
   fabric_ = std::move(*r);
   log::info("engine", "rank {}: fabric self-test {} in {:.2f} s", o.rank, fabric_->summary(),
             fabric_->seconds);
-  // Every rank's figures reach rank 0's /health: each publishes its report (passed or not)
-  // through the ring's store, and rank 0 collects them.
-  if (o.store) {
-    const std::string key = "engine.fabric.rank";
-    if (Status st = o.store->set(key + std::to_string(o.rank), to_json(*fabric_).dump()); !st.ok())
-      log::warn("engine", "rank {}: publishing the fabric report: {}", o.rank, st.message());
-    if (o.rank == 0) {
-      fabric_all_.push_back(*fabric_);
-      for (int peer = 1; peer < o.world; ++peer) {
-        auto v = o.store->get(key + std::to_string(peer), o.fabric.timeout);
-        Result<FabricReport> rep =
-            v ? fabric_report_from_json(nlohmann::json::parse(*v, nullptr, false)) : v.error();
-        if (rep)
-          fabric_all_.push_back(std::move(*rep));
-        else
-          log::warn("engine", "rank 0: rank {}'s fabric report: {}", peer, rep.error().message);
-      }
-    }
-  }
+  // Every rank's figures reach rank 0's /health through the ring's store.
+  if (o.store)
+    fabric_all_ = exchange_fabric_reports(*o.store, *fabric_, o.rank, o.world, o.fabric.timeout);
   for (const auto& line : split_list(render_fabric_table({*fabric_}), '\n'))
     log::info("engine", "{}", line);
   if (!fabric_->passed())
     return make_error(Errc::precondition,
                       "fabric self-test failed: " + join(fabric_->failures, "; "));
   return Status::Ok();
+}
+
+std::vector<FabricReport> exchange_fabric_reports(RendezvousStore& store, const FabricReport& mine,
+                                                  int rank, int world,
+                                                  std::chrono::milliseconds timeout) {
+  const std::string key = "engine.fabric.rank";
+  if (Status st = store.set(key + std::to_string(rank), to_json(mine).dump()); !st.ok())
+    log::warn("engine", "rank {}: publishing the fabric report: {}", rank, st.message());
+  std::vector<FabricReport> all;
+  if (rank != 0) return all;
+  all.push_back(mine);
+  for (int peer = 1; peer < world; ++peer) {
+    auto v = store.get(key + std::to_string(peer), timeout);
+    Result<FabricReport> rep =
+        v ? fabric_report_from_json(nlohmann::json::parse(*v, nullptr, false)) : v.error();
+    if (rep)
+      all.push_back(std::move(*rep));
+    else
+      log::warn("engine", "rank 0: rank {}'s fabric report: {}", peer, rep.error().message);
+  }
+  return all;
 }
 
 void Runtime::abort_collectives(const std::string& why) {

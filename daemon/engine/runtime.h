@@ -81,6 +81,14 @@ struct RuntimeStatus {
   std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
 
+/// Publishes this rank's fabric self-test report under "engine.fabric.rank<R>" in the
+/// ring's store; rank 0 then collects every rank's (waiting up to `timeout` for each) and
+/// returns them in rank order, leaving out (with a warning) one that did not arrive or does
+/// not parse. Other ranks get an empty list.
+std::vector<FabricReport> exchange_fabric_reports(RendezvousStore& store, const FabricReport& mine,
+                                                  int rank, int world,
+                                                  std::chrono::milliseconds timeout);
+
 class Runtime {
  public:
   /// Blocks until this rank is loaded and connected (or fails with the reason).

@@ -9,6 +9,9 @@
 //   spark-engine bench --model DIR|--demo [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens
 //   64]
 //                [--slots 4] [--threads 1] [--json]
+//   spark-engine tpbench [--tp-size 2] [--hidden 512] [--layers 8] [--vocab 8192] [--batch 1]
+//                [--tokens 64] [--rounds 3] [--threads 1] [--json]
+//                (the TP control plane's cost per decode step; bench/engine/tp_bench.h)
 //   spark-engine gpubench --model DIR [--json-out FILE] [--context 33792] [--max-tokens 256]
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
@@ -23,6 +26,7 @@
 
 #include "bench/engine/engine_bench.h"
 #include "bench/engine/gpu_bench.h"
+#include "bench/engine/tp_bench.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
@@ -68,7 +72,7 @@ Result<Args> parse(int argc, char** argv) {
     if (i + 1 >= argc) return make_error(Errc::usage, "--" + k + " needs a value");
     a.opt[k] = argv[++i];
   }
-  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")))
+  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")) && a.cmd != "tpbench")
     return make_error(Errc::usage, "--model DIR is required (bench also takes --demo)");
   return a;
 }
@@ -98,6 +102,9 @@ Result<std::shared_ptr<Collective>> make_comm(const Args& a, bool on_cuda, int* 
   if (!r) return r.error();
   *world = *w;
   *rank = *r;
+  const std::string coll = a.get("collective", "gloo");
+  if (coll != "gloo" && coll != "nccl")
+    return make_error(Errc::usage, "--collective must be gloo or nccl, not " + coll);
   if (*world == 1) return std::shared_ptr<Collective>(std::make_shared<LocalCollective>());
   const std::string store = a.get("store", "127.0.0.1:29551");
   auto colon = store.rfind(':');
@@ -112,12 +119,8 @@ Result<std::shared_ptr<Collective>> make_comm(const Args& a, bool on_cuda, int* 
   auto t = int_opt(a, "timeout-ms", 30000);
   if (!t) return t.error();
   g.timeout_ms = *t;
-  g.rendezvous_timeout_ms = std::max(*t, 60000);
   auto c = GlooCollective::connect(g);
   if (!c) return c.error();
-  const std::string coll = a.get("collective", "gloo");
-  if (coll != "gloo" && coll != "nccl")
-    return make_error(Errc::usage, "--collective must be gloo or nccl, not " + coll);
   if (!on_cuda) return std::shared_ptr<Collective>(*c);
   if (coll == "gloo")
     return std::shared_ptr<Collective>(std::make_shared<HostStagedCollective>(*c));
@@ -304,9 +307,14 @@ int main(int argc, char** argv) {
     if (a->cmd == "generate") return cmd_generate(*a);
     if (a->cmd == "bench") return cmd_bench(*a);
     if (a->cmd == "gpubench") return cmd_gpubench(*a);
+    if (a->cmd == "tpbench") {
+      auto r = run_tp_bench(a->opt);
+      if (!r) return fail(r.error());
+      return *r;
+    }
   } catch (const std::exception& e) {
     return fail(make_error(Errc::usage, e.what()));
   }
-  return fail(
-      make_error(Errc::usage, "unknown command " + a->cmd + " (generate, bench, gpubench)"));
+  return fail(make_error(Errc::usage,
+                         "unknown command " + a->cmd + " (generate, bench, gpubench, tpbench)"));
 }

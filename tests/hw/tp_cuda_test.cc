@@ -106,7 +106,17 @@ struct Proc {
   pid_t pid = -1;
 };
 
-Proc spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+// `gpu` >= 0: the process sees only that GPU (CUDA_VISIBLE_DEVICES), as a rank of a ring
+// does; the engine's threads then all find it as device 0.
+Proc spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+           int gpu = -1) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0 || gpu < 0) env_s.emplace_back(*e);
+  if (gpu >= 0) env_s.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(gpu));
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -115,7 +125,7 @@ Proc spawn(const std::vector<std::string>& args, const std::string& out, const s
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   Proc p;
-  REQUIRE(posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), environ) == 0);
+  REQUIRE(posix_spawn(&p.pid, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
   posix_spawn_file_actions_destroy(&fa);
   return p;
 }
@@ -170,13 +180,9 @@ std::vector<nlohmann::json> generate(const test::TempDir& tmp, const std::string
             std::to_string(r), std::string("--store"), store, std::string("--timeout-ms"),
             std::string("60000"), std::string("--collective"), collective})
         a.push_back(s);
-      if (collective == "nccl") {
-        a.emplace_back("--device-ordinal");
-        a.push_back(std::to_string(r));
-      }
     }
     const std::string base = tmp / (tag + ".r" + std::to_string(r));
-    ps.push_back(spawn(a, base + ".out", base + ".err"));
+    ps.push_back(spawn(a, base + ".out", base + ".err", collective == "nccl" ? r : -1));
   }
   std::vector<int> rc;
   for (auto& p : ps) rc.push_back(wait_for(p, std::chrono::seconds(120)));
@@ -256,7 +262,8 @@ TEST_CASE(
   REQUIRE_MESSAGE(::access(tool.c_str(), X_OK) == 0, "build the spark-engine target: " << tool);
   const char* env_coll = std::getenv("TP_CUDA_COLLECTIVE");
   const std::string coll = env_coll && *env_coll ? env_coll : "gloo";
-  const int gpus = kernels::cuda_device_count().value_or(1);
+  const auto n_gpus = kernels::cuda_device_count();
+  const int gpus = n_gpus ? *n_gpus : 1;
   test::TempDir tmp;
   auto cfg = tp_config(Family::llama);
   const std::string dir = tmp / "llama";
