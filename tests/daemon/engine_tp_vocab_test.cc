@@ -19,7 +19,7 @@ std::vector<test::TpSeq> two_seqs() {
           {{1, 9, 8, 7, 6, 5, 4, 3, 2, 100, 200}, 4}};
 }
 
-std::shared_ptr<Device> cpu(int) {
+Result<std::shared_ptr<Device>> cpu(int) {
   return make_cpu_device();
 }
 

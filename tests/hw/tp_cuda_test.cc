@@ -92,10 +92,8 @@ std::vector<test::TpSeq> seqs() {
   return {{a, 9}, {b, 6}};
 }
 
-std::shared_ptr<Device> cuda_dev(int) {
-  auto d = make_cuda_device(0);
-  REQUIRE_MESSAGE(d.ok(), (d.ok() ? std::string() : d.error().message));
-  return *d;
+Result<std::shared_ptr<Device>> cuda_dev(int) {
+  return make_cuda_device(0);
 }
 
 std::shared_ptr<Collective> staged(std::shared_ptr<Collective> host) {
@@ -233,7 +231,8 @@ TEST_CASE(
     cfg.tie_word_embeddings = f.tied;
     const std::string dir = tmp / f.name;
     REQUIRE(write_random_checkpoint(dir, {cfg, DType::bf16, 41, 2}).ok());
-    auto ref = test::run_tp_threads(dir, 1, seqs(), [](int) { return make_cpu_device(); });
+    auto ref = test::run_tp_threads(
+        dir, 1, seqs(), [](int) -> Result<std::shared_ptr<Device>> { return make_cpu_device(); });
     REQUIRE_MESSAGE(ref.error.empty(), ref.error);
     auto one = test::run_tp_threads(dir, 1, seqs(), cuda_dev);
     REQUIRE_MESSAGE(one.error.empty(), one.error);

@@ -36,7 +36,7 @@ struct TpSeq {
 /// (HostStagedCollective) when set.
 inline TpRun run_tp_threads(
     const std::string& dir, int world, const std::vector<TpSeq>& seqs,
-    const std::function<std::shared_ptr<engine::Device>(int)>& make_device,
+    const std::function<Result<std::shared_ptr<engine::Device>>(int)>& make_device,
     const std::function<std::shared_ptr<engine::Collective>(std::shared_ptr<engine::Collective>)>&
         stage = {}) {
   using namespace engine;
@@ -47,7 +47,9 @@ inline TpRun run_tp_threads(
   std::vector<std::string> errors(static_cast<size_t>(world));
   auto body = [&](int r) -> Status {
     LoadReport rep;
-    auto m = Model::load(dir, r, world, make_device(r), &rep);
+    auto dev = make_device(r);  // no REQUIRE on these threads: failures come back as Status
+    if (!dev) return dev.error();
+    auto m = Model::load(dir, r, world, *dev, &rep);
     if (!m) return m.error();
     if (r == 0) out.bytes_read_rank0 = rep.bytes_read;
     std::shared_ptr<Collective> comm;
