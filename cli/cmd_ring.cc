@@ -185,25 +185,7 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
                      age(s.record.ready_ms));
-  // Rank 0's fabric self-test (NCCL rings), from /health: the figures READY rests on.
-  if (s.health && s.health->contains("fabric") && (*s.health)["fabric"].is_object()) {
-    const auto& f = (*s.health)["fabric"];
-    double ar = 0, ag = 0;
-    int64_t at = 0;
-    for (const auto& p : f.value("points", nlohmann::json::array())) {
-      if (p.value("bytes", int64_t{0}) < at) continue;
-      at = p.value("bytes", int64_t{0});
-      (p.value("op", "") == "all_reduce" ? ar : ag) = p.value("busbw_gbs", 0.0);
-    }
-    std::vector<std::string> via;
-    for (const auto& p : f["nccl"].value("peers", nlohmann::json::array()))
-      via.push_back(fmt::format("{} {}", p.value("peer", -1), p.value("detail", "")));
-    out << fmt::format(
-        "fabric: {}; busbw at {} MiB: all-reduce {:.1f} GB/s, all-gather {:.1f} GB/s; 8 KB "
-        "all-reduce {:.1f} us; peers {}\n",
-        f.value("passed", false) ? "passed" : "FAILED", at >> 20, ar, ag,
-        f["decode_latency_us"].value("8192", 0.0), via.empty() ? "-" : join(via, ", "));
-  }
+  if (s.health) out << fabric_status_lines(*s.health);
   out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", "RANK", "NODE", "STATE", "PID",
                      "UPTIME", "LAST-HB", "REASON");
   for (const auto& r : s.ranks) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "cli/cmd_preflight.h"
@@ -942,6 +943,36 @@ json to_json(const WatchReport& w) {
   if (!w.incident_dir.empty()) j["incident_dir"] = w.incident_dir;
   if (w.restart) j["restart"] = to_json(*w.restart);
   return j;
+}
+
+std::string fabric_status_lines(const nlohmann::json& health) {
+  std::ostringstream out;
+  auto fabric_line = [&out](const nlohmann::json& f, const std::string& who) {
+    double ar = 0, ag = 0;
+    int64_t at = 0;
+    for (const auto& p : f.value("points", nlohmann::json::array())) {
+      if (p.value("bytes", int64_t{0}) < at) continue;
+      at = p.value("bytes", int64_t{0});
+      (p.value("op", "") == "all_reduce" ? ar : ag) = p.value("busbw_gbs", 0.0);
+    }
+    std::vector<std::string> via;
+    const auto nccl = f.value("nccl", nlohmann::json::object());
+    for (const auto& p : nccl.value("peers", nlohmann::json::array()))
+      via.push_back(fmt::format("{} {}", p.value("peer", -1), p.value("detail", "")));
+    const auto lat = f.value("decode_latency_us", nlohmann::json::object());
+    out << fmt::format(
+        "{}: {}; busbw at {} MiB: all-reduce {:.1f} GB/s, all-gather {:.1f} GB/s; 8 KB "
+        "all-reduce {:.1f} us; peers {}\n",
+        who, f.value("passed", false) ? "passed" : "FAILED", at >> 20, ar, ag,
+        lat.value("8192", 0.0), via.empty() ? "-" : join(via, ", "));
+  };
+  if (health.contains("fabric_ranks") && health["fabric_ranks"].is_array()) {
+    for (const auto& f : health["fabric_ranks"])
+      if (f.is_object()) fabric_line(f, fmt::format("fabric rank {}", f.value("rank", -1)));
+  } else if (health.contains("fabric") && health["fabric"].is_object()) {
+    fabric_line(health["fabric"], "fabric");
+  }
+  return out.str();
 }
 
 }  // namespace spark::cli

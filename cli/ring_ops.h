@@ -129,4 +129,9 @@ nlohmann::json to_json(const StopReport& r);
 nlohmann::json to_json(const RingStatus& s);
 nlohmann::json to_json(const WatchReport& w);
 
+/// The fabric self-test's lines of `sparkctl status` from rank 0's /health: one per rank
+/// from `fabric_ranks` (every rank's report), else one from `fabric` (rank 0's alone, an
+/// older daemon); "" when the ring ran no self-test.
+std::string fabric_status_lines(const nlohmann::json& health);
+
 }  // namespace spark::cli

@@ -164,6 +164,7 @@ class NativeBackend final : public Backend {
     o.share = ctx.share;
     o.progress = ctx.progress;
     o.engine = *eo;
+    o.missing_ranks = ctx.missing_ranks;
     if (ctx.store_set && ctx.store_get)
       o.store = std::make_shared<engine::FunctionStore>(ctx.store_set, ctx.store_get);
     auto nccl = use_nccl(cfg, ctx.world_size);
@@ -240,6 +241,7 @@ class NativeBackend final : public Backend {
     }
     auto r = rt_->status();
     if (const auto* f = rt_->fabric_report()) s.fabric = engine::to_json(*f);
+    for (const auto& f : rt_->fabric_reports()) s.fabric_ranks.push_back(engine::to_json(f));
     s.device = r.device;
     s.device_note = r.device_fallback;
     s.ready = r.ready;

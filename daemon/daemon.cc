@@ -615,6 +615,7 @@ HealthSnapshot Daemon::snapshot() const {
   s.slots_total = es.slots_total;
   s.slots_busy = es.slots_busy;
   s.fabric = es.fabric;
+  s.fabric_ranks = es.fabric_ranks;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;
   s.engine = I.engine->name();
   s.device = es.device;

@@ -70,10 +70,11 @@ struct HealthSnapshot {
   std::string model;
   std::string version;
   int pid = 0;
-  nlohmann::json probe;     // rank 0's readiness probe (null elsewhere)
-  nlohmann::json fabric;    // this rank's fabric self-test (null when it did not run)
-  std::string device;       // what computes on this rank
-  std::string device_note;  // why DEVICE=auto chose the CPU
+  nlohmann::json probe;         // rank 0's readiness probe (null elsewhere)
+  nlohmann::json fabric;        // this rank's fabric self-test (null when it did not run)
+  nlohmann::json fabric_ranks;  // rank 0: every rank's fabric self-test, in rank order
+  std::string device;           // what computes on this rank
+  std::string device_note;      // why DEVICE=auto chose the CPU
 };
 
 /// The /health JSON body (schema in man/sparkd.8):

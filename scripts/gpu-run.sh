@@ -31,7 +31,9 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
-# "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
+# "stage-bench", "nccl" (the hw NCCL tests), "tp-cuda" (tensor parallel on CUDA, TP=2/4
+# ranks sharing this GPU), "tp-bench" (the TP control plane's cost per step, CPU path),
+# "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
@@ -241,6 +243,18 @@ device() {
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
     step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
+  # Tensor parallel on CUDA with one GPU: TP=2 and TP=4 ranks share it, over Gloo staged
+  # through host memory (NCCL refuses two ranks on one device), against TP=1 on CUDA and the
+  # CPU reference: logits at every position in one process, greedy tokens and logprobs of
+  # the spark-engine binary as processes. The same recipe and device calls NCCL serves.
+  [[ $want == *" tp-cuda "* ]] &&
+    step tp-cuda 120 "$dev/bin/spark_hw_tests" -tc='hw tp-cuda*'
+  # What the TP control plane (step plan, heartbeats) costs a decode step, on the CPU path of
+  # this machine's quiet cores: the engine against the same steps in lock-step with no plan.
+  if [[ $want == *" tp-bench "* ]]; then
+    step tp-bench 120 "$dev/bin/spark-engine" tpbench --tokens 64 --rounds 3 --threads 1
+    grep '^{' "$out/tp-bench.log" | tail -n 1 > "$out/tp_bench.json" || true
+  fi
   # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
   [[ $want == *" nccl-ring "* ]] &&
     step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "core/log.h"
@@ -27,8 +28,45 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 namespace {
-constexpr int64_t kPlanStop = -1;
-constexpr int64_t kPlanHeartbeat = 0;
+constexpr int32_t kPlanStop = -1;
+constexpr int32_t kPlanHeartbeat = 0;
+// What rank 0 tells the workers at start: KV blocks, block size, KV type, and the arguments
+// of Model::prepare (tokens, sequences, context, graphs).
+constexpr int kWorkerSizes = 7;
+// The step plan travels in one broadcast of kPlanInline words: the header (its length, or
+// kPlanStop / kPlanHeartbeat) and the plan itself when it fits, which covers every decode
+// step of a handful of sequences; a longer plan (prefill chunks) sends the rest in a second.
+// One message per step instead of two halves what the control plane adds to a step: the
+// workers wait for it before their first layer.
+constexpr size_t kPlanInline = 512;
+
+Status send_plan(Collective& comm, int32_t head, const std::vector<int32_t>& plan) {
+  std::array<int32_t, kPlanInline> msg{};
+  msg[0] = head;
+  const size_t first = std::min(plan.size(), kPlanInline - 1);
+  std::copy_n(plan.begin(), first, msg.begin() + 1);
+  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
+  if (plan.size() > first)
+    SPARK_TRY(comm.broadcast(const_cast<int32_t*>(plan.data()) + first,
+                             (plan.size() - first) * sizeof(int32_t), 0));
+  return Status::Ok();
+}
+
+// A worker's side of send_plan: the header, and the plan when the header is a length.
+Status recv_plan(Collective& comm, int32_t* head, std::vector<int32_t>* plan) {
+  std::array<int32_t, kPlanInline> msg{};
+  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
+  *head = msg[0];
+  if (*head <= 0) return Status::Ok();
+  if (*head > (1 << 28))
+    return make_error(Errc::internal, fmt::format("TP worker: bad plan size {}", *head));
+  plan->resize(static_cast<size_t>(*head));
+  const size_t first = std::min(plan->size(), kPlanInline - 1);
+  std::copy_n(msg.begin() + 1, first, plan->begin());
+  if (plan->size() > first)
+    SPARK_TRY(comm.broadcast(plan->data() + first, (plan->size() - first) * sizeof(int32_t), 0));
+  return Status::Ok();
+}
 }  // namespace
 
 struct Engine::Seq {
@@ -118,12 +156,17 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type);
   if (!cache) return cache.error();
   e->cache_ = std::move(*cache);
-  SPARK_TRY(e->model_->prepare(std::max(opts.max_batch_tokens, opts.slots), opts.slots,
-                               e->max_context_, opts.block_size, opts.cuda_graphs));
+  const int prep_tokens = std::max(opts.max_batch_tokens, opts.slots);
+  SPARK_TRY(e->model_->prepare(prep_tokens, opts.slots, e->max_context_, opts.block_size,
+                               opts.cuda_graphs));
   e->blocks_ =
       std::make_unique<BlockManager>(opts.num_blocks, opts.block_size, opts.prefix_caching);
   if (e->comm_->world_size() > 1) {
-    int64_t sizes[3] = {opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type)};
+    // The workers size their cache and step buffers as rank 0 does, and capture graphs
+    // exactly when it does (the collectives inside must match step for step).
+    int64_t sizes[kWorkerSizes] = {
+        opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type), prep_tokens,
+        opts.slots,      e->max_context_, opts.cuda_graphs ? 1 : 0};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
   }
   e->stats_.slots = opts.slots;
@@ -292,12 +335,7 @@ void Engine::admit() {
 
 Status Engine::broadcast_plan(const std::vector<int32_t>& plan) {
   if (comm_->world_size() == 1) return Status::Ok();
-  int64_t n = static_cast<int64_t>(plan.size());
-  SPARK_TRY(comm_->broadcast(&n, sizeof(n), 0));
-  if (n > 0)
-    SPARK_TRY(
-        comm_->broadcast(const_cast<int32_t*>(plan.data()), plan.size() * sizeof(int32_t), 0));
-  return Status::Ok();
+  return send_plan(*comm_, plan.empty() ? kPlanHeartbeat : static_cast<int32_t>(plan.size()), plan);
 }
 
 Status Engine::step() {
@@ -529,30 +567,28 @@ void Engine::loop() {
     req.on_event(ev);
   }
   if (comm_->world_size() > 1 && !stats().failed) {
-    int64_t n = kPlanStop;
-    (void)comm_->broadcast(&n, sizeof(n), 0);
+    (void)send_plan(*comm_, kPlanStop, {});
   }
 }
 
 Status run_tp_worker(Model& model, Collective& comm) {
-  int64_t sizes[3] = {0, 0, 0};
+  int64_t sizes[kWorkerSizes] = {};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
   auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
                                   static_cast<ElemType>(sizes[2]));
   if (!made) return made.error();
   KVCache& cache = **made;
+  SPARK_TRY(model.prepare(static_cast<int>(sizes[3]), static_cast<int>(sizes[4]),
+                          static_cast<int>(sizes[5]), static_cast<int>(sizes[1]), sizes[6] != 0));
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);
   std::vector<int32_t> plan;
   for (;;) {
-    int64_t n = 0;
-    SPARK_TRY(comm.broadcast(&n, sizeof(n), 0));
+    int32_t n = 0;
+    SPARK_TRY(recv_plan(comm, &n, &plan));
     if (n == kPlanStop) return Status::Ok();
     if (n == kPlanHeartbeat) continue;
-    if (n < 0 || n > (1ll << 28))
-      return make_error(Errc::internal, fmt::format("TP worker: bad plan size {}", n));
-    plan.resize(static_cast<size_t>(n));
-    SPARK_TRY(comm.broadcast(plan.data(), plan.size() * sizeof(int32_t), 0));
+    if (n < 0) return make_error(Errc::internal, fmt::format("TP worker: bad plan header {}", n));
     std::vector<SeqChunk> chunks;
     size_t at = 1;
     for (int32_t i = 0; i < plan[0]; ++i) {
