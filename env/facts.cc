@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/config.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/gpu.h"
@@ -144,11 +145,10 @@ void find_holder(PortProbe& p) {
   if (argv.empty() || std::filesystem::path(argv[0]).filename() != "sparkd") return;
   for (size_t i = 1; i + 1 < argv.size(); ++i) {
     if (argv[i] != "--config") continue;
-    p.holder_ring = "spark";  // RING_NAME's default
-    if (auto cfg = read_file(argv[i + 1]))
-      for (const auto& line : split_list(*cfg, '\n'))
-        if (starts_with(line, "RING_NAME="))
-          p.holder_ring = std::string(trim(std::string_view(line).substr(10)));
+    // The holder's cluster file as sparkd read it (quoting and defaults included).
+    std::vector<Diagnostic> diags;
+    if (auto cfg = load_config(argv[i + 1], Environment{}, &diags); cfg.ok())
+      p.holder_ring = cfg->get("RING_NAME");
   }
 }
 
