@@ -1,16 +1,18 @@
 #include "core/config.h"
 
-#include <fmt/format.h>
-#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <set>
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "core/strings.h"
 
@@ -21,159 +23,80 @@ namespace spark {
 // The ring-wide keys. Keep man/sparkctl.env.5 in step (a test checks every key is there).
 const std::vector<KeySpec>& ring_keys() {
   static const std::vector<KeySpec> k = {
-      {"RING_NAME", KeyType::string, "spark", nullptr,
-       "Name of the ring; names its state directory."},
-      {"MODEL", KeyType::string, nullptr, nullptr,
-       "Model name served on the API (default: the last component of MODEL_PATH)."},
-      {"MODEL_PATH", KeyType::path, nullptr, nullptr,
-       "Model directory on every node unless NODE<i>_MODEL_PATH says otherwise."},
-      {"ENGINE", KeyType::choice, "native", "native|exec",
-       "Engine backend: our own engine (native) or an external command (exec)."},
-      {"ENGINE_EXEC", KeyType::string, nullptr, nullptr,
-       "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
-      {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr,
-       "Health URL of the external engine (ENGINE=exec)."},
-      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0",
-       "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine "
-       "process runs)."},
-      {"ENGINE_API_URL", KeyType::string, nullptr, nullptr,
-       "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
-      {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr,
-       "Prompt of the readiness probe completion."},
-      {"PROBE_EXPECT", KeyType::string, nullptr, nullptr,
-       "Text the probe completion must contain (empty: any non-empty text)."},
-      {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr,
-       "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
-      {"API_PORT", KeyType::port, "8000", nullptr,
-       "HTTP port of the OpenAI-compatible API on rank 0."},
-      {"API_KEY_FILE", KeyType::path, nullptr, nullptr,
-       "File holding the API key on one line (mode 0600)."},
-      {"METRICS_AUTH", KeyType::choice, "api_key", "api_key|none",
-       "Whether GET /metrics needs the API key when API_KEY_FILE is set: api_key (like every other "
-       "path) or none (open, as vLLM leaves it)."},
-      {"API_MAX_CONNECTIONS", KeyType::integer, "512", nullptr,
-       "Open HTTP connections rank 0 accepts in all (0 = no limit); one more is answered 503."},
-      {"API_MAX_CONNECTIONS_PER_PEER", KeyType::integer, "128", nullptr,
-       "Open HTTP connections rank 0 accepts from one client address (0 = no limit)."},
-      {"RDZV_PORT", KeyType::port, "29551", nullptr,
-       "Rendezvous TCP store port on rank 0's fabric address."},
+      {"RING_NAME", KeyType::string, "spark", nullptr, "Name of the ring; names its state directory."},
+      {"MODEL", KeyType::string, nullptr, nullptr, "Model name served on the API (default: the last component of MODEL_PATH)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on every node unless NODE<i>_MODEL_PATH says otherwise."},
+      {"ENGINE", KeyType::choice, "native", "native|exec", "Engine backend: our own engine (native) or an external command (exec)."},
+      {"ENGINE_EXEC", KeyType::string, nullptr, nullptr, "Command run per rank when ENGINE=exec (sh -c, with the rank's environment)."},
+      {"ENGINE_HEALTH_URL", KeyType::string, nullptr, nullptr, "Health URL of the external engine (ENGINE=exec)."},
+      {"ENGINE_HEALTH_RANKS", KeyType::choice, "all", "all|0", "Which ranks poll ENGINE_HEALTH_URL: all, or 0 (followers are ready while their engine process runs)."},
+      {"ENGINE_API_URL", KeyType::string, nullptr, nullptr, "OpenAI-compatible base URL of the external engine (ENGINE=exec), for the readiness probe."},
+      {"PROBE_PROMPT", KeyType::string, "The capital of France is", nullptr, "Prompt of the readiness probe completion."},
+      {"PROBE_EXPECT", KeyType::string, nullptr, nullptr, "Text the probe completion must contain (empty: any non-empty text)."},
+      {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
+      {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
+      {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key on one line (mode 0600)."},
+      {"METRICS_AUTH", KeyType::choice, "api_key", "api_key|none", "Whether GET /metrics needs the API key when API_KEY_FILE is set: api_key (like every other path) or none (open, as vLLM leaves it)."},
+      {"API_MAX_CONNECTIONS", KeyType::integer, "512", nullptr, "Open HTTP connections rank 0 accepts in all (0 = no limit); one more is answered 503."},
+      {"API_MAX_CONNECTIONS_PER_PEER", KeyType::integer, "128", nullptr, "Open HTTP connections rank 0 accepts from one client address (0 = no limit)."},
+      {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
-      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32",
-       "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are "
-       "refused)."},
-      {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda",
-       "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the "
-       "reason is logged and shown in /health)."},
-      {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm",
-       "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with "
-       "ENGINE=native, vllm with ENGINE=exec)."},
-      {"CONTEXT_SPLIT", KeyType::integer, "1", nullptr,
-       "Ranks that split each sequence's tokens (decode context parallel); divides the per-token "
-       "KV of every attention layer."},
-      {"MOE_SPLIT", KeyType::choice, "tensor", "tensor|expert",
-       "How routed experts spread over ranks: a slice of every expert (tensor) or whole experts "
-       "(expert)."},
+      {"PREFILL_CHUNK", KeyType::integer, "256", nullptr, "Tokens one engine step computes (at least SLOTS): every decoding request's next token, the rest shared evenly among prompts being prefilled, so a long prompt prefills in chunks between the others' tokens."},
+      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are refused)."},
+      {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda", "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the reason is logged and shown in /health)."},
+      {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},
+      {"CONTEXT_SPLIT", KeyType::integer, "1", nullptr, "Ranks that split each sequence's tokens (decode context parallel); divides the per-token KV of every attention layer."},
+      {"MOE_SPLIT", KeyType::choice, "tensor", "tensor|expert", "How routed experts spread over ranks: a slice of every expert (tensor) or whole experts (expert)."},
       {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
       {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
-      {"MEM_RESERVE", KeyType::size, "4GiB", nullptr,
-       "Memory kept free per node beyond weights and KV cache."},
-      {"MEM_WORKSPACE", KeyType::size, "0", nullptr,
-       "Activation and graph workspace the engine takes per rank, planned on top of weights and "
-       "KV."},
-      {"MEM_MTP", KeyType::size, "0", nullptr,
-       "Memory per rank of a multi-token-prediction layer the engine loads besides the files' "
-       "weights."},
-      {"MEM_VISION", KeyType::size, "0", nullptr,
-       "Memory per rank of a vision tower (weights not in the files, encoder cache)."},
-      {"MEM_WAIT", KeyType::duration, "120s", nullptr,
-       "How long start waits for MEM_FREE_MIN on every node."},
-      {"DISK_MAX_USE", KeyType::integer, "85", nullptr,
-       "Highest disk use in percent allowed after staging."},
-      {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr,
-       "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
+      {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},
+      {"KV_OVERHEAD", KeyType::size, "0", nullptr, "KV cache memory the engine charges per rank beyond the per-token records and per-sequence states plan derives from config.json (for vLLM on hybrid models, the constant of its own KV figures); planned as KV."},
+      {"MEM_WORKSPACE", KeyType::size, "0", nullptr, "Activation and graph workspace the engine takes per rank, planned on top of weights and KV."},
+      {"MEM_MTP", KeyType::size, "0", nullptr, "Memory per rank of a multi-token-prediction layer the engine loads besides the files' weights."},
+      {"MEM_VISION", KeyType::size, "0", nullptr, "Memory per rank of a vision tower (weights not in the files, encoder cache)."},
+      {"MEM_WAIT", KeyType::duration, "120s", nullptr, "How long start waits for MEM_FREE_MIN on every node."},
+      {"DISK_MAX_USE", KeyType::integer, "85", nullptr, "Highest disk use in percent allowed after staging."},
+      {"LINK_SPEED_MIN", KeyType::string, "auto", nullptr, "Lowest fabric link speed in Gb/s; auto = 200 on GB10, else no floor."},
       {"MTU_MIN", KeyType::integer, "9000", nullptr, "MTU below which preflight warns."},
-      {"STATE_DIR", KeyType::path, nullptr, nullptr,
-       "State directory (markers, pidfiles, counters), shared by every user of the ring; default "
-       "/var/lib/sparkctl/RING_NAME when that exists, else ~/.local/state/sparkctl/RING_NAME."},
-      {"LOG_DIR", KeyType::path, nullptr, nullptr,
-       "Log directory on every node; default STATE_DIR/logs."},
-      {"SPARKD_BIN", KeyType::path, nullptr, nullptr,
-       "Path of sparkd on the nodes; default: PREFIX/sbin/sparkd of this sparkctl, beside it, the "
-       "build tree, PATH."},
-      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr,
-       "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it "
-       "there); default: the head's own path."},
-      {"SSH_USER", KeyType::string, nullptr, nullptr,
-       "SSH user when a node's target names none (default: the current user)."},
+      {"STATE_DIR", KeyType::path, nullptr, nullptr, "State directory (markers, pidfiles, counters), shared by every user of the ring; default /var/lib/sparkctl/RING_NAME when that exists, else ~/.local/state/sparkctl/RING_NAME."},
+      {"LOG_DIR", KeyType::path, nullptr, nullptr, "Log directory on every node; default STATE_DIR/logs."},
+      {"SPARKD_BIN", KeyType::path, nullptr, nullptr, "Path of sparkd on the nodes; default: PREFIX/sbin/sparkd of this sparkctl, beside it, the build tree, PATH."},
+      {"SPARKCTL_BIN", KeyType::path, nullptr, nullptr, "Path of sparkctl on the other nodes (preflight, evict, stage-weights and start run it there); default: the head's own path."},
+      {"SSH_USER", KeyType::string, nullptr, nullptr, "SSH user when a node's target names none (default: the current user)."},
       {"SSH_PORT", KeyType::port, "22", nullptr, "SSH port when a node's target names none."},
-      {"SSH_IDENTITY", KeyType::path, nullptr, nullptr,
-       "Private key file (default: the agent, then ~/.ssh/id_*)."},
-      {"SSH_KNOWN_HOSTS", KeyType::path, nullptr, nullptr,
-       "known_hosts file (default ~/.ssh/known_hosts)."},
+      {"SSH_IDENTITY", KeyType::path, nullptr, nullptr, "Private key file (default: the agent, then ~/.ssh/id_*)."},
+      {"SSH_KNOWN_HOSTS", KeyType::path, nullptr, nullptr, "known_hosts file (default ~/.ssh/known_hosts)."},
       {"SSH_TIMEOUT", KeyType::duration, "10s", nullptr, "Connect timeout per node."},
       {"READY_TIMEOUT", KeyType::duration, "30m", nullptr, "How long start waits for READY."},
-      {"START_RETRIES", KeyType::integer, "0", nullptr,
-       "Extra start attempts after a failed start."},
-      {"WATCH_FAILURES", KeyType::integer, "3", nullptr,
-       "Consecutive failed checks before watch restarts the ring."},
-      {"WATCH_GRACE", KeyType::duration, "30m", nullptr,
-       "Start-up grace period during which watch does not restart."},
-      {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr,
-       "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
+      {"START_RETRIES", KeyType::integer, "0", nullptr, "Extra start attempts after a failed start."},
+      {"WATCH_FAILURES", KeyType::integer, "3", nullptr, "Consecutive failed checks before watch restarts the ring."},
+      {"WATCH_GRACE", KeyType::duration, "30m", nullptr, "Start-up grace period during which watch does not restart."},
+      {"WATCH_MAX_RESTARTS", KeyType::integer, "3", nullptr, "Restarts allowed per WATCH_WINDOW before GAVE_UP."},
       {"WATCH_WINDOW", KeyType::duration, "6h", nullptr, "Window for WATCH_MAX_RESTARTS."},
       {"WATCH_ALERT_CMD", KeyType::string, nullptr, nullptr, "Command run on heal and on give-up."},
-      {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr,
-       "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
-      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr,
-       "More known-bad versions (JSON, as the built-in list), read on each node by preflight's "
-       "sw.known_bad."},
-      {"START_CHECKS", KeyType::list, nullptr, nullptr,
-       "Preflight checks start runs, fail-closed (IDs or groups); default every check but "
-       "net.bandwidth."},
-      {"STOP_GRACE", KeyType::duration, "30s", nullptr,
-       "How long stop waits after SIGTERM before SIGKILL of a rank."},
-      {"STAGE_STREAMS", KeyType::integer, "4", nullptr,
-       "TCP streams per target for stage-weights."},
-      {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr,
-       "Manifest chunk size: the unit of per-chunk verification and of resume."},
-      {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr,
-       "stage-weights: how long a network read or write may stall before the peer is declared "
-       "gone."},
-      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral",
-       "Chat format of the model; auto renders the checkpoint's chat template, else detects a "
-       "built-in format from the architecture and the vocabulary."},
-      {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow",
-       "Special-token spellings in chat message content: escape (read as plain text) or allow "
-       "(they become the tokens)."},
+      {"WATCH_BACKOFF", KeyType::duration, "5m", nullptr, "Least time between two watch restarts; doubles with each restart in WATCH_WINDOW."},
+      {"KNOWN_BAD_FILE", KeyType::path, nullptr, nullptr, "More known-bad versions (JSON, as the built-in list), read on each node by preflight's sw.known_bad."},
+      {"START_CHECKS", KeyType::list, nullptr, nullptr, "Preflight checks start runs, fail-closed (IDs or groups); default every check but net.bandwidth."},
+      {"STOP_GRACE", KeyType::duration, "30s", nullptr, "How long stop waits after SIGTERM before SIGKILL of a rank."},
+      {"STAGE_STREAMS", KeyType::integer, "4", nullptr, "TCP streams per target for stage-weights."},
+      {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
+      {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
+      {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
+      {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
-      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr,
-       "How long sparkd lets requests in flight finish after SIGTERM."},
-      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr,
-       "How often follower ranks send heartbeats to rank 0."},
-      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr,
-       "Silence after which rank 0 reports a follower dead (fatal)."},
-      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr,
-       "Deadline for every rank to join rendezvous and for each barrier."},
-      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr,
-       "Age of an engine call after which sparkd reports stalled."},
-      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr,
-       "MemAvailable under which sparkd holds new requests back (0 = off)."},
-      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr,
-       "MemAvailable under which sparkd cancels the newest request (0 = off)."},
-      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr,
-       "How long a held-back request waits for memory before it fails."},
-      {"COLLECTIVE", KeyType::choice, "auto", "auto|gloo|nccl",
-       "How the native engine's ranks talk: nccl (device data plane over NCCL, control plane over "
-       "Gloo), gloo (everything over Gloo on the CPU), or auto (nccl when the ring has several "
-       "ranks, a GPU and libnccl)."},
-      {"NVLS_ENABLE", KeyType::boolean, "false", nullptr,
-       "Let NCCL use NVLink multicast (NCCL_NVLS_ENABLE); off by default."},
-      {"FABRIC_TEST", KeyType::boolean, "true", nullptr,
-       "Run the fabric self-test (NCCL all-reduce and all-gather sweep) before READY."},
-      {"FABRIC_MIN_BUSBW", KeyType::string, "0", nullptr,
-       "Least bus bandwidth in GB/s the fabric self-test accepts at its largest size (0: no "
-       "floor)."},
+      {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},
+      {"HEARTBEAT_INTERVAL", KeyType::duration, "1s", nullptr, "How often follower ranks send heartbeats to rank 0."},
+      {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
+      {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
+      {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
+      {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
+      {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
+      {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
+      {"COLLECTIVE", KeyType::choice, "auto", "auto|gloo|nccl", "How the native engine's ranks talk: nccl (device data plane over NCCL, control plane over Gloo), gloo (everything over Gloo on the CPU), or auto (nccl when the ring has several ranks, a GPU and libnccl)."},
+      {"NVLS_ENABLE", KeyType::boolean, "false", nullptr, "Let NCCL use NVLink multicast (NCCL_NVLS_ENABLE); off by default."},
+      {"FABRIC_TEST", KeyType::boolean, "true", nullptr, "Run the fabric self-test (NCCL all-reduce and all-gather sweep) before READY."},
+      {"FABRIC_MIN_BUSBW", KeyType::string, "0", nullptr, "Least bus bandwidth in GB/s the fabric self-test accepts at its largest size (0: no floor)."},
   };
   return k;
 }
@@ -181,18 +104,12 @@ const std::vector<KeySpec>& ring_keys() {
 const std::vector<KeySpec>& node_keys() {
   static const std::vector<KeySpec> k = {
       {"NAME", KeyType::string, nullptr, nullptr, "Node name used in reports (default node<i>)."},
-      {"SSH", KeyType::string, nullptr, nullptr,
-       "SSH target [user@]host[:port], or 'local' for this machine."},
-      {"FABRIC_IP", KeyType::ipv4, nullptr, nullptr,
-       "The node's IPv4 address on the fabric (RoCE) link."},
-      {"NETDEVS", KeyType::list, nullptr, nullptr,
-       "Fabric netdev(s), comma-separated (both twins allowed)."},
-      {"HCAS", KeyType::list, nullptr, nullptr,
-       "RDMA device(s), comma-separated, in the order of NETDEVS."},
-      {"GID_INDEX", KeyType::gid, "auto", nullptr,
-       "RoCE v2 GID index, or auto (resolved at start)."},
-      {"MODEL_PATH", KeyType::path, nullptr, nullptr,
-       "Model directory on this node (default MODEL_PATH)."},
+      {"SSH", KeyType::string, nullptr, nullptr, "SSH target [user@]host[:port], or 'local' for this machine."},
+      {"FABRIC_IP", KeyType::ipv4, nullptr, nullptr, "The node's IPv4 address on the fabric (RoCE) link."},
+      {"NETDEVS", KeyType::list, nullptr, nullptr, "Fabric netdev(s), comma-separated (both twins allowed)."},
+      {"HCAS", KeyType::list, nullptr, nullptr, "RDMA device(s), comma-separated, in the order of NETDEVS."},
+      {"GID_INDEX", KeyType::gid, "auto", nullptr, "RoCE v2 GID index, or auto (resolved at start)."},
+      {"MODEL_PATH", KeyType::path, nullptr, nullptr, "Model directory on this node (default MODEL_PATH)."},
       {"GPUS", KeyType::list, "0", nullptr, "GPU ordinals on this node, one rank each."},
   };
   return k;
@@ -242,9 +159,7 @@ std::vector<RankPlace> RingConfig::ranks() const {
   return out;
 }
 
-int RingConfig::world_size() const {
-  return static_cast<int>(ranks().size());
-}
+int RingConfig::world_size() const { return static_cast<int>(ranks().size()); }
 
 std::string RingConfig::canonical_text() const {
   std::string out;
@@ -350,10 +265,8 @@ std::string check_value(const KeySpec& spec, const std::string& v) {
       auto ip = parse_ipv4(v);
       if (!ip) return fmt::format("'{}' is not an IPv4 address (dotted quad)", v);
       if (is_documentation_ipv4(*ip))
-        return fmt::format(
-            "{} is a documentation address (RFC 5737), not a real one: put the "
-            "node's own address here",
-            v);
+        return fmt::format("{} is a documentation address (RFC 5737), not a real one: put the "
+                           "node's own address here", v);
       return "";
     }
     case KeyType::gid: {
@@ -444,18 +357,16 @@ void read_entries(Loading& L, const std::vector<EnvEntry>& entries) {
     }
     if (node >= 0) {
       if (node >= kMaxNodes) {
-        d.push_back({true, where,
-                     fmt::format("{}: node index {} is over the limit of {} nodes", e.key, node,
-                                 kMaxNodes)});
+        d.push_back({true, where, fmt::format("{}: node index {} is over the limit of {} nodes",
+                                              e.key, node, kMaxNodes)});
         continue;
       }
       node_ids.insert(node);
       node_first_where.emplace(node, where);
     }
     if (auto it = raw.find(e.key); it != raw.end())
-      d.push_back({false, where,
-                   fmt::format("{} is set again (first at {}); the last value wins", e.key,
-                               it->second.source)});
+      d.push_back({false, where, fmt::format("{} is set again (first at {}); the last value wins",
+                                             e.key, it->second.source)});
     raw[e.key] = Raw{e.value, where, false};
   }
 }
@@ -530,8 +441,8 @@ void resolve_ring_keys(Loading& L) {
       cfg.settings[spec.name] = Setting{it->second.value, it->second.source};
     } else if (spec.default_value) {
       cfg.settings[spec.name] =
-          Setting{spec.default_value,
-                  it != raw.end() ? it->second.source + " (empty: default)" : "default"};
+          Setting{spec.default_value, it != raw.end() ? it->second.source + " (empty: default)"
+                                                      : "default"};
     } else {
       cfg.settings[spec.name] = Setting{"", it != raw.end() ? it->second.source : "unset"};
     }
@@ -701,9 +612,8 @@ void check_duplicate_nodes(Loading& L) {
       auto where_b = cfg.settings[fmt::format("NODE{}_NAME", b.index)].source;
       if (where_b == "default") where_b = node_first_where[b.index];
       if (a.name == b.name)
-        d.push_back(
-            {true, where_b,
-             fmt::format("NODE{} and NODE{} are both named '{}'", a.index, b.index, a.name)});
+        d.push_back({true, where_b, fmt::format("NODE{} and NODE{} are both named '{}'", a.index,
+                                                b.index, a.name)});
       if (!a.local && !b.local && a.ssh_host == b.ssh_host && a.ssh_port == b.ssh_port)
         d.push_back({true, cfg.settings[fmt::format("NODE{}_SSH", b.index)].source,
                      fmt::format("NODE{} and NODE{} have the same SSH target {}:{}", a.index,
@@ -728,8 +638,8 @@ void check_ring_consistency(Loading& L) {
     d.push_back({true, cfg.settings["LINK_SPEED_MIN"].source,
                  fmt::format("LINK_SPEED_MIN: '{}' must be 'auto' or Gb/s as a whole number",
                              cfg.get("LINK_SPEED_MIN"))});
-  if (auto b = parse_ipv4(cfg.get("API_BIND"));
-      b && (*b >> 24) != 127 && cfg.get("API_KEY_FILE").empty())
+  if (auto b = parse_ipv4(cfg.get("API_BIND")); b && (*b >> 24) != 127 &&
+                                                cfg.get("API_KEY_FILE").empty())
     d.push_back({true, cfg.settings["API_BIND"].source,
                  fmt::format("API_BIND={} is not loopback: set API_KEY_FILE (a file of mode 0600 "
                              "holding the key) or bind 127.0.0.1",
@@ -737,10 +647,16 @@ void check_ring_consistency(Loading& L) {
   for (const char* k : {"SLOTS", "CONTEXT_LEN"})
     if (!refused.count(k) && cfg.get_int(k) < 1)
       d.push_back({true, cfg.settings[k].source, fmt::format("{} must be at least 1", k)});
-  if (auto pct = cfg.get_int("DISK_MAX_USE");
-      !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
-    d.push_back(
-        {true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
+  // The engine sizes its step buffers for a full step: a few extra digits must not reach
+  // the allocator.
+  constexpr int64_t kMaxPrefillChunk = 1 << 20;
+  if (auto chunk = cfg.get_int("PREFILL_CHUNK");
+      !refused.count("PREFILL_CHUNK") && (chunk < 1 || chunk > kMaxPrefillChunk))
+    d.push_back({true, cfg.settings["PREFILL_CHUNK"].source,
+                 fmt::format("PREFILL_CHUNK must be 1-{} (tokens per engine step)",
+                             kMaxPrefillChunk)});
+  if (auto pct = cfg.get_int("DISK_MAX_USE"); !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
+    d.push_back({true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
   if (cfg.get("API_PORT") == cfg.get("RDZV_PORT"))
     d.push_back({true, cfg.settings["RDZV_PORT"].source, "RDZV_PORT and API_PORT must differ"});
   if (cfg.get("MODEL").empty() && !cfg.get("MODEL_PATH").empty()) {
@@ -819,8 +735,7 @@ Result<RingConfig> load_config(const std::string& path, const Environment& env,
   if (!text)
     return make_error(Errc::not_found,
                       fmt::format("{}: cannot read the cluster file (pass --config FILE or set "
-                                  "SPARK_CONFIG)",
-                                  path));
+                                  "SPARK_CONFIG)", path));
   return load_config_text(*text, path, env, diags);
 }
 
