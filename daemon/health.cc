@@ -93,6 +93,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
                          {"pid", r.pid}};
     if (!r.reason.empty()) rj["reason"] = r.reason;
     if (!r.device.empty()) rj["device"] = r.device;
+    if (r.mem_available) rj["mem_available_bytes"] = r.mem_available;
     ranks.push_back(rj);
   }
   j["ok"] = strict_ok(s);

@@ -53,6 +53,8 @@ struct RankHealth {
   double last_seen_s = -1;  // seconds since the last heartbeat; -1 never
   int pid = 0;
   std::string device;  // what computes on that rank (empty: not reported yet)
+  /// MemAvailable of the rank's node in bytes, as its last heartbeat said (0: not reported).
+  uint64_t mem_available = 0;
 };
 
 /// Everything GET /health reports.

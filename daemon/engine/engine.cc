@@ -81,6 +81,7 @@ struct Engine::Seq {
   std::vector<uint64_t> hashes;  // chain hashes of the leading full, computed blocks
   std::unique_ptr<Sampler> sampler;
   int generated = 0;
+  std::chrono::steady_clock::time_point scheduled{};  // got its slot
 };
 
 struct Engine::Req {
@@ -88,6 +89,7 @@ struct Engine::Req {
   GenerateRequest r;
   int admitted = 0;  // choices given a slot so far
   int finished = 0;  // choices done
+  std::chrono::steady_clock::time_point submitted{};
 };
 
 Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
@@ -174,6 +176,8 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->stats_.kv_dtype = elem_name(kv_type);
   e->stats_.blocks_total = opts.num_blocks;
   e->stats_.blocks_available = opts.num_blocks;
+  e->stats_.block_size = opts.block_size;
+  e->stats_.prefix_caching = opts.prefix_caching;
   log::info(
       "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}",
       c.architecture, e->model_->device().info().name, opts.slots, opts.num_blocks, opts.block_size,
@@ -223,7 +227,7 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
   if (stats_.failed) return make_error(Errc::internal, "the engine failed: " + stats_.error);
   if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
   const RequestId id = next_id_++;
-  inbox_.submits.emplace_back(id, std::move(req));
+  inbox_.submits.push_back({id, std::move(req), std::chrono::steady_clock::now()});
   cv_.notify_all();
   return id;
 }
@@ -263,6 +267,7 @@ void Engine::publish_stats() {
 void Engine::emit(Req& r, TokenEvent ev) {
   ev.request = r.id;
   ev.prompt_tokens = static_cast<int>(r.r.prompt.size());
+  ev.submitted = r.submitted;
   r.r.on_event(ev);
 }
 
@@ -280,6 +285,7 @@ void Engine::finish_seq(size_t index, FinishReason why, const std::string& error
   ev.error = error;
   ev.completion_tokens = seq->generated;
   ev.cached_prompt_tokens = seq->cached;
+  ev.scheduled = seq->scheduled;
   ev.request_done = r.finished == r.r.params.n;
   publish_stats();  // callers woken by the last event see the freed blocks
   emit(r, std::move(ev));
@@ -325,7 +331,12 @@ void Engine::admit() {
       break;  // wait for running sequences to free blocks (submit() made sure it can ever fit)
     }
     blocks_->note_hits(matched);
+    if (opts_.prefix_caching) {
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.prefix_queries += static_cast<uint64_t>(s->prompt_len);
+    }
     s->computed = s->cached = matched * bs;
+    s->scheduled = std::chrono::steady_clock::now();
     s->sampler = std::make_unique<Sampler>(r.r.params, model_->config().vocab_size, r.r.prompt,
                                            static_cast<uint64_t>(s->choice));
     running_.push_back(std::move(s));
@@ -470,6 +481,7 @@ Status Engine::step() {
     ev.top_logprobs = std::move(smp.top);
     ev.completion_tokens = s.generated;
     ev.cached_prompt_tokens = s.cached;
+    ev.scheduled = s.scheduled;
     emit(r, std::move(ev));
     if (why != FinishReason::none) done.emplace_back(chunk_seq[k], why);
   }
@@ -508,12 +520,13 @@ void Engine::loop() {
       std::swap(in, inbox_);
       stop = stopping_;
     }
-    for (auto& [id, req] : in.submits) {
+    for (auto& sub : in.submits) {
       auto r = std::make_unique<Req>();
-      r->id = id;
-      r->r = std::move(req);
-      reqs_[id] = std::move(r);
-      waiting_.push_back(id);
+      r->id = sub.id;
+      r->r = std::move(sub.r);
+      r->submitted = sub.at;
+      reqs_[sub.id] = std::move(r);
+      waiting_.push_back(sub.id);
     }
     for (RequestId id : in.cancels) cancel_req(id, FinishReason::cancelled, {});
     if (stop) break;
@@ -558,13 +571,13 @@ void Engine::loop() {
     std::swap(left, inbox_);
     stopping_ = true;  // submit() refuses from here on
   }
-  for (auto& [id, req] : left.submits) {  // callbacks run without the lock held
+  for (auto& sub : left.submits) {  // callbacks run without the lock held
     TokenEvent ev;
-    ev.request = id;
+    ev.request = sub.id;
     ev.finish = FinishReason::cancelled;
     ev.request_done = true;
     ev.error = "the engine stopped";
-    req.on_event(ev);
+    sub.r.on_event(ev);
   }
   if (comm_->world_size() > 1 && !stats().failed) {
     (void)send_plan(*comm_, kPlanStop, {});

@@ -137,10 +137,13 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   // Each slice goes from the file into the staging buffer as stored, and from there into
   // its destination (converted on the way when the types differ): one host buffer, reused.
   size_t largest = 0;
+  uint64_t total = 0;
   for (const auto& r : plan_.reads) {
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
-    largest = std::max(largest, static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype));
+    const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
+    largest = std::max(largest, bytes);
+    total += bytes;
   }
   const size_t staging_bytes = std::min(largest, dev.preferred_staging_bytes());
   // Two staging buffers, alternated: a file read fills one while the other's copy to the
@@ -153,6 +156,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     b = *s;
   }
   int turn = 0;
+  uint64_t done = 0;
   for (const auto& r : plan_.reads) {
     if (cancel && cancel->load())
       return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
@@ -179,6 +183,8 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
       SPARK_TRY(dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
     }
+    done += static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
+    if (report && report->progress) report->progress(done, total);
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();

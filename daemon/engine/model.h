@@ -10,6 +10,7 @@
 // the same sequence of collectives, step for step.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct LoadReport {
   std::vector<std::string> files;
   /// In: when set and true, the load stops at the next tensor (SIGTERM during a load).
   const std::atomic<bool>* cancel = nullptr;
+  /// In: called after each tensor with the bytes read so far and this rank's total, so
+  /// /health (and `sparkctl start`) can say how far a load of many GiB has come.
+  std::function<void(uint64_t done, uint64_t total)> progress;
   std::string device;  // what holds them (DeviceInfo::name)
 };
 

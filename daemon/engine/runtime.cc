@@ -30,7 +30,17 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   rt->device_kind_ = (*dev)->info().kind;
   progress("loading weights onto " + rt->device_);
   rt->load_.cancel = o.cancel;
+  // "n of m GiB" in /health, once per percent: a 100 GiB load takes minutes.
+  rt->load_.progress = [&, last = -1](uint64_t done, uint64_t total) mutable {
+    const int pct = total ? static_cast<int>(done * 100 / total) : 100;
+    if (pct == last) return;
+    last = pct;
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    progress(fmt::format("loading weights onto {}: {:.1f} of {:.1f} GiB ({}%)", rt->device_,
+                         static_cast<double>(done) / GiB, static_cast<double>(total) / GiB, pct));
+  };
   auto m = Model::load(o.model_dir, o.rank, o.world, *dev, &rt->load_);
+  rt->load_.progress = nullptr;  // it refers to this frame
   if (!m) return m.error();
   log::info("engine", "rank {}: loaded {} onto {} ({} MiB read, {} MiB held, {:.2f} s)", o.rank,
             (*m)->config().architecture, rt->device_, rt->load_.bytes_read >> 20,
