@@ -89,6 +89,7 @@ Result<Generation> generate(const Endpoint& ep, json body, const Deadlines& dl,
   lim.headers = dl.headers;
   lim.idle = dl.idle;
   lim.total = dl.total;
+  if (cancel) lim.stop = [cancel] { return cancel->load(); };
   Generation g;
   std::optional<Error> bad;
   bool cancelled = false;
@@ -191,7 +192,7 @@ Result<Generation> generate(const Endpoint& ep, json body, const Deadlines& dl,
   };
   auto r = http_stream(c, lim, on_event);
   g.total = since(t0);
-  if (cancelled)
+  if (cancelled || (cancel && cancel->load() && !r.ok()))
     return make_error(Errc::resource, fmt::format("{}: cancelled (the memory guard)", what));
   if (bad) return *bad;
   if (!r) return make_error(r.error().code, fmt::format("{}: {}", what, r.error().message));

@@ -87,9 +87,15 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
   std::string stage = "resolving";
   char chunk[16384];
 
+  net::steady_timer poll(ioc);
+  bool stopped_early = false;
+  auto end_now = [&] {
+    finished = true;
+    poll.cancel();  // else run_for waits for the next poll
+  };
   auto fail = [&](Error e) {
     if (!failure) failure = std::move(e);
-    finished = true;
+    end_now();
   };
   auto left = [&] { return std::chrono::duration_cast<milliseconds>(end - Clock::now()); };
   // The next read's deadline: the idle limit, never past the whole request's.
@@ -112,6 +118,23 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
                                                  limits.headers.count(), stage));
   };
 
+  // The stop poll: closing the socket aborts whatever operation is pending.
+  std::function<void()> watch = [&] {
+    poll.expires_after(milliseconds(100));
+    poll.async_wait([&](beast::error_code ec) {
+      if (ec || finished) return;
+      if (limits.stop()) {
+        stopped_early = true;
+        beast::error_code ig;
+        stream.socket().cancel(ig);
+        stream.socket().close(ig);
+        return;
+      }
+      watch();
+    });
+  };
+  if (limits.stop) watch();
+
   std::function<void()> read_body;
   read_body = [&] {
     parser.get().body().data = chunk;
@@ -125,7 +148,7 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
         if (sse_mode) {
           if (!sse.feed(bytes, on_event, &out.done, &out.events)) {
             out.stopped = true;
-            finished = true;
+            end_now();
             return;
           }
         } else {
@@ -138,7 +161,7 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
             Errc::resource, fmt::format("{}: the reply passed {} bytes", where, limits.max_bytes)));
       if (ec) {
         if (sse_mode && out.done) {
-          finished = true;
+          end_now();
           return;
         }
         return fail(make_error(
@@ -146,7 +169,7 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
                                        where, out.events, ec.message())));
       }
       if (parser.is_done()) {
-        finished = true;
+        end_now();
         return;
       }
       if (Clock::now() >= end) return fail(timeout_error());
@@ -194,7 +217,7 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
               sse_mode = out.status / 100 == 2 && ct.find("text/event-stream") != std::string::npos;
               stage = "reading the stream";
               if (parser.is_done()) {
-                finished = true;
+                end_now();
                 return;
               }
               read_body();
@@ -204,6 +227,9 @@ Result<StreamReply> http_stream(const HttpCall& call, const StreamLimits& limits
       });
   // The resolver is not covered by the stream's timer: bound the loop as well.
   ioc.run_for(limits.total + milliseconds(500));
+  if (stopped_early)
+    return make_error(Errc::resource,
+                      fmt::format("{}: stopped after {} events", where, out.events));
   if (!finished) {
     resolver.cancel();
     beast::error_code ig;

@@ -23,6 +23,9 @@ struct StreamLimits {
   std::chrono::milliseconds idle{30000};     // most silence between two reads
   std::chrono::milliseconds total{300000};   // the whole request
   uint64_t max_bytes = 64ull << 20;          // body bytes at most
+  /// Polled every 100 ms, also while nothing arrives (a long prefill): true stops the
+  /// request at once (Errc::resource, "stopped").
+  std::function<bool()> stop;
 };
 
 /// How a streamed request ended. A non-2xx reply is not an error: its status and body are

@@ -363,3 +363,23 @@ TEST_CASE("bench: the memory guard cancels the run under BENCH_MEM_MIN") {
   CHECK(r.result["sections"]["c1"]["error"]["kind"] == "resource");
   CHECK(r.seconds < 30);
 }
+
+TEST_CASE("bench: the memory guard stops a request that is silent (a long prefill)") {
+  test::TempDir dir("bench-mem2");
+  Fault f(dir, "stall");
+  auto args = small(f.base(), "c1", SPARK_SOURCE_DIR "/packaging/bench/known-answers.jsonl");
+  args.pop_back();  // --no-memory
+  // The stream goes silent for far longer than the test runs; only the guard can end it.
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--stall") args[i + 1] = "120s";
+    if (args[i] == "--request-timeout") args[i + 1] = "240s";
+  }
+  for (auto x : {"--mem-interval", "200ms", "--mem-min", "1024TiB"}) args.push_back(x);
+  auto r = bench(dir, args, {{"SPARK_CONFIG", dir / "none.env"}});
+  INFO(r.out);
+  CHECK(r.code == 14);
+  REQUIRE(r.result.is_object());
+  CHECK(r.result["sections"]["c1"]["error"]["message"].get<std::string>().find("memory guard") !=
+        std::string::npos);
+  CHECK(r.seconds < 30);
+}
