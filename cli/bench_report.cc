@@ -190,8 +190,14 @@ std::string format_table(const json& r) {
   if (const json* p = at(S, {"short_during_long"}); p && p->contains("short_ttft_s")) {
     row("short TTFT during long", at(*p, {"short_ttft_s"}), "s");
     row("long prefill TTFT", at(*p, {"long_ttft_s"}), "s");
-    o += fmt::format("  {:<26} {:>12}  of {} runs the short reply came first\n", "short first",
-                     (*p)["short_first"].get<int>(), (*p)["runs"].get<int>());
+    o += fmt::format(
+        "  {:<26} {:>12}  of {} runs the short request waited for the long prefill{}\n",
+        "short blocked", (*p)["blocked_runs"].get<int>(), (*p)["runs"].get<int>(),
+        p->value("inconclusive_runs", 0)
+            ? fmt::format(" ({} inconclusive: the long prefill ended within 150 ms; raise "
+                          "--long-tokens)",
+                          p->value("inconclusive_runs", 0))
+            : "");
   }
   if (r.contains("memory")) {
     const auto& m = r["memory"];

@@ -620,7 +620,7 @@ class Bench {
       return json{{"skipped", fmt::format("a {}-token prompt is over max_model_len {}",
                                           o_.long_tokens, max_len_)}};
     std::vector<double> shorts, longs;
-    int first = 0;
+    int blocked = 0, inconclusive = 0;
     for (int i = 0; i < o_.runs; ++i) {
       std::optional<Result<Generation>> lg;
       std::string text = salted(words_for(o_.long_tokens)) + "\nReply with one word.";
@@ -636,15 +636,17 @@ class Bench {
       if (!lg->ok()) return lg->error();
       shorts.push_back(s->ttft);
       longs.push_back((*lg)->ttft);
-      // The short one (sent 100 ms after the long one) had its first token before the long
-      // one: it did not wait for the whole prefill.
-      if (s->ttft + 0.1 < (*lg)->ttft) ++first;
+      // Blocked: the short one (sent 100 ms after the long one) got its first token only
+      // when the long prefill was (nearly) done, i.e. it waited behind it.
+      // Inconclusive: the long prefill was over before the short one was sent.
+      if ((*lg)->ttft <= 0.15)
+        ++inconclusive;
+      else if (0.1 + s->ttft >= 0.9 * (*lg)->ttft)
+        ++blocked;
     }
-    return json{{"long_tokens", o_.long_tokens},
-                {"short_ttft_s", stats(shorts)},
-                {"long_ttft_s", stats(longs)},
-                {"short_first", first},
-                {"runs", o_.runs}};
+    return json{{"long_tokens", o_.long_tokens},     {"short_ttft_s", stats(shorts)},
+                {"long_ttft_s", stats(longs)},       {"blocked_runs", blocked},
+                {"inconclusive_runs", inconclusive}, {"runs", o_.runs}};
   }
 
   Result<json> known_answers() {

@@ -88,10 +88,11 @@ BenchRun bench(const test::TempDir& dir, std::vector<std::string> args,
 struct Fault {
   int port = test::free_port();
   std::unique_ptr<test::Child> child;
-  Fault(const test::TempDir& dir, const std::string& mode) {
+  Fault(const test::TempDir& dir, const std::string& mode, int prefill_us_per_byte = 2) {
     child = std::make_unique<test::Child>(
         std::vector<std::string>{test::find_fixture_binary(FAULT_OPENAI_BIN), "--port",
-                                 std::to_string(port), "--mode", mode},
+                                 std::to_string(port), "--mode", mode, "--prefill-us-per-byte",
+                                 std::to_string(prefill_us_per_byte)},
         std::map<std::string, std::string>{}, dir / ("fault-" + mode + ".txt"));
     REQUIRE_MESSAGE(wait_http(port, "/v1/models"), "fault_inject_openai did not start");
   }
@@ -193,6 +194,9 @@ TEST_CASE("bench: a live sparkd on the demo model: every section yields numbers,
   CHECK(s["prefix_cache"]["followup_ttft_s"]["median"].get<double>() > 0);
   CHECK(s["short_during_long"]["short_ttft_s"]["median"].get<double>() > 0);
   CHECK(s["short_during_long"]["long_ttft_s"]["median"].get<double>() > 0);
+  CHECK(s["short_during_long"]["blocked_runs"].get<int>() +
+            s["short_during_long"]["inconclusive_runs"].get<int>() <=
+        2);
   CHECK(r["memory"]["sampled"] == true);
   CHECK(r["memory"]["nodes"][0]["node"] == "local");
   CHECK(r["memory"]["min_available_bytes"].get<uint64_t>() > 0);
@@ -330,6 +334,25 @@ TEST_CASE("bench: the fault double: gates fail when they should, bad replies end
     CHECK(r.result["protocol"]["ignore_eos"].get<std::string>().rfind("refused", 0) == 0);
     CHECK(r.result["sections"]["c1"]["tokens_per_s"]["median"].get<double>() > 0);
     CHECK(r.result["sections"]["c1"]["length_note"].is_string());
+  }
+  SUBCASE("a short request queued behind a long prefill is seen as blocked") {
+    // 300 us per prompt byte: the long prompt's prefill takes about a second, the short
+    // one's about 30 ms; concurrent prefills leave the short one unblocked.
+    for (const char* mode : {"good", "serial-prefill"}) {
+      INFO(mode);
+      Fault f(dir, mode, 300);
+      auto args = small(f.base(), "short_during_long", known);
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "--runs") args[i + 1] = "2";
+        if (args[i] == "--long-tokens") args[i + 1] = "600";
+        if (args[i] == "--timeout" || args[i] == "--request-timeout") args[i + 1] = "20s";
+      }
+      auto r = bench(dir, args);
+      INFO(r.out);
+      const json& s = r.result["sections"]["short_during_long"];
+      CHECK(s["inconclusive_runs"] == 0);
+      CHECK(s["blocked_runs"] == (mode == std::string("good") ? 0 : 2));
+    }
   }
   SUBCASE("a bad known-answer file is named with its line") {
     Fault f(dir, "good");

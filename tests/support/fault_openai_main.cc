@@ -14,6 +14,8 @@
 //   bad-json      a chunk that is not JSON
 //   http-500      500 with an error body
 //   no-ignore-eos 400 for any request with ignore_eos (and no other fault)
+//   serial-prefill one prefill at a time (a short request waits behind a long one)
+// --prefill-us-per-byte N: the "prefill" time per prompt byte (default 2).
 // GET /v1/models names "fault-model"; GET /health has "version".
 #include <signal.h>
 
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -34,6 +37,8 @@ using nlohmann::json;
 namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_requests{0};
+int g_prefill_us = 2;
+std::mutex g_prefill;
 void on_term(int) {
   g_stop = true;
 }
@@ -127,8 +132,11 @@ void serve(const std::string& mode, int min_max_tokens, json req, Responder r) {
   const bool ignore_eos = req.value("ignore_eos", false);
   const bool want_lp = req.value("logprobs", false);
   r.begin_stream(200, "text/event-stream");
-  // Prefill: 2 µs per prompt byte.
-  std::this_thread::sleep_for(std::chrono::microseconds(2 * prompt_chars));
+  {
+    std::unique_lock lk(g_prefill, std::defer_lock);
+    if (mode == "serial-prefill") lk.lock();
+    std::this_thread::sleep_for(std::chrono::microseconds(g_prefill_us * prompt_chars));
+  }
   r.write(sse(chunk({{"role", "assistant"}, {"content", ""}})));
   int sent = 0;
   std::string finish = "stop";
@@ -222,14 +230,16 @@ int main(int argc, char** argv) {
       mode = v;
     else if (a == "--min-max-tokens")
       min_max_tokens = std::atoi(v.c_str());
+    else if (a == "--prefill-us-per-byte")
+      g_prefill_us = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "fault_inject_openai: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
-  static const char* modes[] = {"good",     "fffd",     "bad-utf8",     "bad-tool-json",
-                                "varying",  "stall",    "error-mid",    "endless",
-                                "bad-json", "http-500", "no-ignore-eos"};
+  static const char* modes[] = {"good",     "fffd",     "bad-utf8",      "bad-tool-json",
+                                "varying",  "stall",    "error-mid",     "endless",
+                                "bad-json", "http-500", "no-ignore-eos", "serial-prefill"};
   if (std::find(std::begin(modes), std::end(modes), mode) == std::end(modes)) {
     std::fprintf(stderr, "fault_inject_openai: unknown mode %s\n", mode.c_str());
     return 2;
