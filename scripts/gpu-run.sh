@@ -233,7 +233,7 @@ device() {
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*'
+    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*'
   [[ $want == *" kernel-bench "* ]] &&
     step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json"
   # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned

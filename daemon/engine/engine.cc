@@ -353,22 +353,33 @@ Status Engine::step() {
   if (chunks.empty()) return Status::Ok();
   SPARK_TRY(broadcast_plan(plan));
   // On a device that samples, draw there (one small copy back per step instead of the
-  // logits), unless a row needs penalty state, which lives with the host sampler.
+  // logits). Rows with penalties send their token lists, from which the device builds the
+  // state the host sampler keeps (prompt tokens seen, output tokens counted).
   std::vector<kernels::SampleResult> drawn;
-  bool on_device = model_->device().samples_on_device();
+  const bool on_device = model_->device().samples_on_device();
   std::vector<kernels::SampleParams> params;
+  std::vector<Device::PenaltyHistory> history;
   if (on_device) {
-    for (size_t k = 0; k < chunks.size() && on_device; ++k) {
+    bool penalties = false;
+    for (size_t k = 0; k < chunks.size(); ++k) {
       if (!chunks[k].want_logits) continue;
-      const auto kp = running_[chunk_seq[k]]->sampler->next_params();
+      const Seq& s = *running_[chunk_seq[k]];
+      const auto kp = s.sampler->next_params();
+      Device::PenaltyHistory h;
       if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
-          kp.frequency_penalty != 0.0f)
-        on_device = false;
+          kp.frequency_penalty != 0.0f) {
+        penalties = true;
+        h.tokens = s.tokens.data();
+        h.n = static_cast<int>(s.tokens.size());
+        h.out_start = s.prompt_len;
+      }
       params.push_back(kp);
+      history.push_back(h);
     }
+    if (!penalties) history.clear();
   }
   if (on_device)
-    SPARK_TRY(model_->forward_sample(chunks, *cache_, *comm_, params, &drawn));
+    SPARK_TRY(model_->forward_sample(chunks, *cache_, *comm_, params, &drawn, history));
   else
     SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
 

@@ -298,7 +298,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
                         fmt::format("forward_sample: {} logit rows but {} sampling parameters", R,
                                     sample_params_->size()));
     logits->clear();
-    return device_->sample(logits_, V, *sample_params_, sample_out_);
+    return device_->sample(logits_, V, *sample_params_, *sample_history_, sample_out_);
   }
   logits->resize(static_cast<size_t>(R) * static_cast<size_t>(V));
   if (R > 0) SPARK_TRY(device_->to_host(logits_, logits->data(), logits->size()));
@@ -307,12 +307,15 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
 
 Status Model::forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                              const std::vector<kernels::SampleParams>& params,
-                             std::vector<kernels::SampleResult>* results) {
+                             std::vector<kernels::SampleResult>* results,
+                             const std::vector<Device::PenaltyHistory>& history) {
   std::vector<float> unused;
   sample_params_ = &params;
+  sample_history_ = &history;
   sample_out_ = results;
   Status st = forward(chunks, cache, comm, &unused, false);
   sample_params_ = nullptr;
+  sample_history_ = nullptr;
   sample_out_ = nullptr;
   return st;
 }
@@ -413,9 +416,9 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
   SPARK_TRY(dev.rmsnorm(x, layers_[0].in_norm, h, T, H, eps));
   for (int l = 0; l < c.num_layers; ++l) {
     const auto& L = layers_[static_cast<size_t>(l)];
-    SPARK_TRY(dev.linear(h, L.wq, L.bq, q, T, H, qw));
-    SPARK_TRY(dev.linear(h, L.wk, L.bk, k, T, H, kw));
-    SPARK_TRY(dev.linear(h, L.wv, L.bv, v, T, H, kw));
+    const Device::LinearPart qkv[] = {
+        {&L.wq, &L.bq, &q, qw}, {&L.wk, &L.bk, &k, kw}, {&L.wv, &L.bv, &v, kw}};
+    SPARK_TRY(dev.linear_group(h, qkv, 3, T, H));
     SPARK_TRY(dev.rope_qk(q, k, nh, nkv, hd, inv_freq_dev_, L.q_norm, L.k_norm, eps));
     const KVLayerView kv = cache.view(l);
     SPARK_TRY(dev.kv_write(kv, k, v));
@@ -423,8 +426,7 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
     SPARK_TRY(dev.linear(att, L.wo, none, o, T, qw, H));
     SPARK_TRY(dev.all_reduce(comm, o));
     SPARK_TRY(dev.add_rmsnorm(x, o, L.bo, L.post_norm, h, T, H, eps));
-    SPARK_TRY(dev.linear(h, L.w_gate_up, L.b_gate_up, gu, T, H, 2 * inter));
-    SPARK_TRY(dev.swiglu(gu, act, T, inter));
+    SPARK_TRY(dev.linear_swiglu(h, L.w_gate_up, L.b_gate_up, gu, act, T, H, inter));
     SPARK_TRY(dev.linear(act, L.w_down, none, o, T, inter, H));
     SPARK_TRY(dev.all_reduce(comm, o));
     // The residual add, then the next layer's input norm (after the last layer, the final

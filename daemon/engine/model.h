@@ -72,10 +72,11 @@ class Model {
                  std::vector<float>* logits, bool all_logits = false);
   /// forward() that draws the next token of each chunk with want_logits on the device
   /// (params in chunk order; Device::samples_on_device() must be true): only the draws come
-  /// back to the host, not the logits.
+  /// back to the host, not the logits. `history` (empty, or one per row) feeds penalties.
   Status forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                         const std::vector<kernels::SampleParams>& params,
-                        std::vector<kernels::SampleResult>* results);
+                        std::vector<kernels::SampleResult>* results,
+                        const std::vector<Device::PenaltyHistory>& history = {});
 
   /// Sizes every buffer a step uses for steps of up to `tokens` tokens over `seqs`
   /// sequences of up to `max_context` tokens in `block_size`-token blocks, so that such
@@ -114,6 +115,7 @@ class Model {
   Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
   StepLayout step_;
   const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample
+  const std::vector<Device::PenaltyHistory>* sample_history_ = nullptr;
   std::vector<kernels::SampleResult>* sample_out_ = nullptr;
   // Graphs: on after prepare(graphs = true) on a device that has them.
   bool graphs_ = false;
