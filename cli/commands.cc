@@ -3,6 +3,7 @@
 #include "cli/cmd_stage.h"
 #include "cli/cmd_demo_model.h"
 #include "cli/cmd_ring.h"
+#include "cli/cmd_bench.h"
 
 namespace spark::cli {
 
@@ -34,6 +35,8 @@ const std::vector<Command>& commands() {
       {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
       {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
       {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
+      {"bench", "Benchmark and check an OpenAI-compatible endpoint: C1, C8, TTFT, prefill, gates",
+       cmd_bench},
       {"node", "(internal) probe, launch or stop this node's ranks for the head (JSON)", cmd_node},
   };
   return table;

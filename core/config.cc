@@ -92,6 +92,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
       {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
       {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
+      {"BENCH_MEM_MIN", KeyType::size, "2GiB", nullptr, "sparkctl bench cancels its run when a node's MemAvailable stays under this for 3 samples 5 s apart."},
       {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
       {"COLLECTIVE", KeyType::choice, "auto", "auto|gloo|nccl", "How the native engine's ranks talk: nccl (device data plane over NCCL, control plane over Gloo), gloo (everything over Gloo on the CPU), or auto (nccl when the ring has several ranks, a GPU and libnccl)."},
       {"NVLS_ENABLE", KeyType::boolean, "false", nullptr, "Let NCCL use NVLink multicast (NCCL_NVLS_ENABLE); off by default."},

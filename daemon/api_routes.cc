@@ -71,6 +71,7 @@ struct Pending {
   Responder http;
   bool streaming = false;
   int n = 1;
+  bool logprobs = false;  // asked for: a token of probability 1 has logprob 0 and counts
   engine::RequestId id = 0;
   bool engine_done = false;  // the engine sent request_done
   bool replied = false;      // the response is complete (or abandoned)
@@ -211,6 +212,7 @@ struct Pending {
       ct.scheduled = ev.scheduled;
     }
     ct.prompt = ev.prompt_tokens;
+    if (c == 0) resp->cached_tokens(ev.cached_prompt_tokens);
     if (ev.token >= 0 && !resp->finished(c)) {
       if (c == 0) on_token();
       const auto now = Clock::now();
@@ -218,7 +220,7 @@ struct Pending {
       ct.last = now;
       ct.generated = ev.completion_tokens;
       std::optional<openai::TokenLogprobs> lp;
-      if (ev.top_logprobs.size() || ev.logprob != 0) {
+      if (logprobs || ev.top_logprobs.size()) {
         openai::TokenLogprobs t{ev.token, ev.logprob, {}};
         for (const auto& a : ev.top_logprobs) t.top.emplace_back(a.token, a.logprob);
         lp = std::move(t);
@@ -267,6 +269,7 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   pend->state = state;
   pend->streaming = resp->streaming();
   pend->n = req.sampling.n;
+  pend->logprobs = req.sampling.logprobs;
   pend->what = what;
   pend->resp = std::move(resp);
   engine::GenerateRequest g;

@@ -31,9 +31,9 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
-# "stage-bench", "nccl" (the hw NCCL tests), "tp-cuda" (tensor parallel on CUDA, TP=2/4
-# ranks sharing this GPU), "tp-bench" (the TP control plane's cost per step, CPU path),
-# "nccl-ring", "multi-gpu"), OUT,
+# "stage-bench", "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the
+# hw NCCL tests), "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU),
+# "tp-bench" (the TP control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
@@ -107,6 +107,9 @@ stage() {
   mkdir -p "$dev/fixtures" "$dev/engine"
   cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
   cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
+  # sparkctl bench's known-answer set, where bin/sparkctl looks for it (bin/../share).
+  mkdir -p "$dev/share/sparkctl/bench"
+  cp "$src/packaging/bench/known-answers.jsonl" "$dev/share/sparkctl/bench/"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -222,6 +225,9 @@ device() {
   fi
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
+  # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.
+  [[ $want == *" sparkctl-bench "* ]] &&
+    step sparkctl-bench 300 bash "$dev/engine/sparkctl_bench_gpu.sh" "$dev/bin" "$out/sparkctl-bench"
   if [[ $want == *" engine-bench "* ]]; then
     local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
     step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
