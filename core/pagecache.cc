@@ -147,6 +147,19 @@ Result<std::vector<std::string>> expand_regular_files(const std::vector<std::str
   for (const auto& p : paths) {
     std::error_code ec;
     auto st = fs::symlink_status(p, ec);
+    if (ec == std::errc::permission_denied) {
+      // It may well exist: a directory above it is closed to this user. Saying "does not
+      // exist" would send the user looking for a typo.
+      std::string why = fmt::format(
+          "{}: cannot reach it: {} (a directory on its path is not searchable by this user; "
+          "nothing under it was evicted; run as a user who can, or as root)",
+          p, ec.message());
+      if (!unreadable) return make_error(Errc::io, why);
+      unreadable->push_back(why);
+      continue;
+    }
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+      return make_error(Errc::io, fmt::format("cannot look at {}: {}", p, ec.message()));
     if (ec || !fs::exists(st))
       return make_error(Errc::not_found, fmt::format("{} does not exist", p));
     if (fs::is_regular_file(st)) {

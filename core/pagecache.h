@@ -38,8 +38,9 @@ Result<FileResidency> file_residency(const std::string& path, bool want_map = fa
 
 /// Expands paths into regular files (directories recursively, symlinks not followed and
 /// reported as skipped). Missing paths are errors naming them. A directory that cannot be
-/// listed goes to *unreadable as "DIR: reason" (an error for the caller to report, never a
-/// silent skip); without `unreadable` it is an error.
+/// listed, or a path behind a directory this user may not search, goes to *unreadable as
+/// "PATH: reason" (an error for the caller to report, never a silent skip); without
+/// `unreadable` it is an error.
 Result<std::vector<std::string>> expand_regular_files(
     const std::vector<std::string>& paths, std::vector<std::string>* skipped,
     std::vector<std::string>* unreadable = nullptr);

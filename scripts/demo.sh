@@ -8,8 +8,9 @@
 #
 # Environment: SPARK_BUILD_DIR (default build), SPARK_DEMO_CONFIG (default
 # env/examples/local.env), SPARK_DEMO_WAIT (seconds to wait for /health, default 60),
-# SPARKD (a sparkd binary to use instead of the built one).
-# MODEL_PATH (default: the cluster file's) is where the demo model is written.
+# SPARKD (a sparkd binary to use instead of the built one), SPARK_JOBS (parallel build
+# jobs, default ninja's). MODEL_PATH (default: the cluster file's) is where the demo model
+# is written.
 # With sparkctl start/status/stop (the ring commands) steps 4-5 use them, else sparkd is
 # started directly.
 set -euo pipefail
@@ -35,7 +36,7 @@ if [[ ! -f $BUILD/build.ninja ]]; then
   # The tests' libraries are not in the demo set: configure without them.
   cmake -S . -B "$BUILD" -G Ninja -DSPARK_TESTS=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 fi
-ninja -C "$BUILD" sparkctl sparkd
+ninja -C "$BUILD" ${SPARK_JOBS:+-j"$SPARK_JOBS"} sparkctl sparkd
 SPARKCTL=$BUILD/cli/sparkctl
 SPARKD=${SPARKD:-$BUILD/daemon/sparkd}
 has_cmd() { "$SPARKCTL" help | grep -qE "^  $1 "; }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "core/strings.h"
@@ -40,6 +41,36 @@ std::string write_file(const test::TempDir& d, const std::string& name, size_t n
 void read_all(const std::string& p) {
   auto s = read_file(p);
   REQUIRE(s.has_value());
+}
+
+// Runs `fn` in a child that is the user nobody (uid and gid 65534, no supplementary groups:
+// what a user sees, not root's groups) and returns what it returned; "child: ..." when the
+// child could not become nobody or died.
+std::string as_nobody(const std::function<std::string()>& fn) {
+  int out[2];
+  if (::pipe(out) != 0) return "child: pipe failed";
+  pid_t child = ::fork();
+  if (child < 0) return "child: fork failed";
+  if (child == 0) {
+    ::close(out[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) {
+      (void)!::write(out[1], "child: cannot become nobody", 27);
+      ::_exit(3);
+    }
+    std::string s = fn();
+    (void)!::write(out[1], s.data(), s.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status)) return "child: died: " + got;
+  return got;
 }
 
 }  // namespace
@@ -141,37 +172,58 @@ TEST_CASE("find_mappers reads a captured /proc tree (sysroot seam)") {
 }
 
 TEST_CASE("an unreadable file is reported with the drop_caches remedy, not skipped") {
-  if (::geteuid() == 0) {
-    // Root reads everything; drop privileges in a child to see what a user sees.
-    test::TempDir d("spark-pagecache");
-    auto p = write_file(d, "root-only.bin", 4096);
-    REQUIRE(::chmod(p.c_str(), 0600) == 0);
-    REQUIRE(::chmod(d.path().c_str(), 0755) == 0);
-    int out[2];
-    REQUIRE(::pipe(out) == 0);
-    pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
-      auto rep = evict_page_cache({p});
-      std::string s = rep.ok() && rep->files.size() == 1
-                          ? rep->files[0].status + "|" + rep->files[0].reason
-                          : "error";
-      (void)!::write(out[1], s.data(), s.size());
-      ::_exit(0);
-    }
-    ::close(out[1]);
-    char buf[1024];
-    ssize_t n = ::read(out[0], buf, sizeof buf);
-    ::close(out[0]);
-    ::waitpid(child, nullptr, 0);
-    REQUIRE(n > 0);
-    std::string s(buf, static_cast<size_t>(n));
-    CHECK(s.find("unreadable|") == 0);
-    CHECK(s.find("drop_caches") != std::string::npos);
-  } else {
+  if (::geteuid() != 0) {
     MESSAGE("SKIP: needs root to create a file this user cannot read");
+    return;
   }
+  // Root reads everything; drop privileges in a child to see what a user sees.
+  test::TempDir d("spark-pagecache");
+  auto p = write_file(d, "root-only.bin", 4096);
+  REQUIRE(::chmod(p.c_str(), 0600) == 0);
+  REQUIRE(::chmod(d.path().c_str(), 0755) == 0);
+  std::string s = as_nobody([&] {
+    auto rep = evict_page_cache({p});
+    if (!rep.ok()) return "error: " + rep.error().message;
+    if (rep->files.size() != 1)
+      return fmt::format("{} files; unreadable: {}", rep->files.size(),
+                         rep->unreadable.empty() ? "" : rep->unreadable[0]);
+    return rep->files[0].status + "|" + rep->files[0].reason;
+  });
+  // A directory above the temporary one that nobody may search (a chroot made with
+  // mktemp -d is 0700) shows here as "cannot reach it", not as this check passing.
+  INFO(s);
+  CHECK(s.find("unreadable|") == 0);
+  CHECK(s.find("drop_caches") != std::string::npos);
+}
+
+TEST_CASE("a path behind a directory this user may not search is unreadable, not missing") {
+  if (::geteuid() != 0) {
+    MESSAGE("SKIP: needs root to make a directory this user cannot search");
+    return;
+  }
+  test::TempDir d("spark-pagecache");
+  REQUIRE(::chmod(d.path().c_str(), 0700) == 0);  // root's alone; the file itself is open
+  auto p = write_file(d, "weights.bin", 4096);
+  REQUIRE(::chmod(p.c_str(), 0644) == 0);
+  std::string s = as_nobody([&] {
+    std::string out;
+    auto rep = evict_page_cache({p});
+    if (!rep.ok()) return "evict error: " + rep.error().message;
+    out += fmt::format("files={} problems={} ", rep->files.size(), rep->problems());
+    for (const auto& u : rep->unreadable) out += "[" + u + "]";
+    // Without a list to put it in, it is an error, and not a "not found" one.
+    auto bare = expand_regular_files({p}, nullptr);
+    out += bare.ok() ? " bare=ok"
+                     : fmt::format(" bare={}:{}",
+                                   bare.error().code == Errc::not_found ? "not_found" : "other",
+                                   bare.error().message);
+    return out;
+  });
+  INFO(s);
+  CHECK(s.find("files=0 problems=1 [" + p + ": cannot reach it: ") == 0);
+  CHECK(s.find("not searchable by this user") != std::string::npos);
+  CHECK(s.find("bare=other:" + p + ": cannot reach it") != std::string::npos);
+  CHECK(s.find("does not exist") == std::string::npos);
 }
 
 TEST_CASE("evict and cache-stat as a user who cannot write the files (real uid: nobody)") {
