@@ -23,6 +23,7 @@
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/gpu.h"
+#include "env/gpu_throttle.h"
 
 namespace spark::env {
 
@@ -203,6 +204,12 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
   GpuReport g = probe_gpu(go);
   f.gpu = to_json(g);
   f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
+  if (req.gpu_load) {
+    ThrottleOptions t;
+    t.gpus = req.gpus;
+    if (!req.sparkd_bin.empty()) t.load_argv = {req.sparkd_bin, "gpu-load"};
+    f.gpu_throttle = measure_gpu_throttle(t);
+  }
   if (!req.sparkd_bin.empty()) {
     ProcessSpec ps;
     ps.argv = {req.sparkd_bin, "--version"};
@@ -254,6 +261,7 @@ json facts_to_json(const NodeFacts& f) {
   j["uverbs"] = json::array();
   for (const auto& [n, ok] : f.uverbs) j["uverbs"].push_back({{"name", n}, {"rw", ok}});
   j["gpu"] = f.gpu;
+  if (!f.gpu_throttle.is_null()) j["gpu_throttle"] = f.gpu_throttle;
   return j;
 }
 
@@ -301,6 +309,7 @@ Result<NodeFacts> facts_from_json(const json& j) {
     for (const auto& u : j.value("uverbs", json::array()))
       f.uverbs.emplace_back(u.at("name").get<std::string>(), get_or<bool>(u, "rw", false));
     f.gpu = j.value("gpu", json());
+    f.gpu_throttle = j.value("gpu_throttle", json());
     return f;
   } catch (const json::exception& e) {
     return make_error(Errc::io, fmt::format("facts.json: {}", e.what()));

@@ -72,6 +72,7 @@ struct NodeFacts {
   int uid = -1;
   std::vector<std::pair<std::string, bool>> uverbs;  // /dev/infiniband/uverbs*, read+write ok
   nlohmann::json gpu;                                // the gpu probe's facts (null: none)
+  nlohmann::json gpu_throttle;  // gpu.throttle's measurement (env/gpu_throttle.h; null: none)
 
   /// IPv4 addresses on a netdev.
   std::vector<std::string> ipv4_of(const std::string& ifname) const;
@@ -84,6 +85,8 @@ struct FactsRequest {
   std::string model_path;                          // statvfs + residency ("" to skip)
   std::vector<std::pair<std::string, int>> ports;  // (address, port) to try binding
   std::string sparkd_bin;                          // asked for --version ("" to skip)
+  bool gpu_load = false;  // measure gpu.throttle: NVML under `sparkd_bin gpu-load` per GPU
+  std::vector<int> gpus;  // the node's GPUS (NVML indices)
 };
 
 nlohmann::json facts_to_json(const NodeFacts& f);

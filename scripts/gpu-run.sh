@@ -31,6 +31,7 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
+# "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`),
 # "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
@@ -100,6 +101,7 @@ stage() {
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
   cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
+  cp "$src/scripts/gpu-throttle-check.sh" "$dev/gpu-throttle-check.sh"
   # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
   # the source path, which device() links here), scripts and the PyTorch peer.
   mkdir -p "$dev/fixtures" "$dev/engine"
@@ -238,6 +240,9 @@ device() {
       "$ktests" -tc='gpu *'
   fi
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # preflight's gpu.throttle with the real NVML and `sparkd gpu-load` (not in the default list).
+  [[ $want == *" gpu-throttle "* ]] &&
+    step gpu-throttle 180 bash "$dev/gpu-throttle-check.sh" "$dev/bin" "$out/gpu-throttle"
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
     step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
