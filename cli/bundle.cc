@@ -15,6 +15,7 @@
 
 #include "cli/cmd_preflight.h"
 #include "cli/cmd_version.h"
+#include "cli/engine_pin.h"
 #include "cli/history_view.h"
 #include "cli/node_exec.h"
 #include "cli/node_ops.h"
@@ -112,35 +113,6 @@ std::string cmdline_for_diff(const std::string& cmdline) {
     keep.push_back(w);
   }
   return join(keep, " ");
-}
-
-// The executables a command line names: absolute paths that are executable files, and its
-// first word when PATH resolves it.
-std::vector<std::string> command_binaries(const std::string& command) {
-  std::vector<std::string> out;
-  std::string word;
-  std::vector<std::string> words;
-  for (char c : command + " ") {
-    if (std::isspace(static_cast<unsigned char>(c)) || c == '\'' || c == '"' || c == ';' ||
-        c == '|' || c == '&' || c == '(' || c == ')') {
-      if (!word.empty()) words.push_back(word);
-      word.clear();
-    } else {
-      word += c;
-    }
-  }
-  for (size_t k = 0; k < words.size(); ++k) {
-    std::string w = words[k];
-    if (k == 0 && w.find('/') == std::string::npos && w.find('=') == std::string::npos) {
-      auto r = run_process(spec({"sh", "-c", "command -v " + shell_quote(w)}));
-      if (r && r->success()) w = std::string(trim(r->out));
-    }
-    std::error_code ec;
-    if (!w.empty() && w[0] == '/' && fs::is_regular_file(w, ec) && ::access(w.c_str(), X_OK) == 0 &&
-        std::find(out.begin(), out.end(), w) == out.end())
-      out.push_back(w);
-  }
-  return out;
 }
 
 json engine_versions(const RingConfig& cfg, const std::vector<std::string>& secrets) {

@@ -7,6 +7,7 @@
 
 #include "cli/args.h"
 #include "cli/cmd_ring.h"
+#include "cli/engine_pin.h"
 #include "cli/history_view.h"
 #include "cli/node_ops.h"
 #include "core/strings.h"
@@ -42,13 +43,14 @@ int cmd_node(Context& ctx, const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("op", 1);
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "node",
-                           "--config - node probe|launch|stop|history --node N [--sparkd PATH] "
-                           "[--env R:K=V]... [--grace-ms MS]",
-                           desc, args, vm, &pos))
+  if (auto rc = parse_args(
+          ctx, "node",
+          "--config - node probe|launch|stop|history|engine-set --node N [--sparkd PATH] "
+          "[--env R:K=V]... [--grace-ms MS]",
+          desc, args, vm, &pos))
     return *rc;
   const std::string op = vm.count("op") ? vm["op"].as<std::string>() : "";
-  if (op != "probe" && op != "launch" && op != "stop" && op != "history")
+  if (op != "probe" && op != "launch" && op != "stop" && op != "history" && op != "engine-set")
     return ctx.fail(make_error(Errc::usage, "node: give probe, launch, stop or history"));
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
@@ -61,6 +63,8 @@ int cmd_node(Context& ctx, const std::vector<std::string>& args) {
     reply = to_json(probe_here(*cfg, node));
   } else if (op == "history") {
     reply = history_here(*cfg, node, vm["since-ms"].as<int64_t>());
+  } else if (op == "engine-set") {
+    reply = engine_set_here(*cfg, node);
   } else if (op == "launch") {
     if (!vm.count("sparkd")) return ctx.fail(make_error(Errc::usage, "node launch: give --sparkd"));
     if (ctx.opts.config_path != "-")

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/engine_pin.h"
 #include "cli/history_view.h"
 #include "cli/node_exec.h"
 #include "cli/ring_ops.h"
@@ -211,8 +212,19 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   if (vm.count("history")) return status_history(ctx, *cfg, vm);
   auto s = ring_status(*cfg, ring_layout(*cfg, ctx.argv0));
   int rc = s.ready ? 0 : exit_code(Errc::precondition);
+  auto state = head_state_dir(*cfg);
+  auto current = read_engine_set(state, "current"), good = read_engine_set(state, "last-good");
   if (ctx.opts.json) {
-    *ctx.out << to_json(s).dump(2) << "\n";
+    auto j = to_json(s);
+    auto brief = [](const std::optional<EngineSet>& e) {
+      if (!e) return nlohmann::json(nullptr);
+      auto x = to_json(*e);
+      x.erase("config_text");  // may hold tokens; the file is mode 0600
+      x["summary"] = describe_set(*e);
+      return x;
+    };
+    j["engine_sets"] = {{"current", brief(current)}, {"last_good", brief(good)}};
+    *ctx.out << j.dump(2) << "\n";
     return rc;
   }
   auto& out = *ctx.out;
@@ -231,6 +243,9 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
                      age(s.last_watch_ms),
                      s.last_watch_reason.empty() ? "" : " (" + s.last_watch_reason + ")",
                      s.watch_failures, s.restarts);
+  if (current || good)
+    out << fmt::format("engine: current {}\n        last good {}\n",
+                       current ? describe_set(*current) : "-", good ? describe_set(*good) : "-");
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
                      age(s.record.ready_ms));
