@@ -52,6 +52,8 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       "activation and graph workspace per rank (default MEM_WORKSPACE)")(
       "mtp", po::value<std::string>(), "multi-token-prediction layer per rank (default MEM_MTP)")(
       "vision", po::value<std::string>(), "vision tower per rank (default MEM_VISION)")(
+      "kv-overhead", po::value<std::string>(),
+      "KV the engine charges per rank beyond the records (default KV_OVERHEAD)")(
       "nodes", po::value<int>()->default_value(4), "rows for 1..N nodes");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "plan",
@@ -109,6 +111,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   if (auto r = size_opt("workspace", &in.workspace)) return *r;
   if (auto r = size_opt("mtp", &in.mtp)) return *r;
   if (auto r = size_opt("vision", &in.vision)) return *r;
+  if (auto r = size_opt("kv-overhead", &in.kv_overhead)) return *r;
   in.gpus_per_node = rc ? static_cast<int>(rc->nodes[0].gpus.size()) : 1;
   std::string cap_src;
   if (vm.count("capacity")) {
@@ -157,6 +160,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
     j["slots"] = in.slots;
     j["reserve"] = in.reserve;
     j["fixed"] = {{"workspace", in.workspace}, {"mtp", in.mtp}, {"vision", in.vision}};
+    j["kv_overhead"] = in.kv_overhead;
     j["capacity_per_rank"] = in.capacity_per_rank;
     j["capacity_source"] = cap_src;
     for (const auto& r : rows) {
@@ -198,9 +202,10 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                      s.kv_lora_rank, s.qk_rope_head_dim);
   o << fmt::format(
       "# KV layout {} ({}); {} per token for the whole model on one rank; context {} x {} "
-      "slots; reserve {}; fixed {}; capacity per rank {} ({})\n",
+      "slots; reserve {}; fixed {}{}; capacity per rank {} ({})\n",
       plan::kv_layout_name(in.record.layout), in.record.dtype, format_size(per_token_1), in.context,
       in.slots, format_size(in.reserve), format_size(in.workspace + in.mtp + in.vision),
+      in.kv_overhead ? fmt::format("; KV overhead {}", format_size(in.kv_overhead)) : "",
       in.capacity_per_rank ? format_size(in.capacity_per_rank) : "unknown",
       cap_src.empty() ? "none" : cap_src);
   o << fmt::format("{:>5} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n",

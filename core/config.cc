@@ -49,6 +49,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
       {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
       {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},
+      {"KV_OVERHEAD", KeyType::size, "0", nullptr, "KV cache memory the engine charges per rank beyond the per-token records and per-sequence states plan derives from config.json (for vLLM on hybrid models, the constant of its own KV figures); planned as KV."},
       {"MEM_WORKSPACE", KeyType::size, "0", nullptr, "Activation and graph workspace the engine takes per rank, planned on top of weights and KV."},
       {"MEM_MTP", KeyType::size, "0", nullptr, "Memory per rank of a multi-token-prediction layer the engine loads besides the files' weights."},
       {"MEM_VISION", KeyType::size, "0", nullptr, "Memory per rank of a vision tower (weights not in the files, encoder cache)."},

@@ -429,7 +429,7 @@ PlanRow plan_row(const PlanInput& in, int nodes) {
   r.kv_per_token_per_rank = kv_bytes_per_token_per_rank(in.shape, in.record, spread);
   const uint64_t slots = u(std::max(in.slots, 1));
   for (const auto& p : r.parts) r.state_per_rank += u(p.layers) * p.bytes_per_slot * slots;
-  r.kv_per_rank = kv_bytes_per_sequence(r.parts, in.context) * slots;
+  r.kv_per_rank = kv_bytes_per_sequence(r.parts, in.context) * slots + in.kv_overhead;
   r.fixed_per_rank = in.workspace + in.mtp + in.vision;
   r.reserve = in.reserve;
   r.need_per_rank = r.weights_per_rank + r.kv_per_rank + r.fixed_per_rank + r.reserve;
@@ -439,7 +439,7 @@ PlanRow plan_row(const PlanInput& in, int nodes) {
     return r;
   }
   r.fits = r.need_per_rank <= in.capacity_per_rank;
-  const uint64_t fixed = r.weights_per_rank + r.fixed_per_rank + r.reserve;
+  const uint64_t fixed = r.weights_per_rank + r.fixed_per_rank + r.reserve + in.kv_overhead;
   r.max_context = fixed >= in.capacity_per_rank
                       ? 0
                       : max_context_for(r.parts, in.slots, in.capacity_per_rank - fixed);

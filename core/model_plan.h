@@ -160,6 +160,9 @@ struct PlanInput {
   uint64_t workspace = 0;  // activation and graph workspace per rank (stated)
   uint64_t mtp = 0;        // multi-token-prediction layer per rank (stated)
   uint64_t vision = 0;     // vision tower per rank (stated)
+  /// KV memory an engine charges per rank beyond the records and states derived here
+  /// (stated: for vLLM on a hybrid model, the constant term of its own KV figures).
+  uint64_t kv_overhead = 0;
   int gpus_per_node = 1;
   uint64_t capacity_per_rank = 0;  // 0: unknown
 };
@@ -171,7 +174,7 @@ struct PlanRow {
   uint64_t weights_per_rank = 0;
   uint64_t kv_per_token_per_rank = 0;  // all layers, before window caps
   uint64_t state_per_rank = 0;         // per-slot states x slots
-  uint64_t kv_per_rank = 0;            // context x slots, states included
+  uint64_t kv_per_rank = 0;            // context x slots, states and kv_overhead included
   uint64_t fixed_per_rank = 0;         // workspace + mtp + vision
   uint64_t reserve = 0;
   uint64_t need_per_rank = 0;

@@ -54,7 +54,8 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg) 
   in.slots = static_cast<int>(std::max<int64_t>(1, *slots));
   for (auto [key, out] :
        {std::pair{"MEM_RESERVE", &in.reserve}, std::pair{"MEM_WORKSPACE", &in.workspace},
-        std::pair{"MEM_MTP", &in.mtp}, std::pair{"MEM_VISION", &in.vision}}) {
+        std::pair{"MEM_MTP", &in.mtp}, std::pair{"MEM_VISION", &in.vision},
+        std::pair{"KV_OVERHEAD", &in.kv_overhead}}) {
     auto v = size(key);
     if (!v) return v.error();
     *out = *v;

@@ -193,4 +193,28 @@ TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a sta
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
                   "--kv-layout", "sglang"})
             .rc == 2);
+  // --kv-overhead is KV: it is in KV/RANK and comes off the largest context.
+  auto base = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model",
+                        model, "--context", "500000", "--kv-dtype", "fp8", "--kv-layout", "vllm",
+                        "--capacity", "20GiB", "--slots", "1", "--nodes", "2"});
+  auto over = sparkctl({"--config",      fx("healthy-pair/cluster.env"),
+                        "--json",        "plan",
+                        "--model",       model,
+                        "--context",     "500000",
+                        "--kv-dtype",    "fp8",
+                        "--kv-layout",   "vllm",
+                        "--capacity",    "20GiB",
+                        "--slots",       "1",
+                        "--nodes",       "2",
+                        "--kv-overhead", "7GiB"});
+  REQUIRE_MESSAGE(base.rc == 0, base.err);
+  REQUIRE_MESSAGE(over.rc == 0, over.err);
+  auto jb = nlohmann::json::parse(base.out), jo = nlohmann::json::parse(over.out);
+  CHECK(jo["kv_overhead"] == 7ull << 30);
+  CHECK(jo["rows"][1]["kv_per_rank"].get<uint64_t>() ==
+        jb["rows"][1]["kv_per_rank"].get<uint64_t>() + (7ull << 30));
+  CHECK(jo["rows"][1]["max_context"].get<int64_t>() < jb["rows"][1]["max_context"].get<int64_t>());
+  CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
+                  "--kv-overhead", "lots"})
+            .rc == 2);
 }

@@ -271,6 +271,37 @@ TEST_CASE("plan: a row adds weights, KV with states, stated fixed costs and the 
   CHECK(plan_row(in, 2).max_context == 0);
 }
 
+TEST_CASE("plan: with vLLM's constant stated, GLM-5.3-Flash plans what vLLM itself reports") {
+  // vLLM's figures for this model at two ranks: 10.98 GiB of KV needed for 500,000 tokens and
+  // 14.52 GiB for 1,000,000. The records give the slope; the constant of the line through the
+  // two figures is the charge vLLM adds per request, stated as KV_OVERHEAD. Checked against
+  // two other figures vLLM printed: 13.46 GiB needed for 850,000 tokens, and 609,280 the
+  // largest context in 11.75 GiB.
+  PlanInput in;
+  in.shape = fixture("glm-5.3-flash");
+  in.shape.index_kpool = 4;  // the published checkpoint
+  in.record = {KvLayout::vllm, "fp8"};
+  in.slots = 1;
+  const double slope = (14.52 - 10.98) / 0.5;  // GiB per million tokens
+  const double constant = 10.98 - 0.5 * slope;
+  in.kv_overhead = static_cast<uint64_t>(constant * kGiB);
+  in.context = 850000;
+  in.capacity_per_rank = static_cast<uint64_t>(11.75 * kGiB);  // no weights: all of it is KV
+  PlanRow r = plan_row(in, 2);
+  const double need_gib = static_cast<double>(r.kv_per_rank) / kGiB;
+  MESSAGE("850,000 tokens: ", need_gib,
+          " GiB of KV (vLLM: 13.46); largest context in 11.75 GiB: ", r.max_context,
+          " (vLLM: 609,280)");
+  CHECK(r.kv_per_rank == kv_bytes_per_sequence(r.parts, 850000) + in.kv_overhead);
+  CHECK(std::fabs(need_gib - 13.46) / 13.46 < 0.10);
+  CHECK(std::fabs(static_cast<double>(r.max_context) - 609280.0) / 609280.0 < 0.10);
+  CHECK(kv_bytes_per_sequence(r.parts, r.max_context) + in.kv_overhead <= in.capacity_per_rank);
+  CHECK(kv_bytes_per_sequence(r.parts, r.max_context + 1) + in.kv_overhead > in.capacity_per_rank);
+  // Without the stated charge the records alone leave room for more than twice as much.
+  in.kv_overhead = 0;
+  CHECK(plan_row(in, 2).max_context > 2 * 609280);
+}
+
 TEST_CASE("plan: the engine's KV cache holds what the plan says per token") {
   // Two ranks of an 8-KV-head, 128-dim, 4-layer model: the engine's fp32 K and V pools for
   // 10 blocks of 16 tokens are the plan's bytes per token per rank times 160 tokens.
