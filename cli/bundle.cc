@@ -19,6 +19,7 @@
 #include "cli/history_view.h"
 #include "cli/node_exec.h"
 #include "cli/node_ops.h"
+#include "cli/ring_state.h"
 #include "core/base64.h"
 #include "core/manifest.h"
 #include "core/process.h"
@@ -119,6 +120,9 @@ json engine_versions(const RingConfig& cfg, const std::vector<std::string>& secr
   json e{{"engine", cfg.get("ENGINE")}};
   if (cfg.get("ENGINE") != "exec") return e;
   e["command"] = redact(cfg.get("ENGINE_EXEC"), secrets);
+  if (auto img = image_of_command(cfg.get("ENGINE_EXEC")))
+    e["image"] = {
+        {"runtime", img->runtime}, {"ref", img->ref}, {"id", img->id}, {"digest", img->digest}};
   json bins = json::array();
   for (const auto& b : command_binaries(cfg.get("ENGINE_EXEC"))) {
     auto h = hash_file(b, uint64_t{1} << 30, false);
@@ -311,6 +315,13 @@ std::vector<FieldDiff> diff_nodes(const std::vector<json>& docs) {
        [](const json& d) {
          return str_at(d, {"versions", "bios", "bios_version"});
        }},
+      {"engine_image",
+       [](const json& d) {
+         auto e = d.contains("versions") ? d["versions"].value("engine", json::object())
+                                         : json::object();
+         return e.contains("image") ? e["image"].value("ref", "") + " " + e["image"].value("id", "")
+                                    : std::string();
+       }},
       {"engine_binaries",
        [](const json& d) {
          std::vector<std::string> v;
@@ -343,6 +354,10 @@ std::string summary_text(const RingConfig& cfg, const BundleReport& r, const std
   s += "nodes:\n";
   for (const auto& n : r.nodes) s += fmt::format("  {:<14} bundled\n", n);
   for (const auto& m : r.missing) s += fmt::format("  MISSING {}\n", m);
+  if (!r.engine_current.empty() || !r.engine_last_good.empty())
+    s += fmt::format("\nengine started last: {}\nlast good engine:    {}\n",
+                     r.engine_current.empty() ? "-" : r.engine_current,
+                     r.engine_last_good.empty() ? "-" : r.engine_last_good);
   s += fmt::format("\nfields that must match across the ring ({} node(s) answered):\n",
                    r.nodes.size());
   for (const auto& d : r.diff) {
@@ -457,6 +472,22 @@ BundleReport make_bundle(const RingConfig& cfg, const BundleOptions& opt) {
     docs.push_back(std::move(doc));
   }
   rep.diff = diff_nodes(docs);
+  // What the ring runs (start's record), beside what the cluster file's command names now.
+  std::string state = head_state_dir(cfg);
+  json sets = json::object();
+  for (const char* which : {"current", "last-good"}) {
+    auto set = read_engine_set(state, which);
+    std::string& line = std::string(which) == "current" ? rep.engine_current : rep.engine_last_good;
+    if (!set) {
+      sets[which] = nullptr;
+      continue;
+    }
+    line = describe_set(*set);
+    auto j = to_json(*set);
+    j.erase("config_text");  // may hold secrets; the redacted cluster.env is beside it
+    j["command"] = redact(set->command, secrets);
+    sets[which] = j;
+  }
 
   // SUMMARY.txt and bundle.json first in the archive; they are written last.
   std::vector<std::string> node_members = std::move(members);
@@ -474,6 +505,7 @@ BundleReport make_bundle(const RingConfig& cfg, const BundleOptions& opt) {
   bj["ring"] = cfg.get("RING_NAME");
   bj["created"] = when;
   bj["node_details"] = nodes_json;
+  bj["engine_sets"] = sets;
   bj.erase("archive");
   put("bundle.json", dump(bj));
   put("cluster.env", redacted_config_text(cfg));

@@ -65,7 +65,8 @@ struct BundleReport {
   std::vector<std::string> nodes;
   std::vector<std::string> missing;  // "node1: why" for each node that gave nothing
   std::vector<FieldDiff> diff;
-  std::optional<Error> error;  // the archive could not be written
+  std::string engine_current, engine_last_good;  // the engine sets start recorded (engine_pin.h)
+  std::optional<Error> error;                    // the archive could not be written
 };
 
 /// Asks every node at once, writes the archive (never a half archive under its name).

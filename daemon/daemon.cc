@@ -209,6 +209,7 @@ Daemon::~Daemon() {
   auto& I = *impl_;
   request_stop("daemon destroyed");
   if (I.ctl_thread.joinable() || I.lifecycle.joinable() || I.http) wait();
+  if (I.history) I.history->stop();  // its thread reads members destroyed before it
 }
 
 void Daemon::set_timing(const DaemonTiming& t) {

@@ -61,9 +61,9 @@ Api& api_for(const std::string& library) {
   if (!a.lib) {
     const char* e = ::dlerror();
     a.reason = fmt::format(
-        "NVML not available ({}: {}): no GPU driver on this node, or a "
+        "NVML not available ({}): no GPU driver on this node, or a "
         "container without the driver's libraries",
-        library, e ? e : "dlopen failed");
+        e ? std::string(e) : library + ": dlopen failed");
     return a;
   }
   a.path = library;

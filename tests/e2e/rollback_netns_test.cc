@@ -8,8 +8,10 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/process.h"
 #include "core/strings.h"
 #include "support/netns_ring.h"
 #include "support/ring.h"
@@ -19,6 +21,7 @@ using namespace spark;
 using namespace std::chrono_literals;
 using nlohmann::json;
 using test::NetnsRing;
+namespace fs = std::filesystem;
 
 namespace {
 const std::string kGood = "sha256:" + std::string(64, 'a');
@@ -88,6 +91,26 @@ TEST_CASE("e2e netns rollback: a broken nightly image, then rollback to the last
   CHECK(st.rc == 0);
   CHECK(st.j["engine_sets"]["current"]["ready"] == true);
   CHECK(st.j["engine_sets"]["current"]["nodes"][1]["image"]["id"] == kGood);
+  // The bundle names what runs (start's record: the good digest) and what the cluster
+  // file's tag points at now (the broken one), the same on both nodes.
+  auto b = ring.ctl_json({"bundle", "--out", fd / "b.tar.gz"}, 240s);
+  REQUIRE_MESSAGE(b.rc == 0, b.all());
+  bool tag_now = false;
+  for (const auto& d : b.j["diff"])
+    if (d["field"] == "engine_image")
+      tag_now = d["differs"] == false &&
+                d["values"][0].get<std::string>() == "spark/engine:nightly " + kBroken;
+  CHECK_MESSAGE(tag_now, b.j["diff"].dump());
+  REQUIRE(fs::create_directories(fd / "x"));
+  ProcessSpec untar;
+  untar.argv = {"tar", "-xzf", fd / "b.tar.gz", "-C", fd / "x"};
+  REQUIRE(run_process(untar).ok());
+  std::string summary;
+  for (const auto& e : fs::directory_iterator(fd / "x"))
+    summary = read_file(e.path().string() + "/SUMMARY.txt").value_or("");
+  CHECK_MESSAGE(
+      summary.find("engine started last: image spark/engine@" + kGood) != std::string::npos,
+      summary);
   (void)ring.ctl({"stop"});
 }
 
