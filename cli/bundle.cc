@@ -452,6 +452,18 @@ BundleReport make_bundle(const RingConfig& cfg, const BundleOptions& opt) {
       put(dir + "ERROR.txt", fmt::format("{} gave nothing to the bundle: {}\n", run.node, why));
       continue;
     }
+    try {
+      if (!doc["logs"].is_object()) doc["logs"] = json::object();
+      if (!doc["kernel_log"].is_object()) doc["kernel_log"] = json::object();
+      for (auto it = doc["logs"].begin(); it != doc["logs"].end(); ++it)
+        if (!it.value().is_string()) it.value() = it.value().dump();
+      if (doc.contains("capture") && !doc["capture"].is_string()) doc.erase("capture");
+    } catch (const json::exception& e) {
+      why = std::string("its answer is malformed: ") + e.what();
+      rep.missing.push_back(fmt::format("{}: {}", run.node, why));
+      put(dir + "ERROR.txt", fmt::format("{} gave nothing to the bundle: {}\n", run.node, why));
+      continue;
+    }
     rep.nodes.push_back(run.node);
     put(dir + "versions.json", dump(doc["versions"]));
     put(dir + "preflight.json", dump(doc["preflight"]));

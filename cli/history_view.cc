@@ -86,11 +86,17 @@ std::vector<RankHistory> collect_history(const RingConfig& cfg, const std::strin
       for (int r : ranks_of_node(cfg, run.index)) out.push_back({r, run.node, {}, why});
       continue;
     }
-    for (const auto& e : doc.value("ranks", json::array())) {
-      RankHistory h{e.value("rank", 0), run.node, {}, e.value("error", "")};
-      for (const auto& s : e.value("samples", json::array()))
-        h.samples.push_back(sample_from_json(s));
-      out.push_back(std::move(h));
+    try {
+      for (const auto& e : doc.value("ranks", json::array())) {
+        RankHistory h{e.value("rank", 0), run.node, {}, e.value("error", "")};
+        for (const auto& s : e.value("samples", json::array()))
+          h.samples.push_back(sample_from_json(s));
+        out.push_back(std::move(h));
+      }
+    } catch (const json::exception& e) {
+      for (int r : ranks_of_node(cfg, run.index))
+        out.push_back(
+            {r, run.node, {}, std::string("its history answer is malformed: ") + e.what()});
     }
   }
   std::sort(out.begin(), out.end(),

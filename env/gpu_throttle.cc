@@ -116,7 +116,8 @@ json measure_gpu_throttle(const ThrottleOptions& opt) {
   return {{"gpus", out}, {"load_ms", opt.load_ms}};
 }
 
-std::vector<CheckResult> throttle_checks(const std::string& node, const json& fact) {
+namespace {
+std::vector<CheckResult> throttle_rows(const std::string& node, const json& fact) {
   std::vector<CheckResult> rows;
   const char* kId = "gpu.throttle";
   // A capture made before the check existed has no fact: no row (not a finding).
@@ -126,6 +127,7 @@ std::vector<CheckResult> throttle_checks(const std::string& node, const json& fa
     return rows;
   }
   for (const auto& g : fact.value("gpus", json::array())) {
+    if (!g.is_object()) continue;
     int idx = g.value("index", 0);
     std::string subject = fmt::format("gpu{}", idx);
     std::string name = g.value("name", "");
@@ -174,6 +176,19 @@ std::vector<CheckResult> throttle_checks(const std::string& node, const json& fa
     }
   }
   return rows;
+}
+
+}  // namespace
+
+std::vector<CheckResult> throttle_checks(const std::string& node, const json& fact) {
+  // A capture is input like any other: a mistyped fact is a finding, not a crash.
+  try {
+    return throttle_rows(node, fact);
+  } catch (const json::exception& e) {
+    return {{node, "gpu.throttle", "", Verdict::warn,
+             fmt::format("the gpu_throttle fact is unreadable: {}", e.what()),
+             "capture the node again with `sparkctl capture-node`"}};
+  }
 }
 
 }  // namespace spark::env

@@ -144,4 +144,7 @@ TEST_CASE(
     CHECK(row.message.find("no GPU: NVML not available") != std::string::npos);
   }
   CHECK(throttle_checks("spark-a", nullptr).empty());  // a capture from before the check
+  auto junk = throttle_checks("spark-a", nlohmann::json::parse(R"({"gpus": [3, {"index": "x"}]})"));
+  REQUIRE(junk.size() == 1);
+  CHECK(junk[0].message.find("the gpu_throttle fact is unreadable") != std::string::npos);
 }
