@@ -41,6 +41,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
+      {"PREFILL_CHUNK", KeyType::integer, "256", nullptr, "Tokens one engine step computes (at least SLOTS): every decoding request's next token, the rest shared evenly among prompts being prefilled, so a long prompt prefills in chunks between the others' tokens."},
       {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are refused)."},
       {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda", "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the reason is logged and shown in /health)."},
       {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},
@@ -647,6 +648,14 @@ void check_ring_consistency(Loading& L) {
   for (const char* k : {"SLOTS", "CONTEXT_LEN"})
     if (!refused.count(k) && cfg.get_int(k) < 1)
       d.push_back({true, cfg.settings[k].source, fmt::format("{} must be at least 1", k)});
+  // The engine sizes its step buffers for a full step: a few extra digits must not reach
+  // the allocator.
+  constexpr int64_t kMaxPrefillChunk = 1 << 20;
+  if (auto chunk = cfg.get_int("PREFILL_CHUNK");
+      !refused.count("PREFILL_CHUNK") && (chunk < 1 || chunk > kMaxPrefillChunk))
+    d.push_back({true, cfg.settings["PREFILL_CHUNK"].source,
+                 fmt::format("PREFILL_CHUNK must be 1-{} (tokens per engine step)",
+                             kMaxPrefillChunk)});
   if (auto pct = cfg.get_int("DISK_MAX_USE"); !refused.count("DISK_MAX_USE") && (pct < 1 || pct > 100))
     d.push_back({true, cfg.settings["DISK_MAX_USE"].source, "DISK_MAX_USE must be 1-100 (percent)"});
   if (cfg.get("API_PORT") == cfg.get("RDZV_PORT"))

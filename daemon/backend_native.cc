@@ -37,6 +37,12 @@ Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
   if (o.slots < 1 || o.max_context < 1)
     return make_error(Errc::config, fmt::format("SLOTS ({}) and CONTEXT_LEN ({}) must be positive",
                                                 o.slots, o.max_context));
+  const int64_t chunk = cfg.get_int("PREFILL_CHUNK");  // the config check bounds it too
+  if (chunk < 1 || chunk > (1 << 20))
+    return make_error(Errc::config, fmt::format("PREFILL_CHUNK ({}) must be 1-{}: tokens one "
+                                                "engine step computes",
+                                                chunk, 1 << 20));
+  o.max_batch_tokens = static_cast<int>(chunk);
   o.kv_cache_bytes =
       ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
   const std::string kv = cfg.get("KV_DTYPE");

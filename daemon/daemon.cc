@@ -518,7 +518,10 @@ void Daemon::Impl::run_lifecycle() {
   }
   health.set(State::loading, std::string("starting the ") + engine->name() + " engine");
   Status st = engine->start(ctx);
-  if (stopping.load()) return;
+  if (stopping.load()) {
+    if (!st.ok()) log::info(kComp, "engine {} start given up: {}", engine->name(), st.message());
+    return;
+  }
   if (!st.ok())
     return fail("engine " + std::string(engine->name()) + " failed to start: " + st.message(),
                 st.code());

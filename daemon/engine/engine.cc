@@ -302,25 +302,43 @@ Status Engine::broadcast_plan(const std::vector<int32_t>& plan) {
 
 Status Engine::step() {
   const int bs = opts_.block_size;
-  // Decode sequences first (one pending token each), then prefill chunks within the budget.
-  std::vector<size_t> order(running_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    auto pend = [&](size_t i) {
-      return static_cast<int>(running_[i]->tokens.size()) - running_[i]->computed;
-    };
-    return (pend(a) == 1) > (pend(b) == 1);
-  });
-  int budget = opts_.max_batch_tokens;
+  // Every decoding sequence (one pending token) runs each step; the rest of the budget is
+  // shared max-min fairly among the prompts being prefilled (shortest remainder first, each
+  // taking at most an even share of what is left), so a long prompt cannot hold a short
+  // one's first token for its whole prefill, and is never starved by short ones either.
+  // The budget is at least the slot count, so prefill gets a token even with every other
+  // slot decoding.
+  auto pending_of = [&](size_t i) {
+    return static_cast<int>(running_[i]->tokens.size()) - running_[i]->computed;
+  };
+  int budget = std::max(opts_.max_batch_tokens, opts_.slots);
+  std::vector<int> take(running_.size(), 0);
+  std::vector<size_t> prefilling;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const int pending = pending_of(i);
+    if (pending == 1) {
+      take[i] = 1;
+      --budget;
+    } else if (pending > 1) {
+      prefilling.push_back(i);
+    }
+  }
+  std::stable_sort(prefilling.begin(), prefilling.end(),
+                   [&](size_t a, size_t b) { return pending_of(a) < pending_of(b); });
+  for (size_t k = 0; k < prefilling.size() && budget > 0; ++k) {
+    const int left = static_cast<int>(prefilling.size() - k);
+    const size_t i = prefilling[k];
+    take[i] = std::min(pending_of(i), (budget + left - 1) / left);
+    budget -= take[i];
+  }
   std::vector<SeqChunk> chunks;
   std::vector<size_t> chunk_seq;
   std::vector<int32_t> plan = {0};
-  for (size_t i : order) {
+  for (size_t i = 0; i < running_.size(); ++i) {
     Seq& s = *running_[i];
-    const int pending = static_cast<int>(s.tokens.size()) - s.computed;
-    const int n = std::min(pending, budget);
+    const int pending = pending_of(i);
+    const int n = take[i];
     if (n <= 0) continue;
-    budget -= n;
     SeqChunk ch{s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending};
     chunks.push_back(ch);
     chunk_seq.push_back(i);
@@ -406,16 +424,24 @@ Status Engine::step() {
     emit(r, std::move(ev));
     if (why != FinishReason::none) done.emplace_back(chunk_seq[k], why);
   }
+  StepTrace trace;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    ++stats_.steps;
+    trace.step = ++stats_.steps;
     stats_.prompt_tokens += prompt_done;
     stats_.generated_tokens += generated;
   }
+  if (opts_.on_step)
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const Seq& s = *running_[chunk_seq[k]];
+      trace.chunks.push_back(
+          {s.req, s.choice, chunks[k].n, std::max(0, s.prompt_len - s.computed)});
+    }
   // Finish from the back so indices stay valid.
   std::sort(done.begin(), done.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   for (const auto& [i, why] : done) finish_seq(i, why);
+  if (opts_.on_step) opts_.on_step(trace);
   return Status::Ok();
 }
 

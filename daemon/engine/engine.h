@@ -31,13 +31,30 @@
 
 namespace spark::engine {
 
+using RequestId = uint64_t;
+
+/// What one engine step computed, for EngineOptions::on_step.
+struct StepTrace {
+  struct Chunk {
+    RequestId request = 0;
+    int choice = 0;
+    int tokens = 0;       // tokens computed for this sequence in the step
+    int prompt_left = 0;  // prompt tokens still to prefill after the step
+  };
+  uint64_t step = 0;  // 1 for the engine's first step
+  std::vector<Chunk> chunks;
+};
+
 struct EngineOptions {
   int slots = 4;        // sequences running at once (serving slots)
   int block_size = 16;  // tokens per KV block (prefix-cache granularity)
   int num_blocks = 0;   // 0: enough for `slots` full contexts within kv_cache_bytes
   uint64_t kv_cache_bytes = 1ull << 30;  // budget for this rank's KV cache when num_blocks is 0
-  int max_batch_tokens = 256;            // tokens per step; longer prompts prefill in chunks
-  int max_context = 0;                   // 0: the model's max_position_embeddings
+  /// Tokens one step computes (at least `slots`): every decoding sequence's next token, the
+  /// rest shared max-min fairly among the prompts being prefilled, so a long prompt
+  /// prefills in chunks between the decodes and prefills of the others (PREFILL_CHUNK).
+  int max_batch_tokens = 256;
+  int max_context = 0;  // 0: the model's max_position_embeddings
   bool prefix_caching = true;
   int heartbeat_ms = 1000;  // TP: an idle rank 0 tells workers it is alive this often
   /// KV element type: "auto" (the device's compute type: fp32 on the CPU, bf16 on CUDA),
@@ -51,13 +68,14 @@ struct EngineOptions {
   uint64_t mem_reserve = 0;
   /// CUDA: capture decode steps as CUDA graphs per batch-size bucket (eager when false).
   bool cuda_graphs = true;
+  /// Test seam: called on the engine thread after every step with what it computed; it
+  /// may block, which holds the engine between two steps (tests order events by it).
+  std::function<void(const StepTrace&)> on_step;
 };
 
 enum class FinishReason { none, stop, length, cancelled, error };
 /// "stop", "length", "cancelled", "error" (OpenAI's finish_reason for the first two).
 const char* finish_reason_name(FinishReason r);
-
-using RequestId = uint64_t;
 
 /// One streamed result. A choice's last event has `finish` set; the request's last event
 /// (after all n choices finished, or cancel/error) has request_done.

@@ -123,6 +123,62 @@ TEST_CASE("reference: logits and greedy tokens match Hugging Face transformers")
   }
 }
 
+TEST_CASE("reference: chunked prefill gives the logits of whole prefill") {
+  const auto dirs = fixture_dirs();
+  if (dirs.empty()) {
+    MESSAGE("SKIP: no reference fixtures under " << kFixtures);
+    std::cout << "SKIP: reference fixtures absent: " << kFixtures << "\n";
+    return;
+  }
+  for (const auto& dir : dirs) {
+    CAPTURE(dir);
+    auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    auto m = Model::load(dir, 0, 1);
+    REQUIRE(m.ok());
+    auto& model = **m;
+    const auto& c = model.config();
+    const size_t V = static_cast<size_t>(c.vocab_size);
+    const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+    const int n = static_cast<int>(prompt.size());
+    const int bs = 8, blocks = n / bs + 2;
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks - 1 - i;
+    LocalCollective one;
+    KVCache whole_cache(c.num_layers, blocks, bs, model.local_kv_heads(), c.head_dim);
+    std::vector<float> whole;
+    SeqChunk all{prompt.data(), n, 0, table.data(), true};
+    REQUIRE(model.forward({all}, whole_cache, one, &whole, true).ok());
+    // Uneven chunks (as the scheduler cuts them), each one step through the cache.
+    KVCache cache(c.num_layers, blocks, bs, model.local_kv_heads(), c.head_dim);
+    std::vector<float> chunked, part;
+    const int sizes[] = {5, 1, 3, 8, 2};
+    for (int at = 0, k = 0; at < n; ++k) {
+      const int len = std::min(sizes[k % 5], n - at);
+      SeqChunk ch{prompt.data() + at, len, at, table.data(), true};
+      REQUIRE(model.forward({ch}, cache, one, &part, true).ok());
+      chunked.insert(chunked.end(), part.begin(), part.end());
+      at += len;
+    }
+    REQUIRE(chunked.size() == whole.size());
+    // Float rounding only: the products see other row counts, so the sums may round
+    // differently (a chunking bug, a wrong position or block, is off by whole units).
+    double worst = 0, scale = 1;
+    for (size_t i = 0; i < whole.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(whole[i]) - chunked[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(whole[i])));
+    }
+    double ref_worst = 0;
+    const auto& positions = ref["prompt_logits_positions"];
+    for (size_t r = 0; r < positions.size(); ++r)
+      ref_worst = std::max(ref_worst, max_diff(chunked.data() + positions[r].get<size_t>() * V,
+                                               ref["prompt_logits"][r]));
+    MESSAGE(dir << ": chunked vs whole max |logit diff| " << worst << " (max |logit| " << scale
+                << "), vs transformers " << ref_worst);
+    CHECK(worst <= 1e-5 * scale);
+    CHECK(ref_worst <= kMaxLogitDiff);
+  }
+}
+
 TEST_CASE(
     "reference: the scheduler (chunked prefill, batching, prefix cache) keeps the greedy tokens") {
   const auto dirs = fixture_dirs();

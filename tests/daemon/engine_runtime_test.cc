@@ -79,15 +79,26 @@ TEST_CASE("runtime: two ranks via a share function equal one rank; status report
   CHECK_FALSE(s1.ready);
 }
 
-TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN and KV_DTYPE") {
+TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN, PREFILL_CHUNK and KV_DTYPE") {
   test::TempDir dir;
-  auto path = dir.write("ring.env", "NODE0_SSH=local\nSLOTS=3\nCONTEXT_LEN=256\n");
+  auto path =
+      dir.write("ring.env", "NODE0_SSH=local\nSLOTS=3\nCONTEXT_LEN=256\nPREFILL_CHUNK=48\n");
   auto cfg = load_config(path, Environment{}, nullptr);
   REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
   auto o = daemon::engine_options_from(*cfg);
   REQUIRE_MESSAGE(o.ok(), (o.ok() ? std::string() : o.error().message));
   CHECK(o->slots == 3);
   CHECK(o->max_context == 256);
+  CHECK(o->max_batch_tokens == 48);
+  auto dflt = load_config(dir.write("d.env", "NODE0_SSH=local\n"), Environment{}, nullptr);
+  REQUIRE(dflt.ok());
+  CHECK(daemon::engine_options_from(*dflt)->max_batch_tokens == 256);  // the documented default
+  // A chunk the engine cannot size for is refused where the file says it, before start.
+  auto huge = load_config(dir.write("huge.env", "NODE0_SSH=local\nPREFILL_CHUNK=99999999999\n"),
+                          Environment{}, nullptr);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.error().message.find("huge.env:2") != std::string::npos);
+  CHECK(huge.error().message.find("PREFILL_CHUNK must be 1-1048576") != std::string::npos);
   auto fp8 =
       load_config(dir.write("fp8.env", "NODE0_SSH=local\nKV_DTYPE=fp8\n"), Environment{}, nullptr);
   REQUIRE(fp8.ok());

@@ -1,12 +1,18 @@
 // The hostile-input drill, kept as a test tier (ctest label `drill`): what an attacker on
 // loopback or a careless operator sends, driven against a live sparkd on the demo model and
-// a live stage receiver on loopback. After every group: /health answers, a normal chat
-// completes, requests_in_flight is back to zero, sparkd's RSS stays bounded, and nothing is
-// left on disk that should not be there.
+// a live stage receiver on loopback. Groups: malformed HTTP, hostile API bodies and huge
+// prompts, damaged config.json, idle connections past the per-peer cap, hostile cluster and
+// key files (config check), hostile manifests, symlinked and too-small targets (staging),
+// evict as a user who cannot read everything. After every group: /health answers, a normal
+// chat completes, requests_in_flight is back to zero, sparkd's RSS stays bounded, and
+// nothing is left on disk that should not be there.
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +43,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kContext = 512;
+constexpr int kPerPeer = 128;  // API_MAX_CONNECTIONS_PER_PEER of the drill's sparkd
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -62,6 +69,20 @@ uint64_t rss_kib(pid_t pid) {
     if (starts_with(line, "VmRSS:"))
       return parse_u64(trim(line.substr(6, line.size() - 9))).value_or(0);
   return 0;
+}
+
+// A connected loopback socket that sends nothing (an idle client, as slowloris holds them).
+int idle_connection(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // Writes raw bytes on a fresh connection and reads until the server closes (or 5 s).
@@ -127,13 +148,15 @@ struct Sparkd {
         std::vector<std::string>{
             SPARKD_BIN, "--config", std::string(SPARK_SOURCE_DIR) + "/env/examples/local.env",
             "--rank", "0", "--port", std::to_string(port), "--log-file", dir / "sparkd.log"},
-        std::map<std::string, std::string>{{"MODEL_PATH", dir / "model"},
-                                           {"STATE_DIR", dir / "state"},
-                                           {"RDZV_PORT", std::to_string(test::free_port())},
-                                           {"SLOTS", "2"},
-                                           {"CONTEXT_LEN", std::to_string(kContext)},
-                                           {"SHUTDOWN_GRACE", "3s"},
-                                           {"PROBE_PROMPT", "a"}},
+        std::map<std::string, std::string>{
+            {"MODEL_PATH", dir / "model"},
+            {"STATE_DIR", dir / "state"},
+            {"RDZV_PORT", std::to_string(test::free_port())},
+            {"SLOTS", "2"},
+            {"CONTEXT_LEN", std::to_string(kContext)},
+            {"SHUTDOWN_GRACE", "3s"},
+            {"API_MAX_CONNECTIONS_PER_PEER", std::to_string(kPerPeer)},
+            {"PROBE_PROMPT", "a"}},
         dir / "out.txt");
     for (auto end = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < end;
          std::this_thread::sleep_for(100ms)) {
@@ -374,6 +397,35 @@ TEST_CASE(
   rep = send(with_dir, (dst / "t2"));
   CHECK((!rep.ok() || !rep->ok));
   CHECK(tree(outside.path()) == std::set<std::string>{"sub"});
+  // Refused sends leave nothing: no partial, no journal, no file outside.
+  CHECK(tree(dst / "t1").empty());
+  for (const auto& f : tree(dst / "t2")) {
+    CAPTURE(f);
+    CHECK_FALSE(ends_with(f, kPartialSuffix));
+    CHECK_FALSE(ends_with(f, kJournalSuffix));
+  }
+  // A target too small for the model (a 512 KiB tmpfs): refused with the free space named,
+  // and the filesystem as free afterwards as before (no partial keeps its blocks).
+  if (::geteuid() == 0) {
+    fs::create_directories(dst / "small");
+    REQUIRE(::mount("tmpfs", (dst / "small").c_str(), "tmpfs", 0, "size=512k") == 0);
+    struct Unmount {
+      std::string p;
+      ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+    } unmount{dst / "small"};
+    struct statvfs v0 {};
+    REQUIRE(::statvfs((dst / "small").c_str(), &v0) == 0);
+    rep = send(*m, (dst / "small"));
+    REQUIRE((!rep.ok() || !rep->ok));
+    const std::string msg = rep.ok() ? rep->targets[0].error : rep.error().message;
+    CHECK_MESSAGE(msg.find("free") != std::string::npos, msg);
+    CHECK(tree(dst / "small").empty());
+    struct statvfs v1 {};
+    REQUIRE(::statvfs((dst / "small").c_str(), &v1) == 0);
+    CHECK(v1.f_bfree + 16 >= v0.f_bfree);
+  } else {
+    MESSAGE("SKIP: the disk-full case needs root to mount a small tmpfs");
+  }
   // A clean copy leaves exactly the model (and its manifest), no partial or journal.
   rep = send(*m, (dst / "t3"));
   REQUIRE(rep.ok());
@@ -383,4 +435,103 @@ TEST_CASE(
     CHECK_FALSE(ends_with(f, kJournalSuffix));
   }
   s.after_group("stage");
+}
+
+TEST_CASE("drill: idle connections past the per-peer cap get a 503 and give their place back") {
+  auto& s = sparkd();
+  // API_MAX_CONNECTIONS_PER_PEER connections from one address that never send a byte: all
+  // held; one more is answered 503 in OpenAI's shape and closed.
+  std::vector<int> held;
+  for (int i = 0; i < kPerPeer; ++i) {
+    int fd = idle_connection(s.port);
+    REQUIRE(fd >= 0);
+    held.push_back(fd);
+  }
+  // Accepted in order, so this one is over the cap.
+  const std::string over = raw(s.port, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(status_of(over) == 503);
+  CHECK(openai_error(body_of(over)));
+  CHECK(body_of(over)["error"]["message"].get<std::string>().find("API_MAX_CONNECTIONS_PER_PEER") !=
+        std::string::npos);
+  for (int fd : held) ::close(fd);
+  int st = 0;
+  for (int i = 0; i < 250 && st != 200; ++i) {  // bounded: the closes reach the reactor
+    st = s.call("GET", "/health", "", 2s).status;
+    if (st != 200) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(st == 200);
+  s.after_group("connections");
+}
+
+TEST_CASE("drill: hostile cluster files and key files are refused by config check with file:line") {
+  auto& s = sparkd();
+  test::TempDir d("drill-cfg");
+  auto key = [&](const std::string& name, const std::string& text, mode_t mode) {
+    std::ofstream(d / name) << text;
+    ::chmod((d / name).c_str(), mode);
+    return d / name;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"MODEL=caf\xe9\n", "not UTF-8"},
+      {std::string("MODEL=a\0b\n", 10), "NUL"},
+      {"API_KEY_FILE=" + key("two.key", "first\nsecond\n", 0600) + "\n", "more than one line"},
+      {"API_KEY_FILE=" + key("open.key", "k\n", 0644) + "\n", "mode 0644"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [line, what] = cases[i];
+    CAPTURE(what);
+    const std::string file = d / ("ring" + std::to_string(i) + ".env");
+    std::ofstream(file, std::ios::binary) << "NODE0_SSH=local\n" << line;
+    auto [st, out] =
+        test::run_capture({SPARKCTL_BIN, "--config", file, "config", "check"}, {}, 30s);
+    REQUIRE(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 3);  // exit_code(Errc::config)
+    CHECK_MESSAGE(out.find(file + ":2") != std::string::npos, out);
+    CHECK_MESSAGE(out.find(what) != std::string::npos, out);
+  }
+  s.after_group("cluster files");
+}
+
+TEST_CASE("drill: evict as a user who cannot read everything says so instead of lying") {
+  auto& s = sparkd();
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv")) {
+    MESSAGE("SKIP: needs root and setpriv (util-linux) to run evict as another user (nobody)");
+    return;
+  }
+  // Root-owned model files readable by all, and a directory only root may enter: as
+  // nobody, residency is unknown (Linux hides the page cache of files this user may not
+  // write) and the directory is an error, never "100% resident" or a silent skip.
+  test::TempDir d("drill-evict");
+  ::chmod(d.path().c_str(), 0755);
+  fs::copy(s.dir / "model", d / "model", fs::copy_options::recursive);
+  fs::create_directories(d / "model/private");
+  fs::copy(d / "model/config.json", d / "model/private/config.json");
+  ::chmod((d / "model").c_str(), 0755);
+  ::chmod((d / "model/private").c_str(), 0700);
+  fs::copy(SPARKCTL_BIN, d / "sparkctl");  // a path nobody can reach
+  ::chmod((d / "sparkctl").c_str(), 0755);
+  const auto before = tree(d / "model");
+  auto [st, out] =
+      test::run_capture({"/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                         d / "sparkctl", "--json", "evict", "--local", d / "model"},
+                        {}, 60s);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) != 0);
+  auto j = json::parse(out.substr(0, out.rfind('}') + 1), nullptr, false);
+  REQUIRE_MESSAGE(j.is_object(), out);
+  CHECK(j["ok"] == false);
+  REQUIRE(j["unreadable"].size() == 1);
+  CHECK(j["unreadable"][0].get<std::string>().find("private") != std::string::npos);
+  for (const auto& f : j["files"]) {
+    CAPTURE(f.dump());
+    CHECK(f["status"] == "unverified");
+    CHECK(f["reason"].get<std::string>().find("residency unknown") != std::string::npos);
+  }
+  // As root the same evict succeeds and measures.
+  auto [st2, out2] =
+      test::run_capture({SPARKCTL_BIN, "--json", "evict", "--local", d / "model"}, {}, 60s);
+  REQUIRE(WIFEXITED(st2));
+  CHECK_MESSAGE(WEXITSTATUS(st2) == 0, out2);
+  CHECK(tree(d / "model") == before);  // evict reads nothing into and writes nothing to it
+  s.after_group("evict");
 }

@@ -1,17 +1,21 @@
 // The real sparkd binary: started with env/examples/local.env on a free port, polled on
-// /health, stopped with SIGTERM; a bad cluster file fails cleanly with file:line.
+// /health, stopped with SIGTERM (also in the middle of a slowed weight load); a bad cluster
+// file fails cleanly with file:line.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
-#include "core/strings.h"
 #include "core/http_client.h"
+#include "core/strings.h"
+#include "daemon/engine/safetensors.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -42,6 +46,26 @@ std::optional<HttpReply> poll_health(int port, std::chrono::milliseconds limit) 
     std::this_thread::sleep_for(50ms);
   }
   return std::nullopt;
+}
+
+// Name, size and mtime of every file under `dir`, for "nothing was written there".
+std::map<std::string, std::string> files_of(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::end(it); it.increment(ec)) {
+    std::error_code e2;
+    const auto size = it->is_regular_file(e2) ? it->file_size(e2) : 0;
+    out[std::filesystem::relative(it->path(), dir).string()] =
+        std::to_string(size) + "@" +
+        std::to_string(it->last_write_time(e2).time_since_epoch().count());
+  }
+  return out;
+}
+
+size_t lines_of(const std::string& path) {
+  const std::string s = slurp(path);
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
 }
 
 }  // namespace
@@ -120,4 +144,76 @@ TEST_CASE("e2e sparkd: a second sparkd on the same pidfile is refused") {
   auto s = d.wait_for(10s);
   REQUIRE(s.has_value());
   CHECK(WEXITSTATUS(*s) == 0);
+}
+
+TEST_CASE("e2e sparkd: SIGTERM during a slow weight load stops it at the next tensor, exit 0") {
+  // Slow by cause, not by luck: a fault-injection shim (tests/fault/fault_inject_slow_read.cc)
+  // makes every read of a weight file take a second and logs each one before it waits, so
+  // the SIGTERM provably lands while the loader is reading tensors, far from done.
+  test::TempDir dir("sparkd-e2e-slowload");
+  auto [mst, mout] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {}, 60s);
+  REQUIRE_MESSAGE(mst == 0, mout);
+  size_t tensors = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "model"))
+    if (e.path().extension() == ".safetensors") {
+      auto f = engine::SafetensorsFile::open(e.path().string());
+      REQUIRE(f.ok());
+      tensors += f->header().tensors.size();
+    }
+  REQUIRE(tensors >= 8);
+  const auto model_before = files_of(dir / "model");
+  const std::string reads = dir / "reads.log", pidfile = dir / "run/sparkd.pid",
+                    logfile = dir / "logs/sparkd-rank0.log";
+  int port = test::free_port();
+  test::Child d({SPARKD_BIN, "--config", kLocalEnv, "--rank", "0", "--port", std::to_string(port),
+                 "--pidfile", pidfile, "--log-file", logfile},
+                {{"STATE_DIR", dir / "state"},
+                 {"MODEL_PATH", dir / "model"},
+                 {"RDZV_PORT", std::to_string(test::free_port())},
+                 {"LD_PRELOAD", FAULT_INJECT_SLOW_READ},
+                 {"SPARK_FAULT_SLOW_READ_MS", "1000"},
+                 {"SPARK_FAULT_SLOW_READ_LOG", reads}},
+                dir / "out.txt");
+  // The loader is at a known point: past the headers, reading tensor data (> 3 reads).
+  nlohmann::json h;
+  for (auto end = std::chrono::steady_clock::now() + 60s;
+       std::chrono::steady_clock::now() < end && lines_of(reads) < 4;)
+    std::this_thread::sleep_for(50ms);
+  REQUIRE_MESSAGE(lines_of(reads) >= 4, "the load never reached the weights:\n"
+                                            << slurp(dir / "out.txt") << slurp(logfile));
+  auto hr = poll_health(port, 10s);
+  REQUIRE(hr.has_value());
+  h = nlohmann::json::parse(hr->body, nullptr, false);
+  CHECK(h.value("state", "") == "loading");
+
+  const size_t at_signal = lines_of(reads);
+  const auto t0 = std::chrono::steady_clock::now();
+  d.signal(SIGTERM);
+  auto st = d.wait_for(20s);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  REQUIRE_MESSAGE(st.has_value(), "sparkd did not exit within 20 s of SIGTERM during a load");
+  const size_t at_exit = lines_of(reads);
+  MESSAGE("SIGTERM after " << at_signal << " slowed reads (the checkpoint has " << tensors
+                           << " tensors); exited after " << took.count() << " ms and "
+                           << at_exit - at_signal << " more read(s)");
+  CHECK(WIFEXITED(*st));
+  CHECK(WEXITSTATUS(*st) == 0);
+  // It gave up at the next tensor: at most the read in flight finished and one more began
+  // (the loader checks between tensors), not the rest of the checkpoint.
+  CHECK(at_exit - at_signal <= 1);
+  CHECK(at_exit + 3 < tensors);
+  const std::string log = slurp(logfile);
+  INFO("sparkd's log:\n" << log);
+  CHECK(log.find("signal SIGTERM received") != std::string::npos);
+  CHECK(log.find("loading stopped: sparkd is shutting down") != std::string::npos);
+  CHECK(log.find("]: stopped") != std::string::npos);
+  // Nothing left behind: no pidfile, the port closed, the model untouched.
+  CHECK_FALSE(std::filesystem::exists(pidfile));
+  HttpCall c;
+  c.port = static_cast<uint16_t>(port);
+  c.target = "/health";
+  c.timeout = 1000ms;
+  CHECK_FALSE(http_call(c).ok());
+  CHECK(files_of(dir / "model") == model_before);
 }
