@@ -48,7 +48,7 @@ declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench
   [spark-engine]=daemon/engine/spark-engine)
 DEFAULT_TARGETS="sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
-EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so tests/libfault_inject_libnvidia_ml.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
@@ -74,7 +74,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl
+    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl fault_inject_libnvidia_ml
     build="$src/$build"
   fi
 

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <filesystem>
+
 #include "env/nvml.h"
 #include "env/preflight.h"
 
@@ -14,7 +16,15 @@ using namespace spark;
 using namespace spark::env;
 
 namespace {
-const std::string kLib = SPARK_BINARY_DIR "/tests/libfault_inject_libnvidia_ml.so";
+// Where CMake built it, else next to this test binary (the staged copy on the GPU machine).
+std::string fault_lib() {
+  std::string built = SPARK_BINARY_DIR "/tests/libfault_inject_libnvidia_ml.so";
+  if (std::filesystem::exists(built)) return built;
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
+          "libfault_inject_libnvidia_ml.so")
+      .string();
+}
+const std::string kLib = fault_lib();
 
 // The fake's answers are chosen per call: FAULT_NVML_MODE.
 struct Mode {
