@@ -27,6 +27,8 @@
 #include "core/strings.h"
 #include "env/capture.h"
 #include "env/facts.h"
+#include "env/gpu_throttle.h"
+#include "env/nvml.h"
 #include "env/preflight.h"
 #include "env/rdma.h"
 #include "env/sysroot.h"
@@ -192,13 +194,15 @@ json versions_here(const RingConfig& cfg, const std::vector<std::string>& secret
     bios[f] = first_line(std::string("/sys/class/dmi/id/") + f);
   v["bios"] = bios;
   v["engine"] = engine_versions(cfg, secrets);
+  v["nvml"] = env::to_json(env::read_nvml());  // clocks, power, throttle reasons now
   return v;
 }
 
 Result<std::string> capture_archive(const RingConfig& cfg, int node) {
   ScratchDir tmp;
   if (tmp.path.empty()) return make_error(Errc::io, "mkdtemp /tmp failed");
-  auto sum = env::capture_node_tree(&cfg, node, "/", tmp.path + "/tree");
+  // No load: the ring may be serving on these GPUs.
+  auto sum = env::capture_node_tree(&cfg, node, "/", tmp.path + "/tree", false);
   if (!sum) return sum.error();
   auto r = run_process(
       spec({"tar", "-czSf", tmp.path + "/capture.tar.gz", "-C", tmp.path + "/tree", "."},
@@ -258,8 +262,14 @@ json collect_node_bundle(const RingConfig& cfg, int node, const BundleOptions& o
            {"boot_id", first_line("/proc/sys/kernel/random/boot_id")},
            {"collected_ms", env::now_ms()}};
   doc["versions"] = versions_here(cfg, secrets);
+  // gpu.throttle without its load (the GPUs may be serving): NVML's view as they run now.
   env::CheckFilter all;
+  all.skip = {"gpu.throttle"};
   auto rep = env::run_node_checks(cfg, node, env::Sysroot("/"), all, false);
+  env::ThrottleOptions quiet;
+  quiet.gpus = n.gpus;
+  for (auto& row : env::throttle_checks(n.name, env::measure_gpu_throttle(quiet)))
+    rep.checks.push_back(std::move(row));
   doc["preflight"] = env::report_to_json(rep);
   doc["identity"] = rep.identity;
   auto dirs = node_dirs(cfg);

@@ -18,14 +18,15 @@ namespace spark::env {
 namespace fs = std::filesystem;
 
 Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
-                                         const std::string& live_root, const std::string& out_dir) {
+                                         const std::string& live_root, const std::string& out_dir,
+                                         bool gpu_load) {
   Sysroot root(live_root);
   root.record(true);
   FactsRequest req;
   if (cfg) {
     const auto& n = cfg->nodes.at(static_cast<size_t>(node_index));
     req.gpus = n.gpus;
-    req.gpu_load = true;
+    req.gpu_load = gpu_load;
     req.sparkd_bin = cfg->get("SPARKD_BIN");
     if (req.sparkd_bin.empty() && root.live()) {
       std::error_code ec;
@@ -33,6 +34,7 @@ Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
       if (!ec) req.sparkd_bin = locate_sparkd(self.string());
     }
     CheckFilter all;
+    if (!gpu_load) all.skip = {"gpu.throttle"};
     (void)run_node_checks(*cfg, node_index, root, all, false);
     req.model_path = n.model_path;
     if (n.index == 0) {

@@ -109,7 +109,7 @@ json measure_gpu_throttle(const ThrottleOptions& opt) {
       else
         e["load"] = std::string(trim(r->out)).substr(0, 300);
     } else {
-      e["load_error"] = "no load command";
+      e["load_error"] = "not loaded here: NVML's view as the GPU runs now";
     }
     out.push_back(e);
   }
