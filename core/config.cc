@@ -36,6 +36,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"API_BIND", KeyType::ipv4, "127.0.0.1", nullptr, "Address rank 0 serves HTTP on; anything but loopback needs API_KEY_FILE."},
       {"API_PORT", KeyType::port, "8000", nullptr, "HTTP port of the OpenAI-compatible API on rank 0."},
       {"API_KEY_FILE", KeyType::path, nullptr, nullptr, "File holding the API key on one line (mode 0600)."},
+      {"METRICS_AUTH", KeyType::choice, "api_key", "api_key|none", "Whether GET /metrics needs the API key when API_KEY_FILE is set: api_key (like every other path) or none (open, as vLLM leaves it)."},
       {"API_MAX_CONNECTIONS", KeyType::integer, "512", nullptr, "Open HTTP connections rank 0 accepts in all (0 = no limit); one more is answered 503."},
       {"API_MAX_CONNECTIONS_PER_PEER", KeyType::integer, "128", nullptr, "Open HTTP connections rank 0 accepts from one client address (0 = no limit)."},
       {"RDZV_PORT", KeyType::port, "29551", nullptr, "Rendezvous TCP store port on rank 0's fabric address."},

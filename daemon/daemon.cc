@@ -201,8 +201,12 @@ Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Backend> engi
     if (p.rank == I.opts.rank) I.place = p;
   I.node = node_name(I.cfg, I.opts.rank);
   I.engine = engine ? std::move(engine) : make_backend(I.cfg, I.opts.rank);
-  I.metrics = std::make_unique<Metrics>(I.cfg.get("MODEL"));
-  I.memguard = std::make_unique<MemoryGuard>(mem_guard_config(I.cfg), I.metrics.get());
+  I.metrics =
+      std::make_unique<Metrics>(I.cfg.get("MODEL"), static_cast<int>(I.cfg.get_int("CONTEXT_LEN")));
+  I.metrics->export_vllm(I.cfg.get("ENGINE") != "exec");
+  MemGuardConfig mg = mem_guard_config(I.cfg);
+  mg.root = I.opts.proc_root;
+  I.memguard = std::make_unique<MemoryGuard>(mg, I.metrics.get());
 }
 
 Daemon::~Daemon() {
@@ -261,6 +265,9 @@ Status Daemon::start() {
     so.max_connections_per_peer =
         static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS_PER_PEER")));
     so.public_paths = {"/health"};
+    // vLLM leaves /metrics open; here that is the operator's choice (the default asks for
+    // the key like every other path, so a key protects everything it is set for).
+    if (I.cfg.get("METRICS_AUTH") == "none") so.public_paths.insert("/metrics");
     so.not_ready = [this]() -> std::string {
       State st = impl_->health.state();
       if (st == State::ready) return {};
@@ -330,8 +337,20 @@ void Daemon::Impl::add_routes() {
     m.set("sparkd_slots_configured", s.slots_total);
     m.set("sparkd_slots_busy", s.slots_busy);
     BackendStatus es = engine->status();
-    m.set("sparkd_requests_running", s.requests_in_flight);
+    // vLLM's running/waiting are the scheduler's: sequences in the batch, requests queued
+    // for it. HTTP requests in flight (held by the memory guard too) are our own series.
+    m.set("sparkd_requests_running", es.slots_busy);
     m.set("sparkd_requests_waiting", es.requests_waiting);
+    m.set("sparkd_http_requests_in_flight", s.requests_in_flight);
+    // Every rank's node, from rank 0: one scrape target sees the whole ring.
+    m.clear("sparkd_rank_heartbeat_age_seconds");
+    for (const auto& r : s.ranks) {
+      const Labels l = {{"rank", std::to_string(r.rank)}, {"node", r.node}};
+      m.set("sparkd_rank_alive", r.alive ? 1 : 0, l);
+      m.set("sparkd_rank_mem_available_bytes", static_cast<double>(r.mem_available), l);
+      if (r.rank != 0 && r.last_seen_s >= 0)
+        m.set("sparkd_rank_heartbeat_age_seconds", r.last_seen_s, l);
+    }
     for (const auto& [code, n] : http->responses_by_status())
       m.set("sparkd_http_requests_total", static_cast<double>(n), {{"code", std::to_string(code)}});
     Response r;
@@ -624,7 +643,8 @@ void Daemon::Impl::run_heartbeats() {
                               {"pid", static_cast<int>(::getpid())},
                               {"slots_total", es.slots_total},
                               {"slots_busy", es.slots_busy},
-                              {"device", es.device}};
+                              {"device", es.device},
+                              {"mem_available", memguard->available()}};
         auto r = hb.call(req, timing.heartbeat_timeout);
         if (!r.ok()) {
           st = r.error();
@@ -669,6 +689,7 @@ HealthSnapshot Daemon::snapshot() const {
   s.slots_total = es.slots_total;
   s.slots_busy = es.slots_busy;
   s.fabric = es.fabric;
+  s.fabric_ranks = es.fabric_ranks;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;
   s.engine = I.engine->name();
   s.device = es.device;
@@ -693,6 +714,7 @@ HealthSnapshot Daemon::snapshot() const {
   self.last_seen_s = 0;
   self.pid = s.pid;
   self.device = es.device;
+  self.mem_available = I.memguard->available();
   if (I.rdzv_server) {
     s.ranks = I.rdzv_server->ranks();
     if (!s.ranks.empty()) s.ranks[0] = self;

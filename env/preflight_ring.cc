@@ -57,6 +57,8 @@ const std::vector<CheckInfo>& check_catalog() {
        false},
       {"sw.known_bad", "kernel, driver, NCCL, firmware against the known-bad list (kho=off)",
        false},
+      {"sw.sparkd", "the sparkd start runs here is found, starts, and is this sparkctl's version",
+       false},
       {"sw.parity", "sparkctl, NCCL, driver, config and manifest identical on every node", true},
       {"port.free", "API and rendezvous ports can be bound", false},
       {"model.files", "config.json, index and every shard present, sizes as the manifest", false},

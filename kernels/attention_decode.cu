@@ -1,4 +1,5 @@
-// Decode attention over the paged KV cache. Grid: (partition of kDecodePartition context
+// Decode attention over the paged KV cache, the partitioned kernel (kept for comparison with
+// attention_decode_split.cu in the kernel benchmark). Grid: (partition of kDecodePartition context
 // positions, KV head x group chunk, sequence). One block serves every query head of its KV
 // head's group (GQA), so each K and V row is read from memory once per step:
 //   1. q of the group's heads (pre-scaled) into shared memory;
@@ -295,8 +296,10 @@ Status launch_decode(const DecodeParams& P, dim3 grid, cudaStream_t st) {
 
 }  // namespace
 
-Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
-  SPARK_TRY(attention_check_args(b, true));
+Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void* stream) {
+  SPARK_TRY(attention_check_args(b, true,
+                                 attention_decode_partitioned_workspace_bytes(
+                                     b.n_seqs, b.n_heads, b.kv.head_dim, b.max_seq_len)));
   if (b.n_seqs == 0) return Status::Ok();
   if (b.n_seqs > 65535)
     return make_error(Errc::usage, "attention_decode: more than 65535 sequences in one batch");

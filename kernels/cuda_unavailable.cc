@@ -139,11 +139,21 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void*) {
   SPARK_TRY(attention_check_args(b, true));
   return no_cuda("attention_decode_cuda_device");
 }
+Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void*) {
+  SPARK_TRY(attention_check_args(b, true,
+                                 attention_decode_partitioned_workspace_bytes(
+                                     b.n_seqs, b.n_heads, b.kv.head_dim, b.max_seq_len)));
+  return no_cuda("attention_decode_partitioned_cuda_device");
+}
 Status sample_cuda_device(const SampleBatch&, void*) {
   return no_cuda("sample_cuda_device");
 }
 Status sample_state_reset_cuda_device(uint8_t*, int32_t*, int, const int32_t*, size_t, void*) {
   return no_cuda("sample_state_reset_cuda_device");
+}
+Status sample_state_build_cuda_device(uint8_t*, int32_t*, int, int, const int32_t*, const int32_t*,
+                                      const int32_t*, void*) {
+  return no_cuda("sample_state_build_cuda_device");
 }
 Status argmax_cuda_device(DType, const void*, size_t, size_t, int32_t*, void*) {
   return no_cuda("argmax_cuda_device");
@@ -151,6 +161,10 @@ Status argmax_cuda_device(DType, const void*, size_t, size_t, int32_t*, void*) {
 Status matmul_own_cuda_device(const MatmulArgs& a, void*) {
   SPARK_TRY(matmul_check_args(a));
   return no_cuda("matmul_own_cuda_device");
+}
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void*) {
+  for (int i = 0; i < n_parts; ++i) SPARK_TRY(matmul_check_args(parts[i]));
+  return no_cuda("matmul_own_group_cuda_device");
 }
 
 struct Matmul::Impl {

@@ -36,17 +36,32 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// NT n-tiles of 8 rows of A (m <= 8 * NT); W warps split k (more where few blocks run).
+// The products of one launch: block b of the grid computes rows of part[i] where
+// first_block[i] <= b < first_block[i + 1].
+struct OwnGroup {
+  MatmulArgs part[kMatmulMaxGroup];
+  unsigned first_block[kMatmulMaxGroup + 1];
+  int n;
+};
+
+// Output rows (of W, i.e. columns of out) per block: 16, or 8 gate/up pairs with swiglu.
+__host__ __device__ constexpr size_t own_rows_per_block(bool swiglu) {
+  return swiglu ? 8 : 16;
+}
+
+// One block's work for product p: NT n-tiles of 8 rows of A (m <= 8 * NT); W warps split k.
+// The mma's A operand rows g and g + 8 are W rows w0 and w1: 16 consecutive rows, or with
+// swiglu gate row i and up row n + i, so one lane ends with both products of an output.
 template <int NT, int kOwnWarps>
-__global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(MatmulArgs p) {
-  __shared__ float red[kOwnWarps][32][NT * 4];
+__device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
+                                          float (*red)[32][NT * 4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const size_t n0 = static_cast<size_t>(blockIdx.x) * 16;
   const dev::bf16* W = static_cast<const dev::bf16*>(p.w);
   const dev::bf16* A = static_cast<const dev::bf16*>(p.a);
-  const size_t rw0 = n0 + g, rw1 = n0 + g + 8;
-  const bool w0ok = rw0 < p.n, w1ok = rw1 < p.n;
+  const size_t n0 = blk * own_rows_per_block(p.swiglu);
+  const size_t rw0 = n0 + g, rw1 = p.swiglu ? p.n + n0 + g : n0 + g + 8;
+  const bool w0ok = rw0 < p.n, w1ok = p.swiglu ? w0ok : rw1 < p.n;
   const dev::bf16* w0 = W + (w0ok ? rw0 : 0) * p.ldw;
   const dev::bf16* w1 = W + (w1ok ? rw1 : 0) * p.ldw;
   const dev::bf16* ar[NT];
@@ -98,6 +113,8 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(MatmulArgs p) {
   __syncthreads();
   if (warp != 0) return;
   const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
+  const bool bf16_out = p.out_dtype == DType::bf16;
+  float sum[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -105,13 +122,45 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(MatmulArgs p) {
       float s = 0.f;
 #pragma unroll
       for (int w = 0; w < kOwnWarps; ++w) s += red[w][lane][t * 4 + e];
+      sum[t][e] = s;
+    }
+  if (p.swiglu) {
+    // c0, c1: gate of output n0 + g for A rows 2c, 2c + 1; c2, c3: the matching up.
+    const size_t n = n0 + g;
+    if (n >= p.n) return;
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const size_t m = static_cast<size_t>(t) * 8 + 2 * c + e;
+        if (m >= p.m) continue;
+        float gt = sum[t][e], up = sum[t][e + 2];
+        if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
+        if (bf16_out) {  // the [gate | up] buffer's rounding
+          gt = __bfloat162float(__float2bfloat16_rn(gt));
+          up = __bfloat162float(__float2bfloat16_rn(up));
+        }
+        const float y = gt / (1.f + expf(-gt)) * up;
+        const size_t off = m * p.ldo + n;
+        if (bf16_out)
+          static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
+        else
+          static_cast<float*>(p.out)[off] = y;
+      }
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float s = sum[t][e];
       // c0,c1: W row g, A rows 2c, 2c+1; c2,c3: W row g+8.
       const size_t n = n0 + g + (e >= 2 ? 8 : 0);
       const size_t m = static_cast<size_t>(t) * 8 + 2 * c + (e & 1);
       if (n >= p.n || m >= p.m) continue;
       if (bias) s += __bfloat162float(bias[n]);
       const size_t off = m * p.ldo + n;
-      if (p.out_dtype == DType::bf16) {
+      if (bf16_out) {
         dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
         if (p.accumulate) s += __bfloat162float(*o);
         *o = __float2bfloat16_rn(s);
@@ -121,6 +170,19 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(MatmulArgs p) {
         *o = s;
       }
     }
+}
+
+// Each part is called with a constant index, so its arguments stay in parameter space.
+template <int NT, int kOwnWarps>
+__global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(OwnGroup G) {
+  __shared__ float red[kOwnWarps][32][NT * 4];
+  const unsigned b = blockIdx.x;
+  if (G.n > 2 && b >= G.first_block[2])
+    own_block<NT, kOwnWarps>(G.part[2], b - G.first_block[2], red);
+  else if (G.n > 1 && b >= G.first_block[1])
+    own_block<NT, kOwnWarps>(G.part[1], b - G.first_block[1], red);
+  else
+    own_block<NT, kOwnWarps>(G.part[0], b, red);
 }
 
 // out[m][n] += bias[n] (bf16) for fp32 outputs, whose cuBLASLt bias must be fp32.
@@ -144,21 +206,37 @@ uint32_t alignment_of(const void* p) {
 
 }  // namespace
 
-Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
-  SPARK_TRY(matmul_check_args(a));
-  if (a.m == 0) return Status::Ok();
-  if (a.m > kMatmulOwnMaxRows)
-    return make_error(Errc::usage, "matmul (own kernel): m " + std::to_string(a.m) + " is over " +
-                                       std::to_string(kMatmulOwnMaxRows) + " rows; use cuBLASLt");
-  if (a.k % 8 != 0 || a.lda % 8 != 0 || a.ldw % 8 != 0 || !aligned16(a.a) || !aligned16(a.w))
-    return make_error(
-        Errc::usage,
-        "matmul (own kernel): needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
-  const size_t blocks = (a.n + 15) / 16;
-  if (blocks > 0x7fffffffu) return make_error(Errc::usage, "matmul (own kernel): n too large");
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream) {
+  if (n_parts < 1 || n_parts > kMatmulMaxGroup)
+    return make_error(Errc::usage, "matmul (own kernel): a group of " + std::to_string(n_parts) +
+                                       " products; 1 to " + std::to_string(kMatmulMaxGroup));
+  if (parts[0].m == 0) return matmul_check_args(parts[0]);
+  OwnGroup G{};
+  G.n = n_parts;
+  size_t blocks = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    const MatmulArgs& a = parts[i];
+    SPARK_TRY(matmul_check_args(a));
+    if (a.m != parts[0].m)
+      return make_error(Errc::usage, "matmul (own kernel): the products of a group differ in m");
+    if (a.m > kMatmulOwnMaxRows)
+      return make_error(Errc::usage, "matmul (own kernel): m " + std::to_string(a.m) + " is over " +
+                                         std::to_string(kMatmulOwnMaxRows) + " rows; use cuBLASLt");
+    if (a.accumulate && a.swiglu)
+      return make_error(Errc::usage, "matmul (own kernel): swiglu with accumulate");
+    if (a.k % 8 != 0 || a.lda % 8 != 0 || a.ldw % 8 != 0 || !aligned16(a.a) || !aligned16(a.w))
+      return make_error(
+          Errc::usage,
+          "matmul (own kernel): needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
+    G.part[i] = a;
+    G.first_block[i] = static_cast<unsigned>(blocks);
+    blocks += (a.n + own_rows_per_block(a.swiglu) - 1) / own_rows_per_block(a.swiglu);
+    if (blocks > 0x7fffffffu) return make_error(Errc::usage, "matmul (own kernel): n too large");
+  }
+  G.first_block[n_parts] = static_cast<unsigned>(blocks);
   auto st = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(blocks));
-  const size_t nt = (a.m + 7) / 8;
+  const size_t nt = (parts[0].m + 7) / 8;
   // Few row blocks (small n) fill the GPU only with more warps per block splitting k.
   auto lim = cuda_device_limits(-1);
   SPARK_TRY(lim.status());
@@ -166,9 +244,9 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
   auto go = [&](auto nt_c) {
     constexpr int NT = decltype(nt_c)::value;
     if (wide)
-      own_kernel<NT, 16><<<grid, 16 * 32, 0, st>>>(a);
+      own_kernel<NT, 16><<<grid, 16 * 32, 0, st>>>(G);
     else
-      own_kernel<NT, 8><<<grid, 8 * 32, 0, st>>>(a);
+      own_kernel<NT, 8><<<grid, 8 * 32, 0, st>>>(G);
   };
   if (nt == 1)
     go(std::integral_constant<int, 1>{});
@@ -180,6 +258,10 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
     go(std::integral_constant<int, 4>{});
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
+}
+
+Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
+  return matmul_own_group_cuda_device(&a, 1, stream);
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------
@@ -302,6 +384,7 @@ MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
 Status Matmul::run(const MatmulArgs& a, void* stream) {
   SPARK_TRY(matmul_check_args(a));
   if (a.m == 0) return Status::Ok();
+  if (a.swiglu) return matmul_own_cuda_device(a, stream);  // cuBLASLt has no such epilogue
   MatmulBackend be = a.backend == MatmulBackend::automatic ? choose(a.m, a.n, a.k) : a.backend;
   if (be == MatmulBackend::own && a.m <= kMatmulOwnMaxRows && a.k % 8 == 0 && a.lda % 8 == 0 &&
       a.ldw % 8 == 0 && aligned16(a.a) && aligned16(a.w))

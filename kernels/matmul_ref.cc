@@ -33,10 +33,15 @@ Status matmul_check_args(const MatmulArgs& a) {
   if (a.m == 0) return Status::Ok();
   if (!a.a || !a.w || !a.out)
     return bad(fmt::format("null {} pointer", !a.a ? "a" : !a.w ? "w" : "out"));
+  if (a.swiglu && a.accumulate) return bad("swiglu with accumulate is not supported");
   if (a.lda < a.k || a.ldw < a.k || a.ldo < a.n)
     return bad(fmt::format("strides lda {} ldw {} (>= k {}) and ldo {} (>= n {}) too small", a.lda,
                            a.ldw, a.k, a.ldo, a.n));
   return Status::Ok();
+}
+
+bool matmul_group_prefers_own(size_t m, size_t total_nk) {
+  return m >= 1 && m <= 8 && total_nk <= (size_t{32} << 20);
 }
 
 }  // namespace spark::kernels

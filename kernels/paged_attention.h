@@ -87,33 +87,118 @@ struct AttentionBatch {
   int window = 0;             // sliding window (Mistral), 0 = off
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
+  // Split-K decode, for the kernel benchmark: 0 = the engine's kernel; 1 = fewer rows per
+  // batch (4) under a register cap for 3 blocks per multiprocessor (more warps in flight,
+  // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
+  int decode_variant = 0;
 };
 
 /// Checks an AttentionBatch against its contract and the kernels' limits (head_dim a
-/// multiple of 8 and <= 256, GQA divisibility, non-null pointers, workspace size).
+/// multiple of 8 and <= 256, GQA divisibility, non-null pointers; for decode, a workspace
+/// of attention_decode_workspace_bytes).
 Status attention_check_args(const AttentionBatch& b, bool decode);
+/// The same, with the decode workspace checked against `decode_workspace_need` bytes.
+Status attention_check_args(const AttentionBatch& b, bool decode, size_t decode_workspace_need);
 
 /// Prefill attention (flash-attention style: tiles of queries against tiles of keys with an
 /// online softmax in fp32, causal, GQA), reading K/V, a cached prefix included, from the
 /// paged cache. Any q_len per sequence, contexts up to the pool's size.
 Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream);
 
-/// Context positions one decode block covers; longer contexts are split into partitions.
+// ---- decode: split-K ("flash-decoding") over the paged cache --------------------------
+// The grid has `cap` split slots per (sequence, KV head); how many a sequence uses is
+// decided on the device from its own context length, so a graph captured with a large
+// context bound does work in proportion to the real contexts, not to the bound. Each used
+// split streams its chunk of positions once (K and V rows loaded together, online softmax
+// in fp32), and the last split of a (sequence, KV head) to finish merges the partials
+// (log-sum-exp) in the same launch.
+
+#if defined(__CUDACC__)
+#define SPARK_ATTN_HD __host__ __device__ __forceinline__
+#else
+#define SPARK_ATTN_HD inline
+#endif
+
+/// Positions of one split are a multiple of this (one pass of every lane of a block).
+inline constexpr int kDecodeMinChunk = 64;
+/// Most split slots per (sequence, KV head): bounds the merge's work and the workspace.
+inline constexpr int kDecodeMaxSplits = 64;
+/// Blocks the split slots of a launch aim at (a few per multiprocessor on an H200 or GB10).
+inline constexpr int kDecodeTargetBlocks = 512;
+
+/// Split slots per (sequence, KV-head block) for a launch of `n_seqs` sequences, `kv_blocks`
+/// KV-head blocks each and contexts up to `max_seq_len`: enough for kDecodeTargetBlocks
+/// blocks, at most kDecodeMaxSplits, and no more than the bound can use.
+SPARK_ATTN_HD int attention_decode_split_cap(int n_seqs, int kv_blocks, int max_seq_len) {
+  if (n_seqs <= 0 || kv_blocks <= 0 || max_seq_len <= 0) return 1;
+  const long long per = static_cast<long long>(n_seqs) * kv_blocks;
+  long long cap = (kDecodeTargetBlocks + per - 1) / per;
+  const long long useful = (max_seq_len + kDecodeMinChunk - 1) / kDecodeMinChunk;
+  if (cap > useful) cap = useful;
+  if (cap > kDecodeMaxSplits) cap = kDecodeMaxSplits;
+  return cap < 1 ? 1 : static_cast<int>(cap);
+}
+
+/// How one sequence's attended range [first, ctx) is split: `used` splits of `chunk`
+/// positions (the last may be shorter); split s covers [first + s*chunk, first + (s+1)*chunk).
+struct DecodeSplitPlan {
+  int first = 0;  // first attended position (sliding window), 0 without a window
+  int chunk = 0;  // positions per split, a multiple of kDecodeMinChunk
+  int used = 0;   // splits that hold at least one position, <= cap (0 when ctx <= 0)
+};
+
+/// The split of a query at position ctx - 1 (window 0 = unlimited) over `cap` slots.
+SPARK_ATTN_HD DecodeSplitPlan attention_decode_plan(int ctx, int window, int cap) {
+  DecodeSplitPlan p;
+  if (ctx <= 0 || cap <= 0) return p;
+  const int pos = ctx - 1;
+  p.first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+  const int len = ctx - p.first;
+  int chunk = (len + cap - 1) / cap;
+  chunk = (chunk + kDecodeMinChunk - 1) / kDecodeMinChunk * kDecodeMinChunk;
+  p.chunk = chunk;
+  p.used = (len + chunk - 1) / chunk;
+  return p;
+}
+
+/// Bytes of workspace attention_decode_cuda_device needs for these bounds (any number of
+/// KV heads): per-(sequence, head) completion counters, then the splits' partials. The
+/// counters must be zero before the first launch (cudaMemset the workspace once after
+/// allocating it); every launch leaves them zero again.
+size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, int max_seq_len);
+
+/// Decode attention: one query per sequence (query_start may be null, meaning 0..n_seqs),
+/// over the paged cache, split-K as above, one launch. Cost follows each sequence's real
+/// context; max_seq_len only bounds the split slots.
+Status attention_decode_cuda_device(const AttentionBatch& b, void* stream);
+
+/// CPU twin of the split-K decode of one query (position ctx - 1) for every head: each
+/// split's softmax and weighted sum in fp32 over its chunk, merged by log-sum-exp as the
+/// kernel does. q and out are [n_heads][head_dim].
+void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_table, int ctx,
+                                int n_heads, const float* q, float* out, float scale, int window,
+                                int cap);
+
+// ---- decode: the previous kernel (fixed partitions and a second merge launch) ----------
+// Kept for comparison in the kernel benchmark: its grid, and so its cost, follows the
+// context bound max_seq_len.
+
+/// Context positions one block of the partitioned kernel covers.
 inline constexpr int kDecodePartition = 128;
 
-/// Partitions attention_decode_cuda_device splits a context of max_seq_len into.
+/// Partitions attention_decode_partitioned_cuda_device splits a context of max_seq_len into.
 inline size_t attention_decode_splits(int max_seq_len) {
   return max_seq_len <= 0
              ? 0
              : static_cast<size_t>((max_seq_len + kDecodePartition - 1) / kDecodePartition);
 }
 
-/// Bytes of workspace attention_decode_cuda_device needs for these bounds.
-size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, int max_seq_len);
+/// Bytes of workspace attention_decode_partitioned_cuda_device needs for these bounds.
+size_t attention_decode_partitioned_workspace_bytes(int n_seqs, int n_heads, int head_dim,
+                                                    int max_seq_len);
 
-/// Decode attention: one query per sequence (query_start may be null, meaning 0..n_seqs),
-/// over the paged cache; long contexts are split into partitions processed in parallel,
-/// then reduced (log-sum-exp merge) into out.
-Status attention_decode_cuda_device(const AttentionBatch& b, void* stream);
+/// Decode attention with one block per kDecodePartition positions of the bound and a
+/// second kernel that merges the partitions.
+Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void* stream);
 
 }  // namespace spark::kernels

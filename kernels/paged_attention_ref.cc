@@ -88,7 +88,8 @@ void paged_kv_write_slots_ref(const PagedKVLayer& kv, const int32_t* slots, size
   }
 }
 
-size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, int max_seq_len) {
+size_t attention_decode_partitioned_workspace_bytes(int n_seqs, int n_heads, int head_dim,
+                                                    int max_seq_len) {
   const size_t splits = attention_decode_splits(max_seq_len);
   if (splits <= 1 || n_seqs <= 0) return 0;
   // Per (sequence, head, split): the partial output (head_dim floats), its max and its sum.
@@ -96,7 +97,77 @@ size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, i
          (static_cast<size_t>(head_dim) + 2) * sizeof(float);
 }
 
+size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, int max_seq_len) {
+  if (n_seqs <= 0 || n_heads <= 0) return 0;
+  // One KV-head block per sequence gives the most split slots (any KV head count has fewer).
+  const size_t cap = static_cast<size_t>(attention_decode_split_cap(n_seqs, 1, max_seq_len));
+  const size_t pairs = static_cast<size_t>(n_seqs) * static_cast<size_t>(n_heads);
+  const size_t counters = (pairs + 63) / 64 * 64 * sizeof(int32_t);
+  return counters + pairs * cap * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+
+void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_table, int ctx,
+                                int n_heads, const float* q, float* out, float scale, int window,
+                                int cap) {
+  const int hd = kv.head_dim;
+  const int group = n_heads / kv.n_kv_heads;
+  const size_t HD = static_cast<size_t>(hd);
+  const DecodeSplitPlan plan = attention_decode_plan(ctx, window, cap);
+  if (plan.used == 0) {
+    std::fill(out, out + static_cast<size_t>(n_heads) * HD, 0.f);
+    return;
+  }
+  // Scores in the log2 domain (q pre-scaled by log2 e), as the kernel keeps them.
+  const float qscale = scale * 1.4426950408889634f;
+  std::vector<float> m(static_cast<size_t>(plan.used)), l(m.size()), o(m.size() * HD), s;
+  for (int h = 0; h < n_heads; ++h) {
+    const int kvh = h / group;
+    const float* qv = q + static_cast<size_t>(h) * HD;
+    for (int sp = 0; sp < plan.used; ++sp) {
+      const int lo = plan.first + sp * plan.chunk, hi = std::min(ctx, lo + plan.chunk);
+      s.assign(static_cast<size_t>(hi - lo), 0.f);
+      float mx = -INFINITY;
+      for (int p = lo; p < hi; ++p) {
+        const float* kr = kv.k + slot_offset(kv, block_table, p, kvh);
+        float dot = 0;
+        for (int i = 0; i < hd; ++i) dot += qv[i] * qscale * kr[i];
+        s[static_cast<size_t>(p - lo)] = dot;
+        mx = std::max(mx, dot);
+      }
+      float sum = 0;
+      float* os = o.data() + static_cast<size_t>(sp) * HD;
+      std::fill(os, os + HD, 0.f);
+      for (int p = lo; p < hi; ++p) {
+        const float e = std::exp2(s[static_cast<size_t>(p - lo)] - mx);
+        sum += e;
+        const float* vr = kv.v + slot_offset(kv, block_table, p, kvh);
+        for (int i = 0; i < hd; ++i) os[i] += e * vr[i];
+      }
+      m[static_cast<size_t>(sp)] = mx, l[static_cast<size_t>(sp)] = sum;
+    }
+    const float M = *std::max_element(m.begin(), m.end());
+    float L = 0;
+    for (int sp = 0; sp < plan.used; ++sp)
+      L += l[static_cast<size_t>(sp)] * std::exp2(m[static_cast<size_t>(sp)] - M);
+    float* oh = out + static_cast<size_t>(h) * HD;
+    for (int i = 0; i < hd; ++i) {
+      float acc = 0;
+      for (int sp = 0; sp < plan.used; ++sp)
+        acc += o[static_cast<size_t>(sp) * HD + static_cast<size_t>(i)] *
+               (std::exp2(m[static_cast<size_t>(sp)] - M) / L);
+      oh[i] = acc;
+    }
+  }
+}
+
 Status attention_check_args(const AttentionBatch& b, bool decode) {
+  return attention_check_args(
+      b, decode,
+      decode ? attention_decode_workspace_bytes(b.n_seqs, b.n_heads, b.kv.head_dim, b.max_seq_len)
+             : 0);
+}
+
+Status attention_check_args(const AttentionBatch& b, bool decode, size_t decode_workspace_need) {
   auto bad = [&](std::string m) {
     return make_error(Errc::usage,
                       fmt::format("attention_{}: {}", decode ? "decode" : "prefill", m));
@@ -128,12 +199,11 @@ Status attention_check_args(const AttentionBatch& b, bool decode) {
     return bad(fmt::format("scale {} must be finite and > 0", b.scale));
   if (b.window < 0) return bad(fmt::format("window {} must be >= 0", b.window));
   if (decode) {
-    const size_t need =
-        attention_decode_workspace_bytes(b.n_seqs, b.n_heads, kv.head_dim, b.max_seq_len);
+    const size_t need = decode_workspace_need;
     if (need > 0 && (!b.workspace || b.workspace_bytes < need))
       return bad(
           fmt::format("workspace of {} bytes is less than the {} bytes needed "
-                      "(attention_decode_workspace_bytes)",
+                      "for these bounds",
                       b.workspace ? b.workspace_bytes : 0, need));
   }
   return Status::Ok();

@@ -172,6 +172,48 @@ __global__ void add_rmsnorm_kernel(T* __restrict__ hidden, const T* __restrict__
   }
 }
 
+// The same for rows of at most kHeld * blockDim.x elements, with the row held in registers
+// between the passes (and the weights loaded in the first), so the second pass reads no
+// memory: one round trip less per row, which is most of the time of a decode row. The
+// arithmetic is the kernel's above, element for element, so the results are identical.
+constexpr int kHeld = 16;
+template <typename T>
+__global__ void add_rmsnorm_held_kernel(T* __restrict__ hidden, const T* __restrict__ delta,
+                                        const T* __restrict__ w, T* __restrict__ out, size_t rows,
+                                        size_t dim, float eps) {
+  __shared__ float scratch[33];
+  for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    T* h = hidden + row * dim;
+    const T* d = delta ? delta + row * dim : nullptr;
+    float hv[kHeld], wv[kHeld];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const size_t i = threadIdx.x + static_cast<size_t>(k) * blockDim.x;
+      hv[k] = wv[k] = 0.f;
+      if (i < dim) {
+        wv[k] = dev::to_f(w[i]);
+        if (d) {
+          const T v = dev::from_f<T>(dev::to_f(h[i]) + dev::to_f(d[i]));
+          h[i] = v;
+          hv[k] = dev::to_f(v);
+        } else {
+          hv[k] = dev::to_f(h[i]);
+        }
+        ss = fmaf(hv[k], hv[k], ss);
+      }
+    }
+    ss = dev::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+    T* o = out + row * dim;
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const size_t i = threadIdx.x + static_cast<size_t>(k) * blockDim.x;
+      if (i < dim) o[i] = dev::from_f<T>(hv[k] * inv * wv[k]);
+    }
+  }
+}
+
 // One warp per (token, head), in place.
 template <typename T>
 __global__ void head_rmsnorm_kernel(T* __restrict__ x, size_t token_stride, size_t n_tokens,
@@ -203,11 +245,19 @@ Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void* delta, const 
   if (out == hidden || (delta && out == delta))
     return make_error(Errc::usage, "add_rmsnorm: out must not alias hidden or delta");
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>(rows, 1u << 20));
-  SPARK_DISPATCH_DTYPE(dt, T,
-                       add_rmsnorm_kernel<T>
-                       <<<blocks, threads_for(dim), 0, static_cast<cudaStream_t>(stream)>>>(
-                           static_cast<T*>(hidden), static_cast<const T*>(delta),
-                           static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
+  const unsigned threads = threads_for(dim);
+  if (dim <= static_cast<size_t>(kHeld) * threads)
+    SPARK_DISPATCH_DTYPE(dt, T,
+                         add_rmsnorm_held_kernel<T>
+                         <<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+                             static_cast<T*>(hidden), static_cast<const T*>(delta),
+                             static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
+  else
+    SPARK_DISPATCH_DTYPE(dt, T,
+                         add_rmsnorm_kernel<T>
+                         <<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+                             static_cast<T*>(hidden), static_cast<const T*>(delta),
+                             static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -384,6 +384,41 @@ Status sample_state_reset_cuda_device(uint8_t* seen_row, int32_t* counts_row, in
   return Status::Ok();
 }
 
+namespace {
+// One block per row: mark the row's tokens seen and count its output tokens (the row was
+// zeroed before). Same-value byte stores need no atomics; the counts do.
+__global__ void state_build_kernel(uint8_t* seen, int32_t* counts, int vocab, const int32_t* tokens,
+                                   const int32_t* start, const int32_t* out_start) {
+  const int r = blockIdx.x;
+  const int b = start[r], e = start[r + 1], o = b + out_start[r];
+  const size_t row = static_cast<size_t>(r) * static_cast<size_t>(vocab);
+  for (int i = b + static_cast<int>(threadIdx.x); i < e; i += blockDim.x) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t >= vocab) continue;
+    seen[row + static_cast<size_t>(t)] = 1;
+    if (i >= o) atomicAdd(counts + row + static_cast<size_t>(t), 1);
+  }
+}
+}  // namespace
+
+Status sample_state_build_cuda_device(uint8_t* seen, int32_t* counts, int vocab, int rows,
+                                      const int32_t* tokens, const int32_t* start,
+                                      const int32_t* out_start, void* stream) {
+  if (vocab <= 0 || rows < 0)
+    return make_error(Errc::usage, "sample_state_build: vocab must be > 0 and rows >= 0");
+  if (rows == 0) return Status::Ok();
+  if (!seen || !counts || !start || !out_start)
+    return make_error(Errc::usage, "sample_state_build: null seen, counts, start or out_start");
+  auto st = static_cast<cudaStream_t>(stream);
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(vocab);
+  SPARK_CUDA_TRY(cudaMemsetAsync(seen, 0, n, st));
+  SPARK_CUDA_TRY(cudaMemsetAsync(counts, 0, n * sizeof(int32_t), st));
+  state_build_kernel<<<static_cast<unsigned>(rows), 256, 0, st>>>(seen, counts, vocab, tokens,
+                                                                  start, out_start);
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
 Status argmax_cuda_device(DType dt, const void* x, size_t rows, size_t dim, int32_t* out,
                           void* stream) {
   if (dim == 0 || dim > 0x7fffffff)

@@ -96,6 +96,20 @@ Status sample_cuda_device(const SampleBatch& b, void* stream);
 Status sample_state_reset_cuda_device(uint8_t* seen_row, int32_t* counts_row, int vocab,
                                       const int32_t* prompt, size_t n, void* stream);
 
+/// Penalty state of one row from its token list, as the host sampler keeps it: seen = 1 for
+/// every token of tokens[0 .. n) (prompt and output), counts = occurrences among the output
+/// part tokens[out_start .. n); the rest 0. Ids outside [0, vocab) are ignored.
+void sample_state_build_ref(uint8_t* seen, int32_t* counts, int vocab, const int32_t* tokens, int n,
+                            int out_start);
+
+/// sample_state_build_ref for `rows` rows on the device: seen and counts are [rows][vocab]
+/// (overwritten whole); row r's list is tokens[start[r] .. start[r + 1]) with its output
+/// from start[r] + out_start[r] on. tokens, start (rows + 1) and out_start (rows) are
+/// device arrays.
+Status sample_state_build_cuda_device(uint8_t* seen, int32_t* counts, int vocab, int rows,
+                                      const int32_t* tokens, const int32_t* start,
+                                      const int32_t* out_start, void* stream);
+
 /// Reference argmax per row: the lowest index of the largest value.
 void argmax_ref(const float* x, size_t rows, size_t dim, int32_t* out);
 

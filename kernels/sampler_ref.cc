@@ -40,6 +40,18 @@ void sample_state_update_ref(uint8_t* seen, int32_t* counts, int32_t token) {
   if (counts) ++counts[token];
 }
 
+void sample_state_build_ref(uint8_t* seen, int32_t* counts, int vocab, const int32_t* tokens, int n,
+                            int out_start) {
+  std::fill(seen, seen + vocab, uint8_t{0});
+  std::fill(counts, counts + vocab, 0);
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t >= vocab) continue;
+    seen[t] = 1;
+    if (i >= out_start) ++counts[t];
+  }
+}
+
 void argmax_ref(const float* x, size_t rows, size_t dim, int32_t* out) {
   for (size_t r = 0; r < rows; ++r) {
     const float* v = x + r * dim;

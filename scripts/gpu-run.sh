@@ -32,7 +32,9 @@
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`),
-# "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
+# "stage-bench", "nccl" (the hw NCCL tests), "tp-cuda" (tensor parallel on CUDA, TP=2/4
+# ranks sharing this GPU), "tp-bench" (the TP control plane's cost per step, CPU path),
+# "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
@@ -229,7 +231,7 @@ device() {
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*'
+    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*'
   [[ $want == *" kernel-bench "* ]] &&
     step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json"
   # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned
@@ -246,6 +248,18 @@ device() {
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
     step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
+  # Tensor parallel on CUDA with one GPU: TP=2 and TP=4 ranks share it, over Gloo staged
+  # through host memory (NCCL refuses two ranks on one device), against TP=1 on CUDA and the
+  # CPU reference: logits at every position in one process, greedy tokens and logprobs of
+  # the spark-engine binary as processes. The same recipe and device calls NCCL serves.
+  [[ $want == *" tp-cuda "* ]] &&
+    step tp-cuda 120 "$dev/bin/spark_hw_tests" -tc='hw tp-cuda*'
+  # What the TP control plane (step plan, heartbeats) costs a decode step, on the CPU path of
+  # this machine's quiet cores: the engine against the same steps in lock-step with no plan.
+  if [[ $want == *" tp-bench "* ]]; then
+    step tp-bench 120 "$dev/bin/spark-engine" tpbench --tokens 64 --rounds 3 --threads 1
+    grep '^{' "$out/tp-bench.log" | tail -n 1 > "$out/tp_bench.json" || true
+  fi
   # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
   [[ $want == *" nccl-ring "* ]] &&
     step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}

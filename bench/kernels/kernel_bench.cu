@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampler.h"
+#include "kernels/swiglu.h"
 
 using namespace spark::kernels;
 using json = nlohmann::json;
@@ -254,12 +256,109 @@ int main(int argc, char** argv) {
   }
   out["matmul"] = mjs;
 
+  // ---- fused decode launches: the engine's choice against what it replaces ----
+  // q/k/v: one own launch over the three weights (4096 + 2 x 1024 rows) against the three
+  // products as Matmul::run picks them. gate/up + SwiGLU: the own kernel with SwiGLU in its
+  // epilogue against the product (automatic choice) into [gate | up] plus the SwiGLU kernel.
+  json fjs = json::array();
+  fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)", "fused us",
+             "GB/s", "%HBM", "split us", "GB/s", "%HBM");
+  for (size_t m : {size_t{1}, size_t{8}}) {
+    const size_t k = 4096, nq = 4096, nkv = 1024;
+    const size_t wbytes = (nq + 2 * nkv) * k * 2;
+    const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
+    std::vector<std::array<void*, 3>> ws;
+    for (int c = 0; c < copies; ++c)
+      ws.push_back({random_bf16(nq * k, 40 + c, 0.05f), random_bf16(nkv * k, 60 + c, 0.05f),
+                    random_bf16(nkv * k, 80 + c, 0.05f)});
+    void* a = random_bf16(m * k, 98);
+    void *oq = dalloc(m * nq * 2), *ok = dalloc(m * nkv * 2), *ov = dalloc(m * nkv * 2);
+    MatmulArgs parts[3];
+    const size_t ns[3] = {nq, nkv, nkv};
+    void* outs[3] = {oq, ok, ov};
+    for (int p = 0; p < 3; ++p) {
+      parts[p].a = a, parts[p].lda = k, parts[p].ldw = k, parts[p].out = outs[p];
+      parts[p].ldo = ns[p], parts[p].m = m, parts[p].n = ns[p], parts[p].k = k;
+    }
+    auto set_w = [&](int i) {
+      for (int p = 0; p < 3; ++p) parts[p].w = ws[static_cast<size_t>(i) % ws.size()][p];
+    };
+    const double tg = time_us(st, 20, [&](int i) {
+      set_w(i);
+      ST(matmul_own_group_cuda_device(parts, 3, st));
+    });
+    const double ts = time_us(st, 20, [&](int i) {
+      set_w(i);
+      for (auto& p : parts) ST((*mm)->run(p, st));
+    });
+    const double bytes = static_cast<double>(wbytes);
+    const std::string name = fmt::format("q/k/v 3 products m {}", m);
+    fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}% | {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, tg,
+               bytes / tg / 1e3, 100 * bytes / tg / 1e3 / read_gbs, ts, bytes / ts / 1e3,
+               100 * bytes / ts / 1e3 / read_gbs);
+    fjs.push_back({{"kernel", "qkv_group"},
+                   {"m", m},
+                   {"fused_us", tg},
+                   {"split_us", ts},
+                   {"engine_uses_fused", matmul_group_prefers_own(m, (nq + 2 * nkv) * k)}});
+    for (auto& w3 : ws)
+      for (void* p : w3) CK(cudaFree(p));
+    for (void* p : {a, oq, ok, ov}) CK(cudaFree(p));
+  }
+  const struct {
+    const char* name;
+    size_t inter, k;
+  } gates[] = {{"gate_up+swiglu 28672x4096", 14336, 4096}, {"gate_up+swiglu 9728x896", 4864, 896}};
+  for (const auto& gsh : gates)
+    for (size_t m : {size_t{1}, size_t{8}}) {
+      const size_t k = gsh.k, inter = gsh.inter;
+      const size_t wbytes = 2 * inter * k * 2;
+      const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
+      std::vector<void*> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(2 * inter * k, 20 + c, 0.05f));
+      void *a = random_bf16(m * k, 97), *gu = dalloc(m * 2 * inter * 2), *y = dalloc(m * inter * 2);
+      MatmulArgs f;
+      f.a = a, f.lda = k, f.ldw = k, f.out = y, f.ldo = inter, f.m = m, f.n = inter, f.k = k;
+      f.swiglu = true;
+      MatmulArgs p = f;
+      p.swiglu = false, p.out = gu, p.ldo = 2 * inter, p.n = 2 * inter;
+      const double tf = time_us(st, 20, [&](int i) {
+        f.w = ws[static_cast<size_t>(i) % ws.size()];
+        ST(matmul_own_cuda_device(f, st));
+      });
+      const double ts = time_us(st, 20, [&](int i) {
+        p.w = ws[static_cast<size_t>(i) % ws.size()];
+        ST((*mm)->run(p, st));
+        ST(swiglu_bf16_cuda_device(static_cast<const bf16_bits*>(gu), static_cast<bf16_bits*>(y), m,
+                                   inter, st));
+      });
+      const double bytes = static_cast<double>(wbytes);
+      const std::string name = fmt::format("{} m {}", gsh.name, m);
+      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}% | {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, tf,
+                 bytes / tf / 1e3, 100 * bytes / tf / 1e3 / read_gbs, ts, bytes / ts / 1e3,
+                 100 * bytes / ts / 1e3 / read_gbs);
+      fjs.push_back({{"kernel", "gate_up_swiglu"},
+                     {"inter", inter},
+                     {"k", k},
+                     {"m", m},
+                     {"fused_us", tf},
+                     {"split_us", ts},
+                     {"engine_uses_fused", (*mm)->choose(m, 2 * inter, k) == MatmulBackend::own}});
+      for (void* w : ws) CK(cudaFree(w));
+      for (void* q : {a, gu, y}) CK(cudaFree(q));
+    }
+  out["fused"] = fjs;
+
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
+  fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
   const int nh = 32, nkv = 8, hd = 128, bs = 16;
-  auto attention = [&](bool decode, int n_seqs, int ctx, int qlen) {
-    const int blocks_per = (ctx + bs - 1) / bs;
+  // Decode runs the split-K kernel the engine uses and the previous (partitioned) kernel on
+  // the same inputs; `bound` > 0 sizes the launch for contexts up to it, as the engine's
+  // captured decode graphs do (CONTEXT_LEN), while the real contexts are `ctx`.
+  auto attention = [&](bool decode, int n_seqs, int ctx, int qlen, bool partitioned = false,
+                       int bound = 0, int variant = 0) {
+    const int blocks_per = (std::max(ctx, bound) + bs - 1) / bs;
     const size_t nblocks = static_cast<size_t>(blocks_per) * n_seqs;
     const size_t row = static_cast<size_t>(nkv) * hd;
     void *kp = random_bf16(nblocks * bs * row, 5), *vp = random_bf16(nblocks * bs * row, 6);
@@ -286,27 +385,44 @@ int main(int argc, char** argv) {
     b.seq_lens = static_cast<int32_t*>(dl);
     b.query_start = static_cast<int32_t*>(dq), b.n_seqs = n_seqs, b.n_tokens = T,
     b.max_query_len = qlen;
-    b.max_seq_len = ctx, b.scale = 0.0883883f;
+    b.max_seq_len = std::max(ctx, bound), b.scale = 0.0883883f;
+    b.decode_variant = variant;
     void* ws = nullptr;
     if (decode) {
-      b.workspace_bytes = attention_decode_workspace_bytes(n_seqs, nh, hd, ctx);
-      if (b.workspace_bytes) ws = dalloc(b.workspace_bytes);
+      b.workspace_bytes =
+          partitioned ? attention_decode_partitioned_workspace_bytes(n_seqs, nh, hd, b.max_seq_len)
+                      : attention_decode_workspace_bytes(n_seqs, nh, hd, b.max_seq_len);
+      if (b.workspace_bytes) {
+        ws = dalloc(b.workspace_bytes);
+        CK(cudaMemset(ws, 0, b.workspace_bytes));  // split-K's counters start at zero
+      }
       b.workspace = ws;
     }
     const double t = time_us(st, decode ? 20 : 3, [&](int) {
-      ST(decode ? attention_decode_cuda_device(b, st) : attention_prefill_cuda_device(b, st));
+      ST(!decode       ? attention_prefill_cuda_device(b, st)
+         : partitioned ? attention_decode_partitioned_cuda_device(b, st)
+                       : attention_decode_cuda_device(b, st));
     });
+    const char* kname = !decode       ? "prefill"
+                        : partitioned ? "decode (old)"
+                        : variant     ? "decode (U4x3)"
+                                      : "decode";
     std::string name =
-        fmt::format("{} seqs {} ctx {} q {}", decode ? "decode" : "prefill", n_seqs, ctx, qlen);
-    json j = {{"kernel", decode ? "attention_decode" : "attention_prefill"},
+        fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
+                    bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
+    json j = {{"kernel", !decode       ? "attention_prefill"
+                         : partitioned ? "attention_decode_partitioned"
+                                       : "attention_decode"},
               {"seqs", n_seqs},
               {"ctx", ctx},
+              {"bound", std::max(ctx, bound)},
+              {"variant", variant},
               {"q", qlen},
               {"us", t}};
     if (decode) {
       const double bytes = 2.0 * n_seqs * ctx * row * 2;
       j["GBps"] = bytes / t / 1e3;
-      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, t, bytes / t / 1e3,
+      fmt::print("{:<42} {:>10.1f} {:>10.0f} {:>7.0f}%\n", name, t, bytes / t / 1e3,
                  100 * bytes / t / 1e3 / read_gbs);
     } else {
       // Causal: each query attends to (prefix + its index + 1) keys; 4 flops per key and dim.
@@ -314,17 +430,23 @@ int main(int argc, char** argv) {
                           (static_cast<double>(ctx - qlen) * qlen + 0.5 * qlen * (qlen + 1.0));
       const double flops = 4.0 * keys * hd * nh;
       j["TFLOPs"] = flops / t / 1e6;
-      fmt::print("{:<34} {:>10.1f} {:>10.1f} {:>7.0f}%\n", name, t, flops / t / 1e6,
+      fmt::print("{:<42} {:>10.1f} {:>10.1f} {:>7.0f}%\n", name, t, flops / t / 1e6,
                  100 * flops / t / 1e6 / out["bf16_peak_TFLOPs"].get<double>());
     }
     ajs.push_back(j);
     for (void* p : {kp, vp, dt, dl, dq, q, o}) CK(cudaFree(p));
     if (ws) CK(cudaFree(ws));
   };
-  attention(true, 1, 4096, 1);
-  attention(true, 1, 32768, 1);
-  attention(true, 8, 4096, 1);
-  attention(true, 32, 4096, 1);
+  // Each decode shape with the split-K kernel, its variant with more warps and fewer loads
+  // each (decode_variant 1), then the previous kernel. The last three are the engine
+  // benchmark's decode: short contexts under a graph sized for 33792.
+  const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
+                                  {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
+  for (const auto& d : decode_shapes) {
+    attention(true, d[0], d[1], 1, false, d[2]);
+    attention(true, d[0], d[1], 1, false, d[2], 1);
+    attention(true, d[0], d[1], 1, true, d[2]);
+  }
   attention(false, 1, 1024, 1024);
   attention(false, 1, 8192, 8192);
   if (!quick) attention(false, 1, 32768, 32768);

@@ -163,10 +163,39 @@ class Device {
                            float scale, int window) = 0;
   /// y[r][i] = silu(gu[r][i]) * gu[r][dim + i].
   virtual Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) = 0;
+  /// One product of a group over the same input: y = x * w^T (+ b), `out` columns.
+  struct LinearPart {
+    const Buffer* w = nullptr;
+    const Buffer* b = nullptr;  // empty buffer: no bias
+    const Buffer* y = nullptr;
+    int out = 0;
+  };
+  /// The products of `n` parts over the same x ([rows][in]): the q, k and v projections.
+  /// A device may run them as one launch; by default one linear() each.
+  virtual Status linear_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in) {
+    for (int i = 0; i < n; ++i)
+      SPARK_TRY(linear(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out));
+    return Status::Ok();
+  }
+  /// y = swiglu(x * w^T (+ b)) for the fused [gate | up] weight w (2 * inter rows);
+  /// gate_up ([rows][2 * inter]) is scratch that a device fusing the two may leave unused.
+  /// By default linear() into gate_up, then swiglu().
+  virtual Status linear_swiglu(const Buffer& x, const Buffer& w, const Buffer& b,
+                               const Buffer& gate_up, const Buffer& y, int rows, int in,
+                               int inter) {
+    SPARK_TRY(linear(x, w, b, gate_up, rows, in, 2 * inter));
+    return swiglu(gate_up, y, rows, inter);
+  }
   /// y[r] = x[logit_rows[r]] (rows of `dim`).
   virtual Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) = 0;
-  /// Sums `x` across the tensor-parallel ranks in place.
+  /// Sums `x` across the tensor-parallel ranks in place (CPU: the host collective; CUDA: the
+  /// collective's device call on this device's stream, so a graph can record it).
   virtual Status all_reduce(Collective& comm, const Buffer& x) = 0;
+  /// The vocab-parallel lm_head's gather: `local` holds this rank's [rows][cols] fp32 slice
+  /// of the logits; every rank ends with `out` = [rows][world * cols] (rank r's columns at
+  /// r * cols). `scratch` holds world * rows * cols fp32 (unused when rows == 1).
+  virtual Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                                    const Buffer& out, int rows, int cols) = 0;
   /// Waits for the step's work and reports its errors.
   virtual Status synchronize() = 0;
 
@@ -201,13 +230,22 @@ class Device {
   // ---- sampling on the device (CUDA; the CPU samples on the host from the logits) ----
   /// True when sample() draws on this device.
   virtual bool samples_on_device() const { return false; }
-  /// Draws one token per row of `logits` (rows of `vocab` fp32) with params[r] (no
-  /// penalty state: rows with penalties are drawn on the host) and copies the results back:
-  /// the step's one host synchronisation.
+  /// The tokens a row's penalties look at: the sequence so far, prompt first; those from
+  /// out_start on are its output (they count for the presence and frequency penalties).
+  struct PenaltyHistory {
+    const int32_t* tokens = nullptr;
+    int n = 0;
+    int out_start = 0;
+  };
+  /// Draws one token per row of `logits` (rows of `vocab` fp32) with params[r] and copies
+  /// the results back: the step's one host synchronisation. `history` is empty when no row
+  /// has a penalty, else one entry per row (rows without penalties may leave theirs empty);
+  /// the device builds the penalty state from it as the host sampler keeps it.
   virtual Status sample(const Buffer& logits, int vocab,
                         const std::vector<kernels::SampleParams>& params,
+                        const std::vector<PenaltyHistory>& history,
                         std::vector<kernels::SampleResult>* out) {
-    (void)logits, (void)vocab, (void)params, (void)out;
+    (void)logits, (void)vocab, (void)params, (void)history, (void)out;
     return make_error(Errc::unsupported, "this device samples on the host");
   }
 };

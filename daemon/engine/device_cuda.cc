@@ -15,6 +15,7 @@
 #include "kernels/bias.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/cuda_stream.h"
+#include "kernels/device_copy.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
 #include "kernels/paged_attention.h"
@@ -29,6 +30,11 @@ namespace {
 
 kernels::DType kdt(ElemType t) {
   return t == ElemType::bf16 ? kernels::DType::bf16 : kernels::DType::f32;
+}
+
+// The own matrix kernel's 16-byte loads need 16-byte aligned operands.
+bool aligned16(const Buffer& b) {
+  return reinterpret_cast<uintptr_t>(b.data()) % 16 == 0;
 }
 
 Status need(ElemType got, ElemType want, const char* what) {
@@ -253,6 +259,11 @@ class CudaDevice final : public Device {
 
   Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
                 int in, int out) override {
+    return mm_->run(product(x, w, b, y, rows, in, out), stream_);
+  }
+
+  static kernels::MatmulArgs product(const Buffer& x, const Buffer& w, const Buffer& b,
+                                     const Buffer& y, int rows, int in, int out) {
     kernels::MatmulArgs a;
     a.a = x.data();
     a.lda = static_cast<size_t>(in);
@@ -265,7 +276,40 @@ class CudaDevice final : public Device {
     a.n = static_cast<size_t>(out);
     a.k = static_cast<size_t>(in);
     a.bias = b.empty() ? nullptr : b.data();
-    return mm_->run(a, stream_);
+    return a;
+  }
+
+  Status linear_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in) override {
+    // Decode rows: one launch of the own kernel for all parts (the q, k, v projections),
+    // where the weights are small enough for its rate to beat separate products.
+    size_t total = 0;
+    bool own = n >= 1 && n <= kernels::kMatmulMaxGroup;
+    for (int i = 0; i < n && own; ++i) {
+      total += static_cast<size_t>(parts[i].out) * static_cast<size_t>(in);
+      own = parts[i].y->type() == ElemType::bf16 && aligned16(*parts[i].w);
+    }
+    if (!own || !kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total) ||
+        in % 8 != 0 || !aligned16(x))
+      return Device::linear_group(x, parts, n, rows, in);
+    kernels::MatmulArgs a[kernels::kMatmulMaxGroup];
+    for (int i = 0; i < n; ++i) {
+      a[i] = product(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out);
+      a[i].backend = kernels::MatmulBackend::own;
+    }
+    return kernels::matmul_own_group_cuda_device(a, n, stream_);
+  }
+
+  Status linear_swiglu(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& gate_up,
+                       const Buffer& y, int rows, int in, int inter) override {
+    // SwiGLU in the product's epilogue where the own kernel is the faster product; where
+    // cuBLASLt is (large weights), its product and a separate SwiGLU.
+    if (mm_->choose(static_cast<size_t>(rows), 2 * static_cast<size_t>(inter),
+                    static_cast<size_t>(in)) != kernels::MatmulBackend::own ||
+        in % 8 != 0 || y.type() != ElemType::bf16 || !aligned16(x) || !aligned16(w))
+      return Device::linear_swiglu(x, w, b, gate_up, y, rows, in, inter);
+    kernels::MatmulArgs a = product(x, w, b, y, rows, in, inter);
+    a.swiglu = true;
+    return kernels::matmul_own_cuda_device(a, stream_);
   }
 
   Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
@@ -338,12 +382,25 @@ class CudaDevice final : public Device {
                                           stream_);
   }
 
-  Status all_reduce(Collective& comm, const Buffer&) override {
+  Status all_reduce(Collective& comm, const Buffer& x) override {
     if (comm.world_size() == 1) return Status::Ok();
-    return make_error(Errc::unsupported,
-                      "cuda device: tensor parallelism across GPUs needs the device collectives "
-                      "(NCCL), which this build does not have yet — run with TP=1 per GPU node "
-                      "or DEVICE=cpu");
+    return comm.all_reduce_sum_device(
+        x.data(), x.numel(), x.type() == ElemType::bf16 ? DType::bf16 : DType::f32, stream_);
+  }
+
+  Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                            const Buffer& out, int rows, int cols) override {
+    SPARK_TRY(need(local.type(), ElemType::f32, "the logits slice"));
+    const size_t C = static_cast<size_t>(cols), R = static_cast<size_t>(rows);
+    const size_t W = static_cast<size_t>(comm.world_size());
+    if (rows == 1) return comm.all_gather_device(local.data(), out.data(), C, DType::f32, stream_);
+    SPARK_TRY(comm.all_gather_device(local.data(), scratch.data(), R * C, DType::f32, stream_));
+    // Rank w's [R][C] block goes to columns [w * C, (w + 1) * C) of every row.
+    for (size_t w = 0; w < W; ++w)
+      SPARK_TRY(kernels::device_copy_2d_async(out.as<float>() + w * C, W * C * 4,
+                                              scratch.as<float>() + w * R * C, C * 4, C * 4, R,
+                                              stream_));
+    return Status::Ok();
   }
 
   Status synchronize() override { return kernels::cuda_stream_synchronize(stream_); }
@@ -379,6 +436,7 @@ class CudaDevice final : public Device {
   bool samples_on_device() const override { return true; }
 
   Status sample(const Buffer& logits, int vocab, const std::vector<kernels::SampleParams>& params,
+                const std::vector<PenaltyHistory>& history,
                 std::vector<kernels::SampleResult>* out) override {
     const int rows = static_cast<int>(params.size());
     out->resize(params.size());
@@ -411,6 +469,7 @@ class CudaDevice final : public Device {
     b.rows = rows;
     b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
     b.update_state = false;
+    if (!history.empty()) SPARK_TRY(penalty_state(vocab, history, &b));
     b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
     b.workspace = sample_ws_.data();
     b.workspace_bytes = sample_ws_.bytes();
@@ -418,6 +477,53 @@ class CudaDevice final : public Device {
     SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
     SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
     std::memcpy(out->data(), host + pbytes, rbytes);
+    return Status::Ok();
+  }
+
+  // The penalty state of the step's rows ([rows][vocab] seen bytes and counts), built on
+  // the device from the rows' token lists: one copy of the lists instead of the state.
+  Status penalty_state(int vocab, const std::vector<PenaltyHistory>& history,
+                       kernels::SampleBatch* b) {
+    const size_t rows = history.size();
+    size_t total = 0;
+    for (const auto& h : history) total += static_cast<size_t>(std::max(h.n, 0));
+    // Host layout: start[rows + 1], out_start[rows], then the tokens.
+    const size_t ints = 2 * rows + 1 + total;
+    const size_t state = rows * static_cast<size_t>(vocab);
+    if (pen_ints_.numel() < ints || pen_seen_.numel() * 4 < state || pen_counts_.numel() < state) {
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // the old buffers may be in use
+      auto di = alloc(ElemType::i32, ints * 2);
+      auto hi = host_staging(ints * 2 * 4);
+      auto ds = alloc(ElemType::i32, (state + 3) / 4);
+      auto dc = alloc(ElemType::i32, state);
+      if (!di || !hi || !ds || !dc)
+        return make_error(Errc::resource,
+                          fmt::format("cuda device: no memory for the penalty state of {} rows "
+                                      "of {} tokens",
+                                      rows, vocab));
+      pen_ints_ = *di, pen_host_ = *hi, pen_seen_ = *ds, pen_counts_ = *dc;
+    }
+    auto* h = pen_host_.as<int32_t>();
+    int32_t* start = h;
+    int32_t* out_start = h + rows + 1;
+    int32_t* toks = h + 2 * rows + 1;
+    size_t at = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      const auto& e = history[r];
+      start[r] = static_cast<int32_t>(at);
+      out_start[r] = e.out_start;
+      if (e.n > 0) std::memcpy(toks + at, e.tokens, static_cast<size_t>(e.n) * 4);
+      at += static_cast<size_t>(std::max(e.n, 0));
+    }
+    start[rows] = static_cast<int32_t>(at);
+    SPARK_TRY(kernels::cuda_memcpy_async(pen_ints_.data(), h, ints * 4, stream_));
+    const int32_t* d = pen_ints_.as<int32_t>();
+    SPARK_TRY(kernels::sample_state_build_cuda_device(
+        static_cast<uint8_t*>(pen_seen_.data()), pen_counts_.as<int32_t>(), vocab,
+        static_cast<int>(rows), d + 2 * rows + 1, d, d + rows + 1, stream_));
+    b->seen = static_cast<uint8_t*>(pen_seen_.data());
+    b->counts = pen_counts_.as<int32_t>();
+    b->state_row = nullptr;  // row r uses state row r
     return Status::Ok();
   }
 
@@ -458,7 +564,8 @@ class CudaDevice final : public Device {
     auto w = alloc(ElemType::i32, (need + 3) / 4);
     if (!w) return w.error();
     attn_ws_ = *w;
-    return Status::Ok();
+    // Decode attention's completion counters start at zero; each launch leaves them so.
+    return kernels::cuda_memset_async(attn_ws_.data(), 0, attn_ws_.bytes(), stream_);
   }
   static kernels::PagedKVDevice paged(const KVLayerView& kv) {
     kernels::PagedKVDevice p;
@@ -483,6 +590,7 @@ class CudaDevice final : public Device {
   int max_query_len_ = 0, max_seq_len_ = 0;
   std::map<uint64_t, void*> graphs_;
   Buffer sample_params_, sample_results_, sample_host_, sample_ws_;
+  Buffer pen_ints_, pen_host_, pen_seen_, pen_counts_;  // penalty lists and state
   int sample_rows_ = 0;
   std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event
 };

@@ -25,6 +25,7 @@
 #include "core/strings.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/sampler.h"
 #include "support/gpu.h"
 
 using namespace spark;
@@ -264,4 +265,85 @@ TEST_CASE("cuda engine: cancel frees the slot; seeds repeat; a too-small memory 
     CHECK(eng.error().message.find("largest context that fits is 0 tokens") != std::string::npos);
     MESSAGE(eng.error().message);
   }
+}
+
+TEST_CASE("cuda engine: penalties drawn on the device pick the host sampler's token") {
+  // The same logits (one forward) drawn twice: by the host Sampler, which keeps the penalty
+  // state, and by the device from the sequence's token list. The two samplers share their
+  // arithmetic (sampler_core.h), so they must pick the same token in every row.
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  const auto dirs = fixture_dirs();
+  REQUIRE(!dirs.empty());
+  auto m = Model::load(dirs.front(), 0, 1, dev);
+  REQUIRE(m.ok());
+  auto& model = **m;
+  const int V = model.config().vocab_size;
+  const int bs = 16, blocks = 8;
+  auto cache = model.make_kv_cache(blocks, bs, ElemType::bf16);
+  REQUIRE(cache.ok());
+  LocalCollective one;
+  // Three sequences; the penalty lists are each prompt plus an "output" that holds the
+  // row's most likely token twice (so the penalties change the draw) and one other.
+  std::vector<std::vector<int32_t>> seqs = {
+      {5, 9, 5, 5, 12, 9, 9, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {7, 7, 7, 7, 7}};
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  std::vector<SeqChunk> chunks;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    tables[i] = {static_cast<int32_t>(2 * i), static_cast<int32_t>(2 * i + 1)};
+    chunks.push_back({seqs[i].data(), static_cast<int>(seqs[i].size()), 0, tables[i].data(), true});
+  }
+  std::vector<float> logits;
+  REQUIRE(model.forward(chunks, **cache, one, &logits).ok());
+  REQUIRE(logits.size() == seqs.size() * static_cast<size_t>(V));
+  std::vector<std::vector<int32_t>> lists = seqs;
+  std::vector<int> out_start;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const float* row = logits.data() + i * static_cast<size_t>(V);
+    const auto top = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    out_start.push_back(static_cast<int>(lists[i].size()));
+    lists[i].insert(lists[i].end(), {top, static_cast<int32_t>(i + 20), top});
+  }
+  struct Case {
+    float temp, rep, presence, freq;
+  } cases[] = {{0, 1.8f, 0, 0}, {0, 1, 1.5f, 1.0f}, {1, 1.3f, 0.5f, 0.5f}, {0.7f, 0.6f, -1, 2}};
+  int differ_from_plain = 0;
+  for (const auto& c : cases)
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      CAPTURE(c.temp);
+      CAPTURE(c.rep);
+      CAPTURE(seed);
+      std::vector<kernels::SampleParams> params;
+      std::vector<Device::PenaltyHistory> history;
+      std::vector<int32_t> host;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        SamplingParams p;
+        p.temperature = c.temp;
+        p.repetition_penalty = c.rep;
+        p.presence_penalty = c.presence;
+        p.frequency_penalty = c.freq;
+        p.seed = seed;
+        p.logprobs = true;
+        const auto& l = lists[i];
+        Sampler smp(p, V, std::vector<int32_t>(l.begin(), l.begin() + out_start[i]), i);
+        for (size_t t = static_cast<size_t>(out_start[i]); t < l.size(); ++t) smp.record(l[t]);
+        params.push_back(smp.next_params());
+        history.push_back({l.data(), static_cast<int>(l.size()), out_start[i]});
+        host.push_back(smp.sample(logits.data() + i * static_cast<size_t>(V)).token);
+        const auto plain = kernels::sample_ref(logits.data() + i * static_cast<size_t>(V), V,
+                                               params.back(), nullptr, nullptr);
+        differ_from_plain += plain.token != host.back();
+      }
+      std::vector<kernels::SampleResult> drawn;
+      REQUIRE(model.forward_sample(chunks, **cache, one, params, &drawn, history).ok());
+      REQUIRE(drawn.size() == seqs.size());
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(drawn[i].token == host[i]);
+      }
+    }
+  // The penalties matter here (else the check above could not tell them from none).
+  MESSAGE(differ_from_plain << " of " << 12 * seqs.size()
+                            << " draws differ from the same draw without penalties");
+  CHECK(differ_from_plain > 0);
 }

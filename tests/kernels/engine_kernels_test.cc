@@ -1,7 +1,10 @@
 // Reference twins used by the engine: RoPE frequencies and rotation, paged attention.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "kernels/paged_attention.h"
@@ -85,5 +88,90 @@ TEST_CASE("paged attention: equals contiguous attention, GQA and sliding window 
           CHECK(out[(t * nh + h) * hd + i] == doctest::Approx(acc).epsilon(1e-5));
         }
       }
+  }
+}
+
+TEST_CASE("decode split plan: the used splits tile [first, ctx) exactly, within the cap") {
+  // Every (context, window, cap) the kernel can meet at small sizes, and a sweep of long ones.
+  auto check = [](int ctx, int window, int cap) {
+    CAPTURE(ctx);
+    CAPTURE(window);
+    CAPTURE(cap);
+    const DecodeSplitPlan p = attention_decode_plan(ctx, window, cap);
+    const int first = window > 0 ? std::max(0, ctx - window) : 0;
+    REQUIRE(p.first == first);
+    REQUIRE(p.used >= 1);
+    REQUIRE(p.used <= cap);
+    REQUIRE(p.chunk % kDecodeMinChunk == 0);
+    // Split s covers [first + s*chunk, min(ctx, first + (s+1)*chunk)): non-empty, and the
+    // union is [first, ctx) with nothing twice.
+    CHECK(first + (p.used - 1) * p.chunk < ctx);
+    CHECK(first + p.used * p.chunk >= ctx);
+    // No coarser than needed: one minimum chunk fewer per split would not fit the cap.
+    if (p.chunk > kDecodeMinChunk)
+      CHECK((ctx - first + p.chunk - kDecodeMinChunk - 1) / (p.chunk - kDecodeMinChunk) > cap);
+  };
+  for (int ctx = 1; ctx <= 700; ++ctx)
+    for (int window : {0, 1, 5, 64, 65, 300})
+      for (int cap : {1, 2, 3, 7, 64}) check(ctx, window, cap);
+  for (int ctx : {4095, 4096, 4097, 32768, 131072, 1 << 20})
+    for (int cap : {1, 5, 64}) check(ctx, 0, cap);
+  CHECK(attention_decode_plan(0, 0, 4).used == 0);
+
+  // The cap: enough slots for the target number of blocks, never more than the bound uses.
+  CHECK(attention_decode_split_cap(1, 8, 33792) == kDecodeTargetBlocks / 8);
+  CHECK(attention_decode_split_cap(8, 8, 4096) == kDecodeTargetBlocks / 64);
+  CHECK(attention_decode_split_cap(64, 8, 4096) == 1);
+  CHECK(attention_decode_split_cap(1, 1, 1 << 20) == kDecodeMaxSplits);
+  CHECK(attention_decode_split_cap(1, 8, 100) == 2);  // 100 positions fill two chunks at most
+  CHECK(attention_decode_split_cap(3, 0, 100) == 1);
+  for (int n = 1; n <= 300; ++n)
+    for (int kvb : {1, 2, 8, 40}) {
+      const int cap = attention_decode_split_cap(n, kvb, 1 << 16);
+      CHECK(cap >= 1);
+      CHECK(cap <= attention_decode_split_cap(n, 1, 1 << 16));  // sizes the workspace
+    }
+}
+
+TEST_CASE("decode split twin: split-K with log-sum-exp merge equals plain attention (fp32)") {
+  // Fresh random caches in shuffled blocks; GQA, windows, contexts around chunk edges.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> U(-2, 2);
+  struct Shape {
+    int nh, nkv, hd, bs, ctx, window, cap;
+  };
+  const Shape shapes[] = {
+      {4, 1, 8, 16, 1, 0, 64},       {4, 2, 16, 16, 63, 0, 64},  {4, 2, 16, 16, 64, 0, 64},
+      {4, 2, 16, 16, 65, 0, 64},     {8, 2, 32, 8, 1000, 0, 3},  {8, 8, 24, 16, 2000, 700, 64},
+      {32, 8, 128, 16, 4100, 0, 64}, {16, 1, 64, 32, 513, 0, 1}, {2, 1, 256, 16, 300, 100, 5},
+  };
+  for (const auto& sh : shapes) {
+    CAPTURE(sh.nh);
+    CAPTURE(sh.hd);
+    CAPTURE(sh.ctx);
+    CAPTURE(sh.window);
+    CAPTURE(sh.cap);
+    const int nblk = (sh.ctx + sh.bs - 1) / sh.bs;
+    const size_t row = static_cast<size_t>(sh.nkv) * sh.hd;
+    std::vector<float> kpool(static_cast<size_t>(nblk) * sh.bs * row), vpool(kpool.size());
+    for (auto& f : kpool) f = U(rng);
+    for (auto& f : vpool) f = U(rng);
+    std::vector<int32_t> table(static_cast<size_t>(nblk));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    PagedKVLayer kv{kpool.data(), vpool.data(), sh.bs, sh.nkv, sh.hd};
+    std::vector<float> q(static_cast<size_t>(sh.nh) * sh.hd), ref(q.size()), got(q.size(), NAN);
+    for (auto& f : q) f = U(rng);
+    const float scale = 1.f / std::sqrt(static_cast<float>(sh.hd));
+    const int32_t pos = sh.ctx - 1;
+    paged_attention_ref(kv, table.data(), &pos, 1, sh.nh, q.data(), ref.data(), scale, sh.window);
+    attention_decode_split_ref(kv, table.data(), sh.ctx, sh.nh, q.data(), got.data(), scale,
+                               sh.window, sh.cap);
+    // fp32 sums of up to a few thousand terms of |v| <= 2 against a double reference.
+    double max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      max_err =
+          std::isnan(got[i]) ? INFINITY : std::max(max_err, std::fabs(double(got[i]) - ref[i]));
+    CHECK(max_err <= 2e-5 * 2);
   }
 }

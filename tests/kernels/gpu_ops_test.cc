@@ -25,6 +25,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampler.h"
+#include "kernels/swiglu.h"
 #include "support/gpu.h"
 
 using namespace spark;
@@ -411,10 +412,17 @@ namespace {
 
 // Runs decode or prefill for sequences with contexts `ctx` and query counts `qlen` and
 // compares sampled query rows (every row when `all`) with paged_attention_ref.
+// Decode runs the split-K kernel (twice: its counters must be back at zero after the
+// first launch) or, with `partitioned`, the previous kernel; `ctx_bound` > 0 sizes the launch
+// for contexts up to it, as a captured graph does.
 void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv, int hd,
                     int bs, const std::vector<int32_t>& ctx, const std::vector<int32_t>& qlen,
-                    int window, size_t max_checked_rows) {
+                    int window, size_t max_checked_rows, bool partitioned = false,
+                    int ctx_bound = 0, int variant = 0) {
   CAPTURE(decode);
+  CAPTURE(variant);
+  CAPTURE(partitioned);
+  CAPTURE(ctx_bound);
   CAPTURE(std::string(dtype_name(kv_t)));
   CAPTURE(std::string(dtype_name(q_t)));
   CAPTURE(nh);
@@ -437,23 +445,53 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
   b.max_blocks_per_seq = P.max_blocks;
   b.seq_lens = P.dlens.get(), b.query_start = dqs.get(), b.n_seqs = static_cast<int>(ctx.size());
   b.n_tokens = T, b.max_query_len = *std::max_element(qlen.begin(), qlen.end());
-  b.max_seq_len = *std::max_element(ctx.begin(), ctx.end()),
+  b.max_seq_len = std::max(ctx_bound, *std::max_element(ctx.begin(), ctx.end())),
   b.scale = 1.f / std::sqrt(static_cast<float>(hd));
   b.window = window;
+  b.decode_variant = variant;
+  // A graph's tables are as wide as the bound; past each context they hold -1, which a
+  // kernel that reads beyond its context would follow out of the pool.
+  DeviceBuf<int32_t> wide;
+  if (ctx_bound > 0) {
+    const int width = (ctx_bound + bs - 1) / bs;
+    std::vector<int32_t> t(ctx.size() * static_cast<size_t>(width), -1);
+    for (size_t sq = 0; sq < ctx.size(); ++sq)
+      std::copy_n(P.tables.begin() + static_cast<ptrdiff_t>(sq) * P.max_blocks, P.max_blocks,
+                  t.begin() + static_cast<ptrdiff_t>(sq) * width);
+    wide = DeviceBuf<int32_t>::from(t);
+    b.block_tables = wide.get(), b.max_blocks_per_seq = width;
+  }
   DeviceMemory ws;
   if (decode) {
-    const size_t need = attention_decode_workspace_bytes(b.n_seqs, nh, hd, b.max_seq_len);
+    const size_t need =
+        partitioned ? attention_decode_partitioned_workspace_bytes(b.n_seqs, nh, hd, b.max_seq_len)
+                    : attention_decode_workspace_bytes(b.n_seqs, nh, hd, b.max_seq_len);
     if (need) {
       auto m = DeviceMemory::allocate(need);
       REQUIRE(m.ok());
       ws = std::move(*m);
+      // Split-K's counters must start at zero; poison the rest.
+      std::vector<uint8_t> init(need, 0xFF);
+      if (!partitioned) std::fill(init.begin(), init.end(), 0);
+      REQUIRE(ws.copy_from_host(init.data(), need).ok());
       b.workspace = ws.get(), b.workspace_bytes = need;
     }
   }
-  auto s =
-      decode ? attention_decode_cuda_device(b, nullptr) : attention_prefill_cuda_device(b, nullptr);
+  auto run = [&] {
+    return !decode       ? attention_prefill_cuda_device(b, nullptr)
+           : partitioned ? attention_decode_partitioned_cuda_device(b, nullptr)
+                         : attention_decode_cuda_device(b, nullptr);
+  };
+  auto s = run();
   REQUIRE_MESSAGE(s.ok(), s.message());
   REQUIRE(cuda_synchronize().ok());
+  if (decode && !partitioned) {  // again, on a poisoned output: the counters were reset
+    std::vector<uint8_t> ff(dout.n * dtype_size(q_t), 0xFF);
+    REQUIRE(dout.mem.copy_from_host(ff.data(), ff.size()).ok());
+    s = run();
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+  }
   auto got = from_dev(dout);
   float vmax = 0;
   for (float v : P.vpool) vmax = std::max(vmax, std::fabs(v));
@@ -508,22 +546,53 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
 
 }  // namespace
 
-TEST_CASE("gpu decode attention over the paged cache: GQA, splits, windows, head dims") {
+TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, windows, bounds") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("decode"));
   for (auto kv_t : kTypes) {
-    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 7, 300, 1000}, {1, 1, 1, 1}, 0,
+    // Chunk edges (63, 64, 65 positions), a bound far above the contexts (a graph's), one
+    // split slot per sequence (many sequences), group 5 (G rounded up), head_dim 24 and 256.
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 63, 64, 65, 129, 300},
+                   {1, 1, 1, 1, 1, 1}, 0, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 200, 4000}, {1, 1, 1}, 0, 1,
+                   false, 33792);
+    // The benchmark's variant (4 rows per batch, 3 blocks per multiprocessor).
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 65, 200, 4000}, {1, 1, 1, 1},
+                   0, 1, false, 33792, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 12, 4, 96, 16, {700, 3}, {1, 1}, 300, 1, false, 0,
                    1);
-    attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1);
+    std::vector<int32_t> many(80), ones(80, 1);
+    for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(1 + 37 * i);
+    attention_case(rng, true, kv_t, DType::bf16, 8, 8, 64, 16, many, ones, 0, 1);
+    attention_case(rng, true, kv_t, DType::bf16, 10, 2, 128, 16, {777, 5}, {1, 1}, 0, 1);
     attention_case(rng, true, kv_t, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1);
-    attention_case(rng, true, kv_t, DType::bf16, 16, 1, 64, 16, {4100}, {1}, 0,
-                   1);  // group 16: chunks
+    attention_case(rng, true, kv_t, DType::bf16, 16, 1, 64, 16, {4100}, {1}, 0, 1);  // chunks
     attention_case(rng, true, kv_t, DType::bf16, 8, 2, 256, 32, {513, 2}, {1, 1}, 0, 1);
-    attention_case(rng, true, kv_t, DType::bf16, 8, 8, 128, 16, {2000, 50}, {1, 1}, 700,
-                   1);  // window
+    attention_case(rng, true, kv_t, DType::bf16, 8, 8, 128, 12, {2000, 50}, {1, 1}, 700,
+                   1);  // window; a block size that is not a power of two
+    attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1, false,
+                   5000);
   }
   if (large_cases())  // a 32k context
     attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1);
+}
+
+TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the paged cache") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode_partitioned"));
+  for (auto kv_t : kTypes) {
+    attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 7, 300, 1000}, {1, 1, 1, 1}, 0,
+                   1, true);
+    attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1, true);
+    attention_case(rng, true, kv_t, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1, true);
+    attention_case(rng, true, kv_t, DType::bf16, 16, 1, 64, 16, {4100}, {1}, 0, 1,
+                   true);  // group 16: chunks
+    attention_case(rng, true, kv_t, DType::bf16, 8, 2, 256, 32, {513, 2}, {1, 1}, 0, 1, true);
+    attention_case(rng, true, kv_t, DType::bf16, 8, 8, 128, 16, {2000, 50}, {1, 1}, 700, 1,
+                   true);  // window
+  }
+  if (large_cases())  // a 32k context
+    attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1, true);
 }
 
 TEST_CASE("gpu prefill attention: causal, GQA, cached prefixes, ragged batches, up to 32k") {
@@ -653,6 +722,48 @@ TEST_CASE("gpu sampler state reset marks the prompt and clears counts") {
   }
 }
 
+TEST_CASE("gpu sampler state build: token lists give the twin's seen and counts rows") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("state_build"));
+  for (int V : {1, 37, 151936}) {
+    CAPTURE(V);
+    const int rows = 6;
+    std::uniform_int_distribution<int> tok(-2, V + 1);
+    std::vector<int32_t> flat, start{0}, out_start;
+    std::vector<std::vector<int32_t>> lists(rows);
+    for (int r = 0; r < rows; ++r) {
+      lists[static_cast<size_t>(r)].resize(static_cast<size_t>(r == 2 ? 0 : 1 + 700 * r));
+      for (auto& t : lists[static_cast<size_t>(r)]) t = r == 5 ? 0 : tok(rng);  // row 5: one id
+      flat.insert(flat.end(), lists[static_cast<size_t>(r)].begin(),
+                  lists[static_cast<size_t>(r)].end());
+      start.push_back(static_cast<int32_t>(flat.size()));
+      out_start.push_back(static_cast<int32_t>(lists[static_cast<size_t>(r)].size() / 3));
+    }
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(V);
+    auto dseen = DeviceBuf<uint8_t>::poisoned(n);
+    auto dcounts = DeviceBuf<int32_t>::poisoned(n);
+    auto dflat = DeviceBuf<int32_t>::from(flat), dstart = DeviceBuf<int32_t>::from(start),
+         dout = DeviceBuf<int32_t>::from(out_start);
+    auto s = sample_state_build_cuda_device(dseen.get(), dcounts.get(), V, rows, dflat.get(),
+                                            dstart.get(), dout.get(), nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+    auto seen = dseen.host();
+    auto counts = dcounts.host();
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      std::vector<uint8_t> sref(static_cast<size_t>(V));
+      std::vector<int32_t> cref(static_cast<size_t>(V));
+      const auto& l = lists[static_cast<size_t>(r)];
+      sample_state_build_ref(sref.data(), cref.data(), V, l.data(), static_cast<int>(l.size()),
+                             out_start[static_cast<size_t>(r)]);
+      const size_t off = static_cast<size_t>(r) * static_cast<size_t>(V);
+      CHECK(std::equal(sref.begin(), sref.end(), seen.begin() + static_cast<ptrdiff_t>(off)));
+      CHECK(std::equal(cref.begin(), cref.end(), counts.begin() + static_cast<ptrdiff_t>(off)));
+    }
+  }
+}
+
 TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the twin") {
   if (test::skip_without_cuda()) return;
   auto mm = Matmul::create();
@@ -736,6 +847,119 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
   CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
+}
+
+TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue, vs the twins") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("matmul_group"));
+  // The same fp32 bound as the single products (gamma_k of sum|a w| plus one ulp of a bf16
+  // output). SwiGLU: the twin rounds the [gate | up] products to the output type (matmul_ref)
+  // and applies swiglu_ref; the kernel rounds the same values, so after silu(g) * u in fp32
+  // (a few ulps) the two differ by what the products differ by, times |d y / d g| <= 1.1 |u|
+  // and |d y / d u| = |silu(g)|, plus one ulp of the bf16 result.
+  struct Shape {
+    size_t m, k;
+    size_t n[3];
+  } shapes[] = {{1, 4096, {4096, 1024, 1024}},
+                {8, 512, {256, 64, 64}},
+                {3, 96, {40, 8, 8}},
+                {5, 264, {1000, 17, 333}},
+                {2, 64, {16, 16, 16}}};
+  for (auto sh : shapes)
+    for (auto ot : kTypes)
+      for (bool with_bias : {false, true}) {
+        CAPTURE(sh.m);
+        CAPTURE(sh.k);
+        CAPTURE(sh.n[0]);
+        CAPTURE(std::string(dtype_name(ot)));
+        CAPTURE(with_bias);
+        auto a = as_stored(randoms(rng, sh.m * sh.k, -1, 1), DType::bf16);
+        auto da = to_dev(a, DType::bf16);
+        auto mag_of = [&](const std::vector<float>& w, const std::vector<float>& bias, size_t i,
+                          size_t j) {
+          double mag = 0;
+          for (size_t t = 0; t < sh.k; ++t)
+            mag += std::fabs(static_cast<double>(a[i * sh.k + t]) * w[j * sh.k + t]);
+          return mag + (with_bias ? std::fabs(bias[j]) : 0.0);
+        };
+        // The group: three products of different widths in one launch.
+        std::vector<std::vector<float>> w(3), bias(3), ref(3);
+        std::vector<Dev> dw, db, dout;
+        MatmulArgs parts[3];
+        for (int p = 0; p < 3; ++p) {
+          const size_t n = sh.n[p];
+          w[p] = as_stored(randoms(rng, n * sh.k, -1, 1), DType::bf16);
+          bias[p] = as_stored(randoms(rng, n, -1, 1), DType::bf16);
+          ref[p].assign(sh.m * n, 0.f);
+          matmul_ref(a.data(), w[p].data(), ref[p].data(), sh.m, n, sh.k,
+                     with_bias ? bias[p].data() : nullptr, false, ot);
+          dw.push_back(to_dev(w[p], DType::bf16));
+          db.push_back(to_dev(bias[p], DType::bf16));
+          dout.push_back(poisoned(sh.m * n, ot));
+        }
+        for (int p = 0; p < 3; ++p) {
+          MatmulArgs& x = parts[p];
+          x.a = da.get(), x.lda = sh.k, x.w = dw[p].get(), x.ldw = sh.k, x.out = dout[p].get();
+          x.out_dtype = ot, x.ldo = sh.n[p], x.m = sh.m, x.n = sh.n[p], x.k = sh.k;
+          x.bias = with_bias ? db[p].get() : nullptr;
+        }
+        auto s = matmul_own_group_cuda_device(parts, 3, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        for (int p = 0; p < 3; ++p) {
+          CAPTURE(p);
+          auto got = from_dev(dout[p]);
+          double err = 0;
+          auto bound = [&](size_t idx) {
+            return static_cast<double>(sh.k + 2) * 0x1p-24 *
+                       mag_of(w[p], bias[p], idx / sh.n[p], idx % sh.n[p]) +
+                   (ot == DType::bf16 ? bf16_ulp(ref[p][idx]) : 0.0);
+          };
+          CHECK(outside(got, ref[p], bound, &err) == 0);
+        }
+
+        // SwiGLU: a [gate | up] weight of 2 n rows, n = the first width.
+        const size_t n = sh.n[0];
+        auto wgu = as_stored(randoms(rng, 2 * n * sh.k, -1, 1), DType::bf16);
+        auto bgu = as_stored(randoms(rng, 2 * n, -1, 1), DType::bf16);
+        std::vector<float> gu(sh.m * 2 * n), yref(sh.m * n);
+        matmul_ref(a.data(), wgu.data(), gu.data(), sh.m, 2 * n, sh.k,
+                   with_bias ? bgu.data() : nullptr, false, ot);
+        swiglu_ref(gu.data(), yref.data(), sh.m, n);
+        for (auto& f : yref) f = round_to(ot, f);
+        auto dwgu = to_dev(wgu, DType::bf16), dbgu = to_dev(bgu, DType::bf16);
+        auto dy = poisoned(sh.m * n, ot);
+        MatmulArgs x;
+        x.a = da.get(), x.lda = sh.k, x.w = dwgu.get(), x.ldw = sh.k, x.out = dy.get();
+        x.out_dtype = ot, x.ldo = n, x.m = sh.m, x.n = n, x.k = sh.k, x.swiglu = true;
+        x.bias = with_bias ? dbgu.get() : nullptr;
+        s = matmul_own_cuda_device(x, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto got = from_dev(dy);
+        double err = 0;
+        auto bound = [&](size_t idx) {
+          const size_t i = idx / n, j = idx % n;
+          const double g = gu[i * 2 * n + j], u = gu[i * 2 * n + n + j];
+          const double eg = static_cast<double>(sh.k + 2) * 0x1p-24 * mag_of(wgu, bgu, i, j) +
+                            (ot == DType::bf16 ? bf16_ulp(g) : 0.0);
+          const double eu = static_cast<double>(sh.k + 2) * 0x1p-24 * mag_of(wgu, bgu, i, n + j) +
+                            (ot == DType::bf16 ? bf16_ulp(u) : 0.0);
+          const double silu = g / (1 + std::exp(-g));
+          return 1.1 * std::fabs(u) * eg + std::fabs(silu) * eu + 1e-6 * std::fabs(yref[idx]) +
+                 (ot == DType::bf16 ? 2 * bf16_ulp(yref[idx]) : 0.0);
+        };
+        CHECK(outside(got, yref, bound, &err) == 0);
+        MESSAGE("own group m " << sh.m << " k " << sh.k << " " << dtype_name(ot)
+                               << ": swiglu max err " << err);
+      }
+  // The engine's rule for a group: own for decode rows on up to 32 Mi weight elements.
+  CHECK(matmul_group_prefers_own(1, 6u << 22));
+  CHECK(!matmul_group_prefers_own(9, 6u << 22));
+  CHECK(!matmul_group_prefers_own(1, 117u << 20));
+  MatmulArgs bad;
+  CHECK(matmul_own_group_cuda_device(&bad, 4, nullptr).message().find("group of 4") !=
+        std::string::npos);
 }
 
 TEST_CASE("gpu device limits: queried, checked before launches, the device selected at start") {

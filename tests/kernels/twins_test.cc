@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "kernels/embedding.h"
@@ -122,6 +123,34 @@ TEST_CASE("sample_ref: penalties, logprobs and top alternatives") {
   CHECK(sample_check_params(p, 3).message().find("top_logprobs") != std::string::npos);
 }
 
+TEST_CASE("sample_ref state: built from a token list, as the host sampler records it") {
+  // The state a sequence's list gives at once equals the prompt marked seen, then each
+  // output token recorded in turn (sample_state_update_ref), for every split point.
+  const int V = 50;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> tok(-3, V + 2);  // some ids outside the vocabulary
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int32_t> list(static_cast<size_t>(trial % 17 + 1));
+    for (auto& t : list) t = tok(rng);
+    for (int out_start = 0; out_start <= static_cast<int>(list.size()); ++out_start) {
+      std::vector<uint8_t> seen(V, 7), seen_ref(V, 0);
+      std::vector<int32_t> counts(V, 7), counts_ref(V, 0);
+      sample_state_build_ref(seen.data(), counts.data(), V, list.data(),
+                             static_cast<int>(list.size()), out_start);
+      for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+        const int32_t t = list[static_cast<size_t>(i)];
+        if (t < 0 || t >= V) continue;
+        if (i < out_start)
+          seen_ref[static_cast<size_t>(t)] = 1;
+        else
+          sample_state_update_ref(seen_ref.data(), counts_ref.data(), t);
+      }
+      CHECK(seen == seen_ref);
+      CHECK(counts == counts_ref);
+    }
+  }
+}
+
 TEST_CASE("twins: embedding zeros for bad ids, add_rmsnorm rounds the sum, KV slots < 0 skipped") {
   std::vector<float> table = {1, 2, 3, 4, 5, 6};
   std::vector<int32_t> ids = {2, -1, 0, 3};
@@ -162,8 +191,20 @@ TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
         std::string::npos);
   CHECK(attention_decode_splits(1) == 1);
   CHECK(attention_decode_splits(kDecodePartition + 1) == 2);
-  CHECK(attention_decode_workspace_bytes(2, 4, 128, kDecodePartition) == 0);
-  CHECK(attention_decode_workspace_bytes(2, 4, 128, 3 * kDecodePartition) == 2 * 4 * 3 * 130 * 4);
+  CHECK(attention_decode_partitioned_workspace_bytes(2, 4, 128, kDecodePartition) == 0);
+  CHECK(attention_decode_partitioned_workspace_bytes(2, 4, 128, 3 * kDecodePartition) ==
+        2 * 4 * 3 * 130 * 4);
+  // Split-K: 64 counters (rounded up), then 2 x 4 (sequence, head) pairs x 3 slots (a
+  // 3 x 64-position bound) x (128 + 2) floats.
+  CHECK(attention_decode_workspace_bytes(2, 4, 128, 3 * kDecodeMinChunk) ==
+        64 * 4 + 2 * 4 * 3 * 130 * 4);
+  b.n_heads = 4;
+  b.max_seq_len = 100, b.max_blocks_per_seq = 7, b.kv.block_size = 16, b.scale = 1;
+  b.q = b.out = b.kv.k = b.kv.v = &b;
+  b.block_tables = b.seq_lens = &b.kv.block_size;
+  b.q_stride = b.out_stride = 4 * 128;
+  CHECK(attention_check_args(b, true).message().find("workspace of 0 bytes") != std::string::npos);
+  CHECK(attention_check_args(b, true, 0).ok());  // a kernel that needs none
 
   MatmulArgs a;
   a.m = 1, a.n = 4, a.k = 8, a.lda = 4;

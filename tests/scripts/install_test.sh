@@ -25,6 +25,7 @@ expect=(
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
   lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
   lib/systemd/system/sparkd@.service
+  share/bash-completion/completions/sparkctl
 )
 for f in "${expect[@]}"; do [[ -f $root/$f ]] || err "cmake --install did not install $f"; done
 for p in "$SRC"/man/*.[1-8]; do
@@ -74,6 +75,12 @@ if [[ -x $root/bin/sparkctl ]]; then
         err "config check $(basename "$e") with a missing key file did not name it: $(cat "$tmp/err")"
     fi
   done
+fi
+# The installed completion completes against the installed sparkctl.
+if [[ -x $root/bin/sparkctl ]]; then
+  got=$(PATH=$root/bin:$PATH bash -c 'source "$1"; COMP_WORDS=(sparkctl wat); COMP_CWORD=1
+    _sparkctl sparkctl wat sparkctl; echo "${COMPREPLY[*]}"' _ "$root/share/bash-completion/completions/sparkctl" 2>&1)
+  [[ $got == watch ]] || err "the installed bash completion completes 'sparkctl wat' to '$got', not 'watch'"
 fi
 echo "install_test: cmake --install checked (${#expect[@]} files)"
 

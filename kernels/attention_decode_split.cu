@@ -1,0 +1,373 @@
+// Decode attention over the paged KV cache, split-K ("flash-decoding"). Grid: (split slot,
+// KV head x group chunk, sequence); block: 4 warps. One block serves every query head of
+// its KV head's group (up to G), so each K and V row is read once per step.
+//
+// Memory: a row of one KV head is head_dim contiguous elements; L = HD/8 lanes cover it
+// with one 16-byte load each, so a warp reads 32/L rows per load instruction and the
+// block's NS = 4 * 32/L "streams" each walk every NS-th row of the split. A lane issues the
+// K and the V loads of U rows before it uses the first (V does not depend on the scores),
+// and fetches the block-table entries of its next U rows before computing, so per warp
+// 2 * U * 512 bytes are in flight and the only wait per batch is one memory round trip.
+//
+// Arithmetic: q (pre-scaled by scale * log2 e) sits in registers; a score is 8 FMAs per
+// lane and a reduction over the L lanes of the row; each stream keeps an online softmax
+// (max, sum, weighted V) per head in fp32, rescaled once per batch of U rows.
+//
+// Merge: the block merges its streams through shared memory. With one used split it
+// writes the output; otherwise it leaves (max, sum, output) in the workspace, and the last
+// split of its (sequence, KV block) to finish (a counter, reset by that block) merges all
+// used splits. Splits past a sequence's `used` exit at once, so a graph captured with a
+// large context bound costs what the real contexts need.
+#include <cfloat>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/paged_attention.h"
+
+namespace spark::kernels {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kGMax = 8;        // query heads per block; larger groups run in chunks
+constexpr float kNeg = -1e30f;  // "no score yet": finite, so max/exp2 stay NaN-free
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename C>
+struct Raw;
+template <>
+struct Raw<dev::bf16> {
+  uint4 v;
+};
+template <>
+struct Raw<float> {
+  float4 a, b;
+};
+__device__ __forceinline__ void load_raw(const dev::bf16* p, Raw<dev::bf16>& r) {
+  r.v = __ldg(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ void load_raw(const float* p, Raw<float>& r) {
+  r.a = __ldg(reinterpret_cast<const float4*>(p));
+  r.b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+}
+__device__ __forceinline__ void zero_raw(Raw<dev::bf16>& r) {
+  r.v = make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ void zero_raw(Raw<float>& r) {
+  r.a = r.b = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void to_floats(const Raw<dev::bf16>& r, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r.v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x, f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void to_floats(const Raw<float>& r, float* f) {
+  f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
+  f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
+}
+
+struct SplitParams {
+  AttentionBatch b;
+  int group;          // query heads per KV head
+  int chunks;         // ceil(group / kGMax): KV-head blocks = n_kv_heads * chunks
+  int cap;            // split slots per (sequence, KV block) = gridDim.x
+  int bs_shift;       // log2(block_size) when it is a power of two, else -1
+  float qscale;       // scale * log2 e
+  int32_t* counters;  // [n_seqs][KV blocks]
+  float* partials;    // [n_seqs][n_heads][cap][head_dim + 2]
+};
+
+template <typename C, int HD, int G, int U, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
+  constexpr int L = HD / 8;    // lanes per row
+  constexpr int RPW = 32 / L;  // rows per warp and load
+  constexpr int NS = kWarps * RPW;
+  constexpr int STEP = NS * U;  // rows per batch of the block
+  __shared__ __align__(16) float o_s[NS][G][HD];
+  __shared__ float m_s[G][NS], l_s[G][NS];
+  __shared__ float pm_s[G][kDecodeMaxSplits], w_s[G][kDecodeMaxSplits];
+  __shared__ int last_s;
+
+  const AttentionBatch& b = P.b;
+  const int split = blockIdx.x, kvb = blockIdx.y, seq = blockIdx.z;
+  const int kvh = kvb / P.chunks, chunk = kvb % P.chunks;
+  const int ctx = b.seq_lens[seq];
+  const DecodeSplitPlan plan = attention_decode_plan(ctx, b.window, P.cap);
+  const int used = plan.used;
+  const int hd = b.kv.head_dim;
+  const int g0 = chunk * kGMax;
+  const int gn = min(min(kGMax, G), P.group - g0);
+  const size_t token =
+      b.query_start ? static_cast<size_t>(b.query_start[seq]) : static_cast<size_t>(seq);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (used == 0) {  // no context (not produced by the engine): a defined output of zeros
+    if (split == 0)
+      for (int i = tid; i < gn * hd; i += kThreads) {
+        const size_t off =
+            token * b.out_stride + static_cast<size_t>((kvh * P.group + g0) * hd + i);
+        if (b.dtype == DType::bf16)
+          static_cast<dev::bf16*>(b.out)[off] = __float2bfloat16_rn(0.f);
+        else
+          static_cast<float*>(b.out)[off] = 0.f;
+      }
+    return;
+  }
+  if (split >= used) return;  // uniform over the block: nothing of this sequence here
+  const int lo = plan.first + split * plan.chunk;
+  const int n = min(plan.chunk, ctx - lo);  // >= 1
+
+  const int lane = tid & 31, warp = tid >> 5;
+  const int sub = lane / L, li = lane % L;
+  const int stream = warp * RPW + sub;
+  const int d0 = li * 8;
+  const bool active = d0 < hd;
+
+  // q of this lane's 8 dimensions for each head, scaled into the log2 domain.
+  float q[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float v = 0.f;
+      if (g < gn && active) {
+        const size_t off =
+            token * b.q_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d0 + j);
+        v = b.dtype == DType::bf16 ? __bfloat162float(static_cast<const dev::bf16*>(b.q)[off])
+                                   : static_cast<const float*>(b.q)[off];
+      }
+      q[g][j] = v * P.qscale;
+    }
+
+  const C* kpool = static_cast<const C*>(b.kv.k);
+  const C* vpool = static_cast<const C*>(b.kv.v);
+  const int bs = b.kv.block_size;
+  const size_t row_elems = static_cast<size_t>(b.kv.n_kv_heads) * hd;
+  const size_t head_off = static_cast<size_t>(kvh) * hd + d0;
+  const int32_t* table = b.block_tables + static_cast<size_t>(seq) * b.max_blocks_per_seq;
+  // Pool slot (block * block_size + offset) of position p; 32 bits, as the engine's slots.
+  auto fetch = [&](int p) -> int {
+    const int tb = P.bs_shift >= 0 ? p >> P.bs_shift : p / bs;
+    return __ldg(table + tb) * bs + (p - tb * bs);
+  };
+  auto at = [&](int slot) { return static_cast<size_t>(slot) * row_elems + head_off; };
+
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNeg, l[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[g][j] = 0.f;
+  }
+
+  int off[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int r = u * NS + stream;
+    off[u] = r < n ? fetch(lo + r) : 0;
+  }
+  // The loop bound is uniform over the block, so every lane reaches the shuffles.
+  for (int base = 0; base < n; base += STEP) {
+    Raw<C> kr[U], vr[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = base + u * NS + stream;
+      if (active && r < n) {
+        load_raw(kpool + at(off[u]), kr[u]);
+        load_raw(vpool + at(off[u]), vr[u]);
+      } else {
+        zero_raw(kr[u]), zero_raw(vr[u]);
+      }
+    }
+    // The next batch's table entries, while this batch's rows are in flight.
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = base + STEP + u * NS + stream;
+      off[u] = r < n ? fetch(lo + r) : 0;
+    }
+    float s[U][G];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kf[8];
+      to_floats(kr[u], kf);
+      const bool valid = base + u * NS + stream < n;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot = fmaf(q[g][j], kf[j], dot);
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        s[u][g] = valid ? dot : kNeg;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
+      const float corr = exp2f(m[g] - mx);
+      m[g] = mx;
+      l[g] *= corr;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float vf[8];
+      to_floats(vr[u], vf);
+      const bool valid = base + u * NS + stream < n;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = valid ? exp2f(s[u][g] - m[g]) : 0.f;
+        l[g] += p;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] = fmaf(p, vf[j], acc[g][j]);
+      }
+    }
+  }
+
+  // Merge the streams of the block.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (active)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o_s[stream][g][d0 + j] = acc[g][j];
+    if (li == 0) m_s[g][stream] = m[g], l_s[g][stream] = l[g];
+  }
+  __syncthreads();
+  const bool direct = used == 1;
+  float* const part_base =
+      P.partials + (static_cast<size_t>(seq) * b.n_heads + kvh * P.group + g0) * P.cap * (hd + 2);
+  for (int i = tid; i < gn * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    float M = kNeg;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) M = fmaxf(M, m_s[g][j]);
+    float sum = 0.f, o = 0.f;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const float w = exp2f(m_s[g][j] - M);
+      sum += l_s[g][j] * w;
+      o += o_s[j][g][d] * w;
+    }
+    if (direct) {
+      const size_t at =
+          token * b.out_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d);
+      const float r = o / sum;  // sum >= 1: the row holding the max contributes exp2(0)
+      if (b.dtype == DType::bf16)
+        static_cast<dev::bf16*>(b.out)[at] = __float2bfloat16_rn(r);
+      else
+        static_cast<float*>(b.out)[at] = r;
+    } else {
+      float* part = part_base + (static_cast<size_t>(g) * P.cap + split) * (hd + 2);
+      part[2 + d] = o;
+      if (d == 0) part[0] = M, part[1] = sum;
+    }
+  }
+  if (direct) return;
+
+  // Publish this split's partials, then count it; the last one merges.
+  __threadfence();
+  __syncthreads();
+  int32_t* counter = P.counters + static_cast<size_t>(seq) * gridDim.y + kvb;
+  if (tid == 0) last_s = atomicAdd(counter, 1) == used - 1;
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  for (int i = tid; i < gn * used; i += kThreads) {
+    const int g = i / used, sp = i % used;
+    const float* part = part_base + (static_cast<size_t>(g) * P.cap + sp) * (hd + 2);
+    pm_s[g][sp] = __ldcg(part);
+    w_s[g][sp] = __ldcg(part + 1);  // the sum, turned into the weight below
+  }
+  __syncthreads();
+  if (tid < gn) {
+    const int g = tid;
+    float M = kNeg;
+    for (int sp = 0; sp < used; ++sp) M = fmaxf(M, pm_s[g][sp]);
+    float sum = 0.f;
+    for (int sp = 0; sp < used; ++sp) sum += w_s[g][sp] * exp2f(pm_s[g][sp] - M);
+    const float inv = 1.f / sum;  // >= 1 before the inverse: some split holds the max
+    for (int sp = 0; sp < used; ++sp) w_s[g][sp] = exp2f(pm_s[g][sp] - M) * inv;
+  }
+  __syncthreads();
+  for (int i = tid; i < gn * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    const float* part = part_base + static_cast<size_t>(g) * P.cap * (hd + 2) + 2 + d;
+    float o = 0.f;
+#pragma unroll 4
+    for (int sp = 0; sp < used; ++sp)
+      o += __ldcg(part + static_cast<size_t>(sp) * (hd + 2)) * w_s[g][sp];
+    const size_t at = token * b.out_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d);
+    if (b.dtype == DType::bf16)
+      static_cast<dev::bf16*>(b.out)[at] = __float2bfloat16_rn(o);
+    else
+      static_cast<float*>(b.out)[at] = o;
+  }
+  if (tid == 0) *counter = 0;  // every used split has counted: ready for the next launch
+}
+
+template <typename C, int HD>
+Status launch_hd(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
+  // Fewer rows per batch where G heads already take many registers.
+  if (gmax <= 1)
+    split_kernel<C, HD, 1, 8, 1><<<grid, kThreads, 0, st>>>(P);
+  else if (gmax <= 2)
+    split_kernel<C, HD, 2, 8, 1><<<grid, kThreads, 0, st>>>(P);
+  else if (gmax <= 4 && HD == 128 && P.b.decode_variant == 1)
+    split_kernel<C, 128, 4, 4, 3><<<grid, kThreads, 0, st>>>(P);
+  else if (gmax <= 4)
+    split_kernel<C, HD, 4, 8, 1><<<grid, kThreads, 0, st>>>(P);
+  else
+    split_kernel<C, HD, 8, 4, 1><<<grid, kThreads, 0, st>>>(P);
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+template <typename C>
+Status launch(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
+  const int hd = P.b.kv.head_dim;
+  if (hd <= 64) return launch_hd<C, 64>(P, gmax, grid, st);
+  if (hd <= 128) return launch_hd<C, 128>(P, gmax, grid, st);
+  return launch_hd<C, 256>(P, gmax, grid, st);
+}
+
+}  // namespace
+
+Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
+  SPARK_TRY(attention_check_args(b, true));
+  if (b.n_seqs == 0) return Status::Ok();
+  if (b.n_seqs > 65535)
+    return make_error(Errc::usage, "attention_decode: more than 65535 sequences in one batch");
+  SplitParams P{};
+  P.b = b;
+  P.group = b.n_heads / b.kv.n_kv_heads;
+  P.chunks = (P.group + kGMax - 1) / kGMax;
+  const long long kv_blocks = static_cast<long long>(b.kv.n_kv_heads) * P.chunks;
+  if (kv_blocks > 65535)
+    return make_error(Errc::usage,
+                      "attention_decode: too many KV heads x head chunks for one grid");
+  P.cap = attention_decode_split_cap(b.n_seqs, static_cast<int>(kv_blocks), b.max_seq_len);
+  P.bs_shift = -1;
+  for (int s = 0; s < 31; ++s)
+    if ((1 << s) == b.kv.block_size) P.bs_shift = s;
+  P.qscale = b.scale * kLog2e;
+  // Counters first (n_seqs x KV blocks <= n_seqs x n_heads), then the partials, as
+  // attention_decode_workspace_bytes lays them out.
+  const size_t pairs = static_cast<size_t>(b.n_seqs) * static_cast<size_t>(b.n_heads);
+  P.counters = static_cast<int32_t*>(b.workspace);
+  P.partials = reinterpret_cast<float*>(static_cast<char*>(b.workspace) +
+                                        (pairs + 63) / 64 * 64 * sizeof(int32_t));
+  const int gmax = P.group < kGMax ? P.group : kGMax;
+  auto st = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(P.cap), static_cast<unsigned>(kv_blocks),
+                  static_cast<unsigned>(b.n_seqs));
+  SPARK_TRY(cuda_check_launch("attention_decode", kThreads, 0));
+  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, SPARK_TRY(launch<C>(P, gmax, grid, st)));
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels
