@@ -12,6 +12,9 @@
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/engine_pin.h"
+#include "cli/history_view.h"
+#include "cli/node_exec.h"
 #include "cli/ring_ops.h"
 #include "core/http_client.h"
 #include "core/remote.h"
@@ -215,16 +218,74 @@ int cmd_stop(Context& ctx, const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// status --history: the nodes' health history, a sparkline per series (JSON with --json).
+int status_history(Context& ctx, const RingConfig& cfg, const po::variables_map& vm) {
+  int node = -1;
+  if (vm.count("node")) {
+    const auto& want = vm["node"].as<std::string>();
+    for (const auto& n : cfg.nodes)
+      if (n.name == want || std::to_string(n.index) == want) node = n.index;
+    if (node < 0)
+      return ctx.fail(make_error(Errc::usage, fmt::format("--node {}: no such node in {} (give "
+                                                          "its name or index)",
+                                                          want, cfg.path)));
+  }
+  auto since = duration_arg(vm, "since");
+  if (!since) return ctx.fail(since.error());
+  int64_t since_ms = *since < 0 ? 0 : wall_ms() - *since;
+  auto h = collect_history(
+      cfg, sparkctl_on(cfg, ctx), node, since_ms,
+      std::chrono::milliseconds(cfg.get_duration_ms("SSH_TIMEOUT")) + std::chrono::seconds(30));
+  int64_t every = static_cast<int64_t>(cfg.get_duration_ms("HEALTH_SAMPLE_INTERVAL"));
+  bool any = false, unreachable = false;
+  for (const auto& r : h) {
+    any = any || !r.samples.empty() || r.error.empty();
+    unreachable =
+        unreachable || (!r.error.empty() && r.error.find("health history") == std::string::npos);
+  }
+  int rc = unreachable ? exit_code(Errc::remote) : any ? 0 : exit_code(Errc::not_found);
+  if (ctx.opts.json) {
+    *ctx.out << to_json(h, every).dump(2) << "\n";
+    return rc;
+  }
+  *ctx.out << render_history(h, every, vm["width"].as<int>());
+  return rc;
+}
+
+}  // namespace
+
 int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("status options");
+  desc.add_options()("history", "the health history of every rank (sparklines; JSON with --json)")(
+      "node", po::value<std::string>(), "with --history: only this node (name or index)")(
+      "since", po::value<std::string>()->default_value("1h"),
+      "with --history: samples of this last stretch of time (e.g. 10m, 6h)")(
+      "width", po::value<int>()->default_value(60), "with --history: sparkline width");
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "status", "status [--json]", desc, args, vm)) return *rc;
+  if (auto rc = parse_args(ctx, "status",
+                           "status [--json] [--history [--node N] [--since D] [--width W]]", desc,
+                           args, vm))
+    return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
+  if (vm.count("history")) return status_history(ctx, *cfg, vm);
   auto s = ring_status(*cfg, ring_layout(*cfg, ctx.argv0));
   int rc = s.ready ? 0 : exit_code(Errc::precondition);
+  auto state = head_state_dir(*cfg);
+  auto current = read_engine_set(state, "current"), good = read_engine_set(state, "last-good");
   if (ctx.opts.json) {
-    *ctx.out << to_json(s).dump(2) << "\n";
+    auto j = to_json(s);
+    auto brief = [](const std::optional<EngineSet>& e) {
+      if (!e) return nlohmann::json(nullptr);
+      auto x = to_json(*e);
+      x.erase("config_text");  // may hold tokens; the file is mode 0600
+      x["summary"] = describe_set(*e);
+      return x;
+    };
+    j["engine_sets"] = {{"current", brief(current)}, {"last_good", brief(good)}};
+    *ctx.out << j.dump(2) << "\n";
     return rc;
   }
   auto& out = *ctx.out;
@@ -243,6 +304,9 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
                      age(s.last_watch_ms),
                      s.last_watch_reason.empty() ? "" : " (" + s.last_watch_reason + ")",
                      s.watch_failures, s.restarts);
+  if (current || good)
+    out << fmt::format("engine: current {}\n        last good {}\n",
+                       current ? describe_set(*current) : "-", good ? describe_set(*good) : "-");
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
                      age(s.record.ready_ms));

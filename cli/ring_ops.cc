@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/cmd_preflight.h"
+#include "cli/engine_pin.h"
 #include "cli/node_exec.h"
 #include "core/install_layout.h"
 #include "core/process.h"
@@ -386,6 +387,9 @@ Status launch_once(const RingConfig& cfg, const RingLayout& lay, const StartOpti
     return s;
   }
   st.done(true, fmt::format("{} rank(s) launched", rep.ranks.size()));
+  // What was started (image digest or binary hashes, cluster file): rollback's record.
+  (void)write_engine_set(state, "current",
+                         collect_engine_set(cfg, lay.sparkctl_bin, wire, lay.node_timeout));
   if (!opt.wait_ready) return Status::Ok();
   SPARK_TRY(wait_ready(cfg, lay, rep));
   rec.ready_ms = wall_ms();
@@ -394,6 +398,7 @@ Status launch_once(const RingConfig& cfg, const RingLayout& lay, const StartOpti
   w.failures = 0;
   (void)write_watch_record(state, w);
   rep.ready = true;
+  (void)mark_last_good(state);  // the set that reached READY is the last good one
   return Status::Ok();
 }
 

@@ -90,6 +90,8 @@ const std::vector<KeySpec>& ring_keys() {
       {"HEARTBEAT_TIMEOUT", KeyType::duration, "5s", nullptr, "Silence after which rank 0 reports a follower dead (fatal)."},
       {"JOIN_TIMEOUT", KeyType::duration, "120s", nullptr, "Deadline for every rank to join rendezvous and for each barrier."},
       {"STALL_TIMEOUT", KeyType::duration, "60s", nullptr, "Age of an engine call after which sparkd reports stalled."},
+      {"HEALTH_SAMPLE_INTERVAL", KeyType::duration, "10s", nullptr, "How often sparkd writes a health sample (memory, PSI, GPU clocks, power, throttle reasons, tokens/s) to its on-disk history (0 = off)."},
+      {"HEALTH_HISTORY_SAMPLES", KeyType::integer, "8640", nullptr, "Samples the health history of each rank keeps (256 bytes each; 8640 = one day at 10 s)."},
       {"MEM_GUARD_WAIT", KeyType::size, "4GiB", nullptr, "MemAvailable under which sparkd holds new requests back (0 = off)."},
       {"MEM_GUARD_CANCEL", KeyType::size, "2GiB", nullptr, "MemAvailable under which sparkd cancels the newest request (0 = off)."},
       {"BENCH_MEM_MIN", KeyType::size, "2GiB", nullptr, "sparkctl bench cancels its run when a node's MemAvailable stays under this for 3 samples 5 s apart."},

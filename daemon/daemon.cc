@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "core/strings.h"
+#include "daemon/history_sampler.h"
 #include "daemon/http_server.h"
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
@@ -137,6 +138,11 @@ struct Daemon::Impl {
   std::unique_ptr<HttpServer> http;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MemoryGuard> memguard;
+  std::unique_ptr<HistorySampler> history;  // null: HEALTH_SAMPLE_INTERVAL=0 or no file
+  uint32_t history_mask = 0;                // ranks alive at the last poke
+  State history_state = State::starting;
+  void start_history();
+  uint32_t alive_mask() const;
   int watchdog_ticks = 0;
   mutable std::mutex probe_mu;
   ProbeResult probe;  // rank 0
@@ -207,6 +213,7 @@ Daemon::~Daemon() {
   auto& I = *impl_;
   request_stop("daemon destroyed");
   if (I.ctl_thread.joinable() || I.lifecycle.joinable() || I.http) wait();
+  if (I.history) I.history->stop();  // its thread reads members destroyed before it
 }
 
 void Daemon::set_timing(const DaemonTiming& t) {
@@ -287,6 +294,7 @@ Status Daemon::start() {
     }
   }
   I.health.set(State::loading, "starting");
+  I.start_history();
   I.ctl_thread = std::thread([this] {
     for (;;) {
       try {
@@ -368,8 +376,54 @@ void Daemon::Impl::arm_watchdog() {
   });
 }
 
+uint32_t Daemon::Impl::alive_mask() const {
+  if (!rdzv_server) return 1u << std::min(31, place.rank);
+  uint32_t m = 1u << std::min(31, place.rank);
+  for (const auto& r : rdzv_server->ranks())
+    if (r.alive && r.rank < 32) m |= 1u << r.rank;
+  return m;
+}
+
+void Daemon::Impl::start_history() {
+  auto every = cfg.get_duration_ms("HEALTH_SAMPLE_INTERVAL");
+  if (every == 0) return;
+  // The node's state directory: STATE_DIR, else the one the pidfile lives under (S/run/).
+  std::string dir = cfg.get("STATE_DIR");
+  if (dir.empty() && !opts.pidfile.empty())
+    dir = std::filesystem::path(opts.pidfile).parent_path().parent_path().string();
+  if (dir.empty()) dir = log_dir();
+  SamplerOptions so;
+  so.path = history_path(dir, place.rank);
+  so.capacity = static_cast<uint64_t>(std::max<int64_t>(1, cfg.get_int("HEALTH_HISTORY_SAMPLES")));
+  so.interval = milliseconds(static_cast<int64_t>(every));
+  so.rank = place.rank;
+  so.world_size = world;
+  so.gpu = place.gpu;
+  history = std::make_unique<HistorySampler>(so, [this] {
+    DaemonSample d;
+    d.state = static_cast<int>(health.state());
+    d.reason = health.reason();
+    d.ranks_alive = alive_mask();
+    if (engine_started.load()) d.step_age_ms = engine->status().oldest_call.count();
+    d.generated_tokens = metrics->value("sparkd_generation_tokens_total");
+    return d;
+  });
+  if (auto st = history->start(); !st.ok()) {
+    log::warn(kComp, "no health history: {}", st.error().message);
+    history.reset();
+  }
+}
+
 void Daemon::Impl::on_watchdog() {
   if (stopping.load()) return;
+  // A rank lost or a change of state is sampled at once, not at the next interval.
+  if (history) {
+    uint32_t m = alive_mask();
+    State st = health.state();
+    if (m != history_mask || st != history_state) history->poke();
+    history_mask = m;
+    history_state = st;
+  }
   // MemAvailable about once a second: cheap, and enough for the guard's floors.
   if (watchdog_ticks++ %
           std::max<int64_t>(1, 1000 / std::max<int64_t>(1, timing.watchdog_period.count())) ==
@@ -698,6 +752,7 @@ int Daemon::wait() {
     if (I.rdzv) I.rdzv->abort();
   }
   I.engine->stop(I.timing.shutdown_grace);
+  if (I.history) I.history->stop();  // its last sample shows the stop
   if (I.lifecycle.joinable()) I.lifecycle.join();
   if (I.heartbeat.joinable()) I.heartbeat.join();
   if (I.rdzv_server) I.rdzv_server->close();

@@ -26,6 +26,7 @@
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/gpu.h"
+#include "env/gpu_throttle.h"
 
 namespace spark::env {
 
@@ -268,6 +269,12 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
   f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
   f.sparkd_bin = req.sparkd_bin;
   f.sparkd_tried = req.sparkd_tried;
+  if (req.gpu_load) {
+    ThrottleOptions t;
+    t.gpus = req.gpus;
+    if (!req.sparkd_bin.empty()) t.load_argv = {req.sparkd_bin, "gpu-load"};
+    f.gpu_throttle = measure_gpu_throttle(t);
+  }
   if (!req.sparkd_bin.empty()) {
     ProcessSpec ps;
     ps.argv = {req.sparkd_bin, "--version"};
@@ -336,6 +343,7 @@ json facts_to_json(const NodeFacts& f) {
   j["uverbs"] = json::array();
   for (const auto& [n, ok] : f.uverbs) j["uverbs"].push_back({{"name", n}, {"rw", ok}});
   j["gpu"] = f.gpu;
+  if (!f.gpu_throttle.is_null()) j["gpu_throttle"] = f.gpu_throttle;
   return j;
 }
 
@@ -389,6 +397,7 @@ Result<NodeFacts> facts_from_json(const json& j) {
     for (const auto& u : j.value("uverbs", json::array()))
       f.uverbs.emplace_back(u.at("name").get<std::string>(), get_or<bool>(u, "rw", false));
     f.gpu = j.value("gpu", json());
+    f.gpu_throttle = j.value("gpu_throttle", json());
     return f;
   } catch (const json::exception& e) {
     return make_error(Errc::io, fmt::format("facts.json: {}", e.what()));

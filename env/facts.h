@@ -81,6 +81,7 @@ struct NodeFacts {
   int uid = -1;
   std::vector<std::pair<std::string, bool>> uverbs;  // /dev/infiniband/uverbs*, read+write ok
   nlohmann::json gpu;                                // the gpu probe's facts (null: none)
+  nlohmann::json gpu_throttle;  // gpu.throttle's measurement (env/gpu_throttle.h; null: none)
 
   /// IPv4 addresses on a netdev.
   std::vector<std::string> ipv4_of(const std::string& ifname) const;
@@ -94,6 +95,8 @@ struct FactsRequest {
   std::vector<std::pair<std::string, int>> ports;  // (address, port) to try binding
   std::string sparkd_bin;                          // asked for --version ("" to skip)
   std::string sparkd_tried;  // where sparkd was looked for when sparkd_bin is "" (a live node)
+  bool gpu_load = false;  // measure gpu.throttle: NVML under `sparkd_bin gpu-load` per GPU
+  std::vector<int> gpus;  // the node's GPUS (NVML indices)
 };
 
 nlohmann::json facts_to_json(const NodeFacts& f);

@@ -8,6 +8,7 @@
 #include "core/strings.h"
 #include "env/facts.h"
 #include "env/gpu.h"
+#include "env/gpu_throttle.h"
 #include "env/known_bad.h"
 #include "env/meminfo.h"
 #include "env/model_files.h"
@@ -870,6 +871,8 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
     req.ports.emplace_back(cfg.get("API_BIND"), static_cast<int>(cfg.get_int("API_PORT")));
     req.ports.emplace_back(node.fabric_ip, static_cast<int>(cfg.get_int("RDZV_PORT")));
   }
+  req.gpu_load = filter.enabled("gpu.throttle");
+  req.gpus = node.gpus;
   auto facts_r = node_facts(root, req);
   if (!facts_r) {
     r.add("sys", "facts", Verdict::fail, facts_r.error().message,
@@ -919,6 +922,9 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   check_sys(r, facts, mi);
   check_disk(r, facts, mf);
   check_gpu(r, gpu, gpu_error);
+  if (filter.enabled("gpu.throttle"))
+    for (auto& row : throttle_checks(node.name, facts.gpu_throttle))
+      r.add("gpu.throttle", row.subject, row.verdict, row.message, row.fix);
   check_ports(r, facts);
   check_sparkd(r, facts);
   check_model(r, mf);

@@ -53,6 +53,8 @@ const std::vector<CheckInfo>& check_catalog() {
        false},
       {"disk", "model filesystem use after staging under DISK_MAX_USE", false},
       {"gpu", "driver, device, memory, no other process on the GPU", false},
+      {"gpu.throttle", "SM clock, power and throttle reasons (NVML) under a short load on each GPU",
+       false},
       {"sw.known_bad", "kernel, driver, NCCL, firmware against the known-bad list (kho=off)",
        false},
       {"sw.sparkd", "the sparkd start runs here is found, starts, and is this sparkctl's version",

@@ -31,9 +31,10 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
-# "stage-bench", "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the
-# hw NCCL tests), "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU),
-# "tp-bench" (the TP control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
+# "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
+# "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
+# "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
+# control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
@@ -49,7 +50,7 @@ declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench
   [spark-engine]=daemon/engine/spark-engine)
 DEFAULT_TARGETS="sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
-EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so tests/libfault_inject_libnvidia_ml.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
@@ -75,7 +76,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl
+    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl fault_inject_libnvidia_ml
     build="$src/$build"
   fi
 
@@ -102,6 +103,7 @@ stage() {
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
   cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
+  cp "$src/scripts/gpu-throttle-check.sh" "$dev/gpu-throttle-check.sh"
   # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
   # the source path, which device() links here), scripts and the PyTorch peer.
   mkdir -p "$dev/fixtures" "$dev/engine"
@@ -246,6 +248,9 @@ device() {
       "$ktests" -tc='gpu *'
   fi
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # preflight's gpu.throttle with the real NVML and `sparkd gpu-load` (not in the default list).
+  [[ $want == *" gpu-throttle "* ]] &&
+    step gpu-throttle 180 bash "$dev/gpu-throttle-check.sh" "$dev/bin" "$out/gpu-throttle"
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
     step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s

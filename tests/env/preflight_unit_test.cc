@@ -262,7 +262,7 @@ TEST_CASE("live facts: addresses, a busy port, memlock, and page-cache residency
   std::string fake_sparkd =
       dir.write("bin/sparkd", "#!/bin/sh\necho \"sparkd 9.9.9 ($1)\"\necho second line\n");
   std::filesystem::permissions(fake_sparkd, std::filesystem::perms::owner_all);
-  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}, fake_sparkd, ""};
+  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}, fake_sparkd, "", false, {}};
   auto f = collect_live_facts(Sysroot("/"), req);
   ::close(fd);
   CHECK(f.netdev_of("127.0.0.1") == "lo");
