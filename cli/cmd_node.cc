@@ -7,6 +7,8 @@
 
 #include "cli/args.h"
 #include "cli/cmd_ring.h"
+#include "cli/engine_pin.h"
+#include "cli/history_view.h"
 #include "cli/node_ops.h"
 #include "core/strings.h"
 
@@ -35,18 +37,21 @@ int cmd_node(Context& ctx, const std::vector<std::string>& args) {
       "sparkd", po::value<std::string>(), "launch: path of sparkd on this node")(
       "env", po::value<std::vector<std::string>>()->composing(),
       "launch: RANK:KEY=VALUE for that rank's sparkd (repeatable)")(
-      "grace-ms", po::value<int>()->default_value(10000), "stop: SIGTERM grace before SIGKILL");
+      "grace-ms", po::value<int>()->default_value(10000), "stop: SIGTERM grace before SIGKILL")(
+      "since-ms", po::value<int64_t>()->default_value(0),
+      "history: samples from this wall-clock time (ms since the epoch) on");
   po::positional_options_description pos;
   pos.add("op", 1);
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "node",
-                           "--config - node probe|launch|stop --node N [--sparkd PATH] "
-                           "[--env R:K=V]... [--grace-ms MS]",
-                           desc, args, vm, &pos))
+  if (auto rc = parse_args(
+          ctx, "node",
+          "--config - node probe|launch|stop|history|engine-set --node N [--sparkd PATH] "
+          "[--env R:K=V]... [--grace-ms MS]",
+          desc, args, vm, &pos))
     return *rc;
   const std::string op = vm.count("op") ? vm["op"].as<std::string>() : "";
-  if (op != "probe" && op != "launch" && op != "stop")
-    return ctx.fail(make_error(Errc::usage, "node: give probe, launch or stop"));
+  if (op != "probe" && op != "launch" && op != "stop" && op != "history" && op != "engine-set")
+    return ctx.fail(make_error(Errc::usage, "node: give probe, launch, stop or history"));
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
   const int node = vm["node"].as<int>();
@@ -56,6 +61,10 @@ int cmd_node(Context& ctx, const std::vector<std::string>& args) {
   nlohmann::json reply;
   if (op == "probe") {
     reply = to_json(probe_here(*cfg, node));
+  } else if (op == "history") {
+    reply = history_here(*cfg, node, vm["since-ms"].as<int64_t>());
+  } else if (op == "engine-set") {
+    reply = engine_set_here(*cfg, node);
   } else if (op == "launch") {
     if (!vm.count("sparkd")) return ctx.fail(make_error(Errc::usage, "node launch: give --sparkd"));
     if (ctx.opts.config_path != "-")

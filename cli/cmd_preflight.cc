@@ -98,6 +98,7 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
       "run only these check IDs or groups (comma-separated)")(
       "skip", po::value<std::vector<std::string>>()->composing(), "skip these check IDs or groups")(
       "bandwidth", "also measure TCP throughput per twin between neighbouring nodes")(
+      "list-checks", "print every check ID and what it checks, and exit (no cluster file needed)")(
       "fabric",
       "run the fabric self-test instead: NCCL all-reduce and all-gather from 8 KB to 256 MB on "
       "every rank's GPU with the ring's own pins, checked values, bus bandwidth, transports")(
@@ -112,9 +113,21 @@ int cmd_preflight(Context& ctx, const std::vector<std::string>& args) {
   if (auto rc = parse_args(
           ctx, "preflight",
           "preflight [--only IDS] [--skip IDS] [--bandwidth] [--fabric] [--local [--node N]] "
-          "[--sysroot DIR|TAR.GZ ...]",
+          "[--sysroot DIR|TAR.GZ ...] | --list-checks",
           desc, args, vm))
     return *rc;
+
+  if (vm.count("list-checks")) {  // also what shell completion offers after --only/--skip
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& c : env::check_catalog()) {
+      if (ctx.opts.json)
+        list.push_back({{"id", c.id}, {"summary", c.summary}});
+      else
+        *ctx.out << fmt::format("{:<14} {}\n", c.id, c.summary);
+    }
+    if (ctx.opts.json) *ctx.out << list.dump(2) << "\n";
+    return 0;
+  }
 
   // The bandwidth test's node side: no config needed.
   if (vm.count("bw-listen") || vm.count("bw-send")) {

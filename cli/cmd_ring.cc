@@ -2,13 +2,19 @@
 #include "cli/cmd_ring.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/engine_pin.h"
+#include "cli/history_view.h"
+#include "cli/node_exec.h"
 #include "cli/ring_ops.h"
 #include "core/http_client.h"
 #include "core/remote.h"
@@ -18,6 +24,7 @@ namespace spark::cli {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -41,12 +48,59 @@ std::string size_or(int64_t v) {
   return v < 0 ? "?" : format_size(static_cast<uint64_t>(v));
 }
 
-void print_start(const Context& ctx, const StartReport& r) {
+std::string step_line(const StartStep& s) {
+  return fmt::format("{:<10} {:<4} {:>6.1f} s  {}\n", s.name, s.ok ? "ok" : "FAIL", s.seconds,
+                     s.detail);
+}
+
+// start's live progress: each step on stdout as it ends; while the ring comes up, every
+// rank's phase, on a terminal as one line rewritten in place (stderr), otherwise as a line
+// when it changes, at most every 5 s and at least every 30 s (a log or a mail stays short).
+StartProgress live_progress(const Context& ctx) {
+  struct State {
+    bool tty = false;
+    bool shown = false;  // a rewritten line is on the terminal
+    std::string last;
+    Clock::time_point t0 = Clock::now(), printed{};
+  };
+  auto st = std::make_shared<State>();
+  st->tty = ctx.err == &std::cerr && ::isatty(STDERR_FILENO) == 1;
+  StartProgress p;
+  std::ostream* out = ctx.out;
+  std::ostream* err = ctx.err;
+  p.step = [st, out, err](const StartStep& s) {
+    if (st->shown) *err << "\r\033[K" << std::flush;
+    st->shown = false;
+    st->last.clear();
+    *out << step_line(s) << std::flush;
+  };
+  p.waiting = [st, out, err](const std::string& ranks) {
+    const auto now = Clock::now();
+    const double t = std::chrono::duration<double>(now - st->t0).count();
+    const bool changed = ranks != st->last;
+    if (st->tty) {
+      if (!changed && now - st->printed < std::chrono::seconds(1)) return;
+      std::string line = fmt::format("  {:.0f} s  {}", t, ranks);
+      if (line.size() > 160) line = line.substr(0, 157) + "...";
+      *err << "\r\033[K" << line << std::flush;
+      st->shown = true;
+    } else {
+      const auto since = now - st->printed;
+      if (!(changed && since >= std::chrono::seconds(5)) && since < std::chrono::seconds(30))
+        return;
+      *out << fmt::format("  {:.0f} s  {}\n", t, ranks) << std::flush;
+    }
+    st->last = ranks;
+    st->printed = now;
+  };
+  return p;
+}
+
+void print_start(const Context& ctx, const StartReport& r, bool steps_shown) {
   auto& out = *ctx.out;
   for (const auto& w : r.warnings) *ctx.err << "sparkctl: WARNING: " << w << "\n";
-  for (const auto& s : r.steps)
-    out << fmt::format("{:<10} {:<4} {:>6.1f} s  {}\n", s.name, s.ok ? "ok" : "FAIL", s.seconds,
-                       s.detail);
+  if (!steps_shown)
+    for (const auto& s : r.steps) out << step_line(s);
   if (r.ready) {
     out << fmt::format("READY: model {} on {} rank(s), endpoint {} (attempt {}, {:.1f} s)\n",
                        r.model, r.world_size, r.endpoint, r.attempts, r.seconds);
@@ -66,10 +120,18 @@ int finish_start(const Context& ctx, const StartReport& r) {
     for (const auto& w : r.warnings) *ctx.err << "sparkctl: WARNING: " << w << "\n";
     return r.error ? exit_code(r.error->code) : 0;
   }
-  print_start(ctx, r);
+  print_start(ctx, r, static_cast<bool>(r.progress.step));
   if (r.error) {
-    *ctx.err << "sparkctl: start failed; the ring was torn down (nothing left on any node): "
-             << r.error->message << "\n";
+    // Say what happened to the ring: a refusal changed nothing; a failed launch was undone.
+    if (r.error->code == Errc::busy)
+      *ctx.err << "sparkctl: start refused: " << r.error->message << "\n";
+    else if (r.torn_down)
+      *ctx.err << "sparkctl: start failed; the ring was torn down (nothing left on any node): "
+               << r.error->message << "\n";
+    else
+      *ctx.err << "sparkctl: start failed before any rank was launched (nothing changed on the "
+                  "nodes): "
+               << r.error->message << "\n";
     return exit_code(r.error->code);
   }
   return 0;
@@ -115,6 +177,7 @@ int cmd_start(Context& ctx, const std::vector<std::string>& args) {
   if (!cfg) return ctx.fail(cfg.error());
   if (opt.skip_preflight)
     *ctx.err << "sparkctl: WARNING: --skip-preflight: starting WITHOUT preflight checks\n";
+  if (!ctx.opts.json) opt.progress = live_progress(ctx);
   auto rep = start_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt);
   return finish_start(ctx, rep);
 }
@@ -129,6 +192,7 @@ int cmd_restart(Context& ctx, const std::vector<std::string>& args) {
   if (opt.skip_preflight)
     *ctx.err << "sparkctl: WARNING: --skip-preflight: starting WITHOUT preflight checks\n";
   StopReport stopped;
+  if (!ctx.opts.json) opt.progress = live_progress(ctx);
   auto rep = restart_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt, &stopped);
   if (!ctx.opts.json) print_stop(ctx, stopped);
   return finish_start(ctx, rep);
@@ -154,16 +218,74 @@ int cmd_stop(Context& ctx, const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// status --history: the nodes' health history, a sparkline per series (JSON with --json).
+int status_history(Context& ctx, const RingConfig& cfg, const po::variables_map& vm) {
+  int node = -1;
+  if (vm.count("node")) {
+    const auto& want = vm["node"].as<std::string>();
+    for (const auto& n : cfg.nodes)
+      if (n.name == want || std::to_string(n.index) == want) node = n.index;
+    if (node < 0)
+      return ctx.fail(make_error(Errc::usage, fmt::format("--node {}: no such node in {} (give "
+                                                          "its name or index)",
+                                                          want, cfg.path)));
+  }
+  auto since = duration_arg(vm, "since");
+  if (!since) return ctx.fail(since.error());
+  int64_t since_ms = *since < 0 ? 0 : wall_ms() - *since;
+  auto h = collect_history(
+      cfg, sparkctl_on(cfg, ctx), node, since_ms,
+      std::chrono::milliseconds(cfg.get_duration_ms("SSH_TIMEOUT")) + std::chrono::seconds(30));
+  int64_t every = static_cast<int64_t>(cfg.get_duration_ms("HEALTH_SAMPLE_INTERVAL"));
+  bool any = false, unreachable = false;
+  for (const auto& r : h) {
+    any = any || !r.samples.empty() || r.error.empty();
+    unreachable =
+        unreachable || (!r.error.empty() && r.error.find("health history") == std::string::npos);
+  }
+  int rc = unreachable ? exit_code(Errc::remote) : any ? 0 : exit_code(Errc::not_found);
+  if (ctx.opts.json) {
+    *ctx.out << to_json(h, every).dump(2) << "\n";
+    return rc;
+  }
+  *ctx.out << render_history(h, every, vm["width"].as<int>());
+  return rc;
+}
+
+}  // namespace
+
 int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("status options");
+  desc.add_options()("history", "the health history of every rank (sparklines; JSON with --json)")(
+      "node", po::value<std::string>(), "with --history: only this node (name or index)")(
+      "since", po::value<std::string>()->default_value("1h"),
+      "with --history: samples of this last stretch of time (e.g. 10m, 6h)")(
+      "width", po::value<int>()->default_value(60), "with --history: sparkline width");
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "status", "status [--json]", desc, args, vm)) return *rc;
+  if (auto rc = parse_args(ctx, "status",
+                           "status [--json] [--history [--node N] [--since D] [--width W]]", desc,
+                           args, vm))
+    return *rc;
   auto cfg = ctx.load_config();
   if (!cfg) return ctx.fail(cfg.error());
+  if (vm.count("history")) return status_history(ctx, *cfg, vm);
   auto s = ring_status(*cfg, ring_layout(*cfg, ctx.argv0));
   int rc = s.ready ? 0 : exit_code(Errc::precondition);
+  auto state = head_state_dir(*cfg);
+  auto current = read_engine_set(state, "current"), good = read_engine_set(state, "last-good");
   if (ctx.opts.json) {
-    *ctx.out << to_json(s).dump(2) << "\n";
+    auto j = to_json(s);
+    auto brief = [](const std::optional<EngineSet>& e) {
+      if (!e) return nlohmann::json(nullptr);
+      auto x = to_json(*e);
+      x.erase("config_text");  // may hold tokens; the file is mode 0600
+      x["summary"] = describe_set(*e);
+      return x;
+    };
+    j["engine_sets"] = {{"current", brief(current)}, {"last_good", brief(good)}};
+    *ctx.out << j.dump(2) << "\n";
     return rc;
   }
   auto& out = *ctx.out;
@@ -182,28 +304,13 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
                      age(s.last_watch_ms),
                      s.last_watch_reason.empty() ? "" : " (" + s.last_watch_reason + ")",
                      s.watch_failures, s.restarts);
+  if (current || good)
+    out << fmt::format("engine: current {}\n        last good {}\n",
+                       current ? describe_set(*current) : "-", good ? describe_set(*good) : "-");
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
                      age(s.record.ready_ms));
-  // Rank 0's fabric self-test (NCCL rings), from /health: the figures READY rests on.
-  if (s.health && s.health->contains("fabric") && (*s.health)["fabric"].is_object()) {
-    const auto& f = (*s.health)["fabric"];
-    double ar = 0, ag = 0;
-    int64_t at = 0;
-    for (const auto& p : f.value("points", nlohmann::json::array())) {
-      if (p.value("bytes", int64_t{0}) < at) continue;
-      at = p.value("bytes", int64_t{0});
-      (p.value("op", "") == "all_reduce" ? ar : ag) = p.value("busbw_gbs", 0.0);
-    }
-    std::vector<std::string> via;
-    for (const auto& p : f["nccl"].value("peers", nlohmann::json::array()))
-      via.push_back(fmt::format("{} {}", p.value("peer", -1), p.value("detail", "")));
-    out << fmt::format(
-        "fabric: {}; busbw at {} MiB: all-reduce {:.1f} GB/s, all-gather {:.1f} GB/s; 8 KB "
-        "all-reduce {:.1f} us; peers {}\n",
-        f.value("passed", false) ? "passed" : "FAILED", at >> 20, ar, ag,
-        f["decode_latency_us"].value("8192", 0.0), via.empty() ? "-" : join(via, ", "));
-  }
+  if (s.health) out << fabric_status_lines(*s.health);
   out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", "RANK", "NODE", "STATE", "PID",
                      "UPTIME", "LAST-HB", "REASON");
   for (const auto& r : s.ranks) {
@@ -257,14 +364,19 @@ int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
     *ctx.out << to_json(w).dump(2) << "\n";
     return rc;
   }
-  // --quiet: steady good news (healthy, grace, busy, disabled) is silent unless it changed.
+  // --quiet: steady good news (healthy, grace, busy, disabled) is silent unless it changed;
+  // healthy is news only after trouble (a recovery, a heal confirmed), not after a start,
+  // a grace or the first watch, which the operator's own start already announced.
   bool steady = w.verdict == "healthy" || w.verdict == "grace" || w.verdict == "busy" ||
                 w.verdict == "disabled";
-  if (vm.count("quiet") && steady && w.verdict == before && w.alerts.empty()) return rc;
+  bool after_trouble = before == "unhealthy" || before == "backoff" || before == "restarted" ||
+                       before == "restart_failed" || before == "gave_up";
+  bool news = w.verdict == "healthy" ? after_trouble : w.verdict != before;
+  if (vm.count("quiet") && steady && !news && w.alerts.empty()) return rc;
   if (vm.count("quiet") && w.verdict == "not_started") return rc;  // said on stderr
   *ctx.out << fmt::format("watch: {}{}\n", w.verdict, w.reason.empty() ? "" : ": " + w.reason);
   if (!w.incident_dir.empty()) *ctx.out << "log tails saved in " << w.incident_dir << "\n";
-  if (w.restart) print_start(ctx, *w.restart);
+  if (w.restart) print_start(ctx, *w.restart, false);
   for (const auto& a : w.alerts) *ctx.out << "alert: " << a << "\n";
   return rc;
 }

@@ -1,8 +1,11 @@
+#include "cli/bundle.h"
 #include "cli/cli.h"
+#include "cli/engine_pin.h"
 #include "cli/cmd_preflight.h"
 #include "cli/cmd_stage.h"
 #include "cli/cmd_demo_model.h"
 #include "cli/cmd_ring.h"
+#include "cli/cmd_bench.h"
 
 namespace spark::cli {
 
@@ -32,8 +35,14 @@ const std::vector<Command>& commands() {
       {"restart", "Stop and start the whole ring together (clears DISABLED and GAVE_UP)", cmd_restart},
       {"status", "Per rank and node: state, pid, uptime, memory, slots; READY, markers, watch", cmd_status},
       {"watch", "One health check; restart the ring after WATCH_FAILURES (run by cron/systemd)", cmd_watch},
+      {"rollback", "Start the last engine set that reached READY (image by digest, cluster file)",
+       cmd_rollback},
+      {"bundle", "One .tar.gz for a bug report from every node: captures, versions, logs, diff",
+       cmd_bundle},
       {"logs", "Show or follow a rank's sparkd log from the head", cmd_logs},
       {"health-get", "(internal) GET rank 0's /health on node 0 for the head", cmd_health_get},
+      {"bench", "Benchmark and check an OpenAI-compatible endpoint: C1, C8, TTFT, prefill, gates",
+       cmd_bench},
       {"node", "(internal) probe, launch or stop this node's ranks for the head (JSON)", cmd_node},
   };
   return table;

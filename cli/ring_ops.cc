@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "cli/cmd_preflight.h"
+#include "cli/engine_pin.h"
 #include "cli/node_exec.h"
 #include "core/install_layout.h"
 #include "core/process.h"
@@ -47,6 +49,7 @@ struct Step {
   Clock::time_point t0 = Clock::now();
   void done(bool ok, std::string detail) {
     rep.steps.push_back(StartStep{name, ok, std::move(detail), since(t0)});
+    if (rep.progress.step) rep.progress.step(rep.steps.back());
   }
 };
 
@@ -214,11 +217,40 @@ Status wait_ready(const RingConfig& cfg, const RingLayout& lay, StartReport& rep
   auto deadline = Clock::now() + limit;
   auto next_probe = Clock::now() + milliseconds(1000);
   std::string last = "rank 0 has not answered yet";
+  // Rank 0's phase as a step of its own each time it moves on (it is the slowest rank's:
+  // rank 0 waits for every follower at each barrier).
+  std::optional<Step> phase;
+  std::string phase_detail;
+  auto phase_to = [&](const std::string& next) {
+    if (phase && phase->name == next) return;
+    if (phase) phase->done(true, phase_detail);
+    phase.reset();
+    if (!next.empty() && next != "ready") phase.emplace(Step{rep, next});
+  };
   for (;;) {
     auto h = fetch_health(cfg, lay, milliseconds(2000));
     if (h) {
       std::string problem = strict_problem(*h);
+      std::string p = start_phase(h->value("state", ""), h->value("reason", ""));
+      if (!p.empty()) {
+        phase_to(p);
+        phase_detail = h->value("reason", "");
+      }
+      if (rep.progress.waiting) {
+        std::vector<std::string> ranks;
+        if (h->contains("ranks") && (*h)["ranks"].is_array())
+          for (const auto& r : (*h)["ranks"]) {
+            std::string why = r.value("reason", "");
+            std::string state = r.value("state", "?");
+            std::string rp = start_phase(state, why);
+            ranks.push_back(fmt::format("rank {} {}{}", r.value("rank", -1),
+                                        rp.empty() ? state : rp,
+                                        why.empty() ? "" : " (" + why + ")"));
+          }
+        rep.progress.waiting(join(ranks, ", "));
+      }
       if (problem.empty()) {
+        phase_to("ready");
         st.done(true, fmt::format("READY: {} rank(s) joined, slots {}", h->value("world_size", 0),
                                   (*h)["slots"].value("total", 0)));
         return Status::Ok();
@@ -282,9 +314,9 @@ void clear_for_manual_start(const std::string& state) {
   (void)write_watch_record(state, w);
 }
 
-// A ring that already runs is not started twice.
+// Every node answers over SSH, and a ring that already runs is not started twice.
 Status check_not_running(const RingConfig& cfg, const RingLayout& lay, StartReport& rep) {
-  Step st{rep, "check"};
+  Step st{rep, "ssh"};
   std::vector<std::string> running;
   for (const auto& p : probe_nodes(cfg, lay)) {
     if (p.error) {
@@ -295,12 +327,13 @@ Status check_not_running(const RingConfig& cfg, const RingLayout& lay, StartRepo
       if (r.alive) running.push_back(fmt::format("rank {} on {} (pid {})", r.rank, p.node, r.pid));
   }
   if (!running.empty()) {
-    st.done(false, "already running");
-    return make_error(Errc::busy, fmt::format("the ring already runs: {}; use `sparkctl "
-                                              "restart` to start it again",
-                                              join(running, ", ")));
+    st.done(false, "the ring already runs");
+    return make_error(Errc::busy,
+                      fmt::format("the ring already runs ({}); nothing was changed: `sparkctl "
+                                  "status` shows it, `sparkctl restart` starts it again",
+                                  join(running, ", ")));
   }
-  st.done(true, "no rank runs");
+  st.done(true, fmt::format("{} node(s) answer; no rank runs", cfg.nodes.size()));
   return Status::Ok();
 }
 
@@ -354,6 +387,9 @@ Status launch_once(const RingConfig& cfg, const RingLayout& lay, const StartOpti
     return s;
   }
   st.done(true, fmt::format("{} rank(s) launched", rep.ranks.size()));
+  // What was started (image digest or binary hashes, cluster file): rollback's record.
+  (void)write_engine_set(state, "current",
+                         collect_engine_set(cfg, lay.sparkctl_bin, wire, lay.node_timeout));
   if (!opt.wait_ready) return Status::Ok();
   SPARK_TRY(wait_ready(cfg, lay, rep));
   rec.ready_ms = wall_ms();
@@ -362,12 +398,14 @@ Status launch_once(const RingConfig& cfg, const RingLayout& lay, const StartOpti
   w.failures = 0;
   (void)write_watch_record(state, w);
   rep.ready = true;
+  (void)mark_last_good(state);  // the set that reached READY is the last good one
   return Status::Ok();
 }
 
 // Tears the whole ring down after a failed attempt: nothing half-started stays on any node.
 // What is still running, or "".
 std::string tear_down(const RingConfig& cfg, const RingLayout& lay, StartReport& rep) {
+  rep.torn_down = true;
   Step td{rep, "teardown"};
   auto stopped = stop_ranks(cfg, lay, dur(cfg, "STOP_GRACE", milliseconds(30000)));
   std::string left = stop_leftovers(stopped);
@@ -379,6 +417,7 @@ StartReport start_locked(const RingConfig& cfg, const RingLayout& lay, const Sta
                          const std::string& state) {
   auto t0 = Clock::now();
   StartReport rep;
+  rep.progress = opt.progress;
   rep.endpoint = endpoint_of(cfg);
   rep.model = cfg.get("MODEL");
   rep.world_size = cfg.world_size();
@@ -511,6 +550,27 @@ RingLayout ring_layout(const RingConfig& cfg, const std::string& /*argv0*/) {
   milliseconds ssh = dur(cfg, "SSH_TIMEOUT", milliseconds(10000));
   lay.node_timeout = ssh + milliseconds(20000);
   return lay;
+}
+
+std::string start_phase(const std::string& state, const std::string& reason) {
+  if (state == "ready") return "ready";
+  if (state != "loading" && state != "starting") return "";
+  // sparkd's loading reasons (daemon.cc, engine/runtime.cc); rank 0's "waiting for rank N
+  // ...: R" quotes the follower's own reason, so the follower's phase is found in it.
+  static const std::vector<std::pair<const char*, const char*>> k = {
+      {"has not joined", "rendezvous"},
+      {"rendezvous", "rendezvous"},
+      {"every rank to join", "rendezvous"},
+      {"tensor-parallel mesh", "fabric"},
+      {"NCCL", "fabric"},
+      {"fabric", "fabric"},
+      {"warm-up", "probe"},
+      {"probe", "probe"},
+  };
+  for (const auto& [needle, phase] : k)
+    if (reason.find(needle) != std::string::npos) return phase;
+  if (reason.empty() || reason == "starting") return "rendezvous";
+  return "load";  // choosing the device, loading weights, chat format, starting the engine
 }
 
 std::string strict_problem(const json& h) {
@@ -856,6 +916,7 @@ json to_json(const StartReport& r) {
     j["ranks"].push_back(rj);
   }
   j["warnings"] = r.warnings;
+  j["torn_down"] = r.torn_down;
   if (r.error)
     j["error"] = {{"code", std::string(errc_name(r.error->code))},
                   {"exit_code", exit_code(r.error->code)},
@@ -942,6 +1003,36 @@ json to_json(const WatchReport& w) {
   if (!w.incident_dir.empty()) j["incident_dir"] = w.incident_dir;
   if (w.restart) j["restart"] = to_json(*w.restart);
   return j;
+}
+
+std::string fabric_status_lines(const nlohmann::json& health) {
+  std::ostringstream out;
+  auto fabric_line = [&out](const nlohmann::json& f, const std::string& who) {
+    double ar = 0, ag = 0;
+    int64_t at = 0;
+    for (const auto& p : f.value("points", nlohmann::json::array())) {
+      if (p.value("bytes", int64_t{0}) < at) continue;
+      at = p.value("bytes", int64_t{0});
+      (p.value("op", "") == "all_reduce" ? ar : ag) = p.value("busbw_gbs", 0.0);
+    }
+    std::vector<std::string> via;
+    const auto nccl = f.value("nccl", nlohmann::json::object());
+    for (const auto& p : nccl.value("peers", nlohmann::json::array()))
+      via.push_back(fmt::format("{} {}", p.value("peer", -1), p.value("detail", "")));
+    const auto lat = f.value("decode_latency_us", nlohmann::json::object());
+    out << fmt::format(
+        "{}: {}; busbw at {} MiB: all-reduce {:.1f} GB/s, all-gather {:.1f} GB/s; 8 KB "
+        "all-reduce {:.1f} us; peers {}\n",
+        who, f.value("passed", false) ? "passed" : "FAILED", at >> 20, ar, ag,
+        lat.value("8192", 0.0), via.empty() ? "-" : join(via, ", "));
+  };
+  if (health.contains("fabric_ranks") && health["fabric_ranks"].is_array()) {
+    for (const auto& f : health["fabric_ranks"])
+      if (f.is_object()) fabric_line(f, fmt::format("fabric rank {}", f.value("rank", -1)));
+  } else if (health.contains("fabric") && health["fabric"].is_object()) {
+    fabric_line(health["fabric"], "fabric");
+  }
+  return out.str();
 }
 
 }  // namespace spark::cli

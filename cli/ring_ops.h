@@ -4,6 +4,7 @@
 // nothing left), status, and one watch pass (strict health, failure counter, restart with
 // cap and backoff, GAVE_UP, alert command). cmd_ring.cc prints them.
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -16,20 +17,35 @@
 
 namespace spark::cli {
 
+/// One step of start, for the report.
+struct StartStep {
+  /// lock, ssh, preflight, evict, memory, launch, then rank 0's phases while it comes up
+  /// (rendezvous, load, fabric, probe), ready; teardown after a failure.
+  std::string name;
+  bool ok = true;
+  std::string detail;
+  double seconds = 0;
+};
+
+/// Where a coming-up rank is, from the reason its /health gives: rendezvous, load, fabric,
+/// probe, ready, or "" when the reason names none of them.
+std::string start_phase(const std::string& state, const std::string& reason);
+
+/// Live progress of start for a terminal or a log: each step as it ends, and while the ring
+/// comes up, every rank's phase (called about every 200 ms; the printer decides how often
+/// to show it).
+struct StartProgress {
+  std::function<void(const StartStep&)> step;
+  std::function<void(const std::string& ranks)> waiting;
+};
+
 /// Options of start (and of the start half of restart and of a watch heal).
 struct StartOptions {
   bool skip_preflight = false;
   bool wait_ready = true;  // false: return once launched (watch's grace covers loading)
   int64_t lock_wait_ms = 30000;
   std::string by = "start";  // start, restart, watch
-};
-
-/// One step of start, for the report.
-struct StartStep {
-  std::string name;  // lock, preflight, evict, memory, launch, ready, teardown
-  bool ok = true;
-  std::string detail;
-  double seconds = 0;
+  StartProgress progress;    // empty: quiet
 };
 
 /// What start did.
@@ -43,7 +59,9 @@ struct StartReport {
   std::vector<LaunchResult> ranks;
   std::vector<std::string> warnings;
   std::optional<Error> error;  // why it failed (after teardown)
+  bool torn_down = false;      // a launched attempt was stopped again (else nothing ran)
   double seconds = 0;
+  StartProgress progress;  // not reported: where steps are shown as they end
 };
 
 /// What stop did.
@@ -128,5 +146,10 @@ nlohmann::json to_json(const StartReport& r);
 nlohmann::json to_json(const StopReport& r);
 nlohmann::json to_json(const RingStatus& s);
 nlohmann::json to_json(const WatchReport& w);
+
+/// The fabric self-test's lines of `sparkctl status` from rank 0's /health: one per rank
+/// from `fabric_ranks` (every rank's report), else one from `fabric` (rank 0's alone, an
+/// older daemon); "" when the ring ran no self-test.
+std::string fabric_status_lines(const nlohmann::json& health);
 
 }  // namespace spark::cli

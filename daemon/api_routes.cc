@@ -71,6 +71,7 @@ struct Pending {
   Responder http;
   bool streaming = false;
   int n = 1;
+  bool logprobs = false;  // asked for: a token of probability 1 has logprob 0 and counts
   engine::RequestId id = 0;
   bool engine_done = false;  // the engine sent request_done
   bool replied = false;      // the response is complete (or abandoned)
@@ -79,6 +80,13 @@ struct Pending {
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0 = Clock::now(), first{}, last{};
   std::string finish0;  // choice 0's finish reason, for the metrics label
+  // Per choice, for the per-sequence histograms: engine times, first/last token, recorded.
+  struct ChoiceTimes {
+    Clock::time_point submitted{}, scheduled{}, first{}, last{};
+    int prompt = 0, generated = 0;
+    bool recorded = false;
+  };
+  std::vector<ChoiceTimes> choices;
   std::shared_ptr<ApiState> state;
   uint64_t token = 0;  // in state's registry while in flight
 
@@ -103,6 +111,25 @@ struct Pending {
     }
     if (first == Clock::time_point{}) first = now;
     last = now;
+  }
+
+  // A choice the client got whole (finish reason sent): its phases into /metrics, as vLLM
+  // records a finished request (each of n choices is one there).
+  void record_choice(ChoiceTimes& t) {
+    Metrics* m = model->metrics;
+    if (!m || t.recorded || t.scheduled == Clock::time_point{}) return;
+    t.recorded = true;
+    m->observe("sparkd_request_prompt_tokens", t.prompt);
+    m->observe("sparkd_request_generation_tokens", t.generated);
+    if (t.submitted != Clock::time_point{})
+      m->observe("sparkd_request_queue_time_seconds", secs(t.scheduled - t.submitted));
+    if (t.first == Clock::time_point{}) return;
+    m->observe("sparkd_request_prefill_time_seconds", secs(t.first - t.scheduled));
+    m->observe("sparkd_request_decode_time_seconds", secs(t.last - t.first));
+    m->observe("sparkd_request_inference_time_seconds", secs(t.last - t.scheduled));
+    if (t.generated > 1)
+      m->observe("sparkd_request_time_per_output_token_seconds",
+                 secs(t.last - t.first) / (t.generated - 1));
   }
 
   void cancel_locked() {
@@ -177,10 +204,23 @@ struct Pending {
     }
     std::string out;
     const int c = ev.choice;
+    if (c >= 0 && static_cast<size_t>(c) >= choices.size())
+      choices.resize(static_cast<size_t>(c) + 1);
+    ChoiceTimes& ct = choices.at(static_cast<size_t>(c));
+    if (ev.scheduled != Clock::time_point{}) {
+      ct.submitted = ev.submitted;
+      ct.scheduled = ev.scheduled;
+    }
+    ct.prompt = ev.prompt_tokens;
+    if (c == 0) resp->cached_tokens(ev.cached_prompt_tokens);
     if (ev.token >= 0 && !resp->finished(c)) {
       if (c == 0) on_token();
+      const auto now = Clock::now();
+      if (ct.first == Clock::time_point{}) ct.first = now;
+      ct.last = now;
+      ct.generated = ev.completion_tokens;
       std::optional<openai::TokenLogprobs> lp;
-      if (ev.top_logprobs.size() || ev.logprob != 0) {
+      if (logprobs || ev.top_logprobs.size()) {
         openai::TokenLogprobs t{ev.token, ev.logprob, {}};
         for (const auto& a : ev.top_logprobs) t.top.emplace_back(a.token, a.logprob);
         lp = std::move(t);
@@ -189,6 +229,7 @@ struct Pending {
     }
     if (ev.finish != engine::FinishReason::none && !resp->finished(c))
       out += resp->finish(c, engine::finish_reason_name(ev.finish));
+    if (resp->finished(c)) record_choice(ct);
     bool all = true;
     for (int i = 0; i < n; ++i) all = all && resp->finished(i);
     if (ev.finish != engine::FinishReason::none && c == 0 && finish0.empty())
@@ -228,6 +269,7 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   pend->state = state;
   pend->streaming = resp->streaming();
   pend->n = req.sampling.n;
+  pend->logprobs = req.sampling.logprobs;
   pend->what = what;
   pend->resp = std::move(resp);
   engine::GenerateRequest g;

@@ -35,6 +35,8 @@ struct BackendStatus {
   /// The fabric self-test's report (engine/fabric_test.h to_json), shown in /health; null
   /// when it did not run.
   nlohmann::json fabric;
+  /// Rank 0: every rank's fabric report (an array in rank order); null when none.
+  nlohmann::json fabric_ranks;
   std::string device;       // what computes on this rank ("NVIDIA H200 ...", "cpu ...")
   std::string device_note;  // why DEVICE=auto fell back to the CPU
 };

@@ -164,6 +164,7 @@ class NativeBackend final : public Backend {
     o.share = ctx.share;
     o.progress = ctx.progress;
     o.engine = *eo;
+    o.missing_ranks = ctx.missing_ranks;
     if (ctx.store_set && ctx.store_get)
       o.store = std::make_shared<engine::FunctionStore>(ctx.store_set, ctx.store_get);
     auto nccl = use_nccl(cfg, ctx.world_size);
@@ -240,6 +241,7 @@ class NativeBackend final : public Backend {
     }
     auto r = rt_->status();
     if (const auto* f = rt_->fabric_report()) s.fabric = engine::to_json(*f);
+    for (const auto& f : rt_->fabric_reports()) s.fabric_ranks.push_back(engine::to_json(f));
     s.device = r.device;
     s.device_note = r.device_fallback;
     s.ready = r.ready;
@@ -252,12 +254,23 @@ class NativeBackend final : public Backend {
       s.oldest_call = std::chrono::milliseconds(r.stats.step_running_ms);
       s.oldest_call_what = "forward step";
       if (metrics_) {
-        metrics_->set("sparkd_prompt_tokens_total", static_cast<double>(r.stats.prompt_tokens));
-        metrics_->set("sparkd_generation_tokens_total",
-                      static_cast<double>(r.stats.generated_tokens));
-        if (r.stats.blocks_total > 0)
+        const auto& st = r.stats;
+        auto d = [](uint64_t v) { return static_cast<double>(v); };
+        // vLLM counts every prompt token it prefills, prefix-cache hits included.
+        metrics_->set("sparkd_prompt_tokens_total", d(st.prompt_tokens + st.cached_tokens));
+        metrics_->set("sparkd_prompt_tokens_computed_total", d(st.prompt_tokens));
+        metrics_->set("sparkd_generation_tokens_total", d(st.generated_tokens));
+        metrics_->set("sparkd_prefix_cache_queries_total", d(st.prefix_queries));
+        metrics_->set("sparkd_prefix_cache_hits_total", d(st.cached_tokens));
+        if (st.blocks_total > 0) {
           metrics_->set("sparkd_kv_cache_usage_ratio",
-                        1.0 - static_cast<double>(r.stats.blocks_available) / r.stats.blocks_total);
+                        1.0 - static_cast<double>(st.blocks_available) / st.blocks_total);
+          metrics_->set("sparkd_cache_config_info", 1,
+                        {{"block_size", std::to_string(st.block_size)},
+                         {"cache_dtype", st.kv_dtype},
+                         {"enable_prefix_caching", st.prefix_caching ? "True" : "False"},
+                         {"num_gpu_blocks", std::to_string(st.blocks_total)}});
+        }
       }
     }
     return s;

@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "core/strings.h"
+#include "daemon/history_sampler.h"
 #include "daemon/http_server.h"
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
@@ -137,6 +138,11 @@ struct Daemon::Impl {
   std::unique_ptr<HttpServer> http;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<MemoryGuard> memguard;
+  std::unique_ptr<HistorySampler> history;  // null: HEALTH_SAMPLE_INTERVAL=0 or no file
+  uint32_t history_mask = 0;                // ranks alive at the last poke
+  State history_state = State::starting;
+  void start_history();
+  uint32_t alive_mask() const;
   int watchdog_ticks = 0;
   mutable std::mutex probe_mu;
   ProbeResult probe;  // rank 0
@@ -195,14 +201,19 @@ Daemon::Daemon(RingConfig cfg, DaemonOptions opts, std::unique_ptr<Backend> engi
     if (p.rank == I.opts.rank) I.place = p;
   I.node = node_name(I.cfg, I.opts.rank);
   I.engine = engine ? std::move(engine) : make_backend(I.cfg, I.opts.rank);
-  I.metrics = std::make_unique<Metrics>(I.cfg.get("MODEL"));
-  I.memguard = std::make_unique<MemoryGuard>(mem_guard_config(I.cfg), I.metrics.get());
+  I.metrics =
+      std::make_unique<Metrics>(I.cfg.get("MODEL"), static_cast<int>(I.cfg.get_int("CONTEXT_LEN")));
+  I.metrics->export_vllm(I.cfg.get("ENGINE") != "exec");
+  MemGuardConfig mg = mem_guard_config(I.cfg);
+  mg.root = I.opts.proc_root;
+  I.memguard = std::make_unique<MemoryGuard>(mg, I.metrics.get());
 }
 
 Daemon::~Daemon() {
   auto& I = *impl_;
   request_stop("daemon destroyed");
   if (I.ctl_thread.joinable() || I.lifecycle.joinable() || I.http) wait();
+  if (I.history) I.history->stop();  // its thread reads members destroyed before it
 }
 
 void Daemon::set_timing(const DaemonTiming& t) {
@@ -254,6 +265,9 @@ Status Daemon::start() {
     so.max_connections_per_peer =
         static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS_PER_PEER")));
     so.public_paths = {"/health"};
+    // vLLM leaves /metrics open; here that is the operator's choice (the default asks for
+    // the key like every other path, so a key protects everything it is set for).
+    if (I.cfg.get("METRICS_AUTH") == "none") so.public_paths.insert("/metrics");
     so.not_ready = [this]() -> std::string {
       State st = impl_->health.state();
       if (st == State::ready) return {};
@@ -280,6 +294,7 @@ Status Daemon::start() {
     }
   }
   I.health.set(State::loading, "starting");
+  I.start_history();
   I.ctl_thread = std::thread([this] {
     for (;;) {
       try {
@@ -322,8 +337,20 @@ void Daemon::Impl::add_routes() {
     m.set("sparkd_slots_configured", s.slots_total);
     m.set("sparkd_slots_busy", s.slots_busy);
     BackendStatus es = engine->status();
-    m.set("sparkd_requests_running", s.requests_in_flight);
+    // vLLM's running/waiting are the scheduler's: sequences in the batch, requests queued
+    // for it. HTTP requests in flight (held by the memory guard too) are our own series.
+    m.set("sparkd_requests_running", es.slots_busy);
     m.set("sparkd_requests_waiting", es.requests_waiting);
+    m.set("sparkd_http_requests_in_flight", s.requests_in_flight);
+    // Every rank's node, from rank 0: one scrape target sees the whole ring.
+    m.clear("sparkd_rank_heartbeat_age_seconds");
+    for (const auto& r : s.ranks) {
+      const Labels l = {{"rank", std::to_string(r.rank)}, {"node", r.node}};
+      m.set("sparkd_rank_alive", r.alive ? 1 : 0, l);
+      m.set("sparkd_rank_mem_available_bytes", static_cast<double>(r.mem_available), l);
+      if (r.rank != 0 && r.last_seen_s >= 0)
+        m.set("sparkd_rank_heartbeat_age_seconds", r.last_seen_s, l);
+    }
     for (const auto& [code, n] : http->responses_by_status())
       m.set("sparkd_http_requests_total", static_cast<double>(n), {{"code", std::to_string(code)}});
     Response r;
@@ -349,8 +376,54 @@ void Daemon::Impl::arm_watchdog() {
   });
 }
 
+uint32_t Daemon::Impl::alive_mask() const {
+  if (!rdzv_server) return 1u << std::min(31, place.rank);
+  uint32_t m = 1u << std::min(31, place.rank);
+  for (const auto& r : rdzv_server->ranks())
+    if (r.alive && r.rank < 32) m |= 1u << r.rank;
+  return m;
+}
+
+void Daemon::Impl::start_history() {
+  auto every = cfg.get_duration_ms("HEALTH_SAMPLE_INTERVAL");
+  if (every == 0) return;
+  // The node's state directory: STATE_DIR, else the one the pidfile lives under (S/run/).
+  std::string dir = cfg.get("STATE_DIR");
+  if (dir.empty() && !opts.pidfile.empty())
+    dir = std::filesystem::path(opts.pidfile).parent_path().parent_path().string();
+  if (dir.empty()) dir = log_dir();
+  SamplerOptions so;
+  so.path = history_path(dir, place.rank);
+  so.capacity = static_cast<uint64_t>(std::max<int64_t>(1, cfg.get_int("HEALTH_HISTORY_SAMPLES")));
+  so.interval = milliseconds(static_cast<int64_t>(every));
+  so.rank = place.rank;
+  so.world_size = world;
+  so.gpu = place.gpu;
+  history = std::make_unique<HistorySampler>(so, [this] {
+    DaemonSample d;
+    d.state = static_cast<int>(health.state());
+    d.reason = health.reason();
+    d.ranks_alive = alive_mask();
+    if (engine_started.load()) d.step_age_ms = engine->status().oldest_call.count();
+    d.generated_tokens = metrics->value("sparkd_generation_tokens_total");
+    return d;
+  });
+  if (auto st = history->start(); !st.ok()) {
+    log::warn(kComp, "no health history: {}", st.error().message);
+    history.reset();
+  }
+}
+
 void Daemon::Impl::on_watchdog() {
   if (stopping.load()) return;
+  // A rank lost or a change of state is sampled at once, not at the next interval.
+  if (history) {
+    uint32_t m = alive_mask();
+    State st = health.state();
+    if (m != history_mask || st != history_state) history->poke();
+    history_mask = m;
+    history_state = st;
+  }
   // MemAvailable about once a second: cheap, and enough for the guard's floors.
   if (watchdog_ticks++ %
           std::max<int64_t>(1, 1000 / std::max<int64_t>(1, timing.watchdog_period.count())) ==
@@ -570,7 +643,8 @@ void Daemon::Impl::run_heartbeats() {
                               {"pid", static_cast<int>(::getpid())},
                               {"slots_total", es.slots_total},
                               {"slots_busy", es.slots_busy},
-                              {"device", es.device}};
+                              {"device", es.device},
+                              {"mem_available", memguard->available()}};
         auto r = hb.call(req, timing.heartbeat_timeout);
         if (!r.ok()) {
           st = r.error();
@@ -615,6 +689,7 @@ HealthSnapshot Daemon::snapshot() const {
   s.slots_total = es.slots_total;
   s.slots_busy = es.slots_busy;
   s.fabric = es.fabric;
+  s.fabric_ranks = es.fabric_ranks;
   s.requests_in_flight = I.http ? I.http->api_in_flight() : 0;
   s.engine = I.engine->name();
   s.device = es.device;
@@ -639,6 +714,7 @@ HealthSnapshot Daemon::snapshot() const {
   self.last_seen_s = 0;
   self.pid = s.pid;
   self.device = es.device;
+  self.mem_available = I.memguard->available();
   if (I.rdzv_server) {
     s.ranks = I.rdzv_server->ranks();
     if (!s.ranks.empty()) s.ranks[0] = self;
@@ -676,6 +752,7 @@ int Daemon::wait() {
     if (I.rdzv) I.rdzv->abort();
   }
   I.engine->stop(I.timing.shutdown_grace);
+  if (I.history) I.history->stop();  // its last sample shows the stop
   if (I.lifecycle.joinable()) I.lifecycle.join();
   if (I.heartbeat.joinable()) I.heartbeat.join();
   if (I.rdzv_server) I.rdzv_server->close();

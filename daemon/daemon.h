@@ -35,6 +35,7 @@ struct DaemonOptions {
   std::optional<std::string> log_level;
   std::optional<std::chrono::milliseconds> shutdown_grace;  // --grace
   bool handle_signals = false;  // sparkd_main: SIGTERM/SIGINT stop the daemon
+  std::string proc_root = "/";  // /proc/meminfo is read under this root (tests: a fixture)
 };
 
 /// Parses argv. Returns the options, or an exit code when the program must stop now

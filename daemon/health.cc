@@ -93,6 +93,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
                          {"pid", r.pid}};
     if (!r.reason.empty()) rj["reason"] = r.reason;
     if (!r.device.empty()) rj["device"] = r.device;
+    if (r.mem_available) rj["mem_available_bytes"] = r.mem_available;
     ranks.push_back(rj);
   }
   j["ok"] = strict_ok(s);
@@ -115,6 +116,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
   j["pid"] = s.pid;
   if (!s.probe.is_null()) j["probe"] = s.probe;
   if (!s.fabric.is_null()) j["fabric"] = s.fabric;
+  if (!s.fabric_ranks.is_null()) j["fabric_ranks"] = s.fabric_ranks;
   if (!s.device.empty()) j["device"] = s.device;
   if (!s.device_note.empty()) j["device_note"] = s.device_note;
   return j;

@@ -53,6 +53,8 @@ struct RankHealth {
   double last_seen_s = -1;  // seconds since the last heartbeat; -1 never
   int pid = 0;
   std::string device;  // what computes on that rank (empty: not reported yet)
+  /// MemAvailable of the rank's node in bytes, as its last heartbeat said (0: not reported).
+  uint64_t mem_available = 0;
 };
 
 /// Everything GET /health reports.
@@ -70,10 +72,11 @@ struct HealthSnapshot {
   std::string model;
   std::string version;
   int pid = 0;
-  nlohmann::json probe;     // rank 0's readiness probe (null elsewhere)
-  nlohmann::json fabric;    // this rank's fabric self-test (null when it did not run)
-  std::string device;       // what computes on this rank
-  std::string device_note;  // why DEVICE=auto chose the CPU
+  nlohmann::json probe;         // rank 0's readiness probe (null elsewhere)
+  nlohmann::json fabric;        // this rank's fabric self-test (null when it did not run)
+  nlohmann::json fabric_ranks;  // rank 0: every rank's fabric self-test, in rank order
+  std::string device;           // what computes on this rank
+  std::string device_note;      // why DEVICE=auto chose the CPU
 };
 
 /// The /health JSON body (schema in man/sparkd.8):

@@ -343,6 +343,7 @@ void RendezvousServer::Impl::handle(const std::shared_ptr<RdzvConn>& c, const nl
       r.slots_total = req.value("slots_total", 0);
       r.slots_busy = req.value("slots_busy", 0);
       r.h.device = req.value("device", "");
+      r.h.mem_available = req.value("mem_available", uint64_t{0});
       ring = {{"state", state_name(ring_state)}, {"reason", ring_reason}};
     }
     auto rep = ok_reply();

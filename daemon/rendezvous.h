@@ -11,7 +11,8 @@
 //   {"op":"barrier","name":N,"rank":R,"timeout_ms":T}   -> reply once all ranks arrived
 //   {"op":"set","key":K,"value":V}
 //   {"op":"get","key":K,"timeout_ms":T}                 -> reply once K is set
-//   {"op":"heartbeat","rank":R,"state":S,"reason":W,"slots_total":N,"slots_busy":N}
+//   {"op":"heartbeat","rank":R,"state":S,"reason":W,"slots_total":N,"slots_busy":N,
+//    "device":D,"mem_available":BYTES}
 // Replies: {"ok":true,...} or {"ok":false,"error":{"code":errc_name,"message":...}}.
 // A heartbeat reply carries {"ring":{"state":S,"reason":W}} so followers see a fatal ring.
 #include <chrono>

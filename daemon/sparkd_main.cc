@@ -13,6 +13,7 @@
 #include "core/strings.h"
 #include "daemon/daemon.h"
 #include "daemon/fabric_rank.h"
+#include "daemon/gpu_load.h"
 
 namespace spark::daemon {
 
@@ -56,6 +57,8 @@ int sparkd_main(int argc, const char* const* argv) {
   // `sparkd fabric-rank ...`: one rank of `sparkctl preflight --fabric`, no daemon.
   if (argc > 1 && std::string_view(argv[1]) == "fabric-rank")
     return fabric_rank_main(argc - 1, argv + 1);
+  // `sparkd gpu-load ...`: the load of preflight's gpu.throttle, no daemon.
+  if (argc > 1 && std::string_view(argv[1]) == "gpu-load") return gpu_load_main(argc - 1, argv + 1);
   auto parsed = parse_daemon_args(argc, argv, std::cout, std::cerr);
   if (std::holds_alternative<int>(parsed)) return std::get<int>(parsed);
   DaemonOptions opts = std::get<DaemonOptions>(std::move(parsed));

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "core/install_layout.h"
 #include "core/strings.h"
 #include "env/facts.h"
 #include "env/net.h"
@@ -17,13 +18,23 @@ namespace spark::env {
 namespace fs = std::filesystem;
 
 Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
-                                         const std::string& live_root, const std::string& out_dir) {
+                                         const std::string& live_root, const std::string& out_dir,
+                                         bool gpu_load) {
   Sysroot root(live_root);
   root.record(true);
   FactsRequest req;
   if (cfg) {
     const auto& n = cfg->nodes.at(static_cast<size_t>(node_index));
+    req.gpus = n.gpus;
+    req.gpu_load = gpu_load;
+    req.sparkd_bin = cfg->get("SPARKD_BIN");
+    if (req.sparkd_bin.empty() && root.live()) {
+      std::error_code ec;
+      auto self = fs::canonical("/proc/self/exe", ec);
+      if (!ec) req.sparkd_bin = locate_sparkd(self.string());
+    }
     CheckFilter all;
+    if (!gpu_load) all.skip = {"gpu.throttle"};
     (void)run_node_checks(*cfg, node_index, root, all, false);
     req.model_path = n.model_path;
     if (n.index == 0) {

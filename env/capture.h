@@ -15,8 +15,10 @@ struct CaptureSummary {
 };
 
 /// Captures node `node_index` of `cfg` (or, with cfg == nullptr, every HCA and netdev the node
-/// has) from `live_root` ("/" on a real node) into the directory `out_dir`.
+/// has) from `live_root` ("/" on a real node) into the directory `out_dir`. `gpu_load`: run
+/// gpu.throttle's load (false where the GPUs may be serving: the bundle).
 Result<CaptureSummary> capture_node_tree(const RingConfig* cfg, int node_index,
-                                         const std::string& live_root, const std::string& out_dir);
+                                         const std::string& live_root, const std::string& out_dir,
+                                         bool gpu_load = true);
 
 }  // namespace spark::env

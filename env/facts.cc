@@ -15,14 +15,18 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 
+#include "core/config.h"
 #include "core/process.h"
 #include "core/strings.h"
 #include "env/gpu.h"
+#include "env/gpu_throttle.h"
 
 namespace spark::env {
 
@@ -93,8 +97,66 @@ std::vector<IfAddr> live_addrs() {
   return out;
 }
 
+// The listening TCP socket's inode for port (any address), from /proc/net/tcp; 0 if none.
+uint64_t listen_inode(int port) {
+  auto text = read_file("/proc/net/tcp");
+  if (!text) return 0;
+  for (const auto& line : split_list(*text, '\n')) {
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+    std::vector<std::string> f;
+    for (const auto& w : split_list(line, ' '))
+      if (!w.empty()) f.push_back(w);
+    if (f.size() < 10 || f[3] != "0A") continue;  // 0A: LISTEN
+    auto colon = f[1].find(':');
+    if (colon == std::string::npos) continue;
+    if (std::strtol(f[1].substr(colon + 1).c_str(), nullptr, 16) != port) continue;
+    return std::strtoull(f[9].c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+// The pid holding socket inode `ino` (a scan of /proc/*/fd: what we may read), or 0.
+int socket_holder(uint64_t ino) {
+  const std::string want = "socket:[" + std::to_string(ino) + "]";
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = d.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::error_code ec2;
+    for (const auto& fd : std::filesystem::directory_iterator(d.path() / "fd", ec2)) {
+      std::error_code ec3;
+      if (std::filesystem::read_symlink(fd.path(), ec3).string() == want) return std::stoi(name);
+    }
+  }
+  return 0;
+}
+
+// Who listens on an address in use: pid, command line and, for a sparkd, its ring's name.
+void find_holder(PortProbe& p) {
+  uint64_t ino = listen_inode(p.port);
+  if (ino == 0) return;
+  p.holder_pid = socket_holder(ino);
+  if (p.holder_pid == 0) return;
+  auto raw = read_file("/proc/" + std::to_string(p.holder_pid) + "/cmdline");
+  if (!raw) return;
+  std::vector<std::string> argv;
+  for (const auto& a : split_list(*raw, '\0'))
+    if (!a.empty()) argv.push_back(a);
+  p.holder_cmdline = join(argv, " ");
+  if (argv.empty() || std::filesystem::path(argv[0]).filename() != "sparkd") return;
+  for (size_t i = 1; i + 1 < argv.size(); ++i) {
+    if (argv[i] != "--config") continue;
+    // The holder's cluster file as sparkd read it (quoting and defaults included).
+    std::vector<Diagnostic> diags;
+    if (auto cfg = load_config(argv[i + 1], Environment{}, &diags); cfg.ok())
+      p.holder_ring = cfg->get("RING_NAME");
+  }
+}
+
 PortProbe try_bind(const std::string& address, int port) {
-  PortProbe p{address, port, false, ""};
+  PortProbe p;
+  p.address = address;
+  p.port = port;
   auto ip = parse_ipv4(address);
   if (!ip) {
     p.error = "not an IPv4 address";
@@ -115,7 +177,9 @@ PortProbe try_bind(const std::string& address, int port) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
     p.free = true;
   } else {
-    p.error = std::strerror(errno);
+    const int e = errno;
+    p.error = std::strerror(e);
+    if (e == EADDRINUSE) find_holder(p);
   }
   ::close(fd);
   return p;
@@ -203,12 +267,29 @@ NodeFacts collect_live_facts(const Sysroot& root, const FactsRequest& req) {
   GpuReport g = probe_gpu(go);
   f.gpu = to_json(g);
   f.nccl = NcclLib{g.nccl_library, g.nccl_version_code, g.nccl_reason};
+  f.sparkd_bin = req.sparkd_bin;
+  f.sparkd_tried = req.sparkd_tried;
+  if (req.gpu_load) {
+    ThrottleOptions t;
+    t.gpus = req.gpus;
+    if (!req.sparkd_bin.empty()) t.load_argv = {req.sparkd_bin, "gpu-load"};
+    f.gpu_throttle = measure_gpu_throttle(t);
+  }
   if (!req.sparkd_bin.empty()) {
     ProcessSpec ps;
     ps.argv = {req.sparkd_bin, "--version"};
     ps.timeout = std::chrono::milliseconds(3000);
-    if (auto r = run_process(ps); r && r->success())
+    auto r = run_process(ps);
+    if (r && r->success()) {
       f.sparkd_version = std::string(trim(r->out.substr(0, r->out.find('\n'))));
+    } else if (!r) {
+      f.sparkd_error = r.error().message;
+    } else {
+      // A missing shared library or a wrong architecture shows in its stderr.
+      std::string why(trim(r->err.empty() ? r->out : r->err));
+      if (why.size() > 300) why = why.substr(0, 300) + "...";
+      f.sparkd_error = r->describe() + (why.empty() ? "" : ": " + why);
+    }
   }
   f.uid = static_cast<int>(::getuid());
   if (auto* pw = ::getpwuid(::getuid())) f.user = pw->pw_name;
@@ -240,8 +321,13 @@ json facts_to_json(const NodeFacts& f) {
   j["clock_ms"] = f.clock_ms;
   j["ports"] = json::array();
   for (const auto& p : f.ports)
-    j["ports"].push_back(
-        {{"address", p.address}, {"port", p.port}, {"free", p.free}, {"error", p.error}});
+    j["ports"].push_back({{"address", p.address},
+                          {"port", p.port},
+                          {"free", p.free},
+                          {"error", p.error},
+                          {"holder_pid", p.holder_pid},
+                          {"holder_cmdline", p.holder_cmdline},
+                          {"holder_ring", p.holder_ring}});
   if (f.residency)
     j["page_cache"] = {{"total_bytes", f.residency->total_bytes},
                        {"resident_bytes", f.residency->resident_bytes},
@@ -249,11 +335,15 @@ json facts_to_json(const NodeFacts& f) {
                        {"error", f.residency->error}};
   j["nccl"] = {{"path", f.nccl.path}, {"version", f.nccl.version}, {"error", f.nccl.error}};
   j["sparkd_version"] = f.sparkd_version;
+  j["sparkd_bin"] = f.sparkd_bin;
+  j["sparkd_error"] = f.sparkd_error;
+  j["sparkd_tried"] = f.sparkd_tried;
   j["user"] = f.user;
   j["uid"] = f.uid;
   j["uverbs"] = json::array();
   for (const auto& [n, ok] : f.uverbs) j["uverbs"].push_back({{"name", n}, {"rw", ok}});
   j["gpu"] = f.gpu;
+  if (!f.gpu_throttle.is_null()) j["gpu_throttle"] = f.gpu_throttle;
   return j;
 }
 
@@ -284,7 +374,10 @@ Result<NodeFacts> facts_from_json(const json& j) {
     f.clock_ms = get_or<int64_t>(j, "clock_ms", 0);
     for (const auto& p : j.value("ports", json::array()))
       f.ports.push_back({get_or<std::string>(p, "address", ""), get_or<int>(p, "port", 0),
-                         get_or<bool>(p, "free", false), get_or<std::string>(p, "error", "")});
+                         get_or<bool>(p, "free", false), get_or<std::string>(p, "error", ""),
+                         get_or<int>(p, "holder_pid", 0),
+                         get_or<std::string>(p, "holder_cmdline", ""),
+                         get_or<std::string>(p, "holder_ring", "")});
     if (j.contains("page_cache") && j["page_cache"].is_object()) {
       const auto& r = j["page_cache"];
       f.residency =
@@ -296,11 +389,15 @@ Result<NodeFacts> facts_from_json(const json& j) {
           NcclLib{get_or<std::string>(j["nccl"], "path", ""), get_or<int>(j["nccl"], "version", 0),
                   get_or<std::string>(j["nccl"], "error", "")};
     f.sparkd_version = get_or<std::string>(j, "sparkd_version", "");
+    f.sparkd_bin = get_or<std::string>(j, "sparkd_bin", "");
+    f.sparkd_error = get_or<std::string>(j, "sparkd_error", "");
+    f.sparkd_tried = get_or<std::string>(j, "sparkd_tried", "");
     f.user = get_or<std::string>(j, "user", "");
     f.uid = get_or<int>(j, "uid", -1);
     for (const auto& u : j.value("uverbs", json::array()))
       f.uverbs.emplace_back(u.at("name").get<std::string>(), get_or<bool>(u, "rw", false));
     f.gpu = j.value("gpu", json());
+    f.gpu_throttle = j.value("gpu_throttle", json());
     return f;
   } catch (const json::exception& e) {
     return make_error(Errc::io, fmt::format("facts.json: {}", e.what()));

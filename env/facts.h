@@ -40,6 +40,12 @@ struct PortProbe {
   int port = 0;
   bool free = false;
   std::string error;  // strerror of bind when not free
+  /// Who listens there when it is in use and /proc lets us see it (our own processes, or
+  /// any as root): pid and command line (arguments joined by spaces); 0 / "" when unknown.
+  int holder_pid = 0;
+  std::string holder_cmdline;
+  /// RING_NAME of the cluster file that holder runs with, when it is a sparkd ("" else).
+  std::string holder_ring;
 };
 
 /// How much of the model directory is in the page cache.
@@ -68,10 +74,14 @@ struct NodeFacts {
   std::optional<Residency> residency;
   NcclLib nccl;
   std::string sparkd_version;  // first line of `SPARKD_BIN --version` ("" when it did not run)
+  std::string sparkd_bin;      // the sparkd asked ("" when none was found or asked)
+  std::string sparkd_error;    // why `sparkd --version` failed ("" when it ran)
+  std::string sparkd_tried;    // where it was looked for, when none was found
   std::string user;
   int uid = -1;
   std::vector<std::pair<std::string, bool>> uverbs;  // /dev/infiniband/uverbs*, read+write ok
   nlohmann::json gpu;                                // the gpu probe's facts (null: none)
+  nlohmann::json gpu_throttle;  // gpu.throttle's measurement (env/gpu_throttle.h; null: none)
 
   /// IPv4 addresses on a netdev.
   std::vector<std::string> ipv4_of(const std::string& ifname) const;
@@ -84,6 +94,9 @@ struct FactsRequest {
   std::string model_path;                          // statvfs + residency ("" to skip)
   std::vector<std::pair<std::string, int>> ports;  // (address, port) to try binding
   std::string sparkd_bin;                          // asked for --version ("" to skip)
+  std::string sparkd_tried;  // where sparkd was looked for when sparkd_bin is "" (a live node)
+  bool gpu_load = false;  // measure gpu.throttle: NVML under `sparkd_bin gpu-load` per GPU
+  std::vector<int> gpus;  // the node's GPUS (NVML indices)
 };
 
 nlohmann::json facts_to_json(const NodeFacts& f);

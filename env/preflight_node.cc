@@ -8,6 +8,7 @@
 #include "core/strings.h"
 #include "env/facts.h"
 #include "env/gpu.h"
+#include "env/gpu_throttle.h"
 #include "env/known_bad.h"
 #include "env/meminfo.h"
 #include "env/model_files.h"
@@ -693,6 +694,10 @@ void check_disk(NodeRun& r, const NodeFacts& facts, const ModelFiles& mf) {
     r.add("disk", fs.path, Verdict::pass, desc);
 }
 
+std::string first_words(const std::string& cmdline) {
+  return cmdline.size() > 120 ? cmdline.substr(0, 117) + "..." : cmdline;
+}
+
 void check_ports(NodeRun& r, const NodeFacts& facts) {
   if (!r.filter.enabled("port.free")) return;
   if (r.node.index != 0) {
@@ -704,15 +709,54 @@ void check_ports(NodeRun& r, const NodeFacts& facts) {
     std::string name = std::to_string(p.port) == r.cfg.get("API_PORT") ? "API_PORT" : "RDZV_PORT";
     if (p.free)
       r.add("port.free", what, Verdict::pass, fmt::format("{} {} can be bound", name, what));
+    else if (!p.holder_ring.empty() && p.holder_ring == r.cfg.get("RING_NAME"))
+      // The ring runs: its own sparkd listens there, which is what start will do again.
+      r.add("port.free", what, Verdict::pass,
+            fmt::format("{} {} is held by this ring's own sparkd (pid {}): the ring runs; "
+                        "`sparkctl stop` frees it",
+                        name, what, p.holder_pid));
     else
       r.add(
           "port.free", what, Verdict::fail,
-          fmt::format("{} {} cannot be bound: {}", name, what, p.error),
+          fmt::format("{} {} cannot be bound: {}{}", name, what, p.error,
+                      p.holder_pid ? fmt::format(" (held by pid {}: {})", p.holder_pid,
+                                                 first_words(p.holder_cmdline))
+                                   : std::string()),
           p.error.find("in use") != std::string::npos
               ? fmt::format("stop what holds it (`ss -ltnp 'sport = :{}'`) or set {}", p.port, name)
               : fmt::format("the address must be on this node; check {}",
                             name == "API_PORT" ? "API_BIND" : r.key("FABRIC_IP")));
   }
+}
+
+// The sparkd this node will run: found, starts, and is this sparkctl's version (sw.parity
+// then holds every node's to the head's).
+void check_sparkd(NodeRun& r, const NodeFacts& facts) {
+  if (!r.filter.enabled("sw.sparkd")) return;
+  // A tree captured before sparkd was recorded says nothing about it.
+  if (!r.root.live() && facts.sparkd_bin.empty() && facts.sparkd_tried.empty()) return;
+  const std::string want = std::string("sparkd ") + kVersion;
+  const std::string fix = fmt::format(
+      "install sparkctl {} on {} (the .deb, or `cmake --install` to the head's prefix), or "
+      "set SPARKD_BIN to the sparkd to run",
+      kVersion, r.node.name);
+  if (facts.sparkd_bin.empty())
+    r.add("sw.sparkd", "", Verdict::fail,
+          "no sparkd found" + (facts.sparkd_tried.empty()
+                                   ? std::string()
+                                   : " (looked at " + facts.sparkd_tried + ")"),
+          fix);
+  else if (!facts.sparkd_error.empty())
+    r.add("sw.sparkd", facts.sparkd_bin, Verdict::fail,
+          fmt::format("{} cannot be started: {}", facts.sparkd_bin, facts.sparkd_error), fix);
+  else if (facts.sparkd_version != want)
+    r.add("sw.sparkd", facts.sparkd_bin, Verdict::fail,
+          fmt::format("{} is '{}', this sparkctl is {}", facts.sparkd_bin, facts.sparkd_version,
+                      kVersion),
+          fix);
+  else
+    r.add("sw.sparkd", facts.sparkd_bin, Verdict::pass,
+          fmt::format("{} starts: {}", facts.sparkd_bin, facts.sparkd_version));
 }
 
 void check_model(NodeRun& r, const ModelFiles& mf) {
@@ -815,16 +859,20 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   FactsRequest req;
   req.model_path = node.model_path;
   req.sparkd_bin = cfg.get("SPARKD_BIN");
-  if (req.sparkd_bin.empty() && root.live()) {
-    // Default: the sparkd that start would run from this sparkctl's install.
+  if (root.live()) {
+    // The sparkd that start will run here, found as the launch finds it (SPARKD_BIN, else
+    // this sparkctl's install, the standard prefixes, PATH).
     std::error_code ec;
     auto self = std::filesystem::canonical("/proc/self/exe", ec);
-    if (!ec) req.sparkd_bin = spark::locate_sparkd(self.string());
+    req.sparkd_bin = spark::node_sparkd(req.sparkd_bin, !req.sparkd_bin.empty(),
+                                        ec ? std::string() : self.string(), &req.sparkd_tried);
   }
   if (node.index == 0) {
     req.ports.emplace_back(cfg.get("API_BIND"), static_cast<int>(cfg.get_int("API_PORT")));
     req.ports.emplace_back(node.fabric_ip, static_cast<int>(cfg.get_int("RDZV_PORT")));
   }
+  req.gpu_load = filter.enabled("gpu.throttle");
+  req.gpus = node.gpus;
   auto facts_r = node_facts(root, req);
   if (!facts_r) {
     r.add("sys", "facts", Verdict::fail, facts_r.error().message,
@@ -874,7 +922,11 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   check_sys(r, facts, mi);
   check_disk(r, facts, mf);
   check_gpu(r, gpu, gpu_error);
+  if (filter.enabled("gpu.throttle"))
+    for (auto& row : throttle_checks(node.name, facts.gpu_throttle))
+      r.add("gpu.throttle", row.subject, row.verdict, row.message, row.fix);
   check_ports(r, facts);
+  check_sparkd(r, facts);
   check_model(r, mf);
   check_known_bad(r, facts, gpu, hcas);
   check_reads(r);  // last: every probe above has read what it reads

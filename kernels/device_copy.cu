@@ -16,6 +16,15 @@ Status device_copy_async(void* dst, const void* src, size_t bytes, void* stream)
   return Status::Ok();
 }
 
+Status device_copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, size_t rows, void* stream) {
+  if (width == 0 || rows == 0) return Status::Ok();
+  if (!dst || !src) return make_error(Errc::internal, "device_copy_2d_async: null pointer");
+  SPARK_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                   cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  return Status::Ok();
+}
+
 Result<bool> stream_done(void* stream) {
   cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
   if (e == cudaSuccess) return true;

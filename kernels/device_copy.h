@@ -13,6 +13,12 @@ namespace spark::kernels {
 /// `stream` (nullptr: the default stream); capturable in a CUDA graph. Does not wait.
 Status device_copy_async(void* dst, const void* src, size_t bytes, void* stream);
 
+/// Enqueues a strided copy of `rows` rows of `width` bytes, from `src` (rows `src_pitch`
+/// bytes apart) to `dst` (rows `dst_pitch` bytes apart), device to device on `stream`
+/// (cudaMemcpy2DAsync); capturable in a CUDA graph. Does not wait.
+Status device_copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                            size_t width, size_t rows, void* stream);
+
 /// True when every operation enqueued on `stream` so far has finished (cudaStreamQuery),
 /// false while some still run; an error the stream's work raised as its Error.
 Result<bool> stream_done(void* stream);

@@ -31,7 +31,10 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
-# "stage-bench", "nccl" (the hw NCCL tests), "nccl-ring", "multi-gpu"), OUT,
+# "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
+# "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
+# "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
+# control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC.
 set -euo pipefail
 
@@ -47,7 +50,7 @@ declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench
   [spark-engine]=daemon/engine/spark-engine)
 DEFAULT_TARGETS="sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
-EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so)
+EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so tests/libfault_inject_libnvidia_ml.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
 TOOLS=(ip iperf3 nc vmtouch)
 
@@ -73,7 +76,7 @@ stage() {
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPARK_WERROR=OFF \
       -DCMAKE_CUDA_ARCHITECTURES="$archs" -DSPARK_CUDA=ON "${launcher[@]}" \
       '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >/dev/null
-    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl
+    ninja -C "$build" -j"$jobs" "${want_targets[@]}" fault_inject_libcuda fault_inject_libnccl fault_inject_libnvidia_ml
     build="$src/$build"
   fi
 
@@ -100,11 +103,15 @@ stage() {
   cp "$src/bench/stage/stage_bench.sh" "$dev/stage_bench.sh"
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
   cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
+  cp "$src/scripts/gpu-throttle-check.sh" "$dev/gpu-throttle-check.sh"
   # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
   # the source path, which device() links here), scripts and the PyTorch peer.
   mkdir -p "$dev/fixtures" "$dev/engine"
   cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
   cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
+  # sparkctl bench's known-answer set, where bin/sparkctl looks for it (bin/../share).
+  mkdir -p "$dev/share/sparkctl/bench"
+  cp "$src/packaging/bench/known-answers.jsonl" "$dev/share/sparkctl/bench/"
 
   # Every non-system library the binaries need, under its soname.
   local name path copied=()
@@ -220,6 +227,9 @@ device() {
   fi
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
+  # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.
+  [[ $want == *" sparkctl-bench "* ]] &&
+    step sparkctl-bench 300 bash "$dev/engine/sparkctl_bench_gpu.sh" "$dev/bin" "$out/sparkctl-bench"
   if [[ $want == *" engine-bench "* ]]; then
     local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
     step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
@@ -238,9 +248,24 @@ device() {
       "$ktests" -tc='gpu *'
   fi
   [[ $want == *" unit "* ]] && step unit 240 "$dev/bin/spark_unit_tests"
+  # preflight's gpu.throttle with the real NVML and `sparkd gpu-load` (not in the default list).
+  [[ $want == *" gpu-throttle "* ]] &&
+    step gpu-throttle 180 bash "$dev/gpu-throttle-check.sh" "$dev/bin" "$out/gpu-throttle"
   # NCCL on this machine's GPUs: the one-GPU NCCL path and its faults, and the logic tests.
   [[ $want == *" nccl "* ]] &&
     step nccl 240 "$dev/bin/spark_hw_tests" -tc="hw nccl*" -s
+  # Tensor parallel on CUDA with one GPU: TP=2 and TP=4 ranks share it, over Gloo staged
+  # through host memory (NCCL refuses two ranks on one device), against TP=1 on CUDA and the
+  # CPU reference: logits at every position in one process, greedy tokens and logprobs of
+  # the spark-engine binary as processes. The same recipe and device calls NCCL serves.
+  [[ $want == *" tp-cuda "* ]] &&
+    step tp-cuda 120 "$dev/bin/spark_hw_tests" -tc='hw tp-cuda*'
+  # What the TP control plane (step plan, heartbeats) costs a decode step, on the CPU path of
+  # this machine's quiet cores: the engine against the same steps in lock-step with no plan.
+  if [[ $want == *" tp-bench "* ]]; then
+    step tp-bench 120 "$dev/bin/spark-engine" tpbench --tokens 64 --rounds 3 --threads 1
+    grep '^{' "$out/tp-bench.log" | tail -n 1 > "$out/tp_bench.json" || true
+  fi
   # A one-host ring over NCCL with the real binaries (all GPUs, one rank each).
   [[ $want == *" nccl-ring "* ]] &&
     step nccl-ring 300 bash "$dev/nccl-ring.sh" "$dev/bin" "$out/nccl-ring" ${NCCL_RING_RANKS:-}

@@ -126,13 +126,23 @@ sys.exit(0 if ok else 1)
 PY" | tee "$out/busbw-vs-nccl-tests.txt"
 fi
 
+# 2 (engine level). The engine's tensor parallel over NCCL, one GPU per rank: logits of TP=2
+# (and TP=4) at every position against TP=1 and the CPU, and the spark-engine binary as
+# processes with decode graphs replayed on every rank (tests/hw/tp_cuda_test.cc).
+if [ -x "$bin/spark_hw_tests" ]; then
+  TP_CUDA_COLLECTIVE=nccl "$bin/spark_hw_tests" -tc='hw tp-cuda*' > "$out/tp-cuda-nccl.log" 2>&1
+  rc=$?
+  grep '^tp-cuda' "$out/tp-cuda-nccl.log" | tee -a "$summary"
+  check "engine TP over NCCL matches TP=1 and the CPU within the bf16 bound" "[ $rc = 0 ]"
+fi
+
 # Batch-1 decode of a Llama-3-8B-shaped model at TP=2 against TP=1 needs the GPU engine's
 # benchmark (spark-engine bench on CUDA); it is run by the engine's own script when present.
 if [ -x "$bin/spark-engine" ]; then
   for n in "${sizes[@]}"; do
     "$bin/spark-engine" bench --demo --json > "$out/decode-tp$n.json" 2>&1 || true
   done
-  note "NOTE decode benchmarks in decode-tp*.json (TP=N runs need the engine's CUDA TP path)"
+  note "NOTE decode benchmarks in decode-tp*.json"
 fi
 
 echo "{\"gpus\":$gpus,\"failed\":$fail}" > "$out/summary.json"

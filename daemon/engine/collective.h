@@ -6,6 +6,7 @@
 // activations. Every call has a deadline; a failure names the rank.
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "daemon/engine/safetensors.h"
@@ -28,6 +29,10 @@ class Collective {
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
   /// Returns when every rank has called barrier().
   virtual Status barrier() = 0;
+  /// Gathers `bytes_per_rank` bytes from every rank into `out` (world_size() *
+  /// bytes_per_rank bytes, rank r's at offset r * bytes_per_rank). The default takes one
+  /// broadcast per rank; a transport with a real all-gather overrides it.
+  virtual Status all_gather(const void* in, void* out, size_t bytes_per_rank);
 
   /// Sums `count` elements of device memory in place across all ranks, enqueued on the CUDA
   /// stream `stream` (a cudaStream_t; nullptr: the default stream) without waiting for it.
@@ -46,6 +51,9 @@ class Collective {
     (void)in, (void)out, (void)count_per_rank, (void)dtype, (void)stream;
     return make_error(Errc::unsupported, "all_gather_device: this collective has no device path");
   }
+  /// True when the device calls may be recorded in a CUDA graph (NCCL, one rank); false
+  /// where they wait on the host (a host-staged collective), so decode steps run eagerly.
+  virtual bool device_calls_capturable() const { return false; }
 };
 
 /// World of one: the reductions, broadcast and barrier are no-ops; all_gather_device is one
@@ -57,12 +65,47 @@ class LocalCollective final : public Collective {
   Status all_reduce_sum(float*, size_t) override { return Status::Ok(); }
   Status broadcast(void*, size_t, int) override { return Status::Ok(); }
   Status barrier() override { return Status::Ok(); }
+  Status all_gather(const void* in, void* out, size_t bytes_per_rank) override;
   Status all_reduce_sum_device(void*, size_t, DType, void*) override { return Status::Ok(); }
   Status all_gather_device(const void* in, void* out, size_t count_per_rank, DType dtype,
                            void* stream) override {
     if (in == out || count_per_rank == 0) return Status::Ok();
     return kernels::device_copy_async(out, in, count_per_rank * dtype_size(dtype), stream);
   }
+  bool device_calls_capturable() const override { return true; }
+};
+
+/// The device calls of a host collective (Gloo) for a GPU rank, staged through page-locked
+/// host memory: each call waits for the stream, copies the data to the host, runs the host
+/// collective (bf16 summed in fp32) and copies the result back. It lets several ranks share
+/// one GPU (NCCL refuses two ranks on one device) and serves rings without NCCL; it cannot
+/// be captured in a CUDA graph (it waits on the host), so decode steps run eagerly over it.
+/// The host calls go straight to `host`.
+class HostStagedCollective final : public Collective {
+ public:
+  explicit HostStagedCollective(std::shared_ptr<Collective> host);
+  ~HostStagedCollective() override;
+  int rank() const override { return host_->rank(); }
+  int world_size() const override { return host_->world_size(); }
+  Status all_reduce_sum(float* data, size_t n) override { return host_->all_reduce_sum(data, n); }
+  Status broadcast(void* data, size_t bytes, int root) override {
+    return host_->broadcast(data, bytes, root);
+  }
+  Status barrier() override { return host_->barrier(); }
+  Status all_gather(const void* in, void* out, size_t bytes_per_rank) override {
+    return host_->all_gather(in, out, bytes_per_rank);
+  }
+  Status all_reduce_sum_device(void* data, size_t count, DType dtype, void* stream) override;
+  Status all_gather_device(const void* in, void* out, size_t count_per_rank, DType dtype,
+                           void* stream) override;
+  bool device_calls_capturable() const override { return false; }
+
+ private:
+  Status stage(size_t bytes);  // grows the page-locked buffer to `bytes`
+  std::shared_ptr<Collective> host_;
+  void* pinned_ = nullptr;
+  size_t pinned_bytes_ = 0;
+  std::vector<float> wide_;
 };
 
 }  // namespace spark::engine

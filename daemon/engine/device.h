@@ -188,8 +188,14 @@ class Device {
   }
   /// y[r] = x[logit_rows[r]] (rows of `dim`).
   virtual Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) = 0;
-  /// Sums `x` across the tensor-parallel ranks in place.
+  /// Sums `x` across the tensor-parallel ranks in place (CPU: the host collective; CUDA: the
+  /// collective's device call on this device's stream, so a graph can record it).
   virtual Status all_reduce(Collective& comm, const Buffer& x) = 0;
+  /// The vocab-parallel lm_head's gather: `local` holds this rank's [rows][cols] fp32 slice
+  /// of the logits; every rank ends with `out` = [rows][world * cols] (rank r's columns at
+  /// r * cols). `scratch` holds world * rows * cols fp32 (unused when rows == 1).
+  virtual Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                                    const Buffer& out, int rows, int cols) = 0;
   /// Waits for the step's work and reports its errors.
   virtual Status synchronize() = 0;
 

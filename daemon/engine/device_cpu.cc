@@ -206,6 +206,19 @@ class CpuDevice final : public Device {
     return comm.all_reduce_sum(f32(x), x.numel());
   }
 
+  Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                            const Buffer& out, int rows, int cols) override {
+    const size_t C = static_cast<size_t>(cols), R = static_cast<size_t>(rows);
+    const size_t W = static_cast<size_t>(comm.world_size());
+    if (rows == 1) return comm.all_gather(f32(local), f32(out), C * 4);
+    SPARK_TRY(comm.all_gather(f32(local), f32(scratch), R * C * 4));
+    const float* g = f32(scratch);
+    float* o = f32(out);
+    for (size_t w = 0; w < W; ++w)
+      for (size_t r = 0; r < R; ++r) std::memcpy(o + r * W * C + w * C, g + (w * R + r) * C, C * 4);
+    return Status::Ok();
+  }
+
   Status synchronize() override { return Status::Ok(); }
 
  private:

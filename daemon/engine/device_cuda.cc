@@ -15,6 +15,7 @@
 #include "kernels/bias.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/cuda_stream.h"
+#include "kernels/device_copy.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"
 #include "kernels/paged_attention.h"
@@ -381,12 +382,25 @@ class CudaDevice final : public Device {
                                           stream_);
   }
 
-  Status all_reduce(Collective& comm, const Buffer&) override {
+  Status all_reduce(Collective& comm, const Buffer& x) override {
     if (comm.world_size() == 1) return Status::Ok();
-    return make_error(Errc::unsupported,
-                      "cuda device: tensor parallelism across GPUs needs the device collectives "
-                      "(NCCL), which this build does not have yet — run with TP=1 per GPU node "
-                      "or DEVICE=cpu");
+    return comm.all_reduce_sum_device(
+        x.data(), x.numel(), x.type() == ElemType::bf16 ? DType::bf16 : DType::f32, stream_);
+  }
+
+  Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                            const Buffer& out, int rows, int cols) override {
+    SPARK_TRY(need(local.type(), ElemType::f32, "the logits slice"));
+    const size_t C = static_cast<size_t>(cols), R = static_cast<size_t>(rows);
+    const size_t W = static_cast<size_t>(comm.world_size());
+    if (rows == 1) return comm.all_gather_device(local.data(), out.data(), C, DType::f32, stream_);
+    SPARK_TRY(comm.all_gather_device(local.data(), scratch.data(), R * C, DType::f32, stream_));
+    // Rank w's [R][C] block goes to columns [w * C, (w + 1) * C) of every row.
+    for (size_t w = 0; w < W; ++w)
+      SPARK_TRY(kernels::device_copy_2d_async(out.as<float>() + w * C, W * C * 4,
+                                              scratch.as<float>() + w * R * C, C * 4, C * 4, R,
+                                              stream_));
+    return Status::Ok();
   }
 
   Status synchronize() override { return kernels::cuda_stream_synchronize(stream_); }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "core/log.h"
@@ -27,8 +28,45 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 namespace {
-constexpr int64_t kPlanStop = -1;
-constexpr int64_t kPlanHeartbeat = 0;
+constexpr int32_t kPlanStop = -1;
+constexpr int32_t kPlanHeartbeat = 0;
+// What rank 0 tells the workers at start: KV blocks, block size, KV type, and the arguments
+// of Model::prepare (tokens, sequences, context, graphs).
+constexpr int kWorkerSizes = 7;
+// The step plan travels in one broadcast of kPlanInline words: the header (its length, or
+// kPlanStop / kPlanHeartbeat) and the plan itself when it fits, which covers every decode
+// step of a handful of sequences; a longer plan (prefill chunks) sends the rest in a second.
+// One message per step instead of two halves what the control plane adds to a step: the
+// workers wait for it before their first layer.
+constexpr size_t kPlanInline = 512;
+
+Status send_plan(Collective& comm, int32_t head, const std::vector<int32_t>& plan) {
+  std::array<int32_t, kPlanInline> msg{};
+  msg[0] = head;
+  const size_t first = std::min(plan.size(), kPlanInline - 1);
+  std::copy_n(plan.begin(), first, msg.begin() + 1);
+  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
+  if (plan.size() > first)
+    SPARK_TRY(comm.broadcast(const_cast<int32_t*>(plan.data()) + first,
+                             (plan.size() - first) * sizeof(int32_t), 0));
+  return Status::Ok();
+}
+
+// A worker's side of send_plan: the header, and the plan when the header is a length.
+Status recv_plan(Collective& comm, int32_t* head, std::vector<int32_t>* plan) {
+  std::array<int32_t, kPlanInline> msg{};
+  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
+  *head = msg[0];
+  if (*head <= 0) return Status::Ok();
+  if (*head > (1 << 28))
+    return make_error(Errc::internal, fmt::format("TP worker: bad plan size {}", *head));
+  plan->resize(static_cast<size_t>(*head));
+  const size_t first = std::min(plan->size(), kPlanInline - 1);
+  std::copy_n(msg.begin() + 1, first, plan->begin());
+  if (plan->size() > first)
+    SPARK_TRY(comm.broadcast(plan->data() + first, (plan->size() - first) * sizeof(int32_t), 0));
+  return Status::Ok();
+}
 }  // namespace
 
 struct Engine::Seq {
@@ -43,6 +81,7 @@ struct Engine::Seq {
   std::vector<uint64_t> hashes;  // chain hashes of the leading full, computed blocks
   std::unique_ptr<Sampler> sampler;
   int generated = 0;
+  std::chrono::steady_clock::time_point scheduled{};  // got its slot
 };
 
 struct Engine::Req {
@@ -50,6 +89,7 @@ struct Engine::Req {
   GenerateRequest r;
   int admitted = 0;  // choices given a slot so far
   int finished = 0;  // choices done
+  std::chrono::steady_clock::time_point submitted{};
 };
 
 Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
@@ -118,12 +158,17 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type);
   if (!cache) return cache.error();
   e->cache_ = std::move(*cache);
-  SPARK_TRY(e->model_->prepare(std::max(opts.max_batch_tokens, opts.slots), opts.slots,
-                               e->max_context_, opts.block_size, opts.cuda_graphs));
+  const int prep_tokens = std::max(opts.max_batch_tokens, opts.slots);
+  SPARK_TRY(e->model_->prepare(prep_tokens, opts.slots, e->max_context_, opts.block_size,
+                               opts.cuda_graphs));
   e->blocks_ =
       std::make_unique<BlockManager>(opts.num_blocks, opts.block_size, opts.prefix_caching);
   if (e->comm_->world_size() > 1) {
-    int64_t sizes[3] = {opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type)};
+    // The workers size their cache and step buffers as rank 0 does, and capture graphs
+    // exactly when it does (the collectives inside must match step for step).
+    int64_t sizes[kWorkerSizes] = {
+        opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type), prep_tokens,
+        opts.slots,      e->max_context_, opts.cuda_graphs ? 1 : 0};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
   }
   e->stats_.slots = opts.slots;
@@ -131,6 +176,8 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->stats_.kv_dtype = elem_name(kv_type);
   e->stats_.blocks_total = opts.num_blocks;
   e->stats_.blocks_available = opts.num_blocks;
+  e->stats_.block_size = opts.block_size;
+  e->stats_.prefix_caching = opts.prefix_caching;
   log::info(
       "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}",
       c.architecture, e->model_->device().info().name, opts.slots, opts.num_blocks, opts.block_size,
@@ -180,7 +227,7 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
   if (stats_.failed) return make_error(Errc::internal, "the engine failed: " + stats_.error);
   if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
   const RequestId id = next_id_++;
-  inbox_.submits.emplace_back(id, std::move(req));
+  inbox_.submits.push_back({id, std::move(req), std::chrono::steady_clock::now()});
   cv_.notify_all();
   return id;
 }
@@ -220,6 +267,7 @@ void Engine::publish_stats() {
 void Engine::emit(Req& r, TokenEvent ev) {
   ev.request = r.id;
   ev.prompt_tokens = static_cast<int>(r.r.prompt.size());
+  ev.submitted = r.submitted;
   r.r.on_event(ev);
 }
 
@@ -237,6 +285,7 @@ void Engine::finish_seq(size_t index, FinishReason why, const std::string& error
   ev.error = error;
   ev.completion_tokens = seq->generated;
   ev.cached_prompt_tokens = seq->cached;
+  ev.scheduled = seq->scheduled;
   ev.request_done = r.finished == r.r.params.n;
   publish_stats();  // callers woken by the last event see the freed blocks
   emit(r, std::move(ev));
@@ -282,7 +331,12 @@ void Engine::admit() {
       break;  // wait for running sequences to free blocks (submit() made sure it can ever fit)
     }
     blocks_->note_hits(matched);
+    if (opts_.prefix_caching) {
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.prefix_queries += static_cast<uint64_t>(s->prompt_len);
+    }
     s->computed = s->cached = matched * bs;
+    s->scheduled = std::chrono::steady_clock::now();
     s->sampler = std::make_unique<Sampler>(r.r.params, model_->config().vocab_size, r.r.prompt,
                                            static_cast<uint64_t>(s->choice));
     running_.push_back(std::move(s));
@@ -292,12 +346,7 @@ void Engine::admit() {
 
 Status Engine::broadcast_plan(const std::vector<int32_t>& plan) {
   if (comm_->world_size() == 1) return Status::Ok();
-  int64_t n = static_cast<int64_t>(plan.size());
-  SPARK_TRY(comm_->broadcast(&n, sizeof(n), 0));
-  if (n > 0)
-    SPARK_TRY(
-        comm_->broadcast(const_cast<int32_t*>(plan.data()), plan.size() * sizeof(int32_t), 0));
-  return Status::Ok();
+  return send_plan(*comm_, plan.empty() ? kPlanHeartbeat : static_cast<int32_t>(plan.size()), plan);
 }
 
 Status Engine::step() {
@@ -432,6 +481,7 @@ Status Engine::step() {
     ev.top_logprobs = std::move(smp.top);
     ev.completion_tokens = s.generated;
     ev.cached_prompt_tokens = s.cached;
+    ev.scheduled = s.scheduled;
     emit(r, std::move(ev));
     if (why != FinishReason::none) done.emplace_back(chunk_seq[k], why);
   }
@@ -470,12 +520,13 @@ void Engine::loop() {
       std::swap(in, inbox_);
       stop = stopping_;
     }
-    for (auto& [id, req] : in.submits) {
+    for (auto& sub : in.submits) {
       auto r = std::make_unique<Req>();
-      r->id = id;
-      r->r = std::move(req);
-      reqs_[id] = std::move(r);
-      waiting_.push_back(id);
+      r->id = sub.id;
+      r->r = std::move(sub.r);
+      r->submitted = sub.at;
+      reqs_[sub.id] = std::move(r);
+      waiting_.push_back(sub.id);
     }
     for (RequestId id : in.cancels) cancel_req(id, FinishReason::cancelled, {});
     if (stop) break;
@@ -520,39 +571,37 @@ void Engine::loop() {
     std::swap(left, inbox_);
     stopping_ = true;  // submit() refuses from here on
   }
-  for (auto& [id, req] : left.submits) {  // callbacks run without the lock held
+  for (auto& sub : left.submits) {  // callbacks run without the lock held
     TokenEvent ev;
-    ev.request = id;
+    ev.request = sub.id;
     ev.finish = FinishReason::cancelled;
     ev.request_done = true;
     ev.error = "the engine stopped";
-    req.on_event(ev);
+    sub.r.on_event(ev);
   }
   if (comm_->world_size() > 1 && !stats().failed) {
-    int64_t n = kPlanStop;
-    (void)comm_->broadcast(&n, sizeof(n), 0);
+    (void)send_plan(*comm_, kPlanStop, {});
   }
 }
 
 Status run_tp_worker(Model& model, Collective& comm) {
-  int64_t sizes[3] = {0, 0, 0};
+  int64_t sizes[kWorkerSizes] = {};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
   auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
                                   static_cast<ElemType>(sizes[2]));
   if (!made) return made.error();
   KVCache& cache = **made;
+  SPARK_TRY(model.prepare(static_cast<int>(sizes[3]), static_cast<int>(sizes[4]),
+                          static_cast<int>(sizes[5]), static_cast<int>(sizes[1]), sizes[6] != 0));
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);
   std::vector<int32_t> plan;
   for (;;) {
-    int64_t n = 0;
-    SPARK_TRY(comm.broadcast(&n, sizeof(n), 0));
+    int32_t n = 0;
+    SPARK_TRY(recv_plan(comm, &n, &plan));
     if (n == kPlanStop) return Status::Ok();
     if (n == kPlanHeartbeat) continue;
-    if (n < 0 || n > (1ll << 28))
-      return make_error(Errc::internal, fmt::format("TP worker: bad plan size {}", n));
-    plan.resize(static_cast<size_t>(n));
-    SPARK_TRY(comm.broadcast(plan.data(), plan.size() * sizeof(int32_t), 0));
+    if (n < 0) return make_error(Errc::internal, fmt::format("TP worker: bad plan header {}", n));
     std::vector<SeqChunk> chunks;
     size_t at = 1;
     for (int32_t i = 0; i < plan[0]; ++i) {

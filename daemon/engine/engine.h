@@ -12,6 +12,7 @@
 //   auto id = (*eng)->submit({prompt_ids, params, [](const TokenEvent& e) { ... }});
 //   (*eng)->cancel(*id);   // frees the request's slot and blocks at the next step
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -91,6 +92,9 @@ struct TokenEvent {
   int prompt_tokens = 0;
   int completion_tokens = 0;     // of this choice so far
   int cached_prompt_tokens = 0;  // prompt tokens of this choice served by the prefix cache
+  /// When submit() took the request and when this choice got a serving slot (its queue
+  /// time is the difference); set on every event of an admitted choice, for /metrics.
+  std::chrono::steady_clock::time_point submitted{}, scheduled{};
 };
 
 using EventCallback = std::function<void(const TokenEvent&)>;
@@ -108,8 +112,11 @@ struct EngineStats {
   int blocks_total = 0;
   int blocks_available = 0;
   uint64_t steps = 0;
-  uint64_t prompt_tokens = 0;  // computed prompt tokens (excluding prefix-cache hits)
-  uint64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  uint64_t prompt_tokens = 0;   // computed prompt tokens (excluding prefix-cache hits)
+  uint64_t cached_tokens = 0;   // prompt tokens served from the prefix cache
+  uint64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache (when it is on)
+  int block_size = 0;
+  bool prefix_caching = false;
   uint64_t generated_tokens = 0;
   int64_t step_running_ms =
       0;                 // age of the forward step in progress (0: none), for stall detection
@@ -147,8 +154,13 @@ class Engine {
  private:
   struct Seq;
   struct Req;
+  struct Submit {
+    RequestId id;
+    GenerateRequest r;
+    std::chrono::steady_clock::time_point at;
+  };
   struct Inbox {
-    std::vector<std::pair<RequestId, GenerateRequest>> submits;
+    std::vector<Submit> submits;
     std::vector<RequestId> cancels;
   };
   Engine() = default;

@@ -1,6 +1,7 @@
 #include "daemon/engine/gloo_collective.h"
 
 #include <fmt/format.h>
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -119,12 +120,19 @@ struct GlooCollective::Impl {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 0;
 
-  Error fail(const char* op, const std::exception& e) const {
+  // `waiting_for`: the rank this one waited on when only one can be missing (a broadcast's
+  // root), else -1; the daemon's heartbeats name the missing ranks where they know them.
+  Error fail(const char* op, const std::exception& e, int waiting_for = -1) const {
+    std::string who;
+    if (waiting_for >= 0 && waiting_for != opts.rank)
+      who = fmt::format("; rank {} did not arrive (this rank waited for its data)", waiting_for);
+    if (opts.missing_ranks)
+      if (std::string m = opts.missing_ranks(); !m.empty()) who += "; " + m;
     return make_error(
         Errc::network,
-        fmt::format("Gloo {} failed on rank {} of {} ({}): {} — a peer rank stopped or the network "
-                    "between ranks is down; restart the ring together",
-                    op, opts.rank, opts.world, opts.bind_host, e.what()));
+        fmt::format("Gloo {} failed on rank {} of {} ({}): {}{} — a peer rank stopped or the "
+                    "network between ranks is down; restart the ring together",
+                    op, opts.rank, opts.world, opts.bind_host, e.what(), who));
   }
 };
 
@@ -239,7 +247,23 @@ Status GlooCollective::broadcast(void* data, size_t bytes, int root) {
     opts.setTag(impl_->tag++);
     gloo::broadcast(opts);
   } catch (const std::exception& e) {
-    return impl_->fail("broadcast", e);
+    return impl_->fail("broadcast", e, root);
+  }
+  return Status::Ok();
+}
+
+Status GlooCollective::all_gather(const void* in, void* out, size_t bytes_per_rank) {
+  if (impl_->opts.world == 1) return LocalCollective().all_gather(in, out, bytes_per_rank);
+  if (bytes_per_rank == 0) return Status::Ok();
+  try {
+    gloo::AllgatherOptions opts(impl_->ctx);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes_per_rank);
+    opts.setOutput(static_cast<uint8_t*>(out),
+                   bytes_per_rank * static_cast<size_t>(impl_->opts.world));
+    opts.setTag(impl_->tag++);
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    return impl_->fail("all_gather", e);
   }
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 // rank 0 serves a TCP store (tcp_store.h); every rank binds its Gloo device to its own address,
 // publishes it through the store, and connects a full mesh. After connecting, an
 // all_reduce of the ranks checks the mesh really carries data before it is trusted.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,9 @@ struct GlooOptions {
   /// When set, the mesh addresses go through this store (sparkd: its rendezvous) and no
   /// TCP store is started or dialled; store_host/store_port are then unused.
   std::shared_ptr<RendezvousStore> store;
+  /// Names the ranks the daemon's heartbeats find missing ("rank 1 (spark-b): heartbeat
+  /// silent 6 s"), added to a failed operation's message; "" when it knows of none. Optional.
+  std::function<std::string()> missing_ranks;
 };
 
 class GlooCollective final : public Collective {
@@ -38,6 +42,7 @@ class GlooCollective final : public Collective {
   Status all_reduce_sum(float* data, size_t n) override;
   Status broadcast(void* data, size_t bytes, int root) override;
   Status barrier() override;
+  Status all_gather(const void* in, void* out, size_t bytes_per_rank) override;
   /// The store's port (rank 0; useful when it was started on port 0).
   int store_port() const;
 

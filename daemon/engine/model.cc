@@ -38,6 +38,10 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   m->inv_freq_dev_ = *inv;
   SPARK_TRY(m->device_->upload(m->inv_freq_dev_, m->inv_freq_.data(), DType::f32));
   SPARK_TRY(m->load_weights(dir, report));
+  const size_t H = static_cast<size_t>(m->cfg_.hidden_size);
+  m->head_ = !m->lm_head_.empty() ? m->lm_head_
+                                  : m->embed_.view(static_cast<size_t>(m->plan_.vocab0) * H,
+                                                   static_cast<size_t>(m->plan_.vocab) * H);
   return m;
 }
 
@@ -133,10 +137,13 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   // Each slice goes from the file into the staging buffer as stored, and from there into
   // its destination (converted on the way when the types differ): one host buffer, reused.
   size_t largest = 0;
+  uint64_t total = 0;
   for (const auto& r : plan_.reads) {
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
-    largest = std::max(largest, static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype));
+    const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
+    largest = std::max(largest, bytes);
+    total += bytes;
   }
   const size_t staging_bytes = std::min(largest, dev.preferred_staging_bytes());
   // Two staging buffers, alternated: a file read fills one while the other's copy to the
@@ -149,6 +156,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     b = *s;
   }
   int turn = 0;
+  uint64_t done = 0;
   for (const auto& r : plan_.reads) {
     if (cancel && cancel->load())
       return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
@@ -175,6 +183,8 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
       SPARK_TRY(dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
     }
+    done += static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
+    if (report && report->progress) report->progress(done, total);
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
@@ -224,6 +234,10 @@ Status Model::reserve(int tokens, int logit_rows) {
     const size_t R = static_cast<size_t>(logit_rows);
     SPARK_TRY(grow(sel_, at, R * H));
     SPARK_TRY(grow(logits_, ElemType::f32, R * V));
+    if (plan_.vocab_parallel) {
+      SPARK_TRY(grow(logits_local_, ElemType::f32, R * static_cast<size_t>(plan_.vocab)));
+      SPARK_TRY(grow(gathered_, ElemType::f32, R * V));
+    }
     cap_rows_ = logit_rows;
   }
   return Status::Ok();
@@ -283,13 +297,20 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     return Status::Ok();
   }
   const int R = logits ? static_cast<int>(st.logit_rows.size()) : 0;
+  // Whether logits are computed, and whether the step replays a graph, follow from the step
+  // plan and the collective alone, so every rank of a ring decides alike and issues the same
+  // collectives (a vocab-parallel lm_head gathers on every rank).
+  const bool want = logits != nullptr || plan_.vocab_parallel;
+  const int rows = want ? static_cast<int>(st.logit_rows.size()) : 0;
   if (graphs_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
-      st.table_width <= graph_width_ && comm.world_size() == 1 && (!logits || R == st.tokens_n())) {
-    SPARK_TRY(run_graph(cache, comm));
+      st.table_width <= graph_width_ &&
+      (comm.world_size() == 1 || comm.device_calls_capturable()) &&
+      static_cast<int>(st.logit_rows.size()) == st.tokens_n()) {
+    SPARK_TRY(run_graph(cache, comm, want));
   } else {
-    SPARK_TRY(reserve(st.tokens_n(), R));
+    SPARK_TRY(reserve(st.tokens_n(), rows));
     SPARK_TRY(device_->begin_step(st));
-    SPARK_TRY(run_layers(st, cache, comm, logits != nullptr));
+    SPARK_TRY(run_layers(st, cache, comm, want));
   }
   if (!logits) return device_->synchronize();
   if (sample_out_) {  // forward_sample: the draws come back, not the logits
@@ -336,7 +357,7 @@ Status Model::prepare(int tokens, int seqs, int max_context, int block_size, boo
   return Status::Ok();
 }
 
-Status Model::run_graph(KVCache& cache, Collective& comm) {
+Status Model::run_graph(KVCache& cache, Collective& comm, bool want) {
   // Pad the step to its bucket: padding rows write no KV (slot -1) and attend to position 0
   // of block 0 (finite: pools start zeroed); their logits are computed and ignored.
   StepLayout st = step_;
@@ -372,19 +393,23 @@ Status Model::run_graph(KVCache& cache, Collective& comm) {
   // First step of this bucket: run it eagerly (library handles pick their algorithms, so
   // nothing allocates under capture), then capture the same work for the next steps.
   // The eager run computes this step's results; the capture only records.
-  SPARK_TRY(run_layers(st, cache, comm, true));
+  SPARK_TRY(run_layers(st, cache, comm, want));
   SPARK_TRY(device_->synchronize());
   Status cap = device_->graph_begin();
   if (cap.ok()) {
-    Status body = run_layers(st, cache, comm, true);
+    Status body = run_layers(st, cache, comm, want);
     Status end = device_->graph_end(key);
     cap = body.ok() ? end : body;
   }
-  if (!cap.ok()) {
+  // The ranks agree (on the host) before any replays: a graph on one rank and eager steps
+  // on another would issue different collectives.
+  float failed = cap.ok() ? 0.0f : 1.0f;
+  if (comm.world_size() > 1) SPARK_TRY(comm.all_reduce_sum(&failed, 1));
+  if (failed > 0) {
     log::warn("engine",
-              "CUDA graph capture of a {}-sequence decode step failed ({}); decode "
-              "steps run eagerly from now on",
-              B, cap.message());
+              "CUDA graph capture of a {}-sequence decode step failed on {} rank(s) ({}); "
+              "decode steps run eagerly from now on",
+              B, static_cast<int>(failed), cap.ok() ? "another rank's capture" : cap.message());
     graphs_ = false;
     device_->graph_clear();
     return device_->synchronize();
@@ -436,14 +461,19 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
                               last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm, h,
                               T, H, eps));
   }
-  if (!want) return Status::Ok();  // a tensor-parallel worker: rank 0 samples
+  if (!want) return Status::Ok();  // a worker beside a replicated lm_head: rank 0 samples
   const int R = static_cast<int>(st.logit_rows.size());
   if (R == 0) return Status::Ok();
   const size_t Rz = static_cast<size_t>(R);
   const Buffer sel = sel_.view(0, Rz * static_cast<size_t>(H)),
                lg = logits_.view(0, Rz * static_cast<size_t>(V));
   SPARK_TRY(dev.gather_logit_rows(h, sel, H));
-  return dev.linear(sel, lm_head_.empty() ? embed_ : lm_head_, none, lg, R, H, V);
+  if (!plan_.vocab_parallel) return dev.linear(sel, head_, none, lg, R, H, V);
+  const int Vs = plan_.vocab;
+  const Buffer mine = logits_local_.view(0, Rz * static_cast<size_t>(Vs));
+  SPARK_TRY(dev.linear(sel, head_, none, mine, R, H, Vs));
+  return dev.all_gather_columns(comm, mine, gathered_.view(0, Rz * static_cast<size_t>(V)), lg, R,
+                                Vs);
 }
 
 }  // namespace spark::engine

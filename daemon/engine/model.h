@@ -3,10 +3,14 @@
 // once over a Device (device.h): fp32 on the CPU (OpenBLAS and the reference twins in
 // kernels/), BF16 on a CUDA GPU. With tensor parallelism (Megatron, shard_plan.h) this rank
 // holds its share of attention heads and MLP columns; o_proj and down_proj are row-split and
-// their partial sums are combined through the device's all_reduce. Embedding, norms and
-// lm_head are replicated, so every rank computes the same logits.
+// their partial sums are combined through the device's all_reduce (on CUDA the collective's
+// device call in the compute stream, recorded in the decode graphs when the collective can
+// be captured). Embedding and norms are replicated; lm_head is vocab-parallel (each rank its
+// slice of the vocabulary, then an all-gather), so every rank ends with the same logits and
+// the same sequence of collectives, step for step.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +34,9 @@ struct LoadReport {
   std::vector<std::string> files;
   /// In: when set and true, the load stops at the next tensor (SIGTERM during a load).
   const std::atomic<bool>* cancel = nullptr;
+  /// In: called after each tensor with the bytes read so far and this rank's total, so
+  /// /health (and `sparkctl start`) can say how far a load of many GiB has come.
+  std::function<void(uint64_t done, uint64_t total)> progress;
   std::string device;  // what holds them (DeviceInfo::name)
 };
 
@@ -108,11 +115,13 @@ class Model {
   ShardPlan plan_;
   std::shared_ptr<Device> device_;
   Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
+  Buffer head_;  // this rank's lm_head rows (a view of embed_ when tied)
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   // Scratch on the device, reused across steps (grown, never shrunk).
   int cap_tokens_ = 0, cap_rows_ = 0;
   Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
+  Buffer logits_local_, gathered_;  // vocab-parallel: this rank's slice, the all-gather's output
   StepLayout step_;
   const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample
   const std::vector<Device::PenaltyHistory>* sample_history_ = nullptr;
@@ -121,8 +130,9 @@ class Model {
   bool graphs_ = false;
   int graph_max_batch_ = 0, graph_max_context_ = 0, graph_width_ = 0;
   uint64_t graph_replays_ = 0, graph_captures_ = 0;
-  /// Runs a decode-only step as the graph of its bucket (capturing it the first time).
-  Status run_graph(KVCache& cache, Collective& comm);
+  /// Runs a decode-only step as the graph of its bucket (capturing it the first time);
+  /// `want`: compute the logits (rank 0, or every rank when lm_head is vocab-parallel).
+  Status run_graph(KVCache& cache, Collective& comm, bool want);
 };
 
 /// Threads OpenBLAS may use for one matrix product (process-wide; 1 suits small models and

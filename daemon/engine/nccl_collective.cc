@@ -219,6 +219,10 @@ Status NcclCollective::broadcast(void* data, size_t bytes, int root) {
   SPARK_TRY(check_usable());
   return host_->broadcast(data, bytes, root);
 }
+Status NcclCollective::all_gather(const void* in, void* out, size_t bytes_per_rank) {
+  SPARK_TRY(check_usable());
+  return host_->all_gather(in, out, bytes_per_rank);
+}
 Status NcclCollective::barrier() {
   SPARK_TRY(check_usable());
   return host_->barrier();

@@ -57,6 +57,8 @@ class NcclCollective final : public Collective {
   Status all_reduce_sum(float* data, size_t n) override;
   Status broadcast(void* data, size_t bytes, int root) override;
   Status barrier() override;
+  Status all_gather(const void* in, void* out, size_t bytes_per_rank) override;
+  bool device_calls_capturable() const override { return true; }
   Status all_reduce_sum_device(void* data, size_t count, DType dtype, void* stream) override;
   Status all_gather_device(const void* in, void* out, size_t count_per_rank, DType dtype,
                            void* stream) override;

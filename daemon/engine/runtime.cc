@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/engine/gloo_collective.h"
@@ -26,16 +28,19 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     log::warn("engine", "rank {}: {}", o.rank, rt->device_fallback_);
   rt->device_ = (*dev)->info().name;
   rt->device_kind_ = (*dev)->info().kind;
-  if (o.world > 1 && rt->device_kind_ == "cuda")
-    return make_error(Errc::unsupported,
-                      fmt::format("rank {}: tensor parallelism over CUDA devices (world {}) is not "
-                                  "wired into the engine yet (the NCCL device collectives are "
-                                  "not called by the layer recipe) — serve with one rank per "
-                                  "model on the GPU, or DEVICE=cpu",
-                                  o.rank, o.world));
   progress("loading weights onto " + rt->device_);
   rt->load_.cancel = o.cancel;
+  // "n of m GiB" in /health, once per percent: a 100 GiB load takes minutes.
+  rt->load_.progress = [&, last = -1](uint64_t done, uint64_t total) mutable {
+    const int pct = total ? static_cast<int>(done * 100 / total) : 100;
+    if (pct == last) return;
+    last = pct;
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    progress(fmt::format("loading weights onto {}: {:.1f} of {:.1f} GiB ({}%)", rt->device_,
+                         static_cast<double>(done) / GiB, static_cast<double>(total) / GiB, pct));
+  };
   auto m = Model::load(o.model_dir, o.rank, o.world, *dev, &rt->load_);
+  rt->load_.progress = nullptr;  // it refers to this frame
   if (!m) return m.error();
   log::info("engine", "rank {}: loaded {} onto {} ({} MiB read, {} MiB held, {:.2f} s)", o.rank,
             (*m)->config().architecture, rt->device_, rt->load_.bytes_read >> 20,
@@ -50,6 +55,7 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     g.timeout_ms = o.timeout_ms;
     g.rendezvous_timeout_ms = o.rendezvous_timeout_ms;
     g.store = o.store;
+    g.missing_ranks = o.missing_ranks;
     std::shared_ptr<TcpStoreServer> server;
     if (!g.store && g.store_port == 0) {
       if (!o.share)
@@ -83,6 +89,15 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   }
   if (o.nccl) {
     SPARK_TRY(rt->connect_nccl(o, progress));
+  } else if (o.world > 1 && rt->device_kind_ == "cuda") {
+    // GPU ranks without NCCL (COLLECTIVE=gloo, or several ranks sharing one GPU, which NCCL
+    // refuses): the activations go through Gloo staged in page-locked host memory, and
+    // decode steps run eagerly (a host wait cannot be captured in a CUDA graph).
+    log::info("engine",
+              "rank {}: tensor parallel on {} over Gloo, staged through host memory (decode "
+              "steps eager; NCCL keeps them in CUDA graphs)",
+              o.rank, rt->device_);
+    rt->comm_ = std::make_shared<HostStagedCollective>(rt->comm_);
   }
   if (o.rank == 0) {
     auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
@@ -148,12 +163,36 @@ Status Runtime::connect_nccl(const RuntimeOptions& o,
   fabric_ = std::move(*r);
   log::info("engine", "rank {}: fabric self-test {} in {:.2f} s", o.rank, fabric_->summary(),
             fabric_->seconds);
+  // Every rank's figures reach rank 0's /health through the ring's store.
+  if (o.store)
+    fabric_all_ = exchange_fabric_reports(*o.store, *fabric_, o.rank, o.world, o.fabric.timeout);
   for (const auto& line : split_list(render_fabric_table({*fabric_}), '\n'))
     log::info("engine", "{}", line);
   if (!fabric_->passed())
     return make_error(Errc::precondition,
                       "fabric self-test failed: " + join(fabric_->failures, "; "));
   return Status::Ok();
+}
+
+std::vector<FabricReport> exchange_fabric_reports(RendezvousStore& store, const FabricReport& mine,
+                                                  int rank, int world,
+                                                  std::chrono::milliseconds timeout) {
+  const std::string key = "engine.fabric.rank";
+  if (Status st = store.set(key + std::to_string(rank), to_json(mine).dump()); !st.ok())
+    log::warn("engine", "rank {}: publishing the fabric report: {}", rank, st.message());
+  std::vector<FabricReport> all;
+  if (rank != 0) return all;
+  all.push_back(mine);
+  for (int peer = 1; peer < world; ++peer) {
+    auto v = store.get(key + std::to_string(peer), timeout);
+    Result<FabricReport> rep =
+        v ? fabric_report_from_json(nlohmann::json::parse(*v, nullptr, false)) : v.error();
+    if (rep)
+      all.push_back(std::move(*rep));
+    else
+      log::warn("engine", "rank 0: rank {}'s fabric report: {}", peer, rep.error().message);
+  }
+  return all;
 }
 
 void Runtime::abort_collectives(const std::string& why) {

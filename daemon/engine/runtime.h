@@ -44,8 +44,13 @@ struct RuntimeOptions {
   /// The ring's one store (sparkd: its rendezvous). When set, Gloo's mesh and the NCCL
   /// unique id meet through it and rank 0 starts no TCP store of its own.
   std::shared_ptr<RendezvousStore> store;
+  /// Names the ranks the daemon's heartbeats find missing, for the message of a collective
+  /// that failed or timed out (Gloo and NCCL); optional.
+  std::function<std::string()> missing_ranks;
   /// Data plane over NCCL (the device calls, the fabric self-test) with the control plane on
-  /// Gloo (LocalCollective for one rank); false: Gloo alone.
+  /// Gloo (LocalCollective for one rank); false: Gloo alone (CUDA ranks then stage their
+  /// device collectives through page-locked host memory, HostStagedCollective: eager decode
+  /// steps, and several ranks may share one GPU).
   bool nccl = false;
   NcclOptions nccl_options;  // rank/world are filled from rank/world
   /// The fabric self-test (NCCL only) runs after the connect and before the engine starts;
@@ -76,6 +81,14 @@ struct RuntimeStatus {
   std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
 
+/// Publishes this rank's fabric self-test report under "engine.fabric.rank<R>" in the
+/// ring's store; rank 0 then collects every rank's (waiting up to `timeout` for each) and
+/// returns them in rank order, leaving out (with a warning) one that did not arrive or does
+/// not parse. Other ranks get an empty list.
+std::vector<FabricReport> exchange_fabric_reports(RendezvousStore& store, const FabricReport& mine,
+                                                  int rank, int world,
+                                                  std::chrono::milliseconds timeout);
+
 class Runtime {
  public:
   /// Blocks until this rank is loaded and connected (or fails with the reason).
@@ -89,6 +102,10 @@ class Runtime {
   const LoadReport& load_report() const { return load_; }
   /// The fabric self-test's report (nullptr when it did not run).
   const FabricReport* fabric_report() const { return fabric_ ? &*fabric_ : nullptr; }
+  /// Rank 0: every rank's self-test report, in rank order (each rank publishes its own
+  /// through the ring's store right after the test); empty when the test did not run or the
+  /// ring has no store. A rank whose report did not arrive is missing from the list.
+  const std::vector<FabricReport>& fabric_reports() const { return fabric_all_; }
   /// Aborts the NCCL communicator (when there is one): a collective in flight fails at once
   /// with `why`. Thread-safe; for the daemon when its heartbeats find a rank gone.
   void abort_collectives(const std::string& why);
@@ -103,6 +120,7 @@ class Runtime {
   std::shared_ptr<Collective> comm_;
   std::shared_ptr<NcclCollective> nccl_;
   std::optional<FabricReport> fabric_;
+  std::vector<FabricReport> fabric_all_;
   std::string device_, device_kind_, device_fallback_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;

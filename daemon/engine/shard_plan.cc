@@ -21,6 +21,9 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& c, int rank, int world,
   p.heads = c.num_heads / world;
   p.kv_heads = c.num_kv_heads / world;
   p.inter = c.intermediate_size / world;
+  p.vocab_parallel = world > 1 && c.vocab_size % world == 0;
+  p.vocab = p.vocab_parallel ? c.vocab_size / world : c.vocab_size;
+  p.vocab0 = p.vocab_parallel ? rank * p.vocab : 0;
   const int64_t H = c.hidden_size, V = c.vocab_size, hd = c.head_dim, I = c.intermediate_size;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads;
   const int64_t qw = p.heads * hd, kw = p.kv_heads * hd, inter = p.inter;
@@ -57,8 +60,8 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& c, int rank, int world,
   dest(-1, WeightRole::final_norm, sz(H), false);
   read("model.norm.weight", {H}, all, -1, WeightRole::final_norm);
   if (!c.tie_word_embeddings) {
-    dest(-1, WeightRole::lm_head, sz(V, H), true);
-    read("lm_head.weight", {V, H}, all, -1, WeightRole::lm_head);
+    dest(-1, WeightRole::lm_head, sz(p.vocab, H), true);
+    read("lm_head.weight", {V, H}, Slice{p.vocab0, p.vocab, 0, -1}, -1, WeightRole::lm_head);
   }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string pre = fmt::format("model.layers.{}.", l);

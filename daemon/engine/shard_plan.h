@@ -2,8 +2,12 @@
 // The tensor-parallel shard plan (Megatron): which slice of which checkpoint tensor each
 // rank holds and where it goes. Each rank holds heads/world query heads and
 // kv_heads/world KV heads (q/k/v rows), the matching o_proj columns, intermediate/world
-// gate/up rows (fused as [gate | up]) and down_proj columns; embedding, norms and lm_head
-// are replicated. The same plan fills host buffers (CPU) or device buffers (CUDA).
+// gate/up rows (fused as [gate | up]) and down_proj columns; embedding and norms are
+// replicated. lm_head is vocab-parallel: each rank holds vocab/world rows (its slice of the
+// vocabulary; with tied embeddings a view of the replicated embedding) and the logits are
+// gathered, so no rank reads or multiplies the whole lm_head. A vocabulary that world does
+// not divide keeps lm_head replicated. The same plan fills host buffers (CPU) or device
+// buffers (CUDA).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,6 +65,8 @@ struct ShardDest {
 struct ShardPlan {
   int rank = 0, world = 1;
   int heads = 0, kv_heads = 0, inter = 0;  // this rank's share
+  bool vocab_parallel = false;             // lm_head split by vocabulary rows
+  int vocab0 = 0, vocab = 0;               // this rank's lm_head rows [vocab0, vocab0 + vocab)
   std::vector<ShardDest> dests;
   std::vector<ShardRead> reads;  // in file-friendly order (layer by layer)
 };

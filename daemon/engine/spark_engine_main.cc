@@ -1,9 +1,17 @@
 // spark-engine: the engine without the HTTP server, for tests, benchmarks and bring-up.
 //   spark-engine generate --model DIR --prompt 1,2,3 [--max-tokens N] [--temperature T]
 //                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
+//                [--device cpu|cuda|auto] [--device-ordinal N] [--collective gloo|nccl]
+//                [--graphs 0|1] [--logprobs 1]
+//     (on CUDA with --collective gloo the ranks may share one GPU: the activations are
+//     staged through host memory and decode steps run eagerly; nccl needs one GPU per rank
+//     and keeps decode steps in CUDA graphs)
 //   spark-engine bench --model DIR|--demo [--concurrency 1,4] [--prompt-tokens 32] [--max-tokens
 //   64]
 //                [--slots 4] [--threads 1] [--json]
+//   spark-engine tpbench [--tp-size 2] [--hidden 512] [--layers 8] [--vocab 8192] [--batch 1]
+//                [--tokens 64] [--rounds 3] [--threads 1] [--json]
+//                (the TP control plane's cost per decode step; bench/engine/tp_bench.h)
 //   spark-engine gpubench --model DIR [--json-out FILE] [--context 33792] [--max-tokens 256]
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
@@ -18,12 +26,15 @@
 
 #include "bench/engine/engine_bench.h"
 #include "bench/engine/gpu_bench.h"
+#include "bench/engine/tp_bench.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/engine/demo_model.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gloo_collective.h"
+#include "daemon/engine/nccl_collective.h"
+#include "daemon/engine/tcp_store.h"
 
 using namespace spark;
 using namespace spark::engine;
@@ -61,7 +72,7 @@ Result<Args> parse(int argc, char** argv) {
     if (i + 1 >= argc) return make_error(Errc::usage, "--" + k + " needs a value");
     a.opt[k] = argv[++i];
   }
-  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")))
+  if (!a.has("model") && !(a.cmd == "bench" && a.has("demo")) && a.cmd != "tpbench")
     return make_error(Errc::usage, "--model DIR is required (bench also takes --demo)");
   return a;
 }
@@ -84,13 +95,16 @@ Result<std::vector<int>> int_list(const std::string& s) {
 }
 
 // Sets up the collective for --tp-size/--tp-rank (Gloo) or a single process.
-Result<std::shared_ptr<Collective>> make_comm(const Args& a, int* rank, int* world) {
+Result<std::shared_ptr<Collective>> make_comm(const Args& a, bool on_cuda, int* rank, int* world) {
   auto w = int_opt(a, "tp-size", 1);
   auto r = int_opt(a, "tp-rank", 0);
   if (!w) return w.error();
   if (!r) return r.error();
   *world = *w;
   *rank = *r;
+  const std::string coll = a.get("collective", "gloo");
+  if (coll != "gloo" && coll != "nccl")
+    return make_error(Errc::usage, "--collective must be gloo or nccl, not " + coll);
   if (*world == 1) return std::shared_ptr<Collective>(std::make_shared<LocalCollective>());
   const std::string store = a.get("store", "127.0.0.1:29551");
   auto colon = store.rfind(':');
@@ -107,7 +121,30 @@ Result<std::shared_ptr<Collective>> make_comm(const Args& a, int* rank, int* wor
   g.timeout_ms = *t;
   auto c = GlooCollective::connect(g);
   if (!c) return c.error();
-  return std::shared_ptr<Collective>(*c);
+  if (!on_cuda) return std::shared_ptr<Collective>(*c);
+  if (coll == "gloo")
+    return std::shared_ptr<Collective>(std::make_shared<HostStagedCollective>(*c));
+  // NCCL: the unique id through the same TCP store (rank 0 sets it, the others wait).
+  auto client = TcpStoreClient::connect(g.store_host, g.store_port, std::chrono::milliseconds(*t));
+  if (!client) return client.error();
+  NcclOptions n;
+  n.rank = *rank;
+  n.world = *world;
+  n.op_timeout = std::chrono::milliseconds(*t);
+  auto share = [&](const std::string& key, const std::string& v) -> Result<std::string> {
+    if (*rank == 0) {
+      SPARK_TRY((*client)->set(key, v));
+      return v;
+    }
+    SPARK_TRY((*client)->wait({key}, std::chrono::milliseconds(*t)));
+    auto got = (*client)->try_get(key);
+    if (!got) return got.error();
+    if (!got->has_value()) return make_error(Errc::internal, "store key " + key + " vanished");
+    return **got;
+  };
+  auto nc = NcclCollective::connect_via(n, share, *c);
+  if (!nc) return nc.error();
+  return std::shared_ptr<Collective>(*nc);
 }
 
 // VmHWM (peak resident set) of this process in bytes, from /proc/self/status.
@@ -129,20 +166,35 @@ int cmd_generate(const Args& a) {
   if (!w) return fail(w.error());
   if (!r) return fail(r.error());
   log::set_rank(*r);
+  auto ordinal = int_opt(a, "device-ordinal", 0);
+  if (!ordinal) return fail(ordinal.error());
+  std::string fallback;
+  auto dev = select_device(a.get("device", "cpu"), *ordinal, &fallback);
+  if (!dev) return fail(dev.error());
+  if (!fallback.empty()) std::fprintf(stderr, "spark-engine: %s\n", fallback.c_str());
   LoadReport load;
   const uint64_t rss_before = peak_rss_bytes();
-  auto model = Model::load(a.get("model"), *r, *w, &load);
+  auto model = Model::load(a.get("model"), *r, *w, *dev, &load);
   if (!model) return fail(model.error());
   const uint64_t rss_after = peak_rss_bytes();
   int rank = 0, world = 1;
-  auto comm = make_comm(a, &rank, &world);
+  auto comm = make_comm(a, (*dev)->info().kind == "cuda", &rank, &world);
   if (!comm) return fail(comm.error());
+  const std::string collective = world == 1                              ? "local"
+                                 : (*dev)->info().kind != "cuda"         ? "gloo"
+                                 : a.get("collective", "gloo") == "nccl" ? "nccl"
+                                                                         : "gloo (host-staged)";
+  const uint64_t captures_before = (*model)->graph_captures();
+  Model* m = model->get();
   if (rank > 0) {
     auto st = run_tp_worker(**model, **comm);
     if (!st.ok()) return fail(st.error());
     std::cout << nlohmann::json{{"rank", rank},
                                 {"worker", "stopped"},
-                                {"bytes_read", load.bytes_read}}
+                                {"bytes_read", load.bytes_read},
+                                {"collective", collective},
+                                {"graph_captures", m->graph_captures() - captures_before},
+                                {"graph_replays", m->graph_replays()}}
                      .dump()
               << "\n";
     return 0;
@@ -159,10 +211,12 @@ int cmd_generate(const Args& a) {
   p.temperature = std::stof(a.get("temperature", "0"));
   if (a.has("seed")) p.seed = std::stoull(a.get("seed"));
   p.ignore_eos = a.get("ignore-eos", "1") == "1";
+  p.logprobs = a.get("logprobs", "0") == "1";
   EngineOptions o;
   auto slots = int_opt(a, "slots", 4);
   if (!slots) return fail(slots.error());
   o.slots = *slots;
+  o.cuda_graphs = a.get("graphs", "1") == "1";
   auto eng = Engine::start(std::move(*model), *comm, o);
   if (!eng) return fail(eng.error());
   std::vector<int32_t> ids(prompt->begin(), prompt->end());
@@ -177,7 +231,13 @@ int cmd_generate(const Args& a) {
                       {"load_seconds", load.seconds},
                       {"weight_bytes", load.weight_bytes},
                       {"peak_rss_before_load", rss_before},
-                      {"peak_rss_after_load", rss_after}};
+                      {"peak_rss_after_load", rss_after},
+                      {"device", (*dev)->info().name},
+                      {"device_kind", (*dev)->info().kind},
+                      {"collective", collective},
+                      {"graph_captures", m->graph_captures() - captures_before},
+                      {"graph_replays", m->graph_replays()}};
+  if (p.logprobs) j["logprobs"] = res->logprobs;
   for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
   std::cout << j.dump() << "\n";
   return 0;
@@ -247,9 +307,14 @@ int main(int argc, char** argv) {
     if (a->cmd == "generate") return cmd_generate(*a);
     if (a->cmd == "bench") return cmd_bench(*a);
     if (a->cmd == "gpubench") return cmd_gpubench(*a);
+    if (a->cmd == "tpbench") {
+      auto r = run_tp_bench(a->opt);
+      if (!r) return fail(r.error());
+      return *r;
+    }
   } catch (const std::exception& e) {
     return fail(make_error(Errc::usage, e.what()));
   }
-  return fail(
-      make_error(Errc::usage, "unknown command " + a->cmd + " (generate, bench, gpubench)"));
+  return fail(make_error(Errc::usage,
+                         "unknown command " + a->cmd + " (generate, bench, gpubench, tpbench)"));
 }

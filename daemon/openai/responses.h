@@ -28,6 +28,7 @@ struct TokenLogprobs {
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = -1;  // prompt tokens served by the prefix cache (-1: not known)
 };
 
 /// One finished choice.
@@ -49,6 +50,7 @@ struct ResponseMeta {
 /// A fresh id: prefix + 24 random hex digits.
 std::string make_response_id(std::string_view prefix);
 
+/// usage; with cached_tokens known, prompt_tokens_details.cached_tokens as OpenAI has it.
 Json usage_json(const Usage& u);
 /// Chat logprobs {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
 Json chat_logprobs_json(const std::vector<TokenLogprobs>& lp, const tok::Tokenizer& tok);

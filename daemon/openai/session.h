@@ -53,6 +53,8 @@ class CompletionWriter {
   bool finished(int choice) const;
   /// The engine ended `choice` with "stop" (EOS) or "length". Returns bytes to write.
   std::string finish(int choice, const std::string& reason);
+  /// Prompt tokens the prefix cache served (choice 0's), for usage.
+  void cached_tokens(int n) { usage_.cached_tokens = n; }
   /// After every choice finished: streaming -> usage chunk (if asked) + [DONE]; otherwise
   /// the whole JSON body.
   std::string done();

@@ -208,6 +208,27 @@ TEST_CASE("daemon: binding beyond loopback needs an API key file of mode 0600") 
   c.target = "/health";
   c.headers.clear();
   CHECK(http_call(c)->status == 200);
+  c.target = "/metrics";  // METRICS_AUTH=api_key, the default: like every other path
+  CHECK(http_call(c)->status == 401);
+  c.headers = {{"Authorization", "Bearer topsecret"}};
+  CHECK(http_call(c)->status == 200);
+}
+
+TEST_CASE("daemon: METRICS_AUTH=none leaves /metrics open, as vLLM does, and nothing else") {
+  test::TempDir dir("daemon-metrics-auth");
+  std::string key = dir.write("key", "topsecret\n");
+  ::chmod(key.c_str(), 0600);
+  Daemon d(local_ring("API_KEY_FILE=" + key + "\nMETRICS_AUTH=none\n"), opts_port0());
+  REQUIRE(d.start().ok());
+  HttpCall c;
+  c.port = d.http_port();
+  c.target = "/metrics";
+  auto r = http_call(c);
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  CHECK(r->body.find("sparkd_up 1") != std::string::npos);
+  c.target = "/v1/models";
+  CHECK(http_call(c)->status == 401);
 }
 
 TEST_CASE("daemon: a rank outside the ring is a usage error naming the ring size") {
@@ -309,6 +330,58 @@ TEST_CASE("daemon ring: rank 0 is ready only when every rank joined and is ready
   CHECK(j["reason"].get<std::string>().find("rank 1 (node node0) lost") != std::string::npos);
   CHECK(j["reason"].get<std::string>().find("heartbeat connection closed") != std::string::npos);
   CHECK(j["ranks_alive"] == 1);
+}
+
+TEST_CASE("daemon ring: rank 0 exports every rank's MemAvailable, from the follower's heartbeat") {
+  // Each rank reads its own node's /proc/meminfo (here: a fixture per rank).
+  test::TempDir dir("daemon-rank-mem");
+  auto meminfo = [&](const std::string& root, uint64_t avail_kb) {
+    dir.write(root + "/proc/meminfo",
+              "MemTotal:       134217728 kB\nMemFree:        1000 kB\n"
+              "MemAvailable:   " +
+                  std::to_string(avail_kb) + " kB\n");
+    return dir / root;
+  };
+  uint16_t rp = any_free_port();
+  auto cfg = two_rank_ring();
+  auto start = [&](int rank, const std::string& root) {
+    auto eng = std::make_unique<FaultInjectionBackend>();
+    Rank r;
+    r.engine = eng.get();
+    DaemonOptions o = opts_port0();
+    o.rank = rank;
+    o.rdzv_port = rp;
+    o.proc_root = root;
+    r.d = std::make_unique<Daemon>(cfg, o, std::move(eng));
+    DaemonTiming t;
+    t.heartbeat_interval = 100ms;
+    t.heartbeat_timeout = 800ms;
+    t.join_timeout = 3000ms;
+    t.watchdog_period = 20ms;
+    r.d->set_timing(t);
+    REQUIRE(r.d->start().ok());
+    return r;
+  };
+  Rank r0 = start(0, meminfo("r0", 64ull << 20));  // 64 GiB
+  Rank r1 = start(1, meminfo("r1", 3ull << 20));   // 3 GiB: the node an alert must name
+  HttpCall c;
+  c.port = r0.d->http_port();
+  c.target = "/metrics";
+  std::string m;
+  REQUIRE(eventually([&] {
+    auto r = http_call(c);
+    m = r.ok() ? r->body : "";
+    return m.find("sparkd_rank_mem_available_bytes{rank=\"1\",node=\"node0\"} 3221225472\n") !=
+           std::string::npos;
+  }));
+  INFO(m);
+  CHECK(m.find("sparkd_rank_mem_available_bytes{rank=\"0\",node=\"node0\"} 68719476736\n") !=
+        std::string::npos);
+  CHECK(m.find("sparkd_rank_alive{rank=\"1\",node=\"node0\"} 1\n") != std::string::npos);
+  CHECK(m.find("sparkd_rank_heartbeat_age_seconds{rank=\"1\",node=\"node0\"} ") !=
+        std::string::npos);
+  int st = 0;
+  CHECK(health(r0.d->http_port(), &st)["ranks"][1]["mem_available_bytes"] == 3221225472ull);
 }
 
 TEST_CASE("daemon ring: a follower stalled is reported stalled by rank 0") {

@@ -387,7 +387,16 @@ TEST_CASE("model: TP slicing needs divisible head counts") {
   CHECK(m.error().code == Errc::config);
   CHECK(m.error().message.find("tensor parallel size 3") != std::string::npos);
   LoadReport full, half;
+  std::vector<std::pair<uint64_t, uint64_t>> seen;  // the load's progress, tensor by tensor
+  full.progress = [&](uint64_t done, uint64_t total) { seen.emplace_back(done, total); };
   REQUIRE(Model::load(dir.path(), 0, 1, &full).ok());
+  REQUIRE(seen.size() > 2);
+  for (size_t i = 1; i < seen.size(); ++i) {
+    CHECK(seen[i].first > seen[i - 1].first);
+    CHECK(seen[i].second == seen[0].second);
+  }
+  CHECK(seen.back().first == seen.back().second);  // all of it, at the end
+  CHECK(seen.back().second == full.bytes_read);
   REQUIRE(Model::load(dir.path(), 1, 2, &half).ok());
   // A rank of two reads its slices of the split matrices, not everything.
   CHECK(half.bytes_read < full.bytes_read);

@@ -287,6 +287,9 @@ TEST_CASE("engine: block-aligned prefix caching is shared across requests") {
   auto model = fx.model();
   CHECK(third->tokens[0] == direct_greedy(*model, q, 8));
   CHECK(eng->stats().cached_tokens == 32 + 16);
+  // vLLM's prefix-cache queries: every admitted prompt token was looked up.
+  CHECK(eng->stats().prefix_queries == 3 * 40);
+  CHECK(eng->stats().prompt_tokens + eng->stats().cached_tokens == 3 * 40);
   // Without prefix caching nothing is reused.
   EngineOptions off = o;
   off.prefix_caching = false;
@@ -295,6 +298,54 @@ TEST_CASE("engine: block-aligned prefix caching is shared across requests") {
   auto again = generate_blocking(*eng2, p, greedy(4));
   REQUIRE(again.ok());
   CHECK(again->cached_prompt_tokens == 0);
+  CHECK(eng2->stats().prefix_queries == 0);  // no cache, no lookups
+}
+
+TEST_CASE("engine: events carry when the request was submitted and when its choice got a slot") {
+  Fixture fx;
+  EngineOptions o;
+  o.slots = 1;
+  auto eng = fx.engine(o);
+  const int V = eng->config().vocab_size;
+  using Clock = std::chrono::steady_clock;
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    Clock::time_point submitted{}, scheduled{}, finished{};
+    bool done = false;
+  };
+  // The first request holds the only slot; the second waits for it, so its queue time
+  // covers the first's whole run.
+  auto run = [&](Seen& seen, int max_tokens) {
+    auto before = Clock::now();
+    auto id = eng->submit({prompt_of(20, 3, V), greedy(max_tokens), [&seen](const TokenEvent& e) {
+                             std::lock_guard lk(seen.mu);
+                             if (e.scheduled != Clock::time_point{}) {
+                               seen.submitted = e.submitted;
+                               seen.scheduled = e.scheduled;
+                             }
+                             if (e.request_done) {
+                               seen.finished = Clock::now();
+                               seen.done = true;
+                               seen.cv.notify_all();
+                             }
+                           }});
+    REQUIRE(id.ok());
+    CHECK(Clock::now() >= before);
+    return before;
+  };
+  Seen a, b;
+  auto t_a = run(a, 16);
+  auto t_b = run(b, 2);
+  for (Seen* s : {&a, &b}) {
+    std::unique_lock lk(s->mu);
+    REQUIRE(s->cv.wait_for(lk, std::chrono::seconds(60), [&] { return s->done; }));
+  }
+  CHECK(a.submitted >= t_a);
+  CHECK(a.scheduled >= a.submitted);
+  CHECK(b.submitted >= t_b);
+  CHECK(b.scheduled >= a.finished);  // only once a freed the one slot
+  CHECK(b.scheduled - b.submitted > std::chrono::milliseconds(0));
 }
 
 TEST_CASE("engine: seeds, n > 1, stop tokens and max_tokens") {

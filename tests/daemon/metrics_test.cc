@@ -14,9 +14,9 @@
 #include <set>
 #include <sstream>
 
+#include "core/http_client.h"
 #include "core/strings.h"
 #include "daemon/daemon.h"
-#include "core/http_client.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -59,13 +59,91 @@ TEST_CASE("metrics: counters, gauges, histograms, and vLLM twins with model_name
   CHECK(m.value("sparkd_prompt_tokens_total") == 150);
   std::string t = m.render();
   CHECK(t.find("sparkd_prompt_tokens_total 150\n") != std::string::npos);
-  CHECK(t.find("vllm:prompt_tokens_total{model_name=\"demo-model\"} 150\n") != std::string::npos);
-  CHECK(t.find("vllm:num_requests_running{model_name=\"demo-model\"} 2\n") != std::string::npos);
+  CHECK(t.find("vllm:prompt_tokens_total{model_name=\"demo-model\",engine=\"0\"} 150\n") !=
+        std::string::npos);
+  CHECK(t.find("vllm:num_requests_running{model_name=\"demo-model\",engine=\"0\"} 2\n") !=
+        std::string::npos);
   CHECK(t.find("sparkd_request_success_total{finished_reason=\"stop\"} 1\n") != std::string::npos);
   CHECK(t.find("sparkd_time_to_first_token_seconds_bucket{le=\"0.5\"} 1\n") != std::string::npos);
+  // The current vLLM name and the deprecated one it still exports, from one series.
+  CHECK(t.find("vllm:time_to_first_token_seconds_count{model_name=\"demo-model\",engine=\"0\"} "
+               "2\n") != std::string::npos);
   CHECK(t.find("sparkd_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n") != std::string::npos);
   CHECK(t.find("sparkd_time_to_first_token_seconds_count 2\n") != std::string::npos);
   CHECK(t.find("sparkd_metrics_errors_total 1\n") != std::string::npos);
+}
+
+TEST_CASE("metrics: vLLM's current names, the deprecated ones beside them, vLLM's buckets") {
+  // The names a vLLM dashboard or alert reads (vLLM's v1 PrometheusStatLogger).
+  const std::set<std::string> want = {"vllm:num_requests_running",
+                                      "vllm:num_requests_waiting",
+                                      "vllm:kv_cache_usage_perc",
+                                      "vllm:gpu_cache_usage_perc",
+                                      "vllm:prefix_cache_queries_total",
+                                      "vllm:prefix_cache_hits_total",
+                                      "vllm:gpu_prefix_cache_queries_total",
+                                      "vllm:gpu_prefix_cache_hits_total",
+                                      "vllm:num_preemptions_total",
+                                      "vllm:prompt_tokens_total",
+                                      "vllm:generation_tokens_total",
+                                      "vllm:request_success_total",
+                                      "vllm:request_prompt_tokens",
+                                      "vllm:request_generation_tokens",
+                                      "vllm:time_to_first_token_seconds",
+                                      "vllm:inter_token_latency_seconds",
+                                      "vllm:time_per_output_token_seconds",
+                                      "vllm:request_time_per_output_token_seconds",
+                                      "vllm:e2e_request_latency_seconds",
+                                      "vllm:request_queue_time_seconds",
+                                      "vllm:request_inference_time_seconds",
+                                      "vllm:request_prefill_time_seconds",
+                                      "vllm:request_decode_time_seconds",
+                                      "vllm:cache_config_info"};
+  Metrics m("x", 4096);
+  std::string t = m.render();
+  for (const auto& n : want) CHECK_MESSAGE(t.find("# TYPE " + n + " ") != std::string::npos, n);
+  // Token counts in 1-2-5 steps up to the context, as vLLM's max_model_len bounds them.
+  CHECK(m.bounds("sparkd_request_prompt_tokens") ==
+        std::vector<double>{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000});
+  CHECK(m.bounds("sparkd_time_to_first_token_seconds").back() == 2560.0);
+  CHECK(m.bounds("sparkd_e2e_request_latency_seconds").back() == 7680.0);
+  CHECK(m.bounds("sparkd_time_per_output_token_seconds").front() == 0.01);
+  // Families of labelled series only (per rank, info) print no unlabelled zero.
+  CHECK(t.find("\nsparkd_rank_alive ") == std::string::npos);
+  CHECK(t.find("\nvllm:cache_config_info{model_name=\"x\",engine=\"0\"} 0") == std::string::npos);
+  m.set("sparkd_cache_config_info", 1, {{"block_size", "16"}});
+  CHECK(m.render().find(
+            "vllm:cache_config_info{model_name=\"x\",engine=\"0\",block_size=\"16\"} 1\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("metrics: without the native engine (ENGINE=exec) the vLLM twins are left out") {
+  Metrics m("x");
+  m.export_vllm(false);
+  std::string t = m.render();
+  CHECK(t.find("vllm:") == std::string::npos);
+  CHECK(t.find("sparkd_requests_running 0\n") != std::string::npos);
+}
+
+TEST_CASE("metrics: every family is documented in sparkd(8)") {
+  auto man = read_file(std::string(SPARK_SOURCE_DIR) + "/man/sparkd.8");
+  if (!man && !std::filesystem::exists(SPARK_SOURCE_DIR)) {  // a staged test binary
+    MESSAGE("SKIP: the source tree " SPARK_SOURCE_DIR " is not on this machine");
+    std::puts("SKIP: source tree absent (man page check)");
+    return;
+  }
+  REQUIRE(man.has_value());
+  const std::string& text = *man;
+  for (const auto& s : Metrics::specs()) {
+    std::string name = s.name;
+    // The per-sequence family is listed once with its suffixes.
+    if (name.starts_with("sparkd_request_") && name != "sparkd_request_success_total")
+      name = name.substr(std::string("sparkd_request").size());
+    CHECK_MESSAGE(text.find(name) != std::string::npos, s.name << " is not in man/sparkd.8");
+    for (const char* v : {s.vllm, s.vllm_old})
+      if (v && !std::string_view(v).starts_with("vllm:request_"))
+        CHECK_MESSAGE(text.find(v) != std::string::npos, v << " is not in man/sparkd.8");
+  }
 }
 
 TEST_CASE("metrics: /metrics of a running daemon passes promtool check metrics") {
@@ -93,8 +171,9 @@ TEST_CASE("metrics: /metrics of a running daemon passes promtool check metrics")
   CHECK(t.find("sparkd_world_size 1\n") != std::string::npos);
   CHECK(t.find("sparkd_http_requests_total{code=\"200\"} 1\n") != std::string::npos);
   CHECK(t.find("sparkd_mem_available_bytes ") != std::string::npos);
-  CHECK(t.find("vllm:e2e_request_latency_seconds_count{model_name=\"demo\"} 1\n") !=
+  CHECK(t.find("vllm:e2e_request_latency_seconds_count{model_name=\"demo\",engine=\"0\"} 1\n") !=
         std::string::npos);
+  CHECK(t.find("sparkd_rank_mem_available_bytes{rank=\"0\",node=\"node0\"} ") != std::string::npos);
 
   auto whole = promtool(t);
   if (!whole) {
@@ -129,6 +208,7 @@ TEST_CASE("metrics: the shipped Grafana dashboard uses only series sparkd export
   for (const auto& s : Metrics::specs()) {
     known.insert(s.name);
     if (s.vllm) known.insert(s.vllm);
+    if (s.vllm_old) known.insert(s.vllm_old);
   }
   std::regex metric_re(R"((sparkd_[a-z0-9_]+|vllm:[a-z0-9_]+))");
   int exprs = 0;

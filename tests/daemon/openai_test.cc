@@ -232,6 +232,12 @@ TEST_CASE("chat.completion.chunk stream: role first, usage null, usage chunk, [D
       R"({"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"demo","choices":[],)"
       R"("usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}})");
   CHECK(sse_done() == "data: [DONE]\n\n");
+  // With the prefix cache's count known: OpenAI's prompt_tokens_details.cached_tokens.
+  Usage cached{30, 4};
+  cached.cached_tokens = 16;
+  CHECK(
+      usage_json(cached).dump() ==
+      R"({"prompt_tokens":30,"completion_tokens":4,"total_tokens":34,"prompt_tokens_details":{"cached_tokens":16}})");
 }
 
 TEST_CASE("text_completion body and chunk; logprobs in both shapes") {

@@ -18,8 +18,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/strings.h"
 #include "core/http_client.h"
+#include "core/strings.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
 
@@ -107,7 +107,7 @@ struct Server {
     return json::parse(r->body, nullptr, false);
   }
   HttpReply call(const std::string& method, const std::string& target,
-                         const std::string& body = "") const {
+                 const std::string& body = "") const {
     HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(port);
@@ -228,7 +228,19 @@ TEST_CASE("e2e api: chat completion has OpenAI's exact shape; streaming gives th
   }
   auto last = json::parse(ev[ev.size() - 2]);
   CHECK(last["choices"].empty());
-  CHECK(last["usage"] == u);
+  // The same usage, but for the prefix cache's share (this second request may hit it).
+  auto counts = [](json x) {
+    x.erase("prompt_tokens_details");
+    return x;
+  };
+  CHECK(counts(last["usage"]) == counts(u));
+  for (const json* x : {&u, static_cast<const json*>(&last["usage"])}) {
+    REQUIRE(x->contains("prompt_tokens_details"));
+    const json& cached = x->at("prompt_tokens_details").value("cached_tokens", json());
+    REQUIRE(cached.is_number_integer());
+    CHECK(cached.get<int>() >= 0);
+    CHECK(cached.get<int>() <= x->at("prompt_tokens").get<int>());
+  }
   CHECK(text == c["message"]["content"].get<std::string>());
   CHECK(finish == c["finish_reason"].get<std::string>());
 }
@@ -489,4 +501,90 @@ TEST_CASE("e2e api: under the memory guard's cancel floor the newest request is 
   CHECK(busy == 0);
   CHECK(s.call("GET", "/metrics").body.find("sparkd_mem_guard_cancels_total 1") !=
         std::string::npos);
+}
+
+namespace {
+// The value of one sample line of /metrics ("name{labels} value"), or -1 when absent.
+double sample(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, series.size() + 1, series + " ") == 0)
+      return std::stod(line.substr(series.size() + 1));
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("e2e api: /metrics twins mean what vLLM's mean (batch, prefix cache, phases)") {
+  Server s;  // its own: the counters start at zero
+  REQUIRE_MESSAGE(s.error.empty(), s.error);
+  const std::string v = "{model_name=\"demo\",engine=\"0\"}";
+  // The same prompt twice: the second finds its leading full blocks in the prefix cache.
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "Once upon a time ";
+  json req = {{"prompt", prompt}, {"max_tokens", 4}, {"ignore_eos", true}};
+  int P = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto j = s.post("/v1/completions", req);
+    P = j["usage"]["prompt_tokens"].get<int>();
+    CHECK(j["usage"]["completion_tokens"] == 4);
+  }
+  REQUIRE(P > 32);
+  // The engine publishes its counters after each step; the probe added its own tokens.
+  auto m = s.call("GET", "/metrics").body;
+  INFO(m);
+  const double queries = sample(m, "vllm:prefix_cache_queries_total" + v);
+  const double hits = sample(m, "vllm:prefix_cache_hits_total" + v);
+  const double prompt_all = sample(m, "vllm:prompt_tokens_total" + v);
+  const double computed = sample(m, "sparkd_prompt_tokens_computed_total");
+  CHECK(hits >= (P - 1) / 16 * 16);  // the second request's full blocks, at least
+  CHECK(prompt_all == computed + hits);
+  CHECK(queries == prompt_all);  // every admitted prompt was looked up
+  CHECK(sample(m, "vllm:gpu_prefix_cache_hits_total" + v) == hits);  // the deprecated name
+  CHECK(sample(m, "vllm:num_preemptions_total" + v) == 0);
+  // Per-sequence histograms: our two requests (the readiness probe bypasses the API).
+  const double seqs = sample(m, "vllm:request_queue_time_seconds_count" + v);
+  CHECK(seqs == 2);
+  for (const char* h :
+       {"vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+        "vllm:request_inference_time_seconds_count", "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count"})
+    CHECK_MESSAGE(sample(m, h + v) == seqs, h);
+  CHECK(sample(m, "vllm:request_prompt_tokens_sum" + v) == 2 * P);  // hits included
+  CHECK(sample(m, "vllm:request_generation_tokens_sum" + v) == 8);
+  CHECK(m.find("vllm:cache_config_info{model_name=\"demo\",engine=\"0\",block_size=\"16\"") !=
+        std::string::npos);
+  CHECK(sample(m, "vllm:kv_cache_usage_perc" + v) == 0);
+  CHECK(sample(m, "vllm:inter_token_latency_seconds_count" + v) ==
+        sample(m, "vllm:time_per_output_token_seconds_count" + v));
+
+  // One HTTP request with n=2 runs two sequences: vLLM's running gauge counts the batch.
+  json big = {{"prompt", "Once"},
+              {"max_tokens", kContext - 8},
+              {"ignore_eos", true},
+              {"n", 2},
+              {"stream", true}};
+  std::string body = big.dump();
+  std::string http =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s.port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::send(fd, http.data(), http.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(http.size()));
+  double running = -1;
+  for (int i = 0; i < 500 && running != 2; ++i) {
+    m = s.call("GET", "/metrics").body;
+    running = sample(m, "vllm:num_requests_running" + v);
+    if (running != 2) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(running == 2);
+  CHECK(sample(m, "sparkd_http_requests_in_flight") == 1);
+  CHECK(sample(m, "vllm:kv_cache_usage_perc" + v) > 0);
+  ::close(fd);
 }

@@ -232,9 +232,10 @@ TEST_CASE("e2e sparkctl: watch --quiet prints only changes; a watch with no ring
   CHECK(none.out.empty());
   auto s = ring.run({"start"});
   REQUIRE_MESSAGE(s.rc == 0, s.all());
-  // The first healthy check is a change (from the start's record); the next ones are silent.
+  // A healthy ring is silent from the first check on: the start already said READY.
   auto first = ring.run({"watch", "--quiet"});
   CHECK_MESSAGE(first.rc == 0, first.all());
+  CHECK_MESSAGE(first.out.empty(), first.all());
   auto second = ring.run({"watch", "--quiet"});
   CHECK_MESSAGE(second.rc == 0, second.all());
   CHECK_MESSAGE(second.out.empty(), second.all());
@@ -243,4 +244,73 @@ TEST_CASE("e2e sparkctl: watch --quiet prints only changes; a watch with no ring
   auto loud = ring.run({"watch"});
   CHECK_MESSAGE(loud.out.find("watch: healthy") != std::string::npos, loud.all());
   ring.run({"stop"});
+}
+
+TEST_CASE("e2e sparkctl: start shows its phases with times; a second start says the ring runs") {
+  LocalRing ring(2);
+  ring.fault_once(0, "slow-start", "3s");  // rank 0's engine loads for 3 s: a load phase
+  auto s = ring.run({"start"});
+  REQUIRE_MESSAGE(s.rc == 0, s.all());
+  // Each step on its own line as it ended: name, ok, seconds; rank 0's phases among them.
+  auto step = [&](const std::string& name) {
+    for (const auto& line : split_list(s.out, '\n'))
+      if (starts_with(line, name + " ") && line.find(" ok ") != std::string::npos &&
+          line.find(" s  ") != std::string::npos)
+        return true;
+    return false;
+  };
+  for (const char* name : {"ssh", "preflight", "launch", "load", "ready"})
+    CHECK_MESSAGE(step(name), name << " missing in:\n" << s.out);
+  CHECK(s.out.find("READY: model demo on 2 rank(s)") != std::string::npos);
+  auto j = ring.json_run({"status"});
+  REQUIRE(j.rc == 0);
+
+  auto again = ring.run({"start"});
+  CHECK(again.rc == exit_code(Errc::busy));
+  CHECK_MESSAGE(again.err.find("start refused: the ring already runs") != std::string::npos,
+                again.all());
+  CHECK(again.err.find("sparkctl restart") != std::string::npos);
+  CHECK(again.err.find("torn down") == std::string::npos);
+  CHECK(ring.json_run({"status"}).rc == 0);  // still serving, untouched
+
+  // preflight on the running ring: the ports are held by its own sparkd, which is no failure.
+  auto pf = ring.run({"preflight", "--only", "port.free"});
+  CHECK_MESSAGE(pf.rc == 0, pf.all());
+  CHECK(pf.out.find("held by this ring's own sparkd") != std::string::npos);
+}
+
+TEST_CASE("e2e sparkctl: preflight sw.sparkd checks that each node can start its sparkd") {
+  LocalRing ring(1);
+  auto pf = ring.json_run({"preflight", "--only", "sw.sparkd"});
+  CHECK_MESSAGE(pf.rc == 0, pf.all());
+  auto verdict = [](const Out& o) -> std::string {
+    for (const auto& c : o.j.value("checks", json::array()))
+      if (c.value("id", "") == "sw.sparkd")
+        return c.value("verdict", "") + ": " + c.value("message", "");
+    return "none";
+  };
+  CHECK(verdict(pf).rfind("PASS: ", 0) == 0);
+  // A sparkd of another version, one that cannot start (a missing library), none at all.
+  std::string old = ring.dir.write("old-sparkd", "#!/bin/sh\necho 'sparkd 0.0.9'\n");
+  std::string broken = ring.dir.write(
+      "broken-sparkd",
+      "#!/bin/sh\necho 'sparkd: error while loading shared libraries: libboost_x.so' >&2\n"
+      "exit 127\n");
+  ::chmod(old.c_str(), 0755);
+  ::chmod(broken.c_str(), 0755);
+  ring.env["SPARKD_BIN"] = old;
+  auto o = ring.json_run({"preflight", "--only", "sw.sparkd"});
+  CHECK(o.rc == 1);  // a check failed
+  CHECK_MESSAGE(verdict(o).find("is 'sparkd 0.0.9', this sparkctl is") != std::string::npos,
+                o.all());
+  ring.env["SPARKD_BIN"] = broken;
+  auto b = ring.json_run({"preflight", "--only", "sw.sparkd"});
+  CHECK(b.rc == 1);  // a check failed
+  CHECK_MESSAGE(verdict(b).find("cannot be started: exit 127: sparkd: error while loading") !=
+                    std::string::npos,
+                b.all());
+  ring.env["SPARKD_BIN"] = ring.dir / "no-such-sparkd";
+  auto n = ring.json_run({"preflight", "--only", "sw.sparkd"});
+  CHECK(n.rc == 1);  // a check failed
+  CHECK_MESSAGE(verdict(n).find("FAIL: no sparkd found") != std::string::npos, n.all());
 }

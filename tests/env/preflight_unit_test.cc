@@ -262,13 +262,19 @@ TEST_CASE("live facts: addresses, a busy port, memlock, and page-cache residency
   std::string fake_sparkd =
       dir.write("bin/sparkd", "#!/bin/sh\necho \"sparkd 9.9.9 ($1)\"\necho second line\n");
   std::filesystem::permissions(fake_sparkd, std::filesystem::perms::owner_all);
-  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}, fake_sparkd};
+  FactsRequest req{dir / "model", {{"127.0.0.1", busy}}, fake_sparkd, "", false, {}};
   auto f = collect_live_facts(Sysroot("/"), req);
   ::close(fd);
   CHECK(f.netdev_of("127.0.0.1") == "lo");
   REQUIRE(f.ports.size() == 1);
   CHECK_FALSE(f.ports[0].free);
   CHECK(f.ports[0].error.find("in use") != std::string::npos);
+  // Who holds it: this process (not a sparkd, so no ring of its own).
+  CHECK(f.ports[0].holder_pid == ::getpid());
+  CHECK(f.ports[0].holder_cmdline.find("spark_unit_tests") != std::string::npos);
+  CHECK(f.ports[0].holder_ring.empty());
+  CHECK(f.sparkd_bin == fake_sparkd);
+  CHECK(f.sparkd_error.empty());
   REQUIRE(f.model_fs);
   CHECK(f.model_fs->total > 0);
   CHECK(f.memlock_soft > 0);
@@ -292,6 +298,8 @@ TEST_CASE("live facts: addresses, a busy port, memlock, and page-cache residency
   CHECK(back->memlock_soft == f.memlock_soft);
   CHECK(back->addrs.size() == f.addrs.size());
   CHECK(back->residency->resident_bytes == f.residency->resident_bytes);
+  CHECK(back->ports.at(0).holder_pid == f.ports[0].holder_pid);
+  CHECK(back->sparkd_bin == f.sparkd_bin);
 }
 
 TEST_CASE("the config sent to nodes resolves to the same digest there") {

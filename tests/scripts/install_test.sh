@@ -23,14 +23,22 @@ expect=(
   share/sparkctl/prometheus/scrape-auth.yml share/sparkctl/examples/sparkctl.cron
   share/sparkctl/examples/local.env share/sparkctl/examples/two-sparks.env
   share/sparkctl/examples/three-sparks.env share/sparkctl/examples/four-sparks.env
+  share/sparkctl/bench/known-answers.jsonl
   lib/systemd/system/sparkctl-watch.service lib/systemd/system/sparkctl-watch.timer
   lib/systemd/system/sparkd@.service
+  share/bash-completion/completions/sparkctl
 )
 for f in "${expect[@]}"; do [[ -f $root/$f ]] || err "cmake --install did not install $f"; done
 for p in "$SRC"/man/*.[1-8]; do
   n=$(basename "$p"); [[ -f $root/share/man/man${n##*.}/$n.gz ]] || err "man page $n.gz not installed"
 done
 [[ -x $root/bin/sparkctl ]] || err "bin/sparkctl is not executable"
+# The installed sparkctl finds its known-answer set (bin/../share/sparkctl/bench): with
+# nothing listening it fails connecting (6), not for want of the set (4).
+rc=0
+env -i PATH=/usr/bin:/bin "$root/bin/sparkctl" bench --base http://127.0.0.1:9/v1 --no-memory \
+  --sections known_answers >"$tmp/bench.txt" 2>&1 || rc=$?
+((rc == 6)) || err "installed sparkctl bench exited $rc, not 6 (connection refused): $(cat "$tmp/bench.txt")"
 # Installed units run the binaries of this prefix, not the sources' /usr/local default.
 units=$root/lib/systemd/system
 grep -qx 'ExecStart=/usr/bin/sparkctl watch --quiet' "$units/sparkctl-watch.service" 2>/dev/null ||
@@ -74,6 +82,12 @@ if [[ -x $root/bin/sparkctl ]]; then
         err "config check $(basename "$e") with a missing key file did not name it: $(cat "$tmp/err")"
     fi
   done
+fi
+# The installed completion completes against the installed sparkctl.
+if [[ -x $root/bin/sparkctl ]]; then
+  got=$(PATH=$root/bin:$PATH bash -c 'source "$1"; COMP_WORDS=(sparkctl wat); COMP_CWORD=1
+    _sparkctl sparkctl wat sparkctl; echo "${COMPREPLY[*]}"' _ "$root/share/bash-completion/completions/sparkctl" 2>&1)
+  [[ $got == watch ]] || err "the installed bash completion completes 'sparkctl wat' to '$got', not 'watch'"
 fi
 echo "install_test: cmake --install checked (${#expect[@]} files)"
 

@@ -1,0 +1,23 @@
+#pragma once
+// What the tensor-parallel control plane costs a decode step, on the CPU path: W ranks as
+// threads over Gloo on loopback, the same random checkpoint and the same steps, twice:
+//   - "engine": rank 0 runs the Engine (scheduler, host sampling, the step plan broadcast
+//     to the workers, heartbeats) and the other ranks run run_tp_worker;
+//   - "lock-step" (the peer: no control plane): every rank already knows each step and
+//     calls Model::forward directly; rank 0 also takes the greedy argmax of the logits, as
+//     the engine's sampler does.
+// Decode step time = the median of every decode step's duration over all rounds (a loaded
+// machine's stalls hit single steps; the median leaves them out), with the 10th percentile.
+// The difference is what the control plane (and the scheduler's bookkeeping) add per step.
+#include <map>
+#include <string>
+
+#include "core/error.h"
+
+namespace spark::engine {
+
+/// `opts`: tp-size (2), hidden (512), layers (8), vocab (8192), batch (1), tokens (64),
+/// rounds (3), threads (1), json (set: JSON instead of the table). Returns the exit code.
+Result<int> run_tp_bench(const std::map<std::string, std::string>& opts);
+
+}  // namespace spark::engine
