@@ -153,6 +153,24 @@ TEST_CASE(
     CHECK(row.verdict == Verdict::skip);
     CHECK(row.message.find("no GPU: NVML not available") != std::string::npos);
   }
+  {
+    // An H200 as measured under a GEMM load: the software power cap flagged while the SM
+    // clock held its maximum is not a slowdown; the same flag with a lower clock is.
+    auto fact = nlohmann::json::parse(R"({"gpus": [{"index": 0, "name": "NVIDIA H200",
+        "sm_clock_peak_mhz": 1980, "sm_clock_max_mhz": 1980, "power_peak_mw": 457400,
+        "power_limit_mw": 700000, "temp_max_c": 50, "reasons": 4, "load": "ok"}]})");
+    auto held = only_row(fact);
+    CHECK(held.verdict == Verdict::pass);
+    CHECK(held.message.find("NVML flagged sw_power_cap, but the SM clock held") !=
+          std::string::npos);
+    fact["gpus"][0]["sm_clock_peak_mhz"] = 1500;
+    auto slowed = only_row(fact);
+    CHECK(slowed.verdict == Verdict::warn);
+    CHECK(slowed.message.find("throttled under load: sw_power_cap") != std::string::npos);
+    fact["gpus"][0]["sm_clock_peak_mhz"] = 1980;
+    fact["gpus"][0]["reasons"] = 4 | 8;  // with a hardware slowdown: warns at any clock
+    CHECK(only_row(fact).verdict == Verdict::warn);
+  }
   CHECK(throttle_checks("spark-a", nullptr).empty());  // a capture from before the check
   auto junk = throttle_checks("spark-a", nlohmann::json::parse(R"({"gpus": [3, {"index": "x"}]})"));
   REQUIRE(junk.size() == 1);
