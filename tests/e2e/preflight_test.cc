@@ -73,13 +73,14 @@ std::set<std::string> expected_baseline(int nodes) {
 }
 
 // Drops what depends on the machine running the tests: root's memlock limit, whether a
-// GPU is present (no GPU: a WARN; a GPU: a PASS per device), and the driver and NCCL
-// versions sw.known_bad can read (none: SKIP).
+// GPU is present (no GPU: a WARN; a GPU: a PASS per device; gpu.throttle: a SKIP without
+// one), and the driver and NCCL versions sw.known_bad can read (none: SKIP).
 std::set<std::string> without_machine(std::set<std::string> s) {
   for (auto it = s.begin(); it != s.end();)
     it = it->find(" sys memlock WARN") != std::string::npos ||
                  it->find(" gpu  WARN") != std::string::npos ||
-                 (it->find(" sw.known_bad ") != std::string::npos &&
+                 ((it->find(" sw.known_bad ") != std::string::npos ||
+                   it->find(" gpu.throttle ") != std::string::npos) &&
                   it->find(" SKIP") != std::string::npos)
              ? s.erase(it)
              : std::next(it);
