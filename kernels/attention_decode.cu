@@ -24,36 +24,11 @@ constexpr int kGMax = 8;  // query heads per block; larger groups run in chunks
 constexpr int kP = kDecodePartition;
 constexpr int kBatch = 8;  // rows whose loads a lane issues before using the first
 
-// Eight cache elements as loaded (16 bytes of bf16, or 32 of fp32), widened on use.
+using dev::load_raw;
+using dev::to_floats;
+using dev::zero_raw;
 template <typename C>
-struct Raw;
-template <>
-struct Raw<dev::bf16> {
-  uint4 v;
-};
-template <>
-struct Raw<float> {
-  float4 a, b;
-};
-__device__ __forceinline__ void load_raw(const dev::bf16* p, Raw<dev::bf16>& r) {
-  r.v = __ldg(reinterpret_cast<const uint4*>(p));
-}
-__device__ __forceinline__ void load_raw(const float* p, Raw<float>& r) {
-  r.a = __ldg(reinterpret_cast<const float4*>(p));
-  r.b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-}
-__device__ __forceinline__ void to_floats(const Raw<dev::bf16>& r, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r.v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x, f[2 * i + 1] = t.y;
-  }
-}
-__device__ __forceinline__ void to_floats(const Raw<float>& r, float* f) {
-  f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
-  f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
-}
+using Raw = dev::Raw8<C>;
 
 struct DecodeParams {
   AttentionBatch b;

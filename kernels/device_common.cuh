@@ -73,6 +73,44 @@ __device__ __forceinline__ void load8(const float* p, float* f) {
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
+// Eight cache elements as loaded (16 bytes of bf16, or 32 of fp32), widened on use: the
+// paged-attention kernels issue several rows' loads before they use the first.
+template <typename C>
+struct Raw8;
+template <>
+struct Raw8<bf16> {
+  uint4 v;
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+};
+__device__ __forceinline__ void load_raw(const bf16* p, Raw8<bf16>& r) {
+  r.v = __ldg(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ void load_raw(const float* p, Raw8<float>& r) {
+  r.a = __ldg(reinterpret_cast<const float4*>(p));
+  r.b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+}
+__device__ __forceinline__ void zero_raw(Raw8<bf16>& r) {
+  r.v = make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ void zero_raw(Raw8<float>& r) {
+  r.a = r.b = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void to_floats(const Raw8<bf16>& r, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r.v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x, f[2 * i + 1] = t.y;
+  }
+}
+__device__ __forceinline__ void to_floats(const Raw8<float>& r, float* f) {
+  f[0] = r.a.x, f[1] = r.a.y, f[2] = r.a.z, f[3] = r.a.w;
+  f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
+}
+
 }  // namespace spark::kernels::dev
 
 /// Calls `body` with `T` bound to float or __nv_bfloat16 as `dt` says.
