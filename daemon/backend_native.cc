@@ -191,6 +191,7 @@ class NativeBackend final : public Backend {
       log::info(kComp, "rank {}: NCCL environment: {}", ctx.place.rank, applied.summary);
     }
     o.device = cfg.get("DEVICE");
+    o.weights_placement = cfg.get("WEIGHTS_PLACEMENT");
     if (ctx.world_size > 1 && !ctx.share)
       return make_error(Errc::internal,
                         "native engine: a ring of " + std::to_string(ctx.world_size) +

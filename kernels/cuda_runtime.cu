@@ -138,6 +138,22 @@ Result<DeviceLimits> cuda_device_limits(int device) {
   l.total_memory = p.totalGlobalMem;
   l.l2_bytes = static_cast<size_t>(p.l2CacheSize);
   l.integrated = p.integrated != 0;
+  static const char* hex = "0123456789abcdef";
+  l.uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(p.uuid.bytes[i]);
+    l.uuid += hex[b >> 4];
+    l.uuid += hex[b & 15];
+  }
+  l.can_map_host_memory = p.canMapHostMemory != 0;
+  l.host_pointer_is_device = p.canUseHostPointerForRegisteredMem != 0;
+  l.pageable_memory_access = p.pageableMemoryAccess != 0;
+  l.pageable_uses_host_pages = p.pageableMemoryAccessUsesHostPageTables != 0;
+  l.host_register_supported = p.hostRegisterSupported != 0;
+  int ro = 0;
+  if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, device) != cudaSuccess)
+    (void)cudaGetLastError(), ro = 0;
+  l.read_only_host_register = ro != 0;
   std::lock_guard<std::mutex> lk(g_limits_mu);
   limits_cache().push_back(l);
   return l;

@@ -62,6 +62,14 @@ struct DeviceLimits {
   size_t total_memory = 0;
   size_t l2_bytes = 0;
   bool integrated = false;  // memory shared with the host (GB10)
+  std::string uuid;         // "GPU-<hex>": one physical GPU, whatever CUDA_VISIBLE_DEVICES says
+  // How the GPU reaches host memory, for weights read in place (host-mapped placement):
+  bool can_map_host_memory = false;       // page-locked host memory is GPU-addressable
+  bool host_pointer_is_device = false;    // ... at the same address (no cudaHostGetDevicePointer)
+  bool pageable_memory_access = false;    // plain malloc'd memory is GPU-addressable (HMM/ATS)
+  bool pageable_uses_host_pages = false;  // ... through the host's page tables (ATS, GB10)
+  bool host_register_supported = false;   // cudaHostRegister works
+  bool read_only_host_register = false;   // ... also on read-only mappings
 };
 
 /// The limits of `device` (-1: the current device); cached per device after the first call.

@@ -54,6 +54,26 @@ Result<void*> cuda_host_alloc(size_t bytes) {
   return p;
 }
 
+Result<MappedHostMemory> cuda_host_alloc_mapped(size_t bytes) {
+  MappedHostMemory m;
+  cudaError_t e = cudaHostAlloc(&m.host, bytes ? bytes : 1, cudaHostAllocMapped);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(detail::errc_for_cuda(e),
+                      "cudaHostAlloc (mapped) of " + std::to_string(bytes >> 20) +
+                          " MiB failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  }
+  e = cudaHostGetDevicePointer(&m.device, m.host, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    cudaFreeHost(m.host);
+    return make_error(detail::errc_for_cuda(e), std::string("cudaHostGetDevicePointer failed: ") +
+                                                    cudaGetErrorName(e) + ": " +
+                                                    cudaGetErrorString(e));
+  }
+  return m;
+}
+
 void cuda_host_free(void* p) {
   if (p) cudaFreeHost(p);
 }

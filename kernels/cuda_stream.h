@@ -30,6 +30,15 @@ void cuda_free(void* p);
 Result<void*> cuda_host_alloc(size_t bytes);
 void cuda_host_free(void* p);
 
+/// Page-locked host memory that the GPU addresses in place (cudaHostAlloc with
+/// cudaHostAllocMapped): `host` for the CPU to write, `device` for kernels to read (the same
+/// address where the device uses host pointers directly). Released with cuda_host_free(host).
+struct MappedHostMemory {
+  void* host = nullptr;
+  void* device = nullptr;
+};
+Result<MappedHostMemory> cuda_host_alloc_mapped(size_t bytes);
+
 /// A non-blocking stream, and its release.
 Result<void*> cuda_stream_create();
 void cuda_stream_destroy(void* stream);

@@ -28,6 +28,9 @@ void cuda_free(void*) {}
 Result<void*> cuda_host_alloc(size_t) {
   return no_cuda("cuda_host_alloc");
 }
+Result<MappedHostMemory> cuda_host_alloc_mapped(size_t) {
+  return no_cuda("cuda_host_alloc_mapped");
+}
 void cuda_host_free(void*) {}
 Result<void*> cuda_stream_create() {
   return no_cuda("cuda_stream_create");

@@ -233,8 +233,15 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
 
   // Time to READY from a cold page cache: device, weights, KV cache, one real completion.
   const auto t_ready = Clock::now();
-  auto dev = make_cuda_device(0);
+  // --weights device|host-mapped|auto (WEIGHTS_PLACEMENT): on a GB10 both placements are
+  // worth a run, the decode rate says which reads the weights faster there.
+  CudaDeviceOptions co;
+  auto placement = parse_weights_placement(get("weights", "auto"));
+  if (!placement) return placement.error();
+  co.weights = *placement;
+  auto dev = make_cuda_device(0, co);
   if (!dev) return dev.error();
+  j["weights_placement"] = weights_placement_name((*dev)->info().weights);
   LoadReport load;
   auto model = Model::load(dir, 0, 1, *dev, &load);
   if (!model) return model.error();

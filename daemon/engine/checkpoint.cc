@@ -118,6 +118,38 @@ void Checkpoint::drop_page_cache() const {
   for (const auto& f : files_) f->drop_page_cache();
 }
 
+void Checkpoint::drop_page_cache(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return;
+  if (done_.size() != files_.size()) {
+    done_.assign(files_.size(), {});
+    for (size_t i = 0; i < files_.size(); ++i)  // the header was read at open()
+      done_[i][0] = files_[i]->header().data_start;
+  }
+  auto& runs = done_[it->second.first];
+  uint64_t b = it->second.second->begin, e = it->second.second->end;
+  // Merge with the runs that touch [b, e): safetensors data is contiguous, so the finished
+  // tensors of a file coalesce into a few long runs.
+  auto next = runs.lower_bound(b);
+  if (next != runs.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second >= b) {
+      b = prev->first;
+      e = std::max(e, prev->second);
+      next = runs.erase(prev);
+    }
+  }
+  while (next != runs.end() && next->first <= e) {
+    e = std::max(e, next->second);
+    next = runs.erase(next);
+  }
+  runs[b] = e;
+  TensorInfo run;
+  run.begin = b;
+  run.end = e;
+  files_[it->second.first]->drop_page_cache(run);
+}
+
 std::vector<std::string> Checkpoint::files() const {
   std::vector<std::string> out;
   for (const auto& f : files_) out.push_back(f->path());

@@ -2,6 +2,7 @@
 // A Hugging Face model directory's weights: one model.safetensors, or shards listed by
 // model.safetensors.index.json. Finds each tensor's file, reads slices of it as floats,
 // and drops the page cache of every file after loading.
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -32,6 +33,11 @@ class Checkpoint {
                   void* dst) const;
   /// Drops the page cache of all weight files (posix_fadvise DONTNEED).
   void drop_page_cache() const;
+  /// Notes that a loader is done with tensor `name` and drops the page cache of the run of
+  /// finished tensors around it in its file. The run, not the tensor alone: the kernel
+  /// keeps a file's cache in large folios (up to megabytes) and drops only the folios a
+  /// range covers whole, which a small tensor rarely does.
+  void drop_page_cache(const std::string& name) const;
   /// Paths of the weight files.
   std::vector<std::string> files() const;
   /// Total bytes of tensor data read so far (for load reports and tests of TP slicing).
@@ -42,6 +48,8 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::unordered_map<std::string, std::pair<size_t, const TensorInfo*>> index_;
   mutable uint64_t bytes_read_ = 0;
+  // Per file: the byte ranges of finished tensors, merged where they touch (begin -> end).
+  mutable std::vector<std::map<uint64_t, uint64_t>> done_;
 };
 
 }  // namespace spark::engine

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "env/meminfo.h"
+
 namespace spark::engine {
 
 size_t elem_size(ElemType t) {
@@ -37,16 +39,58 @@ Buffer Buffer::view(size_t offset, size_t n) const {
   return Buffer(owner_, static_cast<char*>(data_) + offset * elem_size(type_), n, type_);
 }
 
-Result<uint64_t> host_mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream ss(line.substr(13));
-    uint64_t kb = 0;
-    if (ss >> kb) return kb * 1024;
+Result<uint64_t> host_mem_available(const std::string& proc_root) {
+  auto m = env::read_meminfo(proc_root);
+  if (!m) return m.error();
+  if (!m->fields.count("MemAvailable"))
+    return make_error(Errc::io, fmt::format("{}/proc/meminfo: no MemAvailable line",
+                                            proc_root == "/" ? "" : proc_root));
+  return m->get("MemAvailable");
+}
+
+Result<uint64_t> device_memory_available(bool unified_memory, uint64_t device_free,
+                                         const std::string& proc_root) {
+  if (unified_memory) return host_mem_available(proc_root);
+  return device_free;
+}
+
+Result<WeightsPlacement> parse_weights_placement(const std::string& s) {
+  if (s.empty() || s == "auto") return WeightsPlacement::automatic;
+  if (s == "device") return WeightsPlacement::device;
+  if (s == "host-mapped") return WeightsPlacement::host_mapped;
+  return make_error(Errc::config,
+                    fmt::format("WEIGHTS_PLACEMENT={} is not one of auto, device, host-mapped", s));
+}
+
+const char* weights_placement_name(WeightsPlacement p) {
+  switch (p) {
+    case WeightsPlacement::automatic:
+      return "auto";
+    case WeightsPlacement::device:
+      return "device";
+    case WeightsPlacement::host_mapped:
+      return "host-mapped";
   }
-  return make_error(Errc::io, "/proc/meminfo: no MemAvailable line");
+  return "?";
+}
+
+std::string DeviceInfo::describe() const {
+  if (kind != "cuda") return name;
+  return fmt::format("cuda {}; weights {}", name,
+                     weights == WeightsPlacement::host_mapped ? "host-mapped (read in place)"
+                                                              : "in device memory");
+}
+
+Result<std::vector<Buffer>> Device::alloc_weights(
+    const std::vector<std::pair<ElemType, size_t>>& sizes) {
+  std::vector<Buffer> out;
+  out.reserve(sizes.size());
+  for (const auto& [type, numel] : sizes) {
+    auto b = alloc(type, numel);
+    if (!b) return b.error();
+    out.push_back(*b);
+  }
+  return out;
 }
 
 }  // namespace spark::engine

@@ -87,6 +87,18 @@ struct StepLayout {
   bool decode_only() const { return tokens_n() == chunks_n(); }
 };
 
+/// WEIGHTS_PLACEMENT: where a CUDA rank keeps its weights. `device`: device memory, filled
+/// through page-locked staging buffers. `host_mapped`: one page-locked host allocation that
+/// the GPU reads in place, filled by reading the files straight into it (no staging, no
+/// device copy): on unified memory (GB10) that is the same DRAM the GPU reads at full speed,
+/// so the weights exist once; on a discrete GPU every read crosses the bus (slow, but the
+/// same kernels over the same bytes, which is how it is tested there). `auto`: host_mapped
+/// on an integrated GPU that can map host memory, else device.
+enum class WeightsPlacement { automatic, device, host_mapped };
+/// "auto", "device", "host-mapped" (Errc::config naming the value otherwise).
+Result<WeightsPlacement> parse_weights_placement(const std::string& s);
+const char* weights_placement_name(WeightsPlacement p);
+
 /// What serves a rank, for logs, /health and `sparkctl status`.
 struct DeviceInfo {
   std::string kind;             // "cpu" or "cuda"
@@ -94,7 +106,14 @@ struct DeviceInfo {
   int ordinal = -1;             // CUDA device index
   int sm = 0;                   // compute capability x 10 (90, 121)
   bool unified_memory = false;  // the GPU shares the host's memory (GB10)
+  std::string gpu_uuid;         // the physical GPU ("" on the CPU)
   uint64_t total_bytes = 0;     // device memory (0 on the CPU)
+  /// Where the weights live (never `automatic`; the CPU's are host memory: `device`).
+  WeightsPlacement weights = WeightsPlacement::device;
+  /// The kind and name, and on CUDA where the weights are ("cuda sm_90 (NVIDIA H200, device
+  /// 0) (139.8 GiB); weights in device memory"), as /health and `sparkctl status` show a
+  /// rank's device.
+  std::string describe() const;
 };
 
 class Device {
@@ -108,6 +127,18 @@ class Device {
   // ---- memory ----
   /// Allocates `numel` elements (contents unspecified).
   virtual Result<Buffer> alloc(ElemType type, size_t numel) = 0;
+  /// Allocates a model's weight buffers, one per entry of `sizes` (type, elements). By
+  /// default one alloc() each; with host-mapped weights one page-locked allocation for all
+  /// (256-byte aligned views, as device allocations are).
+  virtual Result<std::vector<Buffer>> alloc_weights(
+      const std::vector<std::pair<ElemType, size_t>>& sizes);
+  /// The address at which the host may write `b` directly (a view of host-mapped weights),
+  /// or nullptr: a loader then reads bytes that need no conversion straight into it, and
+  /// goes through upload() for the rest.
+  virtual void* host_address(const Buffer& b) const {
+    (void)b;
+    return nullptr;
+  }
   /// Fills `dst` from the host: `src` holds dst.numel() elements of safetensors type
   /// `src_type` (F32, BF16 or F16), converted to dst's type. The copy may still be running
   /// on return: write `src` again only after staging_ready(src) or synchronize() (a loader
@@ -254,16 +285,32 @@ class Device {
 /// so the instance returned is new each call.
 std::shared_ptr<Device> make_cpu_device();
 
+/// How a CUDA device is opened.
+struct CudaDeviceOptions {
+  WeightsPlacement weights = WeightsPlacement::automatic;
+  /// Root under which /proc/meminfo is read for unified memory's MemAvailable ("/" live;
+  /// tests: a captured tree).
+  std::string proc_root = "/";
+};
+
 /// The CUDA device `ordinal` (Errc::unsupported naming why it cannot be used: no driver, no
-/// device, an architecture this build has no kernels for, cuBLASLt missing).
-Result<std::shared_ptr<Device>> make_cuda_device(int ordinal);
+/// device, an architecture this build has no kernels for, cuBLASLt missing, host-mapped
+/// weights asked of a GPU that cannot map host memory).
+Result<std::shared_ptr<Device>> make_cuda_device(int ordinal, const CudaDeviceOptions& opts = {});
 
 /// DEVICE=auto|cpu|cuda: the device to serve with. auto picks CUDA when usable, else the
 /// CPU, and puts why into `*fallback_reason`.
 Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ordinal,
-                                              std::string* fallback_reason);
+                                              std::string* fallback_reason,
+                                              const CudaDeviceOptions& opts = {});
 
-/// MemAvailable of /proc/meminfo in bytes.
-Result<uint64_t> host_mem_available();
+/// MemAvailable of <proc_root>/proc/meminfo in bytes.
+Result<uint64_t> host_mem_available(const std::string& proc_root = "/");
+
+/// The bytes a device's allocations may still take: on unified memory (the GPU allocates
+/// from the host's RAM, and the host freezes when that runs out) MemAvailable under
+/// `proc_root`, else `device_free` (the GPU's own free memory).
+Result<uint64_t> device_memory_available(bool unified_memory, uint64_t device_free,
+                                         const std::string& proc_root);
 
 }  // namespace spark::engine

@@ -70,18 +70,23 @@ struct MetaLayout {
 
 class CudaDevice final : public Device {
  public:
-  static Result<std::shared_ptr<Device>> open(int ordinal) {
+  static Result<std::shared_ptr<Device>> open(int ordinal, const CudaDeviceOptions& opts) {
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
     if (!lim) return lim.error();
     auto d = std::shared_ptr<CudaDevice>(new CudaDevice());
     d->lim_ = *lim;
+    d->proc_root_ = opts.proc_root;
     d->info_.kind = "cuda";
     d->info_.ordinal = ordinal;
     d->info_.sm = lim->cc_major * 10 + lim->cc_minor;
     d->info_.unified_memory = lim->integrated;
+    d->info_.gpu_uuid = lim->uuid;
     d->info_.total_bytes = lim->total_memory;
+    auto w = choose_weights_placement(opts.weights, *lim);
+    if (!w) return w.error();
+    d->info_.weights = *w;
     d->info_.name = fmt::format("{} ({:.1f} GiB{})", kernels::describe_device(*lim),
                                 static_cast<double>(lim->total_memory) / (1ull << 30),
                                 lim->integrated ? ", unified memory" : "");
@@ -106,6 +111,70 @@ class CudaDevice final : public Device {
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::bf16; }
   void* stream() const { return stream_; }
+
+  // auto: in place where host memory is the device's own (integrated, and the driver maps
+  // page-locked host memory for it); elsewhere device memory, which is faster than reading
+  // across the bus. host-mapped asked of a GPU that cannot map host memory is refused here,
+  // at start.
+  static Result<WeightsPlacement> choose_weights_placement(WeightsPlacement want,
+                                                           const kernels::DeviceLimits& l) {
+    if (want == WeightsPlacement::automatic)
+      return l.integrated && l.can_map_host_memory ? WeightsPlacement::host_mapped
+                                                   : WeightsPlacement::device;
+    if (want == WeightsPlacement::host_mapped && !l.can_map_host_memory)
+      return make_error(Errc::unsupported,
+                        fmt::format("WEIGHTS_PLACEMENT=host-mapped: {} cannot map page-locked "
+                                    "host memory (canMapHostMemory is 0) — set "
+                                    "WEIGHTS_PLACEMENT=device or auto",
+                                    kernels::describe_device(l)));
+    return want;
+  }
+
+  // The weights of host-mapped placement: one page-locked allocation, its buffers views of it.
+  struct MappedArena {
+    kernels::MappedHostMemory m;
+    size_t bytes = 0;
+    ~MappedArena() { kernels::cuda_host_free(m.host); }
+  };
+
+  Result<std::vector<Buffer>> alloc_weights(
+      const std::vector<std::pair<ElemType, size_t>>& sizes) override {
+    if (info_.weights != WeightsPlacement::host_mapped) return Device::alloc_weights(sizes);
+    constexpr size_t kAlign = 256;  // as cudaMalloc's, so products pick the same algorithms
+    size_t total = 0;
+    for (const auto& [type, numel] : sizes)
+      total += (numel * elem_size(type) + kAlign - 1) / kAlign * kAlign;
+    auto m = kernels::cuda_host_alloc_mapped(total);
+    if (!m)
+      return make_error(m.error().code,
+                        fmt::format("{}: host-mapped weights ({} MiB): {} — free host memory or "
+                                    "set WEIGHTS_PLACEMENT=device",
+                                    info_.name, total >> 20, m.error().message));
+    auto arena = std::make_shared<MappedArena>();
+    arena->m = *m;
+    arena->bytes = total;
+    arenas_.push_back(arena);
+    std::vector<Buffer> out;
+    out.reserve(sizes.size());
+    size_t at = 0;
+    for (const auto& [type, numel] : sizes) {
+      out.emplace_back(arena, static_cast<char*>(arena->m.device) + at, numel, type);
+      at += (numel * elem_size(type) + kAlign - 1) / kAlign * kAlign;
+    }
+    return out;
+  }
+
+  void* host_address(const Buffer& b) const override {
+    const auto* p = static_cast<const char*>(b.data());
+    for (const auto& w : arenas_) {
+      auto a = w.lock();
+      if (!a) continue;
+      const auto* dev = static_cast<const char*>(a->m.device);
+      if (p >= dev && p + b.bytes() <= dev + a->bytes)
+        return static_cast<char*>(a->m.host) + (p - dev);
+    }
+    return nullptr;
+  }
 
   Result<Buffer> alloc(ElemType type, size_t numel) override {
     auto p = kernels::cuda_malloc(numel * elem_size(type));
@@ -195,10 +264,10 @@ class CudaDevice final : public Device {
   Result<uint64_t> available_bytes() override {
     // On unified memory the GPU's allocations come out of the host's RAM, and the host
     // freezes when that runs out: MemAvailable is the number that matters there.
-    if (info_.unified_memory) return host_mem_available();
+    if (info_.unified_memory) return device_memory_available(true, 0, proc_root_);
     auto m = kernels::cuda_mem_info();
     if (!m) return m.error();
-    return static_cast<uint64_t>(m->free_bytes);
+    return device_memory_available(false, m->free_bytes, proc_root_);
   }
 
   Status begin_step(const StepLayout& st) override {
@@ -581,6 +650,8 @@ class CudaDevice final : public Device {
 
   DeviceInfo info_;
   kernels::DeviceLimits lim_;
+  std::string proc_root_ = "/";
+  std::vector<std::weak_ptr<MappedArena>> arenas_;  // host-mapped weights, for host_address
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
   StepLayout step_;
@@ -597,16 +668,17 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-Result<std::shared_ptr<Device>> make_cuda_device(int ordinal) {
-  return CudaDevice::open(ordinal);
+Result<std::shared_ptr<Device>> make_cuda_device(int ordinal, const CudaDeviceOptions& opts) {
+  return CudaDevice::open(ordinal, opts);
 }
 
 Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ordinal,
-                                              std::string* fallback_reason) {
+                                              std::string* fallback_reason,
+                                              const CudaDeviceOptions& opts) {
   if (choice == "cpu") return make_cpu_device();
   if (choice != "cuda" && choice != "auto")
     return make_error(Errc::config, fmt::format("DEVICE={} is not one of auto, cpu, cuda", choice));
-  auto d = make_cuda_device(ordinal);
+  auto d = make_cuda_device(ordinal, opts);
   if (d) return d;
   if (choice == "cuda")
     return make_error(d.error().code,

@@ -125,20 +125,26 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   // The CPU keeps SLOTS full contexts (its memory is the guard's to watch); a GPU sizes
   // from what is free, because there an over-large cache fails at allocation.
   if (opts.kv_from_free_memory && opts.num_blocks <= 0 && dev.info().kind == "cuda") {
-    auto avail = dev.available_bytes();
+    auto avail = opts.kv_memory_available ? Result<uint64_t>(opts.kv_memory_available)
+                                          : dev.available_bytes();
     if (!avail) return avail.error();
-    const uint64_t budget = *avail > opts.mem_reserve ? *avail - opts.mem_reserve : 0;
+    const uint64_t share = static_cast<uint64_t>(std::max(opts.kv_memory_share, 1));
+    const uint64_t budget = (*avail > opts.mem_reserve ? *avail - opts.mem_reserve : 0) / share;
     const uint64_t need = static_cast<uint64_t>(per_seq) * per_block;
     if (budget < need) {
       const uint64_t fits = budget / per_block * static_cast<uint64_t>(opts.block_size);
+      const std::string where =
+          share > 1 ? fmt::format(" ({}'s memory, shared by {} ranks: each gets a {}th)",
+                                  opts.kv_memory_where, share, share)
+                    : std::string();
       return make_error(
           Errc::resource,
           fmt::format("KV cache: one request of the full context ({} tokens) needs {} MiB of {} "
-                      "KV on {}, but {} MiB is available after the weights and MEM_RESERVE {} "
+                      "KV on {}, but {} MiB is available after the weights{} and MEM_RESERVE {} "
                       "MiB leaves {} MiB; the largest context that fits is {} tokens — lower "
                       "CONTEXT_LEN or MEM_RESERVE, or split the model over more ranks",
                       e->max_context_, need >> 20, elem_name(kv_type), dev.info().name,
-                      *avail >> 20, opts.mem_reserve >> 20, budget >> 20, fits));
+                      *avail >> 20, where, opts.mem_reserve >> 20, budget >> 20, fits));
     }
     opts.kv_cache_bytes = budget;
   }

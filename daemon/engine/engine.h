@@ -67,6 +67,15 @@ struct EngineOptions {
   /// not fit.
   bool kv_from_free_memory = false;
   uint64_t mem_reserve = 0;
+  /// Ranks whose KV caches come out of the memory sized from, this one included (ranks
+  /// sharing one GPU or one unified-memory node): what is free after mem_reserve is split
+  /// between them. The runtime sets it from the ring's exchange (plan_kv_memory).
+  int kv_memory_share = 1;
+  /// Nonzero: the free memory to size from instead of the device's available_bytes() (the
+  /// ring's tightest rank's, so every rank's cache fits where it is); kv_memory_where names
+  /// that rank for the message.
+  uint64_t kv_memory_available = 0;
+  std::string kv_memory_where;
   /// CUDA: capture decode steps as CUDA graphs per batch-size bucket (eager when false).
   bool cuda_graphs = true;
   /// Test seam: called on the engine thread after every step with what it computed; it

@@ -116,74 +116,107 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
   }
-  for (const auto& d : plan_.dests)
-    need += static_cast<uint64_t>(d.numel) *
-            elem_size(d.matrix ? dev.compute_type() : dev.vector_type());
-  if (auto avail = dev.available_bytes(); avail && *avail > 0 && need > *avail)
+  std::vector<std::pair<ElemType, size_t>> sizes;
+  for (const auto& d : plan_.dests) {
+    sizes.emplace_back(d.matrix ? dev.compute_type() : dev.vector_type(), d.numel);
+    need += static_cast<uint64_t>(d.numel) * elem_size(sizes.back().first);
+  }
+  // Host-mapped weights come out of the host's memory, whatever the GPU has free.
+  const bool in_host = dev.info().weights == WeightsPlacement::host_mapped;
+  if (auto avail = in_host ? host_mem_available() : dev.available_bytes();
+      avail && *avail > 0 && need > *avail)
     return make_error(Errc::resource,
                       fmt::format("{}: rank {} would hold {} MiB of weights on {} but {} MiB "
-                                  "are available; use more ranks or a smaller model",
-                                  dir, rank_, need >> 20, dev.info().name, *avail >> 20));
+                                  "are available{}; use more ranks or a smaller model",
+                                  dir, rank_, need >> 20, dev.info().name, *avail >> 20,
+                                  in_host ? " in host memory (host-mapped weights)" : ""));
   layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
   uint64_t held = 0;
-  for (const auto& d : plan_.dests) {
-    auto b = dev.alloc(d.matrix ? dev.compute_type() : dev.vector_type(), d.numel);
-    if (!b)
-      return make_error(b.error().code, fmt::format("{}: loading weights onto {}: {}", dir,
-                                                    dev.info().name, b.error().message));
-    *weight(d.layer, d.role) = *b;
-    held += b->bytes();
+  {
+    auto bufs = dev.alloc_weights(sizes);
+    if (!bufs)
+      return make_error(bufs.error().code, fmt::format("{}: loading weights onto {}: {}", dir,
+                                                       dev.info().name, bufs.error().message));
+    for (size_t i = 0; i < plan_.dests.size(); ++i) {
+      *weight(plan_.dests[i].layer, plan_.dests[i].role) = (*bufs)[i];
+      held += (*bufs)[i].bytes();
+    }
   }
-  // Each slice goes from the file into the staging buffer as stored, and from there into
-  // its destination (converted on the way when the types differ): one host buffer, reused.
+  // A slice whose bytes the destination keeps as stored, in memory the host can write
+  // (host-mapped weights), is read from the file straight into its place: no staging, no
+  // copy. Every other slice goes from the file into a staging buffer as stored, and from
+  // there into its destination (converted on the way when the types differ).
   size_t largest = 0;
   uint64_t total = 0;
-  for (const auto& r : plan_.reads) {
+  std::vector<char*> in_place(plan_.reads.size(), nullptr);
+  for (size_t i = 0; i < plan_.reads.size(); ++i) {
+    const auto& r = plan_.reads[i];
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
     const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
-    largest = std::max(largest, bytes);
     total += bytes;
+    const Buffer* dst = weight(r.layer, r.role);
+    const bool same = (dst->type() == ElemType::bf16 && (*t)->dtype == DType::bf16) ||
+                      (dst->type() == ElemType::f32 && (*t)->dtype == DType::f32);
+    if (auto* p = same ? static_cast<char*>(dev.host_address(*dst)) : nullptr)
+      in_place[i] = p + r.dst_offset * elem_size(dst->type());
+    else
+      largest = std::max(largest, bytes);
   }
   const size_t staging_bytes = std::min(largest, dev.preferred_staging_bytes());
   // Two staging buffers, alternated: a file read fills one while the other's copy to the
   // device runs (the CPU device copies synchronously; there they just take turns).
   Buffer stage[2];
   for (auto& b : stage) {
+    if (largest == 0) break;  // every slice is read in place
     auto s =
         dev.host_staging(std::max<size_t>(staging_bytes / (dev.info().kind == "cpu" ? 2 : 1), 64));
     if (!s) return s.error();
     b = *s;
   }
   int turn = 0;
-  uint64_t done = 0;
-  for (const auto& r : plan_.reads) {
+  uint64_t done = 0, direct = 0;
+  for (size_t i = 0; i < plan_.reads.size(); ++i) {
+    const auto& r = plan_.reads[i];
     if (cancel && cancel->load())
       return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
     const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
-    const size_t row_bytes = static_cast<size_t>(r.cols) * dtype_size(t->dtype);
-    const int64_t per = std::max<int64_t>(
-        1, static_cast<int64_t>(stage[0].bytes() / std::max<size_t>(row_bytes, 1)));
-    if (row_bytes > stage[0].bytes())
-      return make_error(Errc::internal,
-                        fmt::format("{}: a row of {} ({} bytes) exceeds the {}-byte "
-                                    "staging buffer",
-                                    dir, r.tensor, row_bytes, stage[0].bytes()));
-    Buffer* dst = weight(r.layer, r.role);
-    for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
-      const int64_t n = std::min(per, r.rows - r0);
+    const uint64_t slice_bytes = static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
+    if (in_place[i]) {
       Slice s = r.slice;
-      s.row0 += r0;
-      s.rows = n;
       if (s.cols < 0) s.cols = r.cols;
-      const Buffer& buf = stage[turn];
-      turn ^= 1;
-      SPARK_TRY(dev.staging_ready(buf.data()));
-      SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, buf.data()));
-      const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
-      SPARK_TRY(dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
+      SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, in_place[i]));
+      direct += slice_bytes;
+    } else {
+      const size_t row_bytes = static_cast<size_t>(r.cols) * dtype_size(t->dtype);
+      const int64_t per = std::max<int64_t>(
+          1, static_cast<int64_t>(stage[0].bytes() / std::max<size_t>(row_bytes, 1)));
+      if (row_bytes > stage[0].bytes())
+        return make_error(Errc::internal,
+                          fmt::format("{}: a row of {} ({} bytes) exceeds the {}-byte "
+                                      "staging buffer",
+                                      dir, r.tensor, row_bytes, stage[0].bytes()));
+      Buffer* dst = weight(r.layer, r.role);
+      for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+        const int64_t n = std::min(per, r.rows - r0);
+        Slice s = r.slice;
+        s.row0 += r0;
+        s.rows = n;
+        if (s.cols < 0) s.cols = r.cols;
+        const Buffer& buf = stage[turn];
+        turn ^= 1;
+        SPARK_TRY(dev.staging_ready(buf.data()));
+        SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, buf.data()));
+        const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+        SPARK_TRY(
+            dev.upload(dst->view(off, static_cast<size_t>(n * r.cols)), buf.data(), t->dtype));
+      }
     }
-    done += static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
+    // The file's pages of this tensor are read: drop them now rather than after the load,
+    // so the page cache does not grow into a second copy of the weights (on unified memory
+    // it would come out of the GPU's memory).
+    ck->drop_page_cache(r.tensor);
+    done += slice_bytes;
     if (report && report->progress) report->progress(done, total);
   }
   SPARK_TRY(dev.synchronize());
@@ -191,6 +224,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   if (report) {
     report->bytes_read = ck->bytes_read();
     report->weight_bytes = held;
+    report->bytes_in_place = direct;
     report->files = ck->files();
     report->device = dev.info().name;
     report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -30,6 +30,9 @@ struct Slice;
 struct LoadReport {
   uint64_t bytes_read = 0;    // tensor bytes read from the files by this rank
   uint64_t weight_bytes = 0;  // bytes of weights held by this rank (on its device)
+  /// Of bytes_read, those read from the files straight into the weights' place
+  /// (host-mapped weights: no staging buffer, no copy).
+  uint64_t bytes_in_place = 0;
   double seconds = 0;
   std::vector<std::string> files;
   /// In: when set and true, the load stops at the next tensor (SIGTERM during a load).

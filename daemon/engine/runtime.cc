@@ -1,7 +1,9 @@
 #include "daemon/engine/runtime.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -13,6 +15,55 @@ namespace spark::engine {
 
 namespace {
 constexpr const char* kStoreKey = "engine.gloo_store";
+
+// One rank's entry of the KV memory exchange: fixed size for the all-gather.
+struct MemoryWire {
+  char pool[240];
+  uint64_t available;
+};
+
+// Every rank's pool and free memory, over the host collective (all ranks call it alike).
+Result<std::vector<RankMemory>> exchange_memory(Collective& comm, const RankMemory& mine) {
+  MemoryWire w{};
+  std::snprintf(w.pool, sizeof(w.pool), "%s", mine.pool.c_str());
+  w.available = mine.available;
+  std::vector<MemoryWire> all(static_cast<size_t>(comm.world_size()));
+  SPARK_TRY(comm.all_gather(&w, all.data(), sizeof(w)));
+  std::vector<RankMemory> out;
+  for (auto& a : all) {
+    a.pool[sizeof(a.pool) - 1] = 0;
+    out.push_back({a.pool, a.available});
+  }
+  return out;
+}
+}  // namespace
+
+std::string memory_pool_of(const DeviceInfo& info) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
+  std::string boot = read_file("/proc/sys/kernel/random/boot_id").value_or("");
+  std::string pool = fmt::format("{}/{}", host, trim(boot));
+  // A discrete GPU's memory is its own; unified memory and the CPU draw on the host's.
+  if (info.kind == "cuda" && !info.unified_memory) pool += "/" + info.gpu_uuid;
+  return pool;
+}
+
+KvMemoryPlan plan_kv_memory(const std::vector<RankMemory>& ranks, uint64_t reserve) {
+  KvMemoryPlan best;
+  bool first = true;
+  uint64_t best_each = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    int share = 0;
+    for (const auto& o : ranks) share += o.pool == ranks[r].pool ? 1 : 0;
+    const uint64_t a = ranks[r].available;
+    const uint64_t each = (a > reserve ? a - reserve : 0) / static_cast<uint64_t>(share);
+    if (first || each < best_each) {
+      first = false;
+      best_each = each;
+      best = {a, share, static_cast<int>(r), ranks[r].pool};
+    }
+  }
+  return best;
 }
 
 Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
@@ -21,12 +72,17 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     if (o.progress) o.progress(s);
   };
   progress("choosing the device");
-  auto dev = select_device(o.device, o.device_ordinal, &rt->device_fallback_);
+  CudaDeviceOptions copts;
+  auto placement = parse_weights_placement(o.weights_placement);
+  if (!placement) return placement.error();
+  copts.weights = *placement;
+  copts.proc_root = o.proc_root;
+  auto dev = select_device(o.device, o.device_ordinal, &rt->device_fallback_, copts);
   if (!dev)
     return make_error(dev.error().code, fmt::format("rank {}: {}", o.rank, dev.error().message));
   if (!rt->device_fallback_.empty())
     log::warn("engine", "rank {}: {}", o.rank, rt->device_fallback_);
-  rt->device_ = (*dev)->info().name;
+  rt->device_ = (*dev)->info().describe();
   rt->device_kind_ = (*dev)->info().kind;
   progress("loading weights onto " + rt->device_);
   rt->load_.cancel = o.cancel;
@@ -42,9 +98,11 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
   auto m = Model::load(o.model_dir, o.rank, o.world, *dev, &rt->load_);
   rt->load_.progress = nullptr;  // it refers to this frame
   if (!m) return m.error();
-  log::info("engine", "rank {}: loaded {} onto {} ({} MiB read, {} MiB held, {:.2f} s)", o.rank,
-            (*m)->config().architecture, rt->device_, rt->load_.bytes_read >> 20,
-            rt->load_.weight_bytes >> 20, rt->load_.seconds);
+  log::info("engine",
+            "rank {}: loaded {} onto {} ({} MiB read, {} MiB of it in place, {} MiB held, "
+            "{:.2f} s)",
+            o.rank, (*m)->config().architecture, rt->device_, rt->load_.bytes_read >> 20,
+            rt->load_.bytes_in_place >> 20, rt->load_.weight_bytes >> 20, rt->load_.seconds);
   if (o.world > 1) {
     GlooOptions g;
     g.rank = o.rank;
@@ -86,6 +144,28 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     rt->store_ = std::move(server);
   } else {
     rt->comm_ = std::make_shared<LocalCollective>();
+  }
+  if (o.world > 1) {
+    // Ranks sharing one GPU (or one unified-memory node) would each size their KV cache
+    // from the same free memory and together take it several times over: the ring learns
+    // which ranks share a pool and sizes from its tightest rank's share.
+    RankMemory mine{memory_pool_of((*m)->device().info()), 0};
+    if (auto a = (*m)->device().available_bytes(); a) mine.available = *a;
+    auto all = exchange_memory(*rt->comm_, mine);
+    if (!all)
+      return make_error(all.error().code,
+                        fmt::format("rank {}: exchanging free memory for the KV cache: {}", o.rank,
+                                    all.error().message));
+    rt->kv_plan_ = plan_kv_memory(*all, o.engine.mem_reserve);
+    o.engine.kv_memory_available = rt->kv_plan_.available;
+    o.engine.kv_memory_share = rt->kv_plan_.share;
+    o.engine.kv_memory_where = fmt::format("rank {}", rt->kv_plan_.rank);
+    if (rt->kv_plan_.share > 1)
+      log::info("engine",
+                "rank {}: {} ranks share rank {}'s memory ({} MiB free): each KV cache gets a "
+                "{}th of it after MEM_RESERVE",
+                o.rank, rt->kv_plan_.share, rt->kv_plan_.rank, rt->kv_plan_.available >> 20,
+                rt->kv_plan_.share);
   }
   if (o.nccl) {
     SPARK_TRY(rt->connect_nccl(o, progress));

@@ -63,8 +63,10 @@ struct RuntimeOptions {
   /// When set and true, a load in progress stops at the next tensor.
   const std::atomic<bool>* cancel = nullptr;
   EngineOptions engine;
-  std::string device = "cpu";  // DEVICE: auto | cpu | cuda
-  int device_ordinal = 0;      // which CUDA device (of those CUDA_VISIBLE_DEVICES shows)
+  std::string device = "cpu";              // DEVICE: auto | cpu | cuda
+  std::string weights_placement = "auto";  // WEIGHTS_PLACEMENT: auto | device | host-mapped
+  std::string proc_root = "/";             // /proc/meminfo is read under it (tests: a fixture)
+  int device_ordinal = 0;  // which CUDA device (of those CUDA_VISIBLE_DEVICES shows)
   bool warmup =
       true;  // rank 0 runs one real 1-token completion through every rank before start() returns
   int timeout_ms = 30000;              // each collective operation
@@ -80,6 +82,30 @@ struct RuntimeStatus {
   std::string device_kind;      // "cpu" / "cuda"
   std::string device_fallback;  // DEVICE=auto chose the CPU: why
 };
+
+/// What one rank's KV cache comes out of: `pool` names the memory (a discrete GPU: its host
+/// and GPU; unified memory and the CPU: its host), `available` what that memory has free.
+struct RankMemory {
+  std::string pool;
+  uint64_t available = 0;
+};
+
+/// The KV sizing of a ring: ranks whose pools are the same split what is free there, and
+/// every rank holds the same number of blocks, so the ring sizes from its tightest rank.
+struct KvMemoryPlan {
+  uint64_t available = 0;  // what the tightest rank's pool has free
+  int share = 1;           // ranks whose KV comes out of that pool
+  int rank = 0;            // the tightest rank
+  std::string pool;
+};
+
+/// The plan for `ranks` (index = rank) with `reserve` kept free per pool: the rank whose
+/// (available - reserve) / share is smallest.
+KvMemoryPlan plan_kv_memory(const std::vector<RankMemory>& ranks, uint64_t reserve);
+
+/// The pool name of `info` on this host ("<host>/<boot id>" plus "/<GPU uuid>" for a
+/// discrete GPU's own memory).
+std::string memory_pool_of(const DeviceInfo& info);
 
 /// Publishes this rank's fabric self-test report under "engine.fabric.rank<R>" in the
 /// ring's store; rank 0 then collects every rank's (waiting up to `timeout` for each) and
@@ -100,6 +126,8 @@ class Runtime {
   /// Rank 0 stops the engine (which releases the workers); workers wait for that.
   void stop();
   const LoadReport& load_report() const { return load_; }
+  /// How the ring sized its KV caches (world > 1: exchanged at start; else this rank alone).
+  const KvMemoryPlan& kv_memory_plan() const { return kv_plan_; }
   /// The fabric self-test's report (nullptr when it did not run).
   const FabricReport* fabric_report() const { return fabric_ ? &*fabric_ : nullptr; }
   /// Rank 0: every rank's self-test report, in rank order (each rank publishes its own
@@ -116,6 +144,7 @@ class Runtime {
                       const std::function<void(const std::string&)>& progress);
   RuntimeOptions opts_;
   LoadReport load_;
+  KvMemoryPlan kv_plan_;
   std::shared_ptr<TcpStoreServer> store_;  // rank 0, when it picked the port
   std::shared_ptr<Collective> comm_;
   std::shared_ptr<NcclCollective> nccl_;

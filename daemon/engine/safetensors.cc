@@ -396,6 +396,12 @@ void SafetensorsFile::drop_page_cache() const {
   if (fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
 }
 
+void SafetensorsFile::drop_page_cache(const TensorInfo& t) const {
+  if (fd_ >= 0 && t.end > t.begin)
+    (void)::posix_fadvise(fd_, static_cast<off_t>(t.begin), static_cast<off_t>(t.end - t.begin),
+                          POSIX_FADV_DONTNEED);
+}
+
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          DType dtype, const std::map<std::string, std::string>& metadata) {
   if (dtype != DType::f32 && dtype != DType::bf16)

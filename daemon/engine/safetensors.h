@@ -88,6 +88,8 @@ class SafetensorsFile {
 
   /// Drops this file's pages from the page cache (posix_fadvise DONTNEED).
   void drop_page_cache() const;
+  /// Drops the pages of [t.begin, t.end) (the folios wholly inside it).
+  void drop_page_cache(const TensorInfo& t) const;
 
  private:
   std::string path_;
