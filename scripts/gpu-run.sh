@@ -29,7 +29,9 @@
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
-# "libraries version hw gpu-kernels unit"; also "memcheck" (the GPU kernel tests under
+# "libraries version hw gpu-kernels unit"; also "sparkd-gpu" (sparkctl start of a one-node
+# ring on this GPU, both weights placements), "gpu-engine" (the engine's CUDA tests),
+# "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
@@ -225,6 +227,9 @@ device() {
     step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc='cuda engine*,reference:*,engine:*,native backend:*'
     step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
   fi
+  # `sparkctl start` of a one-node ring on this machine (NODE0_SSH=local: no sshd needed)
+  # with DEVICE=cuda, weights in device memory and then host-mapped: READY, status naming
+  # cuda and the GPU, a chat, stop leaving nothing.
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
   # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.

@@ -42,7 +42,7 @@ for _ in $(seq 1 600); do
 done
 python3 -c "import json,urllib.request as u;print(json.dumps(json.load(u.urlopen('http://127.0.0.1:$port/health',timeout=2)),indent=1))" > "$out/health.json" 2>&1 || true
 [ "$state" = ready ] || { echo "sparkd state=$state"; tail -30 "$out/sparkd.log"; exit 1; }
-grep -q '"device": "sm_' "$out/health.json" || { echo "health does not name a CUDA device:"; cat "$out/health.json"; exit 1; }
+grep -q '"device": "cuda ' "$out/health.json" || { echo "health does not name a CUDA device:"; cat "$out/health.json"; exit 1; }
 rc=0
 "$bin/sparkctl" --config "$tmp/ring.env" bench --out "$out" --label "sparkd demo (GPU)" \
   --runs 3 --max-tokens 128 --prefill-sizes 512,1k,2k --prefix-tokens 2048 --long-tokens 3000 \

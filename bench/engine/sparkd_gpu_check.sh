@@ -1,56 +1,138 @@
 #!/usr/bin/env bash
-# sparkd with ENGINE=native on this machine's GPU: a one-node cluster file reaches READY
-# and a chat completion comes back from the GPU. Usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR
-# (BIN_DIR holds sparkd and sparkctl). Exit 0 when READY, /health names a CUDA device, and
-# the chat returned text; logs and the JSON replies go to OUT_DIR.
+# `sparkctl start` of a one-node ring on this GPU machine, the way an operator brings one up:
+# a cluster file whose only node is this machine (NODE0_SSH=local: sparkctl runs the node's
+# commands here, no SSH server needed), ENGINE=native, DEVICE=cuda, the demo model. For each
+# weights placement (WEIGHTS_PLACEMENT=device, then host-mapped: the GPU reads page-locked
+# host memory in place, as on unified memory) it proves, in order:
+#   1. `sparkctl start` exits 0 and says READY (rank 0's probe completion ran on the GPU);
+#   2. `sparkctl --json status` shows rank 0 on "cuda", the GPU's name (nvidia-smi's), and
+#      the placement asked for;
+#   3. a chat completion comes back from the OpenAI API with tokens, and at temperature 0 the
+#      same text under both placements (same kernels over the same bytes);
+#   4. `sparkctl stop` exits 0, says nothing of the ring is left, and rank 0's process is gone.
+# Usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR (BIN_DIR holds sparkctl and sparkd, as the staged
+# pack's bin/). GPU_CHECK_DEVICE=cpu runs the same path on a machine without a GPU (then the
+# placements do not apply and one run is made). Logs, cluster files and JSON go to OUT_DIR.
 set -euo pipefail
-bin=$1 out=$2
+bin=$(cd "${1:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}" && pwd)
+out=${2:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
+device=${GPU_CHECK_DEVICE:-cuda}
+placements=${GPU_CHECK_PLACEMENTS:-device host-mapped}
+[ "$device" = cuda ] || placements=device
 tmp=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+started=()
+cleanup() {
+  local r
+  for r in "${started[@]}"; do
+    [ -n "$r" ] && "$bin/sparkctl" --config "$r" stop >/dev/null 2>&1 || true
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+say() { echo "sparkd_gpu_check: $*"; }
+logs() { find "$tmp/state-$1" -name '*.log' -exec cp {} "$out/" \; 2>/dev/null || true; }
+fail() { say "FAIL: $*"; exit 1; }
+
 "$bin/sparkctl" demo-model "$tmp/model" > "$out/demo-model.txt"
-port=$((20000 + RANDOM % 20000)); rdzv=$((port + 1))
-cat > "$tmp/ring.env" <<CFG
-RING_NAME=gpucheck
+gpu_name=""
+if [ "$device" = cuda ] && command -v nvidia-smi >/dev/null; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1 || true)
+fi
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+for p in $placements; do
+  ring=$tmp/ring-$p.env
+  api=$(port)
+  cat > "$ring" <<CFG
+RING_NAME=gpucheck-$p
 ENGINE=native
-DEVICE=cuda
+DEVICE=$device
+WEIGHTS_PLACEMENT=$p
 MODEL_PATH=$tmp/model
 MODEL=demo
 API_BIND=127.0.0.1
-API_PORT=$port
-RDZV_PORT=$rdzv
+API_PORT=$api
+RDZV_PORT=$(port)
 SLOTS=4
 CONTEXT_LEN=2048
 MEM_FREE_MIN=256MiB
 MEM_AVAILABLE_MIN=512MiB
 MEM_RESERVE=2GiB
-STATE_DIR=$tmp/state
+START_CHECKS=port.free,sw.sparkd,model.files
+READY_TIMEOUT=90s
+STOP_GRACE=10s
+SPARKD_BIN=$bin/sparkd
+SPARKCTL_BIN=$bin/sparkctl
+STATE_DIR=$tmp/state-$p
 NODE0_NAME=gpu
 NODE0_SSH=local
 NODE0_FABRIC_IP=127.0.0.1
 CFG
-cp "$tmp/ring.env" "$out/ring.env"
-t0=$(date +%s.%N)
-"$bin/sparkd" --config "$tmp/ring.env" --rank 0 --port "$port" --log-file "$out/sparkd.log" \
-  > "$out/sparkd.out" 2>&1 &
-pid=$!
-state=""
-for _ in $(seq 1 600); do
-  state=$(python3 -c "import json,urllib.request as u;print(json.load(u.urlopen('http://127.0.0.1:$port/health',timeout=2))['state'])" 2>/dev/null || true)
-  [ "$state" = ready ] || [ "$state" = fatal ] && break
-  sleep 0.1
-done
-python3 -c "import json,urllib.request as u;print(json.dumps(json.load(u.urlopen('http://127.0.0.1:$port/health',timeout=2)),indent=1))" > "$out/health.json" 2>&1 || true
-echo "state=$state after $(python3 -c "import time; print(round(time.time() - $t0, 2))") s"
-[ "$state" = ready ] || { tail -30 "$out/sparkd.log"; exit 1; }
-grep -q '"device": "sm_' "$out/health.json" || { echo "health does not name a CUDA device:"; cat "$out/health.json"; exit 1; }
-python3 - "$port" > "$out/chat.json" <<'PY'
+  cp "$ring" "$out/ring-$p.env"
+  t0=$(date +%s.%N)
+  rc=0
+  started+=("$ring")
+  "$bin/sparkctl" --config "$ring" start > "$out/start-$p.txt" 2>&1 || rc=$?
+  secs=$(python3 -c "import time; print(round(time.time() - $t0, 1))")
+  logs "$p"
+  [ "$rc" = 0 ] || { cat "$out/start-$p.txt"; fail "$p: sparkctl start exited $rc"; }
+  grep -q "^READY: model demo" "$out/start-$p.txt" || { cat "$out/start-$p.txt"; fail "$p: start did not say READY"; }
+  say "$p: sparkctl start: READY in $secs s ($(grep '^READY' "$out/start-$p.txt"))"
+
+  "$bin/sparkctl" --config "$ring" --json status > "$out/status-$p.json" 2>&1 ||
+    { cat "$out/status-$p.json"; fail "$p: sparkctl status of a READY ring exited non-zero"; }
+  python3 - "$out/status-$p.json" "$device" "$p" "$gpu_name" <<'PY' || fail "$p: status does not show the device"
+import json, sys
+st, device, placement, gpu = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
+dev = st["ranks"][0]["device"]
+print(f"sparkd_gpu_check: {placement}: sparkctl status: rank 0 state {st['ranks'][0]['state']}, device: {dev}")
+assert st["ranks"][0]["state"] == "ready", st["ranks"][0]
+assert dev.startswith(device + " "), f"device {dev!r} is not {device}"
+if device == "cuda":
+    assert not gpu or gpu in dev, f"device {dev!r} does not name the GPU {gpu!r}"
+    want = "weights host-mapped" if placement == "host-mapped" else "weights in device memory"
+    assert want in dev, f"device {dev!r} does not say {want!r}"
+PY
+
+  python3 - "$api" > "$out/chat-$p.json" <<'PY' || fail "$p: the chat completion failed"
 import json, sys, urllib.request as u
 req = u.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
-                data=json.dumps({"model": "demo", "max_tokens": 24,
+                data=json.dumps({"model": "demo", "max_tokens": 24, "temperature": 0,
                                  "messages": [{"role": "user", "content": "Say hello"}]}).encode(),
                 headers={"Content-Type": "application/json"})
 print(json.dumps(json.load(u.urlopen(req, timeout=60)), indent=1))
 PY
-python3 -c "import json,sys;j=json.load(open(sys.argv[1]));c=j['choices'][0];print('chat:',repr(c['message']['content'])[:80],c['finish_reason'],j['usage']);assert j['usage']['completion_tokens']>0" "$out/chat.json"
-grep -o '"device": "[^"]*"' "$out/health.json" | head -2
+  python3 - "$out/chat-$p.json" "$p" <<'PY' || fail "$p: the chat answer is not a completion"
+import json, sys
+j = json.load(open(sys.argv[1]))
+c = j["choices"][0]
+print(f"sparkd_gpu_check: {sys.argv[2]}: chat: {c['message']['content']!r:.80} "
+      f"finish {c['finish_reason']}, usage {j['usage']}")
+assert c["message"]["role"] == "assistant"
+assert isinstance(c["message"]["content"], str)
+assert c["finish_reason"] in ("stop", "length"), c["finish_reason"]
+assert 0 < j["usage"]["completion_tokens"] <= 24, j["usage"]
+PY
+
+  pid=$(cat "$tmp/state-$p/run/sparkd-0.pid" 2>/dev/null || true)
+  "$bin/sparkctl" --config "$ring" stop > "$out/stop-$p.txt" 2>&1 || { cat "$out/stop-$p.txt"; fail "$p: sparkctl stop exited non-zero"; }
+  started=("${started[@]/$ring}")
+  grep -q "nothing of the ring is left on any node" "$out/stop-$p.txt" ||
+    { cat "$out/stop-$p.txt"; fail "$p: stop left something"; }
+  if [ -n "$pid" ] && [ -e "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
+    fail "$p: sparkd pid $pid still runs after stop"
+  fi
+  say "$p: sparkctl stop: nothing left (rank 0 was pid ${pid:-?})"
+done
+
+# Same kernels over the same bytes: the greedy answer does not depend on where the weights are.
+set -- $placements
+if [ $# -ge 2 ]; then
+  a=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['choices'][0]['message']['content'])" "$out/chat-$1.json")
+  b=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['choices'][0]['message']['content'])" "$out/chat-$2.json")
+  [ "$a" = "$b" ] || fail "greedy answers differ: $1 ${a@Q} vs $2 ${b@Q}"
+  say "the greedy answer is the same under $1 and $2 weights"
+fi
+say "OK: sparkctl start -> READY on $device${gpu_name:+ ($gpu_name)}, status, chat, stop, for: $placements"
