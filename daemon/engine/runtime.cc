@@ -39,10 +39,15 @@ Result<std::vector<RankMemory>> exchange_memory(Collective& comm, const RankMemo
 }  // namespace
 
 std::string memory_pool_of(const DeviceInfo& info) {
-  char host[256] = {0};
-  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
-  std::string boot = read_file("/proc/sys/kernel/random/boot_id").value_or("");
-  std::string pool = fmt::format("{}/{}", host, trim(boot));
+  // The kernel's boot id names the machine's memory: processes in containers or network
+  // namespaces of one host share it (and its GPUs), cloned nodes with one hostname do not.
+  std::string pool =
+      "boot:" + std::string(trim(read_file("/proc/sys/kernel/random/boot_id").value_or("")));
+  if (pool == "boot:") {
+    char host[256] = {0};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "?");
+    pool = std::string("host:") + host;
+  }
   // A discrete GPU's memory is its own; unified memory and the CPU draw on the host's.
   if (info.kind == "cuda" && !info.unified_memory) pool += "/" + info.gpu_uuid;
   return pool;

@@ -103,8 +103,8 @@ struct KvMemoryPlan {
 /// (available - reserve) / share is smallest.
 KvMemoryPlan plan_kv_memory(const std::vector<RankMemory>& ranks, uint64_t reserve);
 
-/// The pool name of `info` on this host ("<host>/<boot id>" plus "/<GPU uuid>" for a
-/// discrete GPU's own memory).
+/// The pool name of `info` on this machine ("boot:<kernel boot id>", plus "/<GPU uuid>" for
+/// a discrete GPU's own memory).
 std::string memory_pool_of(const DeviceInfo& info);
 
 /// Publishes this rank's fabric self-test report under "engine.fabric.rank<R>" in the
