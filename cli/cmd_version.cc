@@ -42,7 +42,9 @@ std::string engine_device_for(const VersionReport& r) {
         "(DEVICE=cuda fails at start; rebuild with CMAKE_CUDA_ARCHITECTURES "
         "including {})",
         d.index, d.name, sm, join(split_list(r.cuda_architectures, ','), ", sm_"), sm);
-  return fmt::format("cuda: GPU {} ({}, sm_{})", d.index, d.name, sm);
+  // WEIGHTS_PLACEMENT=auto: read in place where the GPU's memory is the host's.
+  return fmt::format("cuda: GPU {} ({}, sm_{}); weights {}", d.index, d.name, sm,
+                     d.integrated ? "host-mapped (unified memory)" : "in device memory");
 }
 
 nlohmann::json to_json(const VersionReport& r) {

@@ -103,4 +103,14 @@ TEST_CASE("the text report names devices, failed queries and holders from a repo
   auto j = cli::to_json(r);
   CHECK(j["gpu"]["devices"][0]["max_shared_memory_per_block_optin_bytes"] == 232448);
   CHECK(j["gpu"]["nccl"]["version"] == "2.27.3");
+  // What DEVICE=auto and WEIGHTS_PLACEMENT=auto pick: an H200 keeps the weights in its
+  // memory; a GB10 (integrated, unified memory) reads them in place.
+  r.cuda_architectures = "90a,121a";
+  CHECK(cli::engine_device_for(r) == "cuda: GPU 0 (NVIDIA H200, sm_90); weights in device memory");
+  r.gpu.devices[0].name = "NVIDIA GB10";
+  r.gpu.devices[0].cc_major = 12;
+  r.gpu.devices[0].cc_minor = 1;
+  r.gpu.devices[0].integrated = true;
+  CHECK(cli::engine_device_for(r) ==
+        "cuda: GPU 0 (NVIDIA GB10, sm_121); weights host-mapped (unified memory)");
 }
