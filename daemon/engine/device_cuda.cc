@@ -87,6 +87,14 @@ class CudaDevice final : public Device {
     auto w = choose_weights_placement(opts.weights, *lim);
     if (!w) return w.error();
     d->info_.weights = *w;
+    log::info("engine",
+              "{}: integrated {}, maps host memory {}, pageable memory access {} (through the "
+              "host's page tables {}), host register {} (read-only {}): weights {} "
+              "(WEIGHTS_PLACEMENT={})",
+              kernels::describe_device(*lim), lim->integrated, lim->can_map_host_memory,
+              lim->pageable_memory_access, lim->pageable_uses_host_pages,
+              lim->host_register_supported, lim->read_only_host_register,
+              weights_placement_name(*w), weights_placement_name(opts.weights));
     d->info_.name = fmt::format("{} ({:.1f} GiB{})", kernels::describe_device(*lim),
                                 static_cast<double>(lim->total_memory) / (1ull << 30),
                                 lim->integrated ? ", unified memory" : "");
