@@ -29,6 +29,23 @@ __device__ __forceinline__ bf16 from_f<bf16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Programmatic dependent launch (sm_90 and later). A kernel launched with the
+// programmatic-serialization attribute may start before the kernel ahead of it in the
+// stream has finished; it must call pdl_wait() before it reads anything that kernel writes
+// or writes anything it reads (pdl_wait returns once the previous grid completed and its
+// memory is visible). pdl_trigger() lets the next such kernel start early. Both are no-ops
+// for a kernel launched without the attribute, and when no dependent was launched so.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

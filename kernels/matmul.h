@@ -46,6 +46,26 @@ struct MatmulArgs {
 /// Most products matmul_own_group_cuda_device runs in one launch.
 inline constexpr int kMatmulMaxGroup = 3;
 
+/// Most rows the own kernel's streaming path takes (one warp per output row, fp32 FMA);
+/// from kMatmulGemvMaxRows + 1 to kMatmulOwnMaxRows rows it runs on the tensor cores.
+inline constexpr size_t kMatmulGemvMaxRows = 4;
+
+/// Which form of the own kernel runs (the benchmark times them side by side; the engine
+/// uses automatic): the streaming form for m <= kMatmulGemvMaxRows, else the tensor-core
+/// form; or one of them forced (the streaming form with R output rows per warp and U
+/// 512-byte steps of each weight row in flight per lane).
+enum class OwnVariant : uint8_t { automatic, mma, gemv_r1_u8, gemv_r2_u4, gemv_r2_u8, gemv_r1_u4 };
+
+/// "auto", "mma", "gemv r1 u8", ...
+const char* own_variant_name(OwnVariant v);
+
+/// Whether the own kernel is launched with programmatic dependent launch (sm_90+): it then
+/// starts while the kernel ahead of it finishes and streams its first weight bytes before
+/// it waits for that kernel's output. Off by default; the CUDA engine turns it on once its
+/// weights are in place (a weight written by the kernel just before would be read early).
+void matmul_set_programmatic_launch(bool on);
+bool matmul_programmatic_launch();
+
 /// Reference product on floats, accumulated in double, result rounded to `store`.
 void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
                 const float* bias, bool accumulate, DType store);
@@ -59,7 +79,8 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream);
 
 /// Up to kMatmulMaxGroup products of the same m (the q, k and v projections of one input)
 /// with the own kernel in one launch: each block computes rows of one of them.
-Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream);
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
+                                    OwnVariant variant = OwnVariant::automatic);
 
 /// Whether products of m rows over weights of `total_nk` elements in all (a group's sum)
 /// go to one own launch rather than separate products: m <= 8 and at most 32 Mi weight

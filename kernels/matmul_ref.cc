@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "kernels/matmul.h"
 
 namespace spark::kernels {
@@ -38,6 +40,34 @@ Status matmul_check_args(const MatmulArgs& a) {
     return bad(fmt::format("strides lda {} ldw {} (>= k {}) and ldo {} (>= n {}) too small", a.lda,
                            a.ldw, a.k, a.ldo, a.n));
   return Status::Ok();
+}
+
+const char* own_variant_name(OwnVariant v) {
+  switch (v) {
+    case OwnVariant::automatic:
+      return "auto";
+    case OwnVariant::mma:
+      return "mma";
+    case OwnVariant::gemv_r1_u8:
+      return "gemv r1 u8";
+    case OwnVariant::gemv_r2_u4:
+      return "gemv r2 u4";
+    case OwnVariant::gemv_r2_u8:
+      return "gemv r2 u8";
+    case OwnVariant::gemv_r1_u4:
+      return "gemv r1 u4";
+  }
+  return "?";
+}
+
+namespace {
+std::atomic<bool> g_programmatic_launch{false};
+}
+void matmul_set_programmatic_launch(bool on) {
+  g_programmatic_launch.store(on, std::memory_order_relaxed);
+}
+bool matmul_programmatic_launch() {
+  return g_programmatic_launch.load(std::memory_order_relaxed);
 }
 
 bool matmul_group_prefers_own(size_t m, size_t total_nk) {

@@ -780,18 +780,41 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
     size_t m, n, k;
   } shapes[] = {{1, 1, 8},       {1, 4096, 4096},  {3, 1000, 96},  {8, 1024, 4096},
                 {17, 333, 264},  {32, 4096, 1024}, {33, 128, 512}, {64, 512, 4096},
-                {1, 128256, 64}, {200, 256, 128}};
+                {1, 128256, 64}, {200, 256, 128},  {2, 77, 2056},  {4, 1031, 264},
+                {1, 129, 14336}};
+  // Every form of the own kernel at the rows it takes (the streaming form at m <= 4 in each
+  // register shape, once under programmatic launch; the tensor-core form at any m <= 32).
+  struct Form {
+    MatmulBackend be;
+    OwnVariant v;
+    bool pdl;
+  };
+  std::vector<Form> forms = {{MatmulBackend::cublaslt, OwnVariant::automatic, false},
+                             {MatmulBackend::own, OwnVariant::automatic, false},
+                             {MatmulBackend::own, OwnVariant::mma, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r1_u8, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r1_u4, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r2_u4, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r2_u8, false},
+                             {MatmulBackend::own, OwnVariant::automatic, true}};
   for (auto sh : shapes)
     for (auto ot : kTypes)
-      for (auto be : {MatmulBackend::cublaslt, MatmulBackend::own})
+      for (const Form& form : forms)
         for (int mode : {0, 1, 2, 3}) {
           const bool with_bias = mode & 1, acc = mode & 2;
+          const MatmulBackend be = form.be;
           if (be == MatmulBackend::own && sh.m > kMatmulOwnMaxRows) continue;
+          const bool gemv_form = form.v != OwnVariant::automatic && form.v != OwnVariant::mma;
+          if (gemv_form && sh.m > kMatmulGemvMaxRows) continue;
+          if (be == MatmulBackend::own && form.v != OwnVariant::automatic && sh.n * sh.k > 20000000)
+            continue;  // the largest shape once per backend is enough
           CAPTURE(sh.m);
           CAPTURE(sh.n);
           CAPTURE(sh.k);
           CAPTURE(std::string(dtype_name(ot)));
           CAPTURE(std::string(matmul_backend_name(be)));
+          CAPTURE(std::string(own_variant_name(form.v)));
+          CAPTURE(form.pdl);
           CAPTURE(with_bias);
           CAPTURE(acc);
           auto a = as_stored(randoms(rng, sh.m * sh.k, -1, 1), DType::bf16);
@@ -809,7 +832,11 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           args.out = dout.get();
           args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m, args.n = sh.n, args.k = sh.k;
           args.bias = with_bias ? db.get() : nullptr, args.accumulate = acc, args.backend = be;
-          auto s = (*mm)->run(args, nullptr);
+          matmul_set_programmatic_launch(form.pdl);
+          auto s = form.v == OwnVariant::automatic
+                       ? (*mm)->run(args, nullptr)
+                       : matmul_own_group_cuda_device(&args, 1, nullptr, form.v);
+          matmul_set_programmatic_launch(false);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
           auto got = from_dev(dout);
@@ -860,11 +887,9 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
   struct Shape {
     size_t m, k;
     size_t n[3];
-  } shapes[] = {{1, 4096, {4096, 1024, 1024}},
-                {8, 512, {256, 64, 64}},
-                {3, 96, {40, 8, 8}},
-                {5, 264, {1000, 17, 333}},
-                {2, 64, {16, 16, 16}}};
+  } shapes[] = {{1, 4096, {4096, 1024, 1024}}, {8, 512, {256, 64, 64}}, {3, 96, {40, 8, 8}},
+                {5, 264, {1000, 17, 333}},     {2, 64, {16, 16, 16}},   {4, 2056, {14336, 9, 1}},
+                {1, 14336, {4096, 128, 8}}};
   for (auto sh : shapes)
     for (auto ot : kTypes)
       for (bool with_bias : {false, true}) {
@@ -903,7 +928,13 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
           x.out_dtype = ot, x.ldo = sh.n[p], x.m = sh.m, x.n = sh.n[p], x.k = sh.k;
           x.bias = with_bias ? db[p].get() : nullptr;
         }
-        auto s = matmul_own_group_cuda_device(parts, 3, nullptr);
+        const OwnVariant form = sh.m > kMatmulGemvMaxRows ? OwnVariant::mma
+                                : with_bias               ? OwnVariant::gemv_r2_u4
+                                                          : OwnVariant::automatic;
+        CAPTURE(std::string(own_variant_name(form)));
+        matmul_set_programmatic_launch(with_bias);
+        auto s = matmul_own_group_cuda_device(parts, 3, nullptr, form);
+        matmul_set_programmatic_launch(false);
         REQUIRE_MESSAGE(s.ok(), s.message());
         REQUIRE(cuda_synchronize().ok());
         for (int p = 0; p < 3; ++p) {
@@ -933,7 +964,7 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
         x.a = da.get(), x.lda = sh.k, x.w = dwgu.get(), x.ldw = sh.k, x.out = dy.get();
         x.out_dtype = ot, x.ldo = n, x.m = sh.m, x.n = n, x.k = sh.k, x.swiglu = true;
         x.bias = with_bias ? dbgu.get() : nullptr;
-        s = matmul_own_cuda_device(x, nullptr);
+        s = matmul_own_group_cuda_device(&x, 1, nullptr, form);
         REQUIRE_MESSAGE(s.ok(), s.message());
         REQUIRE(cuda_synchronize().ok());
         auto got = from_dev(dy);
