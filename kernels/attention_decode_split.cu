@@ -52,6 +52,9 @@ struct SplitParams {
 
 template <typename C, int HD, int G, int U, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   constexpr int L = HD / 8;    // lanes per row
   constexpr int RPW = 32 / L;  // rows per warp and load
   constexpr int NS = kWarps * RPW;
@@ -284,15 +287,15 @@ template <typename C, int HD>
 Status launch_hd(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
   // Fewer rows per batch where G heads already take many registers.
   if (gmax <= 1)
-    split_kernel<C, HD, 1, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 1, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 2)
-    split_kernel<C, HD, 2, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 2, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 4 && HD == 128 && P.b.decode_variant == 1)
-    split_kernel<C, 128, 4, 4, 3><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, 128, 4, 4, 3>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 4)
-    split_kernel<C, HD, 4, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 4, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else
-    split_kernel<C, HD, 8, 4, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 8, 4, 1>, grid, dim3(kThreads), 0, st, P));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -358,21 +358,9 @@ uint32_t alignment_of(const void* p) {
 
 namespace {
 
-// Launches `kernel` on `grid` x `threads`, with programmatic dependent launch when it is on.
-template <typename... Args>
-Status launch_own(void (*kernel)(Args...), unsigned grid, unsigned threads, cudaStream_t st,
-                  const OwnGroup& G) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = matmul_programmatic_launch() ? 1 : 0;
-  SPARK_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, G));
+template <typename K>
+Status launch_own(K kernel, unsigned grid, unsigned threads, cudaStream_t st, const OwnGroup& G) {
+  SPARK_CUDA_TRY(dev::launch(kernel, dim3(grid), dim3(threads), 0, st, G));
   return Status::Ok();
 }
 
@@ -432,9 +420,13 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
   }
   auto st = static_cast<cudaStream_t>(stream);
   const size_t m = parts[0].m;
+  // Measured on the H200 (bench/kernels, "own forms"): the streaming form wins at 1 and 2
+  // rows (one row: one unit per warp and 8 steps in flight; two: two units and 4 steps), the
+  // tensor-core form from 3 rows on, where the streaming form's FMA and A reads add up.
   if (variant == OwnVariant::automatic)
-    variant = m <= kMatmulGemvMaxRows ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
-                                      : OwnVariant::mma;
+    variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
+              : m == 2 ? OwnVariant::gemv_r2_u4
+                       : OwnVariant::mma;
   if (variant != OwnVariant::mma) {
     if (m > kMatmulGemvMaxRows)
       return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +
@@ -601,11 +593,14 @@ Result<std::unique_ptr<Matmul>> Matmul::create(size_t workspace_bytes) {
 }
 
 MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
-  // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): the own kernel beats
-  // cuBLASLt only on the 4096 x 4096 projections at m <= 8 (12.5 us against 13.2, 3-5%);
-  // cuBLASLt reads the large weights (gate_up, down, lm_head) at 81-94% of HBM bandwidth
-  // against the own kernel's 54-59%, wins at m = 32 and on 1024 x 4096, and every prefill.
+  // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): at 1 and 2 rows the
+  // own kernel's streaming form reads every shape as fast as cuBLASLt or faster (4096 x 4096
+  // 10.7 us against 13.5, 1024 x 4096 5.0 against 7.0, gate_up/down/lm_head within 1-2%, at
+  // 85-98% of HBM), and it takes SwiGLU into its epilogue; from 3 to 8 rows its tensor-core
+  // form wins only on 4096 x 4096 (11.9 us against 12.7); cuBLASLt reads the large weights
+  // at 84-94% there, and wins at m = 32 and every prefill.
   const size_t nk = n * k;
+  if (m <= 2) return MatmulBackend::own;
   if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
   return MatmulBackend::cublaslt;
 }

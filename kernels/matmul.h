@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/dtype.h"
+#include "kernels/launch.h"
 
 namespace spark::kernels {
 
@@ -59,13 +60,6 @@ enum class OwnVariant : uint8_t { automatic, mma, gemv_r1_u8, gemv_r2_u4, gemv_r
 /// "auto", "mma", "gemv r1 u8", ...
 const char* own_variant_name(OwnVariant v);
 
-/// Whether the own kernel is launched with programmatic dependent launch (sm_90+): it then
-/// starts while the kernel ahead of it finishes and streams its first weight bytes before
-/// it waits for that kernel's output. Off by default; the CUDA engine turns it on once its
-/// weights are in place (a weight written by the kernel just before would be read early).
-void matmul_set_programmatic_launch(bool on);
-bool matmul_programmatic_launch();
-
 /// Reference product on floats, accumulated in double, result rounded to `store`.
 void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
                 const float* bias, bool accumulate, DType store);
@@ -83,9 +77,10 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
                                     OwnVariant variant = OwnVariant::automatic);
 
 /// Whether products of m rows over weights of `total_nk` elements in all (a group's sum)
-/// go to one own launch rather than separate products: m <= 8 and at most 32 Mi weight
-/// elements, where the own kernel's rate on 4096 x 4096 (the bench's 60% of HBM) with one
-/// launch beats cuBLASLt's 25-55% on the 1024 x 4096 and 4096 x 4096 shapes with three.
+/// go to one own launch rather than separate products: m <= 2 (the streaming form, as fast
+/// as cuBLASLt on any weight), or m <= 8 and at most 32 Mi weight elements, where the
+/// tensor-core form with one launch beats cuBLASLt's 25-55% on the 1024 x 4096 and
+/// 4096 x 4096 shapes with three.
 bool matmul_group_prefers_own(size_t m, size_t total_nk);
 
 /// A cuBLASLt handle, its workspace and the algorithms chosen per shape, for the current
@@ -103,8 +98,8 @@ class Matmul {
   /// Runs one product on `stream` with args.backend (automatic: choose()).
   Status run(const MatmulArgs& args, void* stream);
   /// The backend automatic picks for this shape: the one measured faster on the H200
-  /// (bench/kernels): own for m <= 8 on weights of 8-16 Mi elements (4096 x 4096), else
-  /// cuBLASLt.
+  /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of 8-16 Mi
+  /// elements (4096 x 4096), else cuBLASLt.
   MatmulBackend choose(size_t m, size_t n, size_t k) const;
   /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
   const std::string& library_path() const;

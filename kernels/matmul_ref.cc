@@ -1,7 +1,5 @@
 #include <fmt/format.h>
 
-#include <atomic>
-
 #include "kernels/matmul.h"
 
 namespace spark::kernels {
@@ -60,18 +58,8 @@ const char* own_variant_name(OwnVariant v) {
   return "?";
 }
 
-namespace {
-std::atomic<bool> g_programmatic_launch{false};
-}
-void matmul_set_programmatic_launch(bool on) {
-  g_programmatic_launch.store(on, std::memory_order_relaxed);
-}
-bool matmul_programmatic_launch() {
-  return g_programmatic_launch.load(std::memory_order_relaxed);
-}
-
 bool matmul_group_prefers_own(size_t m, size_t total_nk) {
-  return m >= 1 && m <= 8 && total_nk <= (size_t{32} << 20);
+  return m >= 1 && (m <= 2 || (m <= 8 && total_nk <= (size_t{32} << 20)));
 }
 
 }  // namespace spark::kernels

@@ -13,6 +13,9 @@ constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
 
 template <typename T>
 __global__ void rope_kernel(RopeArgs a) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   const unsigned lane = threadIdx.x & 31u;
   const size_t heads =
       static_cast<size_t>(a.n_heads) + (a.k ? static_cast<size_t>(a.n_kv_heads) : 0);
@@ -69,7 +72,8 @@ Status rope_cuda_device(const RopeArgs& a, void* stream) {
   const size_t jobs = a.n_tokens * static_cast<size_t>(a.n_heads + (a.k ? a.n_kv_heads : 0));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((jobs + 7) / 8, 1u << 16));
   SPARK_DISPATCH_DTYPE(a.dtype, T,
-                       rope_kernel<T><<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(a));
+                       SPARK_CUDA_TRY(dev::launch(rope_kernel<T>, dim3(blocks), dim3(256), 0,
+                                                  static_cast<cudaStream_t>(stream), a)));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

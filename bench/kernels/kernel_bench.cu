@@ -287,12 +287,12 @@ int main(int argc, char** argv) {
         args.a = a, args.lda = sh.k, args.ldw = sh.k, args.out = o, args.ldo = sh.n, args.m = m,
         args.n = sh.n, args.k = sh.k;
         auto run_form = [&](OwnVariant f, bool pdl) {
-          matmul_set_programmatic_launch(pdl);
+          set_programmatic_launch(pdl);
           const double t = time_us(st, 20, [&](int i) {
             args.w = ws[static_cast<size_t>(i) % ws.size()];
             ST(matmul_own_group_cuda_device(&args, 1, st, f));
           });
-          matmul_set_programmatic_launch(false);
+          set_programmatic_launch(false);
           return t;
         };
         args.backend = MatmulBackend::cublaslt;

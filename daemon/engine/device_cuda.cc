@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 #include "core/log.h"
 #include "daemon/engine/collective.h"
@@ -91,6 +92,10 @@ class CudaDevice final : public Device {
     auto mm = kernels::Matmul::create();
     if (!mm) return mm.error();
     d->mm_ = std::move(*mm);
+    // Programmatic dependent launch needs sm_90; SPARK_CUDA_PDL=0 turns it off (to measure
+    // what it saves, or to rule it out).
+    const char* pdl = std::getenv("SPARK_CUDA_PDL");
+    d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
     return std::shared_ptr<Device>(d);
   }
 
@@ -114,6 +119,7 @@ class CudaDevice final : public Device {
   }
 
   Status upload(const Buffer& dst, const void* src, DType src_type) override {
+    kernels::set_programmatic_launch(false);  // until the next step: dst may be a weight
     const size_t n = dst.numel();
     if (n == 0) return Status::Ok();
     const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
@@ -202,6 +208,7 @@ class CudaDevice final : public Device {
   }
 
   Status begin_step(const StepLayout& st) override {
+    kernels::set_programmatic_launch(pdl_);
     step_ = st;
     const size_t T = static_cast<size_t>(st.tokens_n()), C = static_cast<size_t>(st.chunks_n()),
                  W = static_cast<size_t>(st.table_width);
@@ -583,6 +590,7 @@ class CudaDevice final : public Device {
   kernels::DeviceLimits lim_;
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
+  bool pdl_ = false;  // programmatic dependent launch for the step's kernels
   StepLayout step_;
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_, attn_ws_, convert_;

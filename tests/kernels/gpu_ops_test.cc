@@ -832,11 +832,11 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           args.out = dout.get();
           args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m, args.n = sh.n, args.k = sh.k;
           args.bias = with_bias ? db.get() : nullptr, args.accumulate = acc, args.backend = be;
-          matmul_set_programmatic_launch(form.pdl);
+          set_programmatic_launch(form.pdl);
           auto s = form.v == OwnVariant::automatic
                        ? (*mm)->run(args, nullptr)
                        : matmul_own_group_cuda_device(&args, 1, nullptr, form.v);
-          matmul_set_programmatic_launch(false);
+          set_programmatic_launch(false);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
           auto got = from_dev(dout);
@@ -868,11 +868,12 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           CHECK(bad == 0);
           CHECK(unwritten == 0);
         }
-  // The measured choice: own on 4096 x 4096 at decode rows, cuBLASLt elsewhere.
+  // The measured choice: own at 1-2 rows and on 4096 x 4096 up to 8, cuBLASLt elsewhere.
   CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(8, 4096, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::cublaslt);
+  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(4, 28672, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
@@ -932,9 +933,9 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
                                 : with_bias               ? OwnVariant::gemv_r2_u4
                                                           : OwnVariant::automatic;
         CAPTURE(std::string(own_variant_name(form)));
-        matmul_set_programmatic_launch(with_bias);
+        set_programmatic_launch(with_bias);
         auto s = matmul_own_group_cuda_device(parts, 3, nullptr, form);
-        matmul_set_programmatic_launch(false);
+        set_programmatic_launch(false);
         REQUIRE_MESSAGE(s.ok(), s.message());
         REQUIRE(cuda_synchronize().ok());
         for (int p = 0; p < 3; ++p) {
@@ -987,7 +988,8 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
   // The engine's rule for a group: own for decode rows on up to 32 Mi weight elements.
   CHECK(matmul_group_prefers_own(1, 6u << 22));
   CHECK(!matmul_group_prefers_own(9, 6u << 22));
-  CHECK(!matmul_group_prefers_own(1, 117u << 20));
+  CHECK(matmul_group_prefers_own(1, 117u << 20));
+  CHECK(!matmul_group_prefers_own(3, 117u << 20));
   MatmulArgs bad;
   CHECK(matmul_own_group_cuda_device(&bad, 4, nullptr).message().find("group of 4") !=
         std::string::npos);
