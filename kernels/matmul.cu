@@ -195,6 +195,9 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(OwnGroup G) {
 // they stream while that kernel finishes. A (m <= 4 rows, a few KiB) is read through L1,
 // shared by the block's warps. fp32 FMA; the warp's partial sums meet by xor shuffles.
 constexpr int kGemvWarps = 8;
+// Warps of the one-row forms (r1 u8, r2 u4: 58 registers at sm_90) resident per
+// multiprocessor: four blocks of eight (the register file's 64 Ki / (58 x 256)).
+constexpr size_t kGemvResidentWarpsPerSm = 32;
 
 __device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -422,11 +425,23 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
   const size_t m = parts[0].m;
   // Measured on the H200 (bench/kernels, "own forms"): the streaming form wins at 1 and 2
   // rows (one row: one unit per warp and 8 steps in flight; two: two units and 4 steps), the
-  // tensor-core form from 3 rows on, where the streaming form's FMA and A reads add up.
-  if (variant == OwnVariant::automatic)
+  // tensor-core form from 3 rows on, where the streaming form's FMA and A reads add up. At
+  // one row, a launch whose units would take between one and two waves of resident warps
+  // (the q/k/v group's 6144 rows on 132 multiprocessors x 32 warps) takes two units per warp
+  // instead, so it ends in one wave with no tail.
+  if (variant == OwnVariant::automatic) {
     variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
               : m == 2 ? OwnVariant::gemv_r2_u4
                        : OwnVariant::mma;
+    if (variant == OwnVariant::gemv_r1_u8) {
+      auto lim = cuda_device_limits(-1);
+      SPARK_TRY(lim.status());
+      size_t units = 0;
+      for (int i = 0; i < n_parts; ++i) units += parts[i].n;
+      const size_t resident = static_cast<size_t>(lim->sm_count) * kGemvResidentWarpsPerSm;
+      if (units > resident && units <= 2 * resident) variant = OwnVariant::gemv_r2_u4;
+    }
+  }
   if (variant != OwnVariant::mma) {
     if (m > kMatmulGemvMaxRows)
       return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +

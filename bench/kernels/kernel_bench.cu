@@ -6,13 +6,14 @@
 // to exceed the L2 cache, median of several replays. Inputs are random, never zeros.
 //
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION[,SECTION...]]
-//   sections: matmul, forms, fused, attention, other (default: all)
+//   sections: matmul, forms, fused, layer, attention, other (default: all)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -134,7 +135,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: spark_kernel_bench [--json FILE] [--quick] [--only "
-                   "matmul,forms,fused,attention,other]\n");
+                   "matmul,forms,fused,layer,attention,other]\n");
       return 2;
     }
   }
@@ -417,6 +418,138 @@ int main(int argc, char** argv) {
       for (void* q : {a, gu, y}) CK(cudaFree(q));
     }
   out["fused"] = fjs;
+
+  // ---- one decode layer of Llama-3-8B at batch 1, as the engine runs it ----
+  // The layer's kernels in the engine's order (norm, q/k/v, RoPE with the KV write, attention at a
+  // context of 256 under a graph sized for 33792, o, norm, gate/up + SwiGLU, down), each
+  // timed alone, then the chain of 32 layers in one graph without and with programmatic
+  // launch: chain - sum is what the boundaries between kernels cost.
+  if (want("layer")) {
+    const size_t H = 4096, NQ = 4096, NKV = 1024, I = 14336;
+    const int ctx = 256, bound = 33792, lbs = 16;
+    const int nlayers = 32;
+    // Two copies of the layer's weights, alternated, so no layer finds the last one's in L2.
+    struct Wt {
+      void *wq, *wk, *wv, *wo, *wgu, *wd, *n1, *n2;
+    };
+    std::vector<Wt> wts;
+    for (int c = 0; c < 2; ++c)
+      wts.push_back({random_bf16(NQ * H, 200 + c, 0.02f), random_bf16(NKV * H, 210 + c, 0.02f),
+                     random_bf16(NKV * H, 220 + c, 0.02f), random_bf16(H * NQ, 230 + c, 0.02f),
+                     random_bf16(2 * I * H, 240 + c, 0.02f), random_bf16(H * I, 250 + c, 0.02f),
+                     random_bf16(H, 260 + c), random_bf16(H, 270 + c)});
+    void *x = random_bf16(H, 300), *o = random_bf16(H, 301), *h = dalloc(H * 2),
+         *q = dalloc(NQ * 2), *k = dalloc(NKV * 2), *v = dalloc(NKV * 2), *att = dalloc(NQ * 2),
+         *act = dalloc(I * 2);
+    const int blocks_per = (bound + lbs - 1) / lbs;
+    const size_t kvrow = NKV;
+    void *kp = random_bf16(static_cast<size_t>(blocks_per) * lbs * kvrow, 310),
+         *vp = random_bf16(static_cast<size_t>(blocks_per) * lbs * kvrow, 311);
+    std::vector<int32_t> table(static_cast<size_t>(blocks_per));
+    for (int i = 0; i < blocks_per; ++i) table[static_cast<size_t>(i)] = i;
+    const int32_t len = ctx, qs[2] = {0, 1}, slot = ctx - 1, pos = ctx - 1;
+    void *dt = dalloc(table.size() * 4), *dl = dalloc(4), *dq = dalloc(8), *ds = dalloc(4),
+         *dp = dalloc(4), *di = dalloc(64 * 4);
+    std::vector<float> inv(64);
+    for (int i = 0; i < 64; ++i) inv[static_cast<size_t>(i)] = std::pow(500000.f, -i / 64.f);
+    CK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dl, &len, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dq, qs, 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, &slot, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dp, &pos, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(di, inv.data(), 64 * 4, cudaMemcpyHostToDevice));
+    PagedKVDevice kvd;
+    kvd.k = kp, kvd.v = vp, kvd.dtype = DType::bf16, kvd.block_size = lbs, kvd.n_kv_heads = 8,
+    kvd.head_dim = 128, kvd.num_blocks = blocks_per;
+    AttentionBatch b;
+    b.q = q, b.q_stride = NQ, b.out = att, b.out_stride = NQ, b.n_heads = 32, b.kv = kvd;
+    b.block_tables = static_cast<int32_t*>(dt), b.max_blocks_per_seq = blocks_per;
+    b.seq_lens = static_cast<int32_t*>(dl), b.query_start = static_cast<int32_t*>(dq);
+    b.n_seqs = 1, b.n_tokens = 1, b.max_query_len = 1, b.max_seq_len = bound;
+    b.scale = 0.0883883f;
+    b.workspace_bytes = attention_decode_workspace_bytes(1, 32, 128, bound);
+    void* aws = dalloc(b.workspace_bytes);
+    CK(cudaMemset(aws, 0, b.workspace_bytes));
+    b.workspace = aws;
+    RopeArgs ra;
+    ra.q = q, ra.q_stride = NQ, ra.n_heads = 32, ra.k = k, ra.k_stride = NKV, ra.n_kv_heads = 8,
+    ra.head_dim = 128, ra.n_tokens = 1, ra.positions = static_cast<int32_t*>(dp),
+    ra.inv_freq = static_cast<float*>(di);
+    auto prod = [&](const void* in, size_t in_dim, const void* w, void* out_, size_t n) {
+      MatmulArgs m;
+      m.a = in, m.lda = in_dim, m.w = w, m.ldw = in_dim, m.out = out_, m.ldo = n, m.m = 1, m.n = n,
+      m.k = in_dim;
+      return m;
+    };
+    using Step = std::function<void(const Wt&)>;
+    std::vector<std::pair<const char*, Step>> steps = {
+        {"add_rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, o, w.n1, h, 1, H, 1e-5f, st));
+         }},
+        {"q/k/v",
+         [&](const Wt& w) {
+           MatmulArgs g[3] = {prod(h, H, w.wq, q, NQ), prod(h, H, w.wk, k, NKV),
+                              prod(h, H, w.wv, v, NKV)};
+           ST(matmul_own_group_cuda_device(g, 3, st));
+         }},
+        {"rope + kv write",
+         [&](const Wt&) {
+           RopeArgs r = ra;
+           r.k_cache = kp, r.v_cache = vp, r.cache_dtype = DType::bf16;
+           r.cache_slots = static_cast<long long>(blocks_per) * lbs;
+           r.slots = static_cast<int32_t*>(ds), r.v = v, r.v_stride = NKV;
+           ST(rope_cuda_device(r, st));
+         }},
+        {"attention", [&](const Wt&) { ST(attention_decode_cuda_device(b, st)); }},
+        {"o", [&](const Wt& w) { ST((*mm)->run(prod(att, NQ, w.wo, o, H), st)); }},
+        {"add_rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, o, w.n2, h, 1, H, 1e-5f, st));
+         }},
+        {"gate/up+swiglu",
+         [&](const Wt& w) {
+           MatmulArgs m = prod(h, H, w.wgu, act, I);
+           m.swiglu = true;
+           ST((*mm)->run(m, st));
+         }},
+        {"down", [&](const Wt& w) { ST((*mm)->run(prod(act, I, w.wd, o, H), st)); }},
+    };
+    const double bytes_layer =
+        2.0 * (NQ * H + 2 * NKV * H + H * NQ + 2 * I * H + H * I) + 2.0 * 2 * ctx * kvrow * 2;
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "decode layer (batch 1)", "us", "GB/s", "%HBM");
+    json ljs = json::object();
+    double sum = 0;
+    json kj = json::array();
+    for (auto& step : steps) {
+      const Step& fn = step.second;
+      const double t = time_us(st, 32, [&](int i) { fn(wts[static_cast<size_t>(i) % 2]); });
+      sum += t;
+      fmt::print("{:<34} {:>10.1f}\n", step.first, t);
+      kj.push_back({{"kernel", step.first}, {"us", t}});
+    }
+    ljs["kernels"] = kj;
+    ljs["sum_us"] = sum;
+    for (bool pdl : {false, true}) {
+      set_programmatic_launch(pdl);
+      const double t = time_us(st, 1, [&](int) {
+        for (int l = 0; l < nlayers; ++l)
+          for (auto& step : steps) step.second(wts[static_cast<size_t>(l) % 2]);
+      });
+      set_programmatic_launch(false);
+      const double per = t / nlayers;
+      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%   (sum of the kernels alone {:.1f})\n",
+                 fmt::format("chain of {} layers{}, per layer", nlayers, pdl ? " + pdl" : ""), per,
+                 bytes_layer / per / 1e3, 100 * bytes_layer / per / 1e3 / read_gbs, sum);
+      ljs[pdl ? "chain_pdl_us_per_layer" : "chain_us_per_layer"] = per;
+    }
+    ljs["bytes_per_layer"] = bytes_layer;
+    out["layer"] = ljs;
+    for (auto& w : wts)
+      for (void* p : {w.wq, w.wk, w.wv, w.wo, w.wgu, w.wd, w.n1, w.n2}) CK(cudaFree(p));
+    for (void* p : {x, o, h, q, k, v, att, act, kp, vp, dt, dl, dq, ds, dp, di, aws})
+      CK(cudaFree(p));
+  }
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();

@@ -319,9 +319,9 @@ class CudaDevice final : public Device {
     return kernels::matmul_own_cuda_device(a, stream_);
   }
 
-  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
-                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
-                 float eps) override {
+  kernels::RopeArgs rope_args(const Buffer& q, const Buffer& k, int heads, int kv_heads,
+                              int head_dim, const Buffer& inv_freq, const Buffer& q_norm,
+                              const Buffer& k_norm, float eps) {
     kernels::RopeArgs r;
     r.dtype = kernels::DType::bf16;
     r.q = q.data();
@@ -337,6 +337,28 @@ class CudaDevice final : public Device {
     r.q_norm = q_norm.empty() ? nullptr : q_norm.data();
     r.k_norm = k_norm.empty() ? nullptr : k_norm.data();
     r.norm_eps = eps;
+    return r;
+  }
+
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    return kernels::rope_cuda_device(
+        rope_args(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps), stream_);
+  }
+
+  Status rope_kv_write(const Buffer& q, const Buffer& k, const Buffer& v, int heads, int kv_heads,
+                       int head_dim, const Buffer& inv_freq, const Buffer& q_norm,
+                       const Buffer& k_norm, float eps, const KVLayerView& kv) override {
+    kernels::RopeArgs r = rope_args(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps);
+    const kernels::PagedKVDevice p = paged(kv);
+    r.k_cache = p.k;
+    r.v_cache = p.v;
+    r.cache_dtype = p.dtype;
+    r.cache_slots = static_cast<long long>(p.num_blocks) * p.block_size;
+    r.slots = dev_i32(meta_.slots);
+    r.v = v.data();
+    r.v_stride = static_cast<size_t>(kv_heads) * static_cast<size_t>(head_dim);
     return kernels::rope_cuda_device(r, stream_);
   }
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -268,6 +269,88 @@ TEST_CASE("gpu rope: default, linear and llama3 scaling, fused per-head q/k norm
       CHECK(outside(got, ref, bound, &err) == 0);  // v (untouched) must match too
       MESSAGE("rope " << std::string(dtype_name(t)) << " hd " << c.hd << " max err " << err);
     }
+}
+
+TEST_CASE("gpu rope with the KV write: bit for bit what rope and then the KV write give") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("rope_kv"));
+  struct Case {
+    int nh, nkv, hd;
+    size_t T;
+    bool norm;
+  } cases[] = {{32, 8, 128, 1, false}, {28, 4, 128, 3, true}, {4, 2, 16, 5, false},
+               {8, 8, 64, 33, true},   {2, 1, 256, 2, false}, {3, 1, 512, 2, true}};
+  for (auto t : kTypes)
+    for (auto ct : kTypes)
+      for (const auto& c : cases) {
+        CAPTURE(std::string(dtype_name(t)));
+        CAPTURE(std::string(dtype_name(ct)));
+        CAPTURE(c.hd);
+        CAPTURE(c.T);
+        const size_t stride = static_cast<size_t>((c.nh + 2 * c.nkv) * c.hd);
+        const size_t row = static_cast<size_t>(c.nkv * c.hd);
+        const int slots_n = 64;
+        auto qkv = as_stored(randoms(rng, c.T * stride, -2, 2), t);
+        auto qn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+        auto kn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+        std::vector<int32_t> pos(c.T), slot(c.T);
+        std::uniform_int_distribution<int32_t> pd(0, 32767), sd(0, slots_n - 1);
+        for (auto& p : pos) p = pd(rng);
+        std::vector<int32_t> perm(slots_n);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (size_t i = 0; i < c.T; ++i) slot[i] = perm[i % slots_n];
+        if (c.T > 2) slot[1] = -1, slot[2] = slots_n;  // skipped: outside the pool
+        auto inv = rope_inv_freq(c.hd, 500000.0, {});
+        auto dqn = to_dev(qn, t), dkn = to_dev(kn, t);
+        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
+        auto dinv = DeviceBuf<float>::from(inv);
+        auto a_qkv = to_dev(qkv, t), b_qkv = to_dev(qkv, t);
+        auto a_k = poisoned(slots_n * row, ct), a_v = poisoned(slots_n * row, ct);
+        auto b_k = poisoned(slots_n * row, ct), b_v = poisoned(slots_n * row, ct);
+        const size_t es = dtype_size(t);
+        auto args = [&](Dev& d) {
+          RopeArgs g;
+          g.dtype = t, g.q = d.get(), g.q_stride = stride, g.n_heads = c.nh;
+          g.k = static_cast<char*>(d.get()) + static_cast<size_t>(c.nh * c.hd) * es;
+          g.k_stride = stride, g.n_kv_heads = c.nkv, g.head_dim = c.hd, g.n_tokens = c.T;
+          g.positions = dpos.get(), g.inv_freq = dinv.get();
+          g.q_norm = c.norm ? dqn.get() : nullptr, g.k_norm = c.norm ? dkn.get() : nullptr;
+          return g;
+        };
+        // A: rope, then the KV write of the rotated k and of v.
+        RopeArgs ga = args(a_qkv);
+        auto s = rope_cuda_device(ga, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        PagedKVDevice kv;
+        kv.k = a_k.get(), kv.v = a_v.get(), kv.dtype = ct, kv.block_size = 16;
+        kv.n_kv_heads = c.nkv, kv.head_dim = c.hd, kv.num_blocks = slots_n / 16;
+        s = paged_kv_write_cuda_device(kv, dslot.get(), c.T, t, ga.k, stride,
+                                       static_cast<char*>(ga.k) + row * es, stride, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        // B: one launch.
+        RopeArgs gb = args(b_qkv);
+        gb.k_cache = b_k.get(), gb.v_cache = b_v.get(), gb.cache_dtype = ct;
+        gb.cache_slots = slots_n, gb.slots = dslot.get();
+        gb.v = static_cast<char*>(gb.k) + row * es, gb.v_stride = stride;
+        s = rope_cuda_device(gb, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return x.size() == y.size() &&
+                 std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+        };
+        CHECK(same(from_dev(a_qkv), from_dev(b_qkv)));
+        CHECK(same(from_dev(a_k), from_dev(b_k)));
+        CHECK(same(from_dev(a_v), from_dev(b_v)));
+        // The written slots hold values (not the poison), the skipped ones none.
+        auto bk = from_dev(b_k);
+        size_t written = 0;
+        for (size_t i = 0; i < bk.size(); ++i) written += std::isnan(bk[i]) ? 0 : 1;
+        size_t want = 0;
+        for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? row : 0;
+        CHECK(written == want);
+      }
 }
 
 TEST_CASE("gpu head_rmsnorm and bias_add match their twins") {
