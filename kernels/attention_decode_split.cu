@@ -1,5 +1,5 @@
-// Decode attention over the paged KV cache, split-K ("flash-decoding"). Grid: (split slot,
-// KV head x group chunk, sequence); block: 4 warps. One block serves every query head of
+// Decode attention over the paged KV cache, split-K ("flash-decoding"). Grid: (KV head x
+// group chunk, split slot, sequence); block: 4 warps. One block serves every query head of
 // its KV head's group (up to G), so each K and V row is read once per step.
 //
 // Memory: a row of one KV head is head_dim contiguous elements; L = HD/8 lanes cover it
@@ -43,7 +43,7 @@ struct SplitParams {
   AttentionBatch b;
   int group;          // query heads per KV head
   int chunks;         // ceil(group / kGMax): KV-head blocks = n_kv_heads * chunks
-  int cap;            // split slots per (sequence, KV block) = gridDim.x
+  int cap;            // split slots per (sequence, KV block) = gridDim.y
   int bs_shift;       // log2(block_size) when it is a power of two, else -1
   float qscale;       // scale * log2 e
   int32_t* counters;  // [n_seqs][KV blocks]
@@ -52,6 +52,9 @@ struct SplitParams {
 
 template <typename C, int HD, int G, int U, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   constexpr int L = HD / 8;    // lanes per row
   constexpr int RPW = 32 / L;  // rows per warp and load
   constexpr int NS = kWarps * RPW;
@@ -62,7 +65,10 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   __shared__ int last_s;
 
   const AttentionBatch& b = P.b;
-  const int split = blockIdx.x, kvb = blockIdx.y, seq = blockIdx.z;
+  // Splits on y, KV blocks on x: blocks are scheduled in linear order, so the splits that
+  // hold work (the first `used`) of every KV block come first, and the ones past a short
+  // context (which exit at once) are not ahead of them on a full first wave.
+  const int split = blockIdx.y, kvb = blockIdx.x, seq = blockIdx.z;
   const int kvh = kvb / P.chunks, chunk = kvb % P.chunks;
   const int ctx = b.seq_lens[seq];
   const DecodeSplitPlan plan = attention_decode_plan(ctx, b.window, P.cap);
@@ -242,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   // Publish this split's partials, then count it; the last one merges.
   __threadfence();
   __syncthreads();
-  int32_t* counter = P.counters + static_cast<size_t>(seq) * gridDim.y + kvb;
+  int32_t* counter = P.counters + static_cast<size_t>(seq) * gridDim.x + kvb;
   if (tid == 0) last_s = atomicAdd(counter, 1) == used - 1;
   __syncthreads();
   if (!last_s) return;
@@ -284,15 +290,15 @@ template <typename C, int HD>
 Status launch_hd(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
   // Fewer rows per batch where G heads already take many registers.
   if (gmax <= 1)
-    split_kernel<C, HD, 1, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 1, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 2)
-    split_kernel<C, HD, 2, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 2, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 4 && HD == 128 && P.b.decode_variant == 1)
-    split_kernel<C, 128, 4, 4, 3><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, 128, 4, 4, 3>, grid, dim3(kThreads), 0, st, P));
   else if (gmax <= 4)
-    split_kernel<C, HD, 4, 8, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 4, 8, 1>, grid, dim3(kThreads), 0, st, P));
   else
-    split_kernel<C, HD, 8, 4, 1><<<grid, kThreads, 0, st>>>(P);
+    SPARK_CUDA_TRY(dev::launch(split_kernel<C, HD, 8, 4, 1>, grid, dim3(kThreads), 0, st, P));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }
@@ -333,7 +339,7 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
                                         (pairs + 63) / 64 * 64 * sizeof(int32_t));
   const int gmax = P.group < kGMax ? P.group : kGMax;
   auto st = static_cast<cudaStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(P.cap), static_cast<unsigned>(kv_blocks),
+  const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(P.cap),
                   static_cast<unsigned>(b.n_seqs));
   SPARK_TRY(cuda_check_launch("attention_decode", kThreads, 0));
   SPARK_DISPATCH_DTYPE(b.kv.dtype, C, SPARK_TRY(launch<C>(P, gmax, grid, st)));

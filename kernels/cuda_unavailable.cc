@@ -162,7 +162,7 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void*) {
   SPARK_TRY(matmul_check_args(a));
   return no_cuda("matmul_own_cuda_device");
 }
-Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void*) {
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void*, OwnVariant) {
   for (int i = 0; i < n_parts; ++i) SPARK_TRY(matmul_check_args(parts[i]));
   return no_cuda("matmul_own_group_cuda_device");
 }

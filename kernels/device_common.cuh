@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/dtype.h"
+#include "kernels/launch.h"
 
 namespace spark::kernels::dev {
 
@@ -27,6 +29,41 @@ __device__ __forceinline__ float from_f<float>(float v) {
 template <>
 __device__ __forceinline__ bf16 from_f<bf16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Programmatic dependent launch (sm_90 and later). A kernel launched with the
+// programmatic-serialization attribute may start before the kernel ahead of it in the
+// stream has finished; it must call pdl_wait() before it reads anything that kernel writes
+// or writes anything it reads (pdl_wait returns once the previous grid completed and its
+// memory is visible). pdl_trigger() lets the next such kernel start early. Both are no-ops
+// for a kernel launched without the attribute, and when no dependent was launched so.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/// Launches `kernel` with programmatic dependent launch when programmatic_launch() is on
+/// (the kernel must call pdl_wait() before its first access of data), else as <<<>>> does.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                   Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

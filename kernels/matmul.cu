@@ -185,6 +185,159 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(OwnGroup G) {
     own_block<NT, kOwnWarps>(G.part[0], b, red);
 }
 
+// ---- the streaming form (m <= kMatmulGemvMaxRows) ----------------------------------------
+// One warp owns R output units of one product (a unit is an output column n of out: one
+// weight row, or with swiglu the gate row n and the up row p.n + n) and reads them whole:
+// lane l takes the 16 bytes at l * 8 + 256 * s of each row for steps s, so each load
+// instruction of a warp covers 512 contiguous bytes of a row, and U steps of every row are
+// in flight per lane before the first is used. The first U steps are loaded before
+// pdl_wait(): a weight does not depend on the kernel ahead, so under programmatic launch
+// they stream while that kernel finishes. A (m <= 4 rows, a few KiB) is read through L1,
+// shared by the block's warps. fp32 FMA; the warp's partial sums meet by xor shuffles.
+constexpr int kGemvWarps = 8;
+// Warps of the one-row forms (r1 u8, r2 u4: 58 registers at sm_90) resident per
+// multiprocessor: four blocks of eight (the register file's 64 Ki / (58 x 256)).
+constexpr size_t kGemvResidentWarpsPerSm = 32;
+
+__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+template <int M, int R, int U, int NW>
+__device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const size_t u0 = (blk * kGemvWarps + static_cast<size_t>(warp)) * R;
+  const uint4* wrow[R][NW];
+  bool uok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    uok[r] = u0 + r < p.n;
+    const size_t unit = uok[r] ? u0 + r : 0;
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+      wrow[r][j] = reinterpret_cast<const uint4*>(static_cast<const dev::bf16*>(p.w) +
+                                                  (unit + static_cast<size_t>(j) * p.n) * p.ldw);
+  }
+  const uint4* arow[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+    arow[m] = reinterpret_cast<const uint4*>(static_cast<const dev::bf16*>(p.a) +
+                                             (m < static_cast<int>(p.m) ? m : 0) * p.lda);
+  const size_t kv = p.k / 8;  // 16-byte pieces per row
+  const size_t steps = (kv + 31) / 32;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float acc[R][NW][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][j][m] = 0.f;
+
+  uint4 wv[U][R][NW];
+  auto load_w = [&](size_t s0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = (s0 + u) * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) wv[u][r][j] = i < kv && uok[r] ? __ldcs(wrow[r][j] + i) : zero;
+    }
+  };
+  load_w(0);
+  dev::pdl_wait();
+  for (size_t s0 = 0;;) {
+    uint4 av[U][M];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = (s0 + u) * 32 + lane;
+#pragma unroll
+      for (int m = 0; m < M; ++m) av[u][m] = i < kv ? __ldg(arow[m] + i) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float af[M][8];
+#pragma unroll
+      for (int m = 0; m < M; ++m) bf16x8_to_f(av[u][m], af[m]);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+          float wf[8];
+          bf16x8_to_f(wv[u][r][j], wf);
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][j][m] = fmaf(wf[e], af[m][e], acc[r][j][m]);
+        }
+    }
+    s0 += U;
+    if (s0 >= steps) break;
+    load_w(s0);
+  }
+  dev::pdl_trigger();
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
+
+  // Lane r * M + m stores unit r's output for A row m.
+  const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
+  const bool bf16_out = p.out_dtype == DType::bf16;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (lane != r * M + m || !uok[r] || m >= static_cast<int>(p.m)) continue;
+      const size_t n = u0 + r;
+      const size_t off = static_cast<size_t>(m) * p.ldo + n;
+      if constexpr (NW == 2) {  // swiglu: the [gate | up] buffer's rounding, then silu(g) * u
+        float gt = acc[r][0][m], up = acc[r][1][m];
+        if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
+        if (bf16_out) {
+          gt = __bfloat162float(__float2bfloat16_rn(gt));
+          up = __bfloat162float(__float2bfloat16_rn(up));
+        }
+        const float y = gt / (1.f + expf(-gt)) * up;
+        if (bf16_out)
+          static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
+        else
+          static_cast<float*>(p.out)[off] = y;
+      } else {
+        float v = acc[r][0][m];
+        if (bias) v += __bfloat162float(bias[n]);
+        if (bf16_out) {
+          dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
+          if (p.accumulate) v += __bfloat162float(*o);
+          *o = __float2bfloat16_rn(v);
+        } else {
+          float* o = static_cast<float*>(p.out) + off;
+          if (p.accumulate) v += *o;
+          *o = v;
+        }
+      }
+    }
+}
+
+template <int M, int R, int U, int NW>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(OwnGroup G) {
+  const unsigned b = blockIdx.x;
+  if (G.n > 2 && b >= G.first_block[2])
+    gemv_block<M, R, U, NW>(G.part[2], b - G.first_block[2]);
+  else if (G.n > 1 && b >= G.first_block[1])
+    gemv_block<M, R, U, NW>(G.part[1], b - G.first_block[1]);
+  else
+    gemv_block<M, R, U, NW>(G.part[0], b);
+}
+
 // out[m][n] += bias[n] (bf16) for fp32 outputs, whose cuBLASLt bias must be fp32.
 __global__ void bias_f32_kernel(float* out, size_t ldo, const dev::bf16* bias, size_t m, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < m * n;
@@ -206,14 +359,48 @@ uint32_t alignment_of(const void* p) {
 
 }  // namespace
 
-Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream) {
+namespace {
+
+template <typename K>
+Status launch_own(K kernel, unsigned grid, unsigned threads, cudaStream_t st, const OwnGroup& G) {
+  SPARK_CUDA_TRY(dev::launch(kernel, dim3(grid), dim3(threads), 0, st, G));
+  return Status::Ok();
+}
+
+// The streaming form's units per launch block and its kernels for m rows.
+template <int R, int U, int NW>
+Status launch_gemv(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_t st) {
+  size_t blocks = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    G.first_block[i] = static_cast<unsigned>(blocks);
+    blocks += (parts[i].n + kGemvWarps * R - 1) / (kGemvWarps * R);
+    if (blocks > 0x7fffffffu) return make_error(Errc::usage, "matmul (own kernel): n too large");
+  }
+  G.first_block[n_parts] = static_cast<unsigned>(blocks);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  switch (parts[0].m) {
+    case 1:
+      return launch_own(gemv_kernel<1, R, U, NW>, grid, kGemvWarps * 32, st, G);
+    case 2:
+      return launch_own(gemv_kernel<2, R, U, NW>, grid, kGemvWarps * 32, st, G);
+    case 3:
+      return launch_own(gemv_kernel<3, R, U, NW>, grid, kGemvWarps * 32, st, G);
+    default:
+      return launch_own(gemv_kernel<4, R, U, NW>, grid, kGemvWarps * 32, st, G);
+  }
+}
+
+}  // namespace
+
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
+                                    OwnVariant variant) {
   if (n_parts < 1 || n_parts > kMatmulMaxGroup)
     return make_error(Errc::usage, "matmul (own kernel): a group of " + std::to_string(n_parts) +
                                        " products; 1 to " + std::to_string(kMatmulMaxGroup));
   if (parts[0].m == 0) return matmul_check_args(parts[0]);
   OwnGroup G{};
   G.n = n_parts;
-  size_t blocks = 0;
+  bool swiglu = false;
   for (int i = 0; i < n_parts; ++i) {
     const MatmulArgs& a = parts[i];
     SPARK_TRY(matmul_check_args(a));
@@ -228,15 +415,64 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       return make_error(
           Errc::usage,
           "matmul (own kernel): needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
+    if (i > 0 && a.swiglu != swiglu)
+      return make_error(Errc::usage,
+                        "matmul (own kernel): a group mixes swiglu and plain products");
+    swiglu = a.swiglu;
     G.part[i] = a;
+  }
+  auto st = static_cast<cudaStream_t>(stream);
+  const size_t m = parts[0].m;
+  // Measured on the H200 (bench/kernels, "own forms"): the streaming form wins at 1 and 2
+  // rows (one row: one unit per warp and 8 steps in flight; two: two units and 4 steps), the
+  // tensor-core form from 3 rows on, where the streaming form's FMA and A reads add up. At
+  // one row, a launch whose units would take between one and two waves of resident warps
+  // (the q/k/v group's 6144 rows on 132 multiprocessors x 32 warps) takes two units per warp
+  // instead, so it ends in one wave with no tail.
+  if (variant == OwnVariant::automatic) {
+    variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
+              : m == 2 ? OwnVariant::gemv_r2_u4
+                       : OwnVariant::mma;
+    if (variant == OwnVariant::gemv_r1_u8) {
+      auto lim = cuda_device_limits(-1);
+      SPARK_TRY(lim.status());
+      size_t units = 0;
+      for (int i = 0; i < n_parts; ++i) units += parts[i].n;
+      const size_t resident = static_cast<size_t>(lim->sm_count) * kGemvResidentWarpsPerSm;
+      if (units > resident && units <= 2 * resident) variant = OwnVariant::gemv_r2_u4;
+    }
+  }
+  if (variant != OwnVariant::mma) {
+    if (m > kMatmulGemvMaxRows)
+      return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +
+                                         std::to_string(kMatmulGemvMaxRows) + " rows, not " +
+                                         std::to_string(m));
+    // swiglu: one unit is two weight rows (gate, up), so it runs the R = 1 forms.
+    switch (variant) {
+      case OwnVariant::gemv_r1_u8:
+        return swiglu ? launch_gemv<1, 8, 2>(G, parts, n_parts, st)
+                      : launch_gemv<1, 8, 1>(G, parts, n_parts, st);
+      case OwnVariant::gemv_r1_u4:
+        return swiglu ? launch_gemv<1, 4, 2>(G, parts, n_parts, st)
+                      : launch_gemv<1, 4, 1>(G, parts, n_parts, st);
+      case OwnVariant::gemv_r2_u4:
+        return swiglu ? launch_gemv<1, 4, 2>(G, parts, n_parts, st)
+                      : launch_gemv<2, 4, 1>(G, parts, n_parts, st);
+      default:
+        return swiglu ? launch_gemv<1, 8, 2>(G, parts, n_parts, st)
+                      : launch_gemv<2, 8, 1>(G, parts, n_parts, st);
+    }
+  }
+  size_t blocks = 0;
+  for (int i = 0; i < n_parts; ++i) {
     G.first_block[i] = static_cast<unsigned>(blocks);
-    blocks += (a.n + own_rows_per_block(a.swiglu) - 1) / own_rows_per_block(a.swiglu);
+    blocks += (parts[i].n + own_rows_per_block(parts[i].swiglu) - 1) /
+              own_rows_per_block(parts[i].swiglu);
     if (blocks > 0x7fffffffu) return make_error(Errc::usage, "matmul (own kernel): n too large");
   }
   G.first_block[n_parts] = static_cast<unsigned>(blocks);
-  auto st = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(blocks));
-  const size_t nt = (parts[0].m + 7) / 8;
+  const size_t nt = (m + 7) / 8;
   // Few row blocks (small n) fill the GPU only with more warps per block splitting k.
   auto lim = cuda_device_limits(-1);
   SPARK_TRY(lim.status());
@@ -372,11 +608,14 @@ Result<std::unique_ptr<Matmul>> Matmul::create(size_t workspace_bytes) {
 }
 
 MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
-  // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): the own kernel beats
-  // cuBLASLt only on the 4096 x 4096 projections at m <= 8 (12.5 us against 13.2, 3-5%);
-  // cuBLASLt reads the large weights (gate_up, down, lm_head) at 81-94% of HBM bandwidth
-  // against the own kernel's 54-59%, wins at m = 32 and on 1024 x 4096, and every prefill.
+  // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): at 1 and 2 rows the
+  // own kernel's streaming form reads every shape as fast as cuBLASLt or faster (4096 x 4096
+  // 10.7 us against 13.5, 1024 x 4096 5.0 against 7.0, gate_up/down/lm_head within 1-2%, at
+  // 85-98% of HBM), and it takes SwiGLU into its epilogue; from 3 to 8 rows its tensor-core
+  // form wins only on 4096 x 4096 (11.9 us against 12.7); cuBLASLt reads the large weights
+  // at 84-94% there, and wins at m = 32 and every prefill.
   const size_t nk = n * k;
+  if (m <= 2) return MatmulBackend::own;
   if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
   return MatmulBackend::cublaslt;
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/dtype.h"
+#include "kernels/launch.h"
 
 namespace spark::kernels {
 
@@ -46,6 +47,19 @@ struct MatmulArgs {
 /// Most products matmul_own_group_cuda_device runs in one launch.
 inline constexpr int kMatmulMaxGroup = 3;
 
+/// Most rows the own kernel's streaming path takes (one warp per output row, fp32 FMA);
+/// from kMatmulGemvMaxRows + 1 to kMatmulOwnMaxRows rows it runs on the tensor cores.
+inline constexpr size_t kMatmulGemvMaxRows = 4;
+
+/// Which form of the own kernel runs (the benchmark times them side by side; the engine
+/// uses automatic): the streaming form for m <= kMatmulGemvMaxRows, else the tensor-core
+/// form; or one of them forced (the streaming form with R output rows per warp and U
+/// 512-byte steps of each weight row in flight per lane).
+enum class OwnVariant : uint8_t { automatic, mma, gemv_r1_u8, gemv_r2_u4, gemv_r2_u8, gemv_r1_u4 };
+
+/// "auto", "mma", "gemv r1 u8", ...
+const char* own_variant_name(OwnVariant v);
+
 /// Reference product on floats, accumulated in double, result rounded to `store`.
 void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
                 const float* bias, bool accumulate, DType store);
@@ -59,12 +73,14 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream);
 
 /// Up to kMatmulMaxGroup products of the same m (the q, k and v projections of one input)
 /// with the own kernel in one launch: each block computes rows of one of them.
-Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream);
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
+                                    OwnVariant variant = OwnVariant::automatic);
 
 /// Whether products of m rows over weights of `total_nk` elements in all (a group's sum)
-/// go to one own launch rather than separate products: m <= 8 and at most 32 Mi weight
-/// elements, where the own kernel's rate on 4096 x 4096 (the bench's 60% of HBM) with one
-/// launch beats cuBLASLt's 25-55% on the 1024 x 4096 and 4096 x 4096 shapes with three.
+/// go to one own launch rather than separate products: m <= 2 (the streaming form, as fast
+/// as cuBLASLt on any weight), or m <= 8 and at most 32 Mi weight elements, where the
+/// tensor-core form with one launch beats cuBLASLt's 25-55% on the 1024 x 4096 and
+/// 4096 x 4096 shapes with three.
 bool matmul_group_prefers_own(size_t m, size_t total_nk);
 
 /// A cuBLASLt handle, its workspace and the algorithms chosen per shape, for the current
@@ -82,8 +98,8 @@ class Matmul {
   /// Runs one product on `stream` with args.backend (automatic: choose()).
   Status run(const MatmulArgs& args, void* stream);
   /// The backend automatic picks for this shape: the one measured faster on the H200
-  /// (bench/kernels): own for m <= 8 on weights of 8-16 Mi elements (4096 x 4096), else
-  /// cuBLASLt.
+  /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of 8-16 Mi
+  /// elements (4096 x 4096), else cuBLASLt.
   MatmulBackend choose(size_t m, size_t n, size_t k) const;
   /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
   const std::string& library_path() const;

@@ -40,8 +40,26 @@ Status matmul_check_args(const MatmulArgs& a) {
   return Status::Ok();
 }
 
+const char* own_variant_name(OwnVariant v) {
+  switch (v) {
+    case OwnVariant::automatic:
+      return "auto";
+    case OwnVariant::mma:
+      return "mma";
+    case OwnVariant::gemv_r1_u8:
+      return "gemv r1 u8";
+    case OwnVariant::gemv_r2_u4:
+      return "gemv r2 u4";
+    case OwnVariant::gemv_r2_u8:
+      return "gemv r2 u8";
+    case OwnVariant::gemv_r1_u4:
+      return "gemv r1 u4";
+  }
+  return "?";
+}
+
 bool matmul_group_prefers_own(size_t m, size_t total_nk) {
-  return m >= 1 && m <= 8 && total_nk <= (size_t{32} << 20);
+  return m >= 1 && (m <= 2 || (m <= 8 && total_nk <= (size_t{32} << 20)));
 }
 
 }  // namespace spark::kernels

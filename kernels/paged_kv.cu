@@ -13,6 +13,9 @@ __global__ void kv_write_kernel(C* __restrict__ kpool, C* __restrict__ vpool, si
                                 long long pool_slots, const int32_t* __restrict__ slots,
                                 size_t n_tokens, const S* __restrict__ k, size_t k_stride,
                                 const S* __restrict__ v, size_t v_stride) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   for (size_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     const int32_t slot = slots[t];
     if (slot < 0 || slot >= pool_slots) continue;
@@ -50,9 +53,10 @@ Status paged_kv_write_cuda_device(const PagedKVDevice& kv, const int32_t* slots,
       src, S,
       SPARK_DISPATCH_DTYPE(
           kv.dtype, C,
-          kv_write_kernel<S, C><<<blocks, threads, 0, st>>>(
-              static_cast<C*>(kv.k), static_cast<C*>(kv.v), row, pool_slots, slots, n_tokens,
-              static_cast<const S*>(k), k_stride, static_cast<const S*>(v), v_stride)));
+          SPARK_CUDA_TRY(dev::launch(kv_write_kernel<S, C>, dim3(blocks), dim3(threads), 0, st,
+                                     static_cast<C*>(kv.k), static_cast<C*>(kv.v), row, pool_slots,
+                                     slots, n_tokens, static_cast<const S*>(k), k_stride,
+                                     static_cast<const S*>(v), v_stride))));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -146,6 +146,9 @@ template <typename T>
 __global__ void add_rmsnorm_kernel(T* __restrict__ hidden, const T* __restrict__ delta,
                                    const T* __restrict__ w, T* __restrict__ out, size_t rows,
                                    size_t dim, float eps) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   __shared__ float scratch[33];
   for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
     T* h = hidden + row * dim;
@@ -181,6 +184,9 @@ template <typename T>
 __global__ void add_rmsnorm_held_kernel(T* __restrict__ hidden, const T* __restrict__ delta,
                                         const T* __restrict__ w, T* __restrict__ out, size_t rows,
                                         size_t dim, float eps) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   __shared__ float scratch[33];
   for (size_t row = blockIdx.x; row < rows; row += gridDim.x) {
     T* h = hidden + row * dim;
@@ -247,17 +253,19 @@ Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void* delta, const 
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>(rows, 1u << 20));
   const unsigned threads = threads_for(dim);
   if (dim <= static_cast<size_t>(kHeld) * threads)
-    SPARK_DISPATCH_DTYPE(dt, T,
-                         add_rmsnorm_held_kernel<T>
-                         <<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-                             static_cast<T*>(hidden), static_cast<const T*>(delta),
-                             static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
+    SPARK_DISPATCH_DTYPE(
+        dt, T,
+        SPARK_CUDA_TRY(dev::launch(add_rmsnorm_held_kernel<T>, dim3(blocks), dim3(threads), 0,
+                                   static_cast<cudaStream_t>(stream), static_cast<T*>(hidden),
+                                   static_cast<const T*>(delta), static_cast<const T*>(w),
+                                   static_cast<T*>(out), rows, dim, eps)));
   else
-    SPARK_DISPATCH_DTYPE(dt, T,
-                         add_rmsnorm_kernel<T>
-                         <<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-                             static_cast<T*>(hidden), static_cast<const T*>(delta),
-                             static_cast<const T*>(w), static_cast<T*>(out), rows, dim, eps));
+    SPARK_DISPATCH_DTYPE(
+        dt, T,
+        SPARK_CUDA_TRY(dev::launch(add_rmsnorm_kernel<T>, dim3(blocks), dim3(threads), 0,
+                                   static_cast<cudaStream_t>(stream), static_cast<T*>(hidden),
+                                   static_cast<const T*>(delta), static_cast<const T*>(w),
+                                   static_cast<T*>(out), rows, dim, eps)));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

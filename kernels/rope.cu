@@ -1,5 +1,7 @@
 // RoPE (rotate-half layout) on the GPU, optionally after a per-head RMSNorm (Qwen3): one
-// warp per (token, head) over the q heads and then the k heads. Each lane holds up to 8
+// warp per (token, head) over the q heads and then the k heads; optionally also the KV
+// write (the rotated k heads and then the v heads go to their cache slots), so a decode
+// layer launches one kernel for both. Each lane holds up to 8
 // rotation pairs (i, i + head_dim/2) in registers, so the norm and the rotation read and
 // write each element once.
 #include "kernels/cuda_check.cuh"
@@ -13,15 +15,35 @@ constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
 
 template <typename T>
 __global__ void rope_kernel(RopeArgs a) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   const unsigned lane = threadIdx.x & 31u;
-  const size_t heads =
-      static_cast<size_t>(a.n_heads) + (a.k ? static_cast<size_t>(a.n_kv_heads) : 0);
+  const bool write_kv = a.k_cache != nullptr;
+  const size_t rot = static_cast<size_t>(a.n_heads) + (a.k ? static_cast<size_t>(a.n_kv_heads) : 0);
+  // With the KV write, the v heads of each token follow (copies into the cache).
+  const size_t heads = rot + (write_kv ? static_cast<size_t>(a.n_kv_heads) : 0);
   const size_t jobs = a.n_tokens * heads;
   const size_t warps = size_t{gridDim.x} * (blockDim.x / 32);
   const int half = a.head_dim / 2;
+  const size_t kv_row = static_cast<size_t>(a.n_kv_heads) * static_cast<size_t>(a.head_dim);
   for (size_t job = blockIdx.x * size_t{blockDim.x / 32} + threadIdx.x / 32; job < jobs;
        job += warps) {
     const size_t t = job / heads, h = job % heads;
+    if (h >= rot) {  // a v head: into the cache as the KV write converts it
+      const int32_t slot = a.slots[t];
+      if (slot < 0 || slot >= a.cache_slots) continue;
+      const size_t vh = h - rot;
+      const T* src = static_cast<const T*>(a.v) + t * a.v_stride + vh * a.head_dim;
+      const size_t at = static_cast<size_t>(slot) * kv_row + vh * a.head_dim;
+      for (int i = static_cast<int>(lane); i < a.head_dim; i += 32) {
+        if (a.cache_dtype == DType::bf16)
+          static_cast<dev::bf16*>(a.v_cache)[at + i] = dev::from_f<dev::bf16>(dev::to_f(src[i]));
+        else
+          static_cast<float*>(a.v_cache)[at + i] = dev::to_f(src[i]);
+      }
+      continue;
+    }
     const bool is_q = h < static_cast<size_t>(a.n_heads);
     T* v = is_q ? static_cast<T*>(a.q) + t * a.q_stride + h * a.head_dim
                 : static_cast<T*>(a.k) + t * a.k_stride + (h - a.n_heads) * a.head_dim;
@@ -54,8 +76,30 @@ __global__ void rope_kernel(RopeArgs a) {
       if (i < half) {
         float s, c;
         sincosf(pos * a.inv_freq[i], &s, &c);
-        v[i] = dev::from_f<T>(x0[j] * c - x1[j] * s);
-        v[i + half] = dev::from_f<T>(x1[j] * c + x0[j] * s);
+        const T r0 = dev::from_f<T>(x0[j] * c - x1[j] * s);
+        const T r1 = dev::from_f<T>(x1[j] * c + x0[j] * s);
+        v[i] = r0;
+        v[i + half] = r1;
+        x0[j] = dev::to_f(r0), x1[j] = dev::to_f(r1);  // the stored values, for the cache
+      }
+    }
+    if (write_kv && !is_q) {  // the rotated k head, as the KV write reads it back
+      const int32_t slot = a.slots[t];
+      if (slot < 0 || slot >= a.cache_slots) continue;
+      const size_t at = static_cast<size_t>(slot) * kv_row + (h - a.n_heads) * a.head_dim;
+#pragma unroll
+      for (int j = 0; j < kMaxPairsPerLane; ++j) {
+        const int i = static_cast<int>(lane) + 32 * j;
+        if (i >= half) continue;
+        if (a.cache_dtype == DType::bf16) {
+          dev::bf16* kc = static_cast<dev::bf16*>(a.k_cache) + at;
+          kc[i] = dev::from_f<dev::bf16>(x0[j]);
+          kc[i + half] = dev::from_f<dev::bf16>(x1[j]);
+        } else {
+          float* kc = static_cast<float*>(a.k_cache) + at;
+          kc[i] = x0[j];
+          kc[i + half] = x1[j];
+        }
       }
     }
   }
@@ -66,10 +110,20 @@ __global__ void rope_kernel(RopeArgs a) {
 Status rope_cuda_device(const RopeArgs& a, void* stream) {
   SPARK_TRY(rope_check_args(a));
   if (a.n_tokens == 0) return Status::Ok();
-  const size_t jobs = a.n_tokens * static_cast<size_t>(a.n_heads + (a.k ? a.n_kv_heads : 0));
+  if (a.k_cache) {
+    if (!a.k || !a.v || !a.v_cache || !a.slots)
+      return make_error(Errc::usage, "rope with the KV write: null k, v, cache or slots");
+    const size_t kv_row = static_cast<size_t>(a.n_kv_heads) * static_cast<size_t>(a.head_dim);
+    if (a.v_stride < kv_row)
+      return make_error(Errc::usage,
+                        "rope with the KV write: v_stride less than n_kv_heads * head_dim");
+  }
+  const size_t jobs = a.n_tokens * static_cast<size_t>(a.n_heads + (a.k ? a.n_kv_heads : 0) +
+                                                       (a.k_cache ? a.n_kv_heads : 0));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((jobs + 7) / 8, 1u << 16));
   SPARK_DISPATCH_DTYPE(a.dtype, T,
-                       rope_kernel<T><<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(a));
+                       SPARK_CUDA_TRY(dev::launch(rope_kernel<T>, dim3(blocks), dim3(256), 0,
+                                                  static_cast<cudaStream_t>(stream), a)));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

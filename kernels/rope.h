@@ -40,6 +40,17 @@ struct RopeArgs {
   const void* q_norm = nullptr;        // optional per-head RMSNorm weights
   const void* k_norm = nullptr;
   float norm_eps = 1e-6f;
+  // Optional, device only: also write the rotated k rows and the v rows of each token to
+  // the paged cache at slots[t] (the KV write, in the same launch). The cache holds
+  // rows of n_kv_heads * head_dim elements of cache_dtype; a slot outside
+  // [0, cache_slots) is skipped, as paged_kv_write_cuda_device skips it.
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType cache_dtype = DType::bf16;
+  long long cache_slots = 0;
+  const int32_t* slots = nullptr;  // [n_tokens]
+  const void* v = nullptr;         // [n_tokens] rows of n_kv_heads * head_dim, stride v_stride
+  size_t v_stride = 0;
 };
 
 /// Reference of rope_cuda_device on host float arrays (same fields, host pointers): optional

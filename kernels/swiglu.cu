@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/cuda_runtime.h"
+#include "kernels/device_common.cuh"
 #include "kernels/swiglu.h"
 
 namespace spark::kernels {
@@ -28,6 +29,9 @@ __device__ __forceinline__ void store_f32(__nv_bfloat16* p, float v) {
 template <typename T>
 __global__ void swiglu_kernel(const T* __restrict__ gate_up, T* __restrict__ y, size_t rows,
                               size_t dim) {
+  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
+  dev::pdl_trigger();
+
   const size_t n = rows * dim;
   for (size_t k = blockIdx.x * size_t{blockDim.x} + threadIdx.x; k < n;
        k += size_t{gridDim.x} * blockDim.x) {
@@ -46,7 +50,8 @@ Status launch(const T* gate_up, T* y, size_t rows, size_t dim, cudaStream_t stre
   const size_t n = rows * dim;
   const unsigned blocks =
       static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 1u << 20));
-  swiglu_kernel<T><<<blocks, kThreads, 0, stream>>>(gate_up, y, rows, dim);
+  SPARK_CUDA_TRY(dev::launch(swiglu_kernel<T>, dim3(blocks), dim3(kThreads), 0, stream, gate_up, y,
+                             rows, dim));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

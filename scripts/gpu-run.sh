@@ -29,9 +29,10 @@
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
-# "libraries version hw gpu-kernels unit"; also "sparkd-gpu" (sparkctl start of a one-node
-# ring on this GPU, both weights placements), "gpu-engine" (the engine's CUDA tests),
-# "memcheck" (the GPU kernel tests under
+# "libraries version hw gpu-kernels unit"; GPU_KERNELS_FILTER narrows gpu-kernels' doctest
+# filter, KERNEL_BENCH_ARGS passes e.g. "--only forms,attention" to kernel-bench; also
+# "sparkd-gpu" (sparkctl start of a one-node ring on this GPU, both weights placements),
+# "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
@@ -246,9 +247,9 @@ device() {
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*'
+    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*}"
   [[ $want == *" kernel-bench "* ]] &&
-    step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json"
+    step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json" ${KERNEL_BENCH_ARGS:-}
   # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned
   # accesses, leaks); the 32k-token cases are left out there (SPARK_TEST_NO_LARGE).
   if [[ $want == *" memcheck "* ]]; then

@@ -5,13 +5,15 @@
 // CUDA graph of many launches (launch gaps hidden) over inputs rotated among enough copies
 // to exceed the L2 cache, median of several replays. Inputs are random, never zeros.
 //
-// Usage: spark_kernel_bench [--json FILE] [--quick]
+// Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION[,SECTION...]]
+//   sections: matmul, forms, fused, layer, attention, other (default: all)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -122,16 +124,24 @@ double time_us(cudaStream_t st, int per_graph, const std::function<void(int)>& b
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
       json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+      only = std::string(",") + argv[++i] + ",";
     else {
-      std::fprintf(stderr, "usage: spark_kernel_bench [--json FILE] [--quick]\n");
+      std::fprintf(stderr,
+                   "usage: spark_kernel_bench [--json FILE] [--quick] [--only "
+                   "matmul,forms,fused,layer,attention,other]\n");
       return 2;
     }
   }
+  auto want = [&](const char* section) {
+    return only.empty() || only.find(std::string(",") + section + ",") != std::string::npos;
+  };
   ST(cuda_select_device(0));
   auto lim = cuda_device_limits(0);
   ST(lim.status());
@@ -200,6 +210,7 @@ int main(int argc, char** argv) {
              "%HBM", "TFLOP/s", "faster");
   json mjs = json::array();
   for (const auto& sh : shapes) {
+    if (!want("matmul")) break;
     const size_t wbytes = sh.n * sh.k * 2;
     // Enough weight copies to exceed the L2 (and at least 2).
     const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -256,6 +267,63 @@ int main(int argc, char** argv) {
   }
   out["matmul"] = mjs;
 
+  // ---- the own kernel's forms at decode rows: the streaming form (one warp per output row)
+  // in four register shapes and with programmatic launch, the tensor-core form, cuBLASLt.
+  if (want("forms")) {
+    const OwnVariant forms[] = {OwnVariant::mma, OwnVariant::gemv_r1_u8, OwnVariant::gemv_r1_u4,
+                                OwnVariant::gemv_r2_u4, OwnVariant::gemv_r2_u8};
+    fmt::print("\n# {:<20} {:>3} | {:>9} |", "own forms (us)", "m", "cublasLt");
+    for (auto f : forms) fmt::print(" {:>10}", own_variant_name(f));
+    fmt::print(" | {:>10} | {:>6} {:>6}\n", "auto+pdl", "best", "%HBM");
+    json gjs = json::array();
+    for (const auto& sh : shapes) {
+      const size_t wbytes = sh.n * sh.k * 2;
+      const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
+      std::vector<void*> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(sh.n * sh.k, 30 + c, 0.05f));
+      for (size_t m : {size_t{1}, size_t{2}, size_t{4}}) {
+        void* a = random_bf16(m * sh.k, 95);
+        void* o = dalloc(m * sh.n * 2);
+        MatmulArgs args;
+        args.a = a, args.lda = sh.k, args.ldw = sh.k, args.out = o, args.ldo = sh.n, args.m = m,
+        args.n = sh.n, args.k = sh.k;
+        auto run_form = [&](OwnVariant f, bool pdl) {
+          set_programmatic_launch(pdl);
+          const double t = time_us(st, 20, [&](int i) {
+            args.w = ws[static_cast<size_t>(i) % ws.size()];
+            ST(matmul_own_group_cuda_device(&args, 1, st, f));
+          });
+          set_programmatic_launch(false);
+          return t;
+        };
+        args.backend = MatmulBackend::cublaslt;
+        const double tl = time_us(st, 20, [&](int i) {
+          args.w = ws[static_cast<size_t>(i) % ws.size()];
+          ST((*mm)->run(args, st));
+        });
+        json j = {{"shape", sh.name}, {"n", sh.n}, {"k", sh.k}, {"m", m}, {"cublaslt_us", tl}};
+        fmt::print("{:<22} {:>3} | {:>9.1f} |", sh.name, m, tl);
+        double best = tl;
+        for (auto f : forms) {
+          const double t = run_form(f, false);
+          best = std::min(best, t);
+          j[own_variant_name(f)] = t;
+          fmt::print(" {:>10.1f}", t);
+        }
+        const double tp = run_form(OwnVariant::automatic, true);
+        j["auto_pdl_us"] = tp;
+        best = std::min(best, tp);
+        const double gbs = static_cast<double>(wbytes) / best / 1e3;
+        fmt::print(" | {:>10.1f} | {:>6.1f} {:>5.0f}%\n", tp, best, 100 * gbs / read_gbs);
+        gjs.push_back(j);
+        CK(cudaFree(a));
+        CK(cudaFree(o));
+      }
+      for (void* p : ws) CK(cudaFree(p));
+    }
+    out["own_forms"] = gjs;
+  }
+
   // ---- fused decode launches: the engine's choice against what it replaces ----
   // q/k/v: one own launch over the three weights (4096 + 2 x 1024 rows) against the three
   // products as Matmul::run picks them. gate/up + SwiGLU: the own kernel with SwiGLU in its
@@ -264,6 +332,7 @@ int main(int argc, char** argv) {
   fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)", "fused us",
              "GB/s", "%HBM", "split us", "GB/s", "%HBM");
   for (size_t m : {size_t{1}, size_t{8}}) {
+    if (!want("fused")) break;
     const size_t k = 4096, nq = 4096, nkv = 1024;
     const size_t wbytes = (nq + 2 * nkv) * k * 2;
     const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -311,6 +380,7 @@ int main(int argc, char** argv) {
   } gates[] = {{"gate_up+swiglu 28672x4096", 14336, 4096}, {"gate_up+swiglu 9728x896", 4864, 896}};
   for (const auto& gsh : gates)
     for (size_t m : {size_t{1}, size_t{8}}) {
+      if (!want("fused")) break;
       const size_t k = gsh.k, inter = gsh.inter;
       const size_t wbytes = 2 * inter * k * 2;
       const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -348,6 +418,138 @@ int main(int argc, char** argv) {
       for (void* q : {a, gu, y}) CK(cudaFree(q));
     }
   out["fused"] = fjs;
+
+  // ---- one decode layer of Llama-3-8B at batch 1, as the engine runs it ----
+  // The layer's kernels in the engine's order (norm, q/k/v, RoPE with the KV write, attention at a
+  // context of 256 under a graph sized for 33792, o, norm, gate/up + SwiGLU, down), each
+  // timed alone, then the chain of 32 layers in one graph without and with programmatic
+  // launch: chain - sum is what the boundaries between kernels cost.
+  if (want("layer")) {
+    const size_t H = 4096, NQ = 4096, NKV = 1024, I = 14336;
+    const int ctx = 256, bound = 33792, lbs = 16;
+    const int nlayers = 32;
+    // Two copies of the layer's weights, alternated, so no layer finds the last one's in L2.
+    struct Wt {
+      void *wq, *wk, *wv, *wo, *wgu, *wd, *n1, *n2;
+    };
+    std::vector<Wt> wts;
+    for (int c = 0; c < 2; ++c)
+      wts.push_back({random_bf16(NQ * H, 200 + c, 0.02f), random_bf16(NKV * H, 210 + c, 0.02f),
+                     random_bf16(NKV * H, 220 + c, 0.02f), random_bf16(H * NQ, 230 + c, 0.02f),
+                     random_bf16(2 * I * H, 240 + c, 0.02f), random_bf16(H * I, 250 + c, 0.02f),
+                     random_bf16(H, 260 + c), random_bf16(H, 270 + c)});
+    void *x = random_bf16(H, 300), *o = random_bf16(H, 301), *h = dalloc(H * 2),
+         *q = dalloc(NQ * 2), *k = dalloc(NKV * 2), *v = dalloc(NKV * 2), *att = dalloc(NQ * 2),
+         *act = dalloc(I * 2);
+    const int blocks_per = (bound + lbs - 1) / lbs;
+    const size_t kvrow = NKV;
+    void *kp = random_bf16(static_cast<size_t>(blocks_per) * lbs * kvrow, 310),
+         *vp = random_bf16(static_cast<size_t>(blocks_per) * lbs * kvrow, 311);
+    std::vector<int32_t> table(static_cast<size_t>(blocks_per));
+    for (int i = 0; i < blocks_per; ++i) table[static_cast<size_t>(i)] = i;
+    const int32_t len = ctx, qs[2] = {0, 1}, slot = ctx - 1, pos = ctx - 1;
+    void *dt = dalloc(table.size() * 4), *dl = dalloc(4), *dq = dalloc(8), *ds = dalloc(4),
+         *dp = dalloc(4), *di = dalloc(64 * 4);
+    std::vector<float> inv(64);
+    for (int i = 0; i < 64; ++i) inv[static_cast<size_t>(i)] = std::pow(500000.f, -i / 64.f);
+    CK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dl, &len, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dq, qs, 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ds, &slot, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dp, &pos, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(di, inv.data(), 64 * 4, cudaMemcpyHostToDevice));
+    PagedKVDevice kvd;
+    kvd.k = kp, kvd.v = vp, kvd.dtype = DType::bf16, kvd.block_size = lbs, kvd.n_kv_heads = 8,
+    kvd.head_dim = 128, kvd.num_blocks = blocks_per;
+    AttentionBatch b;
+    b.q = q, b.q_stride = NQ, b.out = att, b.out_stride = NQ, b.n_heads = 32, b.kv = kvd;
+    b.block_tables = static_cast<int32_t*>(dt), b.max_blocks_per_seq = blocks_per;
+    b.seq_lens = static_cast<int32_t*>(dl), b.query_start = static_cast<int32_t*>(dq);
+    b.n_seqs = 1, b.n_tokens = 1, b.max_query_len = 1, b.max_seq_len = bound;
+    b.scale = 0.0883883f;
+    b.workspace_bytes = attention_decode_workspace_bytes(1, 32, 128, bound);
+    void* aws = dalloc(b.workspace_bytes);
+    CK(cudaMemset(aws, 0, b.workspace_bytes));
+    b.workspace = aws;
+    RopeArgs ra;
+    ra.q = q, ra.q_stride = NQ, ra.n_heads = 32, ra.k = k, ra.k_stride = NKV, ra.n_kv_heads = 8,
+    ra.head_dim = 128, ra.n_tokens = 1, ra.positions = static_cast<int32_t*>(dp),
+    ra.inv_freq = static_cast<float*>(di);
+    auto prod = [&](const void* in, size_t in_dim, const void* w, void* out_, size_t n) {
+      MatmulArgs m;
+      m.a = in, m.lda = in_dim, m.w = w, m.ldw = in_dim, m.out = out_, m.ldo = n, m.m = 1, m.n = n,
+      m.k = in_dim;
+      return m;
+    };
+    using Step = std::function<void(const Wt&)>;
+    std::vector<std::pair<const char*, Step>> steps = {
+        {"add_rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, o, w.n1, h, 1, H, 1e-5f, st));
+         }},
+        {"q/k/v",
+         [&](const Wt& w) {
+           MatmulArgs g[3] = {prod(h, H, w.wq, q, NQ), prod(h, H, w.wk, k, NKV),
+                              prod(h, H, w.wv, v, NKV)};
+           ST(matmul_own_group_cuda_device(g, 3, st));
+         }},
+        {"rope + kv write",
+         [&](const Wt&) {
+           RopeArgs r = ra;
+           r.k_cache = kp, r.v_cache = vp, r.cache_dtype = DType::bf16;
+           r.cache_slots = static_cast<long long>(blocks_per) * lbs;
+           r.slots = static_cast<int32_t*>(ds), r.v = v, r.v_stride = NKV;
+           ST(rope_cuda_device(r, st));
+         }},
+        {"attention", [&](const Wt&) { ST(attention_decode_cuda_device(b, st)); }},
+        {"o", [&](const Wt& w) { ST((*mm)->run(prod(att, NQ, w.wo, o, H), st)); }},
+        {"add_rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, o, w.n2, h, 1, H, 1e-5f, st));
+         }},
+        {"gate/up+swiglu",
+         [&](const Wt& w) {
+           MatmulArgs m = prod(h, H, w.wgu, act, I);
+           m.swiglu = true;
+           ST((*mm)->run(m, st));
+         }},
+        {"down", [&](const Wt& w) { ST((*mm)->run(prod(act, I, w.wd, o, H), st)); }},
+    };
+    const double bytes_layer =
+        2.0 * (NQ * H + 2 * NKV * H + H * NQ + 2 * I * H + H * I) + 2.0 * 2 * ctx * kvrow * 2;
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "decode layer (batch 1)", "us", "GB/s", "%HBM");
+    json ljs = json::object();
+    double sum = 0;
+    json kj = json::array();
+    for (auto& step : steps) {
+      const Step& fn = step.second;
+      const double t = time_us(st, 32, [&](int i) { fn(wts[static_cast<size_t>(i) % 2]); });
+      sum += t;
+      fmt::print("{:<34} {:>10.1f}\n", step.first, t);
+      kj.push_back({{"kernel", step.first}, {"us", t}});
+    }
+    ljs["kernels"] = kj;
+    ljs["sum_us"] = sum;
+    for (bool pdl : {false, true}) {
+      set_programmatic_launch(pdl);
+      const double t = time_us(st, 1, [&](int) {
+        for (int l = 0; l < nlayers; ++l)
+          for (auto& step : steps) step.second(wts[static_cast<size_t>(l) % 2]);
+      });
+      set_programmatic_launch(false);
+      const double per = t / nlayers;
+      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%   (sum of the kernels alone {:.1f})\n",
+                 fmt::format("chain of {} layers{}, per layer", nlayers, pdl ? " + pdl" : ""), per,
+                 bytes_layer / per / 1e3, 100 * bytes_layer / per / 1e3 / read_gbs, sum);
+      ljs[pdl ? "chain_pdl_us_per_layer" : "chain_us_per_layer"] = per;
+    }
+    ljs["bytes_per_layer"] = bytes_layer;
+    out["layer"] = ljs;
+    for (auto& w : wts)
+      for (void* p : {w.wq, w.wk, w.wv, w.wo, w.wgu, w.wd, w.n1, w.n2}) CK(cudaFree(p));
+    for (void* p : {x, o, h, q, k, v, att, act, kp, vp, dt, dl, dq, ds, dp, di, aws})
+      CK(cudaFree(p));
+  }
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();
@@ -443,91 +645,96 @@ int main(int argc, char** argv) {
   const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
                                   {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
   for (const auto& d : decode_shapes) {
+    if (!want("attention")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 1);
     attention(true, d[0], d[1], 1, true, d[2]);
   }
-  attention(false, 1, 1024, 1024);
-  attention(false, 1, 8192, 8192);
-  if (!quick) attention(false, 1, 32768, 32768);
+  if (want("attention")) {
+    attention(false, 1, 1024, 1024);
+    attention(false, 1, 8192, 8192);
+    if (!quick) attention(false, 1, 32768, 32768);
+  }
   out["attention"] = ajs;
 
   // ---- norms, RoPE, sampler ----
   json ojs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
-  for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
-    const size_t dim = 4096;
-    void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),
-         *w = random_bf16(dim, 22), *y = dalloc(rows * dim * 2);
-    const double t = time_us(st, 50, [&](int) {
-      ST(add_rmsnorm_cuda_device(DType::bf16, h, d, w, y, rows, dim, 1e-5f, st));
-    });
-    const double bytes = 4.0 * rows * dim * 2;  // read h, d; write h, y
-    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n",
-               fmt::format("add_rmsnorm {}x{}", rows, dim), t, bytes / t / 1e3,
-               100 * bytes / t / 1e3 / read_gbs);
-    ojs.push_back({{"kernel", "add_rmsnorm"},
-                   {"rows", rows},
-                   {"dim", dim},
-                   {"us", t},
-                   {"GBps", bytes / t / 1e3}});
-    for (void* p : {h, d, w, y}) CK(cudaFree(p));
-  }
-  for (size_t T : {size_t{1}, size_t{32}, size_t{8192}}) {
-    const size_t stride = (32 + 16) * 128;
-    void* qkv = random_bf16(T * stride, 30);
-    std::vector<int32_t> pos(T);
-    for (size_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(i * 3);
-    auto inv = rope_inv_freq(128, 500000.0, {});
-    void *dp = dalloc(T * 4), *di = dalloc(inv.size() * 4);
-    CK(cudaMemcpy(dp, pos.data(), T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(di, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
-    RopeArgs a;
-    a.q = qkv, a.q_stride = stride, a.n_heads = 32, a.k = static_cast<char*>(qkv) + 32 * 128 * 2,
-    a.k_stride = stride;
-    a.n_kv_heads = 8, a.head_dim = 128, a.n_tokens = T, a.positions = static_cast<int32_t*>(dp),
-    a.inv_freq = static_cast<float*>(di);
-    const double t = time_us(st, 50, [&](int) { ST(rope_cuda_device(a, st)); });
-    const double bytes = 2.0 * T * 40 * 128 * 2;
-    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n", fmt::format("rope q+k {} tokens", T), t,
-               bytes / t / 1e3, 100 * bytes / t / 1e3 / read_gbs);
-    ojs.push_back({{"kernel", "rope"}, {"tokens", T}, {"us", t}, {"GBps", bytes / t / 1e3}});
-    for (void* p : {qkv, dp, di}) CK(cudaFree(p));
-  }
-  for (int rows : {1, 32}) {
-    const int V = 128256;
-    void* logits = dalloc(static_cast<size_t>(rows) * V * 4);
-    std::vector<float> hl(static_cast<size_t>(rows) * V);
-    std::mt19937 rng(3);
-    std::normal_distribution<float> nd(0, 3);
-    for (auto& f : hl) f = nd(rng);
-    CK(cudaMemcpy(logits, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
-    for (int mode = 0; mode < 3; ++mode) {
-      std::vector<SampleParams> ps(static_cast<size_t>(rows));
-      for (auto& p : ps) {
-        p.seed = 1;
-        if (mode == 0) p.temperature = 0;
-        if (mode == 2) p.top_p = 0.9f, p.top_k = 50, p.logprobs = 1, p.top_logprobs = 5;
-      }
-      void *dp = dalloc(ps.size() * sizeof(SampleParams)),
-           *dr = dalloc(ps.size() * sizeof(SampleResult));
-      CK(cudaMemcpy(dp, ps.data(), ps.size() * sizeof(SampleParams), cudaMemcpyHostToDevice));
-      void* ws = dalloc(sample_workspace_bytes(rows, V));
-      SampleBatch b;
-      b.logits = logits, b.logits_stride = V, b.vocab = V, b.rows = rows,
-      b.params = static_cast<SampleParams*>(dp);
-      b.results = static_cast<SampleResult*>(dr), b.workspace = ws,
-      b.workspace_bytes = sample_workspace_bytes(rows, V);
-      b.update_state = false;
-      const double t = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st)); });
-      const char* what[] = {"greedy", "temperature 1", "top-k 50 top-p 0.9 logprobs top-5"};
-      fmt::print("{:<34} {:>10.1f} {:>10} {:>8}\n",
-                 fmt::format("sampler {} rows: {}", rows, what[mode]), t, "-", "-");
-      ojs.push_back(
-          {{"kernel", "sampler"}, {"rows", rows}, {"vocab", V}, {"mode", what[mode]}, {"us", t}});
-      for (void* p : {dp, dr, ws}) CK(cudaFree(p));
+  if (want("other")) {
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
+    for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
+      const size_t dim = 4096;
+      void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),
+           *w = random_bf16(dim, 22), *y = dalloc(rows * dim * 2);
+      const double t = time_us(st, 50, [&](int) {
+        ST(add_rmsnorm_cuda_device(DType::bf16, h, d, w, y, rows, dim, 1e-5f, st));
+      });
+      const double bytes = 4.0 * rows * dim * 2;  // read h, d; write h, y
+      fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n",
+                 fmt::format("add_rmsnorm {}x{}", rows, dim), t, bytes / t / 1e3,
+                 100 * bytes / t / 1e3 / read_gbs);
+      ojs.push_back({{"kernel", "add_rmsnorm"},
+                     {"rows", rows},
+                     {"dim", dim},
+                     {"us", t},
+                     {"GBps", bytes / t / 1e3}});
+      for (void* p : {h, d, w, y}) CK(cudaFree(p));
     }
-    CK(cudaFree(logits));
+    for (size_t T : {size_t{1}, size_t{32}, size_t{8192}}) {
+      const size_t stride = (32 + 16) * 128;
+      void* qkv = random_bf16(T * stride, 30);
+      std::vector<int32_t> pos(T);
+      for (size_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(i * 3);
+      auto inv = rope_inv_freq(128, 500000.0, {});
+      void *dp = dalloc(T * 4), *di = dalloc(inv.size() * 4);
+      CK(cudaMemcpy(dp, pos.data(), T * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(di, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+      RopeArgs a;
+      a.q = qkv, a.q_stride = stride, a.n_heads = 32, a.k = static_cast<char*>(qkv) + 32 * 128 * 2,
+      a.k_stride = stride;
+      a.n_kv_heads = 8, a.head_dim = 128, a.n_tokens = T, a.positions = static_cast<int32_t*>(dp),
+      a.inv_freq = static_cast<float*>(di);
+      const double t = time_us(st, 50, [&](int) { ST(rope_cuda_device(a, st)); });
+      const double bytes = 2.0 * T * 40 * 128 * 2;
+      fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n", fmt::format("rope q+k {} tokens", T), t,
+                 bytes / t / 1e3, 100 * bytes / t / 1e3 / read_gbs);
+      ojs.push_back({{"kernel", "rope"}, {"tokens", T}, {"us", t}, {"GBps", bytes / t / 1e3}});
+      for (void* p : {qkv, dp, di}) CK(cudaFree(p));
+    }
+    for (int rows : {1, 32}) {
+      const int V = 128256;
+      void* logits = dalloc(static_cast<size_t>(rows) * V * 4);
+      std::vector<float> hl(static_cast<size_t>(rows) * V);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd(0, 3);
+      for (auto& f : hl) f = nd(rng);
+      CK(cudaMemcpy(logits, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<SampleParams> ps(static_cast<size_t>(rows));
+        for (auto& p : ps) {
+          p.seed = 1;
+          if (mode == 0) p.temperature = 0;
+          if (mode == 2) p.top_p = 0.9f, p.top_k = 50, p.logprobs = 1, p.top_logprobs = 5;
+        }
+        void *dp = dalloc(ps.size() * sizeof(SampleParams)),
+             *dr = dalloc(ps.size() * sizeof(SampleResult));
+        CK(cudaMemcpy(dp, ps.data(), ps.size() * sizeof(SampleParams), cudaMemcpyHostToDevice));
+        void* ws = dalloc(sample_workspace_bytes(rows, V));
+        SampleBatch b;
+        b.logits = logits, b.logits_stride = V, b.vocab = V, b.rows = rows,
+        b.params = static_cast<SampleParams*>(dp);
+        b.results = static_cast<SampleResult*>(dr), b.workspace = ws,
+        b.workspace_bytes = sample_workspace_bytes(rows, V);
+        b.update_state = false;
+        const double t = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st)); });
+        const char* what[] = {"greedy", "temperature 1", "top-k 50 top-p 0.9 logprobs top-5"};
+        fmt::print("{:<34} {:>10.1f} {:>10} {:>8}\n",
+                   fmt::format("sampler {} rows: {}", rows, what[mode]), t, "-", "-");
+        ojs.push_back(
+            {{"kernel", "sampler"}, {"rows", rows}, {"vocab", V}, {"mode", what[mode]}, {"us", t}});
+        for (void* p : {dp, dr, ws}) CK(cudaFree(p));
+      }
+      CK(cudaFree(logits));
+    }
   }
   out["other"] = ojs;
   if (!json_path.empty()) {

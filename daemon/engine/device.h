@@ -188,6 +188,15 @@ class Device {
                          float eps) = 0;
   /// Writes the step's k/v rows ([tokens][kv_heads][head_dim]) into the cache.
   virtual Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) = 0;
+  /// rope_qk, then kv_write of the rotated k and of v: what a layer does before attention,
+  /// in one pass where the device can fuse the two.
+  virtual Status rope_kv_write(const Buffer& q, const Buffer& k, const Buffer& v, int heads,
+                               int kv_heads, int head_dim, const Buffer& inv_freq,
+                               const Buffer& q_norm, const Buffer& k_norm, float eps,
+                               const KVLayerView& kv) {
+    SPARK_TRY(rope_qk(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps));
+    return kv_write(kv, k, v);
+  }
   /// Causal attention of each chunk's q rows over its cache ([tokens][heads][head_dim]);
   /// window 0 = unlimited.
   virtual Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 #include "core/log.h"
 #include "daemon/engine/collective.h"
@@ -104,6 +105,10 @@ class CudaDevice final : public Device {
     auto mm = kernels::Matmul::create();
     if (!mm) return mm.error();
     d->mm_ = std::move(*mm);
+    // Programmatic dependent launch needs sm_90; SPARK_CUDA_PDL=0 turns it off (to measure
+    // what it saves, or to rule it out).
+    const char* pdl = std::getenv("SPARK_CUDA_PDL");
+    d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
     return std::shared_ptr<Device>(d);
   }
 
@@ -191,6 +196,7 @@ class CudaDevice final : public Device {
   }
 
   Status upload(const Buffer& dst, const void* src, DType src_type) override {
+    kernels::set_programmatic_launch(false);  // until the next step: dst may be a weight
     const size_t n = dst.numel();
     if (n == 0) return Status::Ok();
     const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
@@ -279,6 +285,7 @@ class CudaDevice final : public Device {
   }
 
   Status begin_step(const StepLayout& st) override {
+    kernels::set_programmatic_launch(pdl_);
     step_ = st;
     const size_t T = static_cast<size_t>(st.tokens_n()), C = static_cast<size_t>(st.chunks_n()),
                  W = static_cast<size_t>(st.table_width);
@@ -389,9 +396,9 @@ class CudaDevice final : public Device {
     return kernels::matmul_own_cuda_device(a, stream_);
   }
 
-  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
-                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
-                 float eps) override {
+  kernels::RopeArgs rope_args(const Buffer& q, const Buffer& k, int heads, int kv_heads,
+                              int head_dim, const Buffer& inv_freq, const Buffer& q_norm,
+                              const Buffer& k_norm, float eps) {
     kernels::RopeArgs r;
     r.dtype = kernels::DType::bf16;
     r.q = q.data();
@@ -407,6 +414,28 @@ class CudaDevice final : public Device {
     r.q_norm = q_norm.empty() ? nullptr : q_norm.data();
     r.k_norm = k_norm.empty() ? nullptr : k_norm.data();
     r.norm_eps = eps;
+    return r;
+  }
+
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    return kernels::rope_cuda_device(
+        rope_args(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps), stream_);
+  }
+
+  Status rope_kv_write(const Buffer& q, const Buffer& k, const Buffer& v, int heads, int kv_heads,
+                       int head_dim, const Buffer& inv_freq, const Buffer& q_norm,
+                       const Buffer& k_norm, float eps, const KVLayerView& kv) override {
+    kernels::RopeArgs r = rope_args(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps);
+    const kernels::PagedKVDevice p = paged(kv);
+    r.k_cache = p.k;
+    r.v_cache = p.v;
+    r.cache_dtype = p.dtype;
+    r.cache_slots = static_cast<long long>(p.num_blocks) * p.block_size;
+    r.slots = dev_i32(meta_.slots);
+    r.v = v.data();
+    r.v_stride = static_cast<size_t>(kv_heads) * static_cast<size_t>(head_dim);
     return kernels::rope_cuda_device(r, stream_);
   }
 
@@ -662,6 +691,7 @@ class CudaDevice final : public Device {
   std::vector<std::weak_ptr<MappedArena>> arenas_;  // host-mapped weights, for host_address
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
+  bool pdl_ = false;  // programmatic dependent launch for the step's kernels
   StepLayout step_;
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_, attn_ws_, convert_;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -268,6 +269,88 @@ TEST_CASE("gpu rope: default, linear and llama3 scaling, fused per-head q/k norm
       CHECK(outside(got, ref, bound, &err) == 0);  // v (untouched) must match too
       MESSAGE("rope " << std::string(dtype_name(t)) << " hd " << c.hd << " max err " << err);
     }
+}
+
+TEST_CASE("gpu rope with the KV write: bit for bit what rope and then the KV write give") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("rope_kv"));
+  struct Case {
+    int nh, nkv, hd;
+    size_t T;
+    bool norm;
+  } cases[] = {{32, 8, 128, 1, false}, {28, 4, 128, 3, true}, {4, 2, 16, 5, false},
+               {8, 8, 64, 33, true},   {2, 1, 256, 2, false}, {3, 1, 512, 2, true}};
+  for (auto t : kTypes)
+    for (auto ct : kTypes)
+      for (const auto& c : cases) {
+        CAPTURE(std::string(dtype_name(t)));
+        CAPTURE(std::string(dtype_name(ct)));
+        CAPTURE(c.hd);
+        CAPTURE(c.T);
+        const size_t stride = static_cast<size_t>((c.nh + 2 * c.nkv) * c.hd);
+        const size_t row = static_cast<size_t>(c.nkv * c.hd);
+        const int slots_n = 64;
+        auto qkv = as_stored(randoms(rng, c.T * stride, -2, 2), t);
+        auto qn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+        auto kn = as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t);
+        std::vector<int32_t> pos(c.T), slot(c.T);
+        std::uniform_int_distribution<int32_t> pd(0, 32767), sd(0, slots_n - 1);
+        for (auto& p : pos) p = pd(rng);
+        std::vector<int32_t> perm(slots_n);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (size_t i = 0; i < c.T; ++i) slot[i] = perm[i % slots_n];
+        if (c.T > 2) slot[1] = -1, slot[2] = slots_n;  // skipped: outside the pool
+        auto inv = rope_inv_freq(c.hd, 500000.0, {});
+        auto dqn = to_dev(qn, t), dkn = to_dev(kn, t);
+        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
+        auto dinv = DeviceBuf<float>::from(inv);
+        auto a_qkv = to_dev(qkv, t), b_qkv = to_dev(qkv, t);
+        auto a_k = poisoned(slots_n * row, ct), a_v = poisoned(slots_n * row, ct);
+        auto b_k = poisoned(slots_n * row, ct), b_v = poisoned(slots_n * row, ct);
+        const size_t es = dtype_size(t);
+        auto args = [&](Dev& d) {
+          RopeArgs g;
+          g.dtype = t, g.q = d.get(), g.q_stride = stride, g.n_heads = c.nh;
+          g.k = static_cast<char*>(d.get()) + static_cast<size_t>(c.nh * c.hd) * es;
+          g.k_stride = stride, g.n_kv_heads = c.nkv, g.head_dim = c.hd, g.n_tokens = c.T;
+          g.positions = dpos.get(), g.inv_freq = dinv.get();
+          g.q_norm = c.norm ? dqn.get() : nullptr, g.k_norm = c.norm ? dkn.get() : nullptr;
+          return g;
+        };
+        // A: rope, then the KV write of the rotated k and of v.
+        RopeArgs ga = args(a_qkv);
+        auto s = rope_cuda_device(ga, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        PagedKVDevice kv;
+        kv.k = a_k.get(), kv.v = a_v.get(), kv.dtype = ct, kv.block_size = 16;
+        kv.n_kv_heads = c.nkv, kv.head_dim = c.hd, kv.num_blocks = slots_n / 16;
+        s = paged_kv_write_cuda_device(kv, dslot.get(), c.T, t, ga.k, stride,
+                                       static_cast<char*>(ga.k) + row * es, stride, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        // B: one launch.
+        RopeArgs gb = args(b_qkv);
+        gb.k_cache = b_k.get(), gb.v_cache = b_v.get(), gb.cache_dtype = ct;
+        gb.cache_slots = slots_n, gb.slots = dslot.get();
+        gb.v = static_cast<char*>(gb.k) + row * es, gb.v_stride = stride;
+        s = rope_cuda_device(gb, nullptr);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return x.size() == y.size() &&
+                 std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+        };
+        CHECK(same(from_dev(a_qkv), from_dev(b_qkv)));
+        CHECK(same(from_dev(a_k), from_dev(b_k)));
+        CHECK(same(from_dev(a_v), from_dev(b_v)));
+        // The written slots hold values (not the poison), the skipped ones none.
+        auto bk = from_dev(b_k);
+        size_t written = 0;
+        for (size_t i = 0; i < bk.size(); ++i) written += std::isnan(bk[i]) ? 0 : 1;
+        size_t want = 0;
+        for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? row : 0;
+        CHECK(written == want);
+      }
 }
 
 TEST_CASE("gpu head_rmsnorm and bias_add match their twins") {
@@ -780,18 +863,41 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
     size_t m, n, k;
   } shapes[] = {{1, 1, 8},       {1, 4096, 4096},  {3, 1000, 96},  {8, 1024, 4096},
                 {17, 333, 264},  {32, 4096, 1024}, {33, 128, 512}, {64, 512, 4096},
-                {1, 128256, 64}, {200, 256, 128}};
+                {1, 128256, 64}, {200, 256, 128},  {2, 77, 2056},  {4, 1031, 264},
+                {1, 129, 14336}};
+  // Every form of the own kernel at the rows it takes (the streaming form at m <= 4 in each
+  // register shape, once under programmatic launch; the tensor-core form at any m <= 32).
+  struct Form {
+    MatmulBackend be;
+    OwnVariant v;
+    bool pdl;
+  };
+  std::vector<Form> forms = {{MatmulBackend::cublaslt, OwnVariant::automatic, false},
+                             {MatmulBackend::own, OwnVariant::automatic, false},
+                             {MatmulBackend::own, OwnVariant::mma, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r1_u8, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r1_u4, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r2_u4, false},
+                             {MatmulBackend::own, OwnVariant::gemv_r2_u8, false},
+                             {MatmulBackend::own, OwnVariant::automatic, true}};
   for (auto sh : shapes)
     for (auto ot : kTypes)
-      for (auto be : {MatmulBackend::cublaslt, MatmulBackend::own})
+      for (const Form& form : forms)
         for (int mode : {0, 1, 2, 3}) {
           const bool with_bias = mode & 1, acc = mode & 2;
+          const MatmulBackend be = form.be;
           if (be == MatmulBackend::own && sh.m > kMatmulOwnMaxRows) continue;
+          const bool gemv_form = form.v != OwnVariant::automatic && form.v != OwnVariant::mma;
+          if (gemv_form && sh.m > kMatmulGemvMaxRows) continue;
+          if (be == MatmulBackend::own && form.v != OwnVariant::automatic && sh.n * sh.k > 20000000)
+            continue;  // the largest shape once per backend is enough
           CAPTURE(sh.m);
           CAPTURE(sh.n);
           CAPTURE(sh.k);
           CAPTURE(std::string(dtype_name(ot)));
           CAPTURE(std::string(matmul_backend_name(be)));
+          CAPTURE(std::string(own_variant_name(form.v)));
+          CAPTURE(form.pdl);
           CAPTURE(with_bias);
           CAPTURE(acc);
           auto a = as_stored(randoms(rng, sh.m * sh.k, -1, 1), DType::bf16);
@@ -809,7 +915,11 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           args.out = dout.get();
           args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m, args.n = sh.n, args.k = sh.k;
           args.bias = with_bias ? db.get() : nullptr, args.accumulate = acc, args.backend = be;
-          auto s = (*mm)->run(args, nullptr);
+          set_programmatic_launch(form.pdl);
+          auto s = form.v == OwnVariant::automatic
+                       ? (*mm)->run(args, nullptr)
+                       : matmul_own_group_cuda_device(&args, 1, nullptr, form.v);
+          set_programmatic_launch(false);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
           auto got = from_dev(dout);
@@ -841,11 +951,12 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           CHECK(bad == 0);
           CHECK(unwritten == 0);
         }
-  // The measured choice: own on 4096 x 4096 at decode rows, cuBLASLt elsewhere.
+  // The measured choice: own at 1-2 rows and on 4096 x 4096 up to 8, cuBLASLt elsewhere.
   CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(8, 4096, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::cublaslt);
+  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(4, 28672, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
@@ -860,11 +971,9 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
   struct Shape {
     size_t m, k;
     size_t n[3];
-  } shapes[] = {{1, 4096, {4096, 1024, 1024}},
-                {8, 512, {256, 64, 64}},
-                {3, 96, {40, 8, 8}},
-                {5, 264, {1000, 17, 333}},
-                {2, 64, {16, 16, 16}}};
+  } shapes[] = {{1, 4096, {4096, 1024, 1024}}, {8, 512, {256, 64, 64}}, {3, 96, {40, 8, 8}},
+                {5, 264, {1000, 17, 333}},     {2, 64, {16, 16, 16}},   {4, 2056, {14336, 9, 1}},
+                {1, 14336, {4096, 128, 8}}};
   for (auto sh : shapes)
     for (auto ot : kTypes)
       for (bool with_bias : {false, true}) {
@@ -903,7 +1012,13 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
           x.out_dtype = ot, x.ldo = sh.n[p], x.m = sh.m, x.n = sh.n[p], x.k = sh.k;
           x.bias = with_bias ? db[p].get() : nullptr;
         }
-        auto s = matmul_own_group_cuda_device(parts, 3, nullptr);
+        const OwnVariant form = sh.m > kMatmulGemvMaxRows ? OwnVariant::mma
+                                : with_bias               ? OwnVariant::gemv_r2_u4
+                                                          : OwnVariant::automatic;
+        CAPTURE(std::string(own_variant_name(form)));
+        set_programmatic_launch(with_bias);
+        auto s = matmul_own_group_cuda_device(parts, 3, nullptr, form);
+        set_programmatic_launch(false);
         REQUIRE_MESSAGE(s.ok(), s.message());
         REQUIRE(cuda_synchronize().ok());
         for (int p = 0; p < 3; ++p) {
@@ -933,7 +1048,7 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
         x.a = da.get(), x.lda = sh.k, x.w = dwgu.get(), x.ldw = sh.k, x.out = dy.get();
         x.out_dtype = ot, x.ldo = n, x.m = sh.m, x.n = n, x.k = sh.k, x.swiglu = true;
         x.bias = with_bias ? dbgu.get() : nullptr;
-        s = matmul_own_cuda_device(x, nullptr);
+        s = matmul_own_group_cuda_device(&x, 1, nullptr, form);
         REQUIRE_MESSAGE(s.ok(), s.message());
         REQUIRE(cuda_synchronize().ok());
         auto got = from_dev(dy);
@@ -956,7 +1071,8 @@ TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue,
   // The engine's rule for a group: own for decode rows on up to 32 Mi weight elements.
   CHECK(matmul_group_prefers_own(1, 6u << 22));
   CHECK(!matmul_group_prefers_own(9, 6u << 22));
-  CHECK(!matmul_group_prefers_own(1, 117u << 20));
+  CHECK(matmul_group_prefers_own(1, 117u << 20));
+  CHECK(!matmul_group_prefers_own(3, 117u << 20));
   MatmulArgs bad;
   CHECK(matmul_own_group_cuda_device(&bad, 4, nullptr).message().find("group of 4") !=
         std::string::npos);
