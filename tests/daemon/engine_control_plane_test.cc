@@ -448,3 +448,53 @@ TEST_CASE("control channel: a follower's wait has a deadline that names rank 0")
   // The follower's reason reaches rank 0, which names it instead of a broken pipe.
   CHECK((*ch)->reports(1000ms) == "rank 1: leaving");
 }
+
+TEST_CASE(
+    "control channel: a plan larger than the socket buffers is posted without waiting and "
+    "arrives whole, in order") {
+  auto srv = start_rendezvous_store("127.0.0.1", 0);
+  REQUIRE(srv.ok());
+  const int port = (*srv)->port();
+  std::string big(64u << 20, '\0');  // far beyond what loopback sockets buffer
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  std::vector<std::string> got;
+  std::atomic<bool> posted{false};
+  std::thread t([&] {
+    GlooOptions g;
+    g.rank = 1;
+    g.world = 2;
+    g.store_port = port;
+    g.timeout_ms = 10000;
+    auto c = GlooCollective::connect(g);
+    REQUIRE(c.ok());
+    auto ch = ControlChannel::connect(**c, 10000ms);
+    REQUIRE(ch.ok());
+    // A follower in the middle of a step reads nothing until rank 0 has moved on.
+    while (!posted) std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 2; ++i) {
+      bool arrived = false;
+      auto m = (*ch)->next(&arrived);
+      REQUIRE(m.ok());
+      got.push_back(*m);
+    }
+  });
+  GlooOptions g;
+  g.rank = 0;
+  g.world = 2;
+  g.store_port = port;
+  g.timeout_ms = 10000;
+  auto c = GlooCollective::connect(g);
+  REQUIRE(c.ok());
+  auto ch = ControlChannel::connect(**c, 10000ms);
+  REQUIRE(ch.ok());
+  REQUIRE((*ch)->post(big, false).ok());  // returns with the rest left for later
+  CHECK((*ch)->pending());
+  posted = true;
+  REQUIRE((*ch)->post("next", false).ok());  // finishes the first before the second
+  REQUIRE((*ch)->flush().ok());
+  CHECK_FALSE((*ch)->pending());
+  t.join();
+  REQUIRE(got.size() == 2);
+  CHECK(got[0] == big);
+  CHECK(got[1] == "next");
+}

@@ -76,7 +76,7 @@ struct NativeRing {
     return s + slurp(dir / (name + "-out.txt"));
   }
   Result<HttpReply> call(const std::string& method, const std::string& target,
-                                 const std::string& body = "") const {
+                         const std::string& body = "") const {
     HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(api_port);
@@ -104,7 +104,9 @@ struct NativeRing {
 
 }  // namespace
 
-TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one") {
+TEST_CASE(
+    "e2e api TP: two native sparkd ranks serve the same greedy text as one, and the same "
+    "text cut at a stop string and sampled with a seed (n=2)") {
   test::TempDir dir("api-tp");
   auto [st, out] =
       test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {}, std::chrono::seconds(60));
@@ -114,14 +116,35 @@ TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one
               {"temperature", 0},
               {"ignore_eos", true}};
   std::string one, two;
+  json stopped_one, sampled_one;
+  json sampled = req;
+  sampled["temperature"] = 0.9;
+  sampled["top_p"] = 0.9;
+  sampled["seed"] = 31;
+  sampled["n"] = 2;
+  json stop_req = req;
+  std::string stop;
+  auto post = [](const NativeRing& r, const json& body) {
+    auto a = r.call("POST", "/v1/chat/completions", body.dump());
+    REQUIRE(a.ok());
+    REQUIRE_MESSAGE(a->status == 200, a->body);
+    return json::parse(a->body);
+  };
   {
     NativeRing r(dir, "tp1", 1);
     REQUIRE_MESSAGE(r.wait_ready(60s), r.logs());
-    auto a = r.call("POST", "/v1/chat/completions", req.dump());
-    REQUIRE(a.ok());
-    REQUIRE_MESSAGE(a->status == 200, a->body);
-    one = json::parse(a->body)["choices"][0]["message"]["content"].get<std::string>();
+    one = post(r, req)["choices"][0]["message"]["content"].get<std::string>();
+    // A stop string from the middle of the greedy text: the rank 0 API layer finds it and
+    // cancels the request, which the workers learn from the next step plan.
+    REQUIRE(one.size() >= 8);
+    stop = one.substr(one.size() / 2, 2);
+    stop_req["stop"] = json::array({stop});
+    stopped_one = post(r, stop_req)["choices"][0];
+    sampled_one = post(r, sampled)["choices"];
   }
+  CAPTURE(stop);
+  CHECK(stopped_one["message"]["content"] == one.substr(0, one.find(stop)));
+  CHECK(stopped_one["finish_reason"] == "stop");
   NativeRing r(dir, "tp2", 2);
   REQUIRE_MESSAGE(r.wait_ready(90s), r.logs());
   auto h = r.health();
@@ -135,5 +158,13 @@ TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one
   two = j["choices"][0]["message"]["content"].get<std::string>();
   CHECK(j["usage"]["completion_tokens"] == 16);
   CHECK(one == two);
+  auto stopped_two = post(r, stop_req)["choices"][0];
+  CHECK(stopped_two["message"]["content"] == stopped_one["message"]["content"]);
+  CHECK(stopped_two["finish_reason"] == "stop");
+  auto sampled_two = post(r, sampled)["choices"];
+  REQUIRE(sampled_two.size() == 2);
+  CHECK(sampled_two[0]["message"]["content"] == sampled_one[0]["message"]["content"]);
+  CHECK(sampled_two[1]["message"]["content"] == sampled_one[1]["message"]["content"]);
+  CHECK(r.health()["state"] == "ready");  // the ranks stayed in step (no divergence)
   CHECK(slurp(r.log(1)).find("engine native started") != std::string::npos);
 }
