@@ -763,7 +763,14 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) 
     if (!plan)
       return leave(make_error(plan.error().code,
                               fmt::format("rank {}: {}", comm.rank(), plan.error().message)));
-    if (plan->kind == PlanKind::stop) return Status::Ok();
+    if (plan->kind == PlanKind::stop) {
+      log::info("engine",
+                "TP worker rank {}: rank 0 stopped; {} step plans ({} posted ahead, {} already "
+                "here when asked for), {} tokens drawn, {} digests checked",
+                comm.rank(), stats.plans, stats.plans_ahead, stats.plans_ready, stats.tokens,
+                stats.digests_checked);
+      return Status::Ok();
+    }
     if (plan->kind == PlanKind::heartbeat) continue;
     ++stats.plans;
     stats.plan_bytes += msg->size();
