@@ -83,7 +83,8 @@ std::string frame(const std::string& msg) {
 }  // namespace
 
 Result<std::unique_ptr<ControlChannel>> ControlChannel::connect(Collective& comm,
-                                                                std::chrono::milliseconds timeout) {
+                                                                std::chrono::milliseconds timeout,
+                                                                int socket_buffer) {
   std::unique_ptr<ControlChannel> ch(new ControlChannel());
   ch->rank_ = comm.rank();
   ch->world_ = comm.world_size();
@@ -103,6 +104,8 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::connect(Collective& comm
                                                    "address {}: {}",
                                                    host, ::gai_strerror(e)));
     lfd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd >= 0 && socket_buffer > 0)  // accepted sockets inherit it
+      ::setsockopt(lfd, SOL_SOCKET, SO_SNDBUF, &socket_buffer, sizeof(socket_buffer));
     const bool ok = lfd >= 0 && ::bind(lfd, res->ai_addr, res->ai_addrlen) == 0 &&
                     ::listen(lfd, ch->world_) == 0;
     ::freeaddrinfo(res);
@@ -180,6 +183,8 @@ Result<std::unique_ptr<ControlChannel>> ControlChannel::connect(Collective& comm
   std::string why;
   while (fd < 0) {
     fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && socket_buffer > 0)  // before connect: it sets the window
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &socket_buffer, sizeof(socket_buffer));
     if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) break;
     why = errno_text();
     if (fd >= 0) ::close(fd);
@@ -275,6 +280,7 @@ Status ControlChannel::post(const std::string& msg, bool wait) {
     out_[static_cast<size_t>(peer)] = f;
     SPARK_TRY(write_some(peer, wait));
   }
+  if (pending()) ++deferred_;
   return Status::Ok();
 }
 

@@ -27,8 +27,11 @@ class ControlChannel {
  public:
   /// Rank 0 listens and accepts world - 1 connections; the others connect. Collective (on
   /// `comm`): every rank calls it after the same collectives. `timeout` bounds every wait.
+  /// `socket_buffer` > 0: rank 0's SO_SNDBUF and the others' SO_RCVBUF (a test seam:
+  /// small, it makes a long plan's post partial).
   static Result<std::unique_ptr<ControlChannel>> connect(Collective& comm,
-                                                         std::chrono::milliseconds timeout);
+                                                         std::chrono::milliseconds timeout,
+                                                         int socket_buffer = 0);
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
@@ -42,6 +45,8 @@ class ControlChannel {
   Status flush();
   /// True when post() left bytes unwritten.
   bool pending() const;
+  /// Posts that left bytes for a later write, so far.
+  uint64_t deferred_posts() const { return deferred_; }
   /// The reports followers sent back ("rank N: ..."; "" none), reading for up to `grace`:
   /// after a failed step, the reason a follower gave for leaving.
   std::string reports(std::chrono::milliseconds grace);
@@ -66,6 +71,7 @@ class ControlChannel {
   std::vector<int> fds_;          // rank 0: per rank (-1 for itself); others: [0] to rank 0
   std::vector<std::string> out_;  // rank 0: bytes not yet written, per rank
   std::vector<size_t> sent_;      // rank 0: how much of out_ is written
+  uint64_t deferred_ = 0;
 };
 
 }  // namespace spark::engine

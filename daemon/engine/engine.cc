@@ -30,8 +30,9 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 // What rank 0 tells the workers at start: KV blocks, block size, KV type, the arguments of
-// Model::prepare (tokens, sequences, context, graphs), and the control plane's deadline.
-constexpr int kWorkerSizes = 8;
+// Model::prepare (tokens, sequences, context, graphs), the control plane's deadline and
+// socket buffers.
+constexpr int kWorkerSizes = 9;
 }  // namespace
 
 namespace step_detail {
@@ -280,10 +281,12 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
                                    opts.slots,
                                    e->max_context_,
                                    opts.cuda_graphs ? 1 : 0,
-                                   std::max(1, opts.control_timeout_ms)};
+                                   std::max(1, opts.control_timeout_ms),
+                                   opts.control_socket_buffer};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
     auto ctl = ControlChannel::connect(
-        *e->comm_, std::chrono::milliseconds(std::max(1, opts.control_timeout_ms)));
+        *e->comm_, std::chrono::milliseconds(std::max(1, opts.control_timeout_ms)),
+        opts.control_socket_buffer);
     if (!ctl) return ctl.error();
     e->ctl_ = std::move(*ctl);
   }
@@ -524,6 +527,7 @@ Status Engine::post_plan(StepPlan& plan) {
   ++stats_.plans_posted;
   if (plan.ahead) ++stats_.plans_ahead;
   stats_.plan_bytes += bytes.size();
+  stats_.plans_deferred = ctl_->deferred_posts();
   return Status::Ok();
 }
 
@@ -649,8 +653,11 @@ void Engine::loop() {
     if (stop) {
       // The followers run the step of the plan posted ahead: so does rank 0, or they would
       // wait for it in that step's collectives until their deadline.
-      if (applied && !running_.empty())
-        if (Status st = step(); !st.ok()) log::warn("engine", "last step: {}", st.message());
+      if (applied && !running_.empty()) {
+        Status st = ctl_->flush();  // the rest of a long plan, which the followers need first
+        if (st.ok()) st = step();
+        if (!st.ok()) log::warn("engine", "last step: {}", st.message());
+      }
       break;
     }
     admit();
@@ -737,7 +744,8 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) 
   KVCache& cache = **made;
   SPARK_TRY(model.prepare(static_cast<int>(sizes[3]), static_cast<int>(sizes[4]),
                           static_cast<int>(sizes[5]), static_cast<int>(sizes[1]), sizes[6] != 0));
-  auto ctl = ControlChannel::connect(comm, std::chrono::milliseconds(sizes[7]));
+  auto ctl = ControlChannel::connect(comm, std::chrono::milliseconds(sizes[7]),
+                                     static_cast<int>(sizes[8]));
   if (!ctl) return ctl.error();
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);

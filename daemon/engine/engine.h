@@ -71,6 +71,9 @@ struct EngineOptions {
   /// TP: how long a worker waits for the next plan or heartbeat, and rank 0 for a worker
   /// to take one, before it fails naming the other rank.
   int control_timeout_ms = 30000;
+  /// Test seam: the control channel's socket buffers (0: the kernel's), small to make a
+  /// long plan's write partial.
+  int control_socket_buffer = 0;
   /// KV element type: "auto" (the device's compute type: fp32 on the CPU, bf16 on CUDA),
   /// "bf16" (CUDA only) or "fp32".
   std::string kv_dtype = "auto";
@@ -138,10 +141,11 @@ struct EngineStats {
   bool failed = false;   // a step failed (e.g. a TP rank vanished); see error
   std::string error;
   // TP control plane (rank 0).
-  uint64_t plans_posted = 0;  // step plans sent to the workers
-  uint64_t plans_ahead = 0;   // of them, posted before the previous step computed
-  uint64_t plan_bytes = 0;    // their size, summed
-  uint64_t heartbeats = 0;    // heartbeats sent while idle
+  uint64_t plans_posted = 0;    // step plans sent to the workers
+  uint64_t plans_ahead = 0;     // of them, posted before the previous step computed
+  uint64_t plan_bytes = 0;      // their size, summed
+  uint64_t heartbeats = 0;      // heartbeats sent while idle
+  uint64_t plans_deferred = 0;  // plans the sockets took in part (the rest: with the next write)
 };
 
 class Engine {

@@ -498,3 +498,62 @@ TEST_CASE(
   CHECK(got[0] == big);
   CHECK(got[1] == "next");
 }
+
+TEST_CASE(
+    "engine TP control plane: a plan the sockets take only in part (16 choices of a "
+    "500-token prompt joining a running request) is finished by the next write; TP=2 gives "
+    "TP=1's tokens") {
+  test::TempDir dir;
+  REQUIRE(write_random_checkpoint(dir / "m", {tp_config(), DType::bf16, 9, 2}).ok());
+  EngineOptions o = small_options();
+  o.slots = 17;
+  o.num_blocks = 17 * 64;
+  o.max_batch_tokens = 512;
+  SamplingParams a;
+  a.temperature = 0;
+  a.max_tokens = 60;
+  a.ignore_eos = true;
+  SamplingParams b = a;
+  b.temperature = 0.7f;
+  b.seed = 5;
+  b.n = 16;
+  b.max_tokens = 4;
+  // B joins while A decodes: rank 0 posts B's 35 KB plan while the followers compute, not
+  // reading, so it goes in part.
+  auto flow = [&](Engine& e) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<int32_t>> out(17);
+    int done = 0;
+    std::function<EventCallback(int)> on = [&](int base) -> EventCallback {
+      return [&, base](const TokenEvent& ev) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (ev.token >= 0) {
+          out[static_cast<size_t>(base + ev.choice)].push_back(ev.token);
+          if (base == 0 && out[0].size() == 3) {
+            auto r = e.submit({prompt_of(500, 7, 386), b, on(1)});
+            CHECK(r.ok());
+          }
+        }
+        if (ev.request_done) {
+          ++done;
+          cv.notify_all();
+        }
+      };
+    };
+    REQUIRE(e.submit({prompt_of(5, 3, 386), a, on(0)}).ok());
+    std::unique_lock<std::mutex> lk(mu);
+    REQUIRE(cv.wait_for(lk, 60s, [&] { return done == 2; }));
+    return out;
+  };
+  std::vector<std::vector<int32_t>> want, got;
+  auto one = run_ring(dir / "m", 1, o, [&](Engine& e) { want = flow(e); });
+  REQUIRE_MESSAGE(one.errors[0].empty(), one.errors[0]);
+  o.control_socket_buffer = 4096;  // near the kernel's least: the plan cannot go in one write
+  auto two = run_ring(dir / "m", 2, o, [&](Engine& e) { got = flow(e); });
+  for (const auto& err : two.errors) CHECK_MESSAGE(err.empty(), err);
+  CHECK(got == want);
+  CHECK(two.rank0.plans_deferred > 0);  // the case under test happened
+  REQUIRE(two.workers.size() == 1);
+  CHECK(two.workers[0].plan_bytes > 16u * 500u * 4u);  // the 16 prompts travelled once each
+}
