@@ -1,14 +1,18 @@
 #pragma once
 // What the tensor-parallel control plane costs a decode step, on the CPU path: W ranks as
 // threads over Gloo on loopback, the same random checkpoint and the same steps, twice:
-//   - "engine": rank 0 runs the Engine (scheduler, host sampling, the step plan broadcast
-//     to the workers, heartbeats) and the other ranks run run_tp_worker;
+//   - "engine, plan overlapped": rank 0 runs the Engine (scheduler, sampling, the step plan
+//     posted to the workers before the step before computes) and the other ranks run
+//     run_tp_worker (each draws the tokens itself);
+//   - "engine, plan after each step": the same with EngineOptions::overlap_plan off, so the
+//     workers wait for each plan;
 //   - "lock-step" (the peer: no control plane): every rank already knows each step and
 //     calls Model::forward directly; rank 0 also takes the greedy argmax of the logits, as
 //     the engine's sampler does.
 // Decode step time = the median of every decode step's duration over all rounds (a loaded
 // machine's stalls hit single steps; the median leaves them out), with the 10th percentile.
-// The difference is what the control plane (and the scheduler's bookkeeping) add per step.
+// The difference is what the control plane (and the scheduler's bookkeeping) add per step;
+// plan_ready is rank 1's count of decode steps whose plan had already arrived.
 #include <map>
 #include <string>
 

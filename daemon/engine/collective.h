@@ -6,6 +6,7 @@
 // activations. Every call has a deadline; a failure names the rank.
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -54,6 +55,12 @@ class Collective {
   /// True when the device calls may be recorded in a CUDA graph (NCCL, one rank); false
   /// where they wait on the host (a host-staged collective), so decode steps run eagerly.
   virtual bool device_calls_capturable() const { return false; }
+  /// The host address this rank's transport listens on (where the other ranks reach it:
+  /// Gloo's bind address); "" when it has none (one rank). The control plane listens there.
+  virtual std::string address() const { return {}; }
+  /// Leaves the ring after a fatal error on this rank: drops the connections so the other
+  /// ranks' operations fail at once instead of at their deadline. No call may follow.
+  virtual void shutdown() {}
 };
 
 /// World of one: the reductions, broadcast and barrier are no-ops; all_gather_device is one
@@ -99,6 +106,8 @@ class HostStagedCollective final : public Collective {
   Status all_gather_device(const void* in, void* out, size_t count_per_rank, DType dtype,
                            void* stream) override;
   bool device_calls_capturable() const override { return false; }
+  std::string address() const override { return host_->address(); }
+  void shutdown() override { host_->shutdown(); }
 
  private:
   Status stage(size_t bytes);  // grows the page-locked buffer to `bytes`

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <random>
 
 #include "core/log.h"
 #include "core/model_plan.h"
@@ -28,59 +29,166 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 namespace {
-constexpr int32_t kPlanStop = -1;
-constexpr int32_t kPlanHeartbeat = 0;
-// What rank 0 tells the workers at start: KV blocks, block size, KV type, and the arguments
-// of Model::prepare (tokens, sequences, context, graphs).
-constexpr int kWorkerSizes = 7;
-// The step plan travels in one broadcast of kPlanInline words: the header (its length, or
-// kPlanStop / kPlanHeartbeat) and the plan itself when it fits, which covers every decode
-// step of a handful of sequences; a longer plan (prefill chunks) sends the rest in a second.
-// One message per step instead of two halves what the control plane adds to a step: the
-// workers wait for it before their first layer.
-constexpr size_t kPlanInline = 512;
-
-Status send_plan(Collective& comm, int32_t head, const std::vector<int32_t>& plan) {
-  std::array<int32_t, kPlanInline> msg{};
-  msg[0] = head;
-  const size_t first = std::min(plan.size(), kPlanInline - 1);
-  std::copy_n(plan.begin(), first, msg.begin() + 1);
-  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
-  if (plan.size() > first)
-    SPARK_TRY(comm.broadcast(const_cast<int32_t*>(plan.data()) + first,
-                             (plan.size() - first) * sizeof(int32_t), 0));
-  return Status::Ok();
-}
-
-// A worker's side of send_plan: the header, and the plan when the header is a length.
-Status recv_plan(Collective& comm, int32_t* head, std::vector<int32_t>* plan) {
-  std::array<int32_t, kPlanInline> msg{};
-  SPARK_TRY(comm.broadcast(msg.data(), sizeof(msg), 0));
-  *head = msg[0];
-  if (*head <= 0) return Status::Ok();
-  if (*head > (1 << 28))
-    return make_error(Errc::internal, fmt::format("TP worker: bad plan size {}", *head));
-  plan->resize(static_cast<size_t>(*head));
-  const size_t first = std::min(plan->size(), kPlanInline - 1);
-  std::copy_n(msg.begin() + 1, first, plan->begin());
-  if (plan->size() > first)
-    SPARK_TRY(comm.broadcast(plan->data() + first, (plan->size() - first) * sizeof(int32_t), 0));
-  return Status::Ok();
-}
+// What rank 0 tells the workers at start: KV blocks, block size, KV type, the arguments of
+// Model::prepare (tokens, sequences, context, graphs), the control plane's deadline and
+// socket buffers.
+constexpr int kWorkerSizes = 9;
 }  // namespace
 
-struct Engine::Seq {
-  RequestId req = 0;
-  int choice = 0;
+namespace step_detail {
+
+// A running sequence as every rank keeps it: what the scheduler, the forward pass and the
+// sampler need. Rank 0's Engine::Seq adds its request bookkeeping.
+struct SeqState {
+  uint64_t id = 0;              // ring-wide (the step plan's sequence id)
   std::vector<int32_t> tokens;  // prompt + generated
   int prompt_len = 0;
   int max_total = 0;  // prompt + max_tokens, capped by the context
   int computed = 0;   // tokens whose K/V are in the cache
-  int cached = 0;     // prompt tokens that came from the prefix cache
   std::vector<int32_t> blocks;
-  std::vector<uint64_t> hashes;  // chain hashes of the leading full, computed blocks
+  SamplingParams params;  // seed fixed at admission
   std::unique_ptr<Sampler> sampler;
   int generated = 0;
+};
+
+// What one step did, for the caller's bookkeeping.
+struct StepRun {
+  std::vector<SeqChunk> chunks;
+  std::vector<size_t> chunk_seq;  // index into the running list, per chunk
+  std::vector<Sample> samples;    // per chunk; token -1 where the chunk drew nothing
+  std::vector<std::pair<size_t, FinishReason>> done;  // running index, why (in chunk order)
+  uint64_t digest = 0;                                // of the step's draws
+  int draws = 0;
+  bool decode_only = true;
+};
+
+using FaultFn = std::function<void(uint64_t seq, int32_t* token)>;
+
+// One engine step over `running`, identical on every rank: the schedule, the forward pass,
+// the draws and the stop decisions (EOS, stop ids, max_tokens) follow from the running
+// list alone, so ranks that apply the same plans stay in step without sending tokens.
+//
+// Every decoding sequence (one pending token) runs each step; the rest of the budget is
+// shared max-min fairly among the prompts being prefilled (shortest remainder first, each
+// taking at most an even share of what is left), so a long prompt cannot hold a short
+// one's first token for its whole prefill, and is never starved by short ones either.
+// The budget is at least the slot count, so prefill gets a token even with every other
+// slot decoding.
+Status run_step(Model& model, KVCache& cache, Collective& comm,
+                const std::vector<SeqState*>& running, int budget, std::vector<float>* logits,
+                StepRun* out, const FaultFn& fault = {}) {
+  auto pending_of = [&](size_t i) {
+    return static_cast<int>(running[i]->tokens.size()) - running[i]->computed;
+  };
+  std::vector<int> take(running.size(), 0);
+  std::vector<size_t> prefilling;
+  for (size_t i = 0; i < running.size(); ++i) {
+    const int pending = pending_of(i);
+    if (pending == 1) {
+      take[i] = 1;
+      --budget;
+    } else if (pending > 1) {
+      prefilling.push_back(i);
+    }
+  }
+  std::stable_sort(prefilling.begin(), prefilling.end(),
+                   [&](size_t a, size_t b) { return pending_of(a) < pending_of(b); });
+  for (size_t k = 0; k < prefilling.size() && budget > 0; ++k) {
+    const int left = static_cast<int>(prefilling.size() - k);
+    const size_t i = prefilling[k];
+    take[i] = std::min(pending_of(i), (budget + left - 1) / left);
+    budget -= take[i];
+  }
+  for (size_t i = 0; i < running.size(); ++i) {
+    SeqState& s = *running[i];
+    const int n = take[i];
+    if (n <= 0) continue;
+    out->chunks.push_back(
+        {s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending_of(i)});
+    out->chunk_seq.push_back(i);
+    if (n != 1 || s.computed < s.prompt_len) out->decode_only = false;
+  }
+  if (out->chunks.empty()) return Status::Ok();
+  const auto& chunks = out->chunks;
+  // On a device that samples, draw there (one small copy back per step instead of the
+  // logits). Rows with penalties send their token lists, from which the device builds the
+  // state the host sampler keeps (prompt tokens seen, output tokens counted).
+  std::vector<kernels::SampleResult> drawn;
+  const bool on_device = model.device().samples_on_device();
+  std::vector<kernels::SampleParams> params;
+  std::vector<Device::PenaltyHistory> history;
+  if (on_device) {
+    bool penalties = false;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      if (!chunks[k].want_logits) continue;
+      const SeqState& s = *running[out->chunk_seq[k]];
+      const auto kp = s.sampler->next_params();
+      Device::PenaltyHistory h;
+      if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
+          kp.frequency_penalty != 0.0f) {
+        penalties = true;
+        h.tokens = s.tokens.data();
+        h.n = static_cast<int>(s.tokens.size());
+        h.out_start = s.prompt_len;
+      }
+      params.push_back(kp);
+      history.push_back(h);
+    }
+    if (!penalties) history.clear();
+  }
+  if (on_device)
+    SPARK_TRY(model.forward_sample(chunks, cache, comm, params, &drawn, history));
+  else
+    SPARK_TRY(model.forward(chunks, cache, comm, logits));
+
+  const auto& cfg = model.config();
+  const size_t V = static_cast<size_t>(cfg.vocab_size);
+  size_t row = 0;
+  out->samples.resize(chunks.size());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    SeqState& s = *running[out->chunk_seq[k]];
+    s.computed += chunks[k].n;
+    Sample& smp = out->samples[k];
+    smp.token = -1;
+    if (!chunks[k].want_logits) continue;
+    if (on_device) {
+      const kernels::SampleResult& d = drawn[row++];
+      smp.token = d.token;
+      if (params[row - 1].logprobs) smp.logprob = d.logprob;
+      for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+      if (fault) fault(s.id, &smp.token);
+      s.sampler->record(smp.token);
+    } else {
+      smp = s.sampler->sample(logits->data() + row++ * V);
+      if (fault) fault(s.id, &smp.token);
+    }
+    s.tokens.push_back(smp.token);
+    ++s.generated;
+    ++out->draws;
+    out->digest = fold_token_digest(out->digest, s.id, smp.token);
+    const auto& p = s.params;
+    FinishReason why = FinishReason::none;
+    const bool eos = !p.ignore_eos && std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(),
+                                                smp.token) != cfg.eos_token_ids.end();
+    if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), smp.token) !=
+                   p.stop_token_ids.end())
+      why = FinishReason::stop;
+    else if (static_cast<int>(s.tokens.size()) >= s.max_total)
+      why = FinishReason::length;
+    if (why != FinishReason::none) out->done.emplace_back(out->chunk_seq[k], why);
+  }
+  return Status::Ok();
+}
+
+}  // namespace step_detail
+
+using step_detail::SeqState;
+
+struct Engine::Seq : SeqState {
+  RequestId req = 0;  // 0 once the request was cancelled (the plan that drops it is pending)
+  int choice = 0;
+  int cached = 0;                // prompt tokens that came from the prefix cache
+  std::vector<uint64_t> hashes;  // chain hashes of the leading full, computed blocks
   std::chrono::steady_clock::time_point scheduled{};  // got its slot
 };
 
@@ -172,10 +280,21 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   if (e->comm_->world_size() > 1) {
     // The workers size their cache and step buffers as rank 0 does, and capture graphs
     // exactly when it does (the collectives inside must match step for step).
-    int64_t sizes[kWorkerSizes] = {
-        opts.num_blocks, opts.block_size, static_cast<int64_t>(kv_type), prep_tokens,
-        opts.slots,      e->max_context_, opts.cuda_graphs ? 1 : 0};
+    int64_t sizes[kWorkerSizes] = {opts.num_blocks,
+                                   opts.block_size,
+                                   static_cast<int64_t>(kv_type),
+                                   prep_tokens,
+                                   opts.slots,
+                                   e->max_context_,
+                                   opts.cuda_graphs ? 1 : 0,
+                                   std::max(1, opts.control_timeout_ms),
+                                   opts.control_socket_buffer};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
+    auto ctl = ControlChannel::connect(
+        *e->comm_, std::chrono::milliseconds(std::max(1, opts.control_timeout_ms)),
+        opts.control_socket_buffer);
+    if (!ctl) return ctl.error();
+    e->ctl_ = std::move(*ctl);
   }
   e->stats_.slots = opts.slots;
   e->stats_.device = e->model_->device().info().name;
@@ -302,10 +421,23 @@ void Engine::cancel_req(RequestId id, FinishReason why, const std::string& error
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return;
   Req& r = *it->second;
+  // A running sequence leaves every rank at the same step: alone, at once; in a ring, with
+  // the next plan (until then it runs on, its events no longer emitted).
+  const bool tp = comm_->world_size() > 1;
   for (size_t i = running_.size(); i-- > 0;)
     if (running_[i]->req == id) {
-      blocks_->release(running_[i]->blocks);
-      running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+      if (tp) {
+        cancelled_.push_back(running_[i]->id);
+        running_[i]->req = 0;
+      } else {
+        blocks_->release(running_[i]->blocks);
+        running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+      }
+    }
+  for (size_t i = admitted_.size(); i-- > 0;)  // admitted, not yet in a plan: never ran
+    if (admitted_[i]->req == id) {
+      blocks_->release(admitted_[i]->blocks);
+      admitted_.erase(admitted_.begin() + static_cast<ptrdiff_t>(i));
     }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   TokenEvent ev;
@@ -319,9 +451,10 @@ void Engine::cancel_req(RequestId id, FinishReason why, const std::string& error
 
 void Engine::admit() {
   const int bs = opts_.block_size;
-  while (static_cast<int>(running_.size()) < opts_.slots && !waiting_.empty()) {
+  while (static_cast<int>(running_.size() + admitted_.size()) < opts_.slots && !waiting_.empty()) {
     Req& r = *reqs_.at(waiting_.front());
     auto s = std::make_unique<Seq>();
+    s->id = next_seq_++;
     s->req = r.id;
     s->choice = r.admitted;
     s->tokens = r.r.prompt;
@@ -343,110 +476,94 @@ void Engine::admit() {
     }
     s->computed = s->cached = matched * bs;
     s->scheduled = std::chrono::steady_clock::now();
-    s->sampler = std::make_unique<Sampler>(r.r.params, model_->config().vocab_size, r.r.prompt,
+    // Without a seed, a fresh one per sequence, fixed here so that every rank draws alike.
+    s->params = r.r.params;
+    if (!s->params.seed)
+      s->params.seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
+    s->sampler = std::make_unique<Sampler>(s->params, model_->config().vocab_size, r.r.prompt,
                                            static_cast<uint64_t>(s->choice));
-    running_.push_back(std::move(s));
+    admitted_.push_back(std::move(s));
     if (++r.admitted == r.r.params.n) waiting_.pop_front();
   }
 }
 
-Status Engine::broadcast_plan(const std::vector<int32_t>& plan) {
-  if (comm_->world_size() == 1) return Status::Ok();
-  return send_plan(*comm_, plan.empty() ? kPlanHeartbeat : static_cast<int32_t>(plan.size()), plan);
+StepPlan Engine::take_plan() {
+  StepPlan p;
+  p.kind = PlanKind::step;
+  p.cancels = std::move(cancelled_);
+  cancelled_.clear();
+  if (comm_->world_size() == 1) return p;  // nobody to tell: the admissions stay local
+  for (const auto& s : admitted_) {
+    PlanAdmit a;
+    a.seq = s->id;
+    a.stream = static_cast<uint64_t>(s->choice);
+    a.prompt = s->tokens;
+    a.max_total = s->max_total;
+    a.computed = s->computed;
+    a.blocks = s->blocks;
+    a.params = s->params;
+    p.admits.push_back(std::move(a));
+  }
+  return p;
+}
+
+void Engine::apply_plan(const StepPlan& plan, std::vector<std::unique_ptr<Seq>> seqs) {
+  for (uint64_t id : plan.cancels)
+    for (size_t i = 0; i < running_.size(); ++i)
+      if (running_[i]->id == id) {  // absent: it finished in the step before, on every rank
+        blocks_->release(running_[i]->blocks);
+        running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+        break;
+      }
+  for (auto& s : seqs) running_.push_back(std::move(s));
+  step_serial_ = plan.serial;
+}
+
+Status Engine::post_plan(StepPlan& plan) {
+  plan.serial = ++plan_serial_;
+  plan.ahead = opts_.overlap_plan;
+  plan.digest_step = digest_step_;
+  plan.digest = digest_;
+  const std::string bytes = encode_plan(plan);
+  // Overlapped, the plan goes out without waiting for the followers to read it: they are
+  // in the step rank 0 is about to compute, and read it when they finish.
+  SPARK_TRY(ctl_->post(bytes, !opts_.overlap_plan));
+  last_post_ = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  ++stats_.plans_posted;
+  if (plan.ahead) ++stats_.plans_ahead;
+  stats_.plan_bytes += bytes.size();
+  stats_.plans_deferred = ctl_->deferred_posts();
+  return Status::Ok();
+}
+
+Status Engine::keepalive() {
+  if (!ctl_) return Status::Ok();
+  if (ctl_->pending()) SPARK_TRY(ctl_->flush());
+  if (std::chrono::steady_clock::now() - last_post_ < std::chrono::milliseconds(opts_.heartbeat_ms))
+    return Status::Ok();
+  StepPlan hb;
+  hb.kind = PlanKind::heartbeat;
+  SPARK_TRY(ctl_->post(encode_plan(hb), true));
+  last_post_ = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  ++stats_.heartbeats;
+  return Status::Ok();
 }
 
 Status Engine::step() {
   const int bs = opts_.block_size;
-  // Every decoding sequence (one pending token) runs each step; the rest of the budget is
-  // shared max-min fairly among the prompts being prefilled (shortest remainder first, each
-  // taking at most an even share of what is left), so a long prompt cannot hold a short
-  // one's first token for its whole prefill, and is never starved by short ones either.
-  // The budget is at least the slot count, so prefill gets a token even with every other
-  // slot decoding.
-  auto pending_of = [&](size_t i) {
-    return static_cast<int>(running_[i]->tokens.size()) - running_[i]->computed;
-  };
-  int budget = std::max(opts_.max_batch_tokens, opts_.slots);
-  std::vector<int> take(running_.size(), 0);
-  std::vector<size_t> prefilling;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    const int pending = pending_of(i);
-    if (pending == 1) {
-      take[i] = 1;
-      --budget;
-    } else if (pending > 1) {
-      prefilling.push_back(i);
-    }
-  }
-  std::stable_sort(prefilling.begin(), prefilling.end(),
-                   [&](size_t a, size_t b) { return pending_of(a) < pending_of(b); });
-  for (size_t k = 0; k < prefilling.size() && budget > 0; ++k) {
-    const int left = static_cast<int>(prefilling.size() - k);
-    const size_t i = prefilling[k];
-    take[i] = std::min(pending_of(i), (budget + left - 1) / left);
-    budget -= take[i];
-  }
-  std::vector<SeqChunk> chunks;
-  std::vector<size_t> chunk_seq;
-  std::vector<int32_t> plan = {0};
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Seq& s = *running_[i];
-    const int pending = pending_of(i);
-    const int n = take[i];
-    if (n <= 0) continue;
-    SeqChunk ch{s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending};
-    chunks.push_back(ch);
-    chunk_seq.push_back(i);
-    plan.push_back(n);
-    plan.push_back(ch.start_pos);
-    plan.push_back(ch.want_logits ? 1 : 0);
-    plan.push_back(static_cast<int32_t>(s.blocks.size()));
-    plan.insert(plan.end(), ch.tokens, ch.tokens + n);
-    plan.insert(plan.end(), s.blocks.begin(), s.blocks.end());
-    ++plan[0];
-  }
-  if (chunks.empty()) return Status::Ok();
-  SPARK_TRY(broadcast_plan(plan));
-  // On a device that samples, draw there (one small copy back per step instead of the
-  // logits). Rows with penalties send their token lists, from which the device builds the
-  // state the host sampler keeps (prompt tokens seen, output tokens counted).
-  std::vector<kernels::SampleResult> drawn;
-  const bool on_device = model_->device().samples_on_device();
-  std::vector<kernels::SampleParams> params;
-  std::vector<Device::PenaltyHistory> history;
-  if (on_device) {
-    bool penalties = false;
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      if (!chunks[k].want_logits) continue;
-      const Seq& s = *running_[chunk_seq[k]];
-      const auto kp = s.sampler->next_params();
-      Device::PenaltyHistory h;
-      if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
-          kp.frequency_penalty != 0.0f) {
-        penalties = true;
-        h.tokens = s.tokens.data();
-        h.n = static_cast<int>(s.tokens.size());
-        h.out_start = s.prompt_len;
-      }
-      params.push_back(kp);
-      history.push_back(h);
-    }
-    if (!penalties) history.clear();
-  }
-  if (on_device)
-    SPARK_TRY(model_->forward_sample(chunks, *cache_, *comm_, params, &drawn, history));
-  else
-    SPARK_TRY(model_->forward(chunks, *cache_, *comm_, &logits_));
-
-  const auto& cfg = model_->config();
-  const size_t V = static_cast<size_t>(cfg.vocab_size);
-  size_t row = 0;
-  uint64_t prompt_done = 0, generated = 0;
-  std::vector<std::pair<size_t, FinishReason>> done;
-  for (size_t k = 0; k < chunks.size(); ++k) {
-    Seq& s = *running_[chunk_seq[k]];
-    const int before = s.computed;
-    s.computed += chunks[k].n;
+  std::vector<SeqState*> view;
+  view.reserve(running_.size());
+  for (auto& s : running_) view.push_back(s.get());
+  step_detail::StepRun run;
+  SPARK_TRY(step_detail::run_step(*model_, *cache_, *comm_, view,
+                                  std::max(opts_.max_batch_tokens, opts_.slots), &logits_, &run));
+  if (run.chunks.empty()) return Status::Ok();
+  uint64_t prompt_done = 0;
+  for (size_t k = 0; k < run.chunks.size(); ++k) {
+    Seq& s = *running_[run.chunk_seq[k]];
+    const int before = s.computed - run.chunks[k].n;
     if (before < s.prompt_len)
       prompt_done += static_cast<uint64_t>(std::min(s.computed, s.prompt_len) - before);
     // Register blocks that just became full and computed, for prefix reuse.
@@ -456,30 +573,10 @@ Status Engine::step() {
       blocks_->register_block(s.blocks[static_cast<size_t>(idx)], h, s.tokens, idx);
       s.hashes.push_back(h);
     }
-    if (!chunks[k].want_logits) continue;
-    Sample smp;
-    if (on_device) {
-      const kernels::SampleResult& d = drawn[row++];
-      smp.token = d.token;
-      if (params[row - 1].logprobs) smp.logprob = d.logprob;
-      for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
-      s.sampler->record(d.token);
-    } else {
-      smp = s.sampler->sample(logits_.data() + row++ * V);
-    }
-    s.tokens.push_back(smp.token);
-    ++s.generated;
-    ++generated;
-    Req& r = *reqs_.at(s.req);
-    const auto& p = r.r.params;
-    FinishReason why = FinishReason::none;
-    const bool eos = !p.ignore_eos && std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(),
-                                                smp.token) != cfg.eos_token_ids.end();
-    if (eos || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), smp.token) !=
-                   p.stop_token_ids.end())
-      why = FinishReason::stop;
-    else if (static_cast<int>(s.tokens.size()) >= s.max_total)
-      why = FinishReason::length;
+    Sample& smp = run.samples[k];
+    if (smp.token < 0) continue;
+    auto it = reqs_.find(s.req);
+    if (it == reqs_.end()) continue;  // cancelled: it leaves with the next plan
     TokenEvent ev;
     ev.choice = s.choice;
     ev.token = smp.token;
@@ -488,43 +585,67 @@ Status Engine::step() {
     ev.completion_tokens = s.generated;
     ev.cached_prompt_tokens = s.cached;
     ev.scheduled = s.scheduled;
-    emit(r, std::move(ev));
-    if (why != FinishReason::none) done.emplace_back(chunk_seq[k], why);
+    emit(*it->second, std::move(ev));
+  }
+  if (run.draws > 0) {
+    digest_step_ = step_serial_;
+    digest_ = run.digest;
   }
   StepTrace trace;
   {
     std::lock_guard<std::mutex> lk(mu_);
     trace.step = ++stats_.steps;
     stats_.prompt_tokens += prompt_done;
-    stats_.generated_tokens += generated;
+    stats_.generated_tokens += static_cast<uint64_t>(run.draws);
   }
   if (opts_.on_step)
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      const Seq& s = *running_[chunk_seq[k]];
+    for (size_t k = 0; k < run.chunks.size(); ++k) {
+      const Seq& s = *running_[run.chunk_seq[k]];
       trace.chunks.push_back(
-          {s.req, s.choice, chunks[k].n, std::max(0, s.prompt_len - s.computed)});
+          {s.req, s.choice, run.chunks[k].n, std::max(0, s.prompt_len - s.computed)});
     }
   // Finish from the back so indices stay valid.
-  std::sort(done.begin(), done.end(),
+  std::sort(run.done.begin(), run.done.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [i, why] : done) finish_seq(i, why);
+  for (const auto& [i, why] : run.done) finish_seq(i, why);
   if (opts_.on_step) opts_.on_step(trace);
   return Status::Ok();
 }
 
 void Engine::loop() {
-  using clock = std::chrono::steady_clock;
-  auto last_broadcast = clock::now();
+  const bool tp = comm_->world_size() > 1;
   for (;;) {
     Inbox in;
     bool stop = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      const bool idle = running_.empty() && waiting_.empty();
-      if (idle && inbox_.submits.empty() && inbox_.cancels.empty() && !stopping_)
-        cv_.wait_for(lk, std::chrono::milliseconds(opts_.heartbeat_ms));
+      const bool idle = running_.empty() && waiting_.empty() && !pending_;
+      if (idle && inbox_.submits.empty() && inbox_.cancels.empty() && !stopping_) {
+        lk.unlock();
+        if (Status st = tp ? ctl_->flush() : Status::Ok(); !st.ok()) {
+          lk.lock();
+          stats_.failed = true;
+          stats_.error = st.message();
+          lk.unlock();
+          log::error("engine", "control plane failed: {}", st.message());
+          ctl_->close();
+          break;
+        }
+        lk.lock();
+        cv_.wait_for(lk, std::chrono::milliseconds(opts_.heartbeat_ms), [&] {
+          return !inbox_.submits.empty() || !inbox_.cancels.empty() || stopping_;
+        });
+      }
       std::swap(in, inbox_);
       stop = stopping_;
+    }
+    // The plan posted ahead in the last iteration takes effect before this step, on every
+    // rank alike; the followers apply it when they finish the last step.
+    bool applied = false;
+    if (pending_) {
+      auto p = std::move(pending_);
+      apply_plan(p->plan, std::move(p->seqs));
+      applied = true;
     }
     for (auto& sub : in.submits) {
       auto r = std::make_unique<Req>();
@@ -535,21 +656,48 @@ void Engine::loop() {
       waiting_.push_back(sub.id);
     }
     for (RequestId id : in.cancels) cancel_req(id, FinishReason::cancelled, {});
-    if (stop) break;
+    if (stop) {
+      // The followers run the step of the plan posted ahead: so does rank 0, or they would
+      // wait for it in that step's collectives until their deadline.
+      if (applied && !running_.empty()) {
+        Status st = ctl_->flush();  // the rest of a long plan, which the followers need first
+        if (st.ok()) st = step();
+        if (!st.ok()) log::warn("engine", "last step: {}", st.message());
+      }
+      break;
+    }
     admit();
+    StepPlan plan = take_plan();
     Status st = Status::Ok();
-    if (!running_.empty()) {
+    if (!tp) {
+      apply_plan(plan, std::move(admitted_));
+    } else if (opts_.overlap_plan) {
+      // Posted now, applied before the next step: this step's draws cannot change it (every
+      // rank makes the stop decisions), so it travels while the step computes.
+      if (plan.has_content() || !running_.empty()) {
+        st = post_plan(plan);
+        pending_ = std::make_unique<Pending>(Pending{std::move(plan), std::move(admitted_)});
+      } else {
+        st = keepalive();
+      }
+    } else {
+      apply_plan(plan, std::move(admitted_));
+      st = plan.has_content() || !running_.empty() ? post_plan(plan) : keepalive();
+      step_serial_ = plan.serial;
+    }
+    admitted_.clear();
+    if (st.ok() && !running_.empty()) {
       step_started_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();
       st = step();
       step_started_ns_ = 0;
-      last_broadcast = clock::now();
-    } else if (comm_->world_size() > 1 &&
-               clock::now() - last_broadcast >= std::chrono::milliseconds(opts_.heartbeat_ms)) {
-      st = broadcast_plan(
-          {});  // empty plan = heartbeat (kPlanHeartbeat): workers' waits have deadlines
-      last_broadcast = clock::now();
+    }
+    if (!st.ok() && ctl_) {
+      // A follower that left the ring (a divergence) said why before it closed its
+      // connections: that is the cause of the failed collective.
+      if (std::string why = ctl_->reports(std::chrono::milliseconds(200)); !why.empty())
+        st = make_error(Errc::internal, why + " (rank 0 then: " + st.message() + ")");
     }
     publish_stats();
     {
@@ -564,6 +712,7 @@ void Engine::loop() {
       std::vector<RequestId> ids;
       for (const auto& [id, r] : reqs_) ids.push_back(id);
       for (RequestId id : ids) cancel_req(id, FinishReason::error, st.message());
+      if (ctl_) ctl_->close();  // the followers stop at once, not at their deadline
       break;
     }
   }
@@ -585,12 +734,14 @@ void Engine::loop() {
     ev.error = "the engine stopped";
     sub.r.on_event(ev);
   }
-  if (comm_->world_size() > 1 && !stats().failed) {
-    (void)send_plan(*comm_, kPlanStop, {});
+  if (tp && !stats().failed) {
+    StepPlan s;
+    s.kind = PlanKind::stop;
+    (void)ctl_->post(encode_plan(s), true);
   }
 }
 
-Status run_tp_worker(Model& model, Collective& comm) {
+Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) {
   int64_t sizes[kWorkerSizes] = {};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
   auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
@@ -599,30 +750,107 @@ Status run_tp_worker(Model& model, Collective& comm) {
   KVCache& cache = **made;
   SPARK_TRY(model.prepare(static_cast<int>(sizes[3]), static_cast<int>(sizes[4]),
                           static_cast<int>(sizes[5]), static_cast<int>(sizes[1]), sizes[6] != 0));
+  auto ctl = ControlChannel::connect(comm, std::chrono::milliseconds(sizes[7]),
+                                     static_cast<int>(sizes[8]));
+  if (!ctl) return ctl.error();
   log::info("engine", "TP worker rank {}: {} KV blocks of {} tokens", comm.rank(), sizes[0],
             sizes[1]);
-  std::vector<int32_t> plan;
+  TpWorkerStats local;
+  TpWorkerStats& stats = wo.stats ? *wo.stats : local;
+  const int budget = static_cast<int>(sizes[3]);
+  const int vocab = model.config().vocab_size;
+  std::vector<std::unique_ptr<SeqState>> running;
+  std::vector<float> logits;
+  // The digests of this rank's last steps, to compare with rank 0's as its plans bring them.
+  std::array<std::pair<uint64_t, uint64_t>, 8> recent{};
+  // Leaves the ring for good: rank 0 learns why, and its collectives fail at once.
+  auto leave = [&](const Error& e) {
+    (*ctl)->report(e.message);
+    comm.shutdown();
+    return e;
+  };
   for (;;) {
-    int32_t n = 0;
-    SPARK_TRY(recv_plan(comm, &n, &plan));
-    if (n == kPlanStop) return Status::Ok();
-    if (n == kPlanHeartbeat) continue;
-    if (n < 0) return make_error(Errc::internal, fmt::format("TP worker: bad plan header {}", n));
-    std::vector<SeqChunk> chunks;
-    size_t at = 1;
-    for (int32_t i = 0; i < plan[0]; ++i) {
-      SeqChunk ch;
-      ch.n = plan[at];
-      ch.start_pos = plan[at + 1];
-      ch.want_logits = plan[at + 2] != 0;
-      const int nb = plan[at + 3];
-      ch.tokens = plan.data() + at + 4;
-      ch.block_table = plan.data() + at + 4 + ch.n;
-      at += 4 + static_cast<size_t>(ch.n) + static_cast<size_t>(nb);
-      if (at > plan.size()) return make_error(Errc::internal, "TP worker: truncated step plan");
-      chunks.push_back(ch);
+    bool arrived = false;
+    auto msg = (*ctl)->next(&arrived);
+    if (!msg) return msg.error();
+    auto plan = decode_plan(*msg);
+    if (!plan)
+      return leave(make_error(plan.error().code,
+                              fmt::format("rank {}: {}", comm.rank(), plan.error().message)));
+    if (plan->kind == PlanKind::stop) {
+      log::info("engine",
+                "TP worker rank {}: rank 0 stopped; {} step plans ({} posted ahead, {} already "
+                "here when asked for), {} tokens drawn, {} digests checked",
+                comm.rank(), stats.plans, stats.plans_ahead, stats.plans_ready, stats.tokens,
+                stats.digests_checked);
+      return Status::Ok();
     }
-    SPARK_TRY(model.forward(chunks, cache, comm, nullptr));
+    if (plan->kind == PlanKind::heartbeat) continue;
+    ++stats.plans;
+    stats.plan_bytes += msg->size();
+    if (plan->ahead) ++stats.plans_ahead;
+    if (!plan->has_content()) ++stats.bare_plans;
+    ++(arrived ? stats.plans_ready : stats.plans_waited);
+    if (plan->digest_step != 0)
+      for (const auto& [step, digest] : recent)
+        if (step == plan->digest_step) {
+          ++stats.digests_checked;
+          if (digest != plan->digest)
+            return leave(make_error(
+                Errc::integrity,
+                fmt::format("rank {} diverged from rank 0 at step {}: its tokens' digest is "
+                            "{:016x}, rank 0's {:016x} — the ranks drew different tokens from "
+                            "what must be the same logits (a nondeterministic kernel or a "
+                            "damaged rank); the ring stops rather than serve wrong text; "
+                            "restart it, and report this if it recurs",
+                            comm.rank(), step, digest, plan->digest)));
+        }
+    for (uint64_t id : plan->cancels)
+      for (size_t i = 0; i < running.size(); ++i)
+        if (running[i]->id == id) {
+          running.erase(running.begin() + static_cast<ptrdiff_t>(i));
+          break;
+        }
+    for (auto& a : plan->admits) {
+      auto s = std::make_unique<SeqState>();
+      s->id = a.seq;
+      s->tokens = a.prompt;
+      s->prompt_len = static_cast<int>(a.prompt.size());
+      s->max_total = a.max_total;
+      s->computed = a.computed;
+      s->blocks = std::move(a.blocks);
+      const int need = (s->max_total + static_cast<int>(sizes[1]) - 1) / static_cast<int>(sizes[1]);
+      if (static_cast<int>(s->blocks.size()) < need)
+        return leave(make_error(
+            Errc::integrity,
+            fmt::format("rank {}: the plan of step {} gives sequence {} {} "
+                        "KV blocks for {} tokens",
+                        comm.rank(), plan->serial, s->id, s->blocks.size(), s->max_total)));
+      s->params = std::move(a.params);
+      s->sampler = std::make_unique<Sampler>(s->params, vocab, s->tokens, a.stream);
+      running.push_back(std::move(s));
+    }
+    if (running.empty()) continue;
+    std::vector<SeqState*> view;
+    for (auto& s : running) view.push_back(s.get());
+    step_detail::StepRun run;
+    step_detail::FaultFn fault;
+    if (wo.fault_inject_token)
+      fault = [&, serial = plan->serial](uint64_t seq, int32_t* t) {
+        wo.fault_inject_token(seq, serial, t);
+      };
+    SPARK_TRY(step_detail::run_step(model, cache, comm, view, budget, &logits, &run, fault));
+    if (run.chunks.empty()) continue;
+    ++stats.steps;
+    stats.tokens += static_cast<uint64_t>(run.draws);
+    if (run.decode_only) {
+      ++stats.decode_steps;
+      if (arrived) ++stats.decode_plans_ready;
+    }
+    if (run.draws > 0) recent[plan->serial % recent.size()] = {plan->serial, run.digest};
+    std::sort(run.done.begin(), run.done.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& d : run.done) running.erase(running.begin() + static_cast<ptrdiff_t>(d.first));
   }
 }
 

@@ -6,7 +6,11 @@
 // submit() and cancel() only push onto a mutex-protected inbox and return; results come
 // back through the request's callback, called on the engine thread (it must not block:
 // hand the event to your own queue or socket). With tensor parallelism, rank 0 runs the
-// Engine and broadcasts each step's plan; the other ranks run run_tp_worker().
+// Engine and posts each step's plan (step_plan.h) on the control channel
+// (control_channel.h); the other ranks run run_tp_worker(), which mirrors the running
+// sequences, runs the same steps and draws the same tokens itself. Rank 0 posts the plan of
+// step N+1 before it computes step N (EngineOptions::overlap_plan), so the control plane
+// costs a step nothing: admissions and cancels then take effect one step later.
 //
 //   auto eng = Engine::start(std::move(model), comm, opts);
 //   auto id = (*eng)->submit({prompt_ids, params, [](const TokenEvent& e) { ... }});
@@ -26,9 +30,11 @@
 
 #include "daemon/engine/block_manager.h"
 #include "daemon/engine/collective.h"
+#include "daemon/engine/control_channel.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/sampler.h"
+#include "daemon/engine/step_plan.h"
 
 namespace spark::engine {
 
@@ -58,6 +64,16 @@ struct EngineOptions {
   int max_context = 0;  // 0: the model's max_position_embeddings
   bool prefix_caching = true;
   int heartbeat_ms = 1000;  // TP: an idle rank 0 tells workers it is alive this often
+  /// TP: post the plan of step N+1 while step N computes (the workers find it waiting when
+  /// they finish step N); false: after step N ends, the workers waiting for it (lock-step,
+  /// for comparison). Either way every rank draws the tokens itself.
+  bool overlap_plan = true;
+  /// TP: how long a worker waits for the next plan or heartbeat, and rank 0 for a worker
+  /// to take one, before it fails naming the other rank.
+  int control_timeout_ms = 30000;
+  /// Test seam: the control channel's socket buffers (0: the kernel's), small to make a
+  /// long plan's write partial.
+  int control_socket_buffer = 0;
   /// KV element type: "auto" (the device's compute type: fp32 on the CPU, bf16 on CUDA),
   /// "bf16" (CUDA only) or "fp32".
   std::string kv_dtype = "auto";
@@ -133,6 +149,12 @@ struct EngineStats {
   std::string kv_dtype;  // "fp32" / "bf16"
   bool failed = false;   // a step failed (e.g. a TP rank vanished); see error
   std::string error;
+  // TP control plane (rank 0).
+  uint64_t plans_posted = 0;    // step plans sent to the workers
+  uint64_t plans_ahead = 0;     // of them, posted before the previous step computed
+  uint64_t plan_bytes = 0;      // their size, summed
+  uint64_t heartbeats = 0;      // heartbeats sent while idle
+  uint64_t plans_deferred = 0;  // plans the sockets took in part (the rest: with the next write)
 };
 
 class Engine {
@@ -180,7 +202,12 @@ class Engine {
   void cancel_req(RequestId id, FinishReason why, const std::string& error);
   void emit(Req& r, TokenEvent ev);
   void publish_stats();
-  Status broadcast_plan(const std::vector<int32_t>& plan);
+  /// The plan of the admissions and cancels decided this iteration (serial not yet set).
+  StepPlan take_plan();
+  /// Applies a plan's cancels and admissions (`seqs`: the admitted sequences, in order).
+  void apply_plan(const StepPlan& plan, std::vector<std::unique_ptr<Seq>> seqs);
+  Status post_plan(StepPlan& plan);
+  Status keepalive();
 
   std::unique_ptr<Model> model_;
   std::shared_ptr<Collective> comm_;
@@ -194,6 +221,18 @@ class Engine {
   std::deque<RequestId> waiting_;
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
   std::vector<float> logits_;
+  // TP control plane (engine thread).
+  std::unique_ptr<ControlChannel> ctl_;
+  std::vector<std::unique_ptr<Seq>> admitted_;  // admitted this iteration, not yet in a plan
+  std::vector<uint64_t> cancelled_;             // sequences to drop in the next plan
+  struct Pending {
+    StepPlan plan;
+    std::vector<std::unique_ptr<Seq>> seqs;
+  };
+  std::unique_ptr<Pending> pending_;  // posted ahead, applied before the next step
+  uint64_t next_seq_ = 1, plan_serial_ = 0, step_serial_ = 0;
+  uint64_t digest_step_ = 0, digest_ = 0;  // rank 0's last step with draws, and their digest
+  std::chrono::steady_clock::time_point last_post_{};
 
   // Shared with callers.
   mutable std::mutex mu_;
@@ -207,10 +246,35 @@ class Engine {
   std::thread thread_;
 };
 
-/// Tensor-parallel ranks > 0: receives the KV cache size and then every step rank 0's
-/// Engine broadcasts, running the same forward pass (its share of heads and MLP columns),
-/// until rank 0 stops or the collective fails (e.g. rank 0 vanished: a timeout).
-Status run_tp_worker(Model& model, Collective& comm);
+/// What a TP worker's control plane did (run_tp_worker fills it as it goes).
+struct TpWorkerStats {
+  uint64_t plans = 0;               // step plans applied
+  uint64_t plans_ahead = 0;         // of them, posted by rank 0 before the previous step computed
+  uint64_t plans_ready = 0;         // of them, already arrived when this rank asked for them
+  uint64_t plans_waited = 0;        // of them, this rank had to wait for
+  uint64_t decode_steps = 0;        // steps of one token per sequence
+  uint64_t decode_plans_ready = 0;  // of them, whose plan had already arrived
+  uint64_t plan_bytes = 0;          // size of the step plans, summed
+  uint64_t bare_plans = 0;          // plans with nothing new: the header alone
+  uint64_t steps = 0;               // steps computed
+  uint64_t tokens = 0;              // tokens this rank drew
+  uint64_t digests_checked = 0;     // rank 0 digests compared with this rank's own
+};
+
+struct TpWorkerOptions {
+  TpWorkerStats* stats = nullptr;  // optional, updated after every plan
+  /// Test seam: may change a token this rank drew (sequence id, step serial, token), to
+  /// make it diverge from rank 0.
+  std::function<void(uint64_t seq, uint64_t step, int32_t* token)> fault_inject_token;
+};
+
+/// Tensor-parallel ranks > 0: receives the KV cache size, connects the control channel and
+/// then, for every step plan of rank 0's Engine, applies it to its mirror of the running
+/// sequences, runs the same forward pass (its share of heads and MLP columns) and draws the
+/// same tokens, until rank 0 stops, a collective or the channel fails (rank 0 vanished: a
+/// deadline), or this rank's tokens diverge from rank 0's (it then tells rank 0 why and
+/// leaves the ring, so rank 0 fails at once with the reason).
+Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& opts = {});
 
 /// Blocks until `req` finishes (or `timeout_ms` passes, then cancels it) and returns the
 /// tokens of each choice. For tests, benchmarks and simple callers.

@@ -120,6 +120,14 @@ struct GlooCollective::Impl {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   uint32_t tag = 0;
 
+  Status open(const char* op) const {
+    if (ctx) return Status::Ok();
+    return make_error(Errc::precondition,
+                      fmt::format("Gloo {} on rank {} of {}: this rank left the ring after a "
+                                  "fatal error",
+                                  op, opts.rank, opts.world));
+  }
+
   // `waiting_for`: the rank this one waited on when only one can be missing (a broadcast's
   // root), else -1; the daemon's heartbeats name the missing ranks where they know them.
   Error fail(const char* op, const std::exception& e, int waiting_for = -1) const {
@@ -222,9 +230,19 @@ int GlooCollective::world_size() const {
 int GlooCollective::store_port() const {
   return impl_->opts.store_port;
 }
+std::string GlooCollective::address() const {
+  return impl_->opts.bind_host;
+}
+
+void GlooCollective::shutdown() {
+  // Destroying the context closes its pairs' sockets: a peer blocked in an operation with
+  // this rank fails at once ("connection closed") instead of at its deadline.
+  impl_->ctx.reset();
+}
 
 Status GlooCollective::all_reduce_sum(float* data, size_t n) {
   if (impl_->opts.world == 1 || n == 0) return Status::Ok();
+  SPARK_TRY(impl_->open("all_reduce_sum"));
   try {
     gloo::AllreduceOptions opts(impl_->ctx);
     opts.setOutput(data, n);
@@ -240,6 +258,7 @@ Status GlooCollective::all_reduce_sum(float* data, size_t n) {
 
 Status GlooCollective::broadcast(void* data, size_t bytes, int root) {
   if (impl_->opts.world == 1 || bytes == 0) return Status::Ok();
+  SPARK_TRY(impl_->open("broadcast"));
   try {
     gloo::BroadcastOptions opts(impl_->ctx);
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
@@ -255,6 +274,7 @@ Status GlooCollective::broadcast(void* data, size_t bytes, int root) {
 Status GlooCollective::all_gather(const void* in, void* out, size_t bytes_per_rank) {
   if (impl_->opts.world == 1) return LocalCollective().all_gather(in, out, bytes_per_rank);
   if (bytes_per_rank == 0) return Status::Ok();
+  SPARK_TRY(impl_->open("all_gather"));
   try {
     gloo::AllgatherOptions opts(impl_->ctx);
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes_per_rank);
@@ -270,6 +290,7 @@ Status GlooCollective::all_gather(const void* in, void* out, size_t bytes_per_ra
 
 Status GlooCollective::barrier() {
   if (impl_->opts.world == 1) return Status::Ok();
+  SPARK_TRY(impl_->open("barrier"));
   try {
     gloo::BarrierOptions opts(impl_->ctx);
     opts.setTag(impl_->tag++);

@@ -43,6 +43,9 @@ class GlooCollective final : public Collective {
   Status broadcast(void* data, size_t bytes, int root) override;
   Status barrier() override;
   Status all_gather(const void* in, void* out, size_t bytes_per_rank) override;
+  std::string address() const override;
+  /// Closes the mesh's connections; every later operation fails with Errc::precondition.
+  void shutdown() override;
   /// The store's port (rank 0; useful when it was started on port 0).
   int store_port() const;
 

@@ -59,6 +59,12 @@ class NcclCollective final : public Collective {
   Status barrier() override;
   Status all_gather(const void* in, void* out, size_t bytes_per_rank) override;
   bool device_calls_capturable() const override { return true; }
+  std::string address() const override { return host_->address(); }
+  /// Aborts the communicator and leaves the host collective's mesh.
+  void shutdown() override {
+    abort("this rank left the ring after a fatal error");
+    host_->shutdown();
+  }
   Status all_reduce_sum_device(void* data, size_t count, DType dtype, void* stream) override;
   Status all_gather_device(const void* in, void* out, size_t count_per_rank, DType dtype,
                            void* stream) override;

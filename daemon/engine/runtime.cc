@@ -185,7 +185,9 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     rt->comm_ = std::make_shared<HostStagedCollective>(rt->comm_);
   }
   if (o.rank == 0) {
-    auto e = Engine::start(std::move(*m), rt->comm_, o.engine);
+    EngineOptions eo = o.engine;
+    eo.control_timeout_ms = o.timeout_ms;  // the control plane's waits: as the collectives'
+    auto e = Engine::start(std::move(*m), rt->comm_, eo);
     if (!e) return e.error();
     rt->engine_ = std::move(*e);
     if (o.warmup) {  // ready means a real completion came back, through every rank

@@ -2,7 +2,8 @@
 //   spark-engine generate --model DIR --prompt 1,2,3 [--max-tokens N] [--temperature T]
 //                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
 //                [--device cpu|cuda|auto] [--device-ordinal N] [--collective gloo|nccl]
-//                [--graphs 0|1] [--logprobs 1]
+//                [--graphs 0|1] [--logprobs 1] [--top-p P] [--overlap 0|1]
+//     (--overlap 0: rank 0 posts each step plan after the step before ends, lock-step)
 //     (on CUDA with --collective gloo the ranks may share one GPU: the activations are
 //     staged through host memory and decode steps run eagerly; nccl needs one GPU per rank
 //     and keeps decode steps in CUDA graphs)
@@ -16,7 +17,8 @@
 //                [--weights auto|device|host-mapped]
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
-// {"rank": R, "worker": "stopped"} when rank 0 is done. Exit codes as sparkctl(1).
+// {"rank": R, "worker": "stopped", "plans": ...} (its control plane's counts) when rank 0 is
+// done. Exit codes as sparkctl(1).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -188,10 +190,21 @@ int cmd_generate(const Args& a) {
   const uint64_t captures_before = (*model)->graph_captures();
   Model* m = model->get();
   if (rank > 0) {
-    auto st = run_tp_worker(**model, **comm);
+    TpWorkerStats ws;
+    TpWorkerOptions wo;
+    wo.stats = &ws;
+    auto st = run_tp_worker(**model, **comm, wo);
     if (!st.ok()) return fail(st.error());
     std::cout << nlohmann::json{{"rank", rank},
                                 {"worker", "stopped"},
+                                {"plans", ws.plans},
+                                {"plans_ahead", ws.plans_ahead},
+                                {"plans_ready", ws.plans_ready},
+                                {"plans_waited", ws.plans_waited},
+                                {"decode_steps", ws.decode_steps},
+                                {"decode_plans_ready", ws.decode_plans_ready},
+                                {"digests_checked", ws.digests_checked},
+                                {"tokens_drawn", ws.tokens},
                                 {"bytes_read", load.bytes_read},
                                 {"collective", collective},
                                 {"graph_captures", m->graph_captures() - captures_before},
@@ -210,6 +223,7 @@ int cmd_generate(const Args& a) {
   p.max_tokens = *mt;
   p.n = *n;
   p.temperature = std::stof(a.get("temperature", "0"));
+  p.top_p = std::stof(a.get("top-p", "1"));
   if (a.has("seed")) p.seed = std::stoull(a.get("seed"));
   p.ignore_eos = a.get("ignore-eos", "1") == "1";
   p.logprobs = a.get("logprobs", "0") == "1";
@@ -218,10 +232,15 @@ int cmd_generate(const Args& a) {
   if (!slots) return fail(slots.error());
   o.slots = *slots;
   o.cuda_graphs = a.get("graphs", "1") == "1";
+  o.overlap_plan = a.get("overlap", "1") == "1";
+  auto ctl_timeout = int_opt(a, "timeout-ms", 30000);
+  if (!ctl_timeout) return fail(ctl_timeout.error());
+  o.control_timeout_ms = *ctl_timeout;
   auto eng = Engine::start(std::move(*model), *comm, o);
   if (!eng) return fail(eng.error());
   std::vector<int32_t> ids(prompt->begin(), prompt->end());
   auto res = generate_blocking(**eng, ids, p, 120000);
+  const EngineStats es = (*eng)->stats();
   (*eng)->stop();
   if (!res) return fail(res.error());
   nlohmann::json j = {{"rank", 0},
@@ -237,7 +256,9 @@ int cmd_generate(const Args& a) {
                       {"device_kind", (*dev)->info().kind},
                       {"collective", collective},
                       {"graph_captures", m->graph_captures() - captures_before},
-                      {"graph_replays", m->graph_replays()}};
+                      {"graph_replays", m->graph_replays()},
+                      {"plans_posted", es.plans_posted},
+                      {"plans_ahead", es.plans_ahead}};
   if (p.logprobs) j["logprobs"] = res->logprobs;
   for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
   std::cout << j.dump() << "\n";

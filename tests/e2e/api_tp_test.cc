@@ -36,11 +36,12 @@ struct NativeRing {
   int rdzv_port = test::free_port();
   std::vector<std::unique_ptr<test::Child>> ranks;
 
-  NativeRing(test::TempDir& d, std::string n, int w) : dir(d), name(std::move(n)), world(w) {
+  NativeRing(test::TempDir& d, std::string n, int w, const std::string& extra = "")
+      : dir(d), name(std::move(n)), world(w) {
     std::string gpus = world == 1 ? "0" : "0,1";
     std::string cfg =
         dir.write(name + ".env", "RING_NAME=" + name + "\nMODEL=demo\nMODEL_PATH=" + dir / "model" +
-                                     "\nSLOTS=2\nCONTEXT_LEN=256\n"
+                                     "\nSLOTS=2\nCONTEXT_LEN=256\n" + extra +
                                      "JOIN_TIMEOUT=60s\nSHUTDOWN_GRACE=5s\n"
                                      "NODE0_SSH=local\nNODE0_FABRIC_IP=127.0.0.1\n"
                                      "NODE0_GPUS=" +
@@ -76,7 +77,7 @@ struct NativeRing {
     return s + slurp(dir / (name + "-out.txt"));
   }
   Result<HttpReply> call(const std::string& method, const std::string& target,
-                                 const std::string& body = "") const {
+                         const std::string& body = "") const {
     HttpCall c;
     c.method = method;
     c.port = static_cast<uint16_t>(api_port);
@@ -104,7 +105,9 @@ struct NativeRing {
 
 }  // namespace
 
-TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one") {
+TEST_CASE(
+    "e2e api TP: two native sparkd ranks serve the same greedy text as one, and the same "
+    "text cut at a stop string and sampled with a seed (n=2)") {
   test::TempDir dir("api-tp");
   auto [st, out] =
       test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {}, std::chrono::seconds(60));
@@ -114,14 +117,35 @@ TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one
               {"temperature", 0},
               {"ignore_eos", true}};
   std::string one, two;
+  json stopped_one, sampled_one;
+  json sampled = req;
+  sampled["temperature"] = 0.9;
+  sampled["top_p"] = 0.9;
+  sampled["seed"] = 31;
+  sampled["n"] = 2;
+  json stop_req = req;
+  std::string stop;
+  auto post = [](const NativeRing& r, const json& body) {
+    auto a = r.call("POST", "/v1/chat/completions", body.dump());
+    REQUIRE(a.ok());
+    REQUIRE_MESSAGE(a->status == 200, a->body);
+    return json::parse(a->body);
+  };
   {
     NativeRing r(dir, "tp1", 1);
     REQUIRE_MESSAGE(r.wait_ready(60s), r.logs());
-    auto a = r.call("POST", "/v1/chat/completions", req.dump());
-    REQUIRE(a.ok());
-    REQUIRE_MESSAGE(a->status == 200, a->body);
-    one = json::parse(a->body)["choices"][0]["message"]["content"].get<std::string>();
+    one = post(r, req)["choices"][0]["message"]["content"].get<std::string>();
+    // A stop string from the middle of the greedy text: the rank 0 API layer finds it and
+    // cancels the request, which the workers learn from the next step plan.
+    REQUIRE(one.size() >= 8);
+    stop = one.substr(one.size() / 2, 2);
+    stop_req["stop"] = json::array({stop});
+    stopped_one = post(r, stop_req)["choices"][0];
+    sampled_one = post(r, sampled)["choices"];
   }
+  CAPTURE(stop);
+  CHECK(stopped_one["message"]["content"] == one.substr(0, one.find(stop)));
+  CHECK(stopped_one["finish_reason"] == "stop");
   NativeRing r(dir, "tp2", 2);
   REQUIRE_MESSAGE(r.wait_ready(90s), r.logs());
   auto h = r.health();
@@ -135,5 +159,53 @@ TEST_CASE("e2e api TP: two native sparkd ranks serve the same greedy text as one
   two = j["choices"][0]["message"]["content"].get<std::string>();
   CHECK(j["usage"]["completion_tokens"] == 16);
   CHECK(one == two);
+  auto stopped_two = post(r, stop_req)["choices"][0];
+  CHECK(stopped_two["message"]["content"] == stopped_one["message"]["content"]);
+  CHECK(stopped_two["finish_reason"] == "stop");
+  auto sampled_two = post(r, sampled)["choices"];
+  REQUIRE(sampled_two.size() == 2);
+  CHECK(sampled_two[0]["message"]["content"] == sampled_one[0]["message"]["content"]);
+  CHECK(sampled_two[1]["message"]["content"] == sampled_one[1]["message"]["content"]);
+  CHECK(r.health()["state"] == "ready");  // the ranks stayed in step (no divergence)
   CHECK(slurp(r.log(1)).find("engine native started") != std::string::npos);
+}
+
+TEST_CASE(
+    "e2e api TP: a rank killed with a request in its step: rank 0 is fatal within "
+    "HEARTBEAT_TIMEOUT and the request fails with the reason") {
+  test::TempDir dir("api-tp-kill");
+  auto [st, out] =
+      test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {}, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(st == 0, out);
+  NativeRing r(dir, "kill", 2, "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=2s\n");
+  REQUIRE_MESSAGE(r.wait_ready(90s), r.logs());
+  // Rank 1 stopped first: the request's step cannot finish without it, so the request is
+  // in flight when rank 1 dies, whatever the machine's load.
+  r.ranks[1]->signal(SIGSTOP);
+  json req = {{"messages", json::array({{{"role", "user"}, {"content", "The capital of France"}}})},
+              {"max_tokens", 64},
+              {"temperature", 0}};
+  Result<HttpReply> reply = make_error(Errc::internal, "not sent");
+  std::thread t([&] { reply = r.call("POST", "/v1/chat/completions", req.dump()); });
+  std::this_thread::sleep_for(300ms);
+  r.ranks[1]->signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  t.join();
+  INFO(r.logs());
+  REQUIRE(reply.ok());
+  INFO("reply: " << reply->status << " " << reply->body);
+  CHECK(reply->status >= 500);
+  // What failed, in the words of the collective or the control plane.
+  CHECK((reply->body.find("Gloo") != std::string::npos ||
+         reply->body.find("rank 1") != std::string::npos));
+  bool fatal = false;
+  while (!fatal && std::chrono::steady_clock::now() - killed < 2500ms) {
+    fatal = r.health().value("state", "") == "fatal";
+    if (!fatal) std::this_thread::sleep_for(50ms);
+  }
+  CHECK(fatal);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  MESSAGE("fatal " << s << " s after the kill; the request: " << reply->status << " "
+                   << reply->body);
+  CHECK(s < 2.5);  // HEARTBEAT_TIMEOUT, and a little for the poll
 }

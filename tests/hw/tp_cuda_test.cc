@@ -164,7 +164,8 @@ int free_port() {
 // Runs spark-engine generate as `world` processes; returns rank 0's JSON (and the workers').
 std::vector<nlohmann::json> generate(const test::TempDir& tmp, const std::string& model,
                                      const std::string& device, int world,
-                                     const std::string& collective, const std::string& tag) {
+                                     const std::string& collective, const std::string& tag,
+                                     const std::vector<std::string>& extra = {}) {
   const std::string tool = engine_tool();
   const std::string store = "127.0.0.1:" + std::to_string(free_port());
   std::vector<Proc> ps;
@@ -176,6 +177,7 @@ std::vector<nlohmann::json> generate(const test::TempDir& tmp, const std::string
                                   "--logprobs",   "1",
                                   "--device",     device,
                                   "--slots",      "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
     if (world > 1) {
       for (const std::string& s :
            {std::string("--tp-size"), std::to_string(world), std::string("--tp-rank"),
@@ -306,4 +308,30 @@ TEST_CASE(
     CHECK(d1 <= kLogprobBound);
     CHECK(dc <= kLogprobBound);
   }
+}
+
+TEST_CASE(
+    "hw tp-cuda: spark-engine as 2 processes on one GPU, sampling (seeded, top-p, n=2): the "
+    "worker draws rank 0's tokens on the device, its plans posted a step ahead") {
+  if (test::skip_without_cuda()) return;
+  const std::string tool = engine_tool();
+  REQUIRE_MESSAGE(::access(tool.c_str(), X_OK) == 0, "build the spark-engine target: " << tool);
+  test::TempDir tmp;
+  auto cfg = tp_config(Family::qwen3);
+  const std::string dir = tmp / "qwen3";
+  REQUIRE(write_random_checkpoint(dir, {cfg, DType::bf16, 47, 2}).ok());
+  const std::vector<std::string> sampling = {"--temperature", "0.9", "--top-p", "0.95",
+                                             "--seed",        "77",  "--n",     "2"};
+  // generate() requires every rank to exit 0: a worker whose device draws differed from
+  // rank 0's would have stopped the ring with "diverged".
+  auto tp = generate(tmp, dir, "cuda", 2, "gloo", "sampled", sampling);
+  REQUIRE(tp[0]["tokens"].size() == 2);
+  CHECK(tp[0]["tokens"][0] != tp[0]["tokens"][1]);
+  CHECK(tp[0]["plans_ahead"] == tp[0]["plans_posted"]);
+  const auto& w = tp[1];
+  std::cout << "tp-cuda sampled TP=2: worker " << w.dump() << "\n";
+  CHECK(w["tokens_drawn"].get<int>() == 2 * 48);
+  CHECK(w["digests_checked"].get<int>() > 0);
+  CHECK(w["plans"] == tp[0]["plans_posted"]);
+  CHECK(w["decode_plans_ready"] == w["decode_steps"]);
 }
