@@ -558,6 +558,94 @@ __device__ __forceinline__ const T* row_of(const SampleBatch& b, int r) {
   return static_cast<const T*>(b.logits) + static_cast<size_t>(r) * b.logits_stride;
 }
 
+// Warp 0 finds, over a histogram, the first bin where the cumulative (count, weight) from
+// the top satisfies `reach`: lane l holds bins [16 l, 16 l + 16), an inclusive scan over
+// the lanes' sums finds the lane, and that lane walks its 16 bins. The same bin and the
+// same sums below it as sample_plan's and sample_top_bin's serial walks (the condition is
+// monotone in the cumulative sums). Returns the bin (kNB - 1 when never reached) and the
+// count and weight of the bins below it (of all bins when never reached); warp 0 only.
+constexpr int kBinsPerLane = kNB / 32;
+static_assert(kNB % 32 == 0, "bins must split over 32 lanes");
+
+template <class Reach>
+__device__ int first_reach(const uint32_t* count, const unsigned long long* weight, Reach reach,
+                           unsigned long long* below_count, unsigned long long* below_weight) {
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned long long c = 0, w = 0;
+  for (int j = 0; j < kBinsPerLane; ++j) {
+    c += count[lane * kBinsPerLane + j];
+    w += weight ? weight[lane * kBinsPerLane + j] : 0ull;
+  }
+  unsigned long long ci = c, wi = w;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long oc = __shfl_up_sync(0xffffffffu, ci, o);
+    const unsigned long long ow = __shfl_up_sync(0xffffffffu, wi, o);
+    if (lane >= static_cast<unsigned>(o)) ci += oc, wi += ow;
+  }
+  const unsigned hit = __ballot_sync(0xffffffffu, reach(ci, wi));
+  if (!hit) {
+    *below_count = __shfl_sync(0xffffffffu, ci, 31);
+    *below_weight = __shfl_sync(0xffffffffu, wi, 31);
+    return kNB - 1;
+  }
+  const int L = __ffs(hit) - 1;
+  int bin = kNB - 1;
+  unsigned long long bc = 0, bw = 0;
+  if (lane == static_cast<unsigned>(L)) {
+    unsigned long long cc = ci - c, ww = wi - w;  // exclusive: the lanes below
+    for (int j = 0; j < kBinsPerLane; ++j) {
+      const int b = L * kBinsPerLane + j;
+      const unsigned long long nc = cc + count[b], nw = ww + (weight ? weight[b] : 0ull);
+      if (reach(nc, nw)) {
+        bin = b;
+        break;
+      }
+      cc = nc, ww = nw;
+    }
+    bc = cc, bw = ww;
+  }
+  *below_count = __shfl_sync(0xffffffffu, bc, L);
+  *below_weight = __shfl_sync(0xffffffffu, bw, L);
+  return __shfl_sync(0xffffffffu, bin, L);
+}
+
+// sample_plan on warp 0 (first_reach for its walks); lane 0 writes the plan.
+__device__ void plan_warp(const SampleParams& p, int V, const uint32_t* count,
+                          const unsigned long long* mass, SamplePlan* out) {
+  SamplePlan pl;
+  unsigned long long bc = 0, bw = 0;
+  if (sample_has_k(p, V)) {
+    pl.b0 = 0;
+    const unsigned long long need = static_cast<unsigned long long>(p.top_k);
+    pl.b1 = first_reach(
+        count, nullptr, [&](unsigned long long c, unsigned long long) { return c >= need; }, &bc,
+        &bw);
+  } else if (sample_has_p(p)) {
+    unsigned long long t = 0;
+    for (int j = threadIdx.x & 31; j < kNB; j += 32) t += mass[j];
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    pl.total = t;
+    const double target = static_cast<double>(p.top_p) * static_cast<double>(t);
+    const int b = first_reach(
+        count, mass,
+        [&](unsigned long long, unsigned long long w) { return static_cast<double>(w) >= target; },
+        &bc, &bw);
+    pl.b0 = pl.b1 = b;
+    pl.prefix_mass = bw;
+    pl.prefix_count = static_cast<uint32_t>(bc);
+  }
+  if ((threadIdx.x & 31) == 0) *out = pl;
+}
+
+// sample_top_bin on warp 0.
+__device__ int top_bin_warp(const uint32_t* count, int k) {
+  unsigned long long bc = 0, bw = 0;
+  const unsigned long long need = static_cast<unsigned long long>(k);
+  return first_reach(
+      count, nullptr, [&](unsigned long long c, unsigned long long) { return c >= need; }, &bc,
+      &bw);
+}
+
 // 1: penalties, temperature, maxima, greedy argmax.
 template <typename T>
 __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
@@ -678,12 +766,17 @@ __global__ void __launch_bounds__(kT) k_hist(SampleBatch b, Layout L) {
     lc[i] = __ldcg(&h->lcount[i]);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    h->plan =
-        fl.need_z ? sample_plan(p, V, cnt, reinterpret_cast<const uint64_t*>(msum)) : SamplePlan{};
-    h->lbin = fl.need_l ? sample_top_bin(lc, min(V, p.top_logprobs)) : -1;
-    h->zmax = zm;
-    h->lmax = lm;
+  if (threadIdx.x < 32) {  // warp 0: sample_plan and sample_top_bin, in parallel walks
+    if (fl.need_z)
+      plan_warp(p, V, cnt, msum, &h->plan);
+    else if (threadIdx.x == 0)
+      h->plan = SamplePlan{};
+    const int lb = fl.need_l ? top_bin_warp(lc, min(V, p.top_logprobs)) : -1;
+    if (threadIdx.x == 0) {
+      h->lbin = lb;
+      h->zmax = zm;
+      h->lmax = lm;
+    }
   }
 }
 
