@@ -209,7 +209,7 @@ TEST_CASE("sample_prefilter: the device's staged decomposition gives the definit
         seen[t] = 1;
         counts[t] += i % 3;
       }
-      const int mixes = V > 4000 ? 60 : 140;
+      const int mixes = V > 4000 ? 30 : 90;
       for (int mi = 0; mi < mixes; ++mi) {
         const int i =
             static_cast<int>((static_cast<unsigned>(mi) * 97u + static_cast<unsigned>(kind)) %
