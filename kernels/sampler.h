@@ -5,9 +5,9 @@
 // CPU twin of the CUDA kernels in sampler.cu; given the same logits and state they keep
 // the same set and pick the same token: the kept set is decided on integer masses and
 // counts, whose sums do not depend on the order of addition (sampler_core.h), and the only
-// floating results that may differ are the logprobs (log-sum-exp summed in another order:
-// within 1e-6 relative) and, in principle, two Gumbel scores within an ulp of each other
-// (libm's log against CUDA's).
+// floating results that differ are the logprobs (log-sum-exp summed in another order:
+// within 1e-6 relative). The Gumbel scores use a log of our own (sample_log), so they are
+// the same bits on both sides too.
 //
 // Definition, for logits l (fp32) of one row:
 //   z_i   = l_i, divided by repetition_penalty if positive (times it if not) where seen_i,
@@ -18,7 +18,7 @@
 //         P = {i in K : z_i >= t}, t the largest value with
 //         double(sum of m over {j in K : z_j >= t}) >= double(top_p) * double(sum of m over K);
 //         M = {i : double(m_i) >= min_p * 2^32};
-//         token = argmax over K & P & M of z_i + g_i, g_i = -log(-log(u_i)),
+//         token = argmax over K & P & M of z_i + g_i, g_i = -log(-log(u_i)) (sample_log),
 //         u_i = philox_uniform(seed, request, step, i); ties: the lowest id.
 //   logprob = l_token - logsumexp(l); top = the top_logprobs largest l (ties: lowest id).
 #include <cstddef>

@@ -6,9 +6,10 @@
 //   each is one operation, and every multiply-add is an explicit fma);
 // - probability mass is an integer, 2^32 * exp(z - zmax) rounded down, from an exp of our
 //   own made of fma and ldexp only (no libm, whose last bit differs between the CPU and
-//   CUDA). Sums of masses are then exact in any order, so a device that adds them in
-//   per-block, per-bin partials gets the twin's totals, and the top-p and min-p decisions
-//   compare those integers (converted to double, one rounding) the same way on both sides;
+//   CUDA; the Gumbel score's logs likewise, sample_log). Sums of masses are then exact in any
+//   order, so a device that adds them in per-block, per-bin partials gets the twin's totals, and
+//   the top-p and min-p decisions compare those integers (converted to double, one rounding) the
+//   same way on both sides;
 // - the device's pre-filter (a histogram over bins of zmax - z, see sample_plan) only
 //   chooses which tokens reach the exact selection; it never changes the result.
 #include <cmath>
@@ -85,10 +86,37 @@ SPARK_HD bool sample_keep(float z, float zmax, float k_floor, float p_floor, flo
                               static_cast<double>(min_p) * static_cast<double>(kSampleMassOne);
 }
 
+/// log(x) for finite x > 0 in frexp, one division and fma only (so the CPU and CUDA get
+/// the same bits; libm's log and CUDA's differ in the last one): x = m 2^e with m in
+/// [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by a
+/// series to s^21 (relative error ~1e-16).
+SPARK_HD double sample_log(double x) {
+  int e = 0;
+  double m = frexp(x, &e);
+  if (m < 0.70710678118654752440) m = m * 2.0, e -= 1;
+  const double f = m - 1.0;  // exact
+  const double s = f / (2.0 + f);
+  const double s2 = s * s;
+  double q = 1.0 / 21.0;
+  q = fma(q, s2, 1.0 / 19.0);
+  q = fma(q, s2, 1.0 / 17.0);
+  q = fma(q, s2, 1.0 / 15.0);
+  q = fma(q, s2, 1.0 / 13.0);
+  q = fma(q, s2, 1.0 / 11.0);
+  q = fma(q, s2, 1.0 / 9.0);
+  q = fma(q, s2, 1.0 / 7.0);
+  q = fma(q, s2, 1.0 / 5.0);
+  q = fma(q, s2, 1.0 / 3.0);
+  const double two_s = 2.0 * s;
+  const double lm = fma(two_s, s2 * q, two_s);
+  const double de = static_cast<double>(e);
+  return fma(de, 6.93147180369123816490e-01, fma(de, 1.90821492927058770002e-10, lm));
+}
+
 /// Gumbel-perturbed score of token i: the draw is the argmax of this over the kept set.
 SPARK_HD double sample_score(float z, const SampleParams& p, uint32_t i) {
   const double u = philox_uniform(p.seed, p.request, p.step, i);
-  return static_cast<double>(z) - log(-log(u));
+  return static_cast<double>(z) - sample_log(-sample_log(u));
 }
 
 /// Whether top-k / top-p are on for this row.

@@ -161,6 +161,27 @@ TEST_CASE("sample_ref: integer masses are floor(2^32 exp(d)), exact at the top, 
   CHECK(sample_bin(1.f, INFINITY) == kSampleBins - 1);
 }
 
+TEST_CASE("sample_ref: sample_log is log to a few ulps, also for u next to 1") {
+  std::mt19937_64 rng(5);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // Uniforms as the sampler draws them, their -log, and a wide log-uniform sweep.
+    const double u = (static_cast<double>(rng() >> 11) + 0.5) * 0x1p-53;
+    const double xs[] = {
+        u, -std::log(u),
+        std::exp(static_cast<double>(static_cast<int64_t>(rng() % 1400)) / 10 - 70), 1 - u * 1e-12};
+    for (double x : xs) {
+      const double want = std::log(x), got = sample_log(x);
+      const double err = std::fabs(got - want) / std::max(std::fabs(want), 1e-300);
+      worst = std::max(worst, want == 0 ? std::fabs(got) : err);
+    }
+  }
+  MESSAGE("sample_log: worst relative error against libm " << worst);
+  CHECK(worst < 1e-15);
+  CHECK(sample_log(1.0) == 0.0);
+  CHECK(sample_log(2.0) == doctest::Approx(std::log(2.0)).epsilon(1e-16));
+}
+
 TEST_CASE("sample_ref: top-p on integer masses, summed in any order") {
   // Two tokens of exactly half the mass each: top_p 0.5 keeps the first alone, and the
   // decision holds whichever way the masses are added.
