@@ -540,6 +540,20 @@ __device__ __forceinline__ void add_mass(uint32_t* lo, uint32_t* hi, uint64_t m)
   if (h) atomicAdd(hi, h);
 }
 
+// Programmatic dependent launch: a kernel lets the next one start launching, and the next
+// one waits for this one's completion (and its memory) before it reads what it wrote.
+// Both are no-ops when the launch did not ask for it.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 struct RowFlags {
   bool greedy, has_k, has_p, want_lp, need_z, need_m, need_l;
   __device__ RowFlags(const SampleParams& p, int V) {
@@ -650,6 +664,7 @@ __device__ int top_bin_warp(const uint32_t* count, int k) {
 template <typename T>
 __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
   __shared__ Scratch sh;
+  pdl_trigger();
   const int r = blockIdx.y, s = blockIdx.x;
   const SampleParams p = b.params[r];
   const int V = b.vocab;
@@ -698,11 +713,13 @@ __global__ void __launch_bounds__(kT) k_hist(SampleBatch b, Layout L) {
   __shared__ unsigned long long msum[kNB];
   __shared__ Scratch sh;
   __shared__ bool last;
+  pdl_trigger();
   const int r = blockIdx.y, s = blockIdx.x;
   const SampleParams p = b.params[r];
   const int V = b.vocab;
   const RowFlags fl(p, V);
   RowHead* h = L.head(r);
+  pdl_wait();  // the partials and z of launch 1
   float zm = -INFINITY, lm = -INFINITY;
   for (int t = threadIdx.x; t < L.S; t += kT) {
     const Partial* P = L.part(r, t);
@@ -889,6 +906,7 @@ __global__ void __launch_bounds__(kT) k_draw(SampleBatch b, Layout L) {
   const int V = b.vocab;
   const RowFlags fl(p, V);
   RowHead* h = L.head(r);
+  pdl_wait();  // the plan and histograms of launch 2
   const SamplePlan pl = h->plan;
   const float zm = h->zmax, lm = h->lmax;
   const int lbin = h->lbin;
@@ -1121,6 +1139,10 @@ Status sample_cuda_device_v1(const SampleBatch& b, void* stream) {
 }
 
 Status sample_cuda_device(const SampleBatch& b, void* stream) {
+  return sample_cuda_device(b, stream, SampleLaunch{});
+}
+
+Status sample_cuda_device(const SampleBatch& b, void* stream, const SampleLaunch& how) {
   SPARK_TRY(sample_check_batch(b));
   if (b.rows <= 0) return Status::Ok();
   if (b.rows > 65535) return make_error(Errc::usage, "sampler: more than 65535 rows in one batch");
@@ -1139,12 +1161,22 @@ Status sample_cuda_device(const SampleBatch& b, void* stream) {
   L.max_chunks = (V + kSampleMinChunk - 1) / kSampleMinChunk;
   const dim3 grid(static_cast<unsigned>(L.S), static_cast<unsigned>(b.rows));
   auto st = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(staged::kT);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = how.pdl ? 1 : 0;
   SPARK_DISPATCH_DTYPE(b.logits_dtype, T, {
     staged::k_scan<T><<<grid, staged::kT, 0, st>>>(b, L);
-    staged::k_hist<T><<<grid, staged::kT, 0, st>>>(b, L);
-    staged::k_draw<T><<<grid, staged::kT, 0, st>>>(b, L);
+    SPARK_CUDA_TRY(cudaGetLastError());
+    SPARK_CUDA_TRY(cudaLaunchKernelEx(&cfg, staged::k_hist<T>, b, L));
+    SPARK_CUDA_TRY(cudaLaunchKernelEx(&cfg, staged::k_draw<T>, b, L));
   });
-  SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }
 

@@ -112,6 +112,13 @@ size_t sample_workspace_bytes(int rows, int vocab);
 /// penalties and maxima; histograms and the plan; candidates, the draw and the results).
 Status sample_cuda_device(const SampleBatch& b, void* stream);
 
+/// How the device sampler launches (the defaults are sample_cuda_device's; the benchmark
+/// and the tests try the others).
+struct SampleLaunch {
+  bool pdl = true;  // launches 2 and 3 start while the previous one drains (sm_90+)
+};
+Status sample_cuda_device(const SampleBatch& b, void* stream, const SampleLaunch& how);
+
 /// The previous device sampler (one block of 1024 threads per row, radix selection over
 /// the whole row, top-p on float masses), kept so the kernel benchmark can time the two
 /// side by side. Same batch and workspace as sample_cuda_device.
