@@ -382,6 +382,7 @@ constexpr int kT = 512;  // threads per block, all three launches
 constexpr int kNB = kSampleBins;
 constexpr int kSortCap = 2048;  // candidates sorted in shared memory; more: radix over the list
 constexpr int kWarps = kT / 32;
+constexpr int kU = 4;  // tokens per thread per step of the streaming loops: loads in flight
 
 struct RowHead {
   uint32_t zcount[kNB];
@@ -660,6 +661,50 @@ __device__ int top_bin_warp(const uint32_t* count, int k) {
       &bw);
 }
 
+// sample_keep for a token above every floor (min-p alone), with the exact integer test
+// only near the threshold: for min_p >= 1e-5, d more than 1e-4 above logf(min_p) means
+// mass >= min_p 2^32 (the exp's error is 1e-15, logf's 1e-6, the floor's one unit), and
+// 1e-4 below means less.
+__device__ __forceinline__ bool keep_sure(float z, float zmax, float min_p, float log_min_p) {
+  if (min_p <= 0.0f) return true;
+  if (min_p >= 1e-5f) {
+    const float d = z - zmax;
+    if (d > log_min_p + 1e-4f) return true;
+    if (d < log_min_p - 1e-4f) return false;
+  }
+  return sample_keep(z, zmax, -INFINITY, -INFINITY, min_p);
+}
+
+// Inclusive prefix sums of a[0, n) in place (n <= kT * 4), over the block.
+__device__ void block_scan_u64(unsigned long long* a, int n, Scratch& sh) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const int per = (n + kT - 1) / kT;
+  const int j0 = static_cast<int>(threadIdx.x) * per;
+  unsigned long long run = 0;
+  for (int q = 0; q < per; ++q)
+    if (j0 + q < n) run += a[j0 + q], a[j0 + q] = run;
+  unsigned long long x = run;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= static_cast<unsigned>(o)) x += y;
+  }
+  if (lane == 31) sh.u[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long v = lane < static_cast<unsigned>(kWarps) ? sh.u[lane] : 0ull;
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long y = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= static_cast<unsigned>(o)) v += y;
+    }
+    if (lane < static_cast<unsigned>(kWarps)) sh.u[lane] = v;
+  }
+  __syncthreads();
+  const unsigned long long off = x - run + (warp > 0 ? sh.u[warp - 1] : 0ull);
+  for (int q = 0; q < per; ++q)
+    if (j0 + q < n) a[j0 + q] += off;
+  __syncthreads();
+}
+
 // 1: penalties, temperature, maxima, greedy argmax.
 template <typename T>
 __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
@@ -684,16 +729,31 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
   float zm = -INFINITY, lm = -INFINITY;
   double gv = 0;
   int gi = -1;
-  for (int i = c0 + static_cast<int>(threadIdx.x); i < c1; i += kT) {
-    const float l = dev::to_f(row[i]);
-    lm = fmaxf(lm, l);
-    float v = sample_penalize(l, p, rep ? seen[i] : 0, freq ? counts[i] : 0);
-    if (fl.greedy) {
-      if (better(v, i, gv, gi)) gv = v, gi = i;
-    } else {
-      v = sample_temper(v, p.temperature);
-      z[i] = v;
-      zm = fmaxf(zm, v);
+  for (int i0 = c0 + static_cast<int>(threadIdx.x); i0 < c1; i0 += kT * kU) {
+    float l[kU];
+    uint8_t sn[kU];
+    int32_t cn[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kT;
+      const bool in = i < c1;
+      l[u] = in ? dev::to_f(row[i]) : 0.f;
+      sn[u] = rep && in ? seen[i] : 0;
+      cn[u] = freq && in ? counts[i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kT;
+      if (i >= c1) continue;
+      lm = fmaxf(lm, l[u]);
+      float v = sample_penalize(l[u], p, sn[u], cn[u]);
+      if (fl.greedy) {
+        if (better(v, i, gv, gi)) gv = v, gi = i;
+      } else {
+        v = sample_temper(v, p.temperature);
+        z[i] = v;
+        zm = fmaxf(zm, v);
+      }
     }
   }
   zm = bmax(zm, sh);
@@ -736,27 +796,39 @@ __global__ void __launch_bounds__(kT) k_hist(SampleBatch b, Layout L) {
   uint32_t over_z = 0, over_l = 0;
   float lsum = 0.f;
   if (fl.need_z || fl.need_l || fl.want_lp) {
-    for (int i = c0 + static_cast<int>(threadIdx.x); i < c1; i += kT) {
-      if (fl.need_z) {
-        const float v = z[i];
-        const int bn = sample_bin(v, zm);
-        if (bn < kNB - 1) {
-          atomicAdd(&cnt[bn], 1u);
-          if (fl.need_m) add_mass(&mlo[bn], &mhi[bn], sample_mass_q(v, zm));
-        } else {
-          ++over_z;  // mass 0 there; counted in registers, not in one contended bin
-        }
+    for (int i0 = c0 + static_cast<int>(threadIdx.x); i0 < c1; i0 += kT * kU) {
+      float zv[kU], lv[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int i = i0 + u * kT;
+        const bool in = i < c1;
+        zv[u] = fl.need_z && in ? z[i] : 0.f;
+        lv[u] = (fl.need_l || fl.want_lp) && in ? dev::to_f(row[i]) : 0.f;
       }
-      if (fl.need_l || fl.want_lp) {
-        const float l = dev::to_f(row[i]);
-        if (fl.need_l) {
-          const int lb = sample_bin(l, lm);
-          if (lb < kNB - 1)
-            atomicAdd(&lc[lb], 1u);
-          else
-            ++over_l;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (i0 + u * kT >= c1) continue;
+        if (fl.need_z) {
+          const float v = zv[u];
+          const int bn = sample_bin(v, zm);
+          if (bn < kNB - 1) {
+            atomicAdd(&cnt[bn], 1u);
+            if (fl.need_m) add_mass(&mlo[bn], &mhi[bn], sample_mass_q(v, zm));
+          } else {
+            ++over_z;  // mass 0 there; counted in registers, not in one contended bin
+          }
         }
-        if (fl.want_lp) lsum += expf(l - lm);
+        if (fl.need_l || fl.want_lp) {
+          const float l = lv[u];
+          if (fl.need_l) {
+            const int lb = sample_bin(l, lm);
+            if (lb < kNB - 1)
+              atomicAdd(&lc[lb], 1u);
+            else
+              ++over_l;
+          }
+          if (fl.want_lp) lsum += expf(l - lm);
+        }
       }
     }
   }
@@ -898,7 +970,6 @@ __global__ void __launch_bounds__(kT) k_draw(SampleBatch b, Layout L) {
   __shared__ unsigned long long ms[kSortCap];
   __shared__ Scratch sh;
   __shared__ Hist256 hs;
-  __shared__ SampleFloors sfl;
   __shared__ double slse;
   __shared__ bool last;
   const int r = blockIdx.y, s = blockIdx.x;
@@ -917,24 +988,54 @@ __global__ void __launch_bounds__(kT) k_draw(SampleBatch b, Layout L) {
   const int c0 = s * L.chunk, c1 = min(V, c0 + L.chunk);
   double best = 0;
   int bi = -1;
+  const float log_min_p = p.min_p > 0.0f ? logf(p.min_p) : 0.f;
   if (!fl.greedy || fl.need_l) {
-    for (int base = c0; base < c1; base += kT) {
-      const int i = base + static_cast<int>(threadIdx.x);
-      const bool in = i < c1;
+    for (int base = c0; base < c1; base += kT * kU) {
+      float zv[kU], lv[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int i = base + u * kT + static_cast<int>(threadIdx.x);
+        const bool in = i < c1;
+        zv[u] = !fl.greedy && in ? z[i] : 0.f;
+        lv[u] = fl.need_l && in ? dev::to_f(row[i]) : 0.f;
+      }
       if (!fl.greedy) {
-        const float v = in ? z[i] : 0.f;
-        const int bn = in ? sample_bin(v, zm) : kNB;
-        if (in && bn < pl.b0 && sample_keep(v, zm, -INFINITY, -INFINITY, p.min_p)) {
-          if (bi < 0 || score_approx(v, p, static_cast<uint32_t>(i)) + 4e-5 >= best) {
-            const double sc = sample_score(v, p, static_cast<uint32_t>(i));
-            if (better(sc, i, best, bi)) best = sc, bi = i;
+        // The sure set: approximate scores first; only a token whose approximation comes
+        // within its error of the warp's best approximation (or of this thread's best
+        // exact score) can be the argmax, and only those get the exact score.
+        int bn[kU];
+        double a[kU];
+        double m = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = base + u * kT + static_cast<int>(threadIdx.x);
+          bn[u] = i < c1 ? sample_bin(zv[u], zm) : kNB;
+          a[u] = -INFINITY;
+          if (i < c1 && bn[u] < pl.b0 && keep_sure(zv[u], zm, p.min_p, log_min_p)) {
+            a[u] = score_approx(zv[u], p, static_cast<uint32_t>(i));
+            m = fmax(m, a[u]);
           }
         }
-        append(in && bn >= pl.b0 && bn <= pl.b1, i, &h->ncand, cand);
+        for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = base + u * kT + static_cast<int>(threadIdx.x);
+          if (a[u] == -INFINITY || a[u] + 4e-5 < m || (bi >= 0 && a[u] + 4e-5 < best)) continue;
+          const double sc = sample_score(zv[u], p, static_cast<uint32_t>(i));
+          if (better(sc, i, best, bi)) best = sc, bi = i;
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = base + u * kT + static_cast<int>(threadIdx.x);
+          append(i < c1 && bn[u] >= pl.b0 && bn[u] <= pl.b1, i, &h->ncand, cand);
+        }
       }
       if (fl.need_l) {
-        const float l = in ? dev::to_f(row[i]) : 0.f;
-        append(in && sample_bin(l, lm) <= lbin, i, &h->nraw, raw);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = base + u * kT + static_cast<int>(threadIdx.x);
+          append(i < c1 && sample_bin(lv[u], lm) <= lbin, i, &h->nraw, raw);
+        }
       }
     }
   }
@@ -983,12 +1084,43 @@ __global__ void __launch_bounds__(kT) k_draw(SampleBatch b, Layout L) {
         for (int j = threadIdx.x; j < static_cast<int>(n); j += kT)
           ms[j] = sample_mass_q(key_value(keys[j]), zm);
       __syncthreads();
-      if (threadIdx.x == 0)
-        sfl = sample_floors(
-            p, V, pl, static_cast<int>(n), [&](int j) { return key_value(keys[j]); },
-            [&](int j) { return static_cast<uint64_t>(ms[j]); });
-      __syncthreads();
-      const SampleFloors f = sfl;
+      // sample_floors, in parallel: the top-k floor is the top_k-th value; top-p's is at
+      // the first sorted position whose prefix mass reaches the target (prefix sums over
+      // the block; the condition is monotone, so the first is where it turns true).
+      SampleFloors f;
+      const int nn = static_cast<int>(n);
+      if (fl.has_k) {
+        const int64_t at = static_cast<int64_t>(p.top_k) - 1 - pl.prefix_count;
+        f.k_floor = key_value(keys[at < 0 ? 0 : (at >= nn ? nn - 1 : at)]);
+      }
+      if (fl.has_p) {
+        if (threadIdx.x == 0) sh.io = nn;
+        __syncthreads();
+        if (fl.has_k)
+          for (int j = threadIdx.x; j < nn; j += kT)
+            if (!(key_value(keys[j]) >= f.k_floor) &&
+                (j == 0 || key_value(keys[j - 1]) >= f.k_floor))
+              sh.io = j;  // the first value below the top-k floor
+        __syncthreads();
+        const int lim = sh.io;
+        __syncthreads();
+        block_scan_u64(ms, lim, sh);
+        if (lim > 0) {
+          const uint64_t total = fl.has_k ? static_cast<uint64_t>(ms[lim - 1]) : pl.total;
+          const uint64_t base0 = fl.has_k ? 0 : pl.prefix_mass;
+          const double target = static_cast<double>(p.top_p) * static_cast<double>(total);
+          if (threadIdx.x == 0) sh.io = lim - 1;
+          __syncthreads();
+          for (int j = threadIdx.x; j < lim; j += kT) {
+            const bool here = static_cast<double>(base0 + ms[j]) >= target;
+            const bool before = j > 0 && static_cast<double>(base0 + ms[j - 1]) >= target;
+            if (here && !before) sh.io = j;
+          }
+          __syncthreads();
+          f.p_floor = key_value(keys[sh.io]);
+          __syncthreads();
+        }
+      }
       for (int j = threadIdx.x; j < static_cast<int>(n); j += kT) {
         const float v = key_value(keys[j]);
         const int id = key_id(keys[j]);
@@ -1147,9 +1279,11 @@ Status sample_cuda_device(const SampleBatch& b, void* stream, const SampleLaunch
   if (b.rows <= 0) return Status::Ok();
   if (b.rows > 65535) return make_error(Errc::usage, "sampler: more than 65535 rows in one batch");
   SPARK_TRY(cuda_check_launch("sampler", staged::kT, 0));
-  // About two blocks per multiprocessor over the batch, each at least kSampleMinChunk.
+  // About how.blocks_per_sm blocks per multiprocessor over the batch, each at least
+  // kSampleMinChunk tokens.
   const size_t V = static_cast<size_t>(b.vocab), R = static_cast<size_t>(b.rows);
-  const size_t want = std::max<size_t>(1, 2 * static_cast<size_t>(staged::sm_count()));
+  const size_t want = std::max<size_t>(1, static_cast<size_t>(std::max(1, how.blocks_per_sm)) *
+                                              static_cast<size_t>(staged::sm_count()));
   size_t chunk = (V * R + want - 1) / want;
   chunk = std::max<size_t>(kSampleMinChunk,
                            (chunk + kSampleMinChunk - 1) / kSampleMinChunk * kSampleMinChunk);

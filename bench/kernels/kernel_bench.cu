@@ -144,9 +144,9 @@ json sampler_bench(cudaStream_t st, double hbm_gbs, void* big, unsigned* sink,
   fmt::print(
       "\n# sampler: one multiprocessor reads {:.0f} GB/s; L2 reads {:.0f} GB/s; HBM {:.0f} GB/s\n",
       one_gbs, l2_gbs, hbm_gbs);
-  fmt::print("# {:<40} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}\n",
+  fmt::print("# {:<40} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6}\n",
              "sampler (rows x vocab: mix)", "KiB/row", "floor HBM", "floor L2", "1 SM", "old us",
-             "new us", "no-PDL us", "speedup", "same");
+             "new us", "no-PDL us", "2/SM us", "speedup", "same");
   json js = json::array();
   struct Mix {
     const char* name;
@@ -221,6 +221,9 @@ json sampler_bench(cudaStream_t st, double hbm_gbs, void* big, unsigned* sink,
         SampleLaunch plain;
         plain.pdl = false;
         const double t_plain = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st, plain)); });
+        SampleLaunch two;
+        two.blocks_per_sm = 2;
+        const double t_two = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st, two)); });
         // Rows where both kernels drew the same token: all of them, except where v1's float
         // top-p masses move a floor (a check that the timed kernels do the work).
         int same = 0;
@@ -230,10 +233,10 @@ json sampler_bench(cudaStream_t st, double hbm_gbs, void* big, unsigned* sink,
                      f_l2 = row_bytes * rows / l2_gbs / 1e3, f_one = row_bytes / one_gbs / 1e3;
         const std::string name = fmt::format("{} x {}: {}", rows, V, m.name);
         fmt::print(
-            "{:<42} {:>7.0f} {:>9.2f} {:>9.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.1f}x "
-            "{:>3}/{}\n",
-            name, row_bytes / 1024, f_hbm, f_l2, f_one, t_old, t_new, t_plain, t_old / t_new, same,
-            rows);
+            "{:<42} {:>7.0f} {:>9.2f} {:>9.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} "
+            "{:>6.1f}x {:>3}/{}\n",
+            name, row_bytes / 1024, f_hbm, f_l2, f_one, t_old, t_new, t_plain, t_two, t_old / t_new,
+            same, rows);
         js.push_back({{"kernel", "sampler"},
                       {"rows", rows},
                       {"vocab", V},
@@ -245,6 +248,7 @@ json sampler_bench(cudaStream_t st, double hbm_gbs, void* big, unsigned* sink,
                       {"old_us", t_old},
                       {"us", t_new},
                       {"no_pdl_us", t_plain},
+                      {"two_per_sm_us", t_two},
                       {"same_tokens", same}});
       }
       for (void* q : {logits, dseen, dcounts, ws, dp, dr}) CK(cudaFree(q));

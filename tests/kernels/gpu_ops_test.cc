@@ -707,7 +707,8 @@ TEST_CASE("gpu argmax and sampler pick the same tokens as the CPU twin") {
 // One batch through the device sampler against sample_ref row by row: the same token,
 // the same alternatives, logprobs within 1e-5 (the log-sum-exp is summed in another
 // order). The workspace starts poisoned, and the batch runs twice on it (the second run
-// must not depend on what the first left there; it launches without PDL).
+// must not depend on what the first left there; it launches without PDL and splits rows
+// into fewer, longer chunks).
 void sampler_batch_case(std::mt19937& rng, int V, int rows, DType dt, size_t stride, int mix0) {
   CAPTURE(V);
   CAPTURE(rows);
@@ -761,7 +762,8 @@ void sampler_batch_case(std::mt19937& rng, int V, int rows, DType dt, size_t str
     b.results = dres.get(), b.tokens = dtok.get();
     b.workspace = ws->get(), b.workspace_bytes = ws->size();
     SampleLaunch how;
-    how.pdl = run == 0;  // the second run without programmatic dependent launch
+    how.pdl = run == 0;  // the second run without programmatic dependent launch,
+    how.blocks_per_sm = run == 0 ? how.blocks_per_sm : 1;  // and with longer chunks
     auto s = sample_cuda_device(b, nullptr, how);
     REQUIRE_MESSAGE(s.ok(), s.message());
     REQUIRE(cuda_synchronize().ok());
