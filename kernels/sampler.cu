@@ -579,12 +579,12 @@ __device__ __forceinline__ const T* row_of(const SampleBatch& b, int r) {
 // same sums below it as sample_plan's and sample_top_bin's serial walks (the condition is
 // monotone in the cumulative sums). Returns the bin (kNB - 1 when never reached) and the
 // count and weight of the bins below it (of all bins when never reached); warp 0 only.
-constexpr int kBinsPerLane = kNB / 32;
-static_assert(kNB % 32 == 0, "bins must split over 32 lanes");
-
-template <class Reach>
+template <int NB = kNB, class Reach>
 __device__ int first_reach(const uint32_t* count, const unsigned long long* weight, Reach reach,
-                           unsigned long long* below_count, unsigned long long* below_weight) {
+                           unsigned long long* below_count, unsigned long long* below_weight,
+                           bool* found = nullptr) {
+  static_assert(NB % 32 == 0, "bins must split over 32 lanes");
+  constexpr int kBinsPerLane = NB / 32;
   const unsigned lane = threadIdx.x & 31u;
   unsigned long long c = 0, w = 0;
   for (int j = 0; j < kBinsPerLane; ++j) {
@@ -598,13 +598,14 @@ __device__ int first_reach(const uint32_t* count, const unsigned long long* weig
     if (lane >= static_cast<unsigned>(o)) ci += oc, wi += ow;
   }
   const unsigned hit = __ballot_sync(0xffffffffu, reach(ci, wi));
+  if (found) *found = hit != 0;
   if (!hit) {
     *below_count = __shfl_sync(0xffffffffu, ci, 31);
     *below_weight = __shfl_sync(0xffffffffu, wi, 31);
-    return kNB - 1;
+    return NB - 1;
   }
   const int L = __ffs(hit) - 1;
-  int bin = kNB - 1;
+  int bin = NB - 1;
   unsigned long long bc = 0, bw = 0;
   if (lane == static_cast<unsigned>(L)) {
     unsigned long long cc = ci - c, ww = wi - w;  // exclusive: the lanes below
@@ -899,6 +900,8 @@ __device__ void bitonic_desc(unsigned long long* keys, int n) {
 
 struct Hist256 {
   uint32_t c[256], lo[256], hi[256];
+  uint32_t rc[256];            // counts by digit from the top (bin 255 - d)
+  unsigned long long rw[256];  // masses likewise
   uint32_t prefix;
   unsigned long long carry;
 };
@@ -927,30 +930,46 @@ __device__ float list_select(const int32_t* ids, uint32_t n, const float* z, flo
         atomicAdd(&hs.c[d], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      uint64_t cum = 0;
-      int pick = -1, lowest = -1;
-      for (int d = 255; d >= 0; --d) {
-        const uint64_t w = by_mass ? hs.lo[d] + (static_cast<uint64_t>(hs.hi[d]) << 32) : hs.c[d];
-        if (w == 0) continue;
-        lowest = d;
-        const bool reach =
-            by_mass ? static_cast<double>(base + cum + w) >= target : cum + w >= need;
-        if (reach) {
-          pick = d;
-          break;
+    for (int d = threadIdx.x; d < 256; d += kT) {
+      hs.rc[255 - d] = hs.c[d];
+      hs.rw[255 - d] =
+          by_mass ? hs.lo[d] + (static_cast<unsigned long long>(hs.hi[d]) << 32) : 0ull;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // warp 0: the first digit from the top that reaches
+      unsigned long long bc = 0, bw = 0;
+      bool reached = false;
+      int bin;
+      if (by_mass)
+        bin = first_reach<256>(
+            hs.rc, hs.rw,
+            [&](unsigned long long, unsigned long long w) {
+              return static_cast<double>(base + w) >= target;
+            },
+            &bc, &bw, &reached);
+      else
+        bin = first_reach<256>(
+            hs.rc, nullptr, [&](unsigned long long c, unsigned long long) { return c >= need; },
+            &bc, &bw, &reached);
+      if (threadIdx.x == 0) {
+        int pick;
+        if (reached) {
+          pick = 255 - bin;
+          if (by_mass)
+            base += bw;
+          else
+            need -= bc;
+        } else {  // rounding left the target just out of reach: the lowest digit present
+          pick = 0;
+          for (int d = 0; d < 256; ++d)
+            if (by_mass ? hs.rw[255 - d] != 0 : hs.rc[255 - d] != 0) {
+              pick = d;
+              break;
+            }
         }
-        cum += w;
+        hs.prefix = prefix | (static_cast<uint32_t>(pick) << shift);
+        hs.carry = by_mass ? base : need;
       }
-      if (pick < 0) {
-        pick = lowest < 0 ? 0 : lowest;
-      } else if (by_mass) {
-        base += cum;
-      } else {
-        need -= cum;
-      }
-      hs.prefix = prefix | (static_cast<uint32_t>(pick) << shift);
-      hs.carry = by_mass ? base : need;
     }
     __syncthreads();
     prefix = hs.prefix;
