@@ -116,7 +116,7 @@ Status sample_cuda_device(const SampleBatch& b, void* stream);
 /// and the tests try the others).
 struct SampleLaunch {
   bool pdl = true;        // launches 2 and 3 start while the previous one drains (sm_90+)
-  int blocks_per_sm = 4;  // blocks over the whole batch, per multiprocessor (>= 1)
+  int blocks_per_sm = 2;  // blocks over the whole batch, per multiprocessor (>= 1)
 };
 Status sample_cuda_device(const SampleBatch& b, void* stream, const SampleLaunch& how);
 
