@@ -148,6 +148,12 @@ Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void*) 
 Status sample_cuda_device(const SampleBatch&, void*) {
   return no_cuda("sample_cuda_device");
 }
+Status sample_cuda_device(const SampleBatch&, void*, const SampleLaunch&) {
+  return no_cuda("sample_cuda_device");
+}
+Status sample_cuda_device_v1(const SampleBatch&, void*) {
+  return no_cuda("sample_cuda_device_v1");
+}
 Status sample_state_reset_cuda_device(uint8_t*, int32_t*, int, const int32_t*, size_t, void*) {
   return no_cuda("sample_state_reset_cuda_device");
 }

@@ -2,18 +2,23 @@
 // The sampler, one definition for both devices: penalties, temperature, top-k, top-p,
 // min-p, then a draw by the Gumbel-max trick with Philox numbers keyed by (seed, request,
 // step, token) (philox.h), plus logprobs and up to 20 top alternatives. sample_ref is the
-// CPU twin of the CUDA kernel in sampler.cu; given the same logits and state they pick the
-// same token (they differ only when a floating-point rounding moves a top-p boundary or
-// two perturbed scores meet within an ulp).
+// CPU twin of the CUDA kernels in sampler.cu; given the same logits and state they keep
+// the same set and pick the same token: the kept set is decided on integer masses and
+// counts, whose sums do not depend on the order of addition (sampler_core.h), and the only
+// floating results that differ are the logprobs (log-sum-exp summed in another order:
+// within 1e-6 relative). The Gumbel scores use a log of our own (sample_log), so they are
+// the same bits on both sides too.
 //
 // Definition, for logits l (fp32) of one row:
 //   z_i   = l_i, divided by repetition_penalty if positive (times it if not) where seen_i,
 //           minus presence_penalty + frequency_penalty * count_i where count_i > 0
 //   greedy (temperature 0): the lowest i with the largest z_i
-//   else  z_i /= temperature; K = {i : z_i >= the top_k-th largest z} (all when top_k <= 0);
-//         p_i = exp(z_i - max z) / sum over K; P = {i in K : z_i >= t}, t the largest value
-//         with sum of p over {z >= t} >= top_p; M = {i : p_i >= min_p * max p};
-//         token = argmax over K & P & M of z_i + g_i, g_i = -log(-log(u_i)),
+//   else  z_i /= temperature; K = {i : z_i >= the top_k-th largest z} (all when top_k <= 0
+//         or >= vocab); m_i = floor(2^32 exp(z_i - max z)) (sample_mass_q, an integer);
+//         P = {i in K : z_i >= t}, t the largest value with
+//         double(sum of m over {j in K : z_j >= t}) >= double(top_p) * double(sum of m over K);
+//         M = {i : double(m_i) >= min_p * 2^32};
+//         token = argmax over K & P & M of z_i + g_i, g_i = -log(-log(u_i)) (sample_log),
 //         u_i = philox_uniform(seed, request, step, i); ties: the lowest id.
 //   logprob = l_token - logsumexp(l); top = the top_logprobs largest l (ties: lowest id).
 #include <cstddef>
@@ -61,6 +66,21 @@ Status sample_check_params(const SampleParams& p, int vocab);
 SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, const uint8_t* seen,
                         const int32_t* counts);
 
+/// What the device's pre-filter did for one row (sample_prefilter_ref).
+struct SamplePrefilterStats {
+  size_t candidates = 0;      // tokens the exact selection sorted
+  size_t sure = 0;            // tokens kept without comparison (bins above the floor's)
+  size_t raw_candidates = 0;  // tokens the top alternatives were chosen from
+  float k_floor = 0, p_floor = 0;
+};
+
+/// The device kernels' decomposition run on the CPU: the histogram plan, the candidate
+/// sets it implies, the exact floors over the sorted candidates (sampler_core.h, the same
+/// code the kernels run). Gives sample_ref's result; tests hold the two against each other.
+SampleResult sample_prefilter_ref(const float* logits, int vocab, const SampleParams& p,
+                                  const uint8_t* seen, const int32_t* counts,
+                                  SamplePrefilterStats* stats);
+
 /// After a draw: seen[token] = 1, ++counts[token].
 void sample_state_update_ref(uint8_t* seen, int32_t* counts, int32_t token);
 
@@ -88,8 +108,22 @@ struct SampleBatch {
 /// Scratch bytes the device sampler needs for `rows` rows of `vocab`.
 size_t sample_workspace_bytes(int rows, int vocab);
 
-/// Draws one token per row on `stream` (one thread block per row).
+/// Draws one token per row on `stream`: each row split over several blocks (three launches:
+/// penalties and maxima; histograms and the plan; candidates, the draw and the results).
 Status sample_cuda_device(const SampleBatch& b, void* stream);
+
+/// How the device sampler launches (the defaults are sample_cuda_device's; the benchmark
+/// and the tests try the others).
+struct SampleLaunch {
+  bool pdl = true;        // launches 2 and 3 start while the previous one drains (sm_90+)
+  int blocks_per_sm = 2;  // blocks over the whole batch, per multiprocessor (>= 1)
+};
+Status sample_cuda_device(const SampleBatch& b, void* stream, const SampleLaunch& how);
+
+/// The previous device sampler (one block of 1024 threads per row, radix selection over
+/// the whole row, top-p on float masses), kept so the kernel benchmark can time the two
+/// side by side. Same batch and workspace as sample_cuda_device.
+Status sample_cuda_device_v1(const SampleBatch& b, void* stream);
 
 /// Resets one slot's penalty state on the device: seen = the prompt's tokens (ids outside
 /// [0, vocab) ignored), counts = 0. prompt is a device array of n ids.

@@ -38,7 +38,8 @@
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
-# NCCL_RING_RANKS, NCCL_TESTS_SRC.
+# NCCL_RING_RANKS, NCCL_TESTS_SRC, GPU_KERNELS_FILTER (doctest -tc for the gpu-kernels
+# step), KERNEL_BENCH_ARGS (extra arguments of spark_kernel_bench).
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -247,7 +248,9 @@ device() {
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*}"
+    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*}"
+  # KERNEL_BENCH_ARGS: e.g. "--only sampler" for the sampler's rows alone.
+  # shellcheck disable=SC2086
   [[ $want == *" kernel-bench "* ]] &&
     step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json" ${KERNEL_BENCH_ARGS:-}
   # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned

@@ -28,6 +28,7 @@
 #include "kernels/sampler.h"
 #include "kernels/swiglu.h"
 #include "support/gpu.h"
+#include "support/sampler_cases.h"
 
 using namespace spark;
 using namespace spark::kernels;
@@ -784,6 +785,111 @@ TEST_CASE("gpu argmax and sampler pick the same tokens as the CPU twin") {
     }
     MESSAGE("sampler V " << V << ": " << same << "/" << rows << " rows drew the CPU twin's token");
   }
+}
+
+// One batch through the device sampler against sample_ref row by row: the same token,
+// the same alternatives, logprobs within 1e-5 (the log-sum-exp is summed in another
+// order). The workspace starts poisoned, and the batch runs twice on it (the second run
+// must not depend on what the first left there; it launches without PDL and splits rows
+// into fewer, longer chunks).
+void sampler_batch_case(std::mt19937& rng, int V, int rows, DType dt, size_t stride, int mix0) {
+  CAPTURE(V);
+  CAPTURE(rows);
+  CAPTURE(static_cast<int>(dt));
+  std::vector<float> logits(static_cast<size_t>(rows) * stride, 0.f);
+  std::vector<int> kinds(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    kinds[static_cast<size_t>(r)] = (r + mix0) % test::kSampleRowKindCount;
+    auto l = test::sample_row(rng, V, kinds[static_cast<size_t>(r)]);
+    if (dt == DType::bf16)
+      for (auto& v : l) v = bf16_to_float(float_to_bf16(v));  // the twin sees what the device reads
+    std::copy(l.begin(), l.end(),
+              logits.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(r) * stride));
+  }
+  std::vector<SampleParams> ps(static_cast<size_t>(rows));
+  std::vector<uint8_t> seen(static_cast<size_t>(rows) * V, 0);
+  std::vector<int32_t> counts(static_cast<size_t>(rows) * V, 0);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  for (int r = 0; r < rows; ++r) {
+    ps[static_cast<size_t>(r)] =
+        test::sample_mix((mix0 * 13 + r * 29) % test::kSampleMixCount, V, rng());
+    for (int i = 0; i < 16; ++i) {
+      const size_t t = static_cast<size_t>(r) * V + static_cast<size_t>(tok(rng));
+      seen[t] = 1;
+      counts[t] += i % 3;
+    }
+  }
+  auto dl = to_dev(logits, dt);
+  auto dparams = DeviceBuf<SampleParams>::from(ps);
+  auto dseen = DeviceBuf<uint8_t>::from(seen);
+  auto dcounts = DeviceBuf<int32_t>::from(counts);
+  const size_t wbytes = sample_workspace_bytes(rows, V);
+  auto ws = DeviceMemory::allocate(wbytes);
+  REQUIRE(ws.ok());
+  std::vector<uint8_t> ff(wbytes, 0xFF);
+  REQUIRE(ws->copy_from_host(ff.data(), ff.size()).ok());
+  std::vector<SampleResult> ref(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r)
+    ref[static_cast<size_t>(r)] = sample_ref(
+        logits.data() + static_cast<size_t>(r) * stride, V, ps[static_cast<size_t>(r)],
+        seen.data() + static_cast<size_t>(r) * V, counts.data() + static_cast<size_t>(r) * V);
+  for (int run = 0; run < 2; ++run) {
+    CAPTURE(run);
+    auto dres = DeviceBuf<SampleResult>::poisoned(static_cast<size_t>(rows));
+    auto dtok = DeviceBuf<int32_t>::poisoned(static_cast<size_t>(rows));
+    SampleBatch b;
+    b.logits_dtype = dt;
+    b.logits = dl.get(), b.logits_stride = stride, b.vocab = V, b.rows = rows;
+    b.params = dparams.get(), b.seen = dseen.get(), b.counts = dcounts.get();
+    b.update_state = false;
+    b.results = dres.get(), b.tokens = dtok.get();
+    b.workspace = ws->get(), b.workspace_bytes = ws->size();
+    SampleLaunch how;
+    how.pdl = run == 0;  // the second run without programmatic dependent launch,
+    how.blocks_per_sm = run == 0 ? how.blocks_per_sm : 1;  // and with longer chunks
+    auto s = sample_cuda_device(b, nullptr, how);
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+    auto res = dres.host();
+    auto toks = dtok.host();
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      CAPTURE(test::kSampleRowKinds[kinds[static_cast<size_t>(r)]]);
+      const auto& p = ps[static_cast<size_t>(r)];
+      CAPTURE(p.temperature);
+      CAPTURE(p.top_k);
+      CAPTURE(p.top_p);
+      CAPTURE(p.min_p);
+      CAPTURE(p.top_logprobs);
+      const auto& want = ref[static_cast<size_t>(r)];
+      const auto& got = res[static_cast<size_t>(r)];
+      CHECK(got.token == want.token);
+      CHECK(toks[static_cast<size_t>(r)] == want.token);
+      const bool lp = p.logprobs != 0 || p.top_logprobs > 0;
+      if (lp && std::isfinite(want.logprob))
+        CHECK(got.logprob == doctest::Approx(want.logprob).epsilon(1e-5).scale(1));
+      CHECK(got.n_top == want.n_top);
+      for (int i = 0; i < want.n_top && i < got.n_top; ++i) {
+        CHECK(got.top_ids[i] == want.top_ids[i]);
+        if (std::isfinite(want.top_logprobs[i]))
+          CHECK(got.top_logprobs[i] ==
+                doctest::Approx(want.top_logprobs[i]).epsilon(1e-5).scale(1));
+      }
+    }
+  }
+}
+
+TEST_CASE("gpu sampler: staged kernels draw the twin's tokens over row kinds, mixes and batches") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("sampler staged"));
+  int mix0 = 0;
+  for (int V : {1, 7, 4099, 32000, 128256, 151936}) {
+    for (int rows : {1, 8, 33}) {
+      sampler_batch_case(rng, V, rows, DType::f32, static_cast<size_t>(V), mix0++);
+      if (rows == 8) sampler_batch_case(rng, V, rows, DType::bf16, static_cast<size_t>(V), mix0++);
+    }
+  }
+  sampler_batch_case(rng, 4099, 9, DType::f32, 4099 + 5, mix0++);  // rows apart in memory
 }
 
 TEST_CASE("gpu sampler state reset marks the prompt and clears counts") {

@@ -15,9 +15,17 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampler.h"
+#include "kernels/sampler_core.h"
+#include "support/gpu.h"
+#include "support/sampler_cases.h"
 
 using namespace spark;
 using namespace spark::kernels;
+using spark::test::kSampleMixCount;
+using spark::test::kSampleRowKindCount;
+using spark::test::kSampleRowKinds;
+using spark::test::sample_mix;
+using spark::test::sample_row;
 
 TEST_CASE("philox4x32-10 matches the Random123 known-answer vectors") {
   auto check = [](Philox4 ctr, uint32_t k0, uint32_t k1, Philox4 want) {
@@ -121,6 +129,139 @@ TEST_CASE("sample_ref: penalties, logprobs and top alternatives") {
   CHECK(sample_check_params(p, 3).ok());
   p.top_logprobs = 21;
   CHECK(sample_check_params(p, 3).message().find("top_logprobs") != std::string::npos);
+}
+
+TEST_CASE("sample_ref: integer masses are floor(2^32 exp(d)), exact at the top, 0 far below") {
+  CHECK(sample_mass_q(3.f, 3.f) == kSampleMassOne);
+  CHECK(sample_mass_q(INFINITY, INFINITY) == kSampleMassOne);
+  CHECK(sample_mass_q(-INFINITY, -INFINITY) == kSampleMassOne);
+  CHECK(sample_mass_q(-INFINITY, 0.f) == 0);
+  CHECK(sample_mass_q(NAN, 0.f) == 0);
+  CHECK(sample_mass_q(-23.5f, 0.f) == 0);
+  uint64_t prev = kSampleMassOne;
+  int off = 0;
+  for (int i = 1; i < 230000; ++i) {
+    const float d = -static_cast<float>(i) * 1e-4f;
+    const uint64_t m = sample_mass_q(d, 0.f);
+    const long double want = std::floor(std::ldexp(std::exp(static_cast<long double>(d)), 32));
+    const long double diff = static_cast<long double>(m) - want;
+    off += diff != 0;
+    REQUIRE(std::fabs(static_cast<double>(diff)) <= 1);
+    REQUIRE(m <= prev);  // non-increasing as z falls, on this sweep
+    prev = m;
+  }
+  MESSAGE(off << " of 229999 masses differ from floor(2^32 exp(d)) in long double by one");
+  // Bins: 16 per nat, the top value alone decides bin 0, far and -inf in the last.
+  CHECK(sample_bin(5.f, 5.f) == 0);
+  CHECK(sample_bin(5.f - 1.f / 32, 5.f) == 0);
+  CHECK(sample_bin(4.f, 5.f) == 16);
+  CHECK(sample_bin(-INFINITY, 5.f) == kSampleBins - 1);
+  CHECK(sample_bin(-40.f, 5.f) == kSampleBins - 1);
+  CHECK(sample_bin(INFINITY, INFINITY) == 0);
+  CHECK(sample_bin(1.f, INFINITY) == kSampleBins - 1);
+}
+
+TEST_CASE("sample_ref: sample_log is log to a few ulps, also for u next to 1") {
+  std::mt19937_64 rng(5);
+  double worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // Uniforms as the sampler draws them, their -log, and a wide log-uniform sweep.
+    const double u = (static_cast<double>(rng() >> 11) + 0.5) * 0x1p-53;
+    const double xs[] = {
+        u, -std::log(u),
+        std::exp(static_cast<double>(static_cast<int64_t>(rng() % 1400)) / 10 - 70), 1 - u * 1e-12};
+    for (double x : xs) {
+      const double want = std::log(x), got = sample_log(x);
+      const double err = std::fabs(got - want) / std::max(std::fabs(want), 1e-300);
+      worst = std::max(worst, want == 0 ? std::fabs(got) : err);
+    }
+  }
+  MESSAGE("sample_log: worst relative error against libm " << worst);
+  CHECK(worst < 1e-15);
+  CHECK(sample_log(1.0) == 0.0);
+  CHECK(sample_log(2.0) == doctest::Approx(std::log(2.0)).epsilon(1e-16));
+}
+
+TEST_CASE("sample_ref: top-p on integer masses, summed in any order") {
+  // Two tokens of exactly half the mass each: top_p 0.5 keeps the first alone, and the
+  // decision holds whichever way the masses are added.
+  std::vector<float> l = {0.f, 0.f, -30.f};
+  SampleParams p;
+  p.top_p = 0.5f;
+  std::map<int, int> h;
+  for (uint32_t step = 0; step < 400; ++step) {
+    p.step = step;
+    ++h[sample_ref(l.data(), 3, p, nullptr, nullptr).token];
+  }
+  // Both tied values are >= the floor 0: ties at the floor are kept, never token 2.
+  CHECK(h.size() == 2);
+  CHECK(h.count(2) == 0);
+  // min-p against the integer mass: exp(-1) = 0.3679 < 0.37 drops token 1, 0.36 keeps it.
+  std::vector<float> m = {1.f, 0.f};
+  p = {};
+  p.min_p = 0.37f;
+  h.clear();
+  for (uint32_t step = 0; step < 400; ++step)
+    p.step = step, ++h[sample_ref(m.data(), 2, p, nullptr, nullptr).token];
+  CHECK(h.size() == 1);
+  p.min_p = 0.36f;
+  h.clear();
+  for (uint32_t step = 0; step < 400; ++step)
+    p.step = step, ++h[sample_ref(m.data(), 2, p, nullptr, nullptr).token];
+  CHECK(h.size() == 2);
+}
+
+TEST_CASE("sample_prefilter: the device's staged decomposition gives the definition's draw") {
+  // Every row kind, vocabularies that are multiples of nothing, every parameter mix; the
+  // staged path (histogram plan, candidates, floors over the sorted candidates) must give
+  // sample_ref's token and alternatives. The coverage counters make sure each branch of
+  // the plan ran: candidate sets past the device's sort capacity (its radix fallback),
+  // tokens kept whole above the top-p bin, and rows where the filter cut the row down.
+  std::mt19937 rng(test::fresh_seed("sample_prefilter"));
+  size_t over_cap = 0, sure_rows = 0, filtered = 0, rows = 0, raw_filtered = 0;
+  for (int V : {1, 2, 7, 1000, 4099, 9973}) {
+    for (int kind = 0; kind < kSampleRowKindCount; ++kind) {
+      auto l = sample_row(rng, V, kind);
+      std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
+      std::vector<int32_t> counts(static_cast<size_t>(V), 0);
+      std::uniform_int_distribution<int> tok(0, V - 1);
+      for (int i = 0; i < 12; ++i) {
+        const auto t = static_cast<size_t>(tok(rng));
+        seen[t] = 1;
+        counts[t] += i % 3;
+      }
+      const int mixes = V > 4000 ? 30 : 90;
+      for (int mi = 0; mi < mixes; ++mi) {
+        const int i =
+            static_cast<int>((static_cast<unsigned>(mi) * 97u + static_cast<unsigned>(kind)) %
+                             static_cast<unsigned>(kSampleMixCount));
+        const SampleParams p = sample_mix(i, V, rng());
+        CAPTURE(V);
+        CAPTURE(kSampleRowKinds[kind]);
+        CAPTURE(i);
+        SamplePrefilterStats st;
+        const auto want = sample_ref(l.data(), V, p, seen.data(), counts.data());
+        const auto got = sample_prefilter_ref(l.data(), V, p, seen.data(), counts.data(), &st);
+        ++rows;
+        REQUIRE(got.token == want.token);
+        REQUIRE(got.n_top == want.n_top);
+        for (int t = 0; t < want.n_top; ++t) REQUIRE(got.top_ids[t] == want.top_ids[t]);
+        if (p.temperature > 0 && (sample_has_k(p, V) || sample_has_p(p))) {
+          over_cap += st.candidates > 2048;
+          sure_rows += st.sure > 0 && st.candidates > 0;
+          filtered += st.candidates + st.sure < static_cast<size_t>(V) / 2;
+        }
+        raw_filtered += p.top_logprobs > 0 && st.raw_candidates < static_cast<size_t>(V) / 2;
+      }
+    }
+  }
+  MESSAGE(rows << " rows; candidates past 2048: " << over_cap << ", sure bins and candidates: "
+               << sure_rows << ", filtered to < half: " << filtered
+               << ", top alternatives filtered: " << raw_filtered);
+  CHECK(over_cap > 0);
+  CHECK(sure_rows > 0);
+  CHECK(filtered > rows / 10);
+  CHECK(raw_filtered > 0);
 }
 
 TEST_CASE("sample_ref state: built from a token list, as the host sampler records it") {
