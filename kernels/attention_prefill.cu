@@ -1,13 +1,26 @@
 // Prefill attention over the paged KV cache, flash-attention style (FlashAttention-2's
-// work split): a block owns 64 queries of one head of one sequence, 4 warps of 16 query
-// rows each; it walks the causal range of keys in tiles of BN, keeping the running row
-// max, row sum and output in registers (online softmax in fp32, exp2 domain). Products
-// run on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulation); the score
-// accumulators are reused as the A operand of P*V without leaving registers. K and V
-// tiles are gathered through the block table into shared memory (V transposed, so both
-// operands are read with 32-bit loads); an fp32 cache is rounded to bf16 for the products.
-// head_dim is padded with zeros to the kernel's HD (64, 128 or 256).
+// work split): a block owns a tile of queries of one head of one sequence and walks the
+// causal range of keys in tiles, keeping the running row max, row sum and output in
+// registers (online softmax in fp32, exp2 domain). Products run on the tensor cores
+// (mma.sync m16n8k16, bf16 in, fp32 accumulation); the score accumulators are reused as
+// the A operand of P*V without leaving registers; Q, K and V^T fragments come out of
+// shared memory by ldmatrix (.trans for V). K and V tiles are gathered through the block
+// table with cp.async; an fp32 cache (or fp32 q) is rounded to bf16 for the products, on
+// the way into shared memory. head_dim is padded with zeros to the kernel's HD (64, 128
+// or 256).
+//
+// Two kernels. The tiled kernel (the engine's): 4 warps of 16 x MT query rows (MT 1 or 2,
+// so 64 or 128 queries per block), one K and one V buffer filled FlashAttention-2's way
+// (V of tile i lands while S = Q K^T of tile i is computed, K of tile i+1 while softmax
+// and P V run), the causal mask applied only where a tile crosses a warp's diagonal, a
+// warp idle on tiles wholly above its rows, exp2 with the scale folded into one FMA, and
+// a grid ordered longest tile first, heads innermost (the query heads of one KV head run
+// side by side and share its K/V in L2). Shared memory: (BM + 2 BN) x (HD + 8) bf16,
+// 68 KiB at most, so it fits GB10's 99 KiB per block. The previous kernel (64 queries,
+// K and V double-buffered together, mask on every tile, grid in tile order) is kept for
+// the benchmark's side-by-side rows (AttentionBatch::prefill_variant).
 #include <cfloat>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda_check.cuh"
@@ -56,6 +69,8 @@ __device__ __forceinline__ void load_q_frag(const dev::bf16* q_s, int r, int kk,
   a[3] = *reinterpret_cast<const uint32_t*>(qa + 8 * P + 8);
 }
 
+// ---- the previous kernel ---------------------------------------------------------------
+
 template <int HD, int BN>
 struct PrefillSmem {
   static constexpr int kP =
@@ -82,7 +97,7 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 template <typename C, int HD, int BN>
-__global__ void __launch_bounds__(kWarpsP * 32) prefill_kernel(AttentionBatch b) {
+__global__ void __launch_bounds__(kWarpsP * 32) prefill_v1_kernel(AttentionBatch b) {
   using S = PrefillSmem<HD, BN>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   dev::bf16* q_s = reinterpret_cast<dev::bf16*>(smem_raw);
@@ -308,9 +323,9 @@ __global__ void __launch_bounds__(kWarpsP * 32) prefill_kernel(AttentionBatch b)
 }
 
 template <typename C, int HD, int BN>
-Status launch_prefill(const AttentionBatch& b, cudaStream_t st) {
+Status launch_prefill_v1(const AttentionBatch& b, cudaStream_t st) {
   constexpr size_t smem = PrefillSmem<HD, BN>::bytes;
-  auto* k = prefill_kernel<C, HD, BN>;
+  auto* k = prefill_v1_kernel<C, HD, BN>;
   SPARK_TRY(detail::prepare_launch(k, "attention_prefill", kWarpsP * 32, smem));
   const dim3 grid(static_cast<unsigned>((b.max_query_len + kBM - 1) / kBM),
                   static_cast<unsigned>(b.n_heads), static_cast<unsigned>(b.n_seqs));
@@ -320,11 +335,343 @@ Status launch_prefill(const AttentionBatch& b, cudaStream_t st) {
 }
 
 template <typename C>
-Status dispatch_prefill(const AttentionBatch& b, cudaStream_t st) {
+Status dispatch_prefill_v1(const AttentionBatch& b, cudaStream_t st) {
   const int hd = b.kv.head_dim;
-  if (hd <= 64) return launch_prefill<C, 64, 64>(b, st);
-  if (hd <= 128) return launch_prefill<C, 128, 64>(b, st);
-  return launch_prefill<C, 256, 32>(b, st);
+  if (hd <= 64) return launch_prefill_v1<C, 64, 64>(b, st);
+  if (hd <= 128) return launch_prefill_v1<C, 128, 64>(b, st);
+  return launch_prefill_v1<C, 256, 32>(b, st);
+}
+
+// ---- the tiled kernel ----------------------------------------------------------------
+
+constexpr int kWarpsT = 4;
+
+template <int HD, int BN, int MT>
+struct TiledSmem {
+  static constexpr int kBM = kWarpsT * 16 * MT;  // queries per block
+  static constexpr int kP = HD + 8;  // row pitch (bf16): 16-byte rows 1 bank group apart
+  static constexpr size_t q_elems = size_t{kBM} * kP;
+  static constexpr size_t kv_elems = size_t{BN} * kP;
+  static constexpr size_t bytes = (q_elems + 2 * kv_elems) * 2;  // Q, one K, one V
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// 2^x on the special-function unit; -inf gives +0, which is what masked scores need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename C, int HD, int BN, int MT>
+__global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(AttentionBatch b) {
+  using S = TiledSmem<HD, BN, MT>;
+  constexpr int kBM = S::kBM, kP = S::kP, kCh = HD / 8, kT = kWarpsT * 32;
+  constexpr int kKK = HD / 16;  // k-steps of S = Q K^T
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  dev::bf16* q_s = reinterpret_cast<dev::bf16*>(smem_raw);
+  dev::bf16* k_s = q_s + S::q_elems;
+  dev::bf16* v_s = k_s + S::kv_elems;
+
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int tile = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // longest tiles first
+  const int qs = b.query_start[seq];
+  const int qlen = b.query_start[seq + 1] - qs;
+  const int m0 = tile * kBM;
+  if (m0 >= qlen) return;
+  const int ctx = b.seq_lens[seq];
+  const int hd = b.kv.head_dim;
+  const int kvh = h / (b.n_heads / b.kv.n_kv_heads);
+  const int rows = min(kBM, qlen - m0);  // valid query rows of the tile
+  const int p0 = ctx - qlen + m0;        // position of the tile's first query
+  const int kend = p0 + rows;            // keys [kstart, kend) are attended by some row
+  int kstart = b.window > 0 ? max(0, p0 - b.window + 1) : 0;
+  kstart = kstart / BN * BN;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+
+  // Q tile -> shared memory (bf16, zero padded): in the first cp.async group with K's tile.
+  for (int c = tid; c < kBM * kCh; c += kT) {
+    const int r = c / kCh, d = (c % kCh) * 8;
+    const bool valid = r < rows && d < hd;
+    const size_t off =
+        valid ? static_cast<size_t>(qs + m0 + r) * b.q_stride + static_cast<size_t>(h) * hd + d : 0;
+    dev::bf16* dst = q_s + r * kP + d;
+    if (b.dtype == DType::bf16)
+      cp_async16(dst, static_cast<const dev::bf16*>(b.q) + off, valid);
+    else
+      *reinterpret_cast<uint4*>(dst) =
+          load8_bf16<float>(static_cast<const float*>(b.q) + off, valid);
+  }
+
+  const int32_t* table = b.block_tables + static_cast<size_t>(seq) * b.max_blocks_per_seq;
+  const size_t row_elems = static_cast<size_t>(b.kv.n_kv_heads) * hd;
+  const size_t head_off = static_cast<size_t>(kvh) * hd;
+  const int bsz = b.kv.block_size;
+  const int bshift = (bsz & (bsz - 1)) == 0 ? __ffs(bsz) - 1 : -1;  // a power of two: shifts
+  const C* kpool = static_cast<const C*>(b.kv.k);
+  const C* vpool = static_cast<const C*>(b.kv.v);
+  // One K or V tile of BN positions from n0 into `dst`; rows past kend are zeros.
+  auto load_tile = [&](dev::bf16* dst, const C* pool, int n0) {
+#pragma unroll
+    for (int c = tid; c < BN * kCh; c += kT) {
+      const int r = c / kCh, d = (c % kCh) * 8;
+      const int kp = n0 + r;
+      const bool valid = kp < kend && d < hd;
+      size_t off = 0;
+      if (valid) {
+        int blk, in;
+        if (bshift >= 0)
+          blk = table[kp >> bshift], in = kp & (bsz - 1);
+        else
+          blk = table[kp / bsz], in = kp % bsz;
+        off = (static_cast<size_t>(blk) * bsz + in) * row_elems + head_off + d;
+      }
+      if constexpr (std::is_same_v<C, dev::bf16>)
+        cp_async16(dst + r * kP + d, pool + off, valid);
+      else
+        *reinterpret_cast<uint4*>(dst + r * kP + d) = load8_bf16<C>(pool + off, valid);
+    }
+    cp_async_commit();
+  };
+
+  load_tile(k_s, kpool, kstart);
+
+  const int g = lane >> 2, cq = lane & 3;
+  const int wr = warp * 16 * MT;           // the warp's first row in the tile
+  const int wfirst = p0 + wr;              // ... its position
+  const int wlast = wfirst + 16 * MT - 1;  // the position of its last row
+  const bool warp_live = wr < rows;
+  const float sl2 = b.scale * 1.4426950408889634f;
+
+  // Q's A fragments stay in registers when they are few (MT * head_dim <= 128).
+  constexpr bool kHoistQ = MT * HD <= 128;
+  uint32_t qf[kHoistQ ? MT * kKK : 1][4];
+  if constexpr (kHoistQ) {
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < kKK; ++kk)
+        ldsm_x4(qf[mt * kKK + kk],
+                q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+  }
+
+  float o[MT][HD / 8][4];
+  float mrow[MT][2], lrow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+    mrow[mt][0] = mrow[mt][1] = -INFINITY;
+    lrow[mt][0] = lrow[mt][1] = 0.f;
+  }
+
+  for (int n0 = kstart; n0 < kend; n0 += BN) {
+    cp_async_wait<0>();
+    __syncthreads();  // K of this tile (and Q) landed; every warp is done with V's buffer
+    load_tile(v_s, vpool, n0);
+    // A warp whose rows all precede the tile's first key has nothing to do on it.
+    const bool active = warp_live && n0 <= wlast;
+    float s[MT][BN / 8][4];
+    if (active) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+          s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kKK; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kHoistQ) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[mt][i] = qf[mt * kKK + kk][i];
+          } else {
+            ldsm_x4(a[mt], q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j += 2) {
+          uint32_t kb[4];
+          ldsm_x4(kb, k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * kP + kk * 16 +
+                          ((lane >> 3) & 1) * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(s[mt][j], a[mt], kb[0], kb[1]);
+            mma_bf16(s[mt][j + 1], a[mt], kb[2], kb[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // V of this tile landed; every warp is done with K's buffer
+    if (n0 + BN < kend) load_tile(k_s, kpool, n0 + BN);
+    if (!active) continue;
+
+    // Only a tile that reaches past the warp's first row (or any tile under a window)
+    // needs the mask.
+    const bool need_mask = b.window > 0 || n0 + BN - 1 > wfirst;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int posA = wfirst + mt * 16 + g, posB = posA + 8;
+      if (need_mask) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kp = n0 + j * 8 + cq * 2 + (e & 1);
+            const int pos = e < 2 ? posA : posB;
+            if (kp > pos || (b.window > 0 && kp <= pos - b.window)) s[mt][j][e] = -INFINITY;
+          }
+      }
+      float tmA = -INFINITY, tmB = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        tmA = fmaxf(tmA, fmaxf(s[mt][j][0], s[mt][j][1]));
+        tmB = fmaxf(tmB, fmaxf(s[mt][j][2], s[mt][j][3]));
+      }
+#pragma unroll
+      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, o2));
+        tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, o2));
+      }
+      // Maxima are kept in raw score units; the scale goes into the exponent's FMA.
+      const float nmA = fmaxf(mrow[mt][0], tmA), nmB = fmaxf(mrow[mt][1], tmB);
+      const float msA = nmA == -INFINITY ? 0.f : nmA * sl2;
+      const float msB = nmB == -INFINITY ? 0.f : nmB * sl2;
+      const float alA = fast_exp2(fmaf(mrow[mt][0], sl2, -msA));
+      const float alB = fast_exp2(fmaf(mrow[mt][1], sl2, -msB));
+      mrow[mt][0] = nmA, mrow[mt][1] = nmB;
+      float sumA = 0.f, sumB = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        s[mt][j][0] = fast_exp2(fmaf(s[mt][j][0], sl2, -msA));
+        s[mt][j][1] = fast_exp2(fmaf(s[mt][j][1], sl2, -msA));
+        s[mt][j][2] = fast_exp2(fmaf(s[mt][j][2], sl2, -msB));
+        s[mt][j][3] = fast_exp2(fmaf(s[mt][j][3], sl2, -msB));
+        sumA += s[mt][j][0] + s[mt][j][1];
+        sumB += s[mt][j][2] + s[mt][j][3];
+      }
+      lrow[mt][0] = lrow[mt][0] * alA + sumA;
+      lrow[mt][1] = lrow[mt][1] * alB + sumB;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j) {
+        o[mt][j][0] *= alA, o[mt][j][1] *= alA;
+        o[mt][j][2] *= alB, o[mt][j][3] *= alB;
+      }
+    }
+
+    // O += P V; V's B fragments come transposed out of the row-major tile.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < HD / 8; j += 2) {
+        uint32_t vb[4];
+        ldsm_x4_trans(
+            vb, v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kP + (j + (lane >> 4)) * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(o[mt][j], a[mt], vb[0], vb[1]);
+          mma_bf16(o[mt][j + 1], a[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  if (!warp_live) return;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float lA = lrow[mt][0], lB = lrow[mt][1];
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      lA += __shfl_xor_sync(0xffffffffu, lA, o2);
+      lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+    }
+    const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wr + mt * 16 + g + half * 8;
+      if (r >= rows) continue;
+      const float inv = half == 0 ? iA : iB;
+      const size_t base =
+          static_cast<size_t>(qs + m0 + r) * b.out_stride + static_cast<size_t>(h) * hd;
+#pragma unroll
+      for (int j = 0; j < HD / 8; ++j) {
+        const int d = j * 8 + cq * 2;
+        if (d >= hd) continue;
+        const float x0 = o[mt][j][2 * half] * inv, x1 = o[mt][j][2 * half + 1] * inv;
+        if (b.dtype == DType::bf16) {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<dev::bf16*>(b.out) + base + d) =
+              __floats2bfloat162_rn(x0, x1);
+        } else {
+          float* op = static_cast<float*>(b.out) + base + d;
+          op[0] = x0, op[1] = x1;
+        }
+      }
+    }
+  }
+}
+
+template <typename C, int HD, int BN, int MT>
+Status launch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
+  using S = TiledSmem<HD, BN, MT>;
+  auto* k = prefill_tiled_kernel<C, HD, BN, MT>;
+  SPARK_TRY(detail::prepare_launch(k, "attention_prefill", kWarpsT * 32, S::bytes));
+  const int tiles = (b.max_query_len + S::kBM - 1) / S::kBM;
+  if (tiles > 65535)
+    return make_error(Errc::usage, "attention_prefill: " + std::to_string(tiles) +
+                                       " query tiles of " + std::to_string(S::kBM) +
+                                       " exceed the grid's 65535; split the prompt into chunks");
+  const dim3 grid(static_cast<unsigned>(b.n_heads), static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(b.n_seqs));
+  k<<<grid, kWarpsT * 32, S::bytes, st>>>(b);
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+// MT 2 (128 queries a block, half the shared-memory reads per product of MT 1) once the
+// grid has at least two waves of blocks; below that, 64-query blocks shorten the longest
+// block, which then sets the time (short prompts).
+template <typename C>
+Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
+  const int hd = b.kv.head_dim;
+  int mt = 1;
+  if (b.prefill_variant == 3) {
+    mt = 2;
+  } else if (b.prefill_variant == 0) {
+    auto lim = cuda_device_limits();
+    SPARK_TRY(lim.status());
+    const long long blocks2 =
+        static_cast<long long>((b.max_query_len + 127) / 128) * b.n_heads * b.n_seqs;
+    mt = blocks2 >= 4LL * lim->sm_count ? 2 : 1;
+  }
+  if (hd <= 64)
+    return mt == 2 ? launch_prefill_tiled<C, 64, 64, 2>(b, st)
+                   : launch_prefill_tiled<C, 64, 64, 1>(b, st);
+  if (hd <= 128)
+    return mt == 2 ? launch_prefill_tiled<C, 128, 64, 2>(b, st)
+                   : launch_prefill_tiled<C, 128, 64, 1>(b, st);
+  // head_dim 256: two m-tiles would need 256 accumulator registers a thread.
+  return launch_prefill_tiled<C, 256, 32, 1>(b, st);
 }
 
 }  // namespace
@@ -336,7 +683,9 @@ Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
     return make_error(Errc::usage,
                       "attention_prefill: more than 65535 sequences or heads in one batch");
   auto st = static_cast<cudaStream_t>(stream);
-  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill<C>(b, st));
+  if (b.prefill_variant == 1)
+    SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_v1<C>(b, st));
+  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_tiled<C>(b, st));
   return Status::Ok();
 }
 

@@ -91,6 +91,10 @@ struct AttentionBatch {
   // batch (4) under a register cap for 3 blocks per multiprocessor (more warps in flight,
   // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
   int decode_variant = 0;
+  // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
+  // kernel, 64 or 128 queries a block chosen from the grid's size); 1 = the previous kernel;
+  // 2 / 3 = the tiled kernel with 64 / 128 queries a block (head_dim > 128: always 64).
+  int prefill_variant = 0;
 };
 
 /// Checks an AttentionBatch against its contract and the kernels' limits (head_dim a

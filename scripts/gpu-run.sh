@@ -35,7 +35,8 @@
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
-# NCCL_RING_RANKS, NCCL_TESTS_SRC.
+# NCCL_RING_RANKS, NCCL_TESTS_SRC, GPU_KERNELS_FILTER (the gpu-kernels step's doctest -tc
+# filter, e.g. 'gpu prefill*'), KERNEL_BENCH_ARGS (e.g. "--only prefill").
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }
@@ -237,9 +238,9 @@ device() {
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc='*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*'
+    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_ref*,twins*,rope*,paged*,decode split*}"
   [[ $want == *" kernel-bench "* ]] &&
-    step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json"
+    step kernel-bench 300 "$dev/bin/spark_kernel_bench" --json "$out/kernel_bench.json" ${KERNEL_BENCH_ARGS:-}
   # The same tests under compute-sanitizer's memcheck (out-of-bounds and misaligned
   # accesses, leaks); the 32k-token cases are left out there (SPARK_TEST_NO_LARGE).
   if [[ $want == *" memcheck "* ]]; then

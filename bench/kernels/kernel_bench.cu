@@ -5,7 +5,9 @@
 // CUDA graph of many launches (launch gaps hidden) over inputs rotated among enough copies
 // to exceed the L2 cache, median of several replays. Inputs are random, never zeros.
 //
-// Usage: spark_kernel_bench [--json FILE] [--quick]
+// Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
+// Sections: matmul, fused, decode, prefill (attention = both), other; the HBM read and
+// the bf16 product peak are measured in every run, as every row is read against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -122,16 +124,42 @@ double time_us(cudaStream_t st, int per_graph, const std::function<void(int)>& b
 int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false;
+  std::string only;
+  const std::string sections = ",matmul,fused,decode,prefill,attention,other,";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick"))
+    } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
-    else {
-      std::fprintf(stderr, "usage: spark_kernel_bench [--json FILE] [--quick]\n");
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+      size_t p = 0;
+      while (p <= only.size()) {
+        const size_t e = std::min(only.find(',', p), only.size());
+        const std::string sec = only.substr(p, e - p);
+        if (sections.find("," + sec + ",") == std::string::npos) {
+          std::fprintf(stderr,
+                       "spark_kernel_bench: --only: unknown section '%s' (known: matmul, fused, "
+                       "decode, prefill, attention, other)\n",
+                       sec.c_str());
+          return 2;
+        }
+        p = e + 1;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]\n");
       return 2;
     }
   }
+  // Whether section `sec` runs: all of them without --only; "attention" stands for
+  // decode and prefill.
+  auto want = [&](const std::string& sec) {
+    if (only.empty()) return true;
+    const std::string list = "," + only + ",";
+    if (list.find("," + sec + ",") != std::string::npos) return true;
+    return (sec == "decode" || sec == "prefill") && list.find(",attention,") != std::string::npos;
+  };
   ST(cuda_select_device(0));
   auto lim = cuda_device_limits(0);
   ST(lim.status());
@@ -195,11 +223,13 @@ int main(int argc, char** argv) {
     CK(cudaFree(w));
     CK(cudaFree(o));
   }
-  fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
-             "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
-             "%HBM", "TFLOP/s", "faster");
+  if (want("matmul"))
+    fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
+               "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
+               "%HBM", "TFLOP/s", "faster");
   json mjs = json::array();
   for (const auto& sh : shapes) {
+    if (!want("matmul")) break;
     const size_t wbytes = sh.n * sh.k * 2;
     // Enough weight copies to exceed the L2 (and at least 2).
     const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -261,9 +291,11 @@ int main(int argc, char** argv) {
   // products as Matmul::run picks them. gate/up + SwiGLU: the own kernel with SwiGLU in its
   // epilogue against the product (automatic choice) into [gate | up] plus the SwiGLU kernel.
   json fjs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)", "fused us",
-             "GB/s", "%HBM", "split us", "GB/s", "%HBM");
+  if (want("fused"))
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)",
+               "fused us", "GB/s", "%HBM", "split us", "GB/s", "%HBM");
   for (size_t m : {size_t{1}, size_t{8}}) {
+    if (!want("fused")) break;
     const size_t k = 4096, nq = 4096, nkv = 1024;
     const size_t wbytes = (nq + 2 * nkv) * k * 2;
     const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -311,6 +343,7 @@ int main(int argc, char** argv) {
   } gates[] = {{"gate_up+swiglu 28672x4096", 14336, 4096}, {"gate_up+swiglu 9728x896", 4864, 896}};
   for (const auto& gsh : gates)
     for (size_t m : {size_t{1}, size_t{8}}) {
+      if (!want("fused")) break;
       const size_t k = gsh.k, inter = gsh.inter;
       const size_t wbytes = 2 * inter * k * 2;
       const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
@@ -386,7 +419,7 @@ int main(int argc, char** argv) {
     b.query_start = static_cast<int32_t*>(dq), b.n_seqs = n_seqs, b.n_tokens = T,
     b.max_query_len = qlen;
     b.max_seq_len = std::max(ctx, bound), b.scale = 0.0883883f;
-    b.decode_variant = variant;
+    (decode ? b.decode_variant : b.prefill_variant) = variant;
     void* ws = nullptr;
     if (decode) {
       b.workspace_bytes =
@@ -403,16 +436,18 @@ int main(int argc, char** argv) {
          : partitioned ? attention_decode_partitioned_cuda_device(b, st)
                        : attention_decode_cuda_device(b, st));
     });
-    const char* kname = !decode       ? "prefill"
+    const char* prefill_names[] = {"prefill", "prefill (old)", "prefill (64q)", "prefill (128q)"};
+    const char* kname = !decode       ? prefill_names[variant]
                         : partitioned ? "decode (old)"
                         : variant     ? "decode (U4x3)"
                                       : "decode";
     std::string name =
         fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
                     bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
-    json j = {{"kernel", !decode       ? "attention_prefill"
-                         : partitioned ? "attention_decode_partitioned"
-                                       : "attention_decode"},
+    json j = {{"kernel", !decode && variant == 1 ? "attention_prefill_previous"
+                         : !decode               ? "attention_prefill"
+                         : partitioned           ? "attention_decode_partitioned"
+                                                 : "attention_decode"},
               {"seqs", n_seqs},
               {"ctx", ctx},
               {"bound", std::max(ctx, bound)},
@@ -443,91 +478,100 @@ int main(int argc, char** argv) {
   const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
                                   {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
   for (const auto& d : decode_shapes) {
+    if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 1);
     attention(true, d[0], d[1], 1, true, d[2]);
   }
-  attention(false, 1, 1024, 1024);
-  attention(false, 1, 8192, 8192);
-  if (!quick) attention(false, 1, 32768, 32768);
+  // Prefill: the engine's kernel (the tiled kernel, block size chosen from the grid), the
+  // previous kernel, then the tiled kernel with each block size forced; % is of the bf16
+  // product peak above. The last shape is a chunk of 2048 after a 6144-token prefix.
+  const int prefill_shapes[][2] = {{1024, 1024}, {8192, 8192}, {32768, 32768}, {8192, 2048}};
+  for (const auto& p : prefill_shapes) {
+    if (!want("prefill")) break;
+    if (quick && p[0] > 8192) continue;
+    for (int v : {0, 1, 2, 3}) attention(false, 1, p[0], p[1], false, 0, v);
+  }
   out["attention"] = ajs;
 
   // ---- norms, RoPE, sampler ----
   json ojs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
-  for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
-    const size_t dim = 4096;
-    void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),
-         *w = random_bf16(dim, 22), *y = dalloc(rows * dim * 2);
-    const double t = time_us(st, 50, [&](int) {
-      ST(add_rmsnorm_cuda_device(DType::bf16, h, d, w, y, rows, dim, 1e-5f, st));
-    });
-    const double bytes = 4.0 * rows * dim * 2;  // read h, d; write h, y
-    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n",
-               fmt::format("add_rmsnorm {}x{}", rows, dim), t, bytes / t / 1e3,
-               100 * bytes / t / 1e3 / read_gbs);
-    ojs.push_back({{"kernel", "add_rmsnorm"},
-                   {"rows", rows},
-                   {"dim", dim},
-                   {"us", t},
-                   {"GBps", bytes / t / 1e3}});
-    for (void* p : {h, d, w, y}) CK(cudaFree(p));
-  }
-  for (size_t T : {size_t{1}, size_t{32}, size_t{8192}}) {
-    const size_t stride = (32 + 16) * 128;
-    void* qkv = random_bf16(T * stride, 30);
-    std::vector<int32_t> pos(T);
-    for (size_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(i * 3);
-    auto inv = rope_inv_freq(128, 500000.0, {});
-    void *dp = dalloc(T * 4), *di = dalloc(inv.size() * 4);
-    CK(cudaMemcpy(dp, pos.data(), T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(di, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
-    RopeArgs a;
-    a.q = qkv, a.q_stride = stride, a.n_heads = 32, a.k = static_cast<char*>(qkv) + 32 * 128 * 2,
-    a.k_stride = stride;
-    a.n_kv_heads = 8, a.head_dim = 128, a.n_tokens = T, a.positions = static_cast<int32_t*>(dp),
-    a.inv_freq = static_cast<float*>(di);
-    const double t = time_us(st, 50, [&](int) { ST(rope_cuda_device(a, st)); });
-    const double bytes = 2.0 * T * 40 * 128 * 2;
-    fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n", fmt::format("rope q+k {} tokens", T), t,
-               bytes / t / 1e3, 100 * bytes / t / 1e3 / read_gbs);
-    ojs.push_back({{"kernel", "rope"}, {"tokens", T}, {"us", t}, {"GBps", bytes / t / 1e3}});
-    for (void* p : {qkv, dp, di}) CK(cudaFree(p));
-  }
-  for (int rows : {1, 32}) {
-    const int V = 128256;
-    void* logits = dalloc(static_cast<size_t>(rows) * V * 4);
-    std::vector<float> hl(static_cast<size_t>(rows) * V);
-    std::mt19937 rng(3);
-    std::normal_distribution<float> nd(0, 3);
-    for (auto& f : hl) f = nd(rng);
-    CK(cudaMemcpy(logits, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
-    for (int mode = 0; mode < 3; ++mode) {
-      std::vector<SampleParams> ps(static_cast<size_t>(rows));
-      for (auto& p : ps) {
-        p.seed = 1;
-        if (mode == 0) p.temperature = 0;
-        if (mode == 2) p.top_p = 0.9f, p.top_k = 50, p.logprobs = 1, p.top_logprobs = 5;
-      }
-      void *dp = dalloc(ps.size() * sizeof(SampleParams)),
-           *dr = dalloc(ps.size() * sizeof(SampleResult));
-      CK(cudaMemcpy(dp, ps.data(), ps.size() * sizeof(SampleParams), cudaMemcpyHostToDevice));
-      void* ws = dalloc(sample_workspace_bytes(rows, V));
-      SampleBatch b;
-      b.logits = logits, b.logits_stride = V, b.vocab = V, b.rows = rows,
-      b.params = static_cast<SampleParams*>(dp);
-      b.results = static_cast<SampleResult*>(dr), b.workspace = ws,
-      b.workspace_bytes = sample_workspace_bytes(rows, V);
-      b.update_state = false;
-      const double t = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st)); });
-      const char* what[] = {"greedy", "temperature 1", "top-k 50 top-p 0.9 logprobs top-5"};
-      fmt::print("{:<34} {:>10.1f} {:>10} {:>8}\n",
-                 fmt::format("sampler {} rows: {}", rows, what[mode]), t, "-", "-");
-      ojs.push_back(
-          {{"kernel", "sampler"}, {"rows", rows}, {"vocab", V}, {"mode", what[mode]}, {"us", t}});
-      for (void* p : {dp, dr, ws}) CK(cudaFree(p));
+  if (want("other")) {
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8}\n", "other", "us", "GB/s", "%HBM");
+    for (size_t rows : {size_t{1}, size_t{32}, size_t{8192}}) {
+      const size_t dim = 4096;
+      void *h = random_bf16(rows * dim, 20), *d = random_bf16(rows * dim, 21),
+           *w = random_bf16(dim, 22), *y = dalloc(rows * dim * 2);
+      const double t = time_us(st, 50, [&](int) {
+        ST(add_rmsnorm_cuda_device(DType::bf16, h, d, w, y, rows, dim, 1e-5f, st));
+      });
+      const double bytes = 4.0 * rows * dim * 2;  // read h, d; write h, y
+      fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n",
+                 fmt::format("add_rmsnorm {}x{}", rows, dim), t, bytes / t / 1e3,
+                 100 * bytes / t / 1e3 / read_gbs);
+      ojs.push_back({{"kernel", "add_rmsnorm"},
+                     {"rows", rows},
+                     {"dim", dim},
+                     {"us", t},
+                     {"GBps", bytes / t / 1e3}});
+      for (void* p : {h, d, w, y}) CK(cudaFree(p));
     }
-    CK(cudaFree(logits));
+    for (size_t T : {size_t{1}, size_t{32}, size_t{8192}}) {
+      const size_t stride = (32 + 16) * 128;
+      void* qkv = random_bf16(T * stride, 30);
+      std::vector<int32_t> pos(T);
+      for (size_t i = 0; i < T; ++i) pos[i] = static_cast<int32_t>(i * 3);
+      auto inv = rope_inv_freq(128, 500000.0, {});
+      void *dp = dalloc(T * 4), *di = dalloc(inv.size() * 4);
+      CK(cudaMemcpy(dp, pos.data(), T * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(di, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+      RopeArgs a;
+      a.q = qkv, a.q_stride = stride, a.n_heads = 32, a.k = static_cast<char*>(qkv) + 32 * 128 * 2,
+      a.k_stride = stride;
+      a.n_kv_heads = 8, a.head_dim = 128, a.n_tokens = T, a.positions = static_cast<int32_t*>(dp),
+      a.inv_freq = static_cast<float*>(di);
+      const double t = time_us(st, 50, [&](int) { ST(rope_cuda_device(a, st)); });
+      const double bytes = 2.0 * T * 40 * 128 * 2;
+      fmt::print("{:<34} {:>10.2f} {:>10.0f} {:>7.0f}%\n", fmt::format("rope q+k {} tokens", T), t,
+                 bytes / t / 1e3, 100 * bytes / t / 1e3 / read_gbs);
+      ojs.push_back({{"kernel", "rope"}, {"tokens", T}, {"us", t}, {"GBps", bytes / t / 1e3}});
+      for (void* p : {qkv, dp, di}) CK(cudaFree(p));
+    }
+    for (int rows : {1, 32}) {
+      const int V = 128256;
+      void* logits = dalloc(static_cast<size_t>(rows) * V * 4);
+      std::vector<float> hl(static_cast<size_t>(rows) * V);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> nd(0, 3);
+      for (auto& f : hl) f = nd(rng);
+      CK(cudaMemcpy(logits, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<SampleParams> ps(static_cast<size_t>(rows));
+        for (auto& p : ps) {
+          p.seed = 1;
+          if (mode == 0) p.temperature = 0;
+          if (mode == 2) p.top_p = 0.9f, p.top_k = 50, p.logprobs = 1, p.top_logprobs = 5;
+        }
+        void *dp = dalloc(ps.size() * sizeof(SampleParams)),
+             *dr = dalloc(ps.size() * sizeof(SampleResult));
+        CK(cudaMemcpy(dp, ps.data(), ps.size() * sizeof(SampleParams), cudaMemcpyHostToDevice));
+        void* ws = dalloc(sample_workspace_bytes(rows, V));
+        SampleBatch b;
+        b.logits = logits, b.logits_stride = V, b.vocab = V, b.rows = rows,
+        b.params = static_cast<SampleParams*>(dp);
+        b.results = static_cast<SampleResult*>(dr), b.workspace = ws,
+        b.workspace_bytes = sample_workspace_bytes(rows, V);
+        b.update_state = false;
+        const double t = time_us(st, 20, [&](int) { ST(sample_cuda_device(b, st)); });
+        const char* what[] = {"greedy", "temperature 1", "top-k 50 top-p 0.9 logprobs top-5"};
+        fmt::print("{:<34} {:>10.1f} {:>10} {:>8}\n",
+                   fmt::format("sampler {} rows: {}", rows, what[mode]), t, "-", "-");
+        ojs.push_back(
+            {{"kernel", "sampler"}, {"rows", rows}, {"vocab", V}, {"mode", what[mode]}, {"us", t}});
+        for (void* p : {dp, dr, ws}) CK(cudaFree(p));
+      }
+      CK(cudaFree(logits));
+    }
   }
   out["other"] = ojs;
   if (!json_path.empty()) {
