@@ -344,15 +344,16 @@ Status dispatch_prefill_v1(const AttentionBatch& b, cudaStream_t st) {
 
 // ---- the tiled kernel ----------------------------------------------------------------
 
-constexpr int kWarpsT = 4;
-
-template <int HD, int BN, int MT>
+// W warps of 16 x MT query rows each; NS K/V stages: 1 = one K and one V buffer (V of a
+// tile loads under Q K^T, the next K under softmax and P V), 2 = K and V double-buffered
+// (the next tile loads under the whole of this one).
+template <int HD, int BN, int MT, int W, int NS>
 struct TiledSmem {
-  static constexpr int kBM = kWarpsT * 16 * MT;  // queries per block
-  static constexpr int kP = HD + 8;  // row pitch (bf16): 16-byte rows 1 bank group apart
+  static constexpr int kBM = W * 16 * MT;  // queries per block
+  static constexpr int kP = HD + 8;        // row pitch (bf16): 16-byte rows 1 bank group apart
   static constexpr size_t q_elems = size_t{kBM} * kP;
   static constexpr size_t kv_elems = size_t{BN} * kP;
-  static constexpr size_t bytes = (q_elems + 2 * kv_elems) * 2;  // Q, one K, one V
+  static constexpr size_t bytes = (q_elems + 2 * NS * kv_elems) * 2;  // Q, then K, V per stage
 };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
@@ -372,15 +373,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <typename C, int HD, int BN, int MT>
-__global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(AttentionBatch b) {
-  using S = TiledSmem<HD, BN, MT>;
-  constexpr int kBM = S::kBM, kP = S::kP, kCh = HD / 8, kT = kWarpsT * 32;
+template <typename C, int HD, int BN, int MT, int W, int NS>
+__global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionBatch b) {
+  using S = TiledSmem<HD, BN, MT, W, NS>;
+  constexpr int kBM = S::kBM, kP = S::kP, kCh = HD / 8, kT = W * 32;
   constexpr int kKK = HD / 16;  // k-steps of S = Q K^T
   extern __shared__ __align__(16) unsigned char smem_raw[];
   dev::bf16* q_s = reinterpret_cast<dev::bf16*>(smem_raw);
-  dev::bf16* k_s = q_s + S::q_elems;
-  dev::bf16* v_s = k_s + S::kv_elems;
+  dev::bf16* kv_s = q_s + S::q_elems;  // stage t: K at kv_s + 2t * kv_elems, V after it
 
   const int h = blockIdx.x, seq = blockIdx.z;
   const int tile = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // longest tiles first
@@ -443,7 +443,8 @@ __global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(Attentio
     cp_async_commit();
   };
 
-  load_tile(k_s, kpool, kstart);
+  load_tile(kv_s, kpool, kstart);
+  if constexpr (NS == 2) load_tile(kv_s + S::kv_elems, vpool, kstart);
 
   const int g = lane >> 2, cq = lane & 3;
   const int wr = warp * 16 * MT;           // the warp's first row in the tile
@@ -476,10 +477,20 @@ __global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(Attentio
     lrow[mt][0] = lrow[mt][1] = 0.f;
   }
 
-  for (int n0 = kstart; n0 < kend; n0 += BN) {
+  for (int n0 = kstart, it = 0; n0 < kend; n0 += BN, ++it) {
+    const dev::bf16* k_s = kv_s + (NS == 2 ? (it & 1) * 2 * S::kv_elems : 0);
+    const dev::bf16* v_s = k_s + S::kv_elems;
     cp_async_wait<0>();
-    __syncthreads();  // K of this tile (and Q) landed; every warp is done with V's buffer
-    load_tile(v_s, vpool, n0);
+    // K of this tile (V too with 2 stages; Q the first time) landed, and every warp is done
+    // with the buffers the next loads fill (V's with one stage, the other stage's with two).
+    __syncthreads();
+    if constexpr (NS == 1) {
+      load_tile(kv_s + S::kv_elems, vpool, n0);
+    } else if (n0 + BN < kend) {
+      dev::bf16* nk = kv_s + ((it + 1) & 1) * 2 * S::kv_elems;
+      load_tile(nk, kpool, n0 + BN);
+      load_tile(nk + S::kv_elems, vpool, n0 + BN);
+    }
     // A warp whose rows all precede the tile's first key has nothing to do on it.
     const bool active = warp_live && n0 <= wlast;
     float s[MT][BN / 8][4];
@@ -514,9 +525,11 @@ __global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(Attentio
         }
       }
     }
-    cp_async_wait<0>();
-    __syncthreads();  // V of this tile landed; every warp is done with K's buffer
-    if (n0 + BN < kend) load_tile(k_s, kpool, n0 + BN);
+    if constexpr (NS == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // V of this tile landed; every warp is done with K's buffer
+      if (n0 + BN < kend) load_tile(kv_s, kpool, n0 + BN);
+    }
     if (!active) continue;
 
     // Only a tile that reaches past the warp's first row (or any tile under a window)
@@ -631,11 +644,11 @@ __global__ void __launch_bounds__(kWarpsT * 32, 2) prefill_tiled_kernel(Attentio
   }
 }
 
-template <typename C, int HD, int BN, int MT>
+template <typename C, int HD, int BN, int MT, int W = 4, int NS = 1>
 Status launch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
-  using S = TiledSmem<HD, BN, MT>;
-  auto* k = prefill_tiled_kernel<C, HD, BN, MT>;
-  SPARK_TRY(detail::prepare_launch(k, "attention_prefill", kWarpsT * 32, S::bytes));
+  using S = TiledSmem<HD, BN, MT, W, NS>;
+  auto* k = prefill_tiled_kernel<C, HD, BN, MT, W, NS>;
+  SPARK_TRY(detail::prepare_launch(k, "attention_prefill", W * 32, S::bytes));
   const int tiles = (b.max_query_len + S::kBM - 1) / S::kBM;
   if (tiles > 65535)
     return make_error(Errc::usage, "attention_prefill: " + std::to_string(tiles) +
@@ -643,7 +656,7 @@ Status launch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
                                        " exceed the grid's 65535; split the prompt into chunks");
   const dim3 grid(static_cast<unsigned>(b.n_heads), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(b.n_seqs));
-  k<<<grid, kWarpsT * 32, S::bytes, st>>>(b);
+  k<<<grid, W * 32, S::bytes, st>>>(b);
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }
@@ -667,9 +680,12 @@ Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
   if (hd <= 64)
     return mt == 2 ? launch_prefill_tiled<C, 64, 64, 2>(b, st)
                    : launch_prefill_tiled<C, 64, 64, 1>(b, st);
-  if (hd <= 128)
+  if (hd <= 128) {
+    if (b.prefill_variant == 4) return launch_prefill_tiled<C, 128, 64, 2, 8>(b, st);
+    if (b.prefill_variant == 5) return launch_prefill_tiled<C, 128, 64, 2, 4, 2>(b, st);
     return mt == 2 ? launch_prefill_tiled<C, 128, 64, 2>(b, st)
                    : launch_prefill_tiled<C, 128, 64, 1>(b, st);
+  }
   // head_dim 256: two m-tiles would need 256 accumulator registers a thread.
   return launch_prefill_tiled<C, 256, 32, 1>(b, st);
 }

@@ -93,7 +93,10 @@ struct AttentionBatch {
   int decode_variant = 0;
   // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
   // kernel, 64 or 128 queries a block chosen from the grid's size); 1 = the previous kernel;
-  // 2 / 3 = the tiled kernel with 64 / 128 queries a block (head_dim > 128: always 64).
+  // 2 / 3 = the tiled kernel with 64 / 128 queries a block (head_dim > 128: always 64);
+  // 4 = 8 warps of 32 rows, 256 queries a block (102 KiB of shared memory: not on GB10;
+  // head_dim 65-128, other sizes run as 2); 5 = 128 queries with K and V double-buffered
+  // (102 KiB; head_dim 65-128, others as 2).
   int prefill_variant = 0;
 };
 
