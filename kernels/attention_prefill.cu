@@ -19,6 +19,7 @@
 // 68 KiB at most, so it fits GB10's 99 KiB per block. The previous kernel (64 queries,
 // K and V double-buffered together, mask on every tile, grid in tile order) is kept for
 // the benchmark's side-by-side rows (AttentionBatch::prefill_variant).
+#include <algorithm>
 #include <cfloat>
 #include <string>
 #include <type_traits>
@@ -344,17 +345,19 @@ Status dispatch_prefill_v1(const AttentionBatch& b, cudaStream_t st) {
 
 // ---- the tiled kernel ----------------------------------------------------------------
 
-// W warps of 16 x MT query rows each; NS K/V stages: 1 = one K and one V buffer (V of a
-// tile loads under Q K^T, the next K under softmax and P V), 2 = K and V double-buffered
-// (the next tile loads under the whole of this one).
-template <int HD, int BN, int MT, int W, int NS>
+// W warps of 16 x MT query rows each; one K and one V buffer (V of a tile loads under
+// Q K^T, the next K under softmax and P V), and the tile's gather offsets, two tiles deep.
+template <int HD, int BN, int MT, int W>
 struct TiledSmem {
   static constexpr int kBM = W * 16 * MT;  // queries per block
   static constexpr int kP = HD + 8;        // row pitch (bf16): 16-byte rows 1 bank group apart
   static constexpr size_t q_elems = size_t{kBM} * kP;
   static constexpr size_t kv_elems = size_t{BN} * kP;
-  static constexpr size_t bytes = (q_elems + 2 * NS * kv_elems) * 2;  // Q, then K, V per stage
+  static constexpr size_t bytes = (q_elems + 2 * kv_elems) * 2 + 2 * BN * sizeof(uint32_t);
 };
+
+// A key with no row in the tile (past the attended range).
+constexpr uint32_t kNoRow = 0xffffffffu;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -373,14 +376,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <typename C, int HD, int BN, int MT, int W, int NS>
+template <typename C, int HD, int BN, int MT, int W>
 __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionBatch b) {
-  using S = TiledSmem<HD, BN, MT, W, NS>;
+  using S = TiledSmem<HD, BN, MT, W>;
   constexpr int kBM = S::kBM, kP = S::kP, kCh = HD / 8, kT = W * 32;
   constexpr int kKK = HD / 16;  // k-steps of S = Q K^T
+  static_assert(BN <= kT, "one thread per key fills the gather offsets");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   dev::bf16* q_s = reinterpret_cast<dev::bf16*>(smem_raw);
-  dev::bf16* kv_s = q_s + S::q_elems;  // stage t: K at kv_s + 2t * kv_elems, V after it
+  dev::bf16* k_s = q_s + S::q_elems;
+  dev::bf16* v_s = k_s + S::kv_elems;
+  uint32_t* ofs_s = reinterpret_cast<uint32_t*>(v_s + S::kv_elems);  // [2][BN]
 
   const int h = blockIdx.x, seq = blockIdx.z;
   const int tile = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // longest tiles first
@@ -412,39 +418,49 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
           load8_bf16<float>(static_cast<const float*>(b.q) + off, valid);
   }
 
+  // The gather: one thread per key of a tile looks its block up once and leaves the row's
+  // offset in 8-element units (32 bits: the host checks the pool's size) for the K and
+  // the V copies of every thread.
   const int32_t* table = b.block_tables + static_cast<size_t>(seq) * b.max_blocks_per_seq;
-  const size_t row_elems = static_cast<size_t>(b.kv.n_kv_heads) * hd;
-  const size_t head_off = static_cast<size_t>(kvh) * hd;
+  const uint32_t row8 = static_cast<uint32_t>(b.kv.n_kv_heads * hd / 8);
+  const uint32_t head8 = static_cast<uint32_t>(kvh * hd / 8);
   const int bsz = b.kv.block_size;
   const int bshift = (bsz & (bsz - 1)) == 0 ? __ffs(bsz) - 1 : -1;  // a power of two: shifts
+  auto fill_offsets = [&](int n0, uint32_t* ofs) {
+    if (tid < BN) {
+      const int kp = n0 + tid;
+      uint32_t o = kNoRow;
+      if (kp < kend) {
+        const int blk = bshift >= 0 ? table[kp >> bshift] : table[kp / bsz];
+        const int in = bshift >= 0 ? kp & (bsz - 1) : kp % bsz;
+        o = (static_cast<uint32_t>(blk) * static_cast<uint32_t>(bsz) + static_cast<uint32_t>(in)) *
+                row8 +
+            head8;
+      }
+      ofs[tid] = o;
+    }
+  };
   const C* kpool = static_cast<const C*>(b.kv.k);
   const C* vpool = static_cast<const C*>(b.kv.v);
-  // One K or V tile of BN positions from n0 into `dst`; rows past kend are zeros.
-  auto load_tile = [&](dev::bf16* dst, const C* pool, int n0) {
+  // One K or V tile into `dst` by the offsets `ofs`; keys without a row are zeros.
+  auto load_tile = [&](dev::bf16* dst, const C* pool, const uint32_t* ofs) {
 #pragma unroll
     for (int c = tid; c < BN * kCh; c += kT) {
-      const int r = c / kCh, d = (c % kCh) * 8;
-      const int kp = n0 + r;
-      const bool valid = kp < kend && d < hd;
-      size_t off = 0;
-      if (valid) {
-        int blk, in;
-        if (bshift >= 0)
-          blk = table[kp >> bshift], in = kp & (bsz - 1);
-        else
-          blk = table[kp / bsz], in = kp % bsz;
-        off = (static_cast<size_t>(blk) * bsz + in) * row_elems + head_off + d;
-      }
+      const int r = c / kCh, d8 = c % kCh;
+      const uint32_t o = ofs[r];
+      const bool valid = o != kNoRow && d8 * 8 < hd;
+      const C* src = pool + static_cast<size_t>(valid ? o + d8 : 0) * 8;
       if constexpr (std::is_same_v<C, dev::bf16>)
-        cp_async16(dst + r * kP + d, pool + off, valid);
+        cp_async16(dst + r * kP + d8 * 8, src, valid);
       else
-        *reinterpret_cast<uint4*>(dst + r * kP + d) = load8_bf16<C>(pool + off, valid);
+        *reinterpret_cast<uint4*>(dst + r * kP + d8 * 8) = load8_bf16<C>(src, valid);
     }
     cp_async_commit();
   };
 
-  load_tile(kv_s, kpool, kstart);
-  if constexpr (NS == 2) load_tile(kv_s + S::kv_elems, vpool, kstart);
+  fill_offsets(kstart, ofs_s);
+  __syncthreads();
+  load_tile(k_s, kpool, ofs_s);
 
   const int g = lane >> 2, cq = lane & 3;
   const int wr = warp * 16 * MT;           // the warp's first row in the tile
@@ -452,6 +468,9 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
   const int wlast = wfirst + 16 * MT - 1;  // the position of its last row
   const bool warp_live = wr < rows;
   const float sl2 = b.scale * 1.4426950408889634f;
+  // The output is rescaled only on tiles that raise some row's maximum (the benchmark's
+  // variant 5 rescales on every tile, to time the difference).
+  const bool lazy = b.prefill_variant != 5;
 
   // Q's A fragments stay in registers when they are few (MT * head_dim <= 128).
   constexpr bool kHoistQ = MT * HD <= 128;
@@ -478,19 +497,13 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
   }
 
   for (int n0 = kstart, it = 0; n0 < kend; n0 += BN, ++it) {
-    const dev::bf16* k_s = kv_s + (NS == 2 ? (it & 1) * 2 * S::kv_elems : 0);
-    const dev::bf16* v_s = k_s + S::kv_elems;
+    const uint32_t* ofs = ofs_s + (it & 1) * BN;
+    uint32_t* ofs_next = ofs_s + ((it + 1) & 1) * BN;
+    const bool more = n0 + BN < kend;
     cp_async_wait<0>();
-    // K of this tile (V too with 2 stages; Q the first time) landed, and every warp is done
-    // with the buffers the next loads fill (V's with one stage, the other stage's with two).
-    __syncthreads();
-    if constexpr (NS == 1) {
-      load_tile(kv_s + S::kv_elems, vpool, n0);
-    } else if (n0 + BN < kend) {
-      dev::bf16* nk = kv_s + ((it + 1) & 1) * 2 * S::kv_elems;
-      load_tile(nk, kpool, n0 + BN);
-      load_tile(nk + S::kv_elems, vpool, n0 + BN);
-    }
+    __syncthreads();  // K of this tile (and Q) landed; every warp is done with V's buffer
+    load_tile(v_s, vpool, ofs);
+    if (more) fill_offsets(n0 + BN, ofs_next);  // read after the next barrier
     // A warp whose rows all precede the tile's first key has nothing to do on it.
     const bool active = warp_live && n0 <= wlast;
     float s[MT][BN / 8][4];
@@ -525,16 +538,16 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
         }
       }
     }
-    if constexpr (NS == 1) {
-      cp_async_wait<0>();
-      __syncthreads();  // V of this tile landed; every warp is done with K's buffer
-      if (n0 + BN < kend) load_tile(kv_s, kpool, n0 + BN);
-    }
+    cp_async_wait<0>();
+    __syncthreads();  // V of this tile and the next offsets landed; K's buffer is free
+    if (more) load_tile(k_s, kpool, ofs_next);
     if (!active) continue;
 
     // Only a tile that reaches past the warp's first row (or any tile under a window)
     // needs the mask.
     const bool need_mask = b.window > 0 || n0 + BN - 1 > wfirst;
+    float al[MT][2];
+    bool raised = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int posA = wfirst + mt * 16 + g, posB = posA + 8;
@@ -548,41 +561,47 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
             if (kp > pos || (b.window > 0 && kp <= pos - b.window)) s[mt][j][e] = -INFINITY;
           }
       }
-      float tmA = -INFINITY, tmB = -INFINITY;
+      float tm[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
-        tmA = fmaxf(tmA, fmaxf(s[mt][j][0], s[mt][j][1]));
-        tmB = fmaxf(tmB, fmaxf(s[mt][j][2], s[mt][j][3]));
+        tm[0] = fmaxf(tm[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+        tm[1] = fmaxf(tm[1], fmaxf(s[mt][j][2], s[mt][j][3]));
       }
+      float ms[2];
 #pragma unroll
-      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        tmA = fmaxf(tmA, __shfl_xor_sync(0xffffffffu, tmA, o2));
-        tmB = fmaxf(tmB, __shfl_xor_sync(0xffffffffu, tmB, o2));
+      for (int hr = 0; hr < 2; ++hr) {
+        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 1));
+        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 2));
+        // Maxima are kept in raw score units; the scale goes into the exponent's FMA.
+        const float nm = fmaxf(mrow[mt][hr], tm[hr]);
+        ms[hr] = nm == -INFINITY ? 0.f : nm * sl2;
+        if (nm != mrow[mt][hr]) {
+          al[mt][hr] = fast_exp2(fmaf(mrow[mt][hr], sl2, -ms[hr]));
+          raised = true;
+        } else {
+          al[mt][hr] = 1.f;
+        }
+        mrow[mt][hr] = nm;
       }
-      // Maxima are kept in raw score units; the scale goes into the exponent's FMA.
-      const float nmA = fmaxf(mrow[mt][0], tmA), nmB = fmaxf(mrow[mt][1], tmB);
-      const float msA = nmA == -INFINITY ? 0.f : nmA * sl2;
-      const float msB = nmB == -INFINITY ? 0.f : nmB * sl2;
-      const float alA = fast_exp2(fmaf(mrow[mt][0], sl2, -msA));
-      const float alB = fast_exp2(fmaf(mrow[mt][1], sl2, -msB));
-      mrow[mt][0] = nmA, mrow[mt][1] = nmB;
-      float sumA = 0.f, sumB = 0.f;
+      float sum[2] = {0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        s[mt][j][0] = fast_exp2(fmaf(s[mt][j][0], sl2, -msA));
-        s[mt][j][1] = fast_exp2(fmaf(s[mt][j][1], sl2, -msA));
-        s[mt][j][2] = fast_exp2(fmaf(s[mt][j][2], sl2, -msB));
-        s[mt][j][3] = fast_exp2(fmaf(s[mt][j][3], sl2, -msB));
-        sumA += s[mt][j][0] + s[mt][j][1];
-        sumB += s[mt][j][2] + s[mt][j][3];
-      }
-      lrow[mt][0] = lrow[mt][0] * alA + sumA;
-      lrow[mt][1] = lrow[mt][1] * alB + sumB;
+      for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-      for (int j = 0; j < HD / 8; ++j) {
-        o[mt][j][0] *= alA, o[mt][j][1] *= alA;
-        o[mt][j][2] *= alB, o[mt][j][3] *= alB;
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -ms[e >> 1]));
+          sum[e >> 1] += s[mt][j][e];
+        }
+      lrow[mt][0] = lrow[mt][0] * al[mt][0] + sum[0];
+      lrow[mt][1] = lrow[mt][1] * al[mt][1] + sum[1];
+    }
+    if (!lazy || __any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < HD / 8; ++j) {
+          o[mt][j][0] *= al[mt][0], o[mt][j][1] *= al[mt][0];
+          o[mt][j][2] *= al[mt][1], o[mt][j][3] *= al[mt][1];
+        }
     }
 
     // O += P V; V's B fragments come transposed out of the row-major tile.
@@ -644,10 +663,10 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
   }
 }
 
-template <typename C, int HD, int BN, int MT, int W = 4, int NS = 1>
+template <typename C, int HD, int BN, int MT, int W = 4>
 Status launch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
-  using S = TiledSmem<HD, BN, MT, W, NS>;
-  auto* k = prefill_tiled_kernel<C, HD, BN, MT, W, NS>;
+  using S = TiledSmem<HD, BN, MT, W>;
+  auto* k = prefill_tiled_kernel<C, HD, BN, MT, W>;
   SPARK_TRY(detail::prepare_launch(k, "attention_prefill", W * 32, S::bytes));
   const int tiles = (b.max_query_len + S::kBM - 1) / S::kBM;
   if (tiles > 65535)
@@ -661,33 +680,39 @@ Status launch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
   return Status::Ok();
 }
 
-// MT 2 (128 queries a block, half the shared-memory reads per product of MT 1) once the
-// grid has at least two waves of blocks; below that, 64-query blocks shorten the longest
-// block, which then sets the time (short prompts).
+// Block shapes: 64, 128 or 256 queries (4 warps of 16 or 32 rows, 8 warps of 32). More
+// rows a warp halve the shared-memory reads per product, more warps a block halve the
+// gather and the L2 reads per product; fewer, shorter blocks win when the grid is too
+// small to fill the device, where the longest block sets the time (short prompts). The
+// engine's choice (variant 0): 256 where the shared memory allows and the grid has a
+// block per multiprocessor, else 128 with two blocks per multiprocessor, else 64.
 template <typename C>
 Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
   const int hd = b.kv.head_dim;
-  int mt = 1;
-  if (b.prefill_variant == 3) {
-    mt = 2;
-  } else if (b.prefill_variant == 0) {
-    auto lim = cuda_device_limits();
-    SPARK_TRY(lim.status());
-    const long long blocks2 =
-        static_cast<long long>((b.max_query_len + 127) / 128) * b.n_heads * b.n_seqs;
-    mt = blocks2 >= 4LL * lim->sm_count ? 2 : 1;
-  }
-  if (hd <= 64)
-    return mt == 2 ? launch_prefill_tiled<C, 64, 64, 2>(b, st)
-                   : launch_prefill_tiled<C, 64, 64, 1>(b, st);
-  if (hd <= 128) {
-    if (b.prefill_variant == 4) return launch_prefill_tiled<C, 128, 64, 2, 8>(b, st);
-    if (b.prefill_variant == 5) return launch_prefill_tiled<C, 128, 64, 2, 4, 2>(b, st);
-    return mt == 2 ? launch_prefill_tiled<C, 128, 64, 2>(b, st)
-                   : launch_prefill_tiled<C, 128, 64, 1>(b, st);
-  }
   // head_dim 256: two m-tiles would need 256 accumulator registers a thread.
-  return launch_prefill_tiled<C, 256, 32, 1>(b, st);
+  if (hd > 128) return launch_prefill_tiled<C, 256, 32, 1>(b, st);
+  auto lim = cuda_device_limits();
+  SPARK_TRY(lim.status());
+  const size_t wide = hd <= 64 ? TiledSmem<64, 64, 2, 8>::bytes : TiledSmem<128, 64, 2, 8>::bytes;
+  auto blocks = [&](int bm) {
+    return static_cast<long long>((b.max_query_len + bm - 1) / bm) * b.n_heads * b.n_seqs;
+  };
+  int bm = 64;
+  if (b.prefill_variant == 3)
+    bm = 128;
+  else if (b.prefill_variant == 4 || b.prefill_variant == 5)
+    bm = 256;
+  else if (b.prefill_variant == 0)
+    bm = lim->smem_per_block_optin >= wide && blocks(256) >= lim->sm_count ? 256
+         : blocks(128) >= 2LL * lim->sm_count                              ? 128
+                                                                           : 64;
+  if (hd <= 64)
+    return bm == 256   ? launch_prefill_tiled<C, 64, 64, 2, 8>(b, st)
+           : bm == 128 ? launch_prefill_tiled<C, 64, 64, 2>(b, st)
+                       : launch_prefill_tiled<C, 64, 64, 1>(b, st);
+  return bm == 256   ? launch_prefill_tiled<C, 128, 64, 2, 8>(b, st)
+         : bm == 128 ? launch_prefill_tiled<C, 128, 64, 2>(b, st)
+                     : launch_prefill_tiled<C, 128, 64, 1>(b, st);
 }
 
 }  // namespace
@@ -699,7 +724,13 @@ Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
     return make_error(Errc::usage,
                       "attention_prefill: more than 65535 sequences or heads in one batch");
   auto st = static_cast<cudaStream_t>(stream);
-  if (b.prefill_variant == 1)
+  // The tiled kernel's gather offsets are 32-bit counts of 8-element units: a pool beyond
+  // that (or of unknown size) runs on the previous kernel, whose offsets are 64-bit.
+  const unsigned long long units = static_cast<unsigned long long>(std::max(b.kv.num_blocks, 0)) *
+                                   static_cast<unsigned long long>(b.kv.block_size) *
+                                   static_cast<unsigned long long>(b.kv.n_kv_heads) *
+                                   static_cast<unsigned long long>(b.kv.head_dim / 8);
+  if (b.prefill_variant == 1 || units == 0 || units >= (1ull << 32))
     SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_v1<C>(b, st));
   SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_tiled<C>(b, st));
   return Status::Ok();

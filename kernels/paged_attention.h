@@ -92,11 +92,11 @@ struct AttentionBatch {
   // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
   int decode_variant = 0;
   // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
-  // kernel, 64 or 128 queries a block chosen from the grid's size); 1 = the previous kernel;
-  // 2 / 3 = the tiled kernel with 64 / 128 queries a block (head_dim > 128: always 64);
-  // 4 = 8 warps of 32 rows, 256 queries a block (102 KiB of shared memory: not on GB10;
-  // head_dim 65-128, other sizes run as 2); 5 = 128 queries with K and V double-buffered
-  // (102 KiB; head_dim 65-128, others as 2).
+  // kernel, 64, 128 or 256 queries a block chosen from the grid's size and the device's
+  // shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64 / 128 /
+  // 256 queries a block (head_dim > 128: always 64; 256 needs 105 KiB of shared memory for
+  // head_dim 128, so not on GB10); 5 = as 4 but rescaling the output on every key tile.
+  // Pools of 2^32 or more 8-element units (or num_blocks 0) always run the previous kernel.
   int prefill_variant = 0;
 };
 
