@@ -9,16 +9,20 @@
 // the way into shared memory. head_dim is padded with zeros to the kernel's HD (64, 128
 // or 256).
 //
-// Two kernels. The tiled kernel (the engine's): 4 warps of 16 x MT query rows (MT 1 or 2,
-// so 64 or 128 queries per block), one K and one V buffer filled FlashAttention-2's way
-// (V of tile i lands while S = Q K^T of tile i is computed, K of tile i+1 while softmax
-// and P V run), the causal mask applied only where a tile crosses a warp's diagonal, a
-// warp idle on tiles wholly above its rows, exp2 with the scale folded into one FMA, and
-// a grid ordered longest tile first, heads innermost (the query heads of one KV head run
-// side by side and share its K/V in L2). Shared memory: (BM + 2 BN) x (HD + 8) bf16,
-// 68 KiB at most, so it fits GB10's 99 KiB per block. The previous kernel (64 queries,
-// K and V double-buffered together, mask on every tile, grid in tile order) is kept for
-// the benchmark's side-by-side rows (AttentionBatch::prefill_variant).
+// Two kernels. The tiled kernel (the engine's): W warps of 16 x MT query rows (4 x 16,
+// 4 x 32 or 8 x 32: 64, 128 or 256 queries a block; more rows a warp halve the shared-
+// memory reads per product, more warps halve the gather per product), one K and one V
+// buffer filled FlashAttention-2's way (V of tile i lands while S = Q K^T of tile i is
+// computed, K of tile i+1 while softmax and P V run), each key's block looked up once a
+// tile into 32-bit offsets in shared memory, the causal mask applied only where a tile
+// crosses a warp's diagonal, a warp idle on tiles wholly above its rows, exp2 with the
+// scale folded into one FMA, the output rescaled only when a row maximum rises, and a
+// grid ordered longest tile first, heads innermost (the query heads of one KV head run
+// side by side and share its K/V in L2). Shared memory: (BM + 2 BN) x (HD + 8) bf16, so
+// 68 KiB at 128 queries (GB10 has 99 KiB a block) and 103 KiB at 256. The previous kernel
+// (64 queries, K and V double-buffered together, mask on every tile, grid in tile order,
+// 64-bit gather offsets) is kept for the benchmark's side-by-side rows and for pools too
+// large for 32-bit offsets (AttentionBatch::prefill_variant).
 #include <algorithm>
 #include <cfloat>
 #include <string>
