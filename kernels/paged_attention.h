@@ -95,7 +95,8 @@ struct AttentionBatch {
   // kernel, 64, 128 or 256 queries a block chosen from the grid's size and the device's
   // shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64 / 128 /
   // 256 queries a block (head_dim > 128: always 64; 256 needs 105 KiB of shared memory for
-  // head_dim 128, so not on GB10); 5 = as 4 but rescaling the output on every key tile.
+  // head_dim 128, so not on GB10); 5 = as 4 but rescaling the output on every key tile;
+  // 6 = 256 queries in two groups of 4 warps out of phase (171 KiB at head_dim 128).
   // Pools of 2^32 or more 8-element units (or num_blocks 0) always run the previous kernel.
   int prefill_variant = 0;
 };

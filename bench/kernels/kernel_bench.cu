@@ -436,8 +436,9 @@ int main(int argc, char** argv) {
          : partitioned ? attention_decode_partitioned_cuda_device(b, st)
                        : attention_decode_cuda_device(b, st));
     });
-    const char* prefill_names[] = {"prefill",        "prefill (old)",  "prefill (64q)",
-                                   "prefill (128q)", "prefill (256q)", "prefill (256q eager)"};
+    const char* prefill_names[] = {
+        "prefill",        "prefill (old)",        "prefill (64q)",      "prefill (128q)",
+        "prefill (256q)", "prefill (256q eager)", "prefill (256q skew)"};
     const char* kname = !decode       ? prefill_names[variant]
                         : partitioned ? "decode (old)"
                         : variant     ? "decode (U4x3)"
@@ -493,8 +494,9 @@ int main(int argc, char** argv) {
   for (const auto& p : prefill_shapes) {
     if (!want("prefill")) break;
     if (quick && p[0] > 8192) continue;
-    for (int v : {0, 1, 2, 3, 4, 5}) {
-      if (v >= 4 && lim->smem_per_block_optin < 104960) continue;  // not on GB10
+    for (int v : {0, 1, 2, 3, 4, 5, 6}) {
+      if (v >= 4 && lim->smem_per_block_optin < (v == 6 ? 174848u : 104960u))
+        continue;  // not on GB10
       attention(false, 1, p[0], p[1], false, 0, v);
     }
   }
