@@ -1012,7 +1012,8 @@ Status launch_prefill_skew(const AttentionBatch& b, cudaStream_t st) {
 // gather and the L2 reads per product; fewer, shorter blocks win when the grid is too
 // small to fill the device, where the longest block sets the time (short prompts). The
 // engine's choice (variant 0): 256 where the shared memory allows and the grid has a
-// block per multiprocessor, else 128 with two blocks per multiprocessor, else 64.
+// block per multiprocessor, else 128 with two blocks per multiprocessor, else 64; and
+// where the skewed kernel's 3-stage ring fits (the H200, not GB10), it instead of 256.
 template <typename C>
 Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
   const int hd = b.kv.head_dim;
@@ -1024,7 +1025,10 @@ Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
   auto blocks = [&](int bm) {
     return static_cast<long long>((b.max_query_len + bm - 1) / bm) * b.n_heads * b.n_seqs;
   };
-  if (b.prefill_variant == 6)
+  const bool skew_fits = lim->smem_per_block_optin >=
+                         (hd <= 64 ? SkewSmem<64, 64, 2>::bytes : SkewSmem<128, 64, 2>::bytes);
+  if (b.prefill_variant == 6 ||
+      (b.prefill_variant == 0 && skew_fits && blocks(256) >= lim->sm_count))
     return hd <= 64 ? launch_prefill_skew<C, 64, 64, 2>(b, st)
                     : launch_prefill_skew<C, 128, 64, 2>(b, st);
   int bm = 64;
