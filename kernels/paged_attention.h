@@ -91,6 +91,14 @@ struct AttentionBatch {
   // batch (4) under a register cap for 3 blocks per multiprocessor (more warps in flight,
   // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
   int decode_variant = 0;
+  // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
+  // kernel, 64, 128 or 256 queries a block, or the skewed one, chosen from the grid's size
+  // and the device's shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64 / 128 /
+  // 256 queries a block (head_dim > 128: always 64; 256 needs 105 KiB of shared memory for
+  // head_dim 128, so not on GB10); 5 = as 4 but rescaling the output on every key tile;
+  // 6 = 256 queries in two groups of 4 warps out of phase (171 KiB at head_dim 128).
+  // Pools of 2^32 or more 8-element units (or num_blocks 0) always run the previous kernel.
+  int prefill_variant = 0;
 };
 
 /// Checks an AttentionBatch against its contract and the kernels' limits (head_dim a

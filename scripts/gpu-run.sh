@@ -29,8 +29,7 @@
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
-# "libraries version hw gpu-kernels unit"; GPU_KERNELS_FILTER narrows gpu-kernels' doctest
-# filter, KERNEL_BENCH_ARGS passes e.g. "--only forms,attention" to kernel-bench; also
+# "libraries version hw gpu-kernels unit"; also
 # "sparkd-gpu" (sparkctl start of a one-node ring on this GPU, both weights placements),
 # "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
@@ -39,7 +38,8 @@
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC, GPU_KERNELS_FILTER (doctest -tc for the gpu-kernels
-# step), KERNEL_BENCH_ARGS (extra arguments of spark_kernel_bench).
+# step, e.g. 'gpu prefill*'), KERNEL_BENCH_ARGS (extra arguments of spark_kernel_bench,
+# e.g. "--only forms,layer"), GPU_ENGINE_FILTER, GPU_ENGINE_BOUND (the gpu-engine step).
 set -euo pipefail
 
 die() { echo "gpu-run.sh: $*" >&2; exit 1; }

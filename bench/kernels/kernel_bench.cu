@@ -10,8 +10,10 @@
 // rate, over the L2 rate (the engine's logits were just written by lm_head and sit in L2)
 // and over what one multiprocessor reads alone.
 //
-// Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION[,SECTION...]]
-//   sections: matmul, forms, fused, layer, attention, other, sampler (default: all)
+// Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
+// Sections: matmul, forms, fused, layer, decode, prefill (attention = both), other,
+// sampler; the HBM read and the bf16 product peak are measured in every run, as every row
+// is read against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -265,22 +267,40 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false;
   std::string only;
+  const std::string sections = ",matmul,forms,fused,layer,decode,prefill,attention,other,sampler,";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--quick"))
+    } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
-      only = std::string(",") + argv[++i] + ",";
-    else {
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+      size_t p = 0;
+      while (p <= only.size()) {
+        const size_t e = std::min(only.find(',', p), only.size());
+        const std::string sec = only.substr(p, e - p);
+        if (sections.find("," + sec + ",") == std::string::npos) {
+          std::fprintf(stderr,
+                       "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
+                       "fused, layer, decode, prefill, attention, other, sampler)\n",
+                       sec.c_str());
+          return 2;
+        }
+        p = e + 1;
+      }
+    } else {
       std::fprintf(stderr,
-                   "usage: spark_kernel_bench [--json FILE] [--quick] [--only "
-                   "matmul,forms,fused,layer,attention,other,sampler]\n");
+                   "usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]\n");
       return 2;
     }
   }
-  auto want = [&](const char* section) {
-    return only.empty() || only.find(std::string(",") + section + ",") != std::string::npos;
+  // Whether section `sec` runs: all of them without --only; "attention" stands for
+  // decode and prefill.
+  auto want = [&](const std::string& sec) {
+    if (only.empty()) return true;
+    const std::string list = "," + only + ",";
+    if (list.find("," + sec + ",") != std::string::npos) return true;
+    return (sec == "decode" || sec == "prefill") && list.find(",attention,") != std::string::npos;
   };
   ST(cuda_select_device(0));
   auto lim = cuda_device_limits(0);
@@ -345,9 +365,10 @@ int main(int argc, char** argv) {
     CK(cudaFree(w));
     CK(cudaFree(o));
   }
-  fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
-             "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
-             "%HBM", "TFLOP/s", "faster");
+  if (want("matmul"))
+    fmt::print("# {:<20} {:>5} | {:>10} {:>8} {:>6} {:>7} | {:>10} {:>8} {:>6} {:>7} | {}\n",
+               "matmul (n x k)", "m", "cublasLt us", "GB/s", "%HBM", "TFLOP/s", "own us", "GB/s",
+               "%HBM", "TFLOP/s", "faster");
   json mjs = json::array();
   for (const auto& sh : shapes) {
     if (!want("matmul")) break;
@@ -469,8 +490,9 @@ int main(int argc, char** argv) {
   // products as Matmul::run picks them. gate/up + SwiGLU: the own kernel with SwiGLU in its
   // epilogue against the product (automatic choice) into [gate | up] plus the SwiGLU kernel.
   json fjs = json::array();
-  fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)", "fused us",
-             "GB/s", "%HBM", "split us", "GB/s", "%HBM");
+  if (want("fused"))
+    fmt::print("\n# {:<32} {:>10} {:>10} {:>8} | {:>10} {:>10} {:>8}\n", "fused (m rows)",
+               "fused us", "GB/s", "%HBM", "split us", "GB/s", "%HBM");
   for (size_t m : {size_t{1}, size_t{8}}) {
     if (!want("fused")) break;
     const size_t k = 4096, nq = 4096, nkv = 1024;
@@ -728,7 +750,7 @@ int main(int argc, char** argv) {
     b.query_start = static_cast<int32_t*>(dq), b.n_seqs = n_seqs, b.n_tokens = T,
     b.max_query_len = qlen;
     b.max_seq_len = std::max(ctx, bound), b.scale = 0.0883883f;
-    b.decode_variant = variant;
+    (decode ? b.decode_variant : b.prefill_variant) = variant;
     void* ws = nullptr;
     if (decode) {
       b.workspace_bytes =
@@ -745,16 +767,20 @@ int main(int argc, char** argv) {
          : partitioned ? attention_decode_partitioned_cuda_device(b, st)
                        : attention_decode_cuda_device(b, st));
     });
-    const char* kname = !decode       ? "prefill"
+    const char* prefill_names[] = {
+        "prefill",        "prefill (old)",        "prefill (64q)",      "prefill (128q)",
+        "prefill (256q)", "prefill (256q eager)", "prefill (256q skew)"};
+    const char* kname = !decode       ? prefill_names[variant]
                         : partitioned ? "decode (old)"
                         : variant     ? "decode (U4x3)"
                                       : "decode";
     std::string name =
         fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
                     bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
-    json j = {{"kernel", !decode       ? "attention_prefill"
-                         : partitioned ? "attention_decode_partitioned"
-                                       : "attention_decode"},
+    json j = {{"kernel", !decode && variant == 1 ? "attention_prefill_previous"
+                         : !decode               ? "attention_prefill"
+                         : partitioned           ? "attention_decode_partitioned"
+                                                 : "attention_decode"},
               {"seqs", n_seqs},
               {"ctx", ctx},
               {"bound", std::max(ctx, bound)},
@@ -785,15 +811,25 @@ int main(int argc, char** argv) {
   const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
                                   {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
   for (const auto& d : decode_shapes) {
-    if (!want("attention")) break;
+    if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 1);
     attention(true, d[0], d[1], 1, true, d[2]);
   }
-  if (want("attention")) {
-    attention(false, 1, 1024, 1024);
-    attention(false, 1, 8192, 8192);
-    if (!quick) attention(false, 1, 32768, 32768);
+  // Prefill: the engine's kernel (the tiled kernel, block size chosen from the grid), the
+  // previous kernel, then the tiled kernel with each block size forced (256 queries where
+  // the shared memory allows, also rescaling on every tile: AttentionBatch::
+  // prefill_variant); % is of the bf16
+  // product peak above. The last shape is a chunk of 2048 after a 6144-token prefix.
+  const int prefill_shapes[][2] = {{1024, 1024}, {8192, 8192}, {32768, 32768}, {8192, 2048}};
+  for (const auto& p : prefill_shapes) {
+    if (!want("prefill")) break;
+    if (quick && p[0] > 8192) continue;
+    for (int v : {0, 1, 2, 3, 4, 5, 6}) {
+      if (v >= 4 && lim->smem_per_block_optin < (v == 6 ? 174848u : 104960u))
+        continue;  // not on GB10
+      attention(false, 1, p[0], p[1], false, 0, v);
+    }
   }
   out["attention"] = ajs;
 

@@ -532,7 +532,7 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
   b.max_seq_len = std::max(ctx_bound, *std::max_element(ctx.begin(), ctx.end())),
   b.scale = 1.f / std::sqrt(static_cast<float>(hd));
   b.window = window;
-  b.decode_variant = variant;
+  (decode ? b.decode_variant : b.prefill_variant) = variant;
   // A graph's tables are as wide as the bound; past each context they hold -1, which a
   // kernel that reads beyond its context would follow out of the pool.
   DeviceBuf<int32_t> wide;
@@ -620,9 +620,9 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
   // Rows not checked against the reference must still have been written.
   size_t unwritten = 0;
   for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
-  MESSAGE((decode ? "decode" : "prefill")
-          << " kv " << dtype_name(kv_t) << " hd " << hd << " heads " << nh << "/" << nkv << " ctx "
-          << ctx[0] << " max err " << max_err);
+  MESSAGE(std::string(decode ? "decode" : "prefill")
+          << " variant " << variant << " kv " << std::string(dtype_name(kv_t)) << " hd " << hd
+          << " heads " << nh << "/" << nkv << " ctx " << ctx[0] << " max err " << max_err);
   CHECK(checked > 0);
   CHECK(bad == 0);
   CHECK(unwritten == 0);
@@ -679,25 +679,85 @@ TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the page
     attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1, true);
 }
 
+// The engine's kernel (variant 0: the tiled kernel, its block size picked from the grid)
+// and the previous kernel (variant 1) on the same shapes.
 TEST_CASE("gpu prefill attention: causal, GQA, cached prefixes, ragged batches, up to 32k") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("prefill"));
-  for (auto kv_t : kTypes) {
-    attention_case(rng, false, kv_t, DType::bf16, 8, 2, 128, 16, {1, 65, 200}, {1, 65, 200}, 0,
-                   1000);
-    attention_case(rng, false, kv_t, DType::bf16, 4, 2, 16, 16, {300, 77}, {100, 77}, 0,
-                   1000);  // prefix
-    attention_case(rng, false, kv_t, DType::bf16, 2, 1, 24, 8, {130}, {130}, 0, 1000);
-    attention_case(rng, false, kv_t, DType::bf16, 4, 4, 64, 16, {500, 31}, {129, 31}, 100,
-                   1000);  // window
-    attention_case(rng, false, kv_t, DType::bf16, 4, 1, 256, 16, {190}, {190}, 0, 1000);
+  for (int variant : {0, 1}) {
+    for (auto kv_t : kTypes) {
+      attention_case(rng, false, kv_t, DType::bf16, 8, 2, 128, 16, {1, 65, 200}, {1, 65, 200}, 0,
+                     1000, false, 0, variant);
+      attention_case(rng, false, kv_t, DType::bf16, 4, 2, 16, 16, {300, 77}, {100, 77}, 0, 1000,
+                     false, 0, variant);  // prefix
+      attention_case(rng, false, kv_t, DType::bf16, 2, 1, 24, 8, {130}, {130}, 0, 1000, false, 0,
+                     variant);
+      attention_case(rng, false, kv_t, DType::bf16, 4, 4, 64, 16, {500, 31}, {129, 31}, 100, 1000,
+                     false, 0, variant);  // window
+      attention_case(rng, false, kv_t, DType::bf16, 4, 1, 256, 16, {190}, {190}, 0, 1000, false, 0,
+                     variant);
+    }
+    attention_case(rng, false, DType::bf16, DType::f32, 4, 2, 128, 16, {70}, {70}, 0, 1000, false,
+                   0, variant);
+    attention_case(rng, false, DType::bf16, DType::bf16, 32, 8, 128, 16, {2048}, {2048}, 0, 64,
+                   false, 0, variant);
   }
-  attention_case(rng, false, DType::bf16, DType::f32, 4, 2, 128, 16, {70}, {70}, 0, 1000);
-  attention_case(rng, false, DType::bf16, DType::bf16, 32, 8, 128, 16, {2048}, {2048}, 0, 64);
   if (large_cases()) {  // a 32k prompt; 1000 new tokens after an 8000-token prefix
     attention_case(rng, false, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {32768}, 0, 24);
     attention_case(rng, false, DType::bf16, DType::bf16, 4, 1, 128, 16, {9000}, {1000}, 0, 40);
   }
+}
+
+// The tiled kernel with each block size forced (64 queries: variant 2, 128: 3; where the
+// device has 105 KiB of shared memory a block, 256: 4, and 256 rescaling on every tile: 5;
+// with 171 KiB, 256 in two groups of warps out of phase: 6) on
+// the shapes its paths depend on: head_dim 64/128/256 and padded ones (24, 96), GQA groups
+// 1/4/8, prompt lengths on both sides of the 64- and 128-row tiles and of the 64-key tile
+// (the diagonal tiles, the warps that sit out the last tiles, rows past the end), chunked
+// prefill after a cached prefix, block sizes that are not powers of two, windows, fp32
+// caches and fp32 queries.
+TEST_CASE("gpu prefill attention (tiled kernel): tiles, head sizes, GQA groups, prefixes") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("prefill_tiled"));
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  std::vector<int> variants{2, 3};
+  if (lim->smem_per_block_optin >= 104960)
+    variants.insert(variants.end(), {4, 5});
+  else
+    MESSAGE("variants 4 and 5 not run: " << lim->smem_per_block_optin
+                                         << " bytes of shared memory a block, 104960 needed");
+  if (lim->smem_per_block_optin >= 174848)
+    variants.push_back(6);
+  else
+    MESSAGE("variant 6 not run: " << lim->smem_per_block_optin
+                                  << " bytes of shared memory a block, 174848 needed");
+  for (int variant : variants)
+    for (auto kv_t : kTypes) {
+      // Group 1; one-row, tile-edge and ragged prompts in one batch.
+      attention_case(rng, false, kv_t, DType::bf16, 8, 8, 64, 16, {1, 63, 64, 127, 128, 129, 300},
+                     {1, 63, 64, 127, 128, 129, 300}, 0, 1000, false, 0, variant);
+      // Group 4 (Llama-3-8B's heads scaled down), a length that is no multiple of any tile.
+      attention_case(rng, false, kv_t, DType::bf16, 16, 4, 128, 16, {1000}, {1000}, 0, 100, false,
+                     0, variant);
+      // Chunked prefill: new tokens after prefixes already in the cache, one of them long.
+      attention_case(rng, false, kv_t, DType::bf16, 16, 2, 128, 16, {700, 1077, 65}, {200, 300, 65},
+                     0, 100, false, 0, variant);
+      // Group 8, head_dim 256 (always 64-query blocks) with a prefix.
+      attention_case(rng, false, kv_t, DType::bf16, 8, 1, 256, 16, {333, 97}, {333, 40}, 0, 100,
+                     false, 0, variant);
+      // Padded head sizes; a block size of 12 (no shifts) under a prefix.
+      attention_case(rng, false, kv_t, DType::bf16, 4, 1, 96, 16, {259}, {259}, 0, 1000, false, 0,
+                     variant);
+      attention_case(rng, false, kv_t, DType::bf16, 4, 1, 24, 12, {500}, {211}, 0, 1000, false, 0,
+                     variant);
+      // A window shorter than a tile, over a prefix and without one.
+      attention_case(rng, false, kv_t, DType::bf16, 8, 2, 128, 16, {600, 300}, {600, 100}, 50, 100,
+                     false, 0, variant);
+    }
+  for (int variant : variants)
+    attention_case(rng, false, DType::bf16, DType::f32, 8, 2, 64, 16, {200, 130}, {200, 60}, 0,
+                   1000, false, 0, variant);
 }
 
 TEST_CASE("gpu argmax and sampler pick the same tokens as the CPU twin") {
