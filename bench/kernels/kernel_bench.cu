@@ -705,6 +705,24 @@ int main(int argc, char** argv) {
                  bytes_layer / per / 1e3, 100 * bytes_layer / per / 1e3 / read_gbs, sum);
       ljs[pdl ? "chain_pdl_us_per_layer" : "chain_us_per_layer"] = per;
     }
+    // What each kernel's place in the chain costs: the chain (with pdl) without it. The
+    // results are wrong; the time is what the kernel adds to the layer.
+    const double all = ljs["chain_pdl_us_per_layer"].get<double>();
+    json cj = json::array();
+    fmt::print("# {:<32} {:>10}\n", "chain + pdl: what each kernel adds", "us");
+    for (size_t skip = 0; skip < steps.size(); ++skip) {
+      set_programmatic_launch(true);
+      const double t = time_us(st, 1, [&](int) {
+        for (int l = 0; l < nlayers; ++l)
+          for (size_t si = 0; si < steps.size(); ++si)
+            if (si != skip) steps[si].second(wts[static_cast<size_t>(l) % 2]);
+      });
+      set_programmatic_launch(false);
+      const double adds = all - t / nlayers;
+      fmt::print("{:<34} {:>10.1f}\n", steps[skip].first, adds);
+      cj.push_back({{"kernel", steps[skip].first}, {"chain_adds_us", adds}});
+    }
+    ljs["chain_adds"] = cj;
     ljs["bytes_per_layer"] = bytes_layer;
     out["layer"] = ljs;
     for (auto& w : wts)
