@@ -380,6 +380,65 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The online softmax of one key tile for a warp's MT 16-row tiles (both kernels below):
+// masks what the row may not see where `need_mask` (causal; `window` > 0 also the keys
+// before it), raises each row's running maximum (raw score units; the scale sl2 goes into
+// the exponent's FMA), replaces the scores by their exp2 and adds them to the row sums.
+// al gets each row's rescale factor for o; returns whether any of this lane's maxima rose.
+template <int MT, int BN>
+__device__ __forceinline__ bool softmax_tile(float (&s)[MT][BN / 8][4], float (&mrow)[MT][2],
+                                             float (&lrow)[MT][2], float (&al)[MT][2],
+                                             bool need_mask, int n0, int wfirst, int g, int cq,
+                                             int window, float sl2) {
+  bool raised = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int posA = wfirst + mt * 16 + g, posB = posA + 8;
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kp = n0 + j * 8 + cq * 2 + (e & 1);
+          const int pos = e < 2 ? posA : posB;
+          if (kp > pos || (window > 0 && kp <= pos - window)) s[mt][j][e] = -INFINITY;
+        }
+    }
+    float tm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      tm[0] = fmaxf(tm[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+      tm[1] = fmaxf(tm[1], fmaxf(s[mt][j][2], s[mt][j][3]));
+    }
+    float ms[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 1));
+      tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 2));
+      const float nm = fmaxf(mrow[mt][hr], tm[hr]);
+      ms[hr] = nm == -INFINITY ? 0.f : nm * sl2;
+      if (nm != mrow[mt][hr]) {
+        al[mt][hr] = fast_exp2(fmaf(mrow[mt][hr], sl2, -ms[hr]));
+        raised = true;
+      } else {
+        al[mt][hr] = 1.f;
+      }
+      mrow[mt][hr] = nm;
+    }
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -ms[e >> 1]));
+        sum[e >> 1] += s[mt][j][e];
+      }
+    lrow[mt][0] = lrow[mt][0] * al[mt][0] + sum[0];
+    lrow[mt][1] = lrow[mt][1] * al[mt][1] + sum[1];
+  }
+  return raised;
+}
+
 template <typename C, int HD, int BN, int MT, int W>
 __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionBatch b) {
   using S = TiledSmem<HD, BN, MT, W>;
@@ -549,55 +608,9 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
 
     // Only a tile that reaches past the warp's first row (or any tile under a window)
     // needs the mask.
-    const bool need_mask = b.window > 0 || n0 + BN - 1 > wfirst;
     float al[MT][2];
-    bool raised = false;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int posA = wfirst + mt * 16 + g, posB = posA + 8;
-      if (need_mask) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kp = n0 + j * 8 + cq * 2 + (e & 1);
-            const int pos = e < 2 ? posA : posB;
-            if (kp > pos || (b.window > 0 && kp <= pos - b.window)) s[mt][j][e] = -INFINITY;
-          }
-      }
-      float tm[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        tm[0] = fmaxf(tm[0], fmaxf(s[mt][j][0], s[mt][j][1]));
-        tm[1] = fmaxf(tm[1], fmaxf(s[mt][j][2], s[mt][j][3]));
-      }
-      float ms[2];
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 1));
-        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 2));
-        // Maxima are kept in raw score units; the scale goes into the exponent's FMA.
-        const float nm = fmaxf(mrow[mt][hr], tm[hr]);
-        ms[hr] = nm == -INFINITY ? 0.f : nm * sl2;
-        if (nm != mrow[mt][hr]) {
-          al[mt][hr] = fast_exp2(fmaf(mrow[mt][hr], sl2, -ms[hr]));
-          raised = true;
-        } else {
-          al[mt][hr] = 1.f;
-        }
-        mrow[mt][hr] = nm;
-      }
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -ms[e >> 1]));
-          sum[e >> 1] += s[mt][j][e];
-        }
-      lrow[mt][0] = lrow[mt][0] * al[mt][0] + sum[0];
-      lrow[mt][1] = lrow[mt][1] * al[mt][1] + sum[1];
-    }
+    const bool raised = softmax_tile<MT, BN>(
+        s, mrow, lrow, al, b.window > 0 || n0 + BN - 1 > wfirst, n0, wfirst, g, cq, b.window, sl2);
     if (!lazy || __any_sync(0xffffffffu, raised)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -884,53 +897,11 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
       }
     }
 
-    const bool need_mask = b.window > 0 || n0 + BN - 1 > wfirst;
     float al[MT][2];
-    bool raised = false;
+    const bool raised = softmax_tile<MT, BN>(
+        s, mrow, lrow, al, b.window > 0 || n0 + BN - 1 > wfirst, n0, wfirst, g, cq, b.window, sl2);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int posA = wfirst + mt * 16 + g, posB = posA + 8;
-      if (need_mask) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kp = n0 + j * 8 + cq * 2 + (e & 1);
-            const int pos = e < 2 ? posA : posB;
-            if (kp > pos || (b.window > 0 && kp <= pos - b.window)) s[mt][j][e] = -INFINITY;
-          }
-      }
-      float tm[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        tm[0] = fmaxf(tm[0], fmaxf(s[mt][j][0], s[mt][j][1]));
-        tm[1] = fmaxf(tm[1], fmaxf(s[mt][j][2], s[mt][j][3]));
-      }
-      float ms[2];
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 1));
-        tm[hr] = fmaxf(tm[hr], __shfl_xor_sync(0xffffffffu, tm[hr], 2));
-        const float nm = fmaxf(mrow[mt][hr], tm[hr]);
-        ms[hr] = nm == -INFINITY ? 0.f : nm * sl2;
-        if (nm != mrow[mt][hr]) {
-          al[mt][hr] = fast_exp2(fmaf(mrow[mt][hr], sl2, -ms[hr]));
-          raised = true;
-        } else {
-          al[mt][hr] = 1.f;
-        }
-        mrow[mt][hr] = nm;
-      }
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], sl2, -ms[e >> 1]));
-          sum[e >> 1] += s[mt][j][e];
-        }
-      lrow[mt][0] = lrow[mt][0] * al[mt][0] + sum[0];
-      lrow[mt][1] = lrow[mt][1] * al[mt][1] + sum[1];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         pp[mt][kk][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
@@ -938,7 +909,6 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
         pp[mt][kk][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
         pp[mt][kk][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
-    }
     // The late group's P V of the previous tile is already in o, so o can be rescaled.
     if (__any_sync(0xffffffffu, raised)) {
 #pragma unroll

@@ -52,6 +52,39 @@ __host__ __device__ constexpr size_t own_rows_per_block(bool swiglu) {
 // One block's work for product p: NT n-tiles of 8 rows of A (m <= 8 * NT); W warps split k.
 // The mma's A operand rows g and g + 8 are W rows w0 and w1: 16 consecutive rows, or with
 // swiglu gate row i and up row n + i, so one lane ends with both products of an output.
+// The epilogue both forms share: output (m, n) of a plain product (bias, then the
+// accumulate, rounded once to the output type), and of a [gate | up] pair with SwiGLU (the
+// two products rounded as the [gate | up] buffer would hold them, then silu(g) * u).
+__device__ __forceinline__ void store_product(const MatmulArgs& p, size_t m, size_t n, float s) {
+  if (p.bias) s += __bfloat162float(static_cast<const dev::bf16*>(p.bias)[n]);
+  const size_t off = m * p.ldo + n;
+  if (p.out_dtype == DType::bf16) {
+    dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
+    if (p.accumulate) s += __bfloat162float(*o);
+    *o = __float2bfloat16_rn(s);
+  } else {
+    float* o = static_cast<float*>(p.out) + off;
+    if (p.accumulate) s += *o;
+    *o = s;
+  }
+}
+__device__ __forceinline__ void store_swiglu(const MatmulArgs& p, size_t m, size_t n, float gt,
+                                             float up) {
+  const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
+  const bool bf16_out = p.out_dtype == DType::bf16;
+  if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
+  if (bf16_out) {
+    gt = __bfloat162float(__float2bfloat16_rn(gt));
+    up = __bfloat162float(__float2bfloat16_rn(up));
+  }
+  const float y = gt / (1.f + expf(-gt)) * up;
+  const size_t off = m * p.ldo + n;
+  if (bf16_out)
+    static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
+  else
+    static_cast<float*>(p.out)[off] = y;
+}
+
 template <int NT, int kOwnWarps>
 __device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
                                           float (*red)[32][NT * 4]) {
@@ -112,8 +145,6 @@ __device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
     for (int e = 0; e < 4; ++e) red[warp][lane][t * 4 + e] = acc[t][e];
   __syncthreads();
   if (warp != 0) return;
-  const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
-  const bool bf16_out = p.out_dtype == DType::bf16;
   float sum[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
@@ -134,18 +165,7 @@ __device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
       for (int e = 0; e < 2; ++e) {
         const size_t m = static_cast<size_t>(t) * 8 + 2 * c + e;
         if (m >= p.m) continue;
-        float gt = sum[t][e], up = sum[t][e + 2];
-        if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
-        if (bf16_out) {  // the [gate | up] buffer's rounding
-          gt = __bfloat162float(__float2bfloat16_rn(gt));
-          up = __bfloat162float(__float2bfloat16_rn(up));
-        }
-        const float y = gt / (1.f + expf(-gt)) * up;
-        const size_t off = m * p.ldo + n;
-        if (bf16_out)
-          static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
-        else
-          static_cast<float*>(p.out)[off] = y;
+        store_swiglu(p, m, n, sum[t][e], sum[t][e + 2]);
       }
     return;
   }
@@ -158,17 +178,7 @@ __device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
       const size_t n = n0 + g + (e >= 2 ? 8 : 0);
       const size_t m = static_cast<size_t>(t) * 8 + 2 * c + (e & 1);
       if (n >= p.n || m >= p.m) continue;
-      if (bias) s += __bfloat162float(bias[n]);
-      const size_t off = m * p.ldo + n;
-      if (bf16_out) {
-        dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
-        if (p.accumulate) s += __bfloat162float(*o);
-        *o = __float2bfloat16_rn(s);
-      } else {
-        float* o = static_cast<float*>(p.out) + off;
-        if (p.accumulate) s += *o;
-        *o = s;
-      }
+      store_product(p, m, n, s);
     }
 }
 
@@ -289,41 +299,17 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk) {
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
 
-  // Lane r * M + m stores unit r's output for A row m.
-  const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
-  const bool bf16_out = p.out_dtype == DType::bf16;
+        // Lane r * M + m stores unit r's output for A row m.
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if (lane != r * M + m || !uok[r] || m >= static_cast<int>(p.m)) continue;
       const size_t n = u0 + r;
-      const size_t off = static_cast<size_t>(m) * p.ldo + n;
-      if constexpr (NW == 2) {  // swiglu: the [gate | up] buffer's rounding, then silu(g) * u
-        float gt = acc[r][0][m], up = acc[r][1][m];
-        if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
-        if (bf16_out) {
-          gt = __bfloat162float(__float2bfloat16_rn(gt));
-          up = __bfloat162float(__float2bfloat16_rn(up));
-        }
-        const float y = gt / (1.f + expf(-gt)) * up;
-        if (bf16_out)
-          static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
-        else
-          static_cast<float*>(p.out)[off] = y;
-      } else {
-        float v = acc[r][0][m];
-        if (bias) v += __bfloat162float(bias[n]);
-        if (bf16_out) {
-          dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
-          if (p.accumulate) v += __bfloat162float(*o);
-          *o = __float2bfloat16_rn(v);
-        } else {
-          float* o = static_cast<float*>(p.out) + off;
-          if (p.accumulate) v += *o;
-          *o = v;
-        }
-      }
+      if constexpr (NW == 2)
+        store_swiglu(p, static_cast<size_t>(m), n, acc[r][0][m], acc[r][1][m]);
+      else
+        store_product(p, static_cast<size_t>(m), n, acc[r][0][m]);
     }
 }
 
