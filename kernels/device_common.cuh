@@ -66,6 +66,18 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+/// RoPE of one rotation pair (x0 at i, x1 at i + head_dim/2) at `pos` with the pair's
+/// inverse frequency, each result rounded to T: what rope_kernel and the q/k/v products'
+/// RoPE epilogue both compute (one function, so the two give the same bits).
+template <typename T>
+__device__ __forceinline__ void rope_pair(float x0, float x1, float pos, float inv_freq, T* r0,
+                                          T* r1) {
+  float s, c;
+  sincosf(pos * inv_freq, &s, &c);
+  *r0 = from_f<T>(x0 * c - x1 * s);
+  *r1 = from_f<T>(x1 * c + x0 * s);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -38,10 +38,24 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
 
 // The products of one launch: block b of the grid computes rows of part[i] where
 // first_block[i] <= b < first_block[i + 1].
+// The q/k/v products' RoPE and KV write (matmul_qkv_rope_cuda_device); unused elsewhere.
+struct RopeEpilogue {
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  size_t head_dim = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType cache_dtype = DType::bf16;
+  long long cache_slots = 0;
+  const int32_t* slots = nullptr;
+  size_t kv_row = 0;  // cache row: n_kv_heads * head_dim elements
+};
+
 struct OwnGroup {
   MatmulArgs part[kMatmulMaxGroup];
   unsigned first_block[kMatmulMaxGroup + 1];
   int n;
+  RopeEpilogue rope;
 };
 
 // Output rows (of W, i.e. columns of out) per block: 16, or 8 gate/up pairs with swiglu.
@@ -218,16 +232,64 @@ __device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
   }
 }
 
-template <int M, int R, int U, int NW>
-__device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk) {
+// The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
+// of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
+// rope_kernel computes it from the stored values; k's rotated and v's rows also go to the
+// cache slot, as its KV write converts them.
+template <int PART, typename T>
+__device__ __forceinline__ void store_rope_t(const MatmulArgs& p, const RopeEpilogue& rp, size_t m,
+                                             size_t n0, size_t i, float a0, float a1) {
+  const size_t n1 = n0 + rp.head_dim / 2;
+  if (p.bias) {
+    const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
+    a0 += __bfloat162float(bias[n0]), a1 += __bfloat162float(bias[n1]);
+  }
+  T t0 = dev::from_f<T>(a0), t1 = dev::from_f<T>(a1);
+  if constexpr (PART < 2)
+    dev::rope_pair(dev::to_f(t0), dev::to_f(t1), static_cast<float>(rp.positions[m]),
+                   rp.inv_freq[i], &t0, &t1);
+  T* o = static_cast<T*>(p.out) + m * p.ldo;
+  o[n0] = t0, o[n1] = t1;
+  if constexpr (PART > 0) {
+    const int32_t slot = rp.slots[m];
+    if (slot < 0 || slot >= rp.cache_slots) return;
+    const size_t at = static_cast<size_t>(slot) * rp.kv_row;
+    void* cache = PART == 1 ? rp.k_cache : rp.v_cache;
+    if (rp.cache_dtype == DType::bf16) {
+      dev::bf16* c = static_cast<dev::bf16*>(cache) + at;
+      c[n0] = dev::from_f<dev::bf16>(dev::to_f(t0)), c[n1] = dev::from_f<dev::bf16>(dev::to_f(t1));
+    } else {
+      float* c = static_cast<float*>(cache) + at;
+      c[n0] = dev::to_f(t0), c[n1] = dev::to_f(t1);
+    }
+  }
+}
+
+// ROPE >= 0: the q/k/v part of that index with the RoPE epilogue. The warp's two units are
+// then the rotation pair (i, i + head_dim/2) of one head, not two adjacent rows.
+template <int M, int R, int U, int NW, int ROPE = -1>
+__device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
+                                           const RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t u0 = (blk * kGemvWarps + static_cast<size_t>(warp)) * R;
+  static_assert(ROPE < 0 || (R == 2 && NW == 1), "RoPE pairs take two units a warp");
+  size_t units[R];
+  size_t pair_i = 0;
+  if constexpr (ROPE >= 0) {
+    const size_t pair = u0 / 2, half = rp.head_dim / 2;
+    pair_i = pair % half;
+    units[0] = (pair / half) * rp.head_dim + pair_i;
+    units[1] = units[0] + half;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) units[r] = u0 + r;
+  }
   const uint4* wrow[R][NW];
   bool uok[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    uok[r] = u0 + r < p.n;
-    const size_t unit = uok[r] ? u0 + r : 0;
+    uok[r] = units[r] < p.n;
+    const size_t unit = uok[r] ? units[r] : 0;
 #pragma unroll
     for (int j = 0; j < NW; ++j)
       wrow[r][j] = reinterpret_cast<const uint4*>(static_cast<const dev::bf16*>(p.w) +
@@ -299,29 +361,55 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk) {
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
 
-        // Lane r * M + m stores unit r's output for A row m.
-#pragma unroll
-  for (int r = 0; r < R; ++r)
+  // Lane r * M + m stores unit r's output for A row m.
+  if constexpr (ROPE >= 0) {
+    // Lane m stores row m's pair: both units' sums are in every lane after the shuffles.
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      if (lane != r * M + m || !uok[r] || m >= static_cast<int>(p.m)) continue;
-      const size_t n = u0 + r;
-      if constexpr (NW == 2)
-        store_swiglu(p, static_cast<size_t>(m), n, acc[r][0][m], acc[r][1][m]);
+      if (lane != m || !uok[0] || m >= static_cast<int>(p.m)) continue;
+      if (p.out_dtype == DType::bf16)
+        store_rope_t<ROPE, dev::bf16>(p, rp, static_cast<size_t>(m), units[0], pair_i, acc[0][0][m],
+                                      acc[1][0][m]);
       else
-        store_product(p, static_cast<size_t>(m), n, acc[r][0][m]);
+        store_rope_t<ROPE, float>(p, rp, static_cast<size_t>(m), units[0], pair_i, acc[0][0][m],
+                                  acc[1][0][m]);
     }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (lane != r * M + m || !uok[r] || m >= static_cast<int>(p.m)) continue;
+        const size_t n = units[r];
+        if constexpr (NW == 2)
+          store_swiglu(p, static_cast<size_t>(m), n, acc[r][0][m], acc[r][1][m]);
+        else
+          store_product(p, static_cast<size_t>(m), n, acc[r][0][m]);
+      }
+  }
 }
 
 template <int M, int R, int U, int NW>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(OwnGroup G) {
   const unsigned b = blockIdx.x;
   if (G.n > 2 && b >= G.first_block[2])
-    gemv_block<M, R, U, NW>(G.part[2], b - G.first_block[2]);
+    gemv_block<M, R, U, NW>(G.part[2], b - G.first_block[2], G.rope);
   else if (G.n > 1 && b >= G.first_block[1])
-    gemv_block<M, R, U, NW>(G.part[1], b - G.first_block[1]);
+    gemv_block<M, R, U, NW>(G.part[1], b - G.first_block[1], G.rope);
   else
-    gemv_block<M, R, U, NW>(G.part[0], b);
+    gemv_block<M, R, U, NW>(G.part[0], b, G.rope);
+}
+
+// q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp.
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_rope_kernel(OwnGroup G) {
+  const unsigned b = blockIdx.x;
+  if (b >= G.first_block[2])
+    gemv_block<M, 2, 4, 1, 2>(G.part[2], b - G.first_block[2], G.rope);
+  else if (b >= G.first_block[1])
+    gemv_block<M, 2, 4, 1, 1>(G.part[1], b - G.first_block[1], G.rope);
+  else
+    gemv_block<M, 2, 4, 1, 0>(G.part[0], b, G.rope);
 }
 
 // out[m][n] += bias[n] (bf16) for fp32 outputs, whose cuBLASLt bias must be fp32.
@@ -484,6 +572,70 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
 
 Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
   return matmul_own_group_cuda_device(&a, 1, stream);
+}
+
+Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream) {
+  auto bad = [](const std::string& why) {
+    return make_error(Errc::usage, "matmul q/k/v with RoPE: " + why);
+  };
+  SPARK_TRY(rope_check_args(rope));
+  const size_t m = parts[0].m;
+  const size_t hd = static_cast<size_t>(rope.head_dim);
+  const size_t widths[3] = {static_cast<size_t>(rope.n_heads) * hd,
+                            static_cast<size_t>(rope.n_kv_heads) * hd,
+                            static_cast<size_t>(rope.n_kv_heads) * hd};
+  const void* outs[3] = {rope.q, rope.k, rope.v};
+  const size_t strides[3] = {rope.q_stride, rope.k_stride, rope.v_stride};
+  OwnGroup G{};
+  G.n = 3;
+  for (int i = 0; i < 3; ++i) {
+    const MatmulArgs& a = parts[i];
+    SPARK_TRY(matmul_check_args(a));
+    if (a.m != m) return bad("the products differ in m");
+    if (a.swiglu || a.accumulate) return bad("plain products only");
+    if (a.k % 8 != 0 || a.lda % 8 != 0 || a.ldw % 8 != 0 || !aligned16(a.a) || !aligned16(a.w))
+      return bad("needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
+    if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
+    if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
+      return bad("part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
+                 std::to_string(widths[i]) + " columns, stride " + std::to_string(strides[i]) +
+                 ")");
+    G.part[i] = a;
+  }
+  if (m == 0) return Status::Ok();
+  if (m > kMatmulGemvMaxRows) return bad("at most 4 rows (the streaming form)");
+  if (rope.n_tokens != m) return bad("rope's n_tokens must be the products' m");
+  if (rope.q_norm || rope.k_norm) return bad("no per-head norms (run the separate kernels)");
+  if (!rope.k || !rope.k_cache || !rope.v_cache || !rope.slots || !rope.v)
+    return bad("needs the KV write (k, v, both caches and the slots)");
+  G.rope.positions = rope.positions;
+  G.rope.inv_freq = rope.inv_freq;
+  G.rope.head_dim = hd;
+  G.rope.k_cache = rope.k_cache;
+  G.rope.v_cache = rope.v_cache;
+  G.rope.cache_dtype = rope.cache_dtype;
+  G.rope.cache_slots = rope.cache_slots;
+  G.rope.slots = rope.slots;
+  G.rope.kv_row = widths[1];
+  // Two units a warp: a head's hd / 2 pairs over hd / 16 blocks of eight warps.
+  size_t blocks = 0;
+  for (int i = 0; i < 3; ++i) {
+    G.first_block[i] = static_cast<unsigned>(blocks);
+    blocks += (widths[i] + kGemvWarps * 2 - 1) / (kGemvWarps * 2);
+  }
+  G.first_block[3] = static_cast<unsigned>(blocks);
+  auto st = static_cast<cudaStream_t>(stream);
+  const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;
+  switch (m) {
+    case 1:
+      return launch_own(gemv_rope_kernel<1>, grid, threads, st, G);
+    case 2:
+      return launch_own(gemv_rope_kernel<2>, grid, threads, st, G);
+    case 3:
+      return launch_own(gemv_rope_kernel<3>, grid, threads, st, G);
+    default:
+      return launch_own(gemv_rope_kernel<4>, grid, threads, st, G);
+  }
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/dtype.h"
 #include "kernels/launch.h"
+#include "kernels/rope.h"
 
 namespace spark::kernels {
 
@@ -43,6 +44,15 @@ struct MatmulArgs {
   // [gate | up] buffer followed by swiglu would give. Not with accumulate.
   bool swiglu = false;
 };
+
+/// The q, k and v products of a decode step with RoPE and the KV write in their epilogue:
+/// what matmul_own_group_cuda_device(parts, 3) and then rope_cuda_device(rope) with its KV
+/// write give, bit for bit, in one launch (the streaming form, m <= kMatmulGemvMaxRows).
+/// Each warp computes the two rows of one rotation pair (i, i + head_dim/2) of a head and
+/// rotates them in registers; k's rotated rows and v's rows also go to their cache slots.
+/// parts 0, 1, 2 write rope's q, k and v (n = heads * head_dim, ldo = rope's stride);
+/// rope.n_tokens = m; the KV write is set; no per-head norms (those run the two kernels).
+Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream);
 
 /// Most products matmul_own_group_cuda_device runs in one launch.
 inline constexpr int kMatmulMaxGroup = 3;

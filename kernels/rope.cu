@@ -74,10 +74,8 @@ __global__ void rope_kernel(RopeArgs a) {
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
       const int i = static_cast<int>(lane) + 32 * j;
       if (i < half) {
-        float s, c;
-        sincosf(pos * a.inv_freq[i], &s, &c);
-        const T r0 = dev::from_f<T>(x0[j] * c - x1[j] * s);
-        const T r1 = dev::from_f<T>(x1[j] * c + x0[j] * s);
+        T r0, r1;
+        dev::rope_pair(x0[j], x1[j], pos, a.inv_freq[i], &r0, &r1);
         v[i] = r0;
         v[i + half] = r1;
         x0[j] = dev::to_f(r0), x1[j] = dev::to_f(r1);  // the stored values, for the cache

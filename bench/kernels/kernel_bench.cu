@@ -705,6 +705,35 @@ int main(int argc, char** argv) {
                  bytes_layer / per / 1e3, 100 * bytes_layer / per / 1e3 / read_gbs, sum);
       ljs[pdl ? "chain_pdl_us_per_layer" : "chain_us_per_layer"] = per;
     }
+    // The engine's layer: q/k/v with RoPE and the KV write in its epilogue (one launch for
+    // the two steps above), timed alone and in the chain.
+    {
+      auto fused = steps;
+      fused[1] = {"q/k/v + rope + kv write", [&](const Wt& w) {
+                    MatmulArgs g[3] = {prod(h, H, w.wq, q, NQ), prod(h, H, w.wk, k, NKV),
+                                       prod(h, H, w.wv, v, NKV)};
+                    RopeArgs r = ra;
+                    r.k_cache = kp, r.v_cache = vp, r.cache_dtype = DType::bf16;
+                    r.cache_slots = static_cast<long long>(blocks_per) * lbs;
+                    r.slots = static_cast<int32_t*>(ds), r.v = v, r.v_stride = NKV;
+                    ST(matmul_qkv_rope_cuda_device(g, r, st));
+                  }};
+      fused.erase(fused.begin() + 2);
+      const double t1 =
+          time_us(st, 32, [&](int i) { fused[1].second(wts[static_cast<size_t>(i) % 2]); });
+      set_programmatic_launch(true);
+      const double t = time_us(st, 1, [&](int) {
+        for (int l = 0; l < nlayers; ++l)
+          for (auto& step : fused) step.second(wts[static_cast<size_t>(l) % 2]);
+      });
+      set_programmatic_launch(false);
+      fmt::print("{:<34} {:>10.1f}\n", fused[1].first, t1);
+      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", "chain + pdl, rope in q/k/v, per layer",
+                 t / nlayers, bytes_layer / (t / nlayers) / 1e3,
+                 100 * bytes_layer / (t / nlayers) / 1e3 / read_gbs);
+      ljs["qkv_rope_us"] = t1;
+      ljs["chain_pdl_qkv_rope_us_per_layer"] = t / nlayers;
+    }
     // What each kernel's place in the chain costs: the chain (with pdl) without it. The
     // results are wrong; the time is what the kernel adds to the layer.
     const double all = ljs["chain_pdl_us_per_layer"].get<double>();

@@ -217,6 +217,19 @@ class Device {
       SPARK_TRY(linear(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out));
     return Status::Ok();
   }
+  /// The q, k, v products over x (parts: q, k, v), then rope_kv_write() on their outputs,
+  /// what a layer does before attention. A device may rotate and write the cache in the
+  /// products' epilogue, with the same results. By default linear_group(), then
+  /// rope_kv_write().
+  virtual Status linear_group_rope_kv_write(const Buffer& x, const LinearPart* qkv, int rows,
+                                            int in, int heads, int kv_heads, int head_dim,
+                                            const Buffer& inv_freq, const Buffer& q_norm,
+                                            const Buffer& k_norm, float eps,
+                                            const KVLayerView& kv) {
+    SPARK_TRY(linear_group(x, qkv, 3, rows, in));
+    return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
+                         q_norm, k_norm, eps, kv);
+  }
   /// y = swiglu(x * w^T (+ b)) for the fused [gate | up] weight w (2 * inter rows);
   /// gate_up ([rows][2 * inter]) is scratch that a device fusing the two may leave unused.
   /// By default linear() into gate_up, then swiglu().

@@ -383,6 +383,34 @@ class CudaDevice final : public Device {
     return kernels::matmul_own_group_cuda_device(a, n, stream_);
   }
 
+  Status linear_group_rope_kv_write(const Buffer& x, const LinearPart* qkv, int rows, int in,
+                                    int heads, int kv_heads, int head_dim, const Buffer& inv_freq,
+                                    const Buffer& q_norm, const Buffer& k_norm, float eps,
+                                    const KVLayerView& kv) override {
+    // Decode rows without per-head norms: RoPE and the KV write in the products' epilogue
+    // (one launch less per layer); otherwise the products, then rope_kv_write.
+    size_t total = 0;
+    bool fuse =
+        rows >= 1 && rows <= 2 && q_norm.empty() && k_norm.empty() && in % 8 == 0 && aligned16(x);
+    for (int i = 0; i < 3 && fuse; ++i) {
+      total += static_cast<size_t>(qkv[i].out) * static_cast<size_t>(in);
+      fuse = qkv[i].y->type() == ElemType::bf16 && aligned16(*qkv[i].w);
+    }
+    if (!fuse || !kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total))
+      return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
+                                                inv_freq, q_norm, k_norm, eps, kv);
+    kernels::MatmulArgs a[3];
+    for (int i = 0; i < 3; ++i) {
+      a[i] = product(x, *qkv[i].w, *qkv[i].b, *qkv[i].y, rows, in, qkv[i].out);
+      a[i].backend = kernels::MatmulBackend::own;
+    }
+    return kernels::matmul_qkv_rope_cuda_device(
+        a,
+        rope_kv_args(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq, q_norm,
+                     k_norm, eps, kv),
+        stream_);
+  }
+
   Status linear_swiglu(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& gate_up,
                        const Buffer& y, int rows, int in, int inter) override {
     // SwiGLU in the product's epilogue where the own kernel is the faster product; where
@@ -427,6 +455,15 @@ class CudaDevice final : public Device {
   Status rope_kv_write(const Buffer& q, const Buffer& k, const Buffer& v, int heads, int kv_heads,
                        int head_dim, const Buffer& inv_freq, const Buffer& q_norm,
                        const Buffer& k_norm, float eps, const KVLayerView& kv) override {
+    return kernels::rope_cuda_device(
+        rope_kv_args(q, k, v, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps, kv),
+        stream_);
+  }
+
+  kernels::RopeArgs rope_kv_args(const Buffer& q, const Buffer& k, const Buffer& v, int heads,
+                                 int kv_heads, int head_dim, const Buffer& inv_freq,
+                                 const Buffer& q_norm, const Buffer& k_norm, float eps,
+                                 const KVLayerView& kv) {
     kernels::RopeArgs r = rope_args(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps);
     const kernels::PagedKVDevice p = paged(kv);
     r.k_cache = p.k;
@@ -436,7 +473,7 @@ class CudaDevice final : public Device {
     r.slots = dev_i32(meta_.slots);
     r.v = v.data();
     r.v_stride = static_cast<size_t>(kv_heads) * static_cast<size_t>(head_dim);
-    return kernels::rope_cuda_device(r, stream_);
+    return r;
   }
 
   Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {

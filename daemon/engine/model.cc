@@ -477,9 +477,9 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
     const auto& L = layers_[static_cast<size_t>(l)];
     const Device::LinearPart qkv[] = {
         {&L.wq, &L.bq, &q, qw}, {&L.wk, &L.bk, &k, kw}, {&L.wv, &L.bv, &v, kw}};
-    SPARK_TRY(dev.linear_group(h, qkv, 3, T, H));
     const KVLayerView kv = cache.view(l);
-    SPARK_TRY(dev.rope_kv_write(q, k, v, nh, nkv, hd, inv_freq_dev_, L.q_norm, L.k_norm, eps, kv));
+    SPARK_TRY(dev.linear_group_rope_kv_write(h, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
+                                             L.k_norm, eps, kv));
     SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
     SPARK_TRY(dev.linear(att, L.wo, none, o, T, qw, H));
     SPARK_TRY(dev.all_reduce(comm, o));

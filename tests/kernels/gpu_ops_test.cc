@@ -1126,6 +1126,148 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
+TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit for bit") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("qkv rope"));
+  // The reference is the q/k/v group in the streaming form, then rope with its KV write:
+  // the epilogue must give their bits in the outputs and in both caches, written slots and
+  // skipped ones (outside the pool) alike.
+  struct Case {
+    int nh, nkv, hd;
+    size_t k, m;
+  } cases[] = {{32, 8, 128, 4096, 1}, {14, 2, 64, 896, 2}, {4, 4, 128, 64, 2},
+               {2, 1, 256, 128, 1},   {3, 1, 512, 64, 3},  {8, 2, 16, 8, 4}};
+  const int slots_n = 64;
+  for (const auto& c : cases)
+    for (auto t : kTypes)
+      for (int mode = 0; mode < 4; ++mode) {
+        const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3;
+        const DType ct = f32_cache ? DType::f32 : DType::bf16;
+        CAPTURE(c.nh);
+        CAPTURE(c.hd);
+        CAPTURE(c.m);
+        CAPTURE(std::string(dtype_name(t)));
+        CAPTURE(with_bias);
+        CAPTURE(f32_cache);
+        const size_t width[3] = {static_cast<size_t>(c.nh * c.hd),
+                                 static_cast<size_t>(c.nkv * c.hd),
+                                 static_cast<size_t>(c.nkv * c.hd)};
+        auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
+        std::vector<Dev> dw, db;
+        for (int i = 0; i < 3; ++i) {
+          dw.push_back(to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16),
+                              DType::bf16));
+          db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
+        }
+        std::vector<int32_t> pos(c.m), slot(c.m);
+        for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
+        std::vector<int32_t> perm(slots_n);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (size_t i = 0; i < c.m; ++i) slot[i] = perm[i];
+        if (c.m > 1) slot[1] = -1;
+        if (c.m > 2) slot[2] = slots_n;
+        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
+        auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 500000.0, {}));
+        struct Out {
+          Dev y[3], kc, vc;
+        };
+        auto fresh = [&] {
+          Out o;
+          for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], t);
+          o.kc = poisoned(slots_n * width[1], ct), o.vc = poisoned(slots_n * width[1], ct);
+          return o;
+        };
+        auto parts_for = [&](Out& o, MatmulArgs* a) {
+          for (int i = 0; i < 3; ++i) {
+            a[i] = MatmulArgs{};
+            a[i].a = da.get(), a[i].lda = c.k, a[i].w = dw[static_cast<size_t>(i)].get();
+            a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = t, a[i].ldo = width[i];
+            a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
+            a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
+          }
+        };
+        auto rope_for = [&](Out& o) {
+          RopeArgs r;
+          r.dtype = t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
+          r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
+          r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
+          r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = ct;
+          r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
+          return r;
+        };
+        Out ref = fresh(), got = fresh();
+        MatmulArgs a[3];
+        parts_for(ref, a);
+        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, OwnVariant::gemv_r2_u4).ok());
+        REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
+        parts_for(got, a);
+        set_programmatic_launch(pdl);
+        auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
+        set_programmatic_launch(false);
+        REQUIRE_MESSAGE(st.ok(), st.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto same = [](const Dev& x, const Dev& y) {
+          const auto u = from_dev(x), v = from_dev(y);
+          return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
+        };
+        CHECK(same(ref.y[0], got.y[0]));
+        CHECK(same(ref.y[1], got.y[1]));
+        CHECK(same(ref.y[2], got.y[2]));
+        CHECK(same(ref.kc, got.kc));
+        CHECK(same(ref.vc, got.vc));
+        // Every output written, and exactly the slots in the pool.
+        size_t unwritten = 0;
+        for (int i = 0; i < 3; ++i)
+          for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
+        CHECK(unwritten == 0);
+        size_t cached = 0, want = 0;
+        for (float v : from_dev(got.kc)) cached += std::isnan(v) ? 0 : 1;
+        for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? width[1] : 0;
+        CHECK(cached == want);
+      }
+  // What the epilogue does not take is refused, naming it.
+  auto da = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(2 * 64, 0));
+  auto dw = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(256 * 64, 0));
+  auto y0 = DeviceBuf<bf16_bits>::poisoned(2 * 128), y1 = DeviceBuf<bf16_bits>::poisoned(2 * 64),
+       y2 = DeviceBuf<bf16_bits>::poisoned(2 * 64), kc = DeviceBuf<bf16_bits>::poisoned(64 * 64),
+       vc = DeviceBuf<bf16_bits>::poisoned(64 * 64), nw = DeviceBuf<bf16_bits>::poisoned(64);
+  auto dpos = ints_to_dev(std::vector<int32_t>{1, 2}),
+       dslot = ints_to_dev(std::vector<int32_t>{3, 4});
+  auto dinv = DeviceBuf<float>::from(rope_inv_freq(64, 10000.0, {}));
+  void* outs[3] = {y0.get(), y1.get(), y2.get()};
+  const size_t widths[3] = {128, 64, 64};
+  MatmulArgs a[3];
+  for (int i = 0; i < 3; ++i) {
+    a[i].a = da.get(), a[i].lda = 64, a[i].w = dw.get(), a[i].ldw = 64, a[i].out = outs[i];
+    a[i].ldo = widths[i], a[i].m = 2, a[i].n = widths[i], a[i].k = 64;
+  }
+  RopeArgs r;
+  r.q = y0.get(), r.q_stride = 128, r.n_heads = 2, r.k = y1.get(), r.k_stride = 64;
+  r.n_kv_heads = 1, r.head_dim = 64, r.n_tokens = 2, r.positions = dpos.get();
+  r.inv_freq = dinv.get(), r.k_cache = kc.get(), r.v_cache = vc.get(), r.cache_slots = 64;
+  r.slots = dslot.get(), r.v = y2.get(), r.v_stride = 64;
+  REQUIRE(matmul_qkv_rope_cuda_device(a, r, nullptr).ok());
+  auto refused = [&](MatmulArgs* parts, const RopeArgs& rr, const char* why) {
+    CAPTURE(why);
+    auto st = matmul_qkv_rope_cuda_device(parts, rr, nullptr);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.message().find(why) != std::string::npos);
+  };
+  RopeArgs normed = r;
+  normed.q_norm = nw.get();
+  refused(a, normed, "per-head norms");
+  RopeArgs tokens = r;
+  tokens.n_tokens = 1;
+  refused(a, tokens, "n_tokens");
+  MatmulArgs swapped[3] = {a[0], a[2], a[1]};
+  refused(swapped, r, "part 1 must write rope's k");
+  RopeArgs nokv = r;
+  nokv.k_cache = nullptr;
+  refused(a, nokv, "KV write");
+  REQUIRE(cuda_synchronize().ok());
+}
+
 TEST_CASE("gpu own kernel: q/k/v products in one launch, SwiGLU in the epilogue, vs the twins") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("matmul_group"));
