@@ -193,8 +193,11 @@ int cmd_restart(Context& ctx, const std::vector<std::string>& args) {
     *ctx.err << "sparkctl: WARNING: --skip-preflight: starting WITHOUT preflight checks\n";
   StopReport stopped;
   if (!ctx.opts.json) opt.progress = live_progress(ctx);
-  auto rep = restart_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt, &stopped);
-  if (!ctx.opts.json) print_stop(ctx, stopped);
+  // The stop half's results as soon as it is done, ahead of the start half's live steps.
+  auto rep =
+      restart_ring(*cfg, ring_layout(*cfg, ctx.argv0), opt, &stopped, [&ctx](const StopReport& s) {
+        if (!ctx.opts.json) print_stop(ctx, s);
+      });
   return finish_start(ctx, rep);
 }
 

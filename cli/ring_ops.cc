@@ -633,7 +633,8 @@ StopReport stop_ring(const RingConfig& cfg, const RingLayout& lay, bool disable,
 }
 
 StartReport restart_ring(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt,
-                         StopReport* stopped) {
+                         StopReport* stopped,
+                         const std::function<void(const StopReport&)>& on_stopped) {
   auto t0 = Clock::now();
   std::string state = head_state_dir(cfg);
   auto lock = RingLock::acquire(state, opt.by, opt.lock_wait_ms);
@@ -649,6 +650,7 @@ StartReport restart_ring(const RingConfig& cfg, const RingLayout& lay, const Sta
   sr.clean = left.empty();
   sr.seconds = since(t0);
   if (stopped) *stopped = sr;
+  if (on_stopped) on_stopped(sr);
   if (!sr.clean) {
     StartReport rep;
     rep.error = make_error(Errc::remote, "restart: the old ring did not stop: " + left);

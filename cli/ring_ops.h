@@ -133,9 +133,12 @@ StartReport start_ring(const RingConfig& cfg, const RingLayout& lay, const Start
 /// `disable`: write DISABLED (stop); false for the stop half of restart and watch.
 StopReport stop_ring(const RingConfig& cfg, const RingLayout& lay, bool disable,
                      int64_t lock_wait_ms);
-/// stop (no marker) then start, under one lock.
+/// stop (no marker) then start, under one lock. `on_stopped`, when set, gets the stop
+/// half's report as soon as it is done, before the start half begins (so that a caller
+/// showing the start's steps as they happen shows the stop first).
 StartReport restart_ring(const RingConfig& cfg, const RingLayout& lay, const StartOptions& opt,
-                         StopReport* stopped);
+                         StopReport* stopped,
+                         const std::function<void(const StopReport&)>& on_stopped = {});
 RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay);
 WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay);
 

@@ -15,6 +15,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
 
 #include "core/error.h"
 #include "core/strings.h"
@@ -178,6 +181,22 @@ TEST_CASE(
   REQUIRE_MESSAGE(rs.rc == 0, rs.all(), ring->logs());
   CHECK_FALSE(std::filesystem::exists(ring->state("DISABLED")));
   check_one_sparkd_per_namespace(*ring, pids_of(rs.j));
+
+  // In text, restart shows what its stop half did before the start half's steps.
+  auto rt = ring->ctl({"restart"});
+  REQUIRE_MESSAGE(rt.rc == 0, rt.all(), ring->logs());
+  const std::regex step_re(R"(^\S+\s+(ok|FAIL)\s+[0-9.]+ s  )");
+  int line_no = 0, stop_line = -1, first_step = -1;
+  std::istringstream lines(rt.out);
+  for (std::string l; std::getline(lines, l); ++line_no) {
+    if (stop_line < 0 && l.find("nothing of the ring is left on any node") != std::string::npos)
+      stop_line = line_no;
+    if (first_step < 0 && std::regex_search(l, step_re)) first_step = line_no;
+  }
+  CHECK_MESSAGE(stop_line >= 0, rt.out);
+  CHECK_MESSAGE(first_step >= 0, rt.out);
+  CHECK_MESSAGE(stop_line < first_step, rt.out);
+  CHECK_MESSAGE(rt.out.find("READY:") != std::string::npos, rt.out);
 }
 
 TEST_CASE(
