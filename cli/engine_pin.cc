@@ -187,8 +187,7 @@ EngineSet engine_set_from_json(const json& j) {
 
 Status write_engine_set(const std::string& state_dir, const char* which, const EngineSet& s) {
   std::string dir = state_dir + "/engine";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
+  (void)make_dirs(dir);
   std::string why;
   if (!write_file_atomic(fmt::format("{}/{}.json", dir, which), to_json(s).dump(2) + "\n", &why,
                          0600))

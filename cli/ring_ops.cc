@@ -488,8 +488,7 @@ std::string timestamp_name() {
 std::string save_log_tails(const RingConfig& cfg, const RingLayout& lay, const std::string& state,
                            const std::string& reason) {
   std::string dir = state + "/incidents/" + timestamp_name();
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  (void)make_dirs(dir);
   std::string why;
   (void)write_file_atomic(dir + "/reason.txt", reason + "\n", &why);
   for (const auto& p : cfg.ranks()) {

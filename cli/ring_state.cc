@@ -49,8 +49,7 @@ std::string self_command() {
 }
 
 Status ensure_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  const std::error_code ec = make_dirs(dir);
   if (ec)
     return make_error(Errc::io, fmt::format("cannot create the state directory {}: {} (set "
                                             "STATE_DIR to a writable directory)",
@@ -81,6 +80,7 @@ Result<RingLock> RingLock::acquire(const std::string& state_dir, const std::stri
   if (fd < 0)
     return make_error(Errc::io,
                       fmt::format("cannot open the ring lock {}: {}", path, std::strerror(errno)));
+  adopt_dir_owner(path);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   for (;;) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,9 +10,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 namespace spark {
 
@@ -261,6 +264,28 @@ std::optional<std::string> read_file(const std::string& path) {
   return ss.str();
 }
 
+void adopt_dir_owner(const std::string& path) {
+  if (::geteuid() != 0) return;
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  struct stat st {};
+  if (::stat(parent.empty() ? "." : parent.c_str(), &st) != 0 || st.st_uid == 0) return;
+  (void)::lchown(path.c_str(), st.st_uid, st.st_gid);
+}
+
+std::error_code make_dirs(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> missing;
+  for (std::filesystem::path p = dir; !p.empty() && !std::filesystem::exists(p, ec);
+       p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return ec;
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) adopt_dir_owner(it->string());
+  return {};
+}
+
 bool write_file_atomic(const std::string& path, std::string_view data, std::string* why,
                        unsigned mode) {
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
@@ -269,6 +294,7 @@ bool write_file_atomic(const std::string& path, std::string_view data, std::stri
     if (why) *why = fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
     return false;
   }
+  adopt_dir_owner(tmp);
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace spark {
@@ -40,8 +41,17 @@ std::string format_ipv4(uint32_t ip);
 /// Reads a whole file; nullopt if it cannot be read.
 std::optional<std::string> read_file(const std::string& path);
 /// Writes a file atomically: to PATH.tmp.PID, fsync, rename. Never leaves a partial PATH.
+/// The file adopts its directory's owner as adopt_dir_owner says.
 bool write_file_atomic(const std::string& path, std::string_view data, std::string* why,
                        unsigned mode = 0644);
+/// When this process runs as root and the directory holding `path` belongs to another
+/// user, gives `path` that directory's owner and group (best effort, errors ignored): what
+/// root's watch timer writes into a ring's state that a user started stays that user's to
+/// rewrite. Nothing otherwise.
+void adopt_dir_owner(const std::string& path);
+/// Creates `dir` and any missing parents (as std::filesystem::create_directories), each
+/// new directory adopting its parent's owner as adopt_dir_owner says. Empty on success.
+std::error_code make_dirs(const std::string& dir);
 /// Hex of bytes.
 std::string to_hex(const void* data, size_t n);
 /// Offset of the first byte that is not part of well-formed UTF-8 (overlong forms,
