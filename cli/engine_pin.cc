@@ -189,9 +189,10 @@ Status write_engine_set(const std::string& state_dir, const char* which, const E
   std::string dir = state_dir + "/engine";
   (void)make_dirs(dir);
   std::string why;
-  if (!write_file_atomic(fmt::format("{}/{}.json", dir, which), to_json(s).dump(2) + "\n", &why,
-                         0600))
-    return make_error(Errc::io, fmt::format("{}/{}.json: {}", dir, which, why));
+  const std::string path = fmt::format("{}/{}.json", dir, which);
+  if (!write_file_atomic(path, to_json(s).dump(2) + "\n", &why, 0600))
+    return make_error(Errc::io, fmt::format("{}: {}", path, why));
+  adopt_dir_owner(path);
   return Status::Ok();
 }
 

@@ -491,10 +491,13 @@ std::string save_log_tails(const RingConfig& cfg, const RingLayout& lay, const s
   (void)make_dirs(dir);
   std::string why;
   (void)write_file_atomic(dir + "/reason.txt", reason + "\n", &why);
+  adopt_dir_owner(dir + "/reason.txt");
   for (const auto& p : cfg.ranks()) {
     auto t = read_rank_log(cfg, lay, p.rank, 200);
-    (void)write_file_atomic(fmt::format("{}/rank{}.log", dir, p.rank),
-                            t ? *t : "(could not read the log: " + t.error().message + ")\n", &why);
+    const std::string log = fmt::format("{}/rank{}.log", dir, p.rank);
+    (void)write_file_atomic(log, t ? *t : "(could not read the log: " + t.error().message + ")\n",
+                            &why);
+    adopt_dir_owner(log);
   }
   return dir;
 }

@@ -127,8 +127,10 @@ Status set_marker(const std::string& state_dir, Marker m, const std::string& rea
   SPARK_TRY(ensure_dir(state_dir));
   json j = {{"at_ms", wall_ms()}, {"by", fmt::format("pid {}", ::getpid())}, {"reason", reason}};
   std::string why;
-  if (!write_file_atomic(marker_path(state_dir, m), j.dump() + "\n", &why))
-    return make_error(Errc::io, fmt::format("cannot write {}: {}", marker_path(state_dir, m), why));
+  const std::string path = marker_path(state_dir, m);
+  if (!write_file_atomic(path, j.dump() + "\n", &why))
+    return make_error(Errc::io, fmt::format("cannot write {}: {}", path, why));
+  adopt_dir_owner(path);
   return Status::Ok();
 }
 
@@ -164,8 +166,10 @@ Status write_ring_record(const std::string& state_dir, const RingRecord& r) {
             {"pids", r.pids},
             {"by", r.by}};
   std::string why;
-  if (!write_file_atomic(state_dir + "/ring.json", j.dump(2) + "\n", &why))
+  const std::string path = state_dir + "/ring.json";
+  if (!write_file_atomic(path, j.dump(2) + "\n", &why))
     return make_error(Errc::io, fmt::format("cannot write {}/ring.json: {}", state_dir, why));
+  adopt_dir_owner(path);
   return Status::Ok();
 }
 
@@ -193,8 +197,10 @@ Status write_watch_record(const std::string& state_dir, const WatchRecord& w) {
             {"last_verdict", w.last_verdict},
             {"last_reason", w.last_reason}};
   std::string why;
-  if (!write_file_atomic(state_dir + "/watch.json", j.dump(2) + "\n", &why))
+  const std::string path = state_dir + "/watch.json";
+  if (!write_file_atomic(path, j.dump(2) + "\n", &why))
     return make_error(Errc::io, fmt::format("cannot write {}/watch.json: {}", state_dir, why));
+  adopt_dir_owner(path);
   return Status::Ok();
 }
 

@@ -294,7 +294,6 @@ bool write_file_atomic(const std::string& path, std::string_view data, std::stri
     if (why) *why = fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
     return false;
   }
-  adopt_dir_owner(tmp);
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = ::write(fd, data.data() + off, data.size() - off);

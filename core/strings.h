@@ -41,13 +41,13 @@ std::string format_ipv4(uint32_t ip);
 /// Reads a whole file; nullopt if it cannot be read.
 std::optional<std::string> read_file(const std::string& path);
 /// Writes a file atomically: to PATH.tmp.PID, fsync, rename. Never leaves a partial PATH.
-/// The file adopts its directory's owner as adopt_dir_owner says.
 bool write_file_atomic(const std::string& path, std::string_view data, std::string* why,
                        unsigned mode = 0644);
 /// When this process runs as root and the directory holding `path` belongs to another
-/// user, gives `path` that directory's owner and group (best effort, errors ignored): what
-/// root's watch timer writes into a ring's state that a user started stays that user's to
-/// rewrite. Nothing otherwise.
+/// user, gives `path` that directory's owner and group (best effort, errors ignored), so
+/// that what root's watch timer writes into the state of a ring a user started stays that
+/// user's to rewrite. Nothing otherwise. Only for a ring's own state: it hands the file
+/// to whoever owns the directory.
 void adopt_dir_owner(const std::string& path);
 /// Creates `dir` and any missing parents (as std::filesystem::create_directories), each
 /// new directory adopting its parent's owner as adopt_dir_owner says. Empty on success.

@@ -4,11 +4,14 @@
 #include "cli/ring_state.h"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <thread>
+#include <utility>
 
+#include "cli/engine_pin.h"
 #include "cli/ring_ops.h"
 #include "core/strings.h"
 #include "support/tempdir.h"
@@ -96,4 +99,57 @@ TEST_CASE("strict health: ready and every rank alive, else the reason") {
   CHECK(strict_problem(h).find("stalled") == 0);
   h["fatal"] = true;
   CHECK(strict_problem(h).find("fatal") == 0);
+}
+
+TEST_CASE(
+    "ring state written by root into a user's state directory stays the user's: lock, markers, "
+    "records, incidents, engine sets") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root (what root's watch timer writes into a user's ring state)");
+    return;
+  }
+  test::TempDir dir("ring-owner");
+  // A ring a user (nobody here) started, and one root started.
+  const std::string user = dir / "user", root = dir / "root";
+  REQUIRE(make_dirs(user).value() == 0);
+  REQUIRE(make_dirs(root).value() == 0);
+  const uid_t nobody = 65534;
+  const gid_t nogroup = 65534;
+  REQUIRE(::chown(user.c_str(), nobody, nogroup) == 0);
+  auto owner = [](const std::string& p) {
+    struct stat st {};
+    REQUIRE_MESSAGE(::stat(p.c_str(), &st) == 0, p);
+    return std::pair<uid_t, gid_t>(st.st_uid, st.st_gid);
+  };
+  const std::pair<uid_t, gid_t> users{nobody, nogroup};
+  {
+    auto lock = RingLock::acquire(user, "watch", 0);
+    REQUIRE(lock.ok());
+    CHECK(owner(user + "/ring.lock") == users);
+  }
+  REQUIRE(set_marker(user, Marker::gave_up, "three restarts in the window").ok());
+  CHECK(owner(marker_path(user, Marker::gave_up)) == users);
+  WatchRecord w;
+  w.failures = 2;
+  REQUIRE(write_watch_record(user, w).ok());
+  CHECK(owner(user + "/watch.json") == users);
+  REQUIRE(write_watch_record(user, w).ok());  // a rewrite stays the user's too
+  CHECK(owner(user + "/watch.json") == users);
+  RingRecord r;
+  r.started = true;
+  REQUIRE(write_ring_record(user, r).ok());
+  CHECK(owner(user + "/ring.json") == users);
+  REQUIRE(make_dirs(user + "/incidents/20261201-120000").value() == 0);
+  CHECK(owner(user + "/incidents") == users);
+  CHECK(owner(user + "/incidents/20261201-120000") == users);
+  EngineSet s;
+  s.engine = "native";
+  REQUIRE(write_engine_set(user, "last_good", s).ok());
+  CHECK(owner(user + "/engine") == users);
+  CHECK(owner(user + "/engine/last_good.json") == users);
+  // Root's own ring stays root's.
+  REQUIRE(set_marker(root, Marker::disabled, "stop").ok());
+  CHECK(owner(marker_path(root, Marker::disabled)).first == 0);
+  REQUIRE(write_watch_record(root, w).ok());
+  CHECK(owner(root + "/watch.json").first == 0);
 }

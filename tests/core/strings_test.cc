@@ -2,11 +2,9 @@
 #include "core/strings.h"
 
 #include <doctest/doctest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
-#include <utility>
 
 #include "support/tempdir.h"
 
@@ -147,44 +145,4 @@ TEST_CASE("strings: write_file_atomic replaces whole files and leaves no temp fi
   CHECK_FALSE(write_file_atomic(dir / "no/such/dir/f", "x", &why));
   CHECK(why.find("cannot create") != std::string::npos);
   CHECK_FALSE(read_file(dir / "missing").has_value());
-}
-
-TEST_CASE(
-    "write_file_atomic and make_dirs as root: new files and directories take the owner of the "
-    "directory they are made in") {
-  if (::geteuid() != 0) {
-    MESSAGE("skipped: needs root (what root's watch timer writes into a user's ring state)");
-    return;
-  }
-  test::TempDir t("spark-owner");
-  // A user's ring state (nobody's here) and root's own directory beside it.
-  const std::string user_dir = t.path() + "/user", root_dir = t.path() + "/root";
-  REQUIRE(make_dirs(user_dir).value() == 0);
-  REQUIRE(make_dirs(root_dir).value() == 0);
-  const uid_t nobody = 65534;
-  const gid_t nogroup = 65534;
-  REQUIRE(::chown(user_dir.c_str(), nobody, nogroup) == 0);
-  auto owner = [](const std::string& p) {
-    struct stat st {};
-    REQUIRE(::stat(p.c_str(), &st) == 0);
-    return std::pair<uid_t, gid_t>(st.st_uid, st.st_gid);
-  };
-  std::string why;
-  REQUIRE_MESSAGE(write_file_atomic(user_dir + "/watch.json", "{}\n", &why), why);
-  CHECK(owner(user_dir + "/watch.json") == std::pair<uid_t, gid_t>(nobody, nogroup));
-  // Overwriting keeps it the user's, and the content is the new one.
-  REQUIRE(write_file_atomic(user_dir + "/watch.json", "{\"a\":1}\n", &why));
-  CHECK(owner(user_dir + "/watch.json") == std::pair<uid_t, gid_t>(nobody, nogroup));
-  CHECK(read_file(user_dir + "/watch.json").value_or("") == "{\"a\":1}\n");
-  // Every directory make_dirs creates under the user's, and the files in them.
-  REQUIRE(make_dirs(user_dir + "/incidents/a/b").value() == 0);
-  for (const char* d : {"/incidents", "/incidents/a", "/incidents/a/b"})
-    CHECK(owner(user_dir + d) == std::pair<uid_t, gid_t>(nobody, nogroup));
-  REQUIRE(write_file_atomic(user_dir + "/incidents/a/b/reason.txt", "x\n", &why));
-  CHECK(owner(user_dir + "/incidents/a/b/reason.txt") == std::pair<uid_t, gid_t>(nobody, nogroup));
-  // Root's own directories stay root's.
-  REQUIRE(write_file_atomic(root_dir + "/ring.json", "{}\n", &why));
-  CHECK(owner(root_dir + "/ring.json").first == 0);
-  REQUIRE(make_dirs(root_dir + "/engine").value() == 0);
-  CHECK(owner(root_dir + "/engine").first == 0);
 }
