@@ -423,6 +423,11 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// What every form of the own kernel needs of its operands: 16-byte loads of A and W rows.
+bool own_operands_ok(const MatmulArgs& a) {
+  return a.k % 8 == 0 && a.lda % 8 == 0 && a.ldw % 8 == 0 && aligned16(a.a) && aligned16(a.w);
+}
+
 // Largest power of two dividing the address, at most 256 (what cuBLASLt asks about).
 uint32_t alignment_of(const void* p) {
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -485,7 +490,7 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
                                          std::to_string(kMatmulOwnMaxRows) + " rows; use cuBLASLt");
     if (a.accumulate && a.swiglu)
       return make_error(Errc::usage, "matmul (own kernel): swiglu with accumulate");
-    if (a.k % 8 != 0 || a.lda % 8 != 0 || a.ldw % 8 != 0 || !aligned16(a.a) || !aligned16(a.w))
+    if (!own_operands_ok(a))
       return make_error(
           Errc::usage,
           "matmul (own kernel): needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
@@ -593,7 +598,7 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     SPARK_TRY(matmul_check_args(a));
     if (a.m != m) return bad("the products differ in m");
     if (a.swiglu || a.accumulate) return bad("plain products only");
-    if (a.k % 8 != 0 || a.lda % 8 != 0 || a.ldw % 8 != 0 || !aligned16(a.a) || !aligned16(a.w))
+    if (!own_operands_ok(a))
       return bad("needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
     if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
     if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
@@ -763,8 +768,7 @@ Status Matmul::run(const MatmulArgs& a, void* stream) {
   if (a.m == 0) return Status::Ok();
   if (a.swiglu) return matmul_own_cuda_device(a, stream);  // cuBLASLt has no such epilogue
   MatmulBackend be = a.backend == MatmulBackend::automatic ? choose(a.m, a.n, a.k) : a.backend;
-  if (be == MatmulBackend::own && a.m <= kMatmulOwnMaxRows && a.k % 8 == 0 && a.lda % 8 == 0 &&
-      a.ldw % 8 == 0 && aligned16(a.a) && aligned16(a.w))
+  if (be == MatmulBackend::own && a.m <= kMatmulOwnMaxRows && own_operands_ok(a))
     return matmul_own_cuda_device(a, stream);
   if (be == MatmulBackend::own && a.backend == MatmulBackend::own)
     return matmul_own_cuda_device(a, stream);  // reports why it cannot

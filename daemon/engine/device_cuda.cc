@@ -363,23 +363,29 @@ class CudaDevice final : public Device {
     return a;
   }
 
-  Status linear_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in) override {
-    // Decode rows: one launch of the own kernel for all parts (the q, k, v projections),
-    // where the weights are small enough for its rate to beat separate products.
+  // The own kernel's arguments for a group of products over x, when it takes them as one
+  // launch (bf16 outputs, aligned operands, weights small enough for its rate to beat
+  // separate products at these rows); false otherwise.
+  bool own_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                 kernels::MatmulArgs* a) const {
+    if (n < 1 || n > kernels::kMatmulMaxGroup || in % 8 != 0 || !aligned16(x)) return false;
     size_t total = 0;
-    bool own = n >= 1 && n <= kernels::kMatmulMaxGroup;
-    for (int i = 0; i < n && own; ++i) {
+    for (int i = 0; i < n; ++i) {
+      if (parts[i].y->type() != ElemType::bf16 || !aligned16(*parts[i].w)) return false;
       total += static_cast<size_t>(parts[i].out) * static_cast<size_t>(in);
-      own = parts[i].y->type() == ElemType::bf16 && aligned16(*parts[i].w);
     }
-    if (!own || !kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total) ||
-        in % 8 != 0 || !aligned16(x))
-      return Device::linear_group(x, parts, n, rows, in);
-    kernels::MatmulArgs a[kernels::kMatmulMaxGroup];
+    if (!kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total)) return false;
     for (int i = 0; i < n; ++i) {
       a[i] = product(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out);
       a[i].backend = kernels::MatmulBackend::own;
     }
+    return true;
+  }
+
+  Status linear_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in) override {
+    // Decode rows: one launch of the own kernel for all parts (the q, k, v projections).
+    kernels::MatmulArgs a[kernels::kMatmulMaxGroup];
+    if (!own_group(x, parts, n, rows, in, a)) return Device::linear_group(x, parts, n, rows, in);
     return kernels::matmul_own_group_cuda_device(a, n, stream_);
   }
 
@@ -389,21 +395,10 @@ class CudaDevice final : public Device {
                                     const KVLayerView& kv) override {
     // Decode rows without per-head norms: RoPE and the KV write in the products' epilogue
     // (one launch less per layer); otherwise the products, then rope_kv_write.
-    size_t total = 0;
-    bool fuse =
-        rows >= 1 && rows <= 2 && q_norm.empty() && k_norm.empty() && in % 8 == 0 && aligned16(x);
-    for (int i = 0; i < 3 && fuse; ++i) {
-      total += static_cast<size_t>(qkv[i].out) * static_cast<size_t>(in);
-      fuse = qkv[i].y->type() == ElemType::bf16 && aligned16(*qkv[i].w);
-    }
-    if (!fuse || !kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total))
+    kernels::MatmulArgs a[3];
+    if (rows > 2 || !q_norm.empty() || !k_norm.empty() || !own_group(x, qkv, 3, rows, in, a))
       return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
                                                 inv_freq, q_norm, k_norm, eps, kv);
-    kernels::MatmulArgs a[3];
-    for (int i = 0; i < 3; ++i) {
-      a[i] = product(x, *qkv[i].w, *qkv[i].b, *qkv[i].y, rows, in, qkv[i].out);
-      a[i].backend = kernels::MatmulBackend::own;
-    }
     return kernels::matmul_qkv_rope_cuda_device(
         a,
         rope_kv_args(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq, q_norm,

@@ -22,6 +22,7 @@
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/step_plan.h"
 #include "daemon/engine/tcp_store.h"
+#include "support/gloo.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -82,12 +83,7 @@ Ring run_ring(const std::string& dir, int W, EngineOptions o,
       }
       std::shared_ptr<Collective> comm = std::make_shared<LocalCollective>();
       if (W > 1) {
-        GlooOptions g;
-        g.rank = r;
-        g.world = W;
-        g.store_port = port;
-        g.timeout_ms = 20000;
-        auto c = GlooCollective::connect(g);
+        auto c = GlooCollective::connect(test::loopback_gloo(r, W, port, 20000));
         if (!c) {
           err = c.error().message;
           return;
@@ -416,12 +412,7 @@ TEST_CASE("control channel: a follower's wait has a deadline that names rank 0")
   const int port = (*srv)->port();
   std::string follower_error;
   std::thread t([&] {
-    GlooOptions g;
-    g.rank = 1;
-    g.world = 2;
-    g.store_port = port;
-    g.timeout_ms = 10000;
-    auto c = GlooCollective::connect(g);
+    auto c = GlooCollective::connect(test::loopback_gloo(1, 2, port, 10000));
     REQUIRE(c.ok());
     auto ch = ControlChannel::connect(**c, 300ms);
     REQUIRE(ch.ok());
@@ -433,12 +424,7 @@ TEST_CASE("control channel: a follower's wait has a deadline that names rank 0")
     follower_error = m.error().message;
     (*ch)->report("rank 1: leaving");
   });
-  GlooOptions g;
-  g.rank = 0;
-  g.world = 2;
-  g.store_port = port;
-  g.timeout_ms = 10000;
-  auto c = GlooCollective::connect(g);
+  auto c = GlooCollective::connect(test::loopback_gloo(0, 2, port, 10000));
   REQUIRE(c.ok());
   auto ch = ControlChannel::connect(**c, 300ms);
   REQUIRE(ch.ok());
@@ -460,12 +446,7 @@ TEST_CASE(
   std::vector<std::string> got;
   std::atomic<bool> posted{false};
   std::thread t([&] {
-    GlooOptions g;
-    g.rank = 1;
-    g.world = 2;
-    g.store_port = port;
-    g.timeout_ms = 10000;
-    auto c = GlooCollective::connect(g);
+    auto c = GlooCollective::connect(test::loopback_gloo(1, 2, port, 10000));
     REQUIRE(c.ok());
     auto ch = ControlChannel::connect(**c, 10000ms);
     REQUIRE(ch.ok());
@@ -478,12 +459,7 @@ TEST_CASE(
       got.push_back(*m);
     }
   });
-  GlooOptions g;
-  g.rank = 0;
-  g.world = 2;
-  g.store_port = port;
-  g.timeout_ms = 10000;
-  auto c = GlooCollective::connect(g);
+  auto c = GlooCollective::connect(test::loopback_gloo(0, 2, port, 10000));
   REQUIRE(c.ok());
   auto ch = ControlChannel::connect(**c, 10000ms);
   REQUIRE(ch.ok());

@@ -7,6 +7,7 @@
 
 #include "daemon/engine/gloo_collective.h"
 #include "daemon/engine/tcp_store.h"
+#include "support/gloo.h"
 
 using namespace spark;
 using namespace spark::engine;
@@ -19,19 +20,11 @@ TEST_CASE(
   const int port = (*srv)->port();
   std::shared_ptr<GlooCollective> g0;
   std::thread t0([&] {
-    GlooOptions o;
-    o.rank = 0;
-    o.world = 2;
-    o.store_port = port;
-    o.timeout_ms = 10000;
+    GlooOptions o = test::loopback_gloo(0, 2, port, 10000);
     auto g = GlooCollective::connect(o);
     if (g) g0 = *g;
   });
-  GlooOptions o;
-  o.rank = 1;
-  o.world = 2;
-  o.store_port = port;
-  o.timeout_ms = 400;
+  GlooOptions o = test::loopback_gloo(1, 2, port, 400);
   o.rendezvous_timeout_ms = 10000;
   o.missing_ranks = [] { return std::string("rank 0 (spark-a): heartbeat silent 6.0 s"); };
   auto g1 = GlooCollective::connect(o);

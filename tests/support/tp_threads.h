@@ -15,6 +15,7 @@
 #include "daemon/engine/gloo_collective.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/tcp_store.h"
+#include "support/gloo.h"
 
 namespace spark::test {
 
@@ -56,12 +57,7 @@ inline TpRun run_tp_threads(
     if (world == 1) {
       comm = std::make_shared<LocalCollective>();
     } else {
-      GlooOptions g;
-      g.rank = r;
-      g.world = world;
-      g.store_port = port;
-      g.timeout_ms = 30000;
-      auto c = GlooCollective::connect(g);
+      auto c = GlooCollective::connect(loopback_gloo(r, world, port, 30000));
       if (!c) return c.error();
       comm = *c;
       if (stage) comm = stage(comm);
