@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,6 +141,16 @@ std::string config_of_node(const NodeDirs& d, int node) {
   return fmt::format("{}/run/ring-node{}.env", d.state, node);
 }
 
+// Who a rank runs as. Root starting the ranks of a ring whose state directory a user owns
+// (root's watch timer healing, or root restarting, a ring that user started) starts them as
+// that user: the ring stays theirs to stop and restart, and what the ranks write stays
+// theirs. {-1, -1} otherwise: the ranks run as the caller.
+std::pair<int, int> rank_owner(const std::string& state_dir) {
+  struct stat st {};
+  if (::geteuid() != 0 || ::stat(state_dir.c_str(), &st) != 0 || st.st_uid == 0) return {-1, -1};
+  return {static_cast<int>(st.st_uid), static_cast<int>(st.st_gid)};
+}
+
 }  // namespace
 
 NodeDirs node_dirs(const RingConfig& cfg) {
@@ -219,15 +230,19 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
     for (auto& lr : out) lr.error = fmt::format("{}: {}", name, why);
     return out;
   };
-  std::error_code ec;
-  std::filesystem::create_directories(d.state + "/run", ec);
-  if (!ec) std::filesystem::create_directories(d.log, ec);
+  std::error_code ec = make_dirs(d.state + "/run");
+  if (!ec) ec = make_dirs(d.log);
   if (ec)
     return fail_all(fmt::format("cannot create {}/run and {}: {}", d.state, d.log, ec.message()));
+  const auto [uid, gid] = rank_owner(d.state);
+  // What a rank that root started before left in the user's directories: the user's again.
+  adopt_dir_owner(d.state + "/run");
+  adopt_dir_owner(d.log);
   const std::string conf = config_of_node(d, node);
   std::string why;
   if (!write_file_atomic(conf, config_text, &why))
     return fail_all(fmt::format("cannot write {}: {}", conf, why));
+  adopt_dir_owner(conf);
 
   // The head's sparkd path, or this node's own install when that path is not here.
   std::string tried;
@@ -255,23 +270,21 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
           lr.rank, p);
       continue;
     }
-    for (const auto& f : {pf, pf + ".engine", fmt::format("{}/sparkd-{}.out", d.log, lr.rank)})
-      std::filesystem::remove(f, ec);
+    const std::string out_log = fmt::format("{}/sparkd-{}.out", d.log, lr.rank);
+    const std::string log = fmt::format("{}/sparkd-{}.log", d.log, lr.rank);
+    for (const auto& f : {pf, pf + ".engine", out_log}) std::filesystem::remove(f, ec);
+    if (std::filesystem::exists(log, ec)) adopt_dir_owner(log);
     ProcessSpec spec;
-    spec.argv = {bin,
-                 "--config",
-                 conf,
-                 "--rank",
-                 std::to_string(lr.rank),
-                 "--pidfile",
-                 pf,
-                 "--log-file",
-                 fmt::format("{}/sparkd-{}.log", d.log, lr.rank)};
+    spec.run_as_uid = uid;
+    spec.run_as_gid = gid;
+    spec.argv = {bin,         "--config", conf,         "--rank", std::to_string(lr.rank),
+                 "--pidfile", pf,         "--log-file", log};
     if (auto it = env.find(lr.rank); it != env.end())
       for (const auto& [k, v] : it->second) spec.env[k] = v;
     // setsid and a double fork: neither the SSH session ending nor the runner's process-group
     // kill reaches sparkd, and its output goes to a file so the channel closes at once.
-    auto pid = spawn_detached(spec, fmt::format("{}/sparkd-{}.out", d.log, lr.rank));
+    auto pid = spawn_detached(spec, out_log);
+    adopt_dir_owner(out_log);
     if (!pid) {
       lr.error =
           fmt::format("{}: sparkd rank {} did not start: {}", name, lr.rank, pid.error().message);

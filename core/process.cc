@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -73,10 +75,41 @@ struct Prepared {
   const char* program = nullptr;
   bool die_with_parent = false;
   pid_t parent = 0;
+  bool switch_user = false;  // set groups, gid, uid before the exec
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
 };
+
+// The user `uid` as the child should become: name, home and groups from the user database
+// when it has an entry (getpwuid_r, getgrouplist), else only `gid`.
+void resolve_user(uid_t uid, gid_t gid, Prepared* p, std::map<std::string, std::string>* env) {
+  p->switch_user = true;
+  p->uid = uid;
+  p->gid = gid;
+  p->groups = {gid};
+  std::vector<char> buf(16384);
+  passwd pw{}, *found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || !found) return;
+  int n = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    groups.resize(static_cast<size_t>(n));
+    if (::getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) n = 0;
+  }
+  if (n > 0) p->groups.assign(groups.begin(), groups.begin() + n);
+  for (const auto& [k, v] : {std::pair<const char*, const char*>{"HOME", pw.pw_dir},
+                             {"USER", pw.pw_name},
+                             {"LOGNAME", pw.pw_name}})
+    env->emplace(k, v);  // what the caller set stays
+}
 
 Prepared prepare(const ProcessSpec& spec) {
   Prepared p;
+  std::map<std::string, std::string> env = spec.env;
+  if (spec.run_as_uid >= 0)
+    resolve_user(static_cast<uid_t>(spec.run_as_uid), static_cast<gid_t>(spec.run_as_gid), &p,
+                 &env);
   for (const auto& a : spec.argv) p.argv.push_back(const_cast<char*>(a.c_str()));
   p.argv.push_back(nullptr);
   p.program = spec.argv.empty() ? "" : spec.argv[0].c_str();
@@ -84,9 +117,9 @@ Prepared prepare(const ProcessSpec& spec) {
     std::string_view kv(*e);
     auto eq = kv.find('=');
     std::string key(kv.substr(0, eq));
-    if (!spec.env.count(key)) p.storage_env.emplace_back(kv);
+    if (!env.count(key)) p.storage_env.emplace_back(kv);
   }
-  for (const auto& [k, v] : spec.env) p.storage_env.push_back(k + "=" + v);
+  for (const auto& [k, v] : env) p.storage_env.push_back(k + "=" + v);
   for (auto& s : p.storage_env) p.envp.push_back(s.data());
   p.envp.push_back(nullptr);
   if (!spec.cwd.empty()) p.cwd = spec.cwd.c_str();
@@ -124,6 +157,13 @@ void close_from(int lo, int hi) {
       ::_exit(127);
     }
   }
+  // Groups, then the group, then the user: after setuid the others could not be set.
+  if (p.switch_user && (::setgroups(p.groups.size(), p.groups.data()) != 0 ||
+                        ::setgid(p.gid) != 0 || ::setuid(p.uid) != 0)) {
+    int e = errno;
+    (void)!::write(errfd, &e, sizeof e);
+    ::_exit(127);
+  }
   if (p.cwd && ::chdir(p.cwd) != 0) {
     int e = errno;
     (void)!::write(errfd, &e, sizeof e);
@@ -158,6 +198,13 @@ Status exec_status(int fd, const std::string& program, const std::string& cwd) {
 Status check_spec(const ProcessSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty())
     return make_error(Errc::internal, "run_process: empty argv");
+  if (spec.run_as_uid >= 0 && spec.run_as_gid < 0)
+    return make_error(Errc::internal, "run_process: run_as_uid without run_as_gid");
+  if (spec.run_as_uid >= 0 && ::geteuid() != 0 &&
+      static_cast<uid_t>(spec.run_as_uid) != ::geteuid())
+    return make_error(Errc::precondition,
+                      fmt::format("cannot run {} as uid {}: only root can switch users",
+                                  spec.argv[0], spec.run_as_uid));
   return {};
 }
 

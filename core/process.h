@@ -29,6 +29,12 @@ struct ProcessSpec {
   // SIGTERM the child when the thread that started it exits (PR_SET_PDEATHSIG), so a test
   // that crashes leaves no server behind. Start it from a long-lived thread.
   bool die_with_parent = false;
+  // When >= 0, the child runs as this user: its groups (from the user database, or just
+  // run_as_gid when the user has no entry there), run_as_gid, then the uid, set before the
+  // exec; HOME, USER and LOGNAME follow the user unless `env` sets them. Needs root unless
+  // it is the caller's own uid.
+  int run_as_uid = -1;
+  int run_as_gid = -1;
 };
 
 /// A spec that runs `command` with /bin/sh -c.

@@ -1,6 +1,7 @@
 #include "core/process.h"
 
 #include <doctest/doctest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -251,6 +252,57 @@ TEST_CASE("spawn_detached starts a daemon in its own session that outlives the c
   auto b = spawn_detached(bad, dir / "bad.log");
   REQUIRE_FALSE(b.ok());
   CHECK(b.error().code == Errc::not_found);
+}
+
+TEST_CASE("run_as: the child runs as the given user, with its groups and home") {
+  ProcessSpec s = shell_spec("id -u; id -g; id -G; echo \"$HOME $USER $KEEP\"");
+  s.run_as_uid = 65534;
+  s.run_as_gid = 65534;
+  s.env["KEEP"] = "kept";
+  if (::geteuid() != 0) {
+    auto r = run_process(s);
+    REQUIRE_FALSE(r.ok());  // only root may switch to another user
+    CHECK(r.error().code == Errc::precondition);
+    CHECK(r.error().message.find("only root") != std::string::npos);
+    MESSAGE("SKIP: the switch itself needs root");
+    return;
+  }
+  auto r = run_process(s);
+  REQUIRE(r.ok());
+  REQUIRE(r->exit_status == 0);
+  auto lines = split_list(r->out, '\n');
+  REQUIRE(lines.size() >= 4);
+  CHECK(lines[0] == "65534");
+  CHECK(lines[1] == "65534");
+  CHECK(lines[2].find(" 0") == std::string::npos);  // root's groups are gone
+  CHECK(lines[2] != "0");
+  if (::getpwuid(65534) != nullptr) {  // nobody's home and name from the user database
+    CHECK(lines[3].find(::getpwuid(65534)->pw_dir) == 0);
+    CHECK(lines[3].find(::getpwuid(65534)->pw_name) != std::string::npos);
+  }
+  CHECK(lines[3].ends_with(" kept"));
+
+  // Detached, as sparkd is started: the daemon and its log.
+  test::TempDir dir;
+  ProcessSpec d = shell_spec("id -u; sleep 100");
+  d.run_as_uid = 65534;
+  d.run_as_gid = 65534;
+  auto pid = spawn_detached(d, dir / "daemon.log");
+  REQUIRE(pid.ok());
+  for (int i = 0; i < 500 && read_file(dir / "daemon.log").value_or("").empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(read_file(dir / "daemon.log").value_or("") == "65534\n");
+  CHECK(read_file("/proc/" + std::to_string(*pid) + "/status")
+            .value_or("")
+            .find("Uid:\t65534\t65534\t65534\t65534") != std::string::npos);
+  ::kill(-*pid, SIGKILL);
+  CHECK(gone_within(*pid, 2s));
+
+  ProcessSpec half = shell_spec("true");
+  half.run_as_uid = 65534;  // no group: refused, not run as root's group
+  auto h = run_process(half);
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.error().code == Errc::internal);
 }
 
 TEST_CASE("shell_quote survives the shell") {

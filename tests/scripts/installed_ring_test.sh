@@ -5,8 +5,10 @@
 # (native engine on the CPU): start, status, watch --quiet (silent while healthy), kill -9 of
 # the rank, watch --quiet heals it, status, stop (nothing left) — as root and as an
 # unprivileged user (nobody); then a ring that the user started is found healthy by root's
-# watch through the shared STATE_DIR. The installed sparkctl finds the installed sparkd from
-# its own prefix (no sbin on PATH), and preflight's sw.sparkd passes for it.
+# watch through the shared STATE_DIR, healed and restarted by root as the user's (its ranks
+# and every file in its state), and restarted and stopped by the user after that. The
+# installed sparkctl finds the installed sparkd from its own prefix (no sbin on PATH), and
+# preflight's sw.sparkd passes for it.
 # Without root, the user half runs as the current user and the root half is skipped (said).
 # Usage: installed_ring_test.sh SRC_DIR BUILD_DIR
 set -uo pipefail
@@ -137,8 +139,24 @@ if [[ $(id -u) == 0 ]]; then
   ((rc == 0)) && [[ -z $out ]] || err "root's watch --quiet of nobody's ring (rc $rc): $out"
   out=$(as root sparkctl --config "$ring" --json watch 2>&1)
   grep -q '"verdict": "healthy"' <<<"$out" || err "root's watch does not find nobody's ring healthy: $out"
-  as nobody sparkctl --config "$ring" stop >/dev/null 2>&1 || err "nobody: stop of the shared ring failed"
+  # Root's timer heals the user's ring, then root restarts it: the ranks it starts are the
+  # user's, and so is everything in the state directory, so the user can restart and stop it.
+  rank_user() { stat -c %U "/proc/$(cat "$state/run/sparkd-0.pid" 2>/dev/null)" 2>/dev/null; }
+  not_theirs() { find "$state" ! -user nobody -printf '%P ' 2>/dev/null; }
+  pid=$(cat "$state/run/sparkd-0.pid" 2>/dev/null)
+  [[ -n $pid ]] && kill -9 "$pid"
+  out=$(as root sparkctl --config "$ring" watch --quiet 2>&1)
+  grep -qi "restart" <<<"$out" || err "root's watch did not heal nobody's ring: $out"
+  [[ $(rank_user) == nobody ]] || err "root's heal started rank 0 as '$(rank_user)', not nobody"
+  [[ -z $(not_theirs) ]] || err "after root's heal, not nobody's: $(not_theirs)"
+  out=$(as root sparkctl --config "$ring" restart 2>&1) || err "root: restart of nobody's ring: $out"
+  [[ $(rank_user) == nobody ]] || err "root's restart started rank 0 as '$(rank_user)', not nobody"
+  [[ -z $(not_theirs) ]] || err "after root's restart, not nobody's: $(not_theirs)"
+  out=$(as nobody sparkctl --config "$ring" restart 2>&1) || err "nobody: restart after root's: $out"
+  out=$(as nobody sparkctl --config "$ring" stop 2>&1) || err "nobody: stop of the shared ring: $out"
+  grep -q "nothing of the ring is left on any node" <<<"$out" || err "nobody: stop left something: $out"
   rm -f "$tmp/started-by-nobody"
+  echo "installed_ring_test: nobody's ring healed and restarted by root stays nobody's: ok"
 else
   echo "installed_ring_test: not root: the root half and the user switch are skipped; the day runs as $me"
   day "$me"
