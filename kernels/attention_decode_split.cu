@@ -316,6 +316,7 @@ Status launch(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
 Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
   SPARK_TRY(attention_check_args(b, true));
   if (b.n_seqs == 0) return Status::Ok();
+  if (attention_decode_short_takes(b)) return attention_decode_short_cuda_device(b, stream);
   if (b.n_seqs > 65535)
     return make_error(Errc::usage, "attention_decode: more than 65535 sequences in one batch");
   SplitParams P{};

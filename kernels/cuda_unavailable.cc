@@ -139,6 +139,19 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void*) {
   SPARK_TRY(attention_check_args(b, true));
   return no_cuda("attention_decode_cuda_device");
 }
+Status attention_decode_short_cuda_device(const AttentionBatch& b, void*) {
+  SPARK_TRY(attention_check_args(b, true));
+  return no_cuda("attention_decode_short_cuda_device");
+}
+int attention_decode_short_max(int, DType) {
+  return 0;
+}
+int attention_decode_short_bound(int, int, int, int, DType) {
+  return 0;
+}
+bool attention_decode_short_takes(const AttentionBatch&) {
+  return false;
+}
 Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void*) {
   SPARK_TRY(attention_check_args(b, true,
                                  attention_decode_partitioned_workspace_bytes(

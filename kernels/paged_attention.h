@@ -87,9 +87,12 @@ struct AttentionBatch {
   int window = 0;             // sliding window (Mistral), 0 = off
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
-  // Split-K decode, for the kernel benchmark: 0 = the engine's kernel; 1 = fewer rows per
-  // batch (4) under a register cap for 3 blocks per multiprocessor (more warps in flight,
-  // fewer loads each), for groups of 3-4 heads of head_dim 65-128; other shapes ignore it.
+  // Decode, for the kernel benchmark and the tests: 0 = the engine's choice (the
+  // short-context kernel when max_seq_len <= attention_decode_short_max, else split-K);
+  // 1 = split-K with fewer rows per batch (4) under a register cap for 3 blocks per
+  // multiprocessor (more warps in flight, fewer loads each), for groups of 3-4 heads of
+  // head_dim 65-128 (other shapes: as 2); 2 = split-K at any context; 3 = the short-context
+  // kernel at any batch size (Errc::usage past its bound).
   int decode_variant = 0;
   // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
   // kernel, 64, 128 or 256 queries a block, or the skewed one, chosen from the grid's size
@@ -179,6 +182,31 @@ size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, i
 /// over the paged cache, split-K as above, one launch. Cost follows each sequence's real
 /// context; max_seq_len only bounds the split slots.
 Status attention_decode_cuda_device(const AttentionBatch& b, void* stream);
+
+/// Decode attention for short contexts (attention_decode_short.cu): a cluster of 8 blocks
+/// per (sequence, KV head) holds the attended range of K and V in shared memory, each block
+/// its eighth, and merges through distributed shared memory: two trips to global memory
+/// where split-K takes six. It takes batches whose max_seq_len is at most
+/// attention_decode_short_max(); attention_decode_cuda_device runs it for those
+/// (decode_variant 0), so a graph captured with that bound uses it for every context up to
+/// the bound, when its grid (8 blocks per sequence and KV head) fits in one wave of the
+/// multiprocessors: at batch 1 it is faster than split-K (7.7 against 11.8 us at a context
+/// of 256 on an H200), at 8 sequences and more slower (bench/kernels/NOTES.md). Errc::usage
+/// past the bound.
+Status attention_decode_short_cuda_device(const AttentionBatch& b, void* stream);
+
+/// The context bound up to which attention_decode_cuda_device runs the short-context kernel
+/// for `n_seqs` sequences of these heads on the current device (0: never, e.g. too many
+/// sequences for one wave); a graph of such a step captured with this bound uses it.
+int attention_decode_short_bound(int n_seqs, int n_heads, int n_kv_heads, int head_dim,
+                                 DType kv_dtype);
+/// Whether attention_decode_cuda_device runs the short-context kernel for `b`.
+bool attention_decode_short_takes(const AttentionBatch& b);
+
+/// The longest context the short-context kernel takes for `head_dim` and a cache of
+/// `kv_dtype` on the current device: what 8 blocks' shared memory holds, at most 1024
+/// (1024 for head_dim 128 on an H200 and on a GB10); 0 without a device or cluster launch.
+int attention_decode_short_max(int head_dim, DType kv_dtype);
 
 /// CPU twin of the split-K decode of one query (position ctx - 1) for every head: each
 /// split's softmax and weighted sum in fp32 over its chunk, merged by log-sum-exp as the

@@ -153,7 +153,7 @@ EOF
   local pack="${dev}-pack"
   rm -rf "$pack"
   mkdir -p "$pack"
-  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -1 > "$pack/device.tar.xz"
+  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -6 > "$pack/device.tar.xz"
   local mib; mib=$(( $(du -sb "$pack" | cut -f1) / 1048576 ))
   [ "$mib" -lt "$MAX_STAGE_MIB" ] || die "$pack is ${mib} MiB packed, over the ${MAX_STAGE_MIB} MiB limit (du -a $dev | sort -n | tail)"
   echo "# staged $(basename "$dev") ($(( $(du -sb "$dev" | cut -f1) / 1048576 )) MiB, ${mib} MiB packed): $(ls "$dev/bin" | tr '\n' ' ')"

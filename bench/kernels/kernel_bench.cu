@@ -733,6 +733,30 @@ int main(int argc, char** argv) {
                  100 * bytes_layer / (t / nlayers) / 1e3 / read_gbs);
       ljs["qkv_rope_us"] = t1;
       ljs["chain_pdl_qkv_rope_us_per_layer"] = t / nlayers;
+      // And attention as the engine's short-context graph runs it (bound: what the short
+      // kernel takes), when this context fits.
+      const int sb = attention_decode_short_max(128, DType::bf16);
+      if (sb >= ctx) {
+        AttentionBatch bs_ = b;
+        bs_.max_seq_len = sb;
+        fused[2] = {"attention (short)",
+                    [&, bs_](const Wt&) { ST(attention_decode_cuda_device(bs_, st)); }};
+        const double ta =
+            time_us(st, 32, [&](int i) { fused[2].second(wts[static_cast<size_t>(i) % 2]); });
+        set_programmatic_launch(true);
+        const double tc = time_us(st, 1, [&](int) {
+          for (int l = 0; l < nlayers; ++l)
+            for (auto& step : fused) step.second(wts[static_cast<size_t>(l) % 2]);
+        });
+        set_programmatic_launch(false);
+        fmt::print("{:<34} {:>10.1f}\n", fused[2].first, ta);
+        fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n",
+                   "chain + pdl, rope in q/k/v, short attention, per layer", tc / nlayers,
+                   bytes_layer / (tc / nlayers) / 1e3,
+                   100 * bytes_layer / (tc / nlayers) / 1e3 / read_gbs);
+        ljs["attention_short_us"] = ta;
+        ljs["chain_pdl_qkv_rope_short_us_per_layer"] = tc / nlayers;
+      }
     }
     // What each kernel's place in the chain costs: the chain (with pdl) without it. The
     // results are wrong; the time is what the kernel adds to the layer.
@@ -817,16 +841,20 @@ int main(int argc, char** argv) {
     const char* prefill_names[] = {
         "prefill",        "prefill (old)",        "prefill (64q)",      "prefill (128q)",
         "prefill (256q)", "prefill (256q eager)", "prefill (256q skew)"};
-    const char* kname = !decode       ? prefill_names[variant]
-                        : partitioned ? "decode (old)"
-                        : variant     ? "decode (U4x3)"
-                                      : "decode";
+    const bool short_kernel = decode && !partitioned && attention_decode_short_takes(b);
+    const char* kname = !decode        ? prefill_names[variant]
+                        : partitioned  ? "decode (old)"
+                        : variant == 1 ? "decode (U4x3)"
+                        : variant == 2 ? "decode (split-K)"
+                        : short_kernel ? "decode (short)"
+                                       : "decode";
     std::string name =
         fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
                     bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
     json j = {{"kernel", !decode && variant == 1 ? "attention_prefill_previous"
                          : !decode               ? "attention_prefill"
                          : partitioned           ? "attention_decode_partitioned"
+                         : short_kernel          ? "attention_decode_short"
                                                  : "attention_decode"},
               {"seqs", n_seqs},
               {"ctx", ctx},
@@ -853,8 +881,8 @@ int main(int argc, char** argv) {
     if (ws) CK(cudaFree(ws));
   };
   // Each decode shape with the split-K kernel, its variant with more warps and fewer loads
-  // each (decode_variant 1), then the previous kernel. The last three are the engine
-  // benchmark's decode: short contexts under a graph sized for 33792.
+  // each (decode_variant 1), then the previous kernel. The last three are short contexts
+  // under a graph sized for 33792 (the engine's long-context graphs).
   const int decode_shapes[][3] = {{1, 4096, 0},    {1, 32768, 0},   {8, 4096, 0},    {32, 4096, 0},
                                   {1, 256, 33792}, {8, 256, 33792}, {32, 256, 33792}};
   for (const auto& d : decode_shapes) {
@@ -863,6 +891,16 @@ int main(int argc, char** argv) {
     attention(true, d[0], d[1], 1, false, d[2], 1);
     attention(true, d[0], d[1], 1, true, d[2]);
   }
+  // The engine's short-context graphs (bound: what the short kernel takes here): the short
+  // kernel (forced where the engine would take split-K: more than one wave of clusters),
+  // and split-K at the same bound.
+  const int short_bound = attention_decode_short_max(hd, DType::bf16);
+  for (int sctx : {256, 1024})
+    for (int n : {1, 2, 8, 32}) {
+      if (!want("decode") || short_bound < sctx) break;
+      attention(true, n, sctx, 1, false, short_bound, 3);
+      attention(true, n, sctx, 1, false, short_bound, 2);
+    }
   // Prefill: the engine's kernel (the tiled kernel, block size chosen from the grid), the
   // previous kernel, then the tiled kernel with each block size forced (256 queries where
   // the shared memory allows, also rescaling on every tile: AttentionBatch::

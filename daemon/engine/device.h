@@ -262,6 +262,15 @@ class Device {
     (void)tokens, (void)chunks, (void)width, (void)max_seq_len, (void)heads, (void)head_dim;
     return Status::Ok();
   }
+  /// The longest context a decode step of `seqs` sequences may attend to and still run the
+  /// device's short-context attention (for these heads and a cache of `kv`), 0 when it has
+  /// none. Graphs of decode steps whose contexts all fit are captured with this bound, apart
+  /// from those captured with the step buffers' bound.
+  virtual int decode_short_context(int seqs, int heads, int kv_heads, int head_dim,
+                                   ElemType kv) const {
+    (void)seqs, (void)heads, (void)kv_heads, (void)head_dim, (void)kv;
+    return 0;
+  }
   /// True when graph_begin/graph_end/graph_launch work on this device.
   virtual bool supports_graphs() const { return false; }
   /// Starts recording the ops that follow (not running them) into a graph.

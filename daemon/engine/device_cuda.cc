@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/log.h"
+#include "core/strings.h"
 #include "daemon/engine/collective.h"
 #include "daemon/engine/device.h"
 #include "kernels/bias.h"
@@ -109,6 +110,17 @@ class CudaDevice final : public Device {
     // what it saves, or to rule it out).
     const char* pdl = std::getenv("SPARK_CUDA_PDL");
     d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
+    // SPARK_CUDA_SHORT_ATTENTION=N: the short-context decode attention only for contexts up
+    // to N positions (0: never), to measure it or to rule it out.
+    if (const char* sa = std::getenv("SPARK_CUDA_SHORT_ATTENTION")) {
+      auto n = parse_i64(sa);
+      if (!n || *n < 0)
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_SHORT_ATTENTION={}: not a count of positions "
+                                      "(0 turns the short-context attention off)",
+                                      sa));
+      d->short_cap_ = static_cast<int>(std::min<int64_t>(*n, 1 << 30));
+    }
     return std::shared_ptr<Device>(d);
   }
 
@@ -503,6 +515,7 @@ class CudaDevice final : public Device {
         kernels::attention_decode_workspace_bytes(b.n_seqs, heads, kv.head_dim, max_seq_len_)));
     b.workspace = attn_ws_.data();
     b.workspace_bytes = attn_ws_.bytes();
+    if (short_cap_ >= 0 && max_seq_len_ > short_cap_) b.decode_variant = 2;  // split-K only
     return kernels::attention_decode_cuda_device(b, stream_);
   }
 
@@ -552,6 +565,13 @@ class CudaDevice final : public Device {
   }
 
   bool supports_graphs() const override { return true; }
+
+  int decode_short_context(int seqs, int heads, int kv_heads, int head_dim,
+                           ElemType kv) const override {
+    const int bound =
+        kernels::attention_decode_short_bound(seqs, heads, kv_heads, head_dim, kdt(kv));
+    return short_cap_ >= 0 ? std::min(bound, short_cap_) : bound;
+  }
 
   Status graph_begin() override { return kernels::cuda_graph_begin_capture(stream_); }
 
@@ -724,6 +744,7 @@ class CudaDevice final : public Device {
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
   bool pdl_ = false;  // programmatic dependent launch for the step's kernels
+  int short_cap_ = -1;  // SPARK_CUDA_SHORT_ATTENTION: short-context attention's cap, -1 none
   StepLayout step_;
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_, attn_ws_, convert_;

@@ -337,7 +337,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   const bool want = logits != nullptr || plan_.vocab_parallel;
   const int rows = want ? static_cast<int>(st.logit_rows.size()) : 0;
   if (graphs_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
-      st.table_width <= graph_width_ &&
+      graph_max_batch_ < (1 << 15) && st.table_width <= graph_width_ &&
       (comm.world_size() == 1 || comm.device_calls_capturable()) &&
       static_cast<int>(st.logit_rows.size()) == st.tokens_n()) {
     SPARK_TRY(run_graph(cache, comm, want));
@@ -413,10 +413,19 @@ Status Model::run_graph(KVCache& cache, Collective& comm, bool want) {
   }
   st.logit_rows.resize(static_cast<size_t>(B));
   for (int i = 0; i < B; ++i) st.logit_rows[static_cast<size_t>(i)] = i;
-  st.max_seq_len_bound = graph_max_context_;
-  // The graph reads the KV pools of the cache it was captured with: key on both.
-  const uint64_t key = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(cache.view(0).k)) << 8) ^
-                       static_cast<uint64_t>(B);
+  // Two graphs per bucket: one for contexts the device's short-context attention takes
+  // (captured with that bound), one for the rest (the step buffers' bound).
+  const KVLayerView kv0 = cache.view(0);
+  const int short_ctx = std::min(
+      device_->decode_short_context(B, plan_.heads, kv0.n_kv_heads, kv0.head_dim, kv0.type),
+      graph_max_context_);
+  const bool short_class = short_ctx > 0 && *std::max_element(step_.chunk_len.begin(),
+                                                              step_.chunk_len.end()) <= short_ctx;
+  st.max_seq_len_bound = short_class ? short_ctx : graph_max_context_;
+  // The graph reads the KV pools of the cache it was captured with: key on both. The pools
+  // are 256-byte aligned, buckets below 2^15.
+  const uint64_t key = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(kv0.k)) >> 8 << 16) |
+                       (static_cast<uint64_t>(B) << 1) | (short_class ? 1u : 0u);
   SPARK_TRY(device_->begin_step(st));
   auto hit = device_->graph_launch(key);
   if (!hit) return hit.error();

@@ -20,7 +20,9 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/strings.h"
 #include "daemon/engine/engine.h"
@@ -212,6 +214,68 @@ TEST_CASE("cuda engine: the scheduler (chunked prefill, n=2, prefix cache) keeps
       check_greedy(again->tokens[0], ref, "prefix-cached");
     }
   }
+}
+
+TEST_CASE("cuda engine: a decode that outgrows the short-context graph goes on in the other") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  const std::string dir = kFixtures + "/llama";
+  auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+  const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const int steps = ref["greedy_steps"].get<int>();
+  // The short-context attention capped halfway through the decode: the bucket's
+  // short-context graph serves the first half, the long-context graph the rest.
+  const int cap = static_cast<int>(prompt.size()) + steps / 2;
+  struct Env {
+    explicit Env(const std::string& v) { setenv("SPARK_CUDA_SHORT_ATTENTION", v.c_str(), 1); }
+    ~Env() { unsetenv("SPARK_CUDA_SHORT_ATTENTION"); }
+  };
+  std::map<std::string, std::vector<int32_t>> tokens;
+  for (const std::string& setting :
+       {std::to_string(cap) + " graphs", std::to_string(cap) + " eager",
+        std::string("uncapped graphs")}) {
+    CAPTURE(setting);
+    const bool graphs = setting.ends_with("graphs");
+    std::optional<Env> env;
+    if (!setting.starts_with("uncapped")) env.emplace(std::to_string(cap));
+    auto d = make_cuda_device(0);
+    REQUIRE(d.ok());
+    auto m = Model::load(dir, 0, 1, *d);
+    REQUIRE(m.ok());
+    Model* model = m->get();
+    EngineOptions o;
+    o.slots = 1;
+    o.block_size = 8;
+    o.cuda_graphs = graphs;
+    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+    REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = steps;
+    p.ignore_eos = true;
+    auto r = generate_blocking(**eng, prompt, p);
+    REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+    check_greedy(r->tokens[0], ref, setting);
+    tokens[setting] = r->tokens[0];
+    MESSAGE(setting << ": " << model->graph_captures() << " graph captures, "
+                    << model->graph_replays() << " replays");
+    if (setting == std::to_string(cap) + " graphs") {
+      CHECK(model->graph_captures() == 2);  // bucket 1: short-context, then the other
+      CHECK(model->graph_replays() >= static_cast<uint64_t>(steps - 4));
+    } else if (graphs) {
+      CHECK(model->graph_captures() == 1);  // every context within the short bound
+    }
+    (*eng)->stop();
+  }
+  // The same kernels on the same contexts, replayed or not: the same tokens.
+  CHECK(tokens[std::to_string(cap) + " graphs"] == tokens[std::to_string(cap) + " eager"]);
+
+  setenv("SPARK_CUDA_SHORT_ATTENTION", "many", 1);
+  auto bad = make_cuda_device(0);
+  unsetenv("SPARK_CUDA_SHORT_ATTENTION");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::config);
+  CHECK(bad.error().message.find("SPARK_CUDA_SHORT_ATTENTION=many") != std::string::npos);
 }
 
 TEST_CASE("cuda engine: cancel frees the slot; seeds repeat; a too-small memory fails at start") {

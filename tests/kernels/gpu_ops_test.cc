@@ -499,10 +499,10 @@ namespace {
 // Decode runs the split-K kernel (twice: its counters must be back at zero after the
 // first launch) or, with `partitioned`, the previous kernel; `ctx_bound` > 0 sizes the launch
 // for contexts up to it, as a captured graph does.
-void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv, int hd,
-                    int bs, const std::vector<int32_t>& ctx, const std::vector<int32_t>& qlen,
-                    int window, size_t max_checked_rows, bool partitioned = false,
-                    int ctx_bound = 0, int variant = 0) {
+void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv,
+                        int hd, int bs, const std::vector<int32_t>& ctx,
+                        const std::vector<int32_t>& qlen, int window, size_t max_checked_rows,
+                        bool partitioned, int ctx_bound, int variant) {
   CAPTURE(decode);
   CAPTURE(variant);
   CAPTURE(partitioned);
@@ -628,6 +628,19 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
   CHECK(unwritten == 0);
 }
 
+// Decode at variant 0 runs twice: as the engine would (the short-context kernel where the
+// bound allows it) and with split-K forced (variant 2), so both kernels see every shape.
+void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv, int hd,
+                    int bs, const std::vector<int32_t>& ctx, const std::vector<int32_t>& qlen,
+                    int window, size_t max_checked_rows, bool partitioned = false,
+                    int ctx_bound = 0, int variant = 0) {
+  attention_case_run(rng, decode, kv_t, q_t, nh, nkv, hd, bs, ctx, qlen, window, max_checked_rows,
+                     partitioned, ctx_bound, variant);
+  if (decode && !partitioned && variant == 0)
+    attention_case_run(rng, decode, kv_t, q_t, nh, nkv, hd, bs, ctx, qlen, window, max_checked_rows,
+                       partitioned, ctx_bound, 2);
+}
+
 }  // namespace
 
 TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, windows, bounds") {
@@ -659,6 +672,94 @@ TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, win
   }
   if (large_cases())  // a 32k context
     attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1);
+}
+
+TEST_CASE("gpu decode attention (short contexts): the whole range in shared memory") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode-short"));
+  const int S = attention_decode_short_max(128, DType::bf16);
+  MESSAGE("short-context bound, head_dim 128, bf16 cache: " << S);
+  REQUIRE(S >= 128);  // 1024 on an H200 and a GB10
+  CHECK(S % 16 == 0);
+  CHECK(attention_decode_short_max(128, DType::f32) <= S);  // fp32 rows take twice the room
+  CHECK(attention_decode_short_max(256, DType::f32) > 0);
+  CHECK(attention_decode_short_max(12, DType::bf16) == 0);  // not a multiple of 8
+  // The engine's choice: the short kernel while its grid (8 blocks per sequence and KV
+  // head) fits in one wave, and the context in its bound.
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  AttentionBatch pick;
+  pick.n_heads = 32, pick.kv.n_kv_heads = 8, pick.kv.head_dim = 128, pick.kv.dtype = DType::bf16;
+  pick.n_seqs = 1, pick.max_seq_len = S;
+  CHECK(attention_decode_short_takes(pick) == (64 <= lim->sm_count));
+  CHECK(attention_decode_short_bound(1, 32, 8, 128, DType::bf16) == (64 <= lim->sm_count ? S : 0));
+  pick.max_seq_len = S + 1;
+  CHECK_FALSE(attention_decode_short_takes(pick));
+  pick.max_seq_len = S, pick.n_seqs = lim->sm_count;  // many waves
+  CHECK_FALSE(attention_decode_short_takes(pick));
+  CHECK(attention_decode_short_bound(lim->sm_count, 32, 8, 128, DType::bf16) == 0);
+  pick.decode_variant = 2;
+  pick.n_seqs = 1;
+  CHECK_FALSE(attention_decode_short_takes(pick));
+  pick.decode_variant = 3;
+  pick.n_seqs = lim->sm_count;
+  CHECK(attention_decode_short_takes(pick));
+  // The kernel itself (variant 3) on contexts up to the bound, and the bound as a graph
+  // captures it (wide tables holding -1 past each context): GQA 4 (Llama 3), MHA, group 5
+  // and 12 (chunks of 8 heads), head_dim 24 to 256, fp32 q and out, a window, a block size
+  // that is not a power of two, many sequences, one position; then as the engine picks at
+  // one sequence (variant 0, with split-K forced beside it).
+  attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {1, 63, 64, 65, 200, S},
+                 {1, 1, 1, 1, 1, 1}, 0, 1, false, S, 3);
+  attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {S - 1, 17}, {1, 1}, 0, 1,
+                 false, 0, 3);
+  attention_case(rng, true, DType::bf16, DType::bf16, 8, 8, 64, 16, {S, 3}, {1, 1}, 0, 1, false, 0,
+                 3);
+  attention_case(rng, true, DType::bf16, DType::bf16, 10, 2, 128, 16, {150, 5}, {1, 1}, 0, 1, false,
+                 0, 3);
+  attention_case(rng, true, DType::bf16, DType::bf16, 24, 2, 64, 16, {99, 130}, {1, 1}, 0, 1, false,
+                 0, 3);
+  attention_case(rng, true, DType::f32, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1, false, 0,
+                 3);
+  const int S32 = attention_decode_short_max(128, DType::f32);
+  attention_case(rng, true, DType::f32, DType::bf16, 16, 4, 128, 16, {S32, 31}, {1, 1}, 0, 1, false,
+                 S32, 3);
+  const int S256 = attention_decode_short_max(256, DType::bf16);
+  attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 256, 32, {S256, 2}, {1, 1}, 0, 1, false,
+                 0, 3);
+  attention_case(rng, true, DType::bf16, DType::bf16, 8, 8, 128, 12, {S, 50}, {1, 1}, 70, 1, false,
+                 0, 3);
+  std::vector<int32_t> many(80), ones(80, 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>(1 + (37 * i) % S);
+  attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, many, ones, 0, 1, false, 0,
+                 3);
+  for (int ctx : {1, 7, 256, S})
+    attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {ctx}, {1}, 0, 1, false, S);
+
+  // Past its bound the short kernel refuses (the dispatcher takes split-K there).
+  auto P = make_paged(rng, DType::bf16, 16, 8, 128, {S + 1}, DType::bf16);
+  auto q = to_dev(std::vector<float>(32 * 128, 0.5f), DType::bf16);
+  auto out = poisoned(32 * 128, DType::bf16);
+  std::vector<int32_t> qs{0, 1};
+  auto dqs = DeviceBuf<int32_t>::from(qs);
+  AttentionBatch b;
+  b.q = q.get(), b.q_stride = 32 * 128, b.out = out.get(), b.out_stride = 32 * 128;
+  b.n_heads = 32, b.kv = P.dev(), b.block_tables = P.dtables.get();
+  b.max_blocks_per_seq = P.max_blocks, b.seq_lens = P.dlens.get(), b.query_start = dqs.get();
+  b.n_seqs = 1, b.n_tokens = 1, b.max_query_len = 1, b.max_seq_len = S + 1;
+  b.scale = 0.1f;
+  const size_t need = attention_decode_workspace_bytes(1, 32, 128, S + 1);
+  auto ws = DeviceMemory::allocate(need);
+  REQUIRE(ws.ok());
+  std::vector<uint8_t> zeros(need, 0);
+  REQUIRE(ws->copy_from_host(zeros.data(), need).ok());
+  b.workspace = ws->get(), b.workspace_bytes = need;
+  auto st = attention_decode_short_cuda_device(b, nullptr);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.error().code == Errc::usage);
+  CHECK(st.message().find(std::to_string(S)) != std::string::npos);
+  CHECK(attention_decode_cuda_device(b, nullptr).ok());  // split-K
+  CHECK(cuda_synchronize().ok());
 }
 
 TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the paged cache") {
