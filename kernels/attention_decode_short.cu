@@ -77,12 +77,6 @@ struct ShortParams {
   ShortSmem sm;
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-
 template <typename C, int HD, int G>
 __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
   dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
@@ -130,10 +124,10 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
     const int p = lo + r;
     const int tb = P.bs_shift >= 0 ? p >> P.bs_shift : p / bs;
     const size_t at = static_cast<size_t>(ent[tb] * bs + (p - tb * bs)) * row_elems + e;
-    cp_async16(ks + static_cast<size_t>(r) * hd + e, kpool + at);
-    cp_async16(vs + static_cast<size_t>(r) * hd + e, vpool + at);
+    dev::cp_async16(ks + static_cast<size_t>(r) * hd + e, kpool + at);
+    dev::cp_async16(vs + static_cast<size_t>(r) * hd + e, vpool + at);
   }
-  asm volatile("cp.async.commit_group;\n" ::);
+  dev::cp_async_commit();
 
   constexpr int L = HD / 8;    // lanes per row
   constexpr int RPW = 32 / L;  // rows per warp and load
@@ -143,20 +137,8 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
   const int d0 = li * 8;
   const bool active = d0 < hd;
   float q[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float v = 0.f;
-      if (g < gn && active) {
-        const size_t off =
-            token * b.q_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d0 + j);
-        v = b.dtype == DType::bf16 ? __bfloat162float(static_cast<const dev::bf16*>(b.q)[off])
-                                   : static_cast<const float*>(b.q)[off];
-      }
-      q[g][j] = v * P.qscale;
-    }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  dev::load_q_lane(b, token, P.group, kvh, g0, gn, d0, active, P.qscale, q);
+  dev::cp_async_wait<0>();
   __syncthreads();
 
   // 3. Scores, in the log2 domain.
@@ -169,11 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
       for (int j = 0; j < 8; ++j) kf[j] = 0.f;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      float dot = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dot = fmaf(q[g][j], kf[j], dot);
-#pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      const float dot = dev::lanes_dot8<L>(q[g], kf);
       if (li == 0 && g < gn && r < n) sc[g * P.rows + r] = dot;
     }
   }

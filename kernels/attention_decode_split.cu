@@ -103,19 +103,7 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
 
   // q of this lane's 8 dimensions for each head, scaled into the log2 domain.
   float q[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float v = 0.f;
-      if (g < gn && active) {
-        const size_t off =
-            token * b.q_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d0 + j);
-        v = b.dtype == DType::bf16 ? __bfloat162float(static_cast<const dev::bf16*>(b.q)[off])
-                                   : static_cast<const float*>(b.q)[off];
-      }
-      q[g][j] = v * P.qscale;
-    }
+  dev::load_q_lane(b, token, P.group, kvh, g0, gn, d0, active, P.qscale, q);
 
   const C* kpool = static_cast<const C*>(b.kv.k);
   const C* vpool = static_cast<const C*>(b.kv.v);
@@ -171,11 +159,7 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
       const bool valid = base + u * NS + stream < n;
 #pragma unroll
       for (int g = 0; g < G; ++g) {
-        float dot = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dot = fmaf(q[g][j], kf[j], dot);
-#pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        const float dot = dev::lanes_dot8<L>(q[g], kf);
         s[u][g] = valid ? dot : kNeg;
       }
     }

@@ -85,21 +85,10 @@ struct PrefillSmem {
   static constexpr size_t bytes = (q_elems + 4 * kv_elems) * 2;  // Q, then K and V twice
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared without passing through registers; zero-filled when !valid.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using dev::cp_async16;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::smem_u32;
 
 template <typename C, int HD, int BN>
 __global__ void __launch_bounds__(kWarpsP * 32) prefill_v1_kernel(AttentionBatch b) {

@@ -78,6 +78,59 @@ __device__ __forceinline__ void rope_pair(float x0, float x1, float pos, float i
   *r1 = from_f<T>(x1 * c + x0 * s);
 }
 
+// Asynchronous copies global -> shared (sm_80+): 16 bytes without passing through
+// registers, zero-filled when !valid; a commit closes a group, wait<N> leaves at most N
+// groups in flight.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/// Decode attention: q of one lane's 8 dimensions (from d0) of query heads g0 .. g0 + gn - 1
+/// of KV head kvh (`group` query heads each) for query row `token`, times `scale`; zeros
+/// for heads past gn and for a lane past the head (!active). Both decode kernels' layout.
+template <int G, typename Batch>
+__device__ __forceinline__ void load_q_lane(const Batch& b, size_t token, int group, int kvh,
+                                            int g0, int gn, int d0, bool active, float scale,
+                                            float (&q)[G][8]) {
+  const int hd = b.kv.head_dim;
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float v = 0.f;
+      if (g < gn && active) {
+        const size_t off =
+            token * b.q_stride + static_cast<size_t>((kvh * group + g0 + g) * hd + d0 + j);
+        v = b.dtype == DType::bf16 ? __bfloat162float(static_cast<const bf16*>(b.q)[off])
+                                   : static_cast<const float*>(b.q)[off];
+      }
+      q[g][j] = v * scale;
+    }
+}
+
+/// Decode attention: the dot product of a row spread over L lanes (8 dimensions each, L a
+/// power of two dividing 32), every lane of the group getting it. All 32 lanes must call.
+template <int L>
+__device__ __forceinline__ float lanes_dot8(const float (&q)[8], const float (&k)[8]) {
+  float dot = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dot = fmaf(q[j], k[j], dot);
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  return dot;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

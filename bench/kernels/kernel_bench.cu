@@ -706,8 +706,29 @@ int main(int argc, char** argv) {
       ljs[pdl ? "chain_pdl_us_per_layer" : "chain_us_per_layer"] = per;
     }
     // The engine's layer: q/k/v with RoPE and the KV write in its epilogue (one launch for
-    // the two steps above), timed alone and in the chain.
+    // the two steps above), then also attention as the engine's short-context graph runs it
+    // (bound: what the short kernel takes, when this context fits): the new step alone, and
+    // the chain with programmatic launch.
     {
+      auto variant = [&](std::vector<std::pair<const char*, Step>>& chain, size_t at,
+                         const char* label, const char* alone_key, const char* chain_key) {
+        const double t1 =
+            time_us(st, 32, [&](int i) { chain[at].second(wts[static_cast<size_t>(i) % 2]); });
+        set_programmatic_launch(true);
+        const double per = time_us(st, 1,
+                                   [&](int) {
+                                     for (int l = 0; l < nlayers; ++l)
+                                       for (auto& step : chain)
+                                         step.second(wts[static_cast<size_t>(l) % 2]);
+                                   }) /
+                           nlayers;
+        set_programmatic_launch(false);
+        fmt::print("{:<34} {:>10.1f}\n", chain[at].first, t1);
+        fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", label, per, bytes_layer / per / 1e3,
+                   100 * bytes_layer / per / 1e3 / read_gbs);
+        ljs[alone_key] = t1;
+        ljs[chain_key] = per;
+      };
       auto fused = steps;
       fused[1] = {"q/k/v + rope + kv write", [&](const Wt& w) {
                     MatmulArgs g[3] = {prod(h, H, w.wq, q, NQ), prod(h, H, w.wk, k, NKV),
@@ -719,43 +740,16 @@ int main(int argc, char** argv) {
                     ST(matmul_qkv_rope_cuda_device(g, r, st));
                   }};
       fused.erase(fused.begin() + 2);
-      const double t1 =
-          time_us(st, 32, [&](int i) { fused[1].second(wts[static_cast<size_t>(i) % 2]); });
-      set_programmatic_launch(true);
-      const double t = time_us(st, 1, [&](int) {
-        for (int l = 0; l < nlayers; ++l)
-          for (auto& step : fused) step.second(wts[static_cast<size_t>(l) % 2]);
-      });
-      set_programmatic_launch(false);
-      fmt::print("{:<34} {:>10.1f}\n", fused[1].first, t1);
-      fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n", "chain + pdl, rope in q/k/v, per layer",
-                 t / nlayers, bytes_layer / (t / nlayers) / 1e3,
-                 100 * bytes_layer / (t / nlayers) / 1e3 / read_gbs);
-      ljs["qkv_rope_us"] = t1;
-      ljs["chain_pdl_qkv_rope_us_per_layer"] = t / nlayers;
-      // And attention as the engine's short-context graph runs it (bound: what the short
-      // kernel takes), when this context fits.
+      variant(fused, 1, "chain + pdl, rope in q/k/v, per layer", "qkv_rope_us",
+              "chain_pdl_qkv_rope_us_per_layer");
       const int sb = attention_decode_short_max(128, DType::bf16);
       if (sb >= ctx) {
         AttentionBatch bs_ = b;
         bs_.max_seq_len = sb;
         fused[2] = {"attention (short)",
                     [&, bs_](const Wt&) { ST(attention_decode_cuda_device(bs_, st)); }};
-        const double ta =
-            time_us(st, 32, [&](int i) { fused[2].second(wts[static_cast<size_t>(i) % 2]); });
-        set_programmatic_launch(true);
-        const double tc = time_us(st, 1, [&](int) {
-          for (int l = 0; l < nlayers; ++l)
-            for (auto& step : fused) step.second(wts[static_cast<size_t>(l) % 2]);
-        });
-        set_programmatic_launch(false);
-        fmt::print("{:<34} {:>10.1f}\n", fused[2].first, ta);
-        fmt::print("{:<34} {:>10.1f} {:>10.0f} {:>7.0f}%\n",
-                   "chain + pdl, rope in q/k/v, short attention, per layer", tc / nlayers,
-                   bytes_layer / (tc / nlayers) / 1e3,
-                   100 * bytes_layer / (tc / nlayers) / 1e3 / read_gbs);
-        ljs["attention_short_us"] = ta;
-        ljs["chain_pdl_qkv_rope_short_us_per_layer"] = tc / nlayers;
+        variant(fused, 2, "chain + pdl, rope in q/k/v, short attention, per layer",
+                "attention_short_us", "chain_pdl_qkv_rope_short_us_per_layer");
       }
     }
     // What each kernel's place in the chain costs: the chain (with pdl) without it. The
