@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -146,9 +145,9 @@ std::string config_of_node(const NodeDirs& d, int node) {
 // that user: the ring stays theirs to stop and restart, and what the ranks write stays
 // theirs. {-1, -1} otherwise: the ranks run as the caller.
 std::pair<int, int> rank_owner(const std::string& state_dir) {
-  struct stat st {};
-  if (::geteuid() != 0 || ::stat(state_dir.c_str(), &st) != 0 || st.st_uid == 0) return {-1, -1};
-  return {static_cast<int>(st.st_uid), static_cast<int>(st.st_gid)};
+  auto o = non_root_owner(state_dir);
+  if (!o) return {-1, -1};
+  return {static_cast<int>(o->first), static_cast<int>(o->second)};
 }
 
 }  // namespace

@@ -264,12 +264,16 @@ std::optional<std::string> read_file(const std::string& path) {
   return ss.str();
 }
 
-void adopt_dir_owner(const std::string& path) {
-  if (::geteuid() != 0) return;
-  const std::string parent = std::filesystem::path(path).parent_path().string();
+std::optional<std::pair<unsigned, unsigned>> non_root_owner(const std::string& path) {
   struct stat st {};
-  if (::stat(parent.empty() ? "." : parent.c_str(), &st) != 0 || st.st_uid == 0) return;
-  (void)::lchown(path.c_str(), st.st_uid, st.st_gid);
+  if (::geteuid() != 0 || ::stat(path.c_str(), &st) != 0 || st.st_uid == 0) return std::nullopt;
+  return std::pair<unsigned, unsigned>{st.st_uid, st.st_gid};
+}
+
+void adopt_dir_owner(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  if (auto o = non_root_owner(parent.empty() ? "." : parent))
+    (void)::lchown(path.c_str(), o->first, o->second);
 }
 
 std::error_code make_dirs(const std::string& dir) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace spark {
@@ -43,6 +44,9 @@ std::optional<std::string> read_file(const std::string& path);
 /// Writes a file atomically: to PATH.tmp.PID, fsync, rename. Never leaves a partial PATH.
 bool write_file_atomic(const std::string& path, std::string_view data, std::string* why,
                        unsigned mode = 0644);
+/// When this process runs as root and `path` belongs to another user: that user's uid and
+/// gid. Nullopt otherwise (not root, root's own, or no such path).
+std::optional<std::pair<unsigned, unsigned>> non_root_owner(const std::string& path);
 /// When this process runs as root and the directory holding `path` belongs to another
 /// user, gives `path` that directory's owner and group (best effort, errors ignored), so
 /// that what root's watch timer writes into the state of a ring a user started stays that

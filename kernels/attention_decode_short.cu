@@ -286,13 +286,7 @@ int block_rows(int bound) {
 int attention_decode_short_max(int head_dim, DType kv_dtype) {
   if (head_dim <= 0 || head_dim > 256 || head_dim % 8 != 0) return 0;
   auto lim = cuda_device_limits();
-  if (!lim) return 0;
-  int cluster = 0;
-  if (cudaDeviceGetAttribute(&cluster, cudaDevAttrClusterLaunch, lim->device) != cudaSuccess ||
-      !cluster) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  if (!lim || !lim->cluster_launch) return 0;
   const size_t es = dtype_size(kv_dtype);
   int best = 0;
   for (int bound = 16; bound <= kMaxRows; bound += 16)  // entries: block size 1 at worst

@@ -150,6 +150,7 @@ Result<DeviceLimits> cuda_device_limits(int device) {
   l.pageable_memory_access = p.pageableMemoryAccess != 0;
   l.pageable_uses_host_pages = p.pageableMemoryAccessUsesHostPageTables != 0;
   l.host_register_supported = p.hostRegisterSupported != 0;
+  l.cluster_launch = p.clusterLaunch != 0;
   int ro = 0;
   if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, device) != cudaSuccess)
     (void)cudaGetLastError(), ro = 0;

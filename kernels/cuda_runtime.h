@@ -70,6 +70,7 @@ struct DeviceLimits {
   bool pageable_uses_host_pages = false;  // ... through the host's page tables (ATS, GB10)
   bool host_register_supported = false;   // cudaHostRegister works
   bool read_only_host_register = false;   // ... also on read-only mappings
+  bool cluster_launch = false;            // thread-block clusters (sm_90 and later)
 };
 
 /// The limits of `device` (-1: the current device); cached per device after the first call.

@@ -88,7 +88,7 @@ struct AttentionBatch {
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
   // Decode, for the kernel benchmark and the tests: 0 = the engine's choice (the
-  // short-context kernel when max_seq_len <= attention_decode_short_max, else split-K);
+  // short-context kernel where attention_decode_short_takes says so, else split-K);
   // 1 = split-K with fewer rows per batch (4) under a register cap for 3 blocks per
   // multiprocessor (more warps in flight, fewer loads each), for groups of 3-4 heads of
   // head_dim 65-128 (other shapes: as 2); 2 = split-K at any context; 3 = the short-context

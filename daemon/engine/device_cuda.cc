@@ -73,6 +73,19 @@ struct MetaLayout {
 class CudaDevice final : public Device {
  public:
   static Result<std::shared_ptr<Device>> open(int ordinal, const CudaDeviceOptions& opts) {
+    // SPARK_CUDA_SHORT_ATTENTION=N: the short-context decode attention only for contexts up
+    // to N positions (0: never), to measure it or to rule it out. Checked first, so a bad
+    // value is an error with or without a GPU.
+    int short_cap = -1;
+    if (const char* sa = std::getenv("SPARK_CUDA_SHORT_ATTENTION")) {
+      auto n = parse_i64(sa);
+      if (!n || *n < 0)
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_SHORT_ATTENTION={}: not a count of positions "
+                                      "(0 turns the short-context attention off)",
+                                      sa));
+      short_cap = static_cast<int>(std::min<int64_t>(*n, 1 << 30));
+    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -110,17 +123,7 @@ class CudaDevice final : public Device {
     // what it saves, or to rule it out).
     const char* pdl = std::getenv("SPARK_CUDA_PDL");
     d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
-    // SPARK_CUDA_SHORT_ATTENTION=N: the short-context decode attention only for contexts up
-    // to N positions (0: never), to measure it or to rule it out.
-    if (const char* sa = std::getenv("SPARK_CUDA_SHORT_ATTENTION")) {
-      auto n = parse_i64(sa);
-      if (!n || *n < 0)
-        return make_error(Errc::config,
-                          fmt::format("SPARK_CUDA_SHORT_ATTENTION={}: not a count of positions "
-                                      "(0 turns the short-context attention off)",
-                                      sa));
-      d->short_cap_ = static_cast<int>(std::min<int64_t>(*n, 1 << 30));
-    }
+    d->short_cap_ = short_cap;
     return std::shared_ptr<Device>(d);
   }
 
@@ -771,6 +774,7 @@ Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ord
     return make_error(Errc::config, fmt::format("DEVICE={} is not one of auto, cpu, cuda", choice));
   auto d = make_cuda_device(ordinal, opts);
   if (d) return d;
+  if (d.error().code == Errc::config) return d.error();  // the user's setting, not the GPU
   if (choice == "cuda")
     return make_error(d.error().code,
                       fmt::format("DEVICE=cuda: cannot use CUDA device {}: {} — fix the driver "

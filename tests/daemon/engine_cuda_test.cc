@@ -111,6 +111,19 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
     CHECK(cuda.error().message.find("DEVICE=cuda") != std::string::npos);
     MESSAGE("SKIP (GPU half): " << skip);
   }
+  // A bad setting of the CUDA device fails, GPU or not: auto does not hide it on the CPU.
+  setenv("SPARK_CUDA_SHORT_ATTENTION", "many", 1);
+  for (const char* choice : {"auto", "cuda"}) {
+    CAPTURE(choice);
+    why.clear();
+    auto wrong = select_device(choice, 0, &why);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.error().code == Errc::config);
+    CHECK(wrong.error().message.find("SPARK_CUDA_SHORT_ATTENTION=many") != std::string::npos);
+  }
+  setenv("SPARK_CUDA_SHORT_ATTENTION", "-3", 1);
+  CHECK(select_device("auto", 0, &why).error().code == Errc::config);
+  unsetenv("SPARK_CUDA_SHORT_ATTENTION");
 }
 
 TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tokens agree") {
@@ -269,13 +282,6 @@ TEST_CASE("cuda engine: a decode that outgrows the short-context graph goes on i
   }
   // The same kernels on the same contexts, replayed or not: the same tokens.
   CHECK(tokens[std::to_string(cap) + " graphs"] == tokens[std::to_string(cap) + " eager"]);
-
-  setenv("SPARK_CUDA_SHORT_ATTENTION", "many", 1);
-  auto bad = make_cuda_device(0);
-  unsetenv("SPARK_CUDA_SHORT_ATTENTION");
-  REQUIRE_FALSE(bad.ok());
-  CHECK(bad.error().code == Errc::config);
-  CHECK(bad.error().message.find("SPARK_CUDA_SHORT_ATTENTION=many") != std::string::npos);
 }
 
 TEST_CASE("cuda engine: cancel frees the slot; seeds repeat; a too-small memory fails at start") {
