@@ -69,16 +69,18 @@ __host__ __device__ constexpr size_t own_rows_per_block(bool swiglu) {
 // The epilogue both forms share: output (m, n) of a plain product (bias, then the
 // accumulate, rounded once to the output type), and of a [gate | up] pair with SwiGLU (the
 // two products rounded as the [gate | up] buffer would hold them, then silu(g) * u).
-__device__ __forceinline__ void store_product(const MatmulArgs& p, size_t m, size_t n, float s) {
+// `prior`: the old output when accumulating, already read (else read here).
+__device__ __forceinline__ void store_product(const MatmulArgs& p, size_t m, size_t n, float s,
+                                              const float* prior = nullptr) {
   if (p.bias) s += __bfloat162float(static_cast<const dev::bf16*>(p.bias)[n]);
   const size_t off = m * p.ldo + n;
   if (p.out_dtype == DType::bf16) {
     dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
-    if (p.accumulate) s += __bfloat162float(*o);
+    if (p.accumulate) s += prior ? *prior : __bfloat162float(*o);
     *o = __float2bfloat16_rn(s);
   } else {
     float* o = static_cast<float*>(p.out) + off;
-    if (p.accumulate) s += *o;
+    if (p.accumulate) s += prior ? *prior : *o;
     *o = s;
   }
 }
@@ -218,6 +220,13 @@ __global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(OwnGroup G) {
 // pdl_wait(): a weight does not depend on the kernel ahead, so under programmatic launch
 // they stream while that kernel finishes. A (m <= 4 rows, a few KiB) is read through L1,
 // shared by the block's warps. fp32 FMA; the warp's partial sums meet by xor shuffles.
+// NORM: A's rows are the residual and the product runs over RMSNorm(A) * norm_w
+// (MatmulArgs::norm_w): each lane multiplies its A elements by norm_w's and sums their
+// squares as it goes; a warp covers the whole row, so after the shuffles every lane holds
+// the row's sum of squares and scales its sums by 1 / rms. No pass before the product, no
+// barrier: the separate norm kernel and its launch boundary are gone.
+// With accumulate, the lane that stores an output reads the old value right after
+// pdl_wait(), so the read is not a dependent trip after the product.
 constexpr int kGemvWarps = 8;
 // Warps of the one-row forms (r1 u8, r2 u4: 58 registers at sm_90) resident per
 // multiprocessor: four blocks of eight (the register file's 64 Ki / (58 x 256)).
@@ -267,7 +276,7 @@ __device__ __forceinline__ void store_rope_t(const MatmulArgs& p, const RopeEpil
 
 // ROPE >= 0: the q/k/v part of that index with the RoPE epilogue. The warp's two units are
 // then the rotation pair (i, i + head_dim/2) of one head, not two adjacent rows.
-template <int M, int R, int U, int NW, int ROPE = -1>
+template <int M, int R, int U, int NW, int ROPE = -1, bool NORM = false>
 __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
                                            const RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -322,21 +331,57 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
         for (int j = 0; j < NW; ++j) wv[u][r][j] = i < kv && uok[r] ? __ldcs(wrow[r][j] + i) : zero;
     }
   };
+  const uint4* nrow = static_cast<const uint4*>(p.norm_w);
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ss[m] = 0.f;
   load_w(0);
   dev::pdl_wait();
+  // Lane r * M + m stores unit r's output for A row m (below); with accumulate it reads the
+  // old value now.
+  float prior = 0.f;
+  if constexpr (ROPE < 0 && NW == 1) {
+    const int pr = lane / M, pm = lane % M;
+    if (p.accumulate && lane < R * M && pm < static_cast<int>(p.m)) {
+      size_t n = 0;
+      bool ok = false;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (r == pr) n = units[r], ok = uok[r];
+      if (ok) {
+        const size_t off = static_cast<size_t>(pm) * p.ldo + n;
+        prior = p.out_dtype == DType::bf16
+                    ? __bfloat162float(static_cast<const dev::bf16*>(p.out)[off])
+                    : static_cast<const float*>(p.out)[off];
+      }
+    }
+  }
   for (size_t s0 = 0;;) {
     uint4 av[U][M];
+    uint4 nv[NORM ? U : 1];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const size_t i = (s0 + u) * 32 + lane;
 #pragma unroll
       for (int m = 0; m < M; ++m) av[u][m] = i < kv ? __ldg(arow[m] + i) : zero;
+      if constexpr (NORM) nv[u] = i < kv ? __ldg(nrow + i) : zero;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float af[M][8];
 #pragma unroll
       for (int m = 0; m < M; ++m) bf16x8_to_f(av[u][m], af[m]);
+      if constexpr (NORM) {
+        float nf[8];
+        bf16x8_to_f(nv[u], nf);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ss[m] = fmaf(af[m][e], af[m][e], ss[m]);
+            af[m][e] *= nf[e];
+          }
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -360,6 +405,16 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
     for (int j = 0; j < NW; ++j)
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
+  if constexpr (NORM) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float inv = rsqrtf(dev::warp_sum(ss[m]) / static_cast<float>(p.k) + p.norm_eps);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) acc[r][j][m] *= inv;
+    }
+  }
 
   // Lane r * M + m stores unit r's output for A row m.
   if constexpr (ROPE >= 0) {
@@ -384,32 +439,43 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
         if constexpr (NW == 2)
           store_swiglu(p, static_cast<size_t>(m), n, acc[r][0][m], acc[r][1][m]);
         else
-          store_product(p, static_cast<size_t>(m), n, acc[r][0][m]);
+          store_product(p, static_cast<size_t>(m), n, acc[r][0][m], &prior);
       }
   }
 }
 
+// The one-row forms that keep 8 steps of 16 bytes in flight per lane (r1 u8, r1 u4 with
+// swiglu, r2 u4, the RoPE form) fit 64 registers, four blocks of eight warps per
+// multiprocessor; ptxas left alone gives the norm's forms 66-68 and so three blocks, a
+// quarter fewer loads in flight (measured: q/k/v 16.6 against 14.6 us). The bound keeps four.
 template <int M, int R, int U, int NW>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(OwnGroup G) {
+__host__ __device__ constexpr int gemv_min_blocks() {
+  return M == 1 && R * U * NW <= 8 ? 4 : 1;
+}
+
+template <int M, int R, int U, int NW, bool NORM>
+__global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, R, U, NW>()))
+    gemv_kernel(OwnGroup G) {
   const unsigned b = blockIdx.x;
   if (G.n > 2 && b >= G.first_block[2])
-    gemv_block<M, R, U, NW>(G.part[2], b - G.first_block[2], G.rope);
+    gemv_block<M, R, U, NW, -1, NORM>(G.part[2], b - G.first_block[2], G.rope);
   else if (G.n > 1 && b >= G.first_block[1])
-    gemv_block<M, R, U, NW>(G.part[1], b - G.first_block[1], G.rope);
+    gemv_block<M, R, U, NW, -1, NORM>(G.part[1], b - G.first_block[1], G.rope);
   else
-    gemv_block<M, R, U, NW>(G.part[0], b, G.rope);
+    gemv_block<M, R, U, NW, -1, NORM>(G.part[0], b, G.rope);
 }
 
 // q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp.
-template <int M>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_rope_kernel(OwnGroup G) {
+template <int M, bool NORM>
+__global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, 2, 4, 1>()))
+    gemv_rope_kernel(OwnGroup G) {
   const unsigned b = blockIdx.x;
   if (b >= G.first_block[2])
-    gemv_block<M, 2, 4, 1, 2>(G.part[2], b - G.first_block[2], G.rope);
+    gemv_block<M, 2, 4, 1, 2, NORM>(G.part[2], b - G.first_block[2], G.rope);
   else if (b >= G.first_block[1])
-    gemv_block<M, 2, 4, 1, 1>(G.part[1], b - G.first_block[1], G.rope);
+    gemv_block<M, 2, 4, 1, 1, NORM>(G.part[1], b - G.first_block[1], G.rope);
   else
-    gemv_block<M, 2, 4, 1, 0>(G.part[0], b, G.rope);
+    gemv_block<M, 2, 4, 1, 0, NORM>(G.part[0], b, G.rope);
 }
 
 // out[m][n] += bias[n] (bf16) for fp32 outputs, whose cuBLASLt bias must be fp32.
@@ -457,16 +523,20 @@ Status launch_gemv(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_
   }
   G.first_block[n_parts] = static_cast<unsigned>(blocks);
   const unsigned grid = static_cast<unsigned>(blocks);
-  switch (parts[0].m) {
-    case 1:
-      return launch_own(gemv_kernel<1, R, U, NW>, grid, kGemvWarps * 32, st, G);
-    case 2:
-      return launch_own(gemv_kernel<2, R, U, NW>, grid, kGemvWarps * 32, st, G);
-    case 3:
-      return launch_own(gemv_kernel<3, R, U, NW>, grid, kGemvWarps * 32, st, G);
-    default:
-      return launch_own(gemv_kernel<4, R, U, NW>, grid, kGemvWarps * 32, st, G);
-  }
+  auto go = [&](auto norm) {
+    constexpr bool N = decltype(norm)::value;
+    switch (parts[0].m) {
+      case 1:
+        return launch_own(gemv_kernel<1, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
+      case 2:
+        return launch_own(gemv_kernel<2, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
+      case 3:
+        return launch_own(gemv_kernel<3, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
+      default:
+        return launch_own(gemv_kernel<4, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
+    }
+  };
+  return parts[0].norm_w ? go(std::true_type{}) : go(std::false_type{});
 }
 
 }  // namespace
@@ -497,6 +567,11 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
     if (i > 0 && a.swiglu != swiglu)
       return make_error(Errc::usage,
                         "matmul (own kernel): a group mixes swiglu and plain products");
+    if (i > 0 && (a.norm_w == nullptr) != (parts[0].norm_w == nullptr))
+      return make_error(Errc::usage,
+                        "matmul (own kernel): a group mixes products with and without a norm");
+    if (a.norm_w && !aligned16(a.norm_w))
+      return make_error(Errc::usage, "matmul (own kernel): norm_w must be 16-byte aligned");
     swiglu = a.swiglu;
     G.part[i] = a;
   }
@@ -509,9 +584,11 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
   // (the q/k/v group's 6144 rows on 132 multiprocessors x 32 warps) takes two units per warp
   // instead, so it ends in one wave with no tail.
   if (variant == OwnVariant::automatic) {
+    // A norm in the product needs the streaming form: at 3 and 4 rows its leanest shape.
     variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
               : m == 2 ? OwnVariant::gemv_r2_u4
-                       : OwnVariant::mma;
+              : parts[0].norm_w && m <= kMatmulGemvMaxRows ? OwnVariant::gemv_r1_u4
+                                                           : OwnVariant::mma;
     if (variant == OwnVariant::gemv_r1_u8) {
       auto lim = cuda_device_limits(-1);
       SPARK_TRY(lim.status());
@@ -521,6 +598,11 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       if (units > resident && units <= 2 * resident) variant = OwnVariant::gemv_r2_u4;
     }
   }
+  if (variant == OwnVariant::mma && parts[0].norm_w)
+    return make_error(Errc::usage,
+                      "matmul (own kernel): a norm in the product needs the streaming form "
+                      "(at most " +
+                          std::to_string(kMatmulGemvMaxRows) + " rows), not mma");
   if (variant != OwnVariant::mma) {
     if (m > kMatmulGemvMaxRows)
       return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +
@@ -601,6 +683,9 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     if (!own_operands_ok(a))
       return bad("needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
     if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
+    if ((a.norm_w == nullptr) != (parts[0].norm_w == nullptr))
+      return bad("the parts mix products with and without a norm");
+    if (a.norm_w && !aligned16(a.norm_w)) return bad("norm_w must be 16-byte aligned");
     if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
       return bad("part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
                  std::to_string(widths[i]) + " columns, stride " + std::to_string(strides[i]) +
@@ -631,16 +716,20 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   G.first_block[3] = static_cast<unsigned>(blocks);
   auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;
-  switch (m) {
-    case 1:
-      return launch_own(gemv_rope_kernel<1>, grid, threads, st, G);
-    case 2:
-      return launch_own(gemv_rope_kernel<2>, grid, threads, st, G);
-    case 3:
-      return launch_own(gemv_rope_kernel<3>, grid, threads, st, G);
-    default:
-      return launch_own(gemv_rope_kernel<4>, grid, threads, st, G);
-  }
+  auto go = [&](auto norm) {
+    constexpr bool N = decltype(norm)::value;
+    switch (m) {
+      case 1:
+        return launch_own(gemv_rope_kernel<1, N>, grid, threads, st, G);
+      case 2:
+        return launch_own(gemv_rope_kernel<2, N>, grid, threads, st, G);
+      case 3:
+        return launch_own(gemv_rope_kernel<3, N>, grid, threads, st, G);
+      default:
+        return launch_own(gemv_rope_kernel<4, N>, grid, threads, st, G);
+    }
+  };
+  return parts[0].norm_w ? go(std::true_type{}) : go(std::false_type{});
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------
@@ -766,7 +855,8 @@ MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
 Status Matmul::run(const MatmulArgs& a, void* stream) {
   SPARK_TRY(matmul_check_args(a));
   if (a.m == 0) return Status::Ok();
-  if (a.swiglu) return matmul_own_cuda_device(a, stream);  // cuBLASLt has no such epilogue
+  // cuBLASLt has no such epilogue or prologue.
+  if (a.swiglu || a.norm_w) return matmul_own_cuda_device(a, stream);
   MatmulBackend be = a.backend == MatmulBackend::automatic ? choose(a.m, a.n, a.k) : a.backend;
   if (be == MatmulBackend::own && a.m <= kMatmulOwnMaxRows && own_operands_ok(a))
     return matmul_own_cuda_device(a, stream);

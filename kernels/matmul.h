@@ -43,6 +43,13 @@ struct MatmulArgs {
   // are the two products rounded to out_dtype first, exactly as the product into a
   // [gate | up] buffer followed by swiglu would give. Not with accumulate.
   bool swiglu = false;
+  // Streaming form only (m <= kMatmulGemvMaxRows): the product's input is RMSNorm of a, row
+  // by row, times norm_w ([k] bf16): out = rsqrt(mean_k(a^2) + norm_eps) *
+  // sum_k w[n][k] * a[k] * norm_w[k], in fp32 with nothing rounded before the output (the
+  // separate norm would round the normalised row to bf16 first). Each warp reads the whole
+  // row of a, so it sums the squares itself: no pass and no barrier before the product.
+  const void* norm_w = nullptr;
+  float norm_eps = 0.f;
 };
 
 /// The q, k and v products of a decode step with RoPE and the KV write in their epilogue:
@@ -73,6 +80,11 @@ const char* own_variant_name(OwnVariant v);
 /// Reference product on floats, accumulated in double, result rounded to `store`.
 void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
                 const float* bias, bool accumulate, DType store);
+
+/// Reference of a product over RMSNorm of a (MatmulArgs::norm_w): each row of a scaled by
+/// 1 / sqrt(mean(a^2) + eps) and by norm_w in double, unrounded, then matmul_ref's product.
+void matmul_norm_ref(const float* a, const float* norm_w, float eps, const float* w, float* out,
+                     size_t m, size_t n, size_t k, const float* bias, bool accumulate, DType store);
 
 /// Checks MatmulArgs (non-null, strides >= widths, k a multiple of 8 and 16-byte aligned
 /// rows for the own kernel).

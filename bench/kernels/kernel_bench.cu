@@ -751,6 +751,46 @@ int main(int argc, char** argv) {
         variant(fused, 2, "chain + pdl, rope in q/k/v, short attention, per layer",
                 "attention_short_us", "chain_pdl_qkv_rope_short_us_per_layer");
       }
+      // The engine's layer at one rank: o and down add themselves into the residual in their
+      // epilogue, and the two norms run inside q/k/v and gate/up (five launches a layer).
+      std::vector<std::pair<const char*, Step>> normed = {
+          {"q/k/v + norm + rope + kv write",
+           [&](const Wt& w) {
+             MatmulArgs g[3] = {prod(x, H, w.wq, q, NQ), prod(x, H, w.wk, k, NKV),
+                                prod(x, H, w.wv, v, NKV)};
+             for (auto& m : g) m.norm_w = w.n1, m.norm_eps = 1e-5f;
+             RopeArgs r = ra;
+             r.k_cache = kp, r.v_cache = vp, r.cache_dtype = DType::bf16;
+             r.cache_slots = static_cast<long long>(blocks_per) * lbs;
+             r.slots = static_cast<int32_t*>(ds), r.v = v, r.v_stride = NKV;
+             ST(matmul_qkv_rope_cuda_device(g, r, st));
+           }},
+          fused[2],
+          {"o, added into x",
+           [&](const Wt& w) {
+             MatmulArgs m = prod(att, NQ, w.wo, x, H);
+             m.accumulate = true;
+             ST((*mm)->run(m, st));
+           }},
+          {"gate/up + norm + swiglu",
+           [&](const Wt& w) {
+             MatmulArgs m = prod(x, H, w.wgu, act, I);
+             m.swiglu = true, m.norm_w = w.n2, m.norm_eps = 1e-5f;
+             ST((*mm)->run(m, st));
+           }},
+          {"down, added into x",
+           [&](const Wt& w) {
+             MatmulArgs m = prod(act, I, w.wd, x, H);
+             m.accumulate = true;
+             ST((*mm)->run(m, st));
+           }},
+      };
+      variant(normed, 0, "chain + pdl, norms in products, per layer", "qkv_norm_rope_us",
+              "chain_pdl_norm_in_products_us_per_layer");
+      const double t_gu =
+          time_us(st, 32, [&](int i) { normed[3].second(wts[static_cast<size_t>(i) % 2]); });
+      fmt::print("{:<34} {:>10.1f}\n", normed[3].first, t_gu);
+      ljs["gate_up_norm_swiglu_us"] = t_gu;
     }
     // What each kernel's place in the chain costs: the chain (with pdl) without it. The
     // results are wrong; the time is what the kernel adds to the layer.

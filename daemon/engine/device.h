@@ -173,7 +173,7 @@ class Device {
   /// y = rmsnorm(x) * w, `rows` rows of `dim`.
   virtual Status rmsnorm(const Buffer& x, const Buffer& w, const Buffer& y, int rows, int dim,
                          float eps) = 0;
-  /// x += delta (+ bias per column, when not empty); then, when w is not empty,
+  /// x += delta (+ bias per column) when delta is not empty; then, when w is not empty,
   /// y = rmsnorm(x) * w. `rows` rows of `dim`.
   virtual Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias,
                              const Buffer& w, const Buffer& y, int rows, int dim, float eps) = 0;
@@ -217,27 +217,54 @@ class Device {
       SPARK_TRY(linear(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out));
     return Status::Ok();
   }
-  /// The q, k, v products over x (parts: q, k, v), then rope_kv_write() on their outputs,
-  /// what a layer does before attention. A device may rotate and write the cache in the
-  /// products' epilogue, with the same results. By default linear_group(), then
-  /// rope_kv_write().
-  virtual Status linear_group_rope_kv_write(const Buffer& x, const LinearPart* qkv, int rows,
+  /// The input of a product that a norm precedes, as a layer's two norms do: x += delta
+  /// (+ bias per column) when delta is not empty, then the product reads rmsnorm(x) * w
+  /// ([rows][in], in = the product's input width). `normed` holds that input where the
+  /// device runs the norm as its own pass (by default: add_rmsnorm() into it); a device may
+  /// instead normalise inside the product and leave `normed` unwritten.
+  struct PreNorm {
+    const Buffer* x = nullptr;
+    const Buffer* delta = nullptr;  // empty buffer: no add
+    const Buffer* bias = nullptr;   // empty buffer: no bias
+    const Buffer* w = nullptr;
+    const Buffer* normed = nullptr;
+    float eps = 0.f;
+  };
+  /// The pass a PreNorm stands for, into `normed`.
+  Status pre_norm(const PreNorm& in, int rows, int dim) {
+    return add_rmsnorm(*in.x, *in.delta, *in.bias, *in.w, *in.normed, rows, dim, in.eps);
+  }
+  /// The q, k, v products over the normalised input (parts: q, k, v), then rope_kv_write()
+  /// on their outputs, what a layer does before attention. A device may normalise inside
+  /// the products and rotate and write the cache in their epilogue. By default pre_norm(),
+  /// linear_group(), then rope_kv_write().
+  virtual Status linear_group_rope_kv_write(const PreNorm& x, const LinearPart* qkv, int rows,
                                             int in, int heads, int kv_heads, int head_dim,
                                             const Buffer& inv_freq, const Buffer& q_norm,
                                             const Buffer& k_norm, float eps,
                                             const KVLayerView& kv) {
-    SPARK_TRY(linear_group(x, qkv, 3, rows, in));
+    SPARK_TRY(pre_norm(x, rows, in));
+    SPARK_TRY(linear_group(*x.normed, qkv, 3, rows, in));
     return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                          q_norm, k_norm, eps, kv);
   }
-  /// y = swiglu(x * w^T (+ b)) for the fused [gate | up] weight w (2 * inter rows);
-  /// gate_up ([rows][2 * inter]) is scratch that a device fusing the two may leave unused.
-  /// By default linear() into gate_up, then swiglu().
-  virtual Status linear_swiglu(const Buffer& x, const Buffer& w, const Buffer& b,
+  /// y = swiglu(normalised x * w^T (+ b)) for the fused [gate | up] weight w (2 * inter
+  /// rows); gate_up ([rows][2 * inter]) is scratch that a device fusing the two may leave
+  /// unused. By default pre_norm(), linear() into gate_up, then swiglu().
+  virtual Status linear_swiglu(const PreNorm& x, const Buffer& w, const Buffer& b,
                                const Buffer& gate_up, const Buffer& y, int rows, int in,
                                int inter) {
-    SPARK_TRY(linear(x, w, b, gate_up, rows, in, 2 * inter));
+    SPARK_TRY(pre_norm(x, rows, in));
+    SPARK_TRY(linear(*x.normed, w, b, gate_up, rows, in, 2 * inter));
     return swiglu(gate_up, y, rows, inter);
+  }
+  /// y += x * w^T (+ b): a product added into the residual stream. `scratch` ([rows][out])
+  /// holds the product where the device does not add it in the product's epilogue (by
+  /// default: linear() into scratch, then add_rmsnorm() without a norm).
+  virtual Status linear_add(const Buffer& x, const Buffer& w, const Buffer& b,
+                            const Buffer& scratch, const Buffer& y, int rows, int in, int out) {
+    SPARK_TRY(linear(x, w, Buffer(), scratch, rows, in, out));
+    return add_rmsnorm(y, scratch, b, Buffer(), Buffer(), rows, out, 0.f);
   }
   /// y[r] = x[logit_rows[r]] (rows of `dim`).
   virtual Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) = 0;

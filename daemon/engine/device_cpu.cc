@@ -135,9 +135,13 @@ class CpuDevice final : public Device {
                      const Buffer& y, int rows, int dim, float eps) override {
     const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(dim);
     float* xs = f32(x);
-    const float* d = f32(delta);
     const float* b = f32_or_null(bias);
-    for (size_t i = 0; i < n; ++i) xs[i] += d[i] + (b ? b[i % static_cast<size_t>(dim)] : 0.0f);
+    if (!delta.empty()) {
+      const float* d = f32(delta);
+      for (size_t i = 0; i < n; ++i) xs[i] += d[i] + (b ? b[i % static_cast<size_t>(dim)] : 0.0f);
+    } else if (b) {
+      for (size_t i = 0; i < n; ++i) xs[i] += b[i % static_cast<size_t>(dim)];
+    }
     if (!w.empty()) return rmsnorm(x, w, y, rows, dim, eps);
     return Status::Ok();
   }

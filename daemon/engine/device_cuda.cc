@@ -123,6 +123,10 @@ class CudaDevice final : public Device {
     // what it saves, or to rule it out).
     const char* pdl = std::getenv("SPARK_CUDA_PDL");
     d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
+    // SPARK_CUDA_NORM_IN_PRODUCT=0 runs the layer's norms as their own pass at decode rows
+    // too (the same comparison).
+    const char* nip = std::getenv("SPARK_CUDA_NORM_IN_PRODUCT");
+    d->norm_in_products_ = !(nip && std::string_view(nip) == "0");
     d->short_cap_ = short_cap;
     return std::shared_ptr<Device>(d);
   }
@@ -347,13 +351,18 @@ class CudaDevice final : public Device {
 
   Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias, const Buffer& w,
                      const Buffer& y, int rows, int dim, float eps) override {
+    // The bias joins delta (or x, without one) first.
     if (!bias.empty())
-      SPARK_TRY(kernels::bias_add_cuda_device(kernels::DType::bf16, delta.data(), bias.data(),
-                                              static_cast<size_t>(rows), static_cast<size_t>(dim),
-                                              stream_));
-    return kernels::add_rmsnorm_cuda_device(kernels::DType::bf16, x.data(), delta.data(), w.data(),
-                                            y.data(), static_cast<size_t>(rows),
-                                            static_cast<size_t>(dim), eps, stream_);
+      SPARK_TRY(kernels::bias_add_cuda_device(
+          kernels::DType::bf16, delta.empty() ? x.data() : delta.data(), bias.data(),
+          static_cast<size_t>(rows), static_cast<size_t>(dim), stream_));
+    if (w.empty()) {
+      if (delta.empty()) return Status::Ok();
+      return make_error(Errc::internal, "add_rmsnorm on CUDA: a residual add without a norm");
+    }
+    return kernels::add_rmsnorm_cuda_device(
+        kernels::DType::bf16, x.data(), delta.empty() ? nullptr : delta.data(), w.data(), y.data(),
+        static_cast<size_t>(rows), static_cast<size_t>(dim), eps, stream_);
   }
 
   Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
@@ -404,16 +413,47 @@ class CudaDevice final : public Device {
     return kernels::matmul_own_group_cuda_device(a, n, stream_);
   }
 
-  Status linear_group_rope_kv_write(const Buffer& x, const LinearPart* qkv, int rows, int in,
+  // Whether the own kernel's streaming form normalises inside the products (1-2 rows, the
+  // residual add already done: a norm with an add first needs the whole row before any
+  // product starts, which is the separate pass).
+  bool norm_in_product(const PreNorm& in, int rows) const {
+    return norm_in_products_ && rows <= 2 && in.delta->empty() && in.bias->empty() &&
+           in.w->type() == ElemType::bf16 && aligned16(*in.w) && aligned16(*in.x);
+  }
+  // The products' input for `in`: x itself with the norm set in each product, or the
+  // separate pass's output.
+  Result<const Buffer*> product_input(const PreNorm& in, int rows, int dim, kernels::MatmulArgs* a,
+                                      int n) {
+    if (!norm_in_product(in, rows)) {
+      SPARK_TRY(pre_norm(in, rows, dim));
+      for (int i = 0; i < n; ++i) a[i].a = in.normed->data();
+      return in.normed;
+    }
+    for (int i = 0; i < n; ++i) {
+      a[i].a = in.x->data();
+      a[i].norm_w = in.w->data();
+      a[i].norm_eps = in.eps;
+    }
+    return in.x;
+  }
+
+  Status linear_group_rope_kv_write(const PreNorm& x, const LinearPart* qkv, int rows, int in,
                                     int heads, int kv_heads, int head_dim, const Buffer& inv_freq,
                                     const Buffer& q_norm, const Buffer& k_norm, float eps,
                                     const KVLayerView& kv) override {
-    // Decode rows without per-head norms: RoPE and the KV write in the products' epilogue
-    // (one launch less per layer); otherwise the products, then rope_kv_write.
+    // Decode rows: the input norm inside the products, and without per-head norms RoPE and
+    // the KV write in their epilogue (two launches fewer per layer); otherwise the norm's
+    // pass, the products, then rope_kv_write.
     kernels::MatmulArgs a[3];
-    if (rows > 2 || !q_norm.empty() || !k_norm.empty() || !own_group(x, qkv, 3, rows, in, a))
+    if (rows > 2 || !own_group(*x.x, qkv, 3, rows, in, a))
       return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
                                                 inv_freq, q_norm, k_norm, eps, kv);
+    SPARK_TRY(product_input(x, rows, in, a, 3).status());
+    if (!q_norm.empty() || !k_norm.empty()) {
+      SPARK_TRY(kernels::matmul_own_group_cuda_device(a, 3, stream_));
+      return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
+                           q_norm, k_norm, eps, kv);
+    }
     return kernels::matmul_qkv_rope_cuda_device(
         a,
         rope_kv_args(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq, q_norm,
@@ -421,17 +461,30 @@ class CudaDevice final : public Device {
         stream_);
   }
 
-  Status linear_swiglu(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& gate_up,
+  Status linear_swiglu(const PreNorm& x, const Buffer& w, const Buffer& b, const Buffer& gate_up,
                        const Buffer& y, int rows, int in, int inter) override {
-    // SwiGLU in the product's epilogue where the own kernel is the faster product; where
-    // cuBLASLt is (large weights), its product and a separate SwiGLU.
+    // SwiGLU in the product's epilogue (and at 1-2 rows the norm inside it) where the own
+    // kernel is the faster product; where cuBLASLt is (large weights), the norm's pass,
+    // its product and a separate SwiGLU.
     if (mm_->choose(static_cast<size_t>(rows), 2 * static_cast<size_t>(inter),
                     static_cast<size_t>(in)) != kernels::MatmulBackend::own ||
-        in % 8 != 0 || y.type() != ElemType::bf16 || !aligned16(x) || !aligned16(w))
+        in % 8 != 0 || y.type() != ElemType::bf16 || !aligned16(*x.x) || !aligned16(*x.normed) ||
+        !aligned16(w))
       return Device::linear_swiglu(x, w, b, gate_up, y, rows, in, inter);
-    kernels::MatmulArgs a = product(x, w, b, y, rows, in, inter);
+    kernels::MatmulArgs a = product(*x.x, w, b, y, rows, in, inter);
     a.swiglu = true;
+    SPARK_TRY(product_input(x, rows, in, &a, 1).status());
     return kernels::matmul_own_cuda_device(a, stream_);
+  }
+
+  Status linear_add(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& scratch,
+                    const Buffer& y, int rows, int in, int out) override {
+    // The product's epilogue adds it (and the bias) into y: the own kernel reads y's old
+    // values before its product ends, cuBLASLt with beta = 1.
+    (void)scratch;
+    kernels::MatmulArgs a = product(x, w, b, y, rows, in, out);
+    a.accumulate = true;
+    return mm_->run(a, stream_);
   }
 
   kernels::RopeArgs rope_args(const Buffer& q, const Buffer& k, int heads, int kv_heads,
@@ -747,6 +800,7 @@ class CudaDevice final : public Device {
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
   bool pdl_ = false;  // programmatic dependent launch for the step's kernels
+  bool norm_in_products_ = true;  // decode rows: the layer's norms inside the products
   int short_cap_ = -1;  // SPARK_CUDA_SHORT_ATTENTION: short-context attention's cap, -1 none
   StepLayout step_;
   MetaLayout meta_;

@@ -481,28 +481,40 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
   const Buffer none;
 
   SPARK_TRY(dev.embed(embed_, x, H));
-  SPARK_TRY(dev.rmsnorm(x, layers_[0].in_norm, h, T, H, eps));
+  // The residual stream x: at one rank the o and down products add themselves into it in
+  // their epilogue (linear_add), so the norm after each needs no add and a device can
+  // normalise inside the next product; across ranks each product's all-reduce comes first,
+  // and the norm's pass adds the reduced sum (and the bias).
+  const bool one_rank = comm.world_size() == 1;
+  Device::PreNorm pre{&x, &none, &none, &layers_[0].in_norm, &h, eps};
+  auto residual_product = [&](const Buffer& in, const Buffer& w, const Buffer& b, int in_w,
+                              const Buffer& norm_w) -> Status {
+    if (one_rank) {
+      SPARK_TRY(dev.linear_add(in, w, b, o, x, T, in_w, H));
+      pre = {&x, &none, &none, &norm_w, &h, eps};
+      return Status::Ok();
+    }
+    SPARK_TRY(dev.linear(in, w, none, o, T, in_w, H));
+    SPARK_TRY(dev.all_reduce(comm, o));
+    pre = {&x, &o, &b, &norm_w, &h, eps};
+    return Status::Ok();
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const auto& L = layers_[static_cast<size_t>(l)];
     const Device::LinearPart qkv[] = {
         {&L.wq, &L.bq, &q, qw}, {&L.wk, &L.bk, &k, kw}, {&L.wv, &L.bv, &v, kw}};
     const KVLayerView kv = cache.view(l);
-    SPARK_TRY(dev.linear_group_rope_kv_write(h, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
+    SPARK_TRY(dev.linear_group_rope_kv_write(pre, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
                                              L.k_norm, eps, kv));
     SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
-    SPARK_TRY(dev.linear(att, L.wo, none, o, T, qw, H));
-    SPARK_TRY(dev.all_reduce(comm, o));
-    SPARK_TRY(dev.add_rmsnorm(x, o, L.bo, L.post_norm, h, T, H, eps));
-    SPARK_TRY(dev.linear_swiglu(h, L.w_gate_up, L.b_gate_up, gu, act, T, H, inter));
-    SPARK_TRY(dev.linear(act, L.w_down, none, o, T, inter, H));
-    SPARK_TRY(dev.all_reduce(comm, o));
-    // The residual add, then the next layer's input norm (after the last layer, the final
-    // norm) in the same pass.
+    SPARK_TRY(residual_product(att, L.wo, L.bo, qw, L.post_norm));
+    SPARK_TRY(dev.linear_swiglu(pre, L.w_gate_up, L.b_gate_up, gu, act, T, H, inter));
+    // After the last layer, the final norm.
     const bool last = l + 1 == c.num_layers;
-    SPARK_TRY(dev.add_rmsnorm(x, o, L.b_down,
-                              last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm, h,
-                              T, H, eps));
+    SPARK_TRY(residual_product(act, L.w_down, L.b_down, inter,
+                               last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm));
   }
+  SPARK_TRY(dev.pre_norm(pre, T, H));
   if (!want) return Status::Ok();  // a worker beside a replicated lm_head: rank 0 samples
   const int R = static_cast<int>(st.logit_rows.size());
   if (R == 0) return Status::Ok();

@@ -454,34 +454,96 @@ TEST_CASE("engine: requests that cannot fit are refused with a reason") {
 }
 
 namespace {
-// Fault injection (a test double): a world of one whose all_reduce fails from call N on.
-class FailingCollectiveForTest final : public Collective {
+// Fault injection (a test double): the CPU device, whose begin_step() fails from call N on
+// (a device that broke mid-run) or first sleeps `ms` (a slow step). Every other call goes
+// to the CPU device unchanged.
+class DeviceFaultsForTest final : public Device {
  public:
-  explicit FailingCollectiveForTest(int fail_from) : fail_from_(fail_from) {}
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  Status all_reduce_sum(float*, size_t) override {
-    if (++calls_ >= fail_from_) return make_error(Errc::network, "injected: peer rank 1 vanished");
-    return Status::Ok();
+  DeviceFaultsForTest(int fail_from, int ms) : fail_from_(fail_from), ms_(ms) {}
+  const DeviceInfo& info() const override { return cpu_->info(); }
+  ElemType compute_type() const override { return cpu_->compute_type(); }
+  Result<Buffer> alloc(ElemType type, size_t numel) override { return cpu_->alloc(type, numel); }
+  Status upload(const Buffer& dst, const void* src, DType src_type) override {
+    return cpu_->upload(dst, src, src_type);
   }
-  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
-  Status barrier() override { return Status::Ok(); }
+  Result<Buffer> host_staging(size_t bytes) override { return cpu_->host_staging(bytes); }
+  size_t preferred_staging_bytes() const override { return cpu_->preferred_staging_bytes(); }
+  Status zero(const Buffer& dst) override { return cpu_->zero(dst); }
+  Status to_host(const Buffer& src, float* dst, size_t n) override {
+    return cpu_->to_host(src, dst, n);
+  }
+  Result<uint64_t> available_bytes() override { return cpu_->available_bytes(); }
+  Status begin_step(const StepLayout& step) override {
+    if (fail_from_ > 0 && ++steps_ >= fail_from_)
+      return make_error(Errc::internal,
+                        "injected: the device failed at step " + std::to_string(steps_));
+    if (ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
+    return cpu_->begin_step(step);
+  }
+  Status embed(const Buffer& table, const Buffer& x, int dim) override {
+    return cpu_->embed(table, x, dim);
+  }
+  Status rmsnorm(const Buffer& x, const Buffer& w, const Buffer& y, int rows, int dim,
+                 float eps) override {
+    return cpu_->rmsnorm(x, w, y, rows, dim, eps);
+  }
+  Status add_rmsnorm(const Buffer& x, const Buffer& delta, const Buffer& bias, const Buffer& w,
+                     const Buffer& y, int rows, int dim, float eps) override {
+    return cpu_->add_rmsnorm(x, delta, bias, w, y, rows, dim, eps);
+  }
+  Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
+                int in, int out) override {
+    return cpu_->linear(x, w, b, y, rows, in, out);
+  }
+  Status rope_qk(const Buffer& q, const Buffer& k, int heads, int kv_heads, int head_dim,
+                 const Buffer& inv_freq, const Buffer& q_norm, const Buffer& k_norm,
+                 float eps) override {
+    return cpu_->rope_qk(q, k, heads, kv_heads, head_dim, inv_freq, q_norm, k_norm, eps);
+  }
+  Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {
+    return cpu_->kv_write(kv, k, v);
+  }
+  Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                   float scale, int window) override {
+    return cpu_->attention(kv, q, out, heads, scale, window);
+  }
+  Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
+    return cpu_->swiglu(gate_up, y, rows, dim);
+  }
+  Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) override {
+    return cpu_->gather_logit_rows(x, y, dim);
+  }
+  Status all_reduce(Collective& comm, const Buffer& x) override {
+    return cpu_->all_reduce(comm, x);
+  }
+  Status all_gather_columns(Collective& comm, const Buffer& local, const Buffer& scratch,
+                            const Buffer& out, int rows, int cols) override {
+    return cpu_->all_gather_columns(comm, local, scratch, out, rows, cols);
+  }
+  Status synchronize() override { return cpu_->synchronize(); }
 
  private:
-  int fail_from_;
-  int calls_ = 0;
+  std::shared_ptr<Device> cpu_ = make_cpu_device();
+  int fail_from_, ms_;
+  int steps_ = 0;
 };
+
+std::unique_ptr<Model> model_on(const std::string& dir, std::shared_ptr<Device> dev) {
+  auto m = Model::load(dir, 0, 1, std::move(dev));
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  return std::move(*m);
+}
 }  // namespace
 
 TEST_CASE("engine: a failing step ends in-flight requests with an error and refuses new ones") {
   Fixture fx;
-  auto m = fx.model();
+  auto m = model_on(fx.dir.path(), std::make_shared<DeviceFaultsForTest>(20, 0));
   const int V = m->config().vocab_size;
-  auto eng = Engine::start(std::move(m), std::make_shared<FailingCollectiveForTest>(40), {});
+  auto eng = Engine::start(std::move(m), std::make_shared<LocalCollective>(), {});
   REQUIRE(eng.ok());
   auto r = generate_blocking(**eng, prompt_of(8, 1, V), greedy(100), 20000);
   REQUIRE_FALSE(r.ok());
-  CHECK(r.error().message.find("peer rank 1 vanished") != std::string::npos);
+  CHECK(r.error().message.find("injected: the device failed at step 20") != std::string::npos);
   auto st = (*eng)->stats();
   CHECK(st.failed);
   auto again = (*eng)->submit({prompt_of(8, 1, V), greedy(4), [](const TokenEvent&) {}});
@@ -489,30 +551,11 @@ TEST_CASE("engine: a failing step ends in-flight requests with an error and refu
   CHECK(again.error().message.find("engine failed") != std::string::npos);
 }
 
-namespace {
-// Fault injection (a test double): a world of one whose all_reduce takes `ms` (a slow peer).
-class SlowCollectiveForTest final : public Collective {
- public:
-  explicit SlowCollectiveForTest(int ms) : ms_(ms) {}
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  Status all_reduce_sum(float*, size_t) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms_));
-    return Status::Ok();
-  }
-  Status broadcast(void*, size_t, int) override { return Status::Ok(); }
-  Status barrier() override { return Status::Ok(); }
-
- private:
-  int ms_;
-};
-}  // namespace
-
 TEST_CASE("engine: stats show how long the running step has taken (stall detection)") {
   Fixture fx;
-  auto m = fx.model();
+  auto m = model_on(fx.dir.path(), std::make_shared<DeviceFaultsForTest>(0, 80));
   const int V = m->config().vocab_size;
-  auto eng = Engine::start(std::move(m), std::make_shared<SlowCollectiveForTest>(40), {});
+  auto eng = Engine::start(std::move(m), std::make_shared<LocalCollective>(), {});
   REQUIRE(eng.ok());
   CHECK((*eng)->stats().step_running_ms == 0);
   std::atomic<bool> done{false};
@@ -526,7 +569,7 @@ TEST_CASE("engine: stats show how long the running step has taken (stall detecti
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   t.join();
-  CHECK(seen >= 50);  // each step does 2 layers x 2 all_reduces of 40 ms
+  CHECK(seen >= 50);  // each step's begin_step sleeps 80 ms
   // The result is handed over from inside the last step, which then ends on the engine
   // thread: back to 0 once it has (a slow machine or qemu widens that gap to 200 ms), and
   // never if the age were not reset.

@@ -1227,6 +1227,149 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
+TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against the twin") {
+  if (test::skip_without_cuda()) return;
+  auto mm = Matmul::create();
+  REQUIRE_MESSAGE(mm.ok(), mm.error().message);
+  std::mt19937 rng(test::fresh_seed("matmul norm"));
+  // The twin (matmul_norm_ref) scales each row of a by 1 / rms and by norm_w in double and
+  // takes the product of those unrounded values. The kernel: a * norm_w rounded to fp32
+  // (2^-24 relative a term), the fp32 FMA chain (gamma_k of sum|a r nw w|), the sum of
+  // squares in fp32 (gamma_k relative, half of it in the root), rsqrtf (2 ulp) and the
+  // scaling (1 ulp): |err| <= (1.5 k + 8) 2^-24 mag, plus the bias and the old output's
+  // magnitudes in the same way, plus one ulp of a bf16 result.
+  struct Shape {
+    size_t m, n, k;
+  } shapes[] = {{1, 4096, 4096}, {2, 1000, 896},  {3, 77, 264},  {4, 129, 2056},
+                {1, 1, 8},       {2, 333, 14336}, {1, 28672, 64}};
+  const OwnVariant forms[] = {OwnVariant::automatic, OwnVariant::gemv_r1_u8, OwnVariant::gemv_r1_u4,
+                              OwnVariant::gemv_r2_u4, OwnVariant::gemv_r2_u8};
+  for (auto sh : shapes)
+    for (auto ot : kTypes)
+      for (OwnVariant form : forms)
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool with_bias = mode & 1, acc = mode & 2;
+          if (form != OwnVariant::automatic && sh.n * sh.k > 2000000 && mode != 3) continue;
+          CAPTURE(sh.m);
+          CAPTURE(sh.n);
+          CAPTURE(sh.k);
+          CAPTURE(std::string(dtype_name(ot)));
+          CAPTURE(std::string(own_variant_name(form)));
+          CAPTURE(with_bias);
+          CAPTURE(acc);
+          // A residual row with a large mean square, as a layer's are.
+          auto a = as_stored(randoms(rng, sh.m * sh.k, -8, 8), DType::bf16);
+          auto nw = as_stored(randoms(rng, sh.k, 0.5f, 1.5f), DType::bf16);
+          auto w = as_stored(randoms(rng, sh.n * sh.k, -1, 1), DType::bf16);
+          auto bias = as_stored(randoms(rng, sh.n, -1, 1), DType::bf16);
+          auto out0 = as_stored(randoms(rng, sh.m * sh.n, -1, 1), ot);
+          const float eps = 1e-5f;
+          auto ref = out0;
+          matmul_norm_ref(a.data(), nw.data(), eps, w.data(), ref.data(), sh.m, sh.n, sh.k,
+                          with_bias ? bias.data() : nullptr, acc, ot);
+          auto da = to_dev(a, DType::bf16), dnw = to_dev(nw, DType::bf16),
+               dw = to_dev(w, DType::bf16), db = to_dev(bias, DType::bf16);
+          Dev dout = acc ? to_dev(out0, ot) : poisoned(sh.m * sh.n, ot);
+          MatmulArgs args;
+          args.a = da.get(), args.lda = sh.k, args.w = dw.get(), args.ldw = sh.k;
+          args.out = dout.get(), args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m;
+          args.n = sh.n, args.k = sh.k, args.bias = with_bias ? db.get() : nullptr;
+          args.accumulate = acc, args.norm_w = dnw.get(), args.norm_eps = eps;
+          set_programmatic_launch(mode == 3);
+          auto s = form == OwnVariant::automatic
+                       ? (*mm)->run(args, nullptr)
+                       : matmul_own_group_cuda_device(&args, 1, nullptr, form);
+          set_programmatic_launch(false);
+          REQUIRE_MESSAGE(s.ok(), s.message());
+          REQUIRE(cuda_synchronize().ok());
+          auto got = from_dev(dout);
+          std::vector<double> rinv(sh.m);
+          for (size_t i = 0; i < sh.m; ++i) {
+            double ss = 0;
+            for (size_t t = 0; t < sh.k; ++t)
+              ss += static_cast<double>(a[i * sh.k + t]) * a[i * sh.k + t];
+            rinv[i] = 1.0 / std::sqrt(ss / static_cast<double>(sh.k) + eps);
+          }
+          auto bound = [&](size_t idx) {
+            const size_t i = idx / sh.n, j = idx % sh.n;
+            double mag = 0;
+            for (size_t t = 0; t < sh.k; ++t)
+              mag += std::fabs(static_cast<double>(a[i * sh.k + t]) * nw[t] * w[j * sh.k + t]);
+            mag *= rinv[i];
+            double rest = 0;
+            if (with_bias) rest += std::fabs(bias[j]);
+            if (acc) rest += std::fabs(out0[idx]);
+            return (1.5 * static_cast<double>(sh.k) + 8) * 0x1p-24 * (mag + rest) +
+                   (ot == DType::bf16 ? bf16_ulp(ref[idx]) : 0.0);
+          };
+          size_t bad = 0;
+          double err = 0;
+          const size_t stride = sh.m * sh.n > 2000000 ? 97 : 1;
+          for (size_t idx = 0; idx < ref.size(); idx += stride) {
+            const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
+            if (!(e <= bound(idx))) ++bad;
+            err = std::isnan(e) ? INFINITY : std::max(err, e);
+          }
+          size_t unwritten = 0;
+          for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+          CHECK(bad == 0);
+          CHECK(unwritten == 0);
+
+          // SwiGLU over the normalised input: a [gate | up] weight of 2 n rows.
+          if (acc || sh.n * sh.k > 20000000) continue;
+          auto wgu = as_stored(randoms(rng, 2 * sh.n * sh.k, -1, 1), DType::bf16);
+          auto bgu = as_stored(randoms(rng, 2 * sh.n, -1, 1), DType::bf16);
+          std::vector<float> gu(sh.m * 2 * sh.n), yref(sh.m * sh.n);
+          matmul_norm_ref(a.data(), nw.data(), eps, wgu.data(), gu.data(), sh.m, 2 * sh.n, sh.k,
+                          with_bias ? bgu.data() : nullptr, false, ot);
+          swiglu_ref(gu.data(), yref.data(), sh.m, sh.n);
+          for (auto& f : yref) f = round_to(ot, f);
+          auto dwgu = to_dev(wgu, DType::bf16), dbgu = to_dev(bgu, DType::bf16);
+          auto dy = poisoned(sh.m * sh.n, ot);
+          MatmulArgs x = args;
+          x.w = dwgu.get(), x.out = dy.get(), x.accumulate = false, x.swiglu = true;
+          x.bias = with_bias ? dbgu.get() : nullptr;
+          s = form == OwnVariant::automatic ? (*mm)->run(x, nullptr)
+                                            : matmul_own_group_cuda_device(&x, 1, nullptr, form);
+          REQUIRE_MESSAGE(s.ok(), s.message());
+          REQUIRE(cuda_synchronize().ok());
+          auto gy = from_dev(dy);
+          auto mag_of = [&](size_t i, size_t row) {
+            double mag = 0;
+            for (size_t t = 0; t < sh.k; ++t)
+              mag += std::fabs(static_cast<double>(a[i * sh.k + t]) * nw[t] * wgu[row * sh.k + t]);
+            return mag * rinv[i] + (with_bias ? std::fabs(bgu[row]) : 0.0);
+          };
+          auto sbound = [&](size_t idx) {
+            const size_t i = idx / sh.n, j = idx % sh.n, n = sh.n;
+            const double g = gu[i * 2 * n + j], u = gu[i * 2 * n + n + j];
+            const double f = (1.5 * static_cast<double>(sh.k) + 8) * 0x1p-24;
+            const double eg = f * mag_of(i, j) + (ot == DType::bf16 ? bf16_ulp(g) : 0.0);
+            const double eu = f * mag_of(i, n + j) + (ot == DType::bf16 ? bf16_ulp(u) : 0.0);
+            const double silu = g / (1 + std::exp(-g));
+            return 1.1 * std::fabs(u) * eg + std::fabs(silu) * eu + 1e-6 * std::fabs(yref[idx]) +
+                   (ot == DType::bf16 ? 2 * bf16_ulp(yref[idx]) : 0.0);
+          };
+          CHECK(outside(gy, yref, sbound, &err) == 0);
+        }
+  // The norm needs the streaming form, and says so.
+  auto da = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(8 * 64, 0));
+  auto dw = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(64 * 64, 0));
+  auto dnw = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(64, 0));
+  auto dy = DeviceBuf<bf16_bits>::poisoned(8 * 64);
+  MatmulArgs m;
+  m.a = da.get(), m.lda = 64, m.w = dw.get(), m.ldw = 64, m.out = dy.get(), m.ldo = 64;
+  m.m = 2, m.n = 64, m.k = 64, m.norm_w = dnw.get(), m.norm_eps = 1e-5f;
+  CHECK(matmul_own_group_cuda_device(&m, 1, nullptr, OwnVariant::mma)
+            .message()
+            .find("streaming form") != std::string::npos);
+  m.m = 8;
+  CHECK((*mm)->run(m, nullptr).message().find("at most 4 rows") != std::string::npos);
+  m.m = 2, m.norm_eps = -1;
+  CHECK((*mm)->run(m, nullptr).message().find("norm eps") != std::string::npos);
+  REQUIRE(cuda_synchronize().ok());
+}
+
 TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit for bit") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("qkv rope"));
@@ -1241,9 +1384,13 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
   const int slots_n = 64;
   for (const auto& c : cases)
     for (auto t : kTypes)
-      for (int mode = 0; mode < 4; ++mode) {
-        const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3;
+      for (int mode = 0; mode < 6; ++mode) {
+        // Modes 4 and 5: the input norm inside the products too (the reference group then
+        // normalises as well).
+        const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3 || mode == 5,
+                   norm = mode >= 4;
         const DType ct = f32_cache ? DType::f32 : DType::bf16;
+        CAPTURE(norm);
         CAPTURE(c.nh);
         CAPTURE(c.hd);
         CAPTURE(c.m);
@@ -1254,6 +1401,7 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
                                  static_cast<size_t>(c.nkv * c.hd),
                                  static_cast<size_t>(c.nkv * c.hd)};
         auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
+        auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
         std::vector<Dev> dw, db;
         for (int i = 0; i < 3; ++i) {
           dw.push_back(to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16),
@@ -1286,6 +1434,7 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
             a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = t, a[i].ldo = width[i];
             a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
             a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
+            if (norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
           }
         };
         auto rope_for = [&](Out& o) {

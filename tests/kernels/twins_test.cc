@@ -355,6 +355,20 @@ TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
   std::vector<float> x = {1, 2}, wt = {3, 4, 5, 6}, o = {10, 20}, bias = {1, -1};
   matmul_ref(x.data(), wt.data(), o.data(), 1, 2, 2, bias.data(), true, DType::f32);
   CHECK(o == std::vector<float>{10 + 11 + 1, 20 + 17 - 1});
+  // The product over a normalised row: rows [3, 4] (rms 3.5355) and [0, 2] (rms sqrt 2),
+  // norm weights [2, 0.5], eps 0: the inputs [1.697, 0.566] and [0, 0.707].
+  std::vector<float> xr = {3, 4, 0, 2}, nw = {2, 0.5f}, on(4, 0.f);
+  matmul_norm_ref(xr.data(), nw.data(), 0.f, wt.data(), on.data(), 2, 2, 2, nullptr, false,
+                  DType::f32);
+  const double r0 = 1 / std::sqrt(12.5), r1 = 1 / std::sqrt(2.0);
+  CHECK(on[0] == doctest::Approx(3 * 2 * r0 * 3 + 4 * 0.5 * r0 * 4).epsilon(1e-6));
+  CHECK(on[1] == doctest::Approx(3 * 2 * r0 * 5 + 4 * 0.5 * r0 * 6).epsilon(1e-6));
+  CHECK(on[2] == doctest::Approx(2 * 0.5 * r1 * 4).epsilon(1e-6));
+  CHECK(on[3] == doctest::Approx(2 * 0.5 * r1 * 6).epsilon(1e-6));
+  a.lda = 8, a.norm_w = &dummy, a.m = 5;
+  CHECK(matmul_check_args(a).message().find("at most 4 rows") != std::string::npos);
+  a.m = 1, a.norm_eps = NAN;
+  CHECK(matmul_check_args(a).message().find("norm eps") != std::string::npos);
 
   RopeArgs r;
   r.head_dim = 7;
