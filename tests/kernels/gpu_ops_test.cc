@@ -126,6 +126,23 @@ size_t outside(const std::vector<float>& got, const std::vector<float>& ref, Bou
 
 const DType kTypes[] = {DType::f32, DType::bf16};
 
+// A product's outputs against the twin within bound(i) (every element; of the largest
+// outputs, where checking each costs seconds, every 97th), and none left unwritten.
+template <typename Bound>
+void check_products(const std::vector<float>& got, const std::vector<float>& ref, size_t elems,
+                    Bound bound) {
+  size_t bad = 0;
+  const size_t stride = elems > 2000000 ? 97 : 1;
+  for (size_t idx = 0; idx < ref.size(); idx += stride) {
+    const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
+    if (!(e <= bound(idx))) ++bad;
+  }
+  size_t unwritten = 0;
+  for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+  CHECK(bad == 0);
+  CHECK(unwritten == 0);
+}
+
 // The 32k-token cases take long under compute-sanitizer: SPARK_TEST_NO_LARGE=1 leaves them
 // out there (and says so).
 bool large_cases() {
@@ -1190,7 +1207,6 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
           auto got = from_dev(dout);
-          double err = 0;
           const int epilogue_roundings =
               be == MatmulBackend::cublaslt && ot == DType::bf16 ? int{with_bias} + int{acc} : 0;
           auto bound = [&](size_t idx) {
@@ -1204,19 +1220,7 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
                    (ot == DType::bf16 ? bf16_ulp(ref[idx]) : 0.0) +
                    epilogue_roundings * bf16_ulp(mag);
           };
-          // Checking every element of the largest shapes costs seconds: sample rows there.
-          size_t bad = 0;
-          err = 0;
-          const size_t stride = sh.m * sh.n > 2000000 ? 97 : 1;
-          for (size_t idx = 0; idx < ref.size(); idx += stride) {
-            const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
-            if (!(e <= bound(idx))) ++bad;
-            err = std::isnan(e) ? INFINITY : std::max(err, e);
-          }
-          size_t unwritten = 0;
-          for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
-          CHECK(bad == 0);
-          CHECK(unwritten == 0);
+          check_products(got, ref, sh.m * sh.n, bound);
         }
   // The measured choice: own at 1-2 rows and on 4096 x 4096 up to 8, cuBLASLt elsewhere.
   CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
@@ -1302,18 +1306,8 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
             return (1.5 * static_cast<double>(sh.k) + 8) * 0x1p-24 * (mag + rest) +
                    (ot == DType::bf16 ? bf16_ulp(ref[idx]) : 0.0);
           };
-          size_t bad = 0;
+          check_products(got, ref, sh.m * sh.n, bound);
           double err = 0;
-          const size_t stride = sh.m * sh.n > 2000000 ? 97 : 1;
-          for (size_t idx = 0; idx < ref.size(); idx += stride) {
-            const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
-            if (!(e <= bound(idx))) ++bad;
-            err = std::isnan(e) ? INFINITY : std::max(err, e);
-          }
-          size_t unwritten = 0;
-          for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
-          CHECK(bad == 0);
-          CHECK(unwritten == 0);
 
           // SwiGLU over the normalised input: a [gate | up] weight of 2 n rows.
           if (acc || sh.n * sh.k > 20000000) continue;
