@@ -9,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -94,14 +97,34 @@ std::string assemble(std::string_view in) {
   return out;
 }
 
-std::string exchange(uint16_t port, const std::string& bytes) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  require(fd >= 0);
+// A connection to the server. Thousands of short connections a minute on a loaded machine
+// can run the loopback's ephemeral ports or the listen backlog out for a moment, so a failed
+// connect is retried for up to 5 s; a server that stays unreachable, or a process out of
+// descriptors, is a failure, reported with errno.
+int connect_to(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  require(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  int err = 0;
+  for (int attempt = 0; attempt < 250; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      std::fprintf(stderr, "fuzz_http: socket: %s\n", std::strerror(errno));
+      std::abort();
+    }
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    err = errno;
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "fuzz_http: connect to 127.0.0.1:%u for 5 s: %s\n", port,
+               std::strerror(err));
+  std::abort();
+}
+
+std::string exchange(uint16_t port, const std::string& bytes) {
+  int fd = connect_to(port);
   timeval tv{2, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
