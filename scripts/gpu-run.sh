@@ -34,6 +34,7 @@
 # "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
+# "engine-trace" (batch-1 decode's kernel timeline; ENGINE_TRACE_ENV),
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
@@ -54,7 +55,7 @@ declare -A BINARY_PATH=([sparkctl]=cli/sparkctl [sparkd]=daemon/sparkd
   [spark_unit_tests]=tests/spark_unit_tests [spark_hw_tests]=tests/spark_hw_tests
   [spark_kernel_tests]=tests/spark_kernel_tests
   [spark_fault_server]=tests/spark_fault_server [spark_kernel_bench]=bench/kernels/spark_kernel_bench
-  [spark-engine]=daemon/engine/spark-engine)
+  [spark-engine]=daemon/engine/spark-engine [spark_kernel_trace]=bench/libspark_kernel_trace.so)
 DEFAULT_TARGETS="sparkctl sparkd spark-engine spark_unit_tests spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"
 EXTRA_FILES=(tests/libfault_inject_libcuda.so tests/libfault_inject_libnccl.so tests/libfault_inject_libnvidia_ml.so)
 # Tools the stage benchmark needs that the GPU machine lacks (copied with their libraries).
@@ -248,6 +249,22 @@ device() {
     step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
     step engine-bench 420 "$dev/bin/spark-engine" gpubench --model "$ck" --json-out "$out/engine_bench.json"
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
+  fi
+  # The kernel timeline of batch-1 decode (needs spark_kernel_trace staged): gpubench's
+  # decode rows under the CUPTI injection library, then trace_summary.py's table per decode
+  # graph (step period, GPU idle between steps, what each kernel adds). ENGINE_TRACE_ENV:
+  # assignments for the traced run (e.g. "SPARK_CUDA_NORM_IN_PRODUCT=0").
+  if [[ $want == *" engine-trace "* ]]; then
+    local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
+    [ -f "$ck/config.json" ] ||
+      step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
+    # shellcheck disable=SC2086
+    step engine-trace 240 env ${ENGINE_TRACE_ENV:-} CUDA_INJECTION64_PATH="$dev/bin/libspark_kernel_trace.so" \
+      SPARK_TRACE_OUT="$out/engine-trace.csv" "$dev/bin/spark-engine" gpubench --model "$ck" \
+      --decode-only 1 --b1-runs 1 --json-out "$out/engine_trace_bench.json"
+    step trace-summary 120 python3 "$dev/engine/trace_summary.py" "$out/engine-trace.csv" \
+      --json "$out/engine_trace.json"
+    xz -T0 -1 "$out/engine-trace.csv" || true
   fi
   [[ $want == *" gpu-kernels "* ]] &&
     step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*}"
