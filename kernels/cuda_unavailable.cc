@@ -123,6 +123,9 @@ Status add_rmsnorm_cuda_device(DType dt, void* hidden, const void*, const void* 
 Status head_rmsnorm_cuda_device(DType, void*, size_t, size_t, int, int, const void*, float, void*) {
   return no_cuda("head_rmsnorm_cuda_device");
 }
+Status rmsnorm_fold_weight_cuda_device(bf16_bits*, size_t, size_t, const bf16_bits*, void*) {
+  return no_cuda("rmsnorm_fold_weight_cuda_device");
+}
 Status rope_cuda_device(const RopeArgs& a, void*) {
   SPARK_TRY(rope_check_args(a));
   return no_cuda("rope_cuda_device");

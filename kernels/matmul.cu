@@ -276,7 +276,7 @@ __device__ __forceinline__ void store_rope_t(const MatmulArgs& p, const RopeEpil
 
 // ROPE >= 0: the q/k/v part of that index with the RoPE epilogue. The warp's two units are
 // then the rotation pair (i, i + head_dim/2) of one head, not two adjacent rows.
-template <int M, int R, int U, int NW, int ROPE = -1, bool NORM = false>
+template <int M, int R, int U, int NW, int ROPE = -1, int NORM = 0>
 __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
                                            const RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -358,20 +358,20 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
   }
   for (size_t s0 = 0;;) {
     uint4 av[U][M];
-    uint4 nv[NORM ? U : 1];
+    uint4 nv[NORM == 1 ? U : 1];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const size_t i = (s0 + u) * 32 + lane;
 #pragma unroll
       for (int m = 0; m < M; ++m) av[u][m] = i < kv ? __ldg(arow[m] + i) : zero;
-      if constexpr (NORM) nv[u] = i < kv ? __ldg(nrow + i) : zero;
+      if constexpr (NORM == 1) nv[u] = i < kv ? __ldg(nrow + i) : zero;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float af[M][8];
 #pragma unroll
       for (int m = 0; m < M; ++m) bf16x8_to_f(av[u][m], af[m]);
-      if constexpr (NORM) {
+      if constexpr (NORM == 1) {
         float nf[8];
         bf16x8_to_f(nv[u], nf);
 #pragma unroll
@@ -381,6 +381,11 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
             ss[m] = fmaf(af[m][e], af[m][e], ss[m]);
             af[m][e] *= nf[e];
           }
+      } else if constexpr (NORM == 2) {
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss[m] = fmaf(af[m][e], af[m][e], ss[m]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -405,7 +410,7 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
     for (int j = 0; j < NW; ++j)
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
-  if constexpr (NORM) {
+  if constexpr (NORM > 0) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float inv = rsqrtf(dev::warp_sum(ss[m]) / static_cast<float>(p.k) + p.norm_eps);
@@ -453,7 +458,7 @@ __host__ __device__ constexpr int gemv_min_blocks() {
   return M == 1 && R * U * NW <= 8 ? 4 : 1;
 }
 
-template <int M, int R, int U, int NW, bool NORM>
+template <int M, int R, int U, int NW, int NORM>
 __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, R, U, NW>()))
     gemv_kernel(OwnGroup G) {
   const unsigned b = blockIdx.x;
@@ -466,7 +471,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, R, U, NW>
 }
 
 // q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp.
-template <int M, bool NORM>
+template <int M, int NORM>
 __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, 2, 4, 1>()))
     gemv_rope_kernel(OwnGroup G) {
   const unsigned b = blockIdx.x;
@@ -524,7 +529,7 @@ Status launch_gemv(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_
   G.first_block[n_parts] = static_cast<unsigned>(blocks);
   const unsigned grid = static_cast<unsigned>(blocks);
   auto go = [&](auto norm) {
-    constexpr bool N = decltype(norm)::value;
+    constexpr int N = decltype(norm)::value;
     switch (parts[0].m) {
       case 1:
         return launch_own(gemv_kernel<1, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
@@ -536,7 +541,9 @@ Status launch_gemv(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_
         return launch_own(gemv_kernel<4, R, U, NW, N>, grid, kGemvWarps * 32, st, G);
     }
   };
-  return parts[0].norm_w ? go(std::true_type{}) : go(std::false_type{});
+  return parts[0].norm_unit ? go(std::integral_constant<int, 2>{})
+         : parts[0].norm_w  ? go(std::integral_constant<int, 1>{})
+                            : go(std::integral_constant<int, 0>{});
 }
 
 }  // namespace
@@ -570,6 +577,9 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
     if (i > 0 && (a.norm_w == nullptr) != (parts[0].norm_w == nullptr))
       return make_error(Errc::usage,
                         "matmul (own kernel): a group mixes products with and without a norm");
+    if (i > 0 && a.norm_unit != parts[0].norm_unit)
+      return make_error(Errc::usage,
+                        "matmul (own kernel): a group mixes folded and unfolded norm weights");
     if (a.norm_w && !aligned16(a.norm_w))
       return make_error(Errc::usage, "matmul (own kernel): norm_w must be 16-byte aligned");
     swiglu = a.swiglu;
@@ -587,8 +597,8 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
     // A norm in the product needs the streaming form: at 3 and 4 rows its leanest shape.
     variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
               : m == 2 ? OwnVariant::gemv_r2_u4
-              : parts[0].norm_w && m <= kMatmulGemvMaxRows ? OwnVariant::gemv_r1_u4
-                                                           : OwnVariant::mma;
+              : matmul_has_norm(parts[0]) && m <= kMatmulGemvMaxRows ? OwnVariant::gemv_r1_u4
+                                                                     : OwnVariant::mma;
     if (variant == OwnVariant::gemv_r1_u8) {
       auto lim = cuda_device_limits(-1);
       SPARK_TRY(lim.status());
@@ -598,7 +608,7 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       if (units > resident && units <= 2 * resident) variant = OwnVariant::gemv_r2_u4;
     }
   }
-  if (variant == OwnVariant::mma && parts[0].norm_w)
+  if (variant == OwnVariant::mma && matmul_has_norm(parts[0]))
     return make_error(Errc::usage,
                       "matmul (own kernel): a norm in the product needs the streaming form "
                       "(at most " +
@@ -608,7 +618,8 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +
                                          std::to_string(kMatmulGemvMaxRows) + " rows, not " +
                                          std::to_string(m));
-    // swiglu: one unit is two weight rows (gate, up), so it runs the R = 1 forms.
+    // swiglu: one unit is two weight rows (gate, up), so it runs the R = 1 forms, but for
+    // r2 u2 (two units, four rows).
     switch (variant) {
       case OwnVariant::gemv_r1_u8:
         return swiglu ? launch_gemv<1, 8, 2>(G, parts, n_parts, st)
@@ -619,6 +630,9 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       case OwnVariant::gemv_r2_u4:
         return swiglu ? launch_gemv<1, 4, 2>(G, parts, n_parts, st)
                       : launch_gemv<2, 4, 1>(G, parts, n_parts, st);
+      case OwnVariant::gemv_r2_u2:  // swiglu: two units (four weight rows) a warp
+        return swiglu ? launch_gemv<2, 2, 2>(G, parts, n_parts, st)
+                      : launch_gemv<2, 2, 1>(G, parts, n_parts, st);
       default:
         return swiglu ? launch_gemv<1, 8, 2>(G, parts, n_parts, st)
                       : launch_gemv<2, 8, 1>(G, parts, n_parts, st);
@@ -683,8 +697,8 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     if (!own_operands_ok(a))
       return bad("needs k, lda, ldw multiples of 8 and 16-byte aligned a, w");
     if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
-    if ((a.norm_w == nullptr) != (parts[0].norm_w == nullptr))
-      return bad("the parts mix products with and without a norm");
+    if ((a.norm_w == nullptr) != (parts[0].norm_w == nullptr) || a.norm_unit != parts[0].norm_unit)
+      return bad("the parts mix products with and without a norm, or folded and not");
     if (a.norm_w && !aligned16(a.norm_w)) return bad("norm_w must be 16-byte aligned");
     if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
       return bad("part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
@@ -717,7 +731,7 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;
   auto go = [&](auto norm) {
-    constexpr bool N = decltype(norm)::value;
+    constexpr int N = decltype(norm)::value;
     switch (m) {
       case 1:
         return launch_own(gemv_rope_kernel<1, N>, grid, threads, st, G);
@@ -729,7 +743,9 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
         return launch_own(gemv_rope_kernel<4, N>, grid, threads, st, G);
     }
   };
-  return parts[0].norm_w ? go(std::true_type{}) : go(std::false_type{});
+  return parts[0].norm_unit ? go(std::integral_constant<int, 2>{})
+         : parts[0].norm_w  ? go(std::integral_constant<int, 1>{})
+                            : go(std::integral_constant<int, 0>{});
 }
 
 // ---- cuBLASLt ------------------------------------------------------------------------------
@@ -856,7 +872,7 @@ Status Matmul::run(const MatmulArgs& a, void* stream) {
   SPARK_TRY(matmul_check_args(a));
   if (a.m == 0) return Status::Ok();
   // cuBLASLt has no such epilogue or prologue.
-  if (a.swiglu || a.norm_w) return matmul_own_cuda_device(a, stream);
+  if (a.swiglu || matmul_has_norm(a)) return matmul_own_cuda_device(a, stream);
   MatmulBackend be = a.backend == MatmulBackend::automatic ? choose(a.m, a.n, a.k) : a.backend;
   if (be == MatmulBackend::own && a.m <= kMatmulOwnMaxRows && own_operands_ok(a))
     return matmul_own_cuda_device(a, stream);

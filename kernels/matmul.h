@@ -50,7 +50,15 @@ struct MatmulArgs {
   // row of a, so it sums the squares itself: no pass and no barrier before the product.
   const void* norm_w = nullptr;
   float norm_eps = 0.f;
+  // The same norm with its weight already folded into w (w[n][k] * norm_w[k] stored, one
+  // bf16 rounding per weight): only the 1 / rms scale is applied (norm_w stays null).
+  bool norm_unit = false;
 };
+
+/// Whether a product runs over RMSNorm of its input (norm_w, or norm_unit).
+inline bool matmul_has_norm(const MatmulArgs& a) {
+  return a.norm_w != nullptr || a.norm_unit;
+}
 
 /// The q, k and v products of a decode step with RoPE and the KV write in their epilogue:
 /// what matmul_own_group_cuda_device(parts, 3) and then rope_cuda_device(rope) with its KV
@@ -72,7 +80,15 @@ inline constexpr size_t kMatmulGemvMaxRows = 4;
 /// uses automatic): the streaming form for m <= kMatmulGemvMaxRows, else the tensor-core
 /// form; or one of them forced (the streaming form with R output rows per warp and U
 /// 512-byte steps of each weight row in flight per lane).
-enum class OwnVariant : uint8_t { automatic, mma, gemv_r1_u8, gemv_r2_u4, gemv_r2_u8, gemv_r1_u4 };
+enum class OwnVariant : uint8_t {
+  automatic,
+  mma,
+  gemv_r1_u8,
+  gemv_r2_u4,
+  gemv_r2_u8,
+  gemv_r1_u4,
+  gemv_r2_u2
+};
 
 /// "auto", "mma", "gemv r1 u8", ...
 const char* own_variant_name(OwnVariant v);

@@ -53,12 +53,13 @@ Status matmul_check_args(const MatmulArgs& a) {
   if (!a.a || !a.w || !a.out)
     return bad(fmt::format("null {} pointer", !a.a ? "a" : !a.w ? "w" : "out"));
   if (a.swiglu && a.accumulate) return bad("swiglu with accumulate is not supported");
-  if (a.norm_w && a.m > kMatmulGemvMaxRows)
+  if (a.norm_w && a.norm_unit) return bad("norm_w with norm_unit: the weight is folded or not");
+  if (matmul_has_norm(a) && a.m > kMatmulGemvMaxRows)
     return bad(
         fmt::format("a norm in the product takes at most {} rows (the own kernel's "
                     "streaming form), not {}",
                     kMatmulGemvMaxRows, a.m));
-  if (a.norm_w && !(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
+  if (matmul_has_norm(a) && !(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
     return bad(fmt::format("norm eps {} must be finite and >= 0", a.norm_eps));
   if (a.lda < a.k || a.ldw < a.k || a.ldo < a.n)
     return bad(fmt::format("strides lda {} ldw {} (>= k {}) and ldo {} (>= n {}) too small", a.lda,
@@ -80,6 +81,8 @@ const char* own_variant_name(OwnVariant v) {
       return "gemv r2 u8";
     case OwnVariant::gemv_r1_u4:
       return "gemv r1 u4";
+    case OwnVariant::gemv_r2_u2:
+      return "gemv r2 u2";
   }
   return "?";
 }

@@ -291,4 +291,27 @@ Status head_rmsnorm_cuda_device(DType dt, void* x, size_t token_stride, size_t n
   return Status::Ok();
 }
 
+namespace {
+__global__ void fold_weight_kernel(__nv_bfloat16* w, size_t rows, size_t cols,
+                                   const __nv_bfloat16* g) {
+  const size_t n = rows * cols;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x)
+    w[i] = __float2bfloat16_rn(__bfloat162float(w[i]) * __bfloat162float(g[i % cols]));
+}
+}  // namespace
+
+Status rmsnorm_fold_weight_cuda_device(bf16_bits* w, size_t rows, size_t cols,
+                                       const bf16_bits* norm_w, void* stream) {
+  if (rows == 0 || cols == 0) return Status::Ok();
+  if (!w || !norm_w) return make_error(Errc::usage, "rmsnorm_fold_weight: null pointer");
+  const size_t n = rows * cols;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 1u << 16));
+  fold_weight_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<__nv_bfloat16*>(w), rows, cols,
+      reinterpret_cast<const __nv_bfloat16*>(norm_w));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
 }  // namespace spark::kernels

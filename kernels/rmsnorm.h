@@ -65,4 +65,14 @@ void head_rmsnorm_ref(float* x, size_t token_stride, size_t n_tokens, int n_head
 Status head_rmsnorm_cuda_device(DType dt, void* x, size_t token_stride, size_t n_tokens,
                                 int n_heads, int head_dim, const void* w, float eps, void* stream);
 
+/// Reference of folding a norm's weight into the product that follows it:
+/// w[r][c] = bf16(w[r][c] * norm_w[c]) for `rows` rows of `cols` bf16 weights (the product's
+/// rows read the normalised input's columns), so that the product over the norm without its
+/// weight gives the product over the norm with it, up to one bf16 rounding per weight.
+void rmsnorm_fold_weight_ref(bf16_bits* w, size_t rows, size_t cols, const bf16_bits* norm_w);
+
+/// The same on device pointers (bf16), in place, enqueued on `stream`.
+Status rmsnorm_fold_weight_cuda_device(bf16_bits* w, size_t rows, size_t cols,
+                                       const bf16_bits* norm_w, void* stream);
+
 }  // namespace spark::kernels

@@ -69,4 +69,12 @@ Status rmsnorm_check_args(const void* x, const void* w, const void* y, size_t ro
   return Status::Ok();
 }
 
+void rmsnorm_fold_weight_ref(bf16_bits* w, size_t rows, size_t cols, const bf16_bits* norm_w) {
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) {
+      bf16_bits& v = w[r * cols + c];
+      v = float_to_bf16(bf16_to_float(v) * bf16_to_float(norm_w[c]));
+    }
+}
+
 }  // namespace spark::kernels

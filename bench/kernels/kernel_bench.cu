@@ -431,8 +431,9 @@ int main(int argc, char** argv) {
   // ---- the own kernel's forms at decode rows: the streaming form (one warp per output row)
   // in four register shapes and with programmatic launch, the tensor-core form, cuBLASLt.
   if (want("forms")) {
-    const OwnVariant forms[] = {OwnVariant::mma, OwnVariant::gemv_r1_u8, OwnVariant::gemv_r1_u4,
-                                OwnVariant::gemv_r2_u4, OwnVariant::gemv_r2_u8};
+    const OwnVariant forms[] = {OwnVariant::mma,        OwnVariant::gemv_r1_u8,
+                                OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4,
+                                OwnVariant::gemv_r2_u8, OwnVariant::gemv_r2_u2};
     fmt::print("\n# {:<20} {:>3} | {:>9} |", "own forms (us)", "m", "cublasLt");
     for (auto f : forms) fmt::print(" {:>10}", own_variant_name(f));
     fmt::print(" | {:>10} | {:>6} {:>6}\n", "auto+pdl", "best", "%HBM");
@@ -791,6 +792,46 @@ int main(int argc, char** argv) {
           time_us(st, 32, [&](int i) { normed[3].second(wts[static_cast<size_t>(i) % 2]); });
       fmt::print("{:<34} {:>10.1f}\n", normed[3].first, t_gu);
       ljs["gate_up_norm_swiglu_us"] = t_gu;
+      // The same layer with gate/up taking two units (four weight rows) a warp, which reads
+      // the residual and the norm weight once per two units; then with both norms' weights
+      // folded into the products' weights (norm_unit: the 1 / rms scale alone; the timing
+      // does not depend on the weights' values).
+      auto gate_up = [&](bool unit, OwnVariant form) {
+        return [&, unit, form](const Wt& w) {
+          MatmulArgs m = prod(x, H, w.wgu, act, I);
+          m.swiglu = true, m.norm_eps = 1e-5f;
+          if (unit)
+            m.norm_unit = true;
+          else
+            m.norm_w = w.n2;
+          ST(matmul_own_group_cuda_device(&m, 1, st, form));
+        };
+      };
+      auto r2 = normed;
+      r2[3] = {"gate/up + norm + swiglu, r2 u2", gate_up(false, OwnVariant::gemv_r2_u2)};
+      variant(r2, 3, "chain + pdl, norms in products, gate/up r2 u2, per layer",
+              "gate_up_norm_swiglu_r2u2_us", "chain_pdl_norm_in_products_r2u2_us_per_layer");
+      auto folded = normed;
+      folded[0] = {"q/k/v + folded norm + rope + kv write", [&](const Wt& w) {
+                     MatmulArgs g[3] = {prod(x, H, w.wq, q, NQ), prod(x, H, w.wk, k, NKV),
+                                        prod(x, H, w.wv, v, NKV)};
+                     for (auto& m : g) m.norm_unit = true, m.norm_eps = 1e-5f;
+                     RopeArgs r = ra;
+                     r.k_cache = kp, r.v_cache = vp, r.cache_dtype = DType::bf16;
+                     r.cache_slots = static_cast<long long>(blocks_per) * lbs;
+                     r.slots = static_cast<int32_t*>(ds), r.v = v, r.v_stride = NKV;
+                     ST(matmul_qkv_rope_cuda_device(g, r, st));
+                   }};
+      folded[3] = {"gate/up + folded norm + swiglu", gate_up(true, OwnVariant::gemv_r1_u4)};
+      variant(folded, 0, "chain + pdl, folded norms in products, per layer",
+              "qkv_folded_norm_rope_us", "chain_pdl_folded_norms_us_per_layer");
+      const double t_fgu =
+          time_us(st, 32, [&](int i) { folded[3].second(wts[static_cast<size_t>(i) % 2]); });
+      fmt::print("{:<34} {:>10.1f}\n", folded[3].first, t_fgu);
+      ljs["gate_up_folded_norm_swiglu_us"] = t_fgu;
+      folded[3] = {"gate/up + folded norm + swiglu, r2 u2", gate_up(true, OwnVariant::gemv_r2_u2)};
+      variant(folded, 3, "chain + pdl, folded norms, gate/up r2 u2, per layer",
+              "gate_up_folded_norm_swiglu_r2u2_us", "chain_pdl_folded_norms_r2u2_us_per_layer");
     }
     // What each kernel's place in the chain costs: the chain (with pdl) without it. The
     // results are wrong; the time is what the kernel adds to the layer.

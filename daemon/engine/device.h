@@ -229,7 +229,21 @@ class Device {
     const Buffer* w = nullptr;
     const Buffer* normed = nullptr;
     float eps = 0.f;
+    /// w is ones: the norm's weight was folded into the weights of the products that read
+    /// the normalised row (fold_norm_weight), so a product that normalises inside needs
+    /// only the 1 / rms scale.
+    bool folded = false;
   };
+  /// Whether the model folds its layer norms' weights into the products after them (q/k/v
+  /// after the input norm, gate/up after the post-attention norm), with one bf16 rounding
+  /// per weight: a device whose products then normalise with the scale alone, faster.
+  virtual bool folds_norm_weights() const { return false; }
+  /// w ([rows][cols] bf16, in this device's memory) times norm_w ([cols]) column by column,
+  /// in place (kernels::rmsnorm_fold_weight_ref).
+  virtual Status fold_norm_weight(const Buffer& w, const Buffer& norm_w, int cols) {
+    (void)w, (void)norm_w, (void)cols;
+    return make_error(Errc::unsupported, "this device does not fold norm weights");
+  }
   /// The pass a PreNorm stands for, into `normed`.
   Status pre_norm(const PreNorm& in, int rows, int dim) {
     return add_rmsnorm(*in.x, *in.delta, *in.bias, *in.w, *in.normed, rows, dim, in.eps);
@@ -334,14 +348,45 @@ class Device {
                         const std::vector<kernels::SampleParams>& params,
                         const std::vector<PenaltyHistory>& history,
                         std::vector<kernels::SampleResult>* out) {
-    (void)logits, (void)vocab, (void)params, (void)history, (void)out;
+    if (queues_steps()) {  // the draws queued, then read
+      SPARK_TRY(sample_queue(logits, vocab, params, history));
+      return sample_wait(out);
+    }
+    (void)out;
     return make_error(Errc::unsupported, "this device samples on the host");
+  }
+  /// Queued steps (the engine's overlapped decode): sample_queue() is sample() that returns
+  /// once the draws are queued, before they are done; sample_wait() waits for the oldest
+  /// queued draws and copies them out. At most two draws are queued at a time (the host
+  /// buffers are double), so a step can be queued behind one whose results are unread.
+  /// feed_drawn_tokens(n), right after begin_step(), makes this step's tokens [0, n) the
+  /// tokens the last queued draws picked for their rows [0, n), on the device: the step
+  /// runs on draws the host has not seen yet.
+  virtual bool queues_steps() const { return false; }
+  virtual Status sample_queue(const Buffer& logits, int vocab,
+                              const std::vector<kernels::SampleParams>& params,
+                              const std::vector<PenaltyHistory>& history) {
+    (void)logits, (void)vocab, (void)params, (void)history;
+    return make_error(Errc::unsupported, "this device does not queue steps");
+  }
+  virtual Status sample_wait(std::vector<kernels::SampleResult>* out) {
+    (void)out;
+    return make_error(Errc::unsupported, "this device does not queue steps");
+  }
+  virtual Status feed_drawn_tokens(int n) {
+    (void)n;
+    return make_error(Errc::unsupported, "this device does not queue steps");
   }
 };
 
 /// The CPU device (fp32; OpenBLAS). Process-wide, stateless apart from one step's layout,
 /// so the instance returned is new each call.
 std::shared_ptr<Device> make_cpu_device();
+/// The CPU device that also draws the tokens itself, through the sampler's twin
+/// (kernels::sample_ref, the penalty state built from each row's history) as a GPU does, and
+/// queues steps: the engine's on-device sampling and overlapped decode then run on the CPU
+/// (tests hold them against the host sampler). Same draws as the host sampler.
+std::shared_ptr<Device> make_cpu_device_sampling();
 
 /// How a CUDA device is opened.
 struct CudaDeviceOptions {
@@ -349,6 +394,10 @@ struct CudaDeviceOptions {
   /// Root under which /proc/meminfo is read for unified memory's MemAvailable ("/" live;
   /// tests: a captured tree).
   std::string proc_root = "/";
+  /// Fold the layer norms' weights into the products after them where the weights are in
+  /// the device's own memory (Device::folds_norm_weights); false keeps the checkpoint's
+  /// weights bit for bit (tests compare against weights read in place, which cannot be).
+  bool fold_norms = true;
 };
 
 /// The CUDA device `ordinal` (Errc::unsupported naming why it cannot be used: no driver, no

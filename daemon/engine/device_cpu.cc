@@ -3,8 +3,11 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "daemon/engine/collective.h"
 #include "daemon/engine/device.h"
@@ -13,6 +16,7 @@
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/sampler.h"
 #include "kernels/swiglu.h"
 
 namespace spark::engine {
@@ -48,7 +52,7 @@ Status need_f32(const Buffer& b, const char* what) {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice() {
+  explicit CpuDevice(bool sampling) : sampling_(sampling) {
     info_.kind = "cpu";
     info_.name = fmt::format("cpu (fp32, OpenBLAS {} threads)", openblas_get_num_threads());
   }
@@ -225,6 +229,57 @@ class CpuDevice final : public Device {
 
   Status synchronize() override { return Status::Ok(); }
 
+  bool samples_on_device() const override { return sampling_; }
+  bool queues_steps() const override { return sampling_; }
+
+  // The draws are made at once (the CPU computes in order); queueing keeps them until read.
+  Status sample_queue(const Buffer& logits, int vocab,
+                      const std::vector<kernels::SampleParams>& params,
+                      const std::vector<PenaltyHistory>& history) override {
+    if (!sampling_) return Device::sample_queue(logits, vocab, params, history);
+    SPARK_TRY(need_f32(logits, "the logits"));
+    if (queued_.size() >= 2)
+      return make_error(Errc::internal, "cpu device: two draws are queued already");
+    const size_t V = static_cast<size_t>(vocab);
+    if (logits.numel() < params.size() * V)
+      return make_error(Errc::internal, "cpu device: fewer logit rows than sampling parameters");
+    std::vector<kernels::SampleResult> res(params.size());
+    std::vector<uint8_t> seen(V, 0);
+    std::vector<int32_t> counts(V, 0);
+    for (size_t r = 0; r < params.size(); ++r) {
+      std::fill(seen.begin(), seen.end(), 0);
+      std::fill(counts.begin(), counts.end(), 0);
+      if (r < history.size() && history[r].n > 0)
+        kernels::sample_state_build_ref(seen.data(), counts.data(), vocab, history[r].tokens,
+                                        history[r].n, history[r].out_start);
+      res[r] =
+          kernels::sample_ref(f32(logits) + r * V, vocab, params[r], seen.data(), counts.data());
+    }
+    queued_.push_back(std::move(res));
+    last_drawn_ = queued_.back();
+    return Status::Ok();
+  }
+
+  Status sample_wait(std::vector<kernels::SampleResult>* out) override {
+    if (!sampling_) return Device::sample_wait(out);
+    if (queued_.empty()) return make_error(Errc::internal, "cpu device: no draws are queued");
+    *out = std::move(queued_.front());
+    queued_.pop_front();
+    return Status::Ok();
+  }
+
+  Status feed_drawn_tokens(int n) override {
+    if (!sampling_) return Device::feed_drawn_tokens(n);
+    if (n < 0 || static_cast<size_t>(n) > last_drawn_.size() ||
+        static_cast<size_t>(n) > step_.tokens.size())
+      return make_error(Errc::internal,
+                        fmt::format("cpu device: {} tokens to feed, {} drawn, a step of {}", n,
+                                    last_drawn_.size(), step_.tokens.size()));
+    for (int i = 0; i < n; ++i)
+      step_.tokens[static_cast<size_t>(i)] = last_drawn_[static_cast<size_t>(i)].token;
+    return Status::Ok();
+  }
+
  private:
   static Status host_f32_kv(const KVLayerView& kv) {
     if (kv.type != ElemType::f32)
@@ -249,12 +304,19 @@ class CpuDevice final : public Device {
 
   DeviceInfo info_;
   StepLayout step_;
+  bool sampling_ = false;
+  std::deque<std::vector<kernels::SampleResult>> queued_;
+  std::vector<kernels::SampleResult> last_drawn_;
 };
 
 }  // namespace
 
 std::shared_ptr<Device> make_cpu_device() {
-  return std::make_shared<CpuDevice>();
+  return std::make_shared<CpuDevice>(false);
+}
+
+std::shared_ptr<Device> make_cpu_device_sampling() {
+  return std::make_shared<CpuDevice>(true);
 }
 
 }  // namespace spark::engine

@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string_view>
+#include <utility>
 
 #include "core/log.h"
 #include "core/strings.h"
@@ -46,27 +49,35 @@ Status need(ElemType got, ElemType want, const char* what) {
   return Status::Ok();
 }
 
-// Step metadata lives in one device buffer of int32 sections at fixed offsets for given
-// capacities, so a graph captured against them replays after begin_step() rewrites them.
+// Step metadata lives in one device buffer of int32 sections, packed for the step's own
+// token, chunk and row counts (tables at the capacity's row width), so begin_step() copies
+// only what the step uses (a few KiB at decode, not the capacity's hundreds). A graph is
+// captured for one bucket, whose counts fix the offsets, so it replays after begin_step()
+// rewrites them.
 struct MetaLayout {
   size_t cap_tokens = 0, cap_chunks = 0, cap_width = 0;
   size_t tokens = 0, positions = 0, slots = 0, query_start = 0, seq_lens = 0, tables = 0, rows = 0,
-         total = 0;
-  void compute() {
+         used = 0, total = 0;
+  // The sections for a step of T tokens, C chunks and R logit rows; `used` ints in all.
+  void place(size_t T, size_t C, size_t R) {
     size_t at = 0;
     auto take = [&](size_t n) {
       size_t o = at;
       at += (n + 31) / 32 * 32;  // 128-byte aligned sections
       return o;
     };
-    tokens = take(cap_tokens);
-    positions = take(cap_tokens);
-    slots = take(cap_tokens);
-    query_start = take(cap_chunks + 1);
-    seq_lens = take(cap_chunks);
-    tables = take(cap_chunks * cap_width);
-    rows = take(cap_tokens);
-    total = at;
+    tokens = take(T);
+    positions = take(T);
+    slots = take(T);
+    query_start = take(C + 1);
+    seq_lens = take(C);
+    tables = take(C * cap_width);
+    rows = take(R);
+    used = at;
+  }
+  void compute() {
+    place(cap_tokens, cap_chunks, cap_tokens);
+    total = used;
   }
 };
 
@@ -74,8 +85,8 @@ class CudaDevice final : public Device {
  public:
   static Result<std::shared_ptr<Device>> open(int ordinal, const CudaDeviceOptions& opts) {
     // SPARK_CUDA_SHORT_ATTENTION=N: the short-context decode attention only for contexts up
-    // to N positions (0: never), to measure it or to rule it out. Checked first, so a bad
-    // value is an error with or without a GPU.
+    // to N positions (0: never), to measure it or to rule it out. The settings are checked
+    // first, so a bad value is an error with or without a GPU.
     int short_cap = -1;
     if (const char* sa = std::getenv("SPARK_CUDA_SHORT_ATTENTION")) {
       auto n = parse_i64(sa);
@@ -85,6 +96,19 @@ class CudaDevice final : public Device {
                                       "(0 turns the short-context attention off)",
                                       sa));
       short_cap = static_cast<int>(std::min<int64_t>(*n, 1 << 30));
+    }
+    // SPARK_CUDA_PDL=0 turns programmatic dependent launch off (to measure what it saves, or
+    // to rule it out); SPARK_CUDA_NORM_IN_PRODUCT=0 runs the layer's norms as their own pass
+    // at decode rows too (the same comparison). Each is 0 or 1; anything else is an error.
+    bool pdl_on = true, norm_in_products = true;
+    for (auto [name, on] : {std::pair<const char*, bool*>{"SPARK_CUDA_PDL", &pdl_on},
+                            {"SPARK_CUDA_NORM_IN_PRODUCT", &norm_in_products}}) {
+      const char* v = std::getenv(name);
+      if (!v) continue;
+      if (std::string_view(v) != "0" && std::string_view(v) != "1")
+        return make_error(Errc::config,
+                          fmt::format("{}={}: must be 0 (off) or 1 (on, the default)", name, v));
+      *on = std::string_view(v) == "1";
     }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
@@ -119,14 +143,9 @@ class CudaDevice final : public Device {
     auto mm = kernels::Matmul::create();
     if (!mm) return mm.error();
     d->mm_ = std::move(*mm);
-    // Programmatic dependent launch needs sm_90; SPARK_CUDA_PDL=0 turns it off (to measure
-    // what it saves, or to rule it out).
-    const char* pdl = std::getenv("SPARK_CUDA_PDL");
-    d->pdl_ = lim->cc_major >= 9 && !(pdl && std::string_view(pdl) == "0");
-    // SPARK_CUDA_NORM_IN_PRODUCT=0 runs the layer's norms as their own pass at decode rows
-    // too (the same comparison).
-    const char* nip = std::getenv("SPARK_CUDA_NORM_IN_PRODUCT");
-    d->norm_in_products_ = !(nip && std::string_view(nip) == "0");
+    d->pdl_ = lim->cc_major >= 9 && pdl_on;  // programmatic dependent launch needs sm_90
+    d->norm_in_products_ = norm_in_products;
+    d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
     return std::shared_ptr<Device>(d);
   }
@@ -134,10 +153,12 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     graph_clear();
     for (auto& [p, e] : copy_events_) kernels::cuda_event_destroy(e);
+    for (auto& q : queued_) free_events_.push_back(q.event);
     if (stream_) {
       (void)kernels::cuda_stream_synchronize(stream_);
       kernels::cuda_stream_destroy(stream_);
     }
+    for (void* e : free_events_) kernels::cuda_event_destroy(e);
   }
 
   const DeviceInfo& info() const override { return info_; }
@@ -309,9 +330,13 @@ class CudaDevice final : public Device {
     const size_t T = static_cast<size_t>(st.tokens_n()), C = static_cast<size_t>(st.chunks_n()),
                  W = static_cast<size_t>(st.table_width);
     SPARK_TRY(grow_meta(T, C, W));
-    // The host copy may still be read by the previous step's copy: it was synchronised by
-    // that step's to_host/synchronize, which every forward ends with.
-    auto* h = meta_host_.as<int32_t>();
+    meta_.place(T, C, st.logit_rows.size());
+    // Two host copies, used in turn: the previous step's copy may not have run yet when a
+    // step is queued behind it (queues_steps); the one before it has, since at most two
+    // steps are in flight.
+    meta_turn_ ^= 1;
+    const Buffer& mh = meta_host_[meta_turn_];
+    auto* h = mh.as<int32_t>();
     std::memcpy(h + meta_.tokens, st.tokens.data(), T * 4);
     std::memcpy(h + meta_.positions, st.positions.data(), T * 4);
     std::memcpy(h + meta_.slots, st.slots.data(), T * 4);
@@ -330,8 +355,7 @@ class CudaDevice final : public Device {
       max_seq_len_ = std::max(max_seq_len_, st.chunk_len[c]);
     }
     if (st.max_seq_len_bound > 0) max_seq_len_ = std::max(max_seq_len_, st.max_seq_len_bound);
-    return kernels::cuda_memcpy_async(meta_dev_.data(), meta_host_.data(), meta_.total * 4,
-                                      stream_);
+    return kernels::cuda_memcpy_async(meta_dev_.data(), mh.data(), meta_.used * 4, stream_);
   }
 
   Status embed(const Buffer& table, const Buffer& x, int dim) override {
@@ -431,10 +455,31 @@ class CudaDevice final : public Device {
     }
     for (int i = 0; i < n; ++i) {
       a[i].a = in.x->data();
-      a[i].norm_w = in.w->data();
+      a[i].norm_w = in.folded ? nullptr : in.w->data();
+      a[i].norm_unit = in.folded;
       a[i].norm_eps = in.eps;
     }
     return in.x;
+  }
+
+  // Folded norm weights: measured in the layer chain (bench/kernels, --only layer) 115.2 us
+  // against 120.4 with the weight read and multiplied inside the products. Not with the
+  // norms as their own pass (SPARK_CUDA_NORM_IN_PRODUCT=0); the model leaves weights read in
+  // place from a mapped file as they are.
+  bool folds_norm_weights() const override { return norm_in_products_ && fold_norms_; }
+  Status fold_norm_weight(const Buffer& w, const Buffer& norm_w, int cols) override {
+    SPARK_TRY(need(w.type(), ElemType::bf16, "a weight to fold a norm into"));
+    SPARK_TRY(need(norm_w.type(), ElemType::bf16, "a norm weight"));
+    const size_t C = static_cast<size_t>(cols);
+    if (C == 0 || w.numel() % C != 0 || norm_w.numel() != C)
+      return make_error(Errc::internal,
+                        fmt::format("cuda device: folding a norm of {} into a weight of {} "
+                                    "elements of rows of {}",
+                                    norm_w.numel(), w.numel(), cols));
+    kernels::set_programmatic_launch(false);
+    return kernels::rmsnorm_fold_weight_cuda_device(
+        static_cast<kernels::bf16_bits*>(w.data()), w.numel() / C, C,
+        static_cast<const kernels::bf16_bits*>(norm_w.data()), stream_);
   }
 
   Status linear_group_rope_kv_write(const PreNorm& x, const LinearPart* qkv, int rows, int in,
@@ -648,50 +693,100 @@ class CudaDevice final : public Device {
   }
 
   bool samples_on_device() const override { return true; }
+  bool queues_steps() const override { return true; }
 
-  Status sample(const Buffer& logits, int vocab, const std::vector<kernels::SampleParams>& params,
-                const std::vector<PenaltyHistory>& history,
-                std::vector<kernels::SampleResult>* out) override {
+  Status sample_queue(const Buffer& logits, int vocab,
+                      const std::vector<kernels::SampleParams>& params,
+                      const std::vector<PenaltyHistory>& history) override {
+    if (queued_.size() >= 2)
+      return make_error(Errc::internal, "cuda device: two draws are queued already");
     const int rows = static_cast<int>(params.size());
-    out->resize(params.size());
-    if (rows == 0) return Status::Ok();
     const size_t pbytes = params.size() * sizeof(kernels::SampleParams);
     const size_t rbytes = params.size() * sizeof(kernels::SampleResult);
     const size_t wbytes = kernels::sample_workspace_bytes(rows, vocab);
     if (sample_rows_ < rows || sample_ws_.bytes() < wbytes) {
       auto pd = alloc(ElemType::i32, (pbytes + 3) / 4);
       auto rd = alloc(ElemType::i32, (rbytes + 3) / 4);
-      auto ph = host_staging(pbytes + rbytes + 64);
       auto ws = alloc(ElemType::i32, (wbytes + 3) / 4 + 1);
-      if (!pd || !rd || !ph || !ws)
+      Result<Buffer> ph[2] = {host_staging(pbytes + rbytes + 64),
+                              host_staging(pbytes + rbytes + 64)};
+      if (!pd || !rd || !ph[0] || !ph[1] || !ws)
         return make_error(Errc::resource, "cuda device: no memory for the sampler's buffers");
-      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // queued draws keep their buffers
       sample_params_ = *pd;
       sample_results_ = *rd;
-      sample_host_ = *ph;
+      sample_host_[0] = *ph[0];
+      sample_host_[1] = *ph[1];
       sample_ws_ = *ws;
       sample_rows_ = rows;
     }
-    auto* host = static_cast<char*>(sample_host_.data());
-    std::memcpy(host, params.data(), pbytes);
-    SPARK_TRY(kernels::cuda_memcpy_async(sample_params_.data(), host, pbytes, stream_));
-    kernels::SampleBatch b;
-    b.logits_dtype = kdt(logits.type());
-    b.logits = logits.data();
-    b.logits_stride = static_cast<size_t>(vocab);
-    b.vocab = vocab;
-    b.rows = rows;
-    b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
-    b.update_state = false;
-    if (!history.empty()) SPARK_TRY(penalty_state(vocab, history, &b));
-    b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
-    b.workspace = sample_ws_.data();
-    b.workspace_bytes = sample_ws_.bytes();
-    SPARK_TRY(kernels::sample_cuda_device(b, stream_));
-    SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
-    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
-    std::memcpy(out->data(), host + pbytes, rbytes);
+    Queued q;
+    q.rows = rows;
+    // The other host buffer than the draws still queued (if any) use.
+    sample_turn_ ^= 1;
+    q.host = sample_host_[sample_turn_];
+    q.results = sample_results_;
+    if (!free_events_.empty()) {
+      q.event = free_events_.back();
+      free_events_.pop_back();
+    } else {
+      auto e = kernels::cuda_event_create();
+      if (!e) return e.error();
+      q.event = *e;
+    }
+    auto* host = static_cast<char*>(q.host.data());
+    if (rows > 0) {
+      std::memcpy(host, params.data(), pbytes);
+      SPARK_TRY(kernels::cuda_memcpy_async(sample_params_.data(), host, pbytes, stream_));
+      kernels::SampleBatch b;
+      b.logits_dtype = kdt(logits.type());
+      b.logits = logits.data();
+      b.logits_stride = static_cast<size_t>(vocab);
+      b.vocab = vocab;
+      b.rows = rows;
+      b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
+      b.update_state = false;
+      if (!history.empty()) SPARK_TRY(penalty_state(vocab, history, &b));
+      b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
+      b.workspace = sample_ws_.data();
+      b.workspace_bytes = sample_ws_.bytes();
+      SPARK_TRY(kernels::sample_cuda_device(b, stream_));
+      SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
+    }
+    SPARK_TRY(kernels::cuda_event_record(q.event, stream_));
+    last_drawn_ = q.results;
+    last_drawn_rows_ = rows;
+    queued_.push_back(std::move(q));
     return Status::Ok();
+  }
+
+  Status sample_wait(std::vector<kernels::SampleResult>* out) override {
+    if (queued_.empty()) return make_error(Errc::internal, "cuda device: no draws are queued");
+    Queued q = std::move(queued_.front());
+    queued_.pop_front();
+    Status st = kernels::cuda_event_synchronize(q.event);
+    free_events_.push_back(q.event);
+    SPARK_TRY(st);
+    const size_t pbytes = static_cast<size_t>(q.rows) * sizeof(kernels::SampleParams);
+    out->resize(static_cast<size_t>(q.rows));
+    if (q.rows > 0)
+      std::memcpy(out->data(), static_cast<const char*>(q.host.data()) + pbytes,
+                  out->size() * sizeof(kernels::SampleResult));
+    return Status::Ok();
+  }
+
+  Status feed_drawn_tokens(int n) override {
+    if (n < 0 || n > last_drawn_rows_ || static_cast<size_t>(n) > step_.tokens.size())
+      return make_error(Errc::internal,
+                        fmt::format("cuda device: {} tokens to feed, {} drawn, a step of {}", n,
+                                    last_drawn_rows_, step_.tokens.size()));
+    if (n == 0) return Status::Ok();
+    // The token field of each result row into the step's token section (after the step's
+    // metadata copy, before its kernels: stream order).
+    return kernels::device_copy_2d_async(
+        meta_dev_.as<int32_t>() + meta_.tokens, 4,
+        static_cast<const char*>(last_drawn_.data()) + offsetof(kernels::SampleResult, token),
+        sizeof(kernels::SampleResult), 4, static_cast<size_t>(n), stream_);
   }
 
   // The penalty state of the step's rows ([rows][vocab] seen bytes and counts), built on
@@ -764,10 +859,12 @@ class CudaDevice final : public Device {
     graph_clear();
     auto d = alloc(ElemType::i32, meta_.total);
     if (!d) return d.error();
-    auto h = host_staging(meta_.total * 4);
-    if (!h) return h.error();
     meta_dev_ = *d;
-    meta_host_ = *h;
+    for (auto& mh : meta_host_) {
+      auto h = host_staging(meta_.total * 4);
+      if (!h) return h.error();
+      mh = *h;
+    }
     return Status::Ok();
   }
 
@@ -801,14 +898,26 @@ class CudaDevice final : public Device {
   std::unique_ptr<kernels::Matmul> mm_;
   bool pdl_ = false;  // programmatic dependent launch for the step's kernels
   bool norm_in_products_ = true;  // decode rows: the layer's norms inside the products
+  bool fold_norms_ = true;        // CudaDeviceOptions::fold_norms
   int short_cap_ = -1;  // SPARK_CUDA_SHORT_ATTENTION: short-context attention's cap, -1 none
   StepLayout step_;
   MetaLayout meta_;
-  Buffer meta_dev_, meta_host_, attn_ws_, convert_;
+  Buffer meta_dev_, meta_host_[2], attn_ws_, convert_;
+  int meta_turn_ = 0;
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;
   std::map<uint64_t, void*> graphs_;
-  Buffer sample_params_, sample_results_, sample_host_, sample_ws_;
+  Buffer sample_params_, sample_results_, sample_host_[2], sample_ws_;
+  struct Queued {  // draws queued, not yet read: their buffers and the event after them
+    int rows = 0;
+    Buffer host, results;
+    void* event = nullptr;
+  };
+  std::deque<Queued> queued_;
+  std::vector<void*> free_events_;
+  int sample_turn_ = 0;
+  Buffer last_drawn_;  // the last queued draws' device results (feed_drawn_tokens)
+  int last_drawn_rows_ = 0;
   Buffer pen_ints_, pen_host_, pen_seen_, pen_counts_;  // penalty lists and state
   int sample_rows_ = 0;
   std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <random>
+#include <string_view>
 
 #include "core/log.h"
 #include "core/model_plan.h"
@@ -74,9 +76,8 @@ using FaultFn = std::function<void(uint64_t seq, int32_t* token)>;
 // one's first token for its whole prefill, and is never starved by short ones either.
 // The budget is at least the slot count, so prefill gets a token even with every other
 // slot decoding.
-Status run_step(Model& model, KVCache& cache, Collective& comm,
-                const std::vector<SeqState*>& running, int budget, std::vector<float>* logits,
-                StepRun* out, const FaultFn& fault = {}) {
+// The chunks of one step over `running` (see run_step), into out->chunks / chunk_seq.
+void plan_step(const std::vector<SeqState*>& running, int budget, StepRun* out) {
   auto pending_of = [&](size_t i) {
     return static_cast<int>(running[i]->tokens.size()) - running[i]->computed;
   };
@@ -108,53 +109,66 @@ Status run_step(Model& model, KVCache& cache, Collective& comm,
     out->chunk_seq.push_back(i);
     if (n != 1 || s.computed < s.prompt_len) out->decode_only = false;
   }
-  if (out->chunks.empty()) return Status::Ok();
-  const auto& chunks = out->chunks;
-  // On a device that samples, draw there (one small copy back per step instead of the
-  // logits). Rows with penalties send their token lists, from which the device builds the
-  // state the host sampler keeps (prompt tokens seen, output tokens counted).
-  std::vector<kernels::SampleResult> drawn;
-  const bool on_device = model.device().samples_on_device();
-  std::vector<kernels::SampleParams> params;
-  std::vector<Device::PenaltyHistory> history;
-  if (on_device) {
-    bool penalties = false;
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      if (!chunks[k].want_logits) continue;
-      const SeqState& s = *running[out->chunk_seq[k]];
-      const auto kp = s.sampler->next_params();
-      Device::PenaltyHistory h;
-      if (kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
-          kp.frequency_penalty != 0.0f) {
-        penalties = true;
-        h.tokens = s.tokens.data();
-        h.n = static_cast<int>(s.tokens.size());
-        h.out_start = s.prompt_len;
-      }
-      params.push_back(kp);
-      history.push_back(h);
-    }
-    if (!penalties) history.clear();
-  }
-  if (on_device)
-    SPARK_TRY(model.forward_sample(chunks, cache, comm, params, &drawn, history));
-  else
-    SPARK_TRY(model.forward(chunks, cache, comm, logits));
+}
 
-  const auto& cfg = model.config();
+bool has_penalty(const kernels::SampleParams& kp) {
+  return kp.repetition_penalty != 1.0f || kp.presence_penalty != 0.0f ||
+         kp.frequency_penalty != 0.0f;
+}
+
+// The device sampler's parameters of the chunks with want_logits, in chunk order; rows with
+// penalties send their token lists, from which the device builds the state the host sampler
+// keeps (prompt tokens seen, output tokens counted). `history` is left empty when no row has
+// a penalty.
+void draw_params(const std::vector<SeqState*>& running, const StepRun& run,
+                 std::vector<kernels::SampleParams>* params,
+                 std::vector<Device::PenaltyHistory>* history) {
+  bool penalties = false;
+  for (size_t k = 0; k < run.chunks.size(); ++k) {
+    if (!run.chunks[k].want_logits) continue;
+    const SeqState& s = *running[run.chunk_seq[k]];
+    const auto kp = s.sampler->next_params();
+    Device::PenaltyHistory h;
+    if (has_penalty(kp)) {
+      penalties = true;
+      h.tokens = s.tokens.data();
+      h.n = static_cast<int>(s.tokens.size());
+      h.out_start = s.prompt_len;
+    }
+    params->push_back(kp);
+    history->push_back(h);
+  }
+  if (!penalties) history->clear();
+}
+
+// What the step drew, applied to its sequences: tokens, stop decisions (EOS, stop ids,
+// max_tokens) into out->done. Draws come from the device (`drawn`, with `params`) or from
+// the host samplers over `logits`. A chunk whose chunk_seq is kGone (its sequence left while
+// a queued step ran) only skips its row.
+constexpr size_t kGone = static_cast<size_t>(-1);
+void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, StepRun* out,
+                 const std::vector<kernels::SampleResult>* drawn,
+                 const std::vector<kernels::SampleParams>* params, std::vector<float>* logits,
+                 const FaultFn& fault) {
+  const auto& chunks = out->chunks;
+  const bool on_device = drawn != nullptr;
   const size_t V = static_cast<size_t>(cfg.vocab_size);
   size_t row = 0;
   out->samples.resize(chunks.size());
   for (size_t k = 0; k < chunks.size(); ++k) {
-    SeqState& s = *running[out->chunk_seq[k]];
-    s.computed += chunks[k].n;
     Sample& smp = out->samples[k];
     smp.token = -1;
+    if (out->chunk_seq[k] == kGone) {
+      if (chunks[k].want_logits) ++row;
+      continue;
+    }
+    SeqState& s = *running[out->chunk_seq[k]];
+    s.computed += chunks[k].n;
     if (!chunks[k].want_logits) continue;
     if (on_device) {
-      const kernels::SampleResult& d = drawn[row++];
+      const kernels::SampleResult& d = (*drawn)[row++];
       smp.token = d.token;
-      if (params[row - 1].logprobs) smp.logprob = d.logprob;
+      if ((*params)[row - 1].logprobs) smp.logprob = d.logprob;
       for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
       if (fault) fault(s.id, &smp.token);
       s.sampler->record(smp.token);
@@ -177,6 +191,36 @@ Status run_step(Model& model, KVCache& cache, Collective& comm,
       why = FinishReason::length;
     if (why != FinishReason::none) out->done.emplace_back(out->chunk_seq[k], why);
   }
+}
+
+// One engine step over `running`, identical on every rank: the schedule, the forward pass,
+// the draws and the stop decisions (EOS, stop ids, max_tokens) follow from the running
+// list alone, so ranks that apply the same plans stay in step without sending tokens.
+//
+// Every decoding sequence (one pending token) runs each step; the rest of the budget is
+// shared max-min fairly among the prompts being prefilled (shortest remainder first, each
+// taking at most an even share of what is left), so a long prompt cannot hold a short
+// one's first token for its whole prefill, and is never starved by short ones either.
+// The budget is at least the slot count, so prefill gets a token even with every other
+// slot decoding.
+Status run_step(Model& model, KVCache& cache, Collective& comm,
+                const std::vector<SeqState*>& running, int budget, std::vector<float>* logits,
+                StepRun* out, const FaultFn& fault = {}) {
+  plan_step(running, budget, out);
+  if (out->chunks.empty()) return Status::Ok();
+  // On a device that samples, draw there (one small copy back per step instead of the
+  // logits).
+  std::vector<kernels::SampleResult> drawn;
+  const bool on_device = model.device().samples_on_device();
+  std::vector<kernels::SampleParams> params;
+  std::vector<Device::PenaltyHistory> history;
+  if (on_device) {
+    draw_params(running, *out, &params, &history);
+    SPARK_TRY(model.forward_sample(out->chunks, cache, comm, params, &drawn, history));
+  } else {
+    SPARK_TRY(model.forward(out->chunks, cache, comm, logits));
+  }
+  apply_draws(model.config(), running, out, on_device ? &drawn : nullptr, &params, logits, fault);
   return Status::Ok();
 }
 
@@ -190,6 +234,12 @@ struct Engine::Seq : SeqState {
   int cached = 0;                // prompt tokens that came from the prefix cache
   std::vector<uint64_t> hashes;  // chain hashes of the leading full, computed blocks
   std::chrono::steady_clock::time_point scheduled{};  // got its slot
+};
+
+struct Engine::Queued {  // a step queued on the device, its draws not read yet
+  step_detail::StepRun run;
+  std::vector<uint64_t> seq_ids;  // per chunk
+  std::vector<kernels::SampleParams> params;
 };
 
 struct Engine::Req {
@@ -208,6 +258,14 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   if (opts.slots < 1 || opts.block_size < 1 || opts.max_batch_tokens < 1)
     return make_error(Errc::config,
                       "engine: slots, block_size and max_batch_tokens must be positive");
+  if (const char* ov = std::getenv("SPARK_OVERLAP_DECODE")) {
+    if (std::string_view(ov) != "0" && std::string_view(ov) != "1")
+      return make_error(Errc::config,
+                        fmt::format("SPARK_OVERLAP_DECODE={}: must be 0 (off) or 1 (on, the "
+                                    "default)",
+                                    ov));
+    if (std::string_view(ov) == "0") opts.overlap_decode = false;
+  }
   e->max_context_ =
       opts.max_context > 0 ? std::min(opts.max_context, c.max_position) : c.max_position;
   const int per_seq = (e->max_context_ + opts.block_size - 1) / opts.block_size;
@@ -307,6 +365,8 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
       "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}",
       c.architecture, e->model_->device().info().name, opts.slots, opts.num_blocks, opts.block_size,
       e->cache_->bytes() >> 20, elem_name(kv_type), e->max_context_, e->comm_->world_size());
+  e->overlap_ = opts.overlap_decode && e->comm_->world_size() == 1 &&
+                e->model_->device().samples_on_device() && e->model_->device().queues_steps();
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
   return e;
 }
@@ -552,7 +612,7 @@ Status Engine::keepalive() {
 }
 
 Status Engine::step() {
-  const int bs = opts_.block_size;
+  if (overlap_) return step_queued();
   std::vector<SeqState*> view;
   view.reserve(running_.size());
   for (auto& s : running_) view.push_back(s.get());
@@ -560,8 +620,90 @@ Status Engine::step() {
   SPARK_TRY(step_detail::run_step(*model_, *cache_, *comm_, view,
                                   std::max(opts_.max_batch_tokens, opts_.slots), &logits_, &run));
   if (run.chunks.empty()) return Status::Ok();
+  finish_run(run);
+  return Status::Ok();
+}
+
+// Overlapped decode (a device that queues steps, one rank): while a decode step runs on the
+// device, the next one is queued behind it with the tokens it draws fed to it there, so the
+// device never waits for the host to read the draws, decide and launch. That next step is
+// queued only when it is sure to run as queued: every running sequence decodes in this
+// step, none can reach its length limit in it, and none has penalties (whose state needs the
+// draw). A sequence that ends in this step anyway (EOS, a stop id, a cancel) has its row of
+// the queued step dropped; its K/V write there lands past its end, in its own blocks, and
+// is ordered before any later use of them.
+Status Engine::step_queued() {
+  std::unique_ptr<Queued> cur = std::move(ahead_);
+  if (!cur) {
+    cur = std::make_unique<Queued>();
+    std::vector<SeqState*> view;
+    for (auto& s : running_) view.push_back(s.get());
+    step_detail::plan_step(view, std::max(opts_.max_batch_tokens, opts_.slots), &cur->run);
+    if (cur->run.chunks.empty()) return Status::Ok();
+    std::vector<Device::PenaltyHistory> history;
+    step_detail::draw_params(view, cur->run, &cur->params, &history);
+    for (size_t i : cur->run.chunk_seq) cur->seq_ids.push_back(running_[i]->id);
+    SPARK_TRY(model_->queue_sample(cur->run.chunks, *cache_, *comm_, cur->params, false, history));
+  }
+  // The step after it, queued now when it will run as it is.
+  bool ahead = cur->run.decode_only && running_.size() == cur->run.chunks.size();
+  for (size_t k = 0; ahead && k < cur->run.chunks.size(); ++k) {
+    const auto& ch = cur->run.chunks[k];
+    const Seq* s =
+        k < cur->seq_ids.size() && running_[k]->id == cur->seq_ids[k] ? running_[k].get() : nullptr;
+    ahead = s && ch.n == 1 && ch.want_logits && !step_detail::has_penalty(cur->params[k]) &&
+            static_cast<int>(s->tokens.size()) + 1 < s->max_total;
+  }
+  if (ahead) {
+    auto next = std::make_unique<Queued>();
+    next->seq_ids = cur->seq_ids;
+    for (size_t k = 0; k < cur->run.chunks.size(); ++k) {
+      const Seq& s = *running_[k];
+      const auto& ch = cur->run.chunks[k];
+      static const int32_t kFed = 0;  // not read: the device feeds the drawn token
+      next->run.chunks.push_back({&kFed, 1, ch.start_pos + 1, s.blocks.data(), true});
+      next->run.chunk_seq.push_back(k);
+      next->params.push_back(s.sampler->next_params(1));
+    }
+    SPARK_TRY(model_->queue_sample(next->run.chunks, *cache_, *comm_, next->params, true, {}));
+    ahead_ = std::move(next);
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.steps_queued_ahead;
+  }
+  std::vector<kernels::SampleResult> drawn;
+  SPARK_TRY(model_->wait_sample(&drawn));
+  // The sequences as they are now (a cancel may have removed some since it was queued).
+  std::vector<SeqState*> view;
+  for (auto& s : running_) view.push_back(s.get());
+  for (size_t k = 0; k < cur->run.chunks.size(); ++k) {
+    cur->run.chunk_seq[k] = step_detail::kGone;
+    for (size_t i = 0; i < running_.size(); ++i)
+      if (running_[i]->id == cur->seq_ids[k]) cur->run.chunk_seq[k] = i;
+  }
+  step_detail::apply_draws(model_->config(), view, &cur->run, &drawn, &cur->params, nullptr, {});
+  finish_run(cur->run);
+  // A queued step none of whose sequences runs any more is only waited for.
+  if (ahead_) {
+    bool any = false;
+    for (uint64_t id : ahead_->seq_ids)
+      for (const auto& s : running_) any = any || s->id == id;
+    if (!any) return drain_queued();
+  }
+  return Status::Ok();
+}
+
+Status Engine::drain_queued() {
+  if (!ahead_) return Status::Ok();
+  ahead_.reset();
+  std::vector<kernels::SampleResult> unused;
+  return model_->wait_sample(&unused);
+}
+
+void Engine::finish_run(StepRun& run) {
+  const int bs = opts_.block_size;
   uint64_t prompt_done = 0;
   for (size_t k = 0; k < run.chunks.size(); ++k) {
+    if (run.chunk_seq[k] == step_detail::kGone) continue;
     Seq& s = *running_[run.chunk_seq[k]];
     const int before = s.computed - run.chunks[k].n;
     if (before < s.prompt_len)
@@ -600,6 +742,7 @@ Status Engine::step() {
   }
   if (opts_.on_step)
     for (size_t k = 0; k < run.chunks.size(); ++k) {
+      if (run.chunk_seq[k] == step_detail::kGone) continue;
       const Seq& s = *running_[run.chunk_seq[k]];
       trace.chunks.push_back(
           {s.req, s.choice, run.chunks[k].n, std::max(0, s.prompt_len - s.computed)});
@@ -609,7 +752,6 @@ Status Engine::step() {
             [](const auto& a, const auto& b) { return a.first > b.first; });
   for (const auto& [i, why] : run.done) finish_seq(i, why);
   if (opts_.on_step) opts_.on_step(trace);
-  return Status::Ok();
 }
 
 void Engine::loop() {
@@ -692,6 +834,8 @@ void Engine::loop() {
                              .count();
       st = step();
       step_started_ns_ = 0;
+    } else if (st.ok()) {
+      st = drain_queued();  // its sequences were cancelled
     }
     if (!st.ok() && ctl_) {
       // A follower that left the ring (a divergence) said why before it closed its
@@ -717,6 +861,7 @@ void Engine::loop() {
     }
   }
   // Stopping: end everything still pending, release TP workers.
+  if (Status st = drain_queued(); !st.ok()) log::warn("engine", "queued step: {}", st.message());
   std::vector<RequestId> ids;
   for (const auto& [id, r] : reqs_) ids.push_back(id);
   for (RequestId id : ids) cancel_req(id, FinishReason::cancelled, "the engine stopped");

@@ -94,6 +94,11 @@ struct EngineOptions {
   std::string kv_memory_where;
   /// CUDA: capture decode steps as CUDA graphs per batch-size bucket (eager when false).
   bool cuda_graphs = true;
+  /// One rank on a device that queues steps (CUDA): queue each decode step behind the one
+  /// running, fed its draws on the device, so the GPU does not wait for the host between
+  /// steps (see Engine::step_queued). SPARK_OVERLAP_DECODE=0 in the environment turns it
+  /// off as well.
+  bool overlap_decode = true;
   /// Test seam: called on the engine thread after every step with what it computed; it
   /// may block, which holds the engine between two steps (tests order events by it).
   std::function<void(const StepTrace&)> on_step;
@@ -143,6 +148,8 @@ struct EngineStats {
   int block_size = 0;
   bool prefix_caching = false;
   uint64_t generated_tokens = 0;
+  /// Overlapped decode: steps queued behind the one running, fed its draws on the device.
+  uint64_t steps_queued_ahead = 0;
   int64_t step_running_ms =
       0;                 // age of the forward step in progress (0: none), for stall detection
   std::string device;    // what computes (DeviceInfo::name)
@@ -156,6 +163,10 @@ struct EngineStats {
   uint64_t heartbeats = 0;      // heartbeats sent while idle
   uint64_t plans_deferred = 0;  // plans the sockets took in part (the rest: with the next write)
 };
+
+namespace step_detail {
+struct StepRun;
+}
 
 class Engine {
  public:
@@ -185,6 +196,8 @@ class Engine {
  private:
   struct Seq;
   struct Req;
+  struct Queued;
+  using StepRun = step_detail::StepRun;
   struct Submit {
     RequestId id;
     GenerateRequest r;
@@ -198,6 +211,11 @@ class Engine {
   void loop();
   void admit();
   Status step();
+  Status step_queued();
+  /// Waits for the step queued ahead, if any, and drops its draws.
+  Status drain_queued();
+  /// A step's bookkeeping after its draws: prefix blocks, events, stats, finished sequences.
+  void finish_run(StepRun& run);
   void finish_seq(size_t index, FinishReason why, const std::string& error = {});
   void cancel_req(RequestId id, FinishReason why, const std::string& error);
   void emit(Req& r, TokenEvent ev);
@@ -230,6 +248,9 @@ class Engine {
     std::vector<std::unique_ptr<Seq>> seqs;
   };
   std::unique_ptr<Pending> pending_;  // posted ahead, applied before the next step
+  // Overlapped decode: a step queued on the device whose draws are not read yet.
+  std::unique_ptr<Queued> ahead_;
+  bool overlap_ = false;
   uint64_t next_seq_ = 1, plan_serial_ = 0, step_serial_ = 0;
   uint64_t digest_step_ = 0, digest_ = 0;  // rank 0's last step with draws, and their digest
   std::chrono::steady_clock::time_point last_post_{};

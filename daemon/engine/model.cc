@@ -221,6 +221,27 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
+  // The layer norms' weights folded into the products that read their output, on a device
+  // whose products then normalise faster (Device::folds_norm_weights); the norms keep a
+  // weight of ones, for the passes that still run them (prefill, several ranks).
+  bool foldable = dev.folds_norm_weights() && direct == 0;
+  for (const auto& L : layers_)
+    for (const Buffer* b : {&L.in_norm, &L.post_norm, &L.wq, &L.wk, &L.wv, &L.w_gate_up})
+      foldable = foldable && b->type() == ElemType::bf16;
+  if (foldable) {
+    const int H = c.hidden_size;
+    const std::vector<uint16_t> ones(static_cast<size_t>(H), 0x3f80);  // bf16 1.0
+    for (auto& L : layers_) {
+      for (const Buffer* w : {&L.wq, &L.wk, &L.wv})
+        SPARK_TRY(dev.fold_norm_weight(*w, L.in_norm, H));
+      SPARK_TRY(dev.fold_norm_weight(L.w_gate_up, L.post_norm, H));
+      SPARK_TRY(dev.upload(L.in_norm, ones.data(), DType::bf16));
+      SPARK_TRY(dev.upload(L.post_norm, ones.data(), DType::bf16));
+    }
+    SPARK_TRY(dev.synchronize());
+    norms_folded_ = true;
+    log::info("engine", "the layer norms' weights are folded into the q/k/v and gate/up weights");
+  }
   if (report) {
     report->bytes_read = ck->bytes_read();
     report->weight_bytes = held;
@@ -301,7 +322,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   for (const auto& ch : chunks) {
     if (ch.n <= 0) continue;
     for (int i = 0; i < ch.n; ++i) {
-      const int32_t tok = ch.tokens[i];
+      const int32_t tok = feed_rows_ > 0 ? 0 : ch.tokens[i];  // fed: drawn on the device
       if (tok < 0 || tok >= V)
         return make_error(Errc::usage,
                           fmt::format("token id {} is outside the vocabulary [0, {})", tok, V));
@@ -344,6 +365,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   } else {
     SPARK_TRY(reserve(st.tokens_n(), rows));
     SPARK_TRY(device_->begin_step(st));
+    if (feed_rows_ > 0) SPARK_TRY(device_->feed_drawn_tokens(feed_rows_));
     SPARK_TRY(run_layers(st, cache, comm, want));
   }
   if (!logits) return device_->synchronize();
@@ -353,6 +375,8 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
                         fmt::format("forward_sample: {} logit rows but {} sampling parameters", R,
                                     sample_params_->size()));
     logits->clear();
+    if (sample_queue_only_)
+      return device_->sample_queue(logits_, V, *sample_params_, *sample_history_);
     return device_->sample(logits_, V, *sample_params_, *sample_history_, sample_out_);
   }
   logits->resize(static_cast<size_t>(R) * static_cast<size_t>(V));
@@ -373,6 +397,39 @@ Status Model::forward_sample(const std::vector<SeqChunk>& chunks, KVCache& cache
   sample_history_ = nullptr;
   sample_out_ = nullptr;
   return st;
+}
+
+Status Model::queue_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                           const std::vector<kernels::SampleParams>& params, bool feed,
+                           const std::vector<Device::PenaltyHistory>& history) {
+  if (!device_->queues_steps())
+    return make_error(Errc::internal, "queue_sample: the device does not queue steps");
+  int rows = 0;
+  for (const auto& ch : chunks) {
+    if (feed && (ch.n != 1 || !ch.want_logits))
+      return make_error(Errc::internal, "queue_sample: a fed step is one token per chunk");
+    rows += ch.want_logits ? 1 : 0;
+  }
+  if (feed && !history.empty())
+    return make_error(Errc::internal, "queue_sample: a fed step has no penalties");
+  std::vector<float> unused;
+  std::vector<kernels::SampleResult> ignored;
+  sample_params_ = &params;
+  sample_history_ = &history;
+  sample_out_ = &ignored;
+  sample_queue_only_ = true;
+  feed_rows_ = feed ? rows : 0;
+  Status st = forward(chunks, cache, comm, &unused, false);
+  sample_params_ = nullptr;
+  sample_history_ = nullptr;
+  sample_out_ = nullptr;
+  sample_queue_only_ = false;
+  feed_rows_ = 0;
+  return st;
+}
+
+Status Model::wait_sample(std::vector<kernels::SampleResult>* results) {
+  return device_->sample_wait(results);
 }
 
 Status Model::prepare(int tokens, int seqs, int max_context, int block_size, bool graphs) {
@@ -427,6 +484,7 @@ Status Model::run_graph(KVCache& cache, Collective& comm, bool want) {
   const uint64_t key = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(kv0.k)) >> 8 << 16) |
                        (static_cast<uint64_t>(B) << 1) | (short_class ? 1u : 0u);
   SPARK_TRY(device_->begin_step(st));
+  if (feed_rows_ > 0) SPARK_TRY(device_->feed_drawn_tokens(feed_rows_));
   auto hit = device_->graph_launch(key);
   if (!hit) return hit.error();
   if (*hit) {
@@ -486,17 +544,17 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
   // normalise inside the next product; across ranks each product's all-reduce comes first,
   // and the norm's pass adds the reduced sum (and the bias).
   const bool one_rank = comm.world_size() == 1;
-  Device::PreNorm pre{&x, &none, &none, &layers_[0].in_norm, &h, eps};
+  Device::PreNorm pre{&x, &none, &none, &layers_[0].in_norm, &h, eps, norms_folded_};
   auto residual_product = [&](const Buffer& in, const Buffer& w, const Buffer& b, int in_w,
-                              const Buffer& norm_w) -> Status {
+                              const Buffer& norm_w, bool folded) -> Status {
     if (one_rank) {
       SPARK_TRY(dev.linear_add(in, w, b, o, x, T, in_w, H));
-      pre = {&x, &none, &none, &norm_w, &h, eps};
+      pre = {&x, &none, &none, &norm_w, &h, eps, folded};
       return Status::Ok();
     }
     SPARK_TRY(dev.linear(in, w, none, o, T, in_w, H));
     SPARK_TRY(dev.all_reduce(comm, o));
-    pre = {&x, &o, &b, &norm_w, &h, eps};
+    pre = {&x, &o, &b, &norm_w, &h, eps, folded};
     return Status::Ok();
   };
   for (int l = 0; l < c.num_layers; ++l) {
@@ -507,12 +565,13 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
     SPARK_TRY(dev.linear_group_rope_kv_write(pre, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
                                              L.k_norm, eps, kv));
     SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
-    SPARK_TRY(residual_product(att, L.wo, L.bo, qw, L.post_norm));
+    SPARK_TRY(residual_product(att, L.wo, L.bo, qw, L.post_norm, norms_folded_));
     SPARK_TRY(dev.linear_swiglu(pre, L.w_gate_up, L.b_gate_up, gu, act, T, H, inter));
     // After the last layer, the final norm.
     const bool last = l + 1 == c.num_layers;
     SPARK_TRY(residual_product(act, L.w_down, L.b_down, inter,
-                               last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm));
+                               last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm,
+                               !last && norms_folded_));
   }
   SPARK_TRY(dev.pre_norm(pre, T, H));
   if (!want) return Status::Ok();  // a worker beside a replicated lm_head: rank 0 samples

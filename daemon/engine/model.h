@@ -87,6 +87,15 @@ class Model {
                         const std::vector<kernels::SampleParams>& params,
                         std::vector<kernels::SampleResult>* results,
                         const std::vector<Device::PenaltyHistory>& history = {});
+  /// forward_sample() in two halves, for a device that queues steps
+  /// (Device::queues_steps()): queue_sample() returns once the step and its draws are
+  /// queued; wait_sample() waits for the oldest queued draws. With `feed`, the chunks are
+  /// the previous queued step's, one token further on, in the same order: their tokens are
+  /// those draws, taken on the device (the chunks' own token values are not read).
+  Status queue_sample(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
+                      const std::vector<kernels::SampleParams>& params, bool feed,
+                      const std::vector<Device::PenaltyHistory>& history = {});
+  Status wait_sample(std::vector<kernels::SampleResult>* results);
 
   /// Sizes every buffer a step uses for steps of up to `tokens` tokens over `seqs`
   /// sequences of up to `max_context` tokens in `block_size`-token blocks, so that such
@@ -96,6 +105,10 @@ class Model {
   /// Decode steps replayed from a graph / captured so far (for tests and the benchmark).
   uint64_t graph_replays() const { return graph_replays_; }
   uint64_t graph_captures() const { return graph_captures_; }
+
+  /// Whether the layer norms' weights were folded into the products after them at load
+  /// (Device::folds_norm_weights).
+  bool norms_folded() const { return norms_folded_; }
 
   /// RoPE inverse frequencies in use (tests compare them with the reference's).
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
@@ -118,6 +131,7 @@ class Model {
   ShardPlan plan_;
   std::shared_ptr<Device> device_;
   Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
+  bool norms_folded_ = false;  // in_norm / post_norm folded into q/k/v / gate_up (ones left)
   Buffer head_;  // this rank's lm_head rows (a view of embed_ when tied)
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
@@ -129,6 +143,8 @@ class Model {
   const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample
   const std::vector<Device::PenaltyHistory>* sample_history_ = nullptr;
   std::vector<kernels::SampleResult>* sample_out_ = nullptr;
+  bool sample_queue_only_ = false;  // queue_sample: the draws are queued, not read
+  int feed_rows_ = 0;               // queue_sample with feed: tokens taken from the last draws
   // Graphs: on after prepare(graphs = true) on a device that has them.
   bool graphs_ = false;
   int graph_max_batch_ = 0, graph_max_context_ = 0, graph_width_ = 0;

@@ -61,7 +61,7 @@ Sampler::Sampler(const SamplingParams& p, int vocab_size, const std::vector<int3
   seed_ = mix(base);
 }
 
-kernels::SampleParams Sampler::next_params() const {
+kernels::SampleParams Sampler::next_params(uint32_t ahead) const {
   kernels::SampleParams k;
   k.temperature = p_.temperature;
   k.top_k = p_.top_k > 0 ? p_.top_k : 0;
@@ -74,7 +74,7 @@ kernels::SampleParams Sampler::next_params() const {
   k.logprobs = p_.logprobs || p_.top_logprobs > 0 ? 1 : 0;
   k.seed = seed_;
   k.request = stream_;
-  k.step = step_;
+  k.step = step_ + ahead;
   return k;
 }
 

@@ -59,8 +59,10 @@ class Sampler {
   /// Picks the next token from `logits` (vocab_size floats; not modified) and records it.
   Sample sample(const float* logits);
   /// The kernel parameters of the next draw (seed, stream and step included), for a device
-  /// sampler that draws for this sequence: it then picks what sample() would.
-  kernels::SampleParams next_params() const;
+  /// sampler that draws for this sequence: it then picks what sample() would. `ahead` > 0:
+  /// the draw that many after the next (a step queued before this one's draw is recorded;
+  /// without penalties, whose state would need the draws in between).
+  kernels::SampleParams next_params(uint32_t ahead = 0) const;
   /// Records a token drawn elsewhere (by the device sampler), as sample() does.
   void record(int32_t token);
   /// Penalty state: 1 for tokens of the prompt and output so far, and output counts.

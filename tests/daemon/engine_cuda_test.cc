@@ -124,6 +124,19 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
   setenv("SPARK_CUDA_SHORT_ATTENTION", "-3", 1);
   CHECK(select_device("auto", 0, &why).error().code == Errc::config);
   unsetenv("SPARK_CUDA_SHORT_ATTENTION");
+  // The on/off switches take 0 or 1 only: "off" or "no" is not silently on.
+  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT"}) {
+    for (const char* value : {"off", "", "2"}) {
+      CAPTURE(var);
+      CAPTURE(value);
+      setenv(var, value, 1);
+      auto wrong = select_device("auto", 0, &why);
+      REQUIRE_FALSE(wrong.ok());
+      CHECK(wrong.error().code == Errc::config);
+      CHECK(wrong.error().message.find(std::string(var) + "=" + value + ":") != std::string::npos);
+    }
+    unsetenv(var);
+  }
 }
 
 TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tokens agree") {
@@ -145,6 +158,8 @@ TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tok
       const auto& c = model.config();
       const size_t V = static_cast<size_t>(c.vocab_size);
       CHECK(rep.device.find("sm_") != std::string::npos);
+      // Weights in device memory: the norms' weights are folded into q/k/v and gate/up.
+      CHECK(model.norms_folded() == (rep.bytes_in_place == 0));
       std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = ref["greedy_steps"].get<int>();
       const int bs = 16;
@@ -225,6 +240,68 @@ TEST_CASE("cuda engine: the scheduler (chunked prefill, n=2, prefix cache) keeps
       REQUIRE(again.ok());
       CHECK(again->cached_prompt_tokens > 0);
       check_greedy(again->tokens[0], ref, "prefix-cached");
+    }
+  }
+}
+
+TEST_CASE("cuda engine: overlapped decode gives the tokens and logprobs of steps one by one") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  for (const auto& dir : fixture_dirs()) {
+    CAPTURE(dir);
+    auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+    // One request at a time, so both engines run the same steps on the same kernels: the
+    // results must be the same bits.
+    std::vector<BlockingResult> runs[2];
+    uint64_t ahead[2] = {0, 0};
+    for (int overlap : {0, 1}) {
+      CAPTURE(overlap);
+      auto d = make_cuda_device(0);
+      REQUIRE(d.ok());
+      auto m = Model::load(dir, 0, 1, *d);
+      REQUIRE(m.ok());
+      EngineOptions o;
+      o.slots = 2;
+      o.block_size = 8;
+      o.overlap_decode = overlap == 1;
+      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+      REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
+      SamplingParams g;
+      g.temperature = 0;
+      g.max_tokens = ref["greedy_steps"].get<int>();
+      g.ignore_eos = true;
+      auto r = generate_blocking(**eng, prompt, g);
+      REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+      check_greedy(r->tokens[0], ref, overlap ? "overlapped" : "one by one");
+      runs[overlap].push_back(*r);
+      SamplingParams s;
+      s.temperature = 0.8f;
+      s.top_p = 0.95f;
+      s.seed = 1234;
+      s.n = 2;
+      s.max_tokens = 40;
+      s.logprobs = true;
+      s.ignore_eos = true;
+      auto sr = generate_blocking(**eng, prompt, s);
+      REQUIRE(sr.ok());
+      runs[overlap].push_back(*sr);
+      SamplingParams st = g;  // a stop id mid-stream: the step queued after it is dropped
+      st.stop_token_ids = {r->tokens[0][10]};
+      auto stopped = generate_blocking(**eng, prompt, st);
+      REQUIRE(stopped.ok());
+      CHECK(stopped->finish[0] == FinishReason::stop);
+      runs[overlap].push_back(*stopped);
+      ahead[overlap] = (*eng)->stats().steps_queued_ahead;
+      CHECK((*eng)->stats().blocks_available == (*eng)->stats().blocks_total);
+    }
+    CHECK(ahead[0] == 0);
+    CHECK(ahead[1] > 0);
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(runs[1][i].tokens == runs[0][i].tokens);
+      CHECK(runs[1][i].finish == runs[0][i].finish);
+      CHECK(runs[1][i].logprobs == runs[0][i].logprobs);
     }
   }
 }

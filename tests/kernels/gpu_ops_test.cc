@@ -371,6 +371,34 @@ TEST_CASE("gpu rope with the KV write: bit for bit what rope and then the KV wri
       }
 }
 
+TEST_CASE("gpu rmsnorm_fold_weight: a norm's weight folded into a product's, bit for bit") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("fold weight"));
+  for (auto [rows, cols] : {std::pair<size_t, size_t>{1, 8}, {3, 4096}, {4099, 64}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    auto w = as_stored(randoms(rng, rows * cols, -2, 2), DType::bf16);
+    auto g = as_stored(randoms(rng, cols, 0.2f, 3.0f), DType::bf16);
+    std::vector<bf16_bits> wb(w.size()), gb(g.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = float_to_bf16(w[i]);
+    for (size_t i = 0; i < g.size(); ++i) gb[i] = float_to_bf16(g[i]);
+    rmsnorm_fold_weight_ref(wb.data(), rows, cols, gb.data());
+    auto dw = to_dev(w, DType::bf16), dg = to_dev(g, DType::bf16);
+    REQUIRE(rmsnorm_fold_weight_cuda_device(static_cast<bf16_bits*>(dw.get()), rows, cols,
+                                            static_cast<const bf16_bits*>(dg.get()), nullptr)
+                .ok());
+    REQUIRE(cuda_synchronize().ok());
+    const auto got = from_dev(dw);
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != bf16_to_float(wb[i]);
+    CHECK(differ == 0);
+    // The fold is the product, rounded once: row r, column c.
+    CHECK(bf16_to_float(wb[cols + 1 < wb.size() ? cols + 1 : 0]) ==
+          bf16_to_float(float_to_bf16(w[cols + 1 < w.size() ? cols + 1 : 0] *
+                                      g[cols + 1 < w.size() ? 1 : 0])));
+  }
+}
+
 TEST_CASE("gpu head_rmsnorm and bias_add match their twins") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("head_rmsnorm"));
@@ -1246,13 +1274,17 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
     size_t m, n, k;
   } shapes[] = {{1, 4096, 4096}, {2, 1000, 896},  {3, 77, 264},  {4, 129, 2056},
                 {1, 1, 8},       {2, 333, 14336}, {1, 28672, 64}};
-  const OwnVariant forms[] = {OwnVariant::automatic, OwnVariant::gemv_r1_u8, OwnVariant::gemv_r1_u4,
-                              OwnVariant::gemv_r2_u4, OwnVariant::gemv_r2_u8};
+  const OwnVariant forms[] = {OwnVariant::automatic,  OwnVariant::gemv_r1_u8,
+                              OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4,
+                              OwnVariant::gemv_r2_u8, OwnVariant::gemv_r2_u2};
   for (auto sh : shapes)
     for (auto ot : kTypes)
       for (OwnVariant form : forms)
         for (int mode = 0; mode < 4; ++mode) {
           const bool with_bias = mode & 1, acc = mode & 2;
+          // Mode 1: the norm's weight folded into w (norm_unit): the scale alone, against
+          // the twin with a weight of ones.
+          const bool unit = mode == 1;
           if (form != OwnVariant::automatic && sh.n * sh.k > 2000000 && mode != 3) continue;
           CAPTURE(sh.m);
           CAPTURE(sh.n);
@@ -1261,9 +1293,11 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
           CAPTURE(std::string(own_variant_name(form)));
           CAPTURE(with_bias);
           CAPTURE(acc);
+          CAPTURE(unit);
           // A residual row with a large mean square, as a layer's are.
           auto a = as_stored(randoms(rng, sh.m * sh.k, -8, 8), DType::bf16);
           auto nw = as_stored(randoms(rng, sh.k, 0.5f, 1.5f), DType::bf16);
+          if (unit) std::fill(nw.begin(), nw.end(), 1.0f);
           auto w = as_stored(randoms(rng, sh.n * sh.k, -1, 1), DType::bf16);
           auto bias = as_stored(randoms(rng, sh.n, -1, 1), DType::bf16);
           auto out0 = as_stored(randoms(rng, sh.m * sh.n, -1, 1), ot);
@@ -1278,7 +1312,8 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
           args.a = da.get(), args.lda = sh.k, args.w = dw.get(), args.ldw = sh.k;
           args.out = dout.get(), args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m;
           args.n = sh.n, args.k = sh.k, args.bias = with_bias ? db.get() : nullptr;
-          args.accumulate = acc, args.norm_w = dnw.get(), args.norm_eps = eps;
+          args.accumulate = acc, args.norm_w = unit ? nullptr : dnw.get(), args.norm_eps = eps;
+          args.norm_unit = unit;
           set_programmatic_launch(mode == 3);
           auto s = form == OwnVariant::automatic
                        ? (*mm)->run(args, nullptr)

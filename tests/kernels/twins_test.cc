@@ -369,6 +369,23 @@ TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
   CHECK(matmul_check_args(a).message().find("at most 4 rows") != std::string::npos);
   a.m = 1, a.norm_eps = NAN;
   CHECK(matmul_check_args(a).message().find("norm eps") != std::string::npos);
+  // Folding a norm's weight into the product's: each weight times its column's norm weight,
+  // rounded to bf16 once (1.5 * 1.25 = 1.875 exactly; 1.0078125 * 3 = 3.0234375, halfway
+  // between 3.015625 and 3.03125: to the even one).
+  std::vector<bf16_bits> fw = {float_to_bf16(1.5f), float_to_bf16(1.0078125f), float_to_bf16(-2.0f),
+                               float_to_bf16(0.5f)},
+                         fg = {float_to_bf16(1.25f), float_to_bf16(3.0f)};
+  rmsnorm_fold_weight_ref(fw.data(), 2, 2, fg.data());
+  CHECK(bf16_to_float(fw[0]) == 1.875f);
+  CHECK(bf16_to_float(fw[1]) == 3.03125f);
+  CHECK(bf16_to_float(fw[2]) == -2.5f);
+  CHECK(bf16_to_float(fw[3]) == 1.5f);
+  a.norm_eps = 1e-5f, a.norm_unit = true;  // a weight and "folded" at once
+  CHECK(matmul_check_args(a).message().find("norm_w with norm_unit") != std::string::npos);
+  a.norm_w = nullptr, a.m = 5;  // folded: the same row limit
+  CHECK(matmul_check_args(a).message().find("at most 4 rows") != std::string::npos);
+  a.m = 1;
+  CHECK(matmul_check_args(a).ok());
 
   RopeArgs r;
   r.head_dim = 7;
