@@ -11,8 +11,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "core/strings.h"
@@ -213,6 +215,24 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   };
   const std::string dir = get("model", "");
   if (dir.empty()) return make_error(Errc::usage, "gpubench needs --model DIR");
+  // Every number first, before any GPU work: a bad one is a usage error naming the option.
+  std::map<std::string, int> num;
+  for (auto [key, def, lo, hi] :
+       {std::tuple<const char*, const char*, int, int>{"context", "33792", 2, 1 << 24},
+        {"max-batch-tokens", "8192", 1, 1 << 24},
+        {"prompt-tokens", "128", 1, 1 << 20},
+        {"max-tokens", "256", 2, 1 << 20},
+        {"b1-runs", "3", 1, 100},
+        {"decode-only", "0", 0, 1},
+        {"graphs", "1", 0, 1}}) {
+    const std::string v = get(key, def);
+    auto n = parse_i64(v);
+    if (!n || *n < lo || *n > hi)
+      return make_error(
+          Errc::usage,
+          fmt::format("gpubench --{} {}: must be an integer from {} to {}", key, v, lo, hi));
+    num[key] = static_cast<int>(*n);
+  }
   nlohmann::json j;
   j["model"] = dir;
   auto bw = measure_read_gbps();
@@ -248,15 +268,15 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   auto model = Model::load(dir, 0, 1, *dev, &load);
   if (!model) return model.error();
   const auto& cfg = (*model)->config();
-  const int ctx = static_cast<int>(std::stoi(get("context", "33792")));
+  const int ctx = num["context"];
   EngineOptions o;
   o.slots = 32;
   o.max_context = ctx;
-  o.max_batch_tokens = std::stoi(get("max-batch-tokens", "8192"));
+  o.max_batch_tokens = num["max-batch-tokens"];
   o.prefix_caching = false;
   o.kv_from_free_memory = true;
   o.mem_reserve = 2ull << 30;
-  o.cuda_graphs = get("graphs", "1") == "1";
+  o.cuda_graphs = num["graphs"] == 1;
   auto eng = Engine::start(std::move(*model), std::make_shared<LocalCollective>(), o);
   if (!eng) return eng.error();
   {
@@ -277,8 +297,8 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
 
   // Bytes one decode token reads: every weight once (the lm_head included; a tied
   // embedding counts once), plus the KV of the context so far.
-  const int prompt = std::stoi(get("prompt-tokens", "128"));
-  const int gen = std::stoi(get("max-tokens", "256"));
+  const int prompt = num["prompt-tokens"];
+  const int gen = num["max-tokens"];
   const double kv_per_pos = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
   const double avg_ctx = prompt + gen / 2.0;
   const double bytes_tok = static_cast<double>(load.weight_bytes) + kv_per_pos * avg_ctx;
@@ -287,7 +307,7 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   j["roofline_tok_s"] = roofline;
   run_streams(**eng, 1, prompt, 16);  // warm-up: graphs of bucket 1 captured
   // Batch 1: the median of `b1-runs` runs (each of `gen` tokens), every run in the JSON.
-  const int b1_runs = std::max(1, std::stoi(get("b1-runs", "3")));
+  const int b1_runs = num["b1-runs"];
   std::vector<StreamRun> b1s;
   nlohmann::json b1_all = nlohmann::json::array();
   for (int i = 0; i < b1_runs; ++i) {
@@ -302,7 +322,7 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   j["decode_b1_tok_s"] = b1.decode_tok_s;
   j["decode_b1_runs_tok_s"] = b1_all;
   j["decode_b1_vs_roofline"] = b1.decode_tok_s / roofline;
-  const bool decode_only = get("decode-only", "0") == "1";
+  const bool decode_only = num["decode-only"] == 1;
   nlohmann::json agg = nlohmann::json::array();
   for (int s : {8, 32}) {
     if (decode_only) break;

@@ -725,7 +725,6 @@ class CudaDevice final : public Device {
     // The other host buffer than the draws still queued (if any) use.
     sample_turn_ ^= 1;
     q.host = sample_host_[sample_turn_];
-    q.results = sample_results_;
     if (!free_events_.empty()) {
       q.event = free_events_.back();
       free_events_.pop_back();
@@ -754,7 +753,7 @@ class CudaDevice final : public Device {
       SPARK_TRY(kernels::cuda_memcpy_async(host + pbytes, sample_results_.data(), rbytes, stream_));
     }
     SPARK_TRY(kernels::cuda_event_record(q.event, stream_));
-    last_drawn_ = q.results;
+    last_drawn_ = sample_results_;
     last_drawn_rows_ = rows;
     queued_.push_back(std::move(q));
     return Status::Ok();
@@ -910,7 +909,7 @@ class CudaDevice final : public Device {
   Buffer sample_params_, sample_results_, sample_host_[2], sample_ws_;
   struct Queued {  // draws queued, not yet read: their buffers and the event after them
     int rows = 0;
-    Buffer host, results;
+    Buffer host;  // its params, then its results
     void* event = nullptr;
   };
   std::deque<Queued> queued_;

@@ -66,17 +66,8 @@ struct StepRun {
 
 using FaultFn = std::function<void(uint64_t seq, int32_t* token)>;
 
-// One engine step over `running`, identical on every rank: the schedule, the forward pass,
-// the draws and the stop decisions (EOS, stop ids, max_tokens) follow from the running
-// list alone, so ranks that apply the same plans stay in step without sending tokens.
-//
-// Every decoding sequence (one pending token) runs each step; the rest of the budget is
-// shared max-min fairly among the prompts being prefilled (shortest remainder first, each
-// taking at most an even share of what is left), so a long prompt cannot hold a short
-// one's first token for its whole prefill, and is never starved by short ones either.
-// The budget is at least the slot count, so prefill gets a token even with every other
-// slot decoding.
-// The chunks of one step over `running` (see run_step), into out->chunks / chunk_seq.
+// The chunks of one step over `running` (the schedule run_step describes), into
+// out->chunks / chunk_seq.
 void plan_step(const std::vector<SeqState*>& running, int budget, StepRun* out) {
   auto pending_of = [&](size_t i) {
     return static_cast<int>(running[i]->tokens.size()) - running[i]->computed;
@@ -649,8 +640,7 @@ Status Engine::step_queued() {
   bool ahead = cur->run.decode_only && running_.size() == cur->run.chunks.size();
   for (size_t k = 0; ahead && k < cur->run.chunks.size(); ++k) {
     const auto& ch = cur->run.chunks[k];
-    const Seq* s =
-        k < cur->seq_ids.size() && running_[k]->id == cur->seq_ids[k] ? running_[k].get() : nullptr;
+    const Seq* s = running_[k]->id == cur->seq_ids[k] ? running_[k].get() : nullptr;
     ahead = s && ch.n == 1 && ch.want_logits && !step_detail::has_penalty(cur->params[k]) &&
             static_cast<int>(s->tokens.size()) + 1 < s->max_total;
   }

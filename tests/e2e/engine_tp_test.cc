@@ -303,6 +303,25 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("engine gpubench: a bad number is a usage error naming the option, before any GPU work") {
+  REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
+  test::TempDir dir;
+  for (auto [opt, value] : {std::pair<const char*, const char*>{"--b1-runs", "abc"},
+                            {"--b1-runs", "0"},
+                            {"--decode-only", "2"},
+                            {"--max-tokens", "12x"}}) {
+    CAPTURE(opt);
+    CAPTURE(value);
+    auto p = spawn({kTool, "gpubench", "--model", dir / "none", opt, value}, dir / "g.out",
+                   dir / "g.err");
+    const int rc = wait_for(p, std::chrono::seconds(30));
+    auto err = read_file(dir / "g.err").value_or("");
+    INFO("stderr: " << err);
+    CHECK(rc == 2);  // Errc::usage
+    CHECK(err.find(std::string("gpubench ") + opt + " " + value + ":") != std::string::npos);
+  }
+}
+
 TEST_CASE("engine load: peak memory grows by about the fp32 weights, not weights + file") {
   REQUIRE_MESSAGE(std::filesystem::exists(kTool), "build the spark-engine target: " << kTool);
   test::TempDir dir;
