@@ -188,7 +188,12 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void*,
   for (int i = 0; i < n_parts; ++i) SPARK_TRY(matmul_check_args(parts[i]));
   return no_cuda("matmul_own_group_cuda_device");
 }
-Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void*) {
+Status matmul_own_mma_cuda_device(const MatmulArgs* parts, int n_parts, void*, int, int) {
+  for (int i = 0; i < n_parts; ++i) SPARK_TRY(matmul_check_args(parts[i]));
+  return no_cuda("matmul_own_mma_cuda_device");
+}
+Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void*,
+                                   OwnVariant) {
   for (int i = 0; i < 3; ++i) SPARK_TRY(matmul_check_args(parts[i]));
   SPARK_TRY(rope_check_args(rope));
   return no_cuda("matmul_qkv_rope_cuda_device");

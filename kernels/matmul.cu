@@ -1,14 +1,9 @@
 // Matrix products: cuBLASLt, opened with dlopen (only its header is used at build time, so
 // the binaries start without it), and an own kernel for decode shapes.
 //
-// The own kernel (m <= 32): out^T = W * A^T on the tensor cores (mma.sync m16n8k16, bf16
-// in, fp32 accumulation), W's 16 rows per warp as the mma's A operand and up to 32 rows of
-// A as its B operand. Each lane loads 16 contiguous bytes of W (and of A) per 32-wide k
-// chunk and feeds them to two mma k-steps: a dot product does not depend on the order of
-// k, so a lane's 8 consecutive elements stand in for the mma's strided k positions as
-// long as W and A use the same mapping. That keeps every load 16 bytes wide and W read
-// exactly once, with several chunks in flight per lane; the 8 warps of a block split k
-// and reduce through shared memory.
+// The own kernel (m <= 32) has two forms: the streaming form (m <= 4, fp32 FMA, one warp
+// reading whole weight rows) and the tensor-core form (mma.sync, the block's warps split k);
+// each is described where it is defined below.
 #include <cublasLt.h>
 #include <dlfcn.h>
 
@@ -25,8 +20,6 @@
 
 namespace spark::kernels {
 namespace {
-
-constexpr int kUnroll = 4;  // 32-wide k chunks in flight per lane
 
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -58,14 +51,6 @@ struct OwnGroup {
   RopeEpilogue rope;
 };
 
-// Output rows (of W, i.e. columns of out) per block: 16, or 8 gate/up pairs with swiglu.
-__host__ __device__ constexpr size_t own_rows_per_block(bool swiglu) {
-  return swiglu ? 8 : 16;
-}
-
-// One block's work for product p: NT n-tiles of 8 rows of A (m <= 8 * NT); W warps split k.
-// The mma's A operand rows g and g + 8 are W rows w0 and w1: 16 consecutive rows, or with
-// swiglu gate row i and up row n + i, so one lane ends with both products of an output.
 // The epilogue both forms share: output (m, n) of a plain product (bias, then the
 // accumulate, rounded once to the output type), and of a [gate | up] pair with SwiGLU (the
 // two products rounded as the [gate | up] buffer would hold them, then silu(g) * u).
@@ -99,116 +84,6 @@ __device__ __forceinline__ void store_swiglu(const MatmulArgs& p, size_t m, size
     static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
   else
     static_cast<float*>(p.out)[off] = y;
-}
-
-template <int NT, int kOwnWarps>
-__device__ __forceinline__ void own_block(const MatmulArgs& p, size_t blk,
-                                          float (*red)[32][NT * 4]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, c = lane & 3;
-  const dev::bf16* W = static_cast<const dev::bf16*>(p.w);
-  const dev::bf16* A = static_cast<const dev::bf16*>(p.a);
-  const size_t n0 = blk * own_rows_per_block(p.swiglu);
-  const size_t rw0 = n0 + g, rw1 = p.swiglu ? p.n + n0 + g : n0 + g + 8;
-  const bool w0ok = rw0 < p.n, w1ok = p.swiglu ? w0ok : rw1 < p.n;
-  const dev::bf16* w0 = W + (w0ok ? rw0 : 0) * p.ldw;
-  const dev::bf16* w1 = W + (w1ok ? rw1 : 0) * p.ldw;
-  const dev::bf16* ar[NT];
-  bool aok[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const size_t m = static_cast<size_t>(t) * 8 + g;
-    aok[t] = m < p.m;
-    ar[t] = A + (aok[t] ? m : 0) * p.lda;
-  }
-  float acc[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-
-  // This warp's share of the k chunks.
-  const size_t chunks = (p.k + 31) / 32;
-  const size_t per = (chunks + kOwnWarps - 1) / kOwnWarps;
-  const size_t c_begin = static_cast<size_t>(warp) * per;
-  const size_t c_end = c_begin + per < chunks ? c_begin + per : chunks;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (size_t ch = c_begin; ch < c_end; ch += kUnroll) {
-    uint4 wv0[kUnroll], wv1[kUnroll], av[kUnroll][NT];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const size_t k = (ch + u) * 32 + static_cast<size_t>(c) * 8;
-      const bool kok = ch + u < c_end && k < p.k;
-      wv0[u] = kok && w0ok ? __ldg(reinterpret_cast<const uint4*>(w0 + k)) : zero;
-      wv1[u] = kok && w1ok ? __ldg(reinterpret_cast<const uint4*>(w1 + k)) : zero;
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-        av[u][t] = kok && aok[t] ? *reinterpret_cast<const uint4*>(ar[t] + k) : zero;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      // Step 1: elements 0..3 of each lane's 8; step 2: elements 4..7.
-      const uint32_t a1[4] = {wv0[u].x, wv1[u].x, wv0[u].y, wv1[u].y};
-      const uint32_t a2[4] = {wv0[u].z, wv1[u].z, wv0[u].w, wv1[u].w};
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        mma16816(acc[t], a1, av[u][t].x, av[u][t].y);
-        mma16816(acc[t], a2, av[u][t].z, av[u][t].w);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][lane][t * 4 + e] = acc[t][e];
-  __syncthreads();
-  if (warp != 0) return;
-  float sum[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kOwnWarps; ++w) s += red[w][lane][t * 4 + e];
-      sum[t][e] = s;
-    }
-  if (p.swiglu) {
-    // c0, c1: gate of output n0 + g for A rows 2c, 2c + 1; c2, c3: the matching up.
-    const size_t n = n0 + g;
-    if (n >= p.n) return;
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const size_t m = static_cast<size_t>(t) * 8 + 2 * c + e;
-        if (m >= p.m) continue;
-        store_swiglu(p, m, n, sum[t][e], sum[t][e + 2]);
-      }
-    return;
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float s = sum[t][e];
-      // c0,c1: W row g, A rows 2c, 2c+1; c2,c3: W row g+8.
-      const size_t n = n0 + g + (e >= 2 ? 8 : 0);
-      const size_t m = static_cast<size_t>(t) * 8 + 2 * c + (e & 1);
-      if (n >= p.n || m >= p.m) continue;
-      store_product(p, m, n, s);
-    }
-}
-
-// Each part is called with a constant index, so its arguments stay in parameter space.
-template <int NT, int kOwnWarps>
-__global__ void __launch_bounds__(kOwnWarps * 32) own_kernel(OwnGroup G) {
-  __shared__ float red[kOwnWarps][32][NT * 4];
-  const unsigned b = blockIdx.x;
-  if (G.n > 2 && b >= G.first_block[2])
-    own_block<NT, kOwnWarps>(G.part[2], b - G.first_block[2], red);
-  else if (G.n > 1 && b >= G.first_block[1])
-    own_block<NT, kOwnWarps>(G.part[1], b - G.first_block[1], red);
-  else
-    own_block<NT, kOwnWarps>(G.part[0], b, red);
 }
 
 // ---- the streaming form (m <= kMatmulGemvMaxRows) ----------------------------------------
@@ -483,6 +358,244 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, 2, 4, 1>(
     gemv_block<M, 2, 4, 1, 0, NORM>(G.part[0], b, G.rope);
 }
 
+// ---- the tensor-core form (m <= kMatmulOwnMaxRows) ---------------------------------------
+// out^T = W * A^T with mma.sync m16n8k16 (bf16 in, fp32 accumulation). A tile is 16 weight
+// rows as the mma's A operand, its fragment rows g and g + 8: 16 consecutive rows; with
+// swiglu gate row o and up row n + o of 8 outputs (one lane ends with both products of an
+// output); with RoPE the rotation pair (u, u + head_dim/2) of 8 pairs of a head (one lane
+// ends with both rows of a pair). Up to 8 * NT rows of A are the B operand.
+// Each lane loads 16 contiguous bytes of a tile row (and of an A row) per 32-wide k chunk
+// and feeds them to two mma k-steps: a dot product does not depend on the order of k, so a
+// lane's 8 consecutive elements stand in for the mma's strided k positions as long as W and
+// A use the same mapping. Every load is 16 bytes wide and W is read exactly once.
+// A warp holds RT tiles, so one load of A feeds RT tiles (A is read from L1/L2 once per RT
+// tiles of W, not once per tile), and keeps U chunks of every tile row in flight, the first
+// U loaded before pdl_wait() (a weight does not depend on the kernel ahead). The KW warps of
+// a block split k and meet in shared memory; the block's warps share the epilogue.
+// NORM == 2: the product runs over RMSNorm(A) with the norm's weight folded into W
+// (MatmulArgs::norm_unit): each lane sums the squares of the A elements it loads, the sums
+// meet with the products', and each output is scaled by its row's 1 / rms.
+template <int ROPE>
+__device__ __forceinline__ void tc_tile_rows(const MatmulArgs& p, const RopeEpilogue& rp,
+                                             size_t tile, int g, size_t& r0, size_t& r1,
+                                             size_t& pair_i, bool& ok0, bool& ok1) {
+  if constexpr (ROPE >= 0) {
+    const size_t half = rp.head_dim / 2, pair = tile * 8 + static_cast<size_t>(g);
+    pair_i = pair % half;
+    r0 = (pair / half) * rp.head_dim + pair_i;
+    r1 = r0 + half;
+    ok0 = ok1 = r0 < p.n;
+  } else if (p.swiglu) {
+    r0 = tile * 8 + static_cast<size_t>(g);
+    r1 = p.n + r0;
+    ok0 = ok1 = r0 < p.n;
+  } else {
+    r0 = tile * 16 + static_cast<size_t>(g);
+    r1 = r0 + 8;
+    ok0 = r0 < p.n, ok1 = r1 < p.n;
+  }
+}
+
+// Tiles of one product: 16 rows, 8 swiglu outputs, or 8 rotation pairs (16 rows) each.
+__host__ __device__ constexpr size_t tc_tiles(size_t n, bool swiglu) {
+  return swiglu ? (n + 7) / 8 : (n + 15) / 16;
+}
+
+// Shared memory of a block: the warps' partial sums, then with NORM their sums of squares.
+__host__ __device__ constexpr size_t tc_smem_bytes(int NT, int RT, int KW) {
+  return static_cast<size_t>(KW) * (static_cast<size_t>(RT) * NT * 4 * 32 + NT * 8) * sizeof(float);
+}
+
+template <int NT, int RT, int U, int KW, int ROPE, int NORM>
+__device__ __forceinline__ void tc_block(const MatmulArgs& p, size_t blk, const RopeEpilogue& rp,
+                                         float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const dev::bf16* W = static_cast<const dev::bf16*>(p.w);
+  const dev::bf16* A = static_cast<const dev::bf16*>(p.a);
+  size_t r0[RT], r1[RT], pi[RT];
+  bool ok0[RT], ok1[RT];
+  const uint4* w0[RT];
+  const uint4* w1[RT];
+#pragma unroll
+  for (int t = 0; t < RT; ++t) {
+    tc_tile_rows<ROPE>(p, rp, blk * RT + static_cast<size_t>(t), g, r0[t], r1[t], pi[t], ok0[t],
+                       ok1[t]);
+    w0[t] = reinterpret_cast<const uint4*>(W + (ok0[t] ? r0[t] : 0) * p.ldw);
+    w1[t] = reinterpret_cast<const uint4*>(W + (ok1[t] ? r1[t] : 0) * p.ldw);
+  }
+  const uint4* ar[NT];
+  bool aok[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const size_t m = static_cast<size_t>(t) * 8 + static_cast<size_t>(g);
+    aok[t] = m < p.m;
+    ar[t] = reinterpret_cast<const uint4*>(A + (aok[t] ? m : 0) * p.lda);
+  }
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.f;
+  float ss[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) ss[j] = 0.f;
+
+  // This warp's share of the 32-wide k chunks; lane c takes the 16 bytes at c * 8.
+  const size_t chunks = (p.k + 31) / 32, kq_end = p.k / 8;
+  const size_t per = (chunks + KW - 1) / KW;
+  const size_t c_begin = static_cast<size_t>(warp) * per;
+  const size_t c_end = c_begin + per < chunks ? c_begin + per : chunks;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 wv[U][RT][2];
+  auto load_w = [&](size_t ch0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t kq = (ch0 + u) * 4 + static_cast<size_t>(c);
+      const bool kok = ch0 + u < c_end && kq < kq_end;
+#pragma unroll
+      for (int t = 0; t < RT; ++t) {
+        wv[u][t][0] = kok && ok0[t] ? __ldcs(w0[t] + kq) : zero;
+        wv[u][t][1] = kok && ok1[t] ? __ldcs(w1[t] + kq) : zero;
+      }
+    }
+  };
+  load_w(c_begin);
+  dev::pdl_wait();
+  for (size_t ch0 = c_begin; ch0 < c_end;) {
+    uint4 av[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t kq = (ch0 + u) * 4 + static_cast<size_t>(c);
+      const bool kok = ch0 + u < c_end && kq < kq_end;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) av[u][j] = kok && aok[j] ? __ldg(ar[j] + kq) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if constexpr (NORM == 2) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          float f[8];
+          bf16x8_to_f(av[u][j], f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss[j] = fmaf(f[e], f[e], ss[j]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < RT; ++t) {
+        // Step 1: elements 0..3 of each lane's 8; step 2: elements 4..7.
+        const uint32_t a1[4] = {wv[u][t][0].x, wv[u][t][1].x, wv[u][t][0].y, wv[u][t][1].y};
+        const uint32_t a2[4] = {wv[u][t][0].z, wv[u][t][1].z, wv[u][t][0].w, wv[u][t][1].w};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          mma16816(acc[t][j], a1, av[u][j].x, av[u][j].y);
+          mma16816(acc[t][j], a2, av[u][j].z, av[u][j].w);
+        }
+      }
+    }
+    ch0 += U;
+    if (ch0 >= c_end) break;
+    load_w(ch0);
+  }
+  dev::pdl_trigger();
+
+  // The warps' partial sums (lane-minor, so the stores and loads hit 32 banks), then the
+  // sums of squares of A's rows (lanes 4g..4g+3 hold row g's).
+  constexpr int Q = RT * NT * 4;
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * Q + (t * NT + j) * 4 + e) * 32 + lane] = acc[t][j][e];
+  float* ssr = red + KW * Q * 32;
+  if constexpr (NORM == 2) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float s = ss[j];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (c == 0) ssr[warp * NT * 8 + j * 8 + g] = s;
+    }
+  }
+  __syncthreads();
+  // Tile t's n-tile j is warp (t * NT + j) % KW's to finish: c0, c1 are tile row g (r0) for
+  // A rows 2c, 2c + 1 of the n-tile; c2, c3 tile row g + 8 (r1).
+  for (int q = warp; q < RT * NT; q += KW) {
+    const int t = q / NT, j = q % NT;
+    float s[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) v += red[(w * Q + q * 4 + e) * 32 + lane];
+      s[e] = v;
+    }
+    const size_t m0 = static_cast<size_t>(j) * 8 + 2 * static_cast<size_t>(c);
+    if constexpr (NORM == 2) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; ++w) v += ssr[w * NT * 8 + j * 8 + 2 * c + e];
+        const float inv = rsqrtf(v / static_cast<float>(p.k) + p.norm_eps);
+        s[e] *= inv, s[e + 2] *= inv;
+      }
+    }
+    // Both unrolled branches index with constants only, so r0/r1/ok stay in registers.
+#pragma unroll
+    for (int tt = 0; tt < RT; ++tt) {
+      if (tt != t) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const size_t m = m0 + static_cast<size_t>(e);
+        if (m >= p.m) continue;
+        if constexpr (ROPE >= 0) {
+          if (!ok0[tt]) continue;
+          if (p.out_dtype == DType::bf16)
+            store_rope_t<ROPE, dev::bf16>(p, rp, m, r0[tt], pi[tt], s[e], s[e + 2]);
+          else
+            store_rope_t<ROPE, float>(p, rp, m, r0[tt], pi[tt], s[e], s[e + 2]);
+        } else {
+          if (p.swiglu) {
+            if (ok0[tt]) store_swiglu(p, m, r0[tt], s[e], s[e + 2]);
+          } else {
+            if (ok0[tt]) store_product(p, m, r0[tt], s[e]);
+            if (ok1[tt]) store_product(p, m, r1[tt], s[e + 2]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Two blocks of 8 warps (or one of 16) a multiprocessor at least: at most 128 registers.
+template <int NT, int RT, int U, int KW, int NORM>
+__global__ void __launch_bounds__(KW * 32, 16 / KW) tc_kernel(OwnGroup G) {
+  extern __shared__ float tc_red[];
+  const unsigned b = blockIdx.x;
+  if (G.n > 2 && b >= G.first_block[2])
+    tc_block<NT, RT, U, KW, -1, NORM>(G.part[2], b - G.first_block[2], G.rope, tc_red);
+  else if (G.n > 1 && b >= G.first_block[1])
+    tc_block<NT, RT, U, KW, -1, NORM>(G.part[1], b - G.first_block[1], G.rope, tc_red);
+  else
+    tc_block<NT, RT, U, KW, -1, NORM>(G.part[0], b, G.rope, tc_red);
+}
+
+// q, k and v (parts 0, 1, 2) with the RoPE epilogue (at most 8 rows).
+template <int RT, int U, int KW, int NORM>
+__global__ void __launch_bounds__(KW * 32, 16 / KW) tc_rope_kernel(OwnGroup G) {
+  extern __shared__ float tc_red[];
+  const unsigned b = blockIdx.x;
+  if (b >= G.first_block[2])
+    tc_block<1, RT, U, KW, 2, NORM>(G.part[2], b - G.first_block[2], G.rope, tc_red);
+  else if (b >= G.first_block[1])
+    tc_block<1, RT, U, KW, 1, NORM>(G.part[1], b - G.first_block[1], G.rope, tc_red);
+  else
+    tc_block<1, RT, U, KW, 0, NORM>(G.part[0], b, G.rope, tc_red);
+}
+
 // out[m][n] += bias[n] (bf16) for fp32 outputs, whose cuBLASLt bias must be fp32.
 __global__ void bias_f32_kernel(float* out, size_t ldo, const dev::bf16* bias, size_t m, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < m * n;
@@ -546,10 +659,99 @@ Status launch_gemv(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_
                             : go(std::integral_constant<int, 0>{});
 }
 
+// The tensor-core form's shape for `tiles` tiles in all: RT tiles a warp, KW warps a block.
+struct TcShape {
+  int rt = 0, kw = 0;
+};
+
+// Automatic, as measured on the H200 (bench/kernels, "own forms", m = 1-8): one tile a warp
+// (two or four, with fewer chunks in flight per tile in the same registers, were slower on
+// every shape: gate_up 28672 x 4096 at 8 rows 60 us with one, 65 with two, 74 with four),
+// and 16 warps splitting k where there are fewer tiles than multiprocessors (1024 x 4096:
+// 5.5 us against 6.0 with 8; 4096 x 4096: 13.6 against 11.5, so 8 there).
+TcShape tc_auto_shape(size_t tiles, int sms, TcShape want) {
+  TcShape s = want;
+  if (s.rt == 0) s.rt = 1;
+  if (s.kw == 0) s.kw = tiles < static_cast<size_t>(sms) ? 16 : 8;
+  return s;
+}
+
+template <int NT, int RT, int KW, int NORM>
+Status launch_tc_shape(const OwnGroup& G, unsigned grid, cudaStream_t st, bool rope) {
+  constexpr int U = NT == 1 ? 8 / RT : NT == 2 ? 4 : 2;
+  constexpr size_t smem = tc_smem_bytes(NT, RT, KW);
+  static_assert(smem <= 48 * 1024, "the tensor-core form's shared memory needs no opt-in");
+  if constexpr (NT == 1) {
+    if (rope) {
+      SPARK_CUDA_TRY(
+          dev::launch(tc_rope_kernel<RT, U, KW, NORM>, dim3(grid), dim3(KW * 32), smem, st, G));
+      return Status::Ok();
+    }
+  }
+  SPARK_CUDA_TRY(
+      dev::launch(tc_kernel<NT, RT, U, KW, NORM>, dim3(grid), dim3(KW * 32), smem, st, G));
+  return Status::Ok();
+}
+
+template <int NT, int RT, int NORM>
+Status launch_tc_kw(const OwnGroup& G, unsigned grid, cudaStream_t st, bool rope, int kw) {
+  return kw == 16 ? launch_tc_shape<NT, RT, 16, NORM>(G, grid, st, rope)
+                  : launch_tc_shape<NT, RT, 8, NORM>(G, grid, st, rope);
+}
+
+// G's parts set and checked; rope: parts 0, 1, 2 are q, k, v with G.rope's epilogue.
+Status launch_tc(OwnGroup G, const MatmulArgs* parts, int n_parts, cudaStream_t st, TcShape want,
+                 bool rope) {
+  const MatmulArgs& p0 = parts[0];
+  const size_t nt = (p0.m + 7) / 8;
+  auto bad = [](const std::string& why) {
+    return make_error(Errc::usage, "matmul (own kernel, tensor-core form): " + why);
+  };
+  if (p0.norm_w)
+    return bad("a norm with its weight in the product needs the streaming form (at most " +
+               std::to_string(kMatmulGemvMaxRows) + " rows); fold the weight (norm_unit)");
+  if (nt > 1 && (rope || p0.norm_unit))
+    return bad("RoPE and the norm in the product take at most 8 rows, not " + std::to_string(p0.m));
+  if ((want.rt != 0 && want.rt != 1 && want.rt != 2 && want.rt != 4) ||
+      (want.kw != 0 && want.kw != 8 && want.kw != 16))
+    return bad("row tiles 1, 2 or 4 and k warps 8 or 16, not " + std::to_string(want.rt) + " and " +
+               std::to_string(want.kw));
+  if (nt > 1 && want.rt > 1) return bad("one row tile a warp above 8 rows");
+  auto lim = cuda_device_limits(-1);
+  SPARK_TRY(lim.status());
+  size_t tiles = 0;
+  for (int i = 0; i < n_parts; ++i) tiles += tc_tiles(parts[i].n, parts[i].swiglu);
+  const TcShape s = tc_auto_shape(tiles, lim->sm_count, want);
+  size_t blocks = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    G.first_block[i] = static_cast<unsigned>(blocks);
+    blocks += (tc_tiles(parts[i].n, parts[i].swiglu) + static_cast<size_t>(s.rt) - 1) /
+              static_cast<size_t>(s.rt);
+    if (blocks > 0x7fffffffu) return bad("n too large");
+  }
+  G.first_block[n_parts] = static_cast<unsigned>(blocks);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (nt == 1) {
+    auto go = [&](auto norm) {
+      constexpr int N = decltype(norm)::value;
+      return s.rt == 4   ? launch_tc_kw<1, 4, N>(G, grid, st, rope, s.kw)
+             : s.rt == 2 ? launch_tc_kw<1, 2, N>(G, grid, st, rope, s.kw)
+                         : launch_tc_kw<1, 1, N>(G, grid, st, rope, s.kw);
+    };
+    return p0.norm_unit ? go(std::integral_constant<int, 2>{})
+                        : go(std::integral_constant<int, 0>{});
+  }
+  if (nt == 2) return launch_tc_kw<2, 1, 0>(G, grid, st, false, s.kw);
+  if (nt == 3) return launch_tc_kw<3, 1, 0>(G, grid, st, false, s.kw);
+  return launch_tc_kw<4, 1, 0>(G, grid, st, false, s.kw);
+}
+
 }  // namespace
 
-Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
-                                    OwnVariant variant) {
+namespace {
+
+Status own_group(const MatmulArgs* parts, int n_parts, void* stream, OwnVariant variant,
+                 TcShape shape) {
   if (n_parts < 1 || n_parts > kMatmulMaxGroup)
     return make_error(Errc::usage, "matmul (own kernel): a group of " + std::to_string(n_parts) +
                                        " products; 1 to " + std::to_string(kMatmulMaxGroup));
@@ -594,11 +796,12 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
   // (the q/k/v group's 6144 rows on 132 multiprocessors x 32 warps) takes two units per warp
   // instead, so it ends in one wave with no tail.
   if (variant == OwnVariant::automatic) {
-    // A norm in the product needs the streaming form: at 3 and 4 rows its leanest shape.
+    // A norm with its weight in the product needs the streaming form: at 3 and 4 rows its
+    // leanest shape; a folded one (norm_unit) the tensor-core form takes too.
     variant = m == 1   ? (swiglu ? OwnVariant::gemv_r1_u4 : OwnVariant::gemv_r1_u8)
               : m == 2 ? OwnVariant::gemv_r2_u4
-              : matmul_has_norm(parts[0]) && m <= kMatmulGemvMaxRows ? OwnVariant::gemv_r1_u4
-                                                                     : OwnVariant::mma;
+              : parts[0].norm_w && m <= kMatmulGemvMaxRows ? OwnVariant::gemv_r1_u4
+                                                           : OwnVariant::mma;
     if (variant == OwnVariant::gemv_r1_u8) {
       auto lim = cuda_device_limits(-1);
       SPARK_TRY(lim.status());
@@ -608,11 +811,6 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
       if (units > resident && units <= 2 * resident) variant = OwnVariant::gemv_r2_u4;
     }
   }
-  if (variant == OwnVariant::mma && matmul_has_norm(parts[0]))
-    return make_error(Errc::usage,
-                      "matmul (own kernel): a norm in the product needs the streaming form "
-                      "(at most " +
-                          std::to_string(kMatmulGemvMaxRows) + " rows), not mma");
   if (variant != OwnVariant::mma) {
     if (m > kMatmulGemvMaxRows)
       return make_error(Errc::usage, "matmul (own kernel): the streaming form takes at most " +
@@ -638,44 +836,27 @@ Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* 
                       : launch_gemv<2, 8, 1>(G, parts, n_parts, st);
     }
   }
-  size_t blocks = 0;
-  for (int i = 0; i < n_parts; ++i) {
-    G.first_block[i] = static_cast<unsigned>(blocks);
-    blocks += (parts[i].n + own_rows_per_block(parts[i].swiglu) - 1) /
-              own_rows_per_block(parts[i].swiglu);
-    if (blocks > 0x7fffffffu) return make_error(Errc::usage, "matmul (own kernel): n too large");
-  }
-  G.first_block[n_parts] = static_cast<unsigned>(blocks);
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const size_t nt = (m + 7) / 8;
-  // Few row blocks (small n) fill the GPU only with more warps per block splitting k.
-  auto lim = cuda_device_limits(-1);
-  SPARK_TRY(lim.status());
-  const bool wide = blocks < static_cast<size_t>(4 * lim->sm_count);
-  auto go = [&](auto nt_c) {
-    constexpr int NT = decltype(nt_c)::value;
-    if (wide)
-      own_kernel<NT, 16><<<grid, 16 * 32, 0, st>>>(G);
-    else
-      own_kernel<NT, 8><<<grid, 8 * 32, 0, st>>>(G);
-  };
-  if (nt == 1)
-    go(std::integral_constant<int, 1>{});
-  else if (nt == 2)
-    go(std::integral_constant<int, 2>{});
-  else if (nt == 3)
-    go(std::integral_constant<int, 3>{});
-  else
-    go(std::integral_constant<int, 4>{});
-  SPARK_CUDA_TRY(cudaGetLastError());
-  return Status::Ok();
+  return launch_tc(G, parts, n_parts, st, shape, false);
+}
+
+}  // namespace
+
+Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
+                                    OwnVariant variant) {
+  return own_group(parts, n_parts, stream, variant, TcShape{});
+}
+
+Status matmul_own_mma_cuda_device(const MatmulArgs* parts, int n_parts, void* stream, int row_tiles,
+                                  int k_warps) {
+  return own_group(parts, n_parts, stream, OwnVariant::mma, TcShape{row_tiles, k_warps});
 }
 
 Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
   return matmul_own_group_cuda_device(&a, 1, stream);
 }
 
-Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream) {
+Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream,
+                                   OwnVariant variant) {
   auto bad = [](const std::string& why) {
     return make_error(Errc::usage, "matmul q/k/v with RoPE: " + why);
   };
@@ -707,7 +888,9 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     G.part[i] = a;
   }
   if (m == 0) return Status::Ok();
-  if (m > kMatmulGemvMaxRows) return bad("at most 4 rows (the streaming form)");
+  if (m > kMatmulQkvRopeMaxRows)
+    return bad("at most " + std::to_string(kMatmulQkvRopeMaxRows) + " rows, not " +
+               std::to_string(m));
   if (rope.n_tokens != m) return bad("rope's n_tokens must be the products' m");
   if (rope.q_norm || rope.k_norm) return bad("no per-head norms (run the separate kernels)");
   if (!rope.k || !rope.k_cache || !rope.v_cache || !rope.slots || !rope.v)
@@ -721,6 +904,19 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   G.rope.cache_slots = rope.cache_slots;
   G.rope.slots = rope.slots;
   G.rope.kv_row = widths[1];
+  auto st = static_cast<cudaStream_t>(stream);
+  // As the plain products choose (matmul_own_group_cuda_device): the streaming form at 1
+  // and 2 rows and for a norm with its weight, the tensor-core form from 3 rows on.
+  if (variant == OwnVariant::automatic)
+    variant = m <= 2 || (parts[0].norm_w && m <= kMatmulGemvMaxRows) ? OwnVariant::gemv_r2_u4
+                                                                     : OwnVariant::mma;
+  if (variant == OwnVariant::mma) return launch_tc(G, parts, 3, st, TcShape{}, true);
+  if (variant != OwnVariant::gemv_r2_u4)
+    return bad(std::string("the streaming form's RoPE shape is gemv r2 u4, not ") +
+               own_variant_name(variant));
+  if (m > kMatmulGemvMaxRows)
+    return bad("the streaming form takes at most " + std::to_string(kMatmulGemvMaxRows) +
+               " rows, not " + std::to_string(m));
   // Two units a warp: a head's hd / 2 pairs over hd / 16 blocks of eight warps.
   size_t blocks = 0;
   for (int i = 0; i < 3; ++i) {
@@ -728,7 +924,6 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     blocks += (widths[i] + kGemvWarps * 2 - 1) / (kGemvWarps * 2);
   }
   G.first_block[3] = static_cast<unsigned>(blocks);
-  auto st = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;
   auto go = [&](auto norm) {
     constexpr int N = decltype(norm)::value;
@@ -859,12 +1054,15 @@ MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
   // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): at 1 and 2 rows the
   // own kernel's streaming form reads every shape as fast as cuBLASLt or faster (4096 x 4096
   // 10.7 us against 13.5, 1024 x 4096 5.0 against 7.0, gate_up/down/lm_head within 1-2%, at
-  // 85-98% of HBM), and it takes SwiGLU into its epilogue; from 3 to 8 rows its tensor-core
-  // form wins only on 4096 x 4096 (11.9 us against 12.7); cuBLASLt reads the large weights
-  // at 84-94% there, and wins at m = 32 and every prefill.
+  // 85-98% of HBM), and it takes SwiGLU into its epilogue. From 3 to 8 rows the tensor-core
+  // form wins on 1024 x 4096 (5.3 us against 7.0) and 4096 x 4096 (11.5 against 12.5); on
+  // 4096 x 14336 it is within 3% alone (32.6 against 31.8) and faster in a layer's chain,
+  // where it streams its weight while the kernel ahead ends (down added into the residual:
+  // 134.0 us a layer against 136.2 with cuBLASLt's). cuBLASLt keeps the larger weights there
+  // (gate_up without SwiGLU, lm_head), m = 32 and every prefill.
   const size_t nk = n * k;
   if (m <= 2) return MatmulBackend::own;
-  if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
+  if (m <= 8 && nk <= (size_t{64} << 20)) return MatmulBackend::own;
   return MatmulBackend::cublaslt;
 }
 

@@ -51,7 +51,9 @@ struct MatmulArgs {
   const void* norm_w = nullptr;
   float norm_eps = 0.f;
   // The same norm with its weight already folded into w (w[n][k] * norm_w[k] stored, one
-  // bf16 rounding per weight): only the 1 / rms scale is applied (norm_w stays null).
+  // bf16 rounding per weight): only the 1 / rms scale is applied (norm_w stays null). The
+  // streaming form, and the tensor-core form up to kMatmulQkvRopeMaxRows rows (its block's
+  // warps split k, each sums the squares of its share and the sums meet with the products').
   bool norm_unit = false;
 };
 
@@ -59,15 +61,6 @@ struct MatmulArgs {
 inline bool matmul_has_norm(const MatmulArgs& a) {
   return a.norm_w != nullptr || a.norm_unit;
 }
-
-/// The q, k and v products of a decode step with RoPE and the KV write in their epilogue:
-/// what matmul_own_group_cuda_device(parts, 3) and then rope_cuda_device(rope) with its KV
-/// write give, bit for bit, in one launch (the streaming form, m <= kMatmulGemvMaxRows).
-/// Each warp computes the two rows of one rotation pair (i, i + head_dim/2) of a head and
-/// rotates them in registers; k's rotated rows and v's rows also go to their cache slots.
-/// parts 0, 1, 2 write rope's q, k and v (n = heads * head_dim, ldo = rope's stride);
-/// rope.n_tokens = m; the KV write is set; no per-head norms (those run the two kernels).
-Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream);
 
 /// Most products matmul_own_group_cuda_device runs in one launch.
 inline constexpr int kMatmulMaxGroup = 3;
@@ -77,9 +70,10 @@ inline constexpr int kMatmulMaxGroup = 3;
 inline constexpr size_t kMatmulGemvMaxRows = 4;
 
 /// Which form of the own kernel runs (the benchmark times them side by side; the engine
-/// uses automatic): the streaming form for m <= kMatmulGemvMaxRows, else the tensor-core
-/// form; or one of them forced (the streaming form with R output rows per warp and U
-/// 512-byte steps of each weight row in flight per lane).
+/// uses automatic): the streaming form at 1-2 rows (and for a norm with its weight at 3-4),
+/// else the tensor-core form; or one of them forced (the streaming form with R output rows
+/// per warp and U 512-byte steps of each weight row in flight per lane, at most
+/// kMatmulGemvMaxRows rows; mma with its automatic shape, see matmul_own_mma_cuda_device).
 enum class OwnVariant : uint8_t {
   automatic,
   mma,
@@ -92,6 +86,22 @@ enum class OwnVariant : uint8_t {
 
 /// "auto", "mma", "gemv r1 u8", ...
 const char* own_variant_name(OwnVariant v);
+
+/// The q, k and v products of a decode step with RoPE and the KV write in their epilogue:
+/// what matmul_own_group_cuda_device(parts, 3) and then rope_cuda_device(rope) with its KV
+/// write give, bit for bit, in one launch (the streaming form, m <= kMatmulGemvMaxRows).
+/// Each warp computes the two rows of one rotation pair (i, i + head_dim/2) of a head and
+/// rotates them in registers; k's rotated rows and v's rows also go to their cache slots.
+/// parts 0, 1, 2 write rope's q, k and v (n = heads * head_dim, ldo = rope's stride);
+/// rope.n_tokens = m; the KV write is set; no per-head norms (those run the two kernels).
+/// Up to kMatmulQkvRopeMaxRows rows: automatic runs the streaming form at 1-2 rows (and for
+/// a norm with its weight at 3-4), else the tensor-core form, whose warps hold eight pairs of
+/// one head's rows; `variant` forces gemv_r2_u4 or mma (the benchmark, the tests).
+Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream,
+                                   OwnVariant variant = OwnVariant::automatic);
+
+/// Most rows of matmul_qkv_rope_cuda_device (and of a norm inside the tensor-core form).
+inline constexpr size_t kMatmulQkvRopeMaxRows = 8;
 
 /// Reference product on floats, accumulated in double, result rounded to `store`.
 void matmul_ref(const float* a, const float* w, float* out, size_t m, size_t n, size_t k,
@@ -113,6 +123,13 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream);
 /// with the own kernel in one launch: each block computes rows of one of them.
 Status matmul_own_group_cuda_device(const MatmulArgs* parts, int n_parts, void* stream,
                                     OwnVariant variant = OwnVariant::automatic);
+
+/// The tensor-core form with its shape forced (the benchmark's sweep, the tests):
+/// `row_tiles` tiles of 16 weight rows a warp (1, 2 or 4; 1 above 8 rows), so one load of A
+/// feeds that many tiles, and `k_warps` warps a block splitting k (8 or 16); 0 leaves either
+/// to the automatic choice.
+Status matmul_own_mma_cuda_device(const MatmulArgs* parts, int n_parts, void* stream, int row_tiles,
+                                  int k_warps);
 
 /// Whether products of m rows over weights of `total_nk` elements in all (a group's sum)
 /// go to one own launch rather than separate products: m <= 2 (the streaming form, as fast
@@ -136,8 +153,8 @@ class Matmul {
   /// Runs one product on `stream` with args.backend (automatic: choose()).
   Status run(const MatmulArgs& args, void* stream);
   /// The backend automatic picks for this shape: the one measured faster on the H200
-  /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of 8-16 Mi
-  /// elements (4096 x 4096), else cuBLASLt.
+  /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of at most
+  /// 64 Mi elements (up to 4096 x 14336), else cuBLASLt.
   MatmulBackend choose(size_t m, size_t n, size_t k) const;
   /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
   const std::string& library_path() const;

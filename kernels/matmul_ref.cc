@@ -54,11 +54,14 @@ Status matmul_check_args(const MatmulArgs& a) {
     return bad(fmt::format("null {} pointer", !a.a ? "a" : !a.w ? "w" : "out"));
   if (a.swiglu && a.accumulate) return bad("swiglu with accumulate is not supported");
   if (a.norm_w && a.norm_unit) return bad("norm_w with norm_unit: the weight is folded or not");
-  if (matmul_has_norm(a) && a.m > kMatmulGemvMaxRows)
+  if (a.norm_w && a.m > kMatmulGemvMaxRows)
     return bad(
-        fmt::format("a norm in the product takes at most {} rows (the own kernel's "
-                    "streaming form), not {}",
-                    kMatmulGemvMaxRows, a.m));
+        fmt::format("a norm with its weight in the product takes at most {} rows (the own "
+                    "kernel's streaming form), not {}; fold the weight (norm_unit) for up to {}",
+                    kMatmulGemvMaxRows, a.m, kMatmulQkvRopeMaxRows));
+  if (a.norm_unit && a.m > kMatmulQkvRopeMaxRows)
+    return bad(fmt::format("a folded norm in the product takes at most {} rows, not {}",
+                           kMatmulQkvRopeMaxRows, a.m));
   if (matmul_has_norm(a) && !(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
     return bad(fmt::format("norm eps {} must be finite and >= 0", a.norm_eps));
   if (a.lda < a.k || a.ldw < a.k || a.ldo < a.n)

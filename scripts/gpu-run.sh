@@ -34,7 +34,7 @@
 # "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
-# "engine-trace" (batch-1 decode's kernel timeline; ENGINE_TRACE_ENV),
+# "engine-trace" (batch-1 decode's kernel timeline; ENGINE_TRACE_ENV, ENGINE_TRACE_ARGS),
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
@@ -261,7 +261,7 @@ device() {
     # shellcheck disable=SC2086
     step engine-trace 240 env ${ENGINE_TRACE_ENV:-} CUDA_INJECTION64_PATH="$dev/bin/libspark_kernel_trace.so" \
       SPARK_TRACE_OUT="$out/engine-trace.csv" "$dev/bin/spark-engine" gpubench --model "$ck" \
-      --decode-only 1 --b1-runs 1 --json-out "$out/engine_trace_bench.json"
+      --decode-only 1 --b1-runs 1 ${ENGINE_TRACE_ARGS:-} --json-out "$out/engine_trace_bench.json"
     step trace-summary 120 python3 "$dev/engine/trace_summary.py" "$out/engine-trace.csv" \
       --json "$out/engine_trace.json"
     xz -T0 -1 "$out/engine-trace.csv" || true

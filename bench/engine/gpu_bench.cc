@@ -233,6 +233,27 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
           fmt::format("gpubench --{} {}: must be an integer from {} to {}", key, v, lo, hi));
     num[key] = static_cast<int>(*n);
   }
+  // --streams LIST: the aggregate rows' stream counts (default 8,32; none with
+  // --decode-only 1 unless given), each from 1 to the engine's 32 slots.
+  std::vector<int> stream_counts;
+  {
+    const bool given = opt.count("streams") > 0;
+    const std::string v = get("streams", num["decode-only"] == 1 ? "" : "8,32");
+    size_t p = 0;
+    while (!v.empty() && p <= v.size()) {
+      const size_t e = std::min(v.find(',', p), v.size());
+      auto n = parse_i64(v.substr(p, e - p));
+      if (!n || *n < 1 || *n > 32)
+        return make_error(Errc::usage,
+                          fmt::format("gpubench --streams {}: a comma-separated list of stream "
+                                      "counts from 1 to 32",
+                                      v));
+      stream_counts.push_back(static_cast<int>(*n));
+      p = e + 1;
+    }
+    if (given && stream_counts.empty())
+      return make_error(Errc::usage, "gpubench --streams: an empty list (leave it out for none)");
+  }
   nlohmann::json j;
   j["model"] = dir;
   auto bw = measure_read_gbps();
@@ -324,8 +345,7 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   j["decode_b1_vs_roofline"] = b1.decode_tok_s / roofline;
   const bool decode_only = num["decode-only"] == 1;
   nlohmann::json agg = nlohmann::json::array();
-  for (int s : {8, 32}) {
-    if (decode_only) break;
+  for (int s : stream_counts) {
     run_streams(**eng, s, prompt, 8);
     auto r = run_streams(**eng, s, prompt, gen);
     agg.push_back({{"streams", s},

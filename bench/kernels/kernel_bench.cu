@@ -11,9 +11,9 @@
 // and over what one multiprocessor reads alone.
 //
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
-// Sections: matmul, forms, fused, layer, decode, prefill (attention = both), other,
-// sampler; the HBM read and the bf16 product peak are measured in every run, as every row
-// is read against them.
+// Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), decode, prefill
+// (attention = both), other, sampler; the HBM read and the bf16 product peak are measured in every
+// run, as every row is read against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -267,7 +267,8 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool quick = false;
   std::string only;
-  const std::string sections = ",matmul,forms,fused,layer,decode,prefill,attention,other,sampler,";
+  const std::string sections =
+      ",matmul,forms,fused,layer,layer8,decode,prefill,attention,other,sampler,";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -282,7 +283,7 @@ int main(int argc, char** argv) {
         if (sections.find("," + sec + ",") == std::string::npos) {
           std::fprintf(stderr,
                        "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
-                       "fused, layer, decode, prefill, attention, other, sampler)\n",
+                       "fused, layer, layer8, decode, prefill, attention, other, sampler)\n",
                        sec.c_str());
           return 2;
         }
@@ -431,11 +432,22 @@ int main(int argc, char** argv) {
   // ---- the own kernel's forms at decode rows: the streaming form (one warp per output row)
   // in four register shapes and with programmatic launch, the tensor-core form, cuBLASLt.
   if (want("forms")) {
-    const OwnVariant forms[] = {OwnVariant::mma,        OwnVariant::gemv_r1_u8,
-                                OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4,
-                                OwnVariant::gemv_r2_u8, OwnVariant::gemv_r2_u2};
+    // The tensor-core form in each shape (row tiles a warp, k warps a block) and its
+    // automatic choice; the streaming forms up to kMatmulGemvMaxRows rows.
+    struct Form {
+      std::string name;
+      OwnVariant v;
+      int rt = 0, kw = 0;
+    };
+    std::vector<Form> forms = {{"mma auto", OwnVariant::mma}};
+    for (int rt : {1, 2, 4})
+      for (int kw : {8, 16})
+        forms.push_back({fmt::format("mma r{} k{}", rt, kw), OwnVariant::mma, rt, kw});
+    for (OwnVariant v : {OwnVariant::gemv_r1_u8, OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4,
+                         OwnVariant::gemv_r2_u8, OwnVariant::gemv_r2_u2})
+      forms.push_back({own_variant_name(v), v});
     fmt::print("\n# {:<20} {:>3} | {:>9} |", "own forms (us)", "m", "cublasLt");
-    for (auto f : forms) fmt::print(" {:>10}", own_variant_name(f));
+    for (const auto& f : forms) fmt::print(" {:>10}", f.name);
     fmt::print(" | {:>10} | {:>6} {:>6}\n", "auto+pdl", "best", "%HBM");
     json gjs = json::array();
     for (const auto& sh : shapes) {
@@ -443,17 +455,20 @@ int main(int argc, char** argv) {
       const int copies = static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / wbytes + 1));
       std::vector<void*> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(sh.n * sh.k, 30 + c, 0.05f));
-      for (size_t m : {size_t{1}, size_t{2}, size_t{4}}) {
+      for (size_t m : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
         void* a = random_bf16(m * sh.k, 95);
         void* o = dalloc(m * sh.n * 2);
         MatmulArgs args;
         args.a = a, args.lda = sh.k, args.ldw = sh.k, args.out = o, args.ldo = sh.n, args.m = m,
         args.n = sh.n, args.k = sh.k;
-        auto run_form = [&](OwnVariant f, bool pdl) {
+        auto run_form = [&](const Form& f, bool pdl) {
           set_programmatic_launch(pdl);
           const double t = time_us(st, 20, [&](int i) {
             args.w = ws[static_cast<size_t>(i) % ws.size()];
-            ST(matmul_own_group_cuda_device(&args, 1, st, f));
+            if (f.v == OwnVariant::mma)
+              ST(matmul_own_mma_cuda_device(&args, 1, st, f.rt, f.kw));
+            else
+              ST(matmul_own_group_cuda_device(&args, 1, st, f.v));
           });
           set_programmatic_launch(false);
           return t;
@@ -466,13 +481,17 @@ int main(int argc, char** argv) {
         json j = {{"shape", sh.name}, {"n", sh.n}, {"k", sh.k}, {"m", m}, {"cublaslt_us", tl}};
         fmt::print("{:<22} {:>3} | {:>9.1f} |", sh.name, m, tl);
         double best = tl;
-        for (auto f : forms) {
+        for (const auto& f : forms) {
+          if (f.v != OwnVariant::mma && m > kMatmulGemvMaxRows) {
+            fmt::print(" {:>10}", "-");
+            continue;
+          }
           const double t = run_form(f, false);
           best = std::min(best, t);
-          j[own_variant_name(f)] = t;
+          j[f.name] = t;
           fmt::print(" {:>10.1f}", t);
         }
-        const double tp = run_form(OwnVariant::automatic, true);
+        const double tp = run_form({"auto", OwnVariant::automatic}, true);
         j["auto_pdl_us"] = tp;
         best = std::min(best, tp);
         const double gbs = static_cast<double>(wbytes) / best / 1e3;
@@ -857,6 +876,171 @@ int main(int argc, char** argv) {
       for (void* p : {w.wq, w.wk, w.wv, w.wo, w.wgu, w.wd, w.n1, w.n2}) CK(cudaFree(p));
     for (void* p : {x, o, h, q, k, v, att, act, kp, vp, dt, dl, dq, ds, dp, di, aws})
       CK(cudaFree(p));
+  }
+
+  // ---- the decode layer at 8 rows (8 sequences of 256 tokens): the separate norm passes
+  // and cuBLASLt where Matmul::choose picks it, against the tensor-core form with the
+  // folded norms, RoPE and SwiGLU in its epilogues and o/down added into the residual ----
+  if (want("layer8")) {
+    const size_t H = 4096, NQ = 4096, NKV = 1024, I = 14336, M = 8;
+    const int ctx = 256, lbs = 16, nlayers = 32;
+    const int per_seq = (ctx + lbs - 1) / lbs, blocks_all = per_seq * static_cast<int>(M);
+    struct Wt {
+      void *wq, *wk, *wv, *wo, *wgu, *wd, *ones;
+    };
+    std::vector<Wt> wts;
+    for (int c = 0; c < 2; ++c)
+      wts.push_back({random_bf16(NQ * H, 400 + c, 0.02f), random_bf16(NKV * H, 410 + c, 0.02f),
+                     random_bf16(NKV * H, 420 + c, 0.02f), random_bf16(H * NQ, 430 + c, 0.02f),
+                     random_bf16(2 * I * H, 440 + c, 0.02f), random_bf16(H * I, 450 + c, 0.02f),
+                     random_bf16(H, 460 + c)});
+    void *x = random_bf16(M * H, 500), *h = dalloc(M * H * 2), *q = dalloc(M * NQ * 2),
+         *k = dalloc(M * NKV * 2), *v = dalloc(M * NKV * 2), *att = dalloc(M * NQ * 2),
+         *gu = dalloc(M * 2 * I * 2), *act = dalloc(M * I * 2);
+    const size_t kvrow = NKV;
+    void *kp = random_bf16(static_cast<size_t>(blocks_all) * lbs * kvrow, 510),
+         *vp = random_bf16(static_cast<size_t>(blocks_all) * lbs * kvrow, 511);
+    std::vector<int32_t> table(static_cast<size_t>(blocks_all)), lens(M, ctx), qs(M + 1), slots(M),
+        pos(M, ctx - 1);
+    for (int i = 0; i < blocks_all; ++i) table[static_cast<size_t>(i)] = i;
+    for (size_t i = 0; i <= M; ++i) qs[i] = static_cast<int32_t>(i);
+    for (size_t i = 0; i < M; ++i) slots[i] = static_cast<int32_t>(i) * per_seq * lbs + ctx - 1;
+    auto up = [&](const std::vector<int32_t>& vv) {
+      void* d = dalloc(vv.size() * 4);
+      CK(cudaMemcpy(d, vv.data(), vv.size() * 4, cudaMemcpyHostToDevice));
+      return static_cast<int32_t*>(d);
+    };
+    int32_t *dt = up(table), *dl = up(lens), *dq = up(qs), *ds = up(slots), *dp = up(pos);
+    std::vector<float> inv(64);
+    for (int i = 0; i < 64; ++i) inv[static_cast<size_t>(i)] = std::pow(500000.f, -i / 64.f);
+    void* di = dalloc(64 * 4);
+    CK(cudaMemcpy(di, inv.data(), 64 * 4, cudaMemcpyHostToDevice));
+    PagedKVDevice kvd;
+    kvd.k = kp, kvd.v = vp, kvd.dtype = DType::bf16, kvd.block_size = lbs, kvd.n_kv_heads = 8,
+    kvd.head_dim = 128, kvd.num_blocks = blocks_all;
+    AttentionBatch b;
+    b.q = q, b.q_stride = NQ, b.out = att, b.out_stride = NQ, b.n_heads = 32, b.kv = kvd;
+    b.block_tables = dt, b.max_blocks_per_seq = per_seq;
+    b.seq_lens = dl, b.query_start = dq;
+    b.n_seqs = static_cast<int>(M), b.n_tokens = M, b.max_query_len = 1, b.max_seq_len = ctx;
+    b.scale = 0.0883883f;
+    b.workspace_bytes = attention_decode_workspace_bytes(static_cast<int>(M), 32, 128, ctx);
+    void* aws = dalloc(b.workspace_bytes);
+    CK(cudaMemset(aws, 0, b.workspace_bytes));
+    b.workspace = aws;
+    RopeArgs ra;
+    ra.q = q, ra.q_stride = NQ, ra.n_heads = 32, ra.k = k, ra.k_stride = NKV, ra.n_kv_heads = 8,
+    ra.head_dim = 128, ra.n_tokens = M, ra.positions = dp, ra.inv_freq = static_cast<float*>(di);
+    ra.k_cache = kp, ra.v_cache = vp, ra.cache_dtype = DType::bf16;
+    ra.cache_slots = static_cast<long long>(blocks_all) * lbs, ra.slots = ds, ra.v = v,
+    ra.v_stride = NKV;
+    auto prod = [&](const void* in, size_t in_dim, const void* w, void* out_, size_t n) {
+      MatmulArgs m;
+      m.a = in, m.lda = in_dim, m.w = w, m.ldw = in_dim, m.out = out_, m.ldo = n, m.m = M, m.n = n,
+      m.k = in_dim;
+      return m;
+    };
+    auto qkv = [&](const Wt& w, const void* in, bool unit) {
+      MatmulArgs g[3] = {prod(in, H, w.wq, q, NQ), prod(in, H, w.wk, k, NKV),
+                         prod(in, H, w.wv, v, NKV)};
+      for (auto& m : g) m.norm_unit = unit, m.norm_eps = 1e-5f;
+      return std::array<MatmulArgs, 3>{g[0], g[1], g[2]};
+    };
+    using Step = std::function<void(const Wt&)>;
+    using Chain = std::vector<std::pair<const char*, Step>>;
+    const Step attention = [&](const Wt&) { ST(attention_decode_cuda_device(b, st)); };
+    auto own_add = [&](bool own, const void* in, size_t in_dim, void* Wt::*wp, size_t n) {
+      return [&, own, in, in_dim, wp, n](const Wt& w) {
+        MatmulArgs m = prod(in, in_dim, w.*wp, x, n);
+        m.accumulate = true;
+        if (own)
+          ST(matmul_own_group_cuda_device(&m, 1, st, OwnVariant::mma));
+        else
+          ST((*mm)->run(m, st));
+      };
+    };
+    const Chain split = {
+        {"rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, nullptr, w.ones, h, M, H, 1e-5f, st));
+         }},
+        {"q/k/v (one own launch)",
+         [&](const Wt& w) { ST(matmul_own_group_cuda_device(qkv(w, h, false).data(), 3, st)); }},
+        {"rope + kv write", [&](const Wt&) { ST(rope_cuda_device(ra, st)); }},
+        {"attention", attention},
+        {"o, added (choose)", own_add(false, att, NQ, &Wt::wo, H)},
+        {"rmsnorm",
+         [&](const Wt& w) {
+           ST(add_rmsnorm_cuda_device(DType::bf16, x, nullptr, w.ones, h, M, H, 1e-5f, st));
+         }},
+        {"gate/up (choose)",
+         [&](const Wt& w) { ST((*mm)->run(prod(h, H, w.wgu, gu, 2 * I), st)); }},
+        {"swiglu",
+         [&](const Wt&) {
+           ST(swiglu_bf16_cuda_device(static_cast<const bf16_bits*>(gu),
+                                      static_cast<bf16_bits*>(act), M, I, st));
+         }},
+        {"down, added (choose)", own_add(false, act, I, &Wt::wd, H)},
+    };
+    const Chain fused = {
+        {"q/k/v + folded norm + rope + kv write",
+         [&](const Wt& w) { ST(matmul_qkv_rope_cuda_device(qkv(w, x, true).data(), ra, st)); }},
+        {"attention", attention},
+        {"o, added (tensor-core form)", own_add(true, att, NQ, &Wt::wo, H)},
+        {"gate/up + folded norm + swiglu",
+         [&](const Wt& w) {
+           MatmulArgs m = prod(x, H, w.wgu, act, I);
+           m.swiglu = true, m.norm_unit = true, m.norm_eps = 1e-5f;
+           ST(matmul_own_group_cuda_device(&m, 1, st, OwnVariant::mma));
+         }},
+        {"down, added (tensor-core form)", own_add(true, act, I, &Wt::wd, H)},
+    };
+    Chain fused_lt = fused;
+    fused_lt[2] = {"o, added (choose)", own_add(false, att, NQ, &Wt::wo, H)};
+    fused_lt[4] = {"down, added (choose)", own_add(false, act, I, &Wt::wd, H)};
+    // gate/up as cuBLASLt runs it: the norm's pass, the product, SwiGLU.
+    Chain fused_gu = fused;
+    fused_gu.erase(fused_gu.begin() + 3);
+    fused_gu.insert(fused_gu.begin() + 3, split.begin() + 5, split.begin() + 8);
+    const double bytes_layer =
+        2.0 * (NQ * H + 2 * NKV * H + H * NQ + 2 * I * H + H * I) + 2.0 * 2 * M * ctx * kvrow;
+    fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "decode layer (8 rows, 8 x 256 context)", "us",
+               "GB/s", "%HBM");
+    json l8 = json::object();
+    auto run_chain = [&](const Chain& chain, const char* label, const char* key) {
+      json kj = json::array();
+      double sum = 0;
+      for (const auto& s8 : chain) {
+        const double t =
+            time_us(st, 32, [&](int i) { s8.second(wts[static_cast<size_t>(i) % 2]); });
+        sum += t;
+        fmt::print("  {:<40} {:>8.1f}\n", s8.first, t);
+        kj.push_back({{"kernel", s8.first}, {"us", t}});
+      }
+      set_programmatic_launch(true);
+      const double per = time_us(st, 1,
+                                 [&](int) {
+                                   for (int l = 0; l < nlayers; ++l)
+                                     for (const auto& s8 : chain)
+                                       s8.second(wts[static_cast<size_t>(l) % 2]);
+                                 }) /
+                         nlayers;
+      set_programmatic_launch(false);
+      fmt::print("{:<42} {:>10.1f} {:>10.0f} {:>7.0f}%   (sum of the kernels alone {:.1f})\n",
+                 label, per, bytes_layer / per / 1e3, 100 * bytes_layer / per / 1e3 / read_gbs,
+                 sum);
+      l8[key] = {{"kernels", kj}, {"sum_us", sum}, {"chain_pdl_us_per_layer", per}};
+    };
+    run_chain(split, "chain + pdl, norms as passes, per layer", "split");
+    run_chain(fused, "chain + pdl, tensor-core form fused, per layer", "fused");
+    run_chain(fused_lt, "chain + pdl, fused, o/down as chosen, per layer", "fused_choose");
+    run_chain(fused_gu, "chain + pdl, fused, gate/up split, per layer", "fused_gate_up_split");
+    l8["bytes_per_layer"] = bytes_layer;
+    out["layer8"] = l8;
+    for (auto& w : wts)
+      for (void* p : {w.wq, w.wk, w.wv, w.wo, w.wgu, w.wd, w.ones}) CK(cudaFree(p));
+    for (void* p : {x, h, q, k, v, att, gu, act, kp, vp, di, aws}) CK(cudaFree(p));
+    for (int32_t* p : {dt, dl, dq, ds, dp}) CK(cudaFree(p));
   }
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----

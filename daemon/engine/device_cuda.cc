@@ -437,11 +437,14 @@ class CudaDevice final : public Device {
     return kernels::matmul_own_group_cuda_device(a, n, stream_);
   }
 
-  // Whether the own kernel's streaming form normalises inside the products (1-2 rows, the
+  // Whether the own kernel normalises inside the products: the streaming form at 1-2 rows,
+  // the tensor-core form up to 8 with the norm's weight folded into the products' (the
   // residual add already done: a norm with an add first needs the whole row before any
   // product starts, which is the separate pass).
   bool norm_in_product(const PreNorm& in, int rows) const {
-    return norm_in_products_ && rows <= 2 && in.delta->empty() && in.bias->empty() &&
+    const bool form_takes =
+        rows <= 2 || (in.folded && static_cast<size_t>(rows) <= kernels::kMatmulQkvRopeMaxRows);
+    return norm_in_products_ && form_takes && in.delta->empty() && in.bias->empty() &&
            in.w->type() == ElemType::bf16 && aligned16(*in.w) && aligned16(*in.x);
   }
   // The products' input for `in`: x itself with the norm set in each product, or the
@@ -486,11 +489,12 @@ class CudaDevice final : public Device {
                                     int heads, int kv_heads, int head_dim, const Buffer& inv_freq,
                                     const Buffer& q_norm, const Buffer& k_norm, float eps,
                                     const KVLayerView& kv) override {
-    // Decode rows: the input norm inside the products, and without per-head norms RoPE and
-    // the KV write in their epilogue (two launches fewer per layer); otherwise the norm's
-    // pass, the products, then rope_kv_write.
+    // Decode rows (up to 8): the input norm inside the products, and without per-head norms
+    // RoPE and the KV write in their epilogue (two launches fewer per layer); otherwise the
+    // norm's pass, the products, then rope_kv_write.
     kernels::MatmulArgs a[3];
-    if (rows > 2 || !own_group(*x.x, qkv, 3, rows, in, a))
+    if (static_cast<size_t>(rows) > kernels::kMatmulQkvRopeMaxRows ||
+        !own_group(*x.x, qkv, 3, rows, in, a))
       return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
                                                 inv_freq, q_norm, k_norm, eps, kv);
     SPARK_TRY(product_input(x, rows, in, a, 3).status());
@@ -508,13 +512,18 @@ class CudaDevice final : public Device {
 
   Status linear_swiglu(const PreNorm& x, const Buffer& w, const Buffer& b, const Buffer& gate_up,
                        const Buffer& y, int rows, int in, int inter) override {
-    // SwiGLU in the product's epilogue (and at 1-2 rows the norm inside it) where the own
-    // kernel is the faster product; where cuBLASLt is (large weights), the norm's pass,
-    // its product and a separate SwiGLU.
-    if (mm_->choose(static_cast<size_t>(rows), 2 * static_cast<size_t>(inter),
-                    static_cast<size_t>(in)) != kernels::MatmulBackend::own ||
-        in % 8 != 0 || y.type() != ElemType::bf16 || !aligned16(*x.x) || !aligned16(*x.normed) ||
-        !aligned16(w))
+    // SwiGLU in the product's epilogue (and the norm inside it, see norm_in_product) where
+    // the own kernel is the faster product; where cuBLASLt is, the norm's pass, its product
+    // and a separate SwiGLU.
+    // Up to 8 rows with the norm inside, the own kernel always: alone cuBLASLt's product is
+    // a few us faster (28672 x 4096 at 8 rows: 56.6 us against 60.1), but with the norm's
+    // pass and SwiGLU beside it the layer's chain is slower (bench/kernels, "layer8": 141.2
+    // us a layer against 134.0).
+    const bool own = norm_in_product(x, rows) ||
+                     mm_->choose(static_cast<size_t>(rows), 2 * static_cast<size_t>(inter),
+                                 static_cast<size_t>(in)) == kernels::MatmulBackend::own;
+    if (!own || in % 8 != 0 || y.type() != ElemType::bf16 || !aligned16(*x.x) ||
+        !aligned16(*x.normed) || !aligned16(w))
       return Device::linear_swiglu(x, w, b, gate_up, y, rows, in, inter);
     kernels::MatmulArgs a = product(*x.x, w, b, y, rows, in, inter);
     a.swiglu = true;

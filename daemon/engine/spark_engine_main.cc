@@ -15,6 +15,7 @@
 //                (the TP control plane's cost per decode step; bench/engine/tp_bench.h)
 //   spark-engine gpubench --model DIR [--json-out FILE] [--context 33792] [--max-tokens 256]
 //                [--weights auto|device|host-mapped] [--b1-runs 3] [--decode-only 1]
+//                [--streams 8,32] (the aggregate rows; with --decode-only 1 none unless given)
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped", "plans": ...} (its control plane's counts) when rank 0 is

@@ -85,6 +85,34 @@ int check_greedy(const std::vector<int32_t>& got, const nlohmann::json& ref,
   return -1;
 }
 
+// A fresh engine on the CUDA device over fixture `dir`, bf16 KV cache, blocks of 8 tokens.
+std::unique_ptr<Engine> fixture_engine(const std::string& dir, int slots, int max_batch_tokens,
+                                       bool graphs) {
+  auto d = make_cuda_device(0);
+  REQUIRE(d.ok());
+  auto m = Model::load(dir, 0, 1, *d);
+  REQUIRE(m.ok());
+  EngineOptions o;
+  o.slots = slots;
+  o.block_size = 8;
+  o.max_batch_tokens = max_batch_tokens;
+  o.cuda_graphs = graphs;
+  auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+  REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
+  CHECK((*eng)->stats().kv_dtype == "bf16");
+  return std::move(*eng);
+}
+
+// Greedy sampling for the reference's steps, `n` choices.
+SamplingParams greedy(const nlohmann::json& ref, int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = ref["greedy_steps"].get<int>();
+  p.ignore_eos = true;
+  p.n = n;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
@@ -206,7 +234,8 @@ TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tok
   }
 }
 
-TEST_CASE("cuda engine: the scheduler (chunked prefill, n=2, prefix cache) keeps greedy tokens") {
+TEST_CASE(
+    "cuda engine: the scheduler (chunked prefill, n=2, n=8, prefix cache) keeps greedy tokens") {
   auto dev = cuda_or_skip();
   if (!dev) return;
   for (const auto& dir : fixture_dirs()) {
@@ -214,32 +243,28 @@ TEST_CASE("cuda engine: the scheduler (chunked prefill, n=2, prefix cache) keeps
     auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
     for (bool graphs : {true, false}) {
       CAPTURE(graphs);
-      auto d = make_cuda_device(0);
-      REQUIRE(d.ok());
-      auto m = Model::load(dir, 0, 1, *d);
-      REQUIRE(m.ok());
-      EngineOptions o;
-      o.slots = 2;
-      o.block_size = 8;
-      o.max_batch_tokens = 5;  // the prompt prefills in uneven chunks next to decodes
-      o.cuda_graphs = graphs;
-      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-      REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
-      CHECK((*eng)->stats().kv_dtype == "bf16");
-      SamplingParams p;
-      p.temperature = 0;
-      p.max_tokens = ref["greedy_steps"].get<int>();
-      p.ignore_eos = true;
-      p.n = 2;
+      // Batches of 5 tokens: the prompt prefills in uneven chunks next to decodes.
+      auto eng = fixture_engine(dir, 2, 5, graphs);
+      const SamplingParams p = greedy(ref, 2);
       const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
-      auto r = generate_blocking(**eng, prompt, p);
+      auto r = generate_blocking(*eng, prompt, p);
       REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
       check_greedy(r->tokens[0], ref, "scheduler choice 0");
       check_greedy(r->tokens[1], ref, "scheduler choice 1");
-      auto again = generate_blocking(**eng, prompt, p);  // now from the prefix cache
+      auto again = generate_blocking(*eng, prompt, p);  // now from the prefix cache
       REQUIRE(again.ok());
       CHECK(again->cached_prompt_tokens > 0);
       check_greedy(again->tokens[0], ref, "prefix-cached");
+      // n = 8: every decode step has 8 rows, which the CUDA device runs through the own
+      // kernel's tensor-core form (3 to 8 rows) with RoPE inside and, on the bf16 fixtures
+      // (norm weights folded), the norms and SwiGLU too; prefill in chunks of up to 6 tokens
+      // takes the same path.
+      auto eng8 = fixture_engine(dir, 8, 6, graphs);
+      auto r8 = generate_blocking(*eng8, prompt, greedy(ref, 8));
+      REQUIRE_MESSAGE(r8.ok(), (r8.ok() ? std::string() : r8.error().message));
+      REQUIRE(r8->tokens.size() == 8);
+      for (int c = 0; c < 8; ++c)
+        check_greedy(r8->tokens[c], ref, "n=8 choice " + std::to_string(c));
     }
   }
 }

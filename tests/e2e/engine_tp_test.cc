@@ -309,7 +309,10 @@ TEST_CASE("engine gpubench: a bad number is a usage error naming the option, bef
   for (auto [opt, value] : {std::pair<const char*, const char*>{"--b1-runs", "abc"},
                             {"--b1-runs", "0"},
                             {"--decode-only", "2"},
-                            {"--max-tokens", "12x"}}) {
+                            {"--max-tokens", "12x"},
+                            {"--streams", "8,0"},
+                            {"--streams", "8,,32"},
+                            {"--streams", "33"}}) {
     CAPTURE(opt);
     CAPTURE(value);
     auto p = spawn({kTool, "gpubench", "--model", dir / "none", opt, value}, dir / "g.out",

@@ -1179,19 +1179,25 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
                 {1, 129, 14336}};
   // Every form of the own kernel at the rows it takes (the streaming form at m <= 4 in each
   // register shape, once under programmatic launch; the tensor-core form at any m <= 32).
+  // The tensor-core form also in each of its shapes (row tiles a warp x k warps a block; one
+  // row tile above 8 rows) and once under programmatic launch.
   struct Form {
     MatmulBackend be;
     OwnVariant v;
     bool pdl;
+    int rt = 0, kw = 0;
   };
   std::vector<Form> forms = {{MatmulBackend::cublaslt, OwnVariant::automatic, false},
                              {MatmulBackend::own, OwnVariant::automatic, false},
                              {MatmulBackend::own, OwnVariant::mma, false},
+                             {MatmulBackend::own, OwnVariant::mma, true},
                              {MatmulBackend::own, OwnVariant::gemv_r1_u8, false},
                              {MatmulBackend::own, OwnVariant::gemv_r1_u4, false},
                              {MatmulBackend::own, OwnVariant::gemv_r2_u4, false},
                              {MatmulBackend::own, OwnVariant::gemv_r2_u8, false},
                              {MatmulBackend::own, OwnVariant::automatic, true}};
+  for (int rt : {1, 2, 4})
+    for (int kw : {8, 16}) forms.push_back({MatmulBackend::own, OwnVariant::mma, false, rt, kw});
   for (auto sh : shapes)
     for (auto ot : kTypes)
       for (const Form& form : forms)
@@ -1201,6 +1207,7 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           if (be == MatmulBackend::own && sh.m > kMatmulOwnMaxRows) continue;
           const bool gemv_form = form.v != OwnVariant::automatic && form.v != OwnVariant::mma;
           if (gemv_form && sh.m > kMatmulGemvMaxRows) continue;
+          if (form.rt > 1 && sh.m > 8) continue;
           if (be == MatmulBackend::own && form.v != OwnVariant::automatic && sh.n * sh.k > 20000000)
             continue;  // the largest shape once per backend is enough
           CAPTURE(sh.m);
@@ -1210,6 +1217,8 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           CAPTURE(std::string(matmul_backend_name(be)));
           CAPTURE(std::string(own_variant_name(form.v)));
           CAPTURE(form.pdl);
+          CAPTURE(form.rt);
+          CAPTURE(form.kw);
           CAPTURE(with_bias);
           CAPTURE(acc);
           auto a = as_stored(randoms(rng, sh.m * sh.k, -1, 1), DType::bf16);
@@ -1228,9 +1237,9 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           args.out_dtype = ot, args.ldo = sh.n, args.m = sh.m, args.n = sh.n, args.k = sh.k;
           args.bias = with_bias ? db.get() : nullptr, args.accumulate = acc, args.backend = be;
           set_programmatic_launch(form.pdl);
-          auto s = form.v == OwnVariant::automatic
-                       ? (*mm)->run(args, nullptr)
-                       : matmul_own_group_cuda_device(&args, 1, nullptr, form.v);
+          auto s = form.v == OwnVariant::automatic ? (*mm)->run(args, nullptr)
+                   : form.rt > 0 ? matmul_own_mma_cuda_device(&args, 1, nullptr, form.rt, form.kw)
+                                 : matmul_own_group_cuda_device(&args, 1, nullptr, form.v);
           set_programmatic_launch(false);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
@@ -1250,16 +1259,20 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           };
           check_products(got, ref, sh.m * sh.n, bound);
         }
-  // The measured choice: own at 1-2 rows and on 4096 x 4096 up to 8, cuBLASLt elsewhere.
+  // The measured choice: own at 1-2 rows and up to 4096 x 14336 up to 8, cuBLASLt elsewhere.
   CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(8, 4096, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(8, 1024, 4096) == MatmulBackend::own);
+  CHECK((*mm)->choose(8, 4096, 14336) == MatmulBackend::own);
+  CHECK((*mm)->choose(9, 4096, 14336) == MatmulBackend::cublaslt);
+  CHECK((*mm)->choose(8, 128256, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::own);
   CHECK((*mm)->choose(4, 28672, 4096) == MatmulBackend::cublaslt);
   CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
-TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against the twin") {
+TEST_CASE("gpu own kernel: RMSNorm inside the products (both forms), against the twin") {
   if (test::skip_without_cuda()) return;
   auto mm = Matmul::create();
   REQUIRE_MESSAGE(mm.ok(), mm.error().message);
@@ -1270,27 +1283,44 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
   // squares in fp32 (gamma_k relative, half of it in the root), rsqrtf (2 ulp) and the
   // scaling (1 ulp): |err| <= (1.5 k + 8) 2^-24 mag, plus the bias and the old output's
   // magnitudes in the same way, plus one ulp of a bf16 result.
+  // The tensor-core form (from 3 rows, up to 8) takes the folded norm only (norm_unit), in
+  // each of its shapes; the sums of squares of its warps' shares of k meet in shared memory.
   struct Shape {
     size_t m, n, k;
-  } shapes[] = {{1, 4096, 4096}, {2, 1000, 896},  {3, 77, 264},  {4, 129, 2056},
-                {1, 1, 8},       {2, 333, 14336}, {1, 28672, 64}};
-  const OwnVariant forms[] = {OwnVariant::automatic,  OwnVariant::gemv_r1_u8,
-                              OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4,
-                              OwnVariant::gemv_r2_u8, OwnVariant::gemv_r2_u2};
+  } shapes[] = {{1, 4096, 4096}, {2, 1000, 896},  {3, 77, 264},   {4, 129, 2056},
+                {1, 1, 8},       {2, 333, 14336}, {1, 28672, 64}, {8, 1000, 896},
+                {5, 129, 2056},  {8, 4096, 4096}, {7, 33, 14336}};
+  struct Form {
+    OwnVariant v;
+    int rt = 0, kw = 0;
+  };
+  std::vector<Form> forms = {{OwnVariant::automatic},  {OwnVariant::gemv_r1_u8},
+                             {OwnVariant::gemv_r1_u4}, {OwnVariant::gemv_r2_u4},
+                             {OwnVariant::gemv_r2_u8}, {OwnVariant::gemv_r2_u2},
+                             {OwnVariant::mma}};
+  for (int rt : {1, 2, 4})
+    for (int kw : {8, 16}) forms.push_back({OwnVariant::mma, rt, kw});
   for (auto sh : shapes)
     for (auto ot : kTypes)
-      for (OwnVariant form : forms)
+      for (const Form& form : forms)
         for (int mode = 0; mode < 4; ++mode) {
           const bool with_bias = mode & 1, acc = mode & 2;
           // Mode 1: the norm's weight folded into w (norm_unit): the scale alone, against
           // the twin with a weight of ones.
           const bool unit = mode == 1;
-          if (form != OwnVariant::automatic && sh.n * sh.k > 2000000 && mode != 3) continue;
+          const bool mma = form.v == OwnVariant::mma;
+          if (form.v != OwnVariant::automatic && sh.n * sh.k > 2000000 && mode != 3 &&
+              !(mma && unit))
+            continue;
+          if (mma ? !unit : (form.v != OwnVariant::automatic || !unit) && sh.m > kMatmulGemvMaxRows)
+            continue;  // a norm with its weight: the streaming form; mma: the folded one
           CAPTURE(sh.m);
           CAPTURE(sh.n);
           CAPTURE(sh.k);
           CAPTURE(std::string(dtype_name(ot)));
-          CAPTURE(std::string(own_variant_name(form)));
+          CAPTURE(std::string(own_variant_name(form.v)));
+          CAPTURE(form.rt);
+          CAPTURE(form.kw);
           CAPTURE(with_bias);
           CAPTURE(acc);
           CAPTURE(unit);
@@ -1314,10 +1344,13 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
           args.n = sh.n, args.k = sh.k, args.bias = with_bias ? db.get() : nullptr;
           args.accumulate = acc, args.norm_w = unit ? nullptr : dnw.get(), args.norm_eps = eps;
           args.norm_unit = unit;
-          set_programmatic_launch(mode == 3);
-          auto s = form == OwnVariant::automatic
-                       ? (*mm)->run(args, nullptr)
-                       : matmul_own_group_cuda_device(&args, 1, nullptr, form);
+          auto run = [&](const MatmulArgs& x) {
+            return form.v == OwnVariant::automatic ? (*mm)->run(x, nullptr)
+                   : mma ? matmul_own_mma_cuda_device(&x, 1, nullptr, form.rt, form.kw)
+                         : matmul_own_group_cuda_device(&x, 1, nullptr, form.v);
+          };
+          set_programmatic_launch(mode == 3 || (mma && form.rt == 0));
+          auto s = run(args);
           set_programmatic_launch(false);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
@@ -1345,7 +1378,7 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
           double err = 0;
 
           // SwiGLU over the normalised input: a [gate | up] weight of 2 n rows.
-          if (acc || sh.n * sh.k > 20000000) continue;
+          if (acc || sh.n * sh.k > 20000000 || (mma && sh.n * sh.k > 2000000)) continue;
           auto wgu = as_stored(randoms(rng, 2 * sh.n * sh.k, -1, 1), DType::bf16);
           auto bgu = as_stored(randoms(rng, 2 * sh.n, -1, 1), DType::bf16);
           std::vector<float> gu(sh.m * 2 * sh.n), yref(sh.m * sh.n);
@@ -1358,8 +1391,7 @@ TEST_CASE("gpu own kernel: RMSNorm inside the streaming form's products, against
           MatmulArgs x = args;
           x.w = dwgu.get(), x.out = dy.get(), x.accumulate = false, x.swiglu = true;
           x.bias = with_bias ? dbgu.get() : nullptr;
-          s = form == OwnVariant::automatic ? (*mm)->run(x, nullptr)
-                                            : matmul_own_group_cuda_device(&x, 1, nullptr, form);
+          s = run(x);
           REQUIRE_MESSAGE(s.ok(), s.message());
           REQUIRE(cuda_synchronize().ok());
           auto gy = from_dev(dy);
@@ -1409,17 +1441,25 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
     int nh, nkv, hd;
     size_t k, m;
   } cases[] = {{32, 8, 128, 4096, 1}, {14, 2, 64, 896, 2}, {4, 4, 128, 64, 2},
-               {2, 1, 256, 128, 1},   {3, 1, 512, 64, 3},  {8, 2, 16, 8, 4}};
+               {2, 1, 256, 128, 1},   {3, 1, 512, 64, 3},  {8, 2, 16, 8, 4},
+               {32, 8, 128, 4096, 8}, {14, 2, 64, 896, 5}, {8, 2, 16, 40, 8}};
   const int slots_n = 64;
   for (const auto& c : cases)
     for (auto t : kTypes)
-      for (int mode = 0; mode < 6; ++mode) {
+      for (int mode = 0; mode < 8; ++mode) {
         // Modes 4 and 5: the input norm inside the products too (the reference group then
-        // normalises as well).
+        // normalises as well); 6 and 7: the same norm with its weight folded (norm_unit).
         const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3 || mode == 5,
-                   norm = mode >= 4;
+                   norm = mode == 4 || mode == 5, unit = mode >= 6;
+        if (norm && c.m > kMatmulGemvMaxRows) continue;  // the streaming form's alone
         const DType ct = f32_cache ? DType::f32 : DType::bf16;
+        // The reference group runs the form the epilogue's launch runs: the streaming form
+        // at 1-2 rows and for a norm with its weight, else the tensor-core form, whose
+        // automatic shape is the same for the group and for the RoPE launch (one tile is 16
+        // weight rows in both).
+        const OwnVariant form = c.m <= 2 || norm ? OwnVariant::gemv_r2_u4 : OwnVariant::mma;
         CAPTURE(norm);
+        CAPTURE(unit);
         CAPTURE(c.nh);
         CAPTURE(c.hd);
         CAPTURE(c.m);
@@ -1464,6 +1504,7 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
             a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
             a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
             if (norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
+            if (unit) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
           }
         };
         auto rope_for = [&](Out& o) {
@@ -1478,7 +1519,7 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
         Out ref = fresh(), got = fresh();
         MatmulArgs a[3];
         parts_for(ref, a);
-        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, OwnVariant::gemv_r2_u4).ok());
+        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, form).ok());
         REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
         parts_for(got, a);
         set_programmatic_launch(pdl);
@@ -1544,6 +1585,17 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
   RopeArgs nokv = r;
   nokv.k_cache = nullptr;
   refused(a, nokv, "KV write");
+  MatmulArgs nine[3] = {a[0], a[1], a[2]};
+  for (auto& x : nine) x.m = 9;
+  RopeArgs r9 = r;
+  r9.n_tokens = 9;
+  refused(nine, r9, "at most 8 rows, not 9");
+  auto st = matmul_qkv_rope_cuda_device(a, r, nullptr, OwnVariant::gemv_r1_u8);
+  CHECK(st.message().find("RoPE shape is gemv r2 u4, not gemv r1 u8") != std::string::npos);
+  MatmulArgs w4[3] = {a[0], a[1], a[2]};
+  for (auto& x : w4) x.norm_w = nw.get(), x.norm_eps = 1e-5f;
+  st = matmul_qkv_rope_cuda_device(w4, r, nullptr, OwnVariant::mma);
+  CHECK(st.message().find("fold the weight") != std::string::npos);
   REQUIRE(cuda_synchronize().ok());
 }
 

@@ -382,8 +382,11 @@ TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
   CHECK(bf16_to_float(fw[3]) == 1.5f);
   a.norm_eps = 1e-5f, a.norm_unit = true;  // a weight and "folded" at once
   CHECK(matmul_check_args(a).message().find("norm_w with norm_unit") != std::string::npos);
-  a.norm_w = nullptr, a.m = 5;  // folded: the same row limit
-  CHECK(matmul_check_args(a).message().find("at most 4 rows") != std::string::npos);
+  a.norm_w = nullptr, a.m = 8;  // folded: up to 8 rows (the tensor-core form too)
+  CHECK(matmul_check_args(a).ok());
+  a.m = 9;
+  CHECK(matmul_check_args(a).message().find("folded norm in the product takes at most 8 rows, "
+                                            "not 9") != std::string::npos);
   a.m = 1;
   CHECK(matmul_check_args(a).ok());
 
