@@ -85,22 +85,26 @@ int check_greedy(const std::vector<int32_t>& got, const nlohmann::json& ref,
   return -1;
 }
 
-// A fresh engine on the CUDA device over fixture `dir`, bf16 KV cache, blocks of 8 tokens.
-std::unique_ptr<Engine> fixture_engine(const std::string& dir, int slots, int max_batch_tokens,
-                                       bool graphs) {
+// A fresh engine on the CUDA device over fixture `dir` with `o` (blocks of 8 tokens), its
+// KV cache in bf16.
+std::unique_ptr<Engine> fixture_engine(const std::string& dir, EngineOptions o) {
   auto d = make_cuda_device(0);
   REQUIRE(d.ok());
   auto m = Model::load(dir, 0, 1, *d);
   REQUIRE(m.ok());
-  EngineOptions o;
-  o.slots = slots;
   o.block_size = 8;
-  o.max_batch_tokens = max_batch_tokens;
-  o.cuda_graphs = graphs;
   auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
   REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
   CHECK((*eng)->stats().kv_dtype == "bf16");
   return std::move(*eng);
+}
+std::unique_ptr<Engine> fixture_engine(const std::string& dir, int slots, int max_batch_tokens,
+                                       bool graphs) {
+  EngineOptions o;
+  o.slots = slots;
+  o.max_batch_tokens = max_batch_tokens;
+  o.cuda_graphs = graphs;
+  return fixture_engine(dir, o);
 }
 
 // Greedy sampling for the reference's steps, `n` choices.
@@ -282,21 +286,12 @@ TEST_CASE("cuda engine: overlapped decode gives the tokens and logprobs of steps
     uint64_t ahead[2] = {0, 0};
     for (int overlap : {0, 1}) {
       CAPTURE(overlap);
-      auto d = make_cuda_device(0);
-      REQUIRE(d.ok());
-      auto m = Model::load(dir, 0, 1, *d);
-      REQUIRE(m.ok());
       EngineOptions o;
       o.slots = 2;
-      o.block_size = 8;
       o.overlap_decode = overlap == 1;
-      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-      REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
-      SamplingParams g;
-      g.temperature = 0;
-      g.max_tokens = ref["greedy_steps"].get<int>();
-      g.ignore_eos = true;
-      auto r = generate_blocking(**eng, prompt, g);
+      auto eng = fixture_engine(dir, o);
+      const SamplingParams g = greedy(ref, 1);
+      auto r = generate_blocking(*eng, prompt, g);
       REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
       check_greedy(r->tokens[0], ref, overlap ? "overlapped" : "one by one");
       runs[overlap].push_back(*r);
@@ -308,17 +303,17 @@ TEST_CASE("cuda engine: overlapped decode gives the tokens and logprobs of steps
       s.max_tokens = 40;
       s.logprobs = true;
       s.ignore_eos = true;
-      auto sr = generate_blocking(**eng, prompt, s);
+      auto sr = generate_blocking(*eng, prompt, s);
       REQUIRE(sr.ok());
       runs[overlap].push_back(*sr);
       SamplingParams st = g;  // a stop id mid-stream: the step queued after it is dropped
       st.stop_token_ids = {r->tokens[0][10]};
-      auto stopped = generate_blocking(**eng, prompt, st);
+      auto stopped = generate_blocking(*eng, prompt, st);
       REQUIRE(stopped.ok());
       CHECK(stopped->finish[0] == FinishReason::stop);
       runs[overlap].push_back(*stopped);
-      ahead[overlap] = (*eng)->stats().steps_queued_ahead;
-      CHECK((*eng)->stats().blocks_available == (*eng)->stats().blocks_total);
+      ahead[overlap] = eng->stats().steps_queued_ahead;
+      CHECK(eng->stats().blocks_available == eng->stats().blocks_total);
     }
     CHECK(ahead[0] == 0);
     CHECK(ahead[1] > 0);
