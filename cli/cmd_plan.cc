@@ -45,7 +45,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       "slots", po::value<int>(), "serving slots (default SLOTS)")(
       "kv-dtype", po::value<std::string>(), "auto|bf16|fp16|fp8|fp32 (default KV_DTYPE)")(
       "kv-layout", po::value<std::string>(), "native|vllm: whose KV records (default KV_LAYOUT)")(
-      "moe-split", po::value<std::string>(), "tensor|expert (default MOE_SPLIT)")(
+      "expert-parallel", po::value<std::string>(), "auto|tp|ep (default EXPERT_PARALLEL)")(
       "context-split", po::value<int>(),
       "ranks splitting each sequence's tokens (default CONTEXT_SPLIT)")(
       "workspace", po::value<std::string>(),
@@ -58,7 +58,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "plan",
                            "plan [--model DIR] [--capacity SIZE] [--context N] [--slots N] "
-                           "[--kv-dtype T] [--kv-layout L] [--moe-split S] ...",
+                           "[--kv-dtype T] [--kv-layout L] [--expert-parallel S] ...",
                            desc, args, vm))
     return *rc;
   auto cfg = ctx.load_config();
@@ -95,11 +95,11 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       return ctx.fail(make_error(Errc::usage, "--kv-layout " + l + ": use native|vllm"));
     in.record.layout = env::kv_layout_of(l, "");
   }
-  if (vm.count("moe-split")) {
-    std::string m = vm["moe-split"].as<std::string>();
-    if (m != "tensor" && m != "expert")
-      return ctx.fail(make_error(Errc::usage, "--moe-split " + m + ": use tensor|expert"));
-    in.moe = m == "expert" ? plan::MoeSplit::expert : plan::MoeSplit::tensor;
+  if (vm.count("expert-parallel")) {
+    std::string m = vm["expert-parallel"].as<std::string>();
+    auto s = plan::parse_moe_split(m);
+    if (!s) return ctx.fail(make_error(Errc::usage, "--expert-parallel " + m + ": use auto|tp|ep"));
+    in.moe = *s;
   }
   if (vm.count("context-split")) {
     if (vm["context-split"].as<int>() < 1)
@@ -154,7 +154,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                   {"kv_bytes_per_token", per_token_1}};
     j["kv_layout"] = plan::kv_layout_name(in.record.layout);
     j["kv_dtype"] = in.record.dtype;
-    j["moe_split"] = plan::moe_split_name(in.moe);
+    j["expert_parallel"] = plan::moe_split_name(in.moe);
     j["context_split"] = in.context_split;
     j["context"] = in.context;
     j["slots"] = in.slots;
@@ -168,6 +168,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       for (const auto& p : r.parts) parts.push_back(part_json(p, in.context));
       j["rows"].push_back({{"nodes", r.nodes},
                            {"ranks", r.ranks},
+                           {"expert_parallel", plan::moe_split_name(r.moe)},
                            {"weights_per_rank", r.weights_per_rank},
                            {"kv_per_token_per_rank", r.kv_per_token_per_rank},
                            {"state_per_rank", r.state_per_rank},
@@ -191,7 +192,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
     if (s.count(k)) types.push_back(fmt::format("{} {}", s.count(k), plan::layer_kind_name(k)));
   o << fmt::format("# model {} ({}): {} layers ({}); weights {}{}\n", model, s.arch, s.layers,
                    join(types, ", "), format_size(in.weights.total),
-                   s.experts ? fmt::format(", {} of it {} routed experts ({} split)",
+                   s.experts ? fmt::format(", {} of it {} routed experts (EXPERT_PARALLEL={})",
                                            format_size(in.weights.experts), s.experts,
                                            plan::moe_split_name(in.moe))
                              : "");
@@ -208,13 +209,15 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       in.kv_overhead ? fmt::format("; KV overhead {}", format_size(in.kv_overhead)) : "",
       in.capacity_per_rank ? format_size(in.capacity_per_rank) : "unknown",
       cap_src.empty() ? "none" : cap_src);
-  o << fmt::format("{:>5} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n",
-                   "NODES", "RANKS", "WEIGHTS/RANK", "KV/TOKEN/RANK", "STATE/RANK", "KV/RANK",
-                   "RESERVE", "NEED/RANK", "HAVE/RANK", "FITS", "MAX_CONTEXT");
+  o << fmt::format(
+      "{:>5} {:>5} {:>7} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n", "NODES",
+      "RANKS", "EXPERTS", "WEIGHTS/RANK", "KV/TOKEN/RANK", "STATE/RANK", "KV/RANK", "RESERVE",
+      "NEED/RANK", "HAVE/RANK", "FITS", "MAX_CONTEXT");
   for (const auto& r : rows)
     o << fmt::format(
-        "{:>5} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n", r.nodes,
-        r.ranks, format_size(r.weights_per_rank), fmt::format("{} B", r.kv_per_token_per_rank),
+        "{:>5} {:>5} {:>7} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14} {:>5} {:>12}\n",
+        r.nodes, r.ranks, s.experts ? plan::moe_split_name(r.moe) : "-",
+        format_size(r.weights_per_rank), fmt::format("{} B", r.kv_per_token_per_rank),
         format_size(r.state_per_rank), format_size(r.kv_per_rank), format_size(r.reserve),
         format_size(r.need_per_rank), r.capacity_per_rank ? format_size(r.capacity_per_rank) : "?",
         r.capacity_per_rank ? (r.fits ? "yes" : "NO") : "?",

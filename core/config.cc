@@ -48,7 +48,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"WEIGHTS_PLACEMENT", KeyType::choice, "auto", "auto|device|host-mapped", "Where a GPU rank keeps its weights: device memory (device), or one page-locked host allocation the GPU reads in place, filled straight from the files (host-mapped: on unified memory the weights then exist once; on a discrete GPU reads cross the bus). auto = host-mapped on an integrated GPU (GB10), device elsewhere."},
       {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},
       {"CONTEXT_SPLIT", KeyType::integer, "1", nullptr, "Ranks that split each sequence's tokens (decode context parallel); divides the per-token KV of every attention layer."},
-      {"MOE_SPLIT", KeyType::choice, "tensor", "tensor|expert", "How routed experts spread over ranks: a slice of every expert (tensor) or whole experts (expert)."},
+      {"EXPERT_PARALLEL", KeyType::choice, "auto", "auto|tp|ep", "How a mixture-of-experts model's routed experts spread over the ranks: a share of every expert's intermediate dimension on each rank (tp: one all-reduce per MoE layer, as a dense MLP), or whole experts per rank (ep). auto = tp where the ranks split each expert into equal shares of whole quantization blocks, else ep. plan, /health and status say which is used and why."},
       {"MEM_FREE_MIN", KeyType::size, "1GiB", nullptr, "MemFree every node needs before start."},
       {"MEM_AVAILABLE_MIN", KeyType::size, "2GiB", nullptr, "MemAvailable every node needs."},
       {"MEM_RESERVE", KeyType::size, "4GiB", nullptr, "Memory kept free per node beyond weights and KV cache."},

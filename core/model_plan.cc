@@ -85,7 +85,35 @@ const char* kv_layout_name(KvLayout l) {
 }
 
 const char* moe_split_name(MoeSplit m) {
-  return m == MoeSplit::expert ? "expert" : "tensor";
+  switch (m) {
+    case MoeSplit::automatic:
+      return "auto";
+    case MoeSplit::tensor:
+      return "tp";
+    case MoeSplit::expert:
+      return "ep";
+  }
+  return "?";
+}
+
+Result<MoeSplit> parse_moe_split(const std::string& s) {
+  if (s.empty() || s == "auto") return MoeSplit::automatic;
+  if (s == "tp") return MoeSplit::tensor;
+  if (s == "ep") return MoeSplit::expert;
+  return make_error(Errc::config, fmt::format("EXPERT_PARALLEL={} is not one of auto, tp, ep", s));
+}
+
+bool experts_split_evenly(int inter, int ranks, int block) {
+  ranks = std::max(ranks, 1);
+  block = std::max(block, 1);
+  return inter > 0 && inter % ranks == 0 && (inter / ranks) % block == 0;
+}
+
+MoeSplit resolve_moe_split(MoeSplit split, const ModelShape& s, int ranks) {
+  if (split != MoeSplit::automatic) return split;
+  if (ranks <= 1 || s.experts <= 0 || s.expert_inter <= 0) return MoeSplit::tensor;
+  return experts_split_evenly(s.expert_inter, ranks, s.expert_block) ? MoeSplit::tensor
+                                                                     : MoeSplit::expert;
 }
 
 int ModelShape::count(LayerKind k) const {
@@ -139,6 +167,18 @@ Result<ModelShape> model_shape(const json& top, const std::string& where) {
   for (const char* k : {"n_routed_experts", "num_experts", "num_local_experts"})
     if (s.experts == 0) SPARK_TRY(get_int(c, k, &s.experts, w));
   SPARK_TRY(get_int(c, "num_experts_per_tok", &s.experts_active, w));
+  // One expert's width: Mixtral, MiniMax and gpt-oss use intermediate_size for it.
+  SPARK_TRY(get_int(c, "moe_intermediate_size", &s.expert_inter, w));
+  if (s.experts > 0 && s.expert_inter == 0)
+    SPARK_TRY(get_int(c, "intermediate_size", &s.expert_inter, w));
+  if (auto q = c.find("quantization_config"); q != c.end() && q->is_object()) {
+    const std::string method = q->value("quant_method", "");
+    if (method == "mxfp4") s.expert_block = 32;
+    if (method == "fp8") s.expert_block = 128;
+    if (auto b = q->find("weight_block_size");
+        b != q->end() && b->is_array() && b->size() == 2 && (*b)[0].is_number_integer())
+      s.expert_block = std::max(1, (*b)[0].get<int>());
+  }
   SPARK_TRY(get_int(c, "num_nextn_predict_layers", &s.mtp_layers, w));
   // Linear attention: GLM-5-Next's KDA, or Qwen3-Next's gated delta net.
   if (c.contains("linear_num_heads") || c.contains("linear_head_dim")) {
@@ -425,7 +465,8 @@ PlanRow plan_row(const PlanInput& in, int nodes) {
   r.ranks = nodes * std::max(1, in.gpus_per_node);
   const KvSpread spread{r.ranks, in.context_split};
   r.parts = kv_parts(in.shape, in.record, spread);
-  r.weights_per_rank = weights_per_rank(in.weights, in.shape, in.moe, r.ranks);
+  r.moe = resolve_moe_split(in.moe, in.shape, r.ranks);
+  r.weights_per_rank = weights_per_rank(in.weights, in.shape, r.moe, r.ranks);
   r.kv_per_token_per_rank = kv_bytes_per_token_per_rank(in.shape, in.record, spread);
   const uint64_t slots = u(std::max(in.slots, 1));
   for (const auto& p : r.parts) r.state_per_rank += u(p.layers) * p.bytes_per_slot * slots;

@@ -62,6 +62,8 @@ struct ModelShape {
   // Mixture of experts (weights split).
   int experts = 0;         // routed experts per MoE layer (0: dense)
   int experts_active = 0;  // num_experts_per_tok
+  int expert_inter = 0;    // one routed expert's intermediate size (moe_intermediate_size)
+  int expert_block = 1;    // quantization block along it (FP8 128, MXFP4 32; 1: none)
   int mtp_layers = 0;      // num_nextn_predict_layers (multi-token prediction heads)
   /// Layers of kind `k`.
   int count(LayerKind k) const;
@@ -128,13 +130,22 @@ uint64_t kv_bytes_per_sequence(const std::vector<KvPart>& parts, int64_t context
 /// shape of the dense decoder families the engine runs today.
 ModelShape dense_attention_shape(int layers, int kv_heads, int head_dim, int dtype_bytes = 2);
 
-/// How routed experts are spread over ranks.
+/// How routed experts are spread over ranks (EXPERT_PARALLEL).
 enum class MoeSplit {
-  tensor,  // every rank holds 1/R of every expert
-  expert,  // every rank holds ceil(E/R) whole experts
+  automatic,  // tensor where the ranks split every expert evenly, else expert
+  tensor,     // every rank holds 1/R of every expert
+  expert,     // every rank holds ceil(E/R) whole experts
 };
-/// "tensor" | "expert".
+/// "auto" | "tp" | "ep" (EXPERT_PARALLEL's values).
 const char* moe_split_name(MoeSplit m);
+/// EXPERT_PARALLEL's value (auto, tp or ep; "" is auto); Errc::config naming it otherwise.
+Result<MoeSplit> parse_moe_split(const std::string& s);
+/// Whether `ranks` split each expert's intermediate size `inter` into equal shares of whole
+/// quantization blocks of `block` (1: unquantized): what EXPERT_PARALLEL=auto splits
+/// tensor-parallel (the engine's shard plan and `plan` both ask this).
+bool experts_split_evenly(int inter, int ranks, int block);
+/// The split `split` resolves to at `ranks` ranks for the model's experts.
+MoeSplit resolve_moe_split(MoeSplit split, const ModelShape& s, int ranks);
 
 /// The weights as the files have them (bytes on disk, whatever the quantization).
 struct WeightInventory {
@@ -152,7 +163,7 @@ struct PlanInput {
   ModelShape shape;
   WeightInventory weights;
   KvRecord record;
-  MoeSplit moe = MoeSplit::tensor;
+  MoeSplit moe = MoeSplit::automatic;
   int context_split = 1;
   int64_t context = 0;
   int slots = 1;
@@ -171,6 +182,7 @@ struct PlanInput {
 struct PlanRow {
   int nodes = 0;
   int ranks = 0;
+  MoeSplit moe = MoeSplit::tensor;  // how the experts split at this size (never auto)
   uint64_t weights_per_rank = 0;
   uint64_t kv_per_token_per_rank = 0;  // all layers, before window caps
   uint64_t state_per_rank = 0;         // per-slot states x slots

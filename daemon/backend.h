@@ -39,6 +39,9 @@ struct BackendStatus {
   nlohmann::json fabric_ranks;
   std::string device;       // what computes on this rank ("NVIDIA H200 ...", "cpu ...")
   std::string device_note;  // why DEVICE=auto fell back to the CPU
+  /// What the engine serves (engine::Model::describe): architecture, parameters, experts and
+  /// their split; null when the backend does not know (exec).
+  nlohmann::json model_info;
 };
 
 /// What a backend starts with.

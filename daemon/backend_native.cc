@@ -192,6 +192,7 @@ class NativeBackend final : public Backend {
     }
     o.device = cfg.get("DEVICE");
     o.weights_placement = cfg.get("WEIGHTS_PLACEMENT");
+    o.expert_parallel = cfg.get("EXPERT_PARALLEL");
     if (ctx.world_size > 1 && !ctx.share)
       return make_error(Errc::internal,
                         "native engine: a ring of " + std::to_string(ctx.world_size) +
@@ -245,6 +246,7 @@ class NativeBackend final : public Backend {
     for (const auto& f : rt_->fabric_reports()) s.fabric_ranks.push_back(engine::to_json(f));
     s.device = r.device;
     s.device_note = r.device_fallback;
+    s.model_info = r.model;
     s.ready = r.ready;
     s.fatal = r.fatal;
     s.reason = r.reason;

@@ -694,6 +694,7 @@ HealthSnapshot Daemon::snapshot() const {
   s.engine = I.engine->name();
   s.device = es.device;
   s.device_note = es.device_note;
+  s.model_info = es.model_info;
   s.model = I.cfg.get("MODEL");
   s.version = kVersion;
   s.pid = static_cast<int>(::getpid());

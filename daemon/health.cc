@@ -119,6 +119,7 @@ nlohmann::json health_json(const HealthSnapshot& s) {
   if (!s.fabric_ranks.is_null()) j["fabric_ranks"] = s.fabric_ranks;
   if (!s.device.empty()) j["device"] = s.device;
   if (!s.device_note.empty()) j["device_note"] = s.device_note;
+  if (!s.model_info.is_null()) j["model_info"] = s.model_info;
   return j;
 }
 

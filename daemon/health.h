@@ -77,13 +77,14 @@ struct HealthSnapshot {
   nlohmann::json fabric_ranks;  // rank 0: every rank's fabric self-test, in rank order
   std::string device;           // what computes on this rank
   std::string device_note;      // why DEVICE=auto chose the CPU
+  nlohmann::json model_info;    // what the engine serves (architecture, experts, split)
 };
 
 /// The /health JSON body (schema in man/sparkd.8):
 /// {ok, live, ready, state, reason?, fatal, stalled, rank, world_size, ranks_alive,
 ///  ranks:[{rank,node,host,state,reason?,joined,alive,last_seen_s,pid,device?}],
 ///  slots:{total,busy}, requests_in_flight, uptime_s, engine, model, version, pid, device?,
-///  device_note?}
+///  device_note?, model_info?}
 nlohmann::json health_json(const HealthSnapshot& s);
 
 /// True when a strict check passes: ready, not fatal, not stalled, every rank alive.

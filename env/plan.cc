@@ -42,7 +42,9 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg) 
   in.weights.per_tensor = mf.tensor_sizes;
   in.record.layout = kv_layout_of(get("KV_LAYOUT"), get("ENGINE"));
   in.record.dtype = get("KV_DTYPE");
-  in.moe = get("MOE_SPLIT") == "expert" ? plan::MoeSplit::expert : plan::MoeSplit::tensor;
+  auto moe = plan::parse_moe_split(get("EXPERT_PARALLEL"));
+  if (!moe) return moe.error();
+  in.moe = *moe;
   auto split = integer("CONTEXT_SPLIT");
   if (!split) return split.error();
   in.context_split = static_cast<int>(std::max<int64_t>(1, *split));

@@ -1,6 +1,6 @@
 #pragma once
 // The plan's inputs as a ring has them: the model directory (config.json for the shape, the
-// files for the weights) and the cluster file's settings (KV_DTYPE, KV_LAYOUT, MOE_SPLIT,
+// files for the weights) and the cluster file's settings (KV_DTYPE, KV_LAYOUT, EXPERT_PARALLEL,
 // CONTEXT_SPLIT, CONTEXT_LEN, SLOTS, MEM_RESERVE and the stated fixed costs). The
 // arithmetic itself is core/model_plan.h, shared with the engine.
 #include <string>

@@ -6,7 +6,9 @@
 #include "kernels/bias.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/embedding.h"
+#include "kernels/fill.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -218,6 +220,26 @@ MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
 }
 const std::string& Matmul::library_path() const {
   return impl_->path;
+}
+
+Status moe_route_cuda_device(const float*, const float*, const MoeRouteArgs&, size_t, int32_t*,
+                             float*, void*) {
+  return no_cuda("moe_route_cuda_device");
+}
+Status moe_experts_cuda_device(const MoeExpertsArgs&, void*) {
+  return no_cuda("moe_experts_cuda_device");
+}
+
+Status row_sumsq_cuda_device(const void*, size_t, size_t, float*, void*) {
+  return no_cuda("row_sumsq_cuda_device");
+}
+Status rows_rms_scale_cuda_device(void*, const void*, const float*, size_t, size_t, float, float,
+                                  void*) {
+  return no_cuda("rows_rms_scale_cuda_device");
+}
+
+Status fill_random_cuda_device(void*, DType, size_t, uint64_t, float, float, void*) {
+  return no_cuda("fill_random_cuda_device");
 }
 
 }  // namespace spark::kernels

@@ -76,3 +76,15 @@ Status rmsnorm_fold_weight_cuda_device(bf16_bits* w, size_t rows, size_t cols,
                                        const bf16_bits* norm_w, void* stream);
 
 }  // namespace spark::kernels
+
+namespace spark::kernels {
+
+/// A norm over a row that tensor-parallel ranks hold in parts (MiniMax-M2's q/k norm over all
+/// heads), in two halves around the all-reduce of the sums of squares:
+/// ss[r] = sum of x[r][i]^2 over this rank's `dim` bf16 values (fp32) ...
+Status row_sumsq_cuda_device(const void* x, size_t rows, size_t dim, float* ss, void* stream);
+/// ... then x[r][i] = x[r][i] * rsqrt(ss[r] / total + eps) * w[i], in place (bf16, w bf16).
+Status rows_rms_scale_cuda_device(void* x, const void* w, const float* ss, size_t rows, size_t dim,
+                                  float total, float eps, void* stream);
+
+}  // namespace spark::kernels

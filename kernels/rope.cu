@@ -1,4 +1,5 @@
-// RoPE (rotate-half layout) on the GPU, optionally after a per-head RMSNorm (Qwen3): one
+// RoPE (rotate-half layout, over the first rotary_dim elements of a head: partial rotary
+// leaves the rest unrotated) on the GPU, optionally after a per-head RMSNorm (Qwen3): one
 // warp per (token, head) over the q heads and then the k heads; optionally also the KV
 // write (the rotated k heads and then the v heads go to their cache slots), so a decode
 // layer launches one kernel for both. Each lane holds up to 8
@@ -12,6 +13,8 @@ namespace spark::kernels {
 namespace {
 
 constexpr int kMaxPairsPerLane = 8;  // head_dim <= 512
+// Partial rotary: the elements past rotary_dim pass unrotated (normalised with the head).
+constexpr int kMaxPassPerLane = 16;
 
 template <typename T>
 __global__ void rope_kernel(RopeArgs a) {
@@ -25,7 +28,9 @@ __global__ void rope_kernel(RopeArgs a) {
   const size_t heads = rot + (write_kv ? static_cast<size_t>(a.n_kv_heads) : 0);
   const size_t jobs = a.n_tokens * heads;
   const size_t warps = size_t{gridDim.x} * (blockDim.x / 32);
-  const int half = a.head_dim / 2;
+  const int rdim = a.rotary_dim > 0 ? a.rotary_dim : a.head_dim;
+  const int half = rdim / 2;
+  const int pass = a.head_dim - rdim;  // elements after the rotated ones
   const size_t kv_row = static_cast<size_t>(a.n_kv_heads) * static_cast<size_t>(a.head_dim);
   for (size_t job = blockIdx.x * size_t{blockDim.x / 32} + threadIdx.x / 32; job < jobs;
        job += warps) {
@@ -48,7 +53,7 @@ __global__ void rope_kernel(RopeArgs a) {
     T* v = is_q ? static_cast<T*>(a.q) + t * a.q_stride + h * a.head_dim
                 : static_cast<T*>(a.k) + t * a.k_stride + (h - a.n_heads) * a.head_dim;
     const T* norm = static_cast<const T*>(is_q ? a.q_norm : a.k_norm);
-    float x0[kMaxPairsPerLane], x1[kMaxPairsPerLane];
+    float x0[kMaxPairsPerLane], x1[kMaxPairsPerLane], xp[kMaxPassPerLane];
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
@@ -56,6 +61,12 @@ __global__ void rope_kernel(RopeArgs a) {
       x0[j] = i < half ? dev::to_f(v[i]) : 0.f;
       x1[j] = i < half ? dev::to_f(v[i + half]) : 0.f;
       ss = fmaf(x0[j], x0[j], fmaf(x1[j], x1[j], ss));
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxPassPerLane; ++j) {
+      const int i = static_cast<int>(lane) + 32 * j;
+      xp[j] = i < pass ? dev::to_f(v[rdim + i]) : 0.f;
+      ss = fmaf(xp[j], xp[j], ss);
     }
     if (norm) {
       ss = dev::warp_sum(ss);
@@ -66,6 +77,15 @@ __global__ void rope_kernel(RopeArgs a) {
         if (i < half) {
           x0[j] = x0[j] * inv * dev::to_f(norm[i]);
           x1[j] = x1[j] * inv * dev::to_f(norm[i + half]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxPassPerLane; ++j) {
+        const int i = static_cast<int>(lane) + 32 * j;
+        if (i < pass) {
+          const T r = dev::from_f<T>(xp[j] * inv * dev::to_f(norm[rdim + i]));
+          v[rdim + i] = r;
+          xp[j] = dev::to_f(r);
         }
       }
     }
@@ -98,6 +118,15 @@ __global__ void rope_kernel(RopeArgs a) {
           kc[i] = x0[j];
           kc[i + half] = x1[j];
         }
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxPassPerLane; ++j) {
+        const int i = static_cast<int>(lane) + 32 * j;
+        if (i >= pass) continue;
+        if (a.cache_dtype == DType::bf16)
+          static_cast<dev::bf16*>(a.k_cache)[at + rdim + i] = dev::from_f<dev::bf16>(xp[j]);
+        else
+          static_cast<float*>(a.k_cache)[at + rdim + i] = xp[j];
       }
     }
   }

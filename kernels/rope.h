@@ -18,8 +18,11 @@ namespace spark::kernels {
 std::vector<float> rope_inv_freq(int head_dim, double theta, const hf::RopeScaling& scaling);
 
 /// Rotates x in place: x is [n_tokens][n_heads][head_dim]; token t sits at positions[t].
+/// With rotary_dim (> 0, even, <= head_dim) only the first rotary_dim elements of each head
+/// rotate (pairs i, i + rotary_dim/2; inv_freq has rotary_dim/2 entries) and the rest pass
+/// unchanged (partial rotary: GLM-4.5, MiniMax-M2).
 void rope_apply_ref(float* x, size_t n_tokens, int n_heads, int head_dim, const int32_t* positions,
-                    const float* inv_freq);
+                    const float* inv_freq, int rotary_dim = 0);
 
 /// One RoPE launch over the q and k heads of a batch of tokens, typically inside a fused
 /// QKV row (token t's q head h at q + t*q_stride + h*head_dim, likewise k). With q_norm /
@@ -36,8 +39,9 @@ struct RopeArgs {
   int head_dim = 0;  // even, <= 512
   size_t n_tokens = 0;
   const int32_t* positions = nullptr;  // [n_tokens]
-  const float* inv_freq = nullptr;     // [head_dim/2], from rope_inv_freq
-  const void* q_norm = nullptr;        // optional per-head RMSNorm weights
+  const float* inv_freq = nullptr;     // [rotary_dim/2], from rope_inv_freq
+  int rotary_dim = 0;  // > 0: only the first rotary_dim elements of a head rotate (partial)
+  const void* q_norm = nullptr;  // optional per-head RMSNorm weights
   const void* k_norm = nullptr;
   float norm_eps = 1e-6f;
   // Optional, device only: also write the rotated k rows and the v rows of each token to

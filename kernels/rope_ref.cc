@@ -32,8 +32,8 @@ std::vector<float> rope_inv_freq(int head_dim, double theta, const hf::RopeScali
 }
 
 void rope_apply_ref(float* x, size_t n_tokens, int n_heads, int head_dim, const int32_t* positions,
-                    const float* inv_freq) {
-  const int half = head_dim / 2;
+                    const float* inv_freq, int rotary_dim) {
+  const int half = (rotary_dim > 0 ? rotary_dim : head_dim) / 2;
   std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   for (size_t t = 0; t < n_tokens; ++t) {
     for (int i = 0; i < half; ++i) {
@@ -57,7 +57,8 @@ void rope_apply_ref(float* x, size_t n_tokens, int n_heads, int head_dim, const 
 namespace {
 
 void rope_heads_ref(float* base, size_t stride, int n_heads, const RopeArgs& a, const float* norm) {
-  const size_t hd = static_cast<size_t>(a.head_dim), half = hd / 2;
+  const size_t hd = static_cast<size_t>(a.head_dim);
+  const size_t half = static_cast<size_t>(a.rotary_dim > 0 ? a.rotary_dim : a.head_dim) / 2;
   for (size_t t = 0; t < a.n_tokens; ++t)
     for (size_t h = 0; h < static_cast<size_t>(n_heads); ++h) {
       float* v = base + t * stride + h * hd;
@@ -70,6 +71,7 @@ void rope_heads_ref(float* base, size_t stride, int n_heads, const RopeArgs& a, 
         v[i] = round_to(a.dtype, static_cast<float>(x0 * c - x1 * s));
         v[i + half] = round_to(a.dtype, static_cast<float>(x1 * c + x0 * s));
       }
+      for (size_t i = 2 * half; i < hd; ++i) v[i] = round_to(a.dtype, v[i]);
     }
 }
 
@@ -103,6 +105,9 @@ Status rope_check_args(const RopeArgs& a) {
       return bad(fmt::format("k_stride {} is less than n_kv_heads * head_dim = {}", a.k_stride,
                              static_cast<size_t>(a.n_kv_heads) * hd));
   }
+  if (a.rotary_dim < 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
+    return bad(fmt::format("rotary_dim {} must be even and at most head_dim {}", a.rotary_dim,
+                           a.head_dim));
   if (!std::isfinite(a.norm_eps) || a.norm_eps < 0)
     return bad(fmt::format("norm_eps {} must be finite and >= 0", a.norm_eps));
   return Status::Ok();

@@ -34,6 +34,8 @@
 # "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
+# "moe-bench" (MoE shapes of bench/engine/shapes with random weights on the GPU, beside
+# their PyTorch peers; MOE_BENCH_SHAPES, MOE_BENCH_ARGS),
 # "engine-trace" (batch-1 decode's kernel timeline; ENGINE_TRACE_ENV, ENGINE_TRACE_ARGS),
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
@@ -116,6 +118,7 @@ stage() {
   mkdir -p "$dev/fixtures" "$dev/engine"
   cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
   cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
+  cp -r "$src/bench/engine/shapes" "$dev/engine/"
   # sparkctl bench's known-answer set, where bin/sparkctl looks for it (bin/../share).
   mkdir -p "$dev/share/sparkctl/bench"
   cp "$src/packaging/bench/known-answers.jsonl" "$dev/share/sparkctl/bench/"
@@ -250,6 +253,20 @@ device() {
     step engine-bench 420 "$dev/bin/spark-engine" gpubench --model "$ck" --json-out "$out/engine_bench.json"
     step torch-peer 240 python3 "$dev/engine/torch_peer.py" --layers "${ENGINE_BENCH_LAYERS:-32}" --json-out "$out/torch_peer.json"
   fi
+  # Mixture-of-experts decode and prefill on real model shapes with random weights made on
+  # the GPU (gpubench --synthetic: no checkpoint on disk), each beside its PyTorch peer of the
+  # same shape. MOE_BENCH_SHAPES: names under bench/engine/shapes (default all).
+  if [[ $want == *" moe-bench "* ]]; then
+    local shape name
+    for shape in ${MOE_BENCH_SHAPES:-$(cd "$dev/engine/shapes" && ls *.json)}; do
+      name=${shape%.json}
+      # shellcheck disable=SC2086
+      step "moe-$name" 420 "$dev/bin/spark-engine" gpubench --model "$dev/engine/shapes/$shape" \
+        --synthetic 1 --context 9216 --b1-runs 3 ${MOE_BENCH_ARGS:-} --json-out "$out/moe_bench_$name.json"
+      step "peer-$name" 300 python3 "$dev/engine/torch_moe_peer.py" "$dev/engine/shapes/$shape" \
+        --json-out "$out/torch_moe_peer_$name.json"
+    done
+  fi
   # The kernel timeline of batch-1 decode (needs spark_kernel_trace staged): gpubench's
   # decode rows under the CUPTI injection library, then trace_summary.py's table per decode
   # graph (step period, GPU idle between steps, what each kernel adds). ENGINE_TRACE_ENV:
@@ -267,7 +284,7 @@ device() {
     xz -T0 -1 "$out/engine-trace.csv" || true
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*}"
+    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*,moe *}"
   # KERNEL_BENCH_ARGS: e.g. "--only sampler" for the sampler's rows alone.
   # shellcheck disable=SC2086
   [[ $want == *" kernel-bench "* ]] &&

@@ -224,7 +224,9 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
         {"max-tokens", "256", 2, 1 << 20},
         {"b1-runs", "3", 1, 100},
         {"decode-only", "0", 0, 1},
-        {"graphs", "1", 0, 1}}) {
+        {"graphs", "1", 0, 1},
+        {"synthetic", "0", 0, 1},
+        {"slots", "32", 1, 256}}) {
     const std::string v = get(key, def);
     auto n = parse_i64(v);
     if (!n || *n < lo || *n > hi)
@@ -256,23 +258,33 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   }
   nlohmann::json j;
   j["model"] = dir;
+  const bool synthetic = num["synthetic"] == 1;
+  j["synthetic_weights"] = synthetic;
   auto bw = measure_read_gbps();
   if (!bw) return bw.error();
   auto peak = measure_bf16_tflops();
   if (!peak) return peak.error();
   j["hbm_read_gbps"] = *bw;
   j["bf16_matmul_tflops"] = *peak;
-  auto ck = Checkpoint::open(dir);
-  if (!ck) return ck.error();
-  const auto files = ck->files();
-  drop_cache(files);
-  auto disk = measure_disk_gbps(files);
-  if (!disk) return disk.error();
-  j["disk_read_gbps"] = *disk;
+  // --synthetic 1: DIR holds config.json only; the weights are random on the device
+  // (Model::synthetic), for shapes whose checkpoint would not fit the disk. Then there is no
+  // load from disk to time.
+  std::vector<std::string> files;
+  double disk_gbps = 0;
   uint64_t file_bytes = 0;
-  for (const auto& f : files) file_bytes += std::filesystem::file_size(f);
-  j["checkpoint_bytes"] = file_bytes;
-  drop_cache(files);
+  if (!synthetic) {
+    auto ck = Checkpoint::open(dir);
+    if (!ck) return ck.error();
+    files = ck->files();
+    drop_cache(files);
+    auto disk = measure_disk_gbps(files);
+    if (!disk) return disk.error();
+    disk_gbps = *disk;
+    j["disk_read_gbps"] = disk_gbps;
+    for (const auto& f : files) file_bytes += std::filesystem::file_size(f);
+    j["checkpoint_bytes"] = file_bytes;
+    drop_cache(files);
+  }
 
   // Time to READY from a cold page cache: device, weights, KV cache, one real completion.
   const auto t_ready = Clock::now();
@@ -286,12 +298,25 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   if (!dev) return dev.error();
   j["weights_placement"] = weights_placement_name((*dev)->info().weights);
   LoadReport load;
-  auto model = Model::load(dir, 0, 1, *dev, &load);
+  Result<std::unique_ptr<Model>> model = make_error(Errc::internal, "no model");
+  if (synthetic) {
+    // DIR, or a config.json of its own (bench/engine/shapes/).
+    const std::string cfg_path = std::filesystem::is_regular_file(dir) ? dir : dir + "/config.json";
+    auto text = read_file(cfg_path);
+    if (!text) return make_error(Errc::not_found, "gpubench: cannot read " + cfg_path);
+    auto mc = parse_model_config(*text, cfg_path);
+    if (!mc) return mc.error();
+    model = Model::synthetic(*mc, 0, 1, *dev, 1234, &load);
+  } else {
+    model = Model::load(dir, 0, 1, *dev, &load);
+  }
   if (!model) return model.error();
-  const auto& cfg = (*model)->config();
+  const ModelConfig cfg = (*model)->config();
+  const ShardPlan splan = (*model)->shard_plan();
+  j["model_info"] = (*model)->describe();
   const int ctx = num["context"];
   EngineOptions o;
-  o.slots = 32;
+  o.slots = num["slots"];
   o.max_context = ctx;
   o.max_batch_tokens = num["max-batch-tokens"];
   o.prefix_caching = false;
@@ -312,19 +337,35 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   j["device"] = load.device;
   j["weight_bytes"] = load.weight_bytes;
   j["load_seconds"] = load.seconds;
-  j["ready_seconds"] = ready_s;
-  j["ready_disk_bound_seconds"] = static_cast<double>(file_bytes) / (*disk * 1e9);
-  j["ready_vs_disk"] = j["ready_disk_bound_seconds"].get<double>() / ready_s;
+  if (!synthetic) {
+    j["ready_seconds"] = ready_s;
+    j["ready_disk_bound_seconds"] = static_cast<double>(file_bytes) / (disk_gbps * 1e9);
+    j["ready_vs_disk"] = j["ready_disk_bound_seconds"].get<double>() / ready_s;
+  }
 
   // Bytes one decode token reads: every weight once (the lm_head included; a tied
-  // embedding counts once), plus the KV of the context so far.
+  // embedding counts once) except that of an MoE layer's routed experts only the chosen
+  // ones count, plus the KV of the context so far. The embedding reads one row a token.
   const int prompt = num["prompt-tokens"];
   const int gen = num["max-tokens"];
   const double kv_per_pos = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
   const double avg_ctx = prompt + gen / 2.0;
-  const double bytes_tok = static_cast<double>(load.weight_bytes) + kv_per_pos * avg_ctx;
+  const double expert_bytes = 3.0 * cfg.hidden_size * splan.expert_inter * 2;  // one expert
+  const int moe_layers = cfg.moe.moe_layers();
+  const double all_experts = static_cast<double>(moe_layers) * splan.experts * expert_bytes;
+  const double embed_bytes =
+      cfg.tie_word_embeddings ? 0.0 : static_cast<double>(cfg.vocab_size) * cfg.hidden_size * 2;
+  const double dense_bytes =
+      static_cast<double>(load.weight_bytes) - all_experts - embed_bytes + cfg.hidden_size * 2;
+  const double chosen = static_cast<double>(moe_layers) * cfg.moe.top_k * expert_bytes;
+  const double bytes_tok = dense_bytes + chosen + kv_per_pos * avg_ctx;
   const double roofline = *bw * 1e9 / bytes_tok;
   j["bytes_per_token"] = bytes_tok;
+  if (cfg.is_moe())
+    j["bytes_per_token_parts"] = {{"dense", dense_bytes},
+                                  {"chosen_experts", chosen},
+                                  {"kv", kv_per_pos * avg_ctx},
+                                  {"one_expert", expert_bytes}};
   j["roofline_tok_s"] = roofline;
   run_streams(**eng, 1, prompt, 16);  // warm-up: graphs of bucket 1 captured
   // Batch 1: the median of `b1-runs` runs (each of `gen` tokens), every run in the JSON.
@@ -348,14 +389,40 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   for (int s : stream_counts) {
     run_streams(**eng, s, prompt, 8);
     auto r = run_streams(**eng, s, prompt, gen);
-    agg.push_back({{"streams", s},
-                   {"tok_s", r.decode_tok_s},
-                   {"vs_b1", r.decode_tok_s / std::max(b1.decode_tok_s, 1e-9)},
-                   {"wrong", r.wrong}});
+    nlohmann::json row = {{"streams", s},
+                          {"tok_s", r.decode_tok_s},
+                          {"vs_b1", r.decode_tok_s / std::max(b1.decode_tok_s, 1e-9)},
+                          {"wrong", r.wrong}};
+    if (cfg.is_moe()) {
+      // The roofline of these streams: a step reads each distinct chosen expert once. The
+      // distinct experts per MoE layer of the decode steps, counted in a short eager run.
+      double distinct = 0;
+      int counted = 0;
+      (*eng)->model().set_route_recorder([&](int, const int32_t* ids, int rows, int k) {
+        if (rows != s) return;  // decode steps of all streams only
+        std::vector<int32_t> v(ids, ids + static_cast<size_t>(rows) * static_cast<size_t>(k));
+        std::sort(v.begin(), v.end());
+        distinct += static_cast<double>(std::unique(v.begin(), v.end()) - v.begin());
+        ++counted;
+      });
+      run_streams(**eng, s, prompt, 12);
+      (*eng)->model().set_route_recorder(nullptr);
+      const double per_layer = counted ? distinct / counted : 0;
+      const double step_bytes = dense_bytes +
+                                static_cast<double>(moe_layers) * per_layer * expert_bytes +
+                                s * kv_per_pos * avg_ctx;
+      const double roof = *bw * 1e9 / step_bytes * s;
+      row["distinct_experts_per_layer"] = per_layer;
+      row["roofline_tok_s"] = roof;
+      row["vs_roofline"] = r.decode_tok_s / roof;
+    }
+    agg.push_back(row);
   }
   j["aggregate_decode"] = agg;
-  // Prefill: one prompt, one token out; FLOPs = 2 x params x tokens + causal attention.
-  const double params = static_cast<double>(load.weight_bytes) / 2;
+  // Prefill: one prompt, one token out; FLOPs = 2 x params x tokens + causal attention, the
+  // parameters a token multiplies (an MoE layer's chosen and shared experts; no embedding).
+  const double params = static_cast<double>(count_params(cfg).active) -
+                        static_cast<double>(cfg.vocab_size) * cfg.hidden_size;
   nlohmann::json pf = nlohmann::json::array();
   for (int n : {1024, 8192, 32768}) {
     if (decode_only || n + 1 >= ctx) continue;
@@ -380,9 +447,14 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   std::printf("# gpubench %s on %s\n", dir.c_str(), load.device.c_str());
   std::printf("  %-34s %12.1f GB/s\n", "HBM read (read kernel)", *bw);
   std::printf("  %-34s %12.1f TFLOP/s\n", "bf16 matmul peak (cuBLASLt 8192^3)", *peak);
-  std::printf("  %-34s %12.2f GB/s\n", "disk read (cold cache)", *disk);
-  std::printf("  %-34s %12.2f s (disk bound %.2f s, %.0f%%)\n", "time to READY", ready_s,
-              j["ready_disk_bound_seconds"].get<double>(), 100 * j["ready_vs_disk"].get<double>());
+  if (!synthetic) {
+    std::printf("  %-34s %12.2f GB/s\n", "disk read (cold cache)", disk_gbps);
+    std::printf("  %-34s %12.2f s (disk bound %.2f s, %.0f%%)\n", "time to READY", ready_s,
+                j["ready_disk_bound_seconds"].get<double>(),
+                100 * j["ready_vs_disk"].get<double>());
+  } else {
+    std::printf("  %-34s %12s\n", "weights", "random on the device (--synthetic 1)");
+  }
   std::printf("  %-34s %12.1f tok/s (roofline %.1f, %.1f%%)\n", "decode batch 1", b1.decode_tok_s,
               roofline, 100 * b1.decode_tok_s / roofline);
   if (b1s.size() > 1)
@@ -390,9 +462,15 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
                 fmt::format("  {} runs", b1s.size()).c_str(), b1s.front().decode_tok_s,
                 b1s.back().decode_tok_s, 100 * b1s.front().decode_tok_s / roofline,
                 100 * b1s.back().decode_tok_s / roofline);
-  for (const auto& r : agg)
-    std::printf("  decode %2d streams %23.1f tok/s (%.1fx batch 1)\n", r["streams"].get<int>(),
+  for (const auto& r : agg) {
+    std::printf("  decode %2d streams %23.1f tok/s (%.1fx batch 1)", r["streams"].get<int>(),
                 r["tok_s"].get<double>(), r["vs_b1"].get<double>());
+    if (r.contains("vs_roofline"))
+      std::printf(", %.1f%% of the roofline of its %.1f distinct experts a layer",
+                  100 * r["vs_roofline"].get<double>(),
+                  r["distinct_experts_per_layer"].get<double>());
+    std::printf("\n");
+  }
   for (const auto& r : pf)
     std::printf("  prefill %6d tokens %19.0f tok/s (%.0f TFLOP/s, %.0f%% of peak)\n",
                 r["tokens"].get<int>(), r["tok_s"].get<double>(), r["tflops"].get<double>(),

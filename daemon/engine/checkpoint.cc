@@ -150,6 +150,14 @@ void Checkpoint::drop_page_cache(const std::string& name) const {
   files_[it->second.first]->drop_page_cache(run);
 }
 
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> out;
+  out.reserve(index_.size());
+  for (const auto& [name, at] : index_) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::string> Checkpoint::files() const {
   std::vector<std::string> out;
   for (const auto& f : files_) out.push_back(f->path());

@@ -40,6 +40,8 @@ class Checkpoint {
   void drop_page_cache(const std::string& name) const;
   /// Paths of the weight files.
   std::vector<std::string> files() const;
+  /// Names of every tensor, sorted.
+  std::vector<std::string> tensor_names() const;
   /// Total bytes of tensor data read so far (for load reports and tests of TP slicing).
   uint64_t bytes_read() const { return bytes_read_; }
 

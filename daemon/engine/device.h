@@ -159,8 +159,17 @@ class Device {
   virtual ElemType vector_type() const { return compute_type(); }
   /// Sets `dst` to zero.
   virtual Status zero(const Buffer& dst) = 0;
+  /// Fills `dst` (f32 or bf16) with values uniform in [offset - scale, offset + scale], each a
+  /// hash of `seed` and its index (kernels/fill.h): the same values on every device and run.
+  /// For benchmarks of shapes whose checkpoints would not fit a disk (Model::synthetic).
+  virtual Status fill_random(const Buffer& dst, uint64_t seed, float scale, float offset) = 0;
   /// Copies `n` fp32 elements of `src` (fp32 or bf16 buffer) to host floats.
   virtual Status to_host(const Buffer& src, float* dst, size_t n) = 0;
+  /// Copies the first `bytes` of `src` to host memory as they are (waits for the step's work).
+  virtual Status copy_to_host(const Buffer& src, void* dst, size_t bytes) {
+    (void)src, (void)dst, (void)bytes;
+    return make_error(Errc::unsupported, "this device does not copy raw bytes back");
+  }
   /// Bytes this process may still allocate on the device (CUDA: free device memory, or on
   /// unified memory MemAvailable; CPU: MemAvailable).
   virtual Result<uint64_t> available_bytes() = 0;
@@ -280,6 +289,54 @@ class Device {
     SPARK_TRY(linear(x, w, Buffer(), scratch, rows, in, out));
     return add_rmsnorm(y, scratch, b, Buffer(), Buffer(), rows, out, 0.f);
   }
+  // ---- mixture of experts ----
+  /// How a router turns a row of logits into its experts (kernels/moe.h).
+  struct MoeRoute {
+    int experts = 0, top_k = 0;
+    bool sigmoid = false;  // else softmax
+    bool norm_topk = false;
+    int n_group = 1, topk_group = 1;
+    float scaling = 1.f;
+  };
+  /// Routes `rows` rows of router logits ([rows][experts] fp32) into ids ([rows][top_k]
+  /// i32) and weights ([rows][top_k] fp32); `bias` ([experts] fp32, or empty) joins the
+  /// scores for the choice only. With `margin` (host floats, [rows][2]) the choice values of
+  /// the last chosen and the first unchosen expert come back (a device may leave margins
+  /// unsupported: Errc::unsupported).
+  virtual Status moe_route(const Buffer& logits, const Buffer& bias, const MoeRoute& r,
+                           const Buffer& ids, const Buffer& weights, int rows,
+                           float* margin = nullptr) = 0;
+  /// The experts of one MoE layer this rank holds, and the shared experts.
+  struct MoeExperts {
+    const Buffer* gate_up = nullptr;  // [experts][2 * inter][hidden], per expert [gate | up]
+    const Buffer* down = nullptr;     // [experts][hidden][inter]
+    int expert0 = 0, experts = 0;     // held: routed ids [expert0, expert0 + experts)
+    int inter = 0, hidden = 0, top_k = 0;
+    const Buffer* shared_gate_up = nullptr;  // [2 * shared_inter][hidden]
+    const Buffer* shared_down = nullptr;     // [hidden][shared_inter]
+    int shared_inter = 0;                    // 0: no shared experts on this rank
+    bool accumulate = false;                 // out += the sum (the residual stream at one rank)
+  };
+  /// out[r] = sum over j of weights[r][j] * expert_{ids[r][j]}(x[r]) for the chosen experts
+  /// this rank holds (a gated SiLU MLP each), plus the shared experts' MLP of x[r]; x and
+  /// out are [rows][hidden] in the compute type, out overwritten (or added to, with
+  /// MoeExperts::accumulate).
+  virtual Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights,
+                             const MoeExperts& e, const Buffer& out, int rows) = 0;
+  /// Sizes the expert products' workspace for steps of up to `rows` rows, so that such steps
+  /// allocate nothing (graphs keep their addresses).
+  virtual Status reserve_moe(int rows, int top_k, int hidden, int inter, int shared_inter,
+                             int experts) {
+    (void)rows, (void)top_k, (void)hidden, (void)inter, (void)shared_inter, (void)experts;
+    return Status::Ok();
+  }
+  /// x[r] (rows of `dim` on this rank, in place) RMS-normalised over the whole row of
+  /// `total_dim` columns that the tensor-parallel ranks hold together (the sums of squares
+  /// are all-reduced), times w ([dim], this rank's share of the norm weight): a norm over
+  /// all heads of a projection (MiniMax-M2's q/k norm).
+  virtual Status rmsnorm_across(Collective& comm, const Buffer& x, const Buffer& w, int rows,
+                                int dim, int total_dim, float eps) = 0;
+
   /// y[r] = x[logit_rows[r]] (rows of `dim`).
   virtual Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) = 0;
   /// Sums `x` across the tensor-parallel ranks in place (CPU: the host collective; CUDA: the

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -13,6 +14,8 @@
 #include "daemon/engine/device.h"
 #include "daemon/engine/model.h"
 #include "kernels/bf16.h"
+#include "kernels/fill.h"
+#include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -107,6 +110,17 @@ class CpuDevice final : public Device {
     return Status::Ok();
   }
 
+  Status copy_to_host(const Buffer& src, void* dst, size_t bytes) override {
+    std::memcpy(dst, src.data(), std::min(bytes, src.bytes()));
+    return Status::Ok();
+  }
+
+  Status fill_random(const Buffer& dst, uint64_t seed, float scale, float offset) override {
+    SPARK_TRY(need_f32(dst, "a random fill"));
+    kernels::fill_random_ref(dst.data(), kernels::DType::f32, dst.numel(), seed, scale, offset);
+    return Status::Ok();
+  }
+
   Status to_host(const Buffer& src, float* dst, size_t n) override {
     SPARK_TRY(need_f32(src, "to_host"));
     std::memcpy(dst, src.data(), std::min(n, src.numel()) * sizeof(float));
@@ -165,8 +179,10 @@ class CpuDevice final : public Device {
       kernels::rmsnorm_ref(f32(q), f32(q_norm), f32(q), T * static_cast<size_t>(heads), hd, eps);
     if (!k_norm.empty())
       kernels::rmsnorm_ref(f32(k), f32(k_norm), f32(k), T * static_cast<size_t>(kv_heads), hd, eps);
-    kernels::rope_apply_ref(f32(q), T, heads, head_dim, step_.positions.data(), f32(inv_freq));
-    kernels::rope_apply_ref(f32(k), T, kv_heads, head_dim, step_.positions.data(), f32(inv_freq));
+    const int rot = static_cast<int>(inv_freq.numel()) * 2;  // partial rotary: fewer pairs
+    kernels::rope_apply_ref(f32(q), T, heads, head_dim, step_.positions.data(), f32(inv_freq), rot);
+    kernels::rope_apply_ref(f32(k), T, kv_heads, head_dim, step_.positions.data(), f32(inv_freq),
+                            rot);
     return Status::Ok();
   }
 
@@ -199,6 +215,92 @@ class CpuDevice final : public Device {
 
   Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
     kernels::swiglu_ref(f32(gate_up), f32(y), static_cast<size_t>(rows), static_cast<size_t>(dim));
+    return Status::Ok();
+  }
+
+  Status moe_route(const Buffer& logits, const Buffer& bias, const MoeRoute& r, const Buffer& ids,
+                   const Buffer& weights, int rows, float* margin) override {
+    kernels::MoeRouteArgs a;
+    a.experts = r.experts;
+    a.top_k = r.top_k;
+    a.sigmoid = r.sigmoid;
+    a.norm_topk = r.norm_topk;
+    a.n_group = r.n_group;
+    a.topk_group = r.topk_group;
+    a.scaling = r.scaling;
+    SPARK_TRY(kernels::moe_route_check(a));
+    SPARK_TRY(need_f32(logits, "the router logits"));
+    kernels::moe_route_ref(f32(logits), f32_or_null(bias), a, static_cast<size_t>(rows),
+                           ids.as<int32_t>(), f32(weights), margin);
+    return Status::Ok();
+  }
+
+  // Each held expert's rows are gathered and multiplied as one product (OpenBLAS), in
+  // ascending expert order as transformers sums them; then the shared experts.
+  Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights, const MoeExperts& e,
+                     const Buffer& out, int rows) override {
+    const size_t H = static_cast<size_t>(e.hidden), I = static_cast<size_t>(e.inter);
+    const size_t R = static_cast<size_t>(rows), K = static_cast<size_t>(e.top_k);
+    // The sum in its own buffer, then into out (which may be the residual stream).
+    sum_.assign(R * H, 0.0f);
+    float* o = sum_.data();
+    const int32_t* id = ids.as<int32_t>();
+    const float* w = f32(weights);
+    std::vector<int> who;
+    std::vector<float> wt;
+    for (int le = 0; le < e.experts; ++le) {
+      const int32_t ex = e.expert0 + le;
+      who.clear();
+      wt.clear();
+      for (size_t r = 0; r < R; ++r)
+        for (size_t j = 0; j < K; ++j)
+          if (id[r * K + j] == ex) {
+            who.push_back(static_cast<int>(r));
+            wt.push_back(w[r * K + j]);
+          }
+      if (who.empty()) continue;
+      const int n = static_cast<int>(who.size());
+      gather_.resize(static_cast<size_t>(n) * H);
+      for (int i = 0; i < n; ++i)
+        std::memcpy(gather_.data() + static_cast<size_t>(i) * H,
+                    f32(x) + static_cast<size_t>(who[static_cast<size_t>(i)]) * H, H * 4);
+      const float* gu = f32(*e.gate_up) + static_cast<size_t>(le) * 2 * I * H;
+      const float* dn = f32(*e.down) + static_cast<size_t>(le) * H * I;
+      SPARK_TRY(mlp(gather_.data(), gu, dn, n, e.hidden, e.inter));
+      for (int i = 0; i < n; ++i) {
+        float* dst = o + static_cast<size_t>(who[static_cast<size_t>(i)]) * H;
+        const float* y = y_.data() + static_cast<size_t>(i) * H;
+        const float s = wt[static_cast<size_t>(i)];
+        for (size_t c = 0; c < H; ++c) dst[c] += s * y[c];
+      }
+    }
+    if (e.shared_inter > 0) {
+      SPARK_TRY(
+          mlp(f32(x), f32(*e.shared_gate_up), f32(*e.shared_down), rows, e.hidden, e.shared_inter));
+      for (size_t i = 0; i < R * H; ++i) o[i] += y_[i];
+    }
+    float* dst = f32(out);
+    for (size_t i = 0; i < R * H; ++i) dst[i] = e.accumulate ? dst[i] + o[i] : o[i];
+    return Status::Ok();
+  }
+
+  Status rmsnorm_across(Collective& comm, const Buffer& x, const Buffer& w, int rows, int dim,
+                        int total_dim, float eps) override {
+    const size_t D = static_cast<size_t>(dim);
+    std::vector<float> ss(static_cast<size_t>(rows));
+    float* xs = f32(x);
+    for (size_t r = 0; r < ss.size(); ++r) {
+      double s = 0;
+      for (size_t i = 0; i < D; ++i) s += static_cast<double>(xs[r * D + i]) * xs[r * D + i];
+      ss[r] = static_cast<float>(s);
+    }
+    if (comm.world_size() > 1) SPARK_TRY(comm.all_reduce_sum(ss.data(), ss.size()));
+    const float* wv = f32(w);
+    for (size_t r = 0; r < ss.size(); ++r) {
+      const double inv = 1.0 / std::sqrt(static_cast<double>(ss[r]) / total_dim + eps);
+      for (size_t i = 0; i < D; ++i)
+        xs[r * D + i] = static_cast<float>(xs[r * D + i] * inv) * wv[i];
+    }
     return Status::Ok();
   }
 
@@ -302,8 +404,21 @@ class CpuDevice final : public Device {
            static_cast<size_t>(c) * static_cast<size_t>(step_.table_width);
   }
 
+  // y_[n][hidden] = down(swiglu(gate_up(x))) for n rows of x (a gated SiLU MLP).
+  Status mlp(const float* x, const float* gu, const float* dn, int n, int hidden, int inter) {
+    const size_t N = static_cast<size_t>(n), I = static_cast<size_t>(inter);
+    gu_.resize(N * 2 * I);
+    act_.resize(N * I);
+    y_.resize(N * static_cast<size_t>(hidden));
+    engine::linear(x, gu, nullptr, gu_.data(), n, hidden, 2 * inter);
+    kernels::swiglu_ref(gu_.data(), act_.data(), N, I);
+    engine::linear(act_.data(), dn, nullptr, y_.data(), n, inter, hidden);
+    return Status::Ok();
+  }
+
   DeviceInfo info_;
   StepLayout step_;
+  std::vector<float> gather_, gu_, act_, y_, sum_;  // moe_experts' scratch
   bool sampling_ = false;
   std::deque<std::vector<kernels::SampleResult>> queued_;
   std::vector<kernels::SampleResult> last_drawn_;

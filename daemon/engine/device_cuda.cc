@@ -22,7 +22,9 @@
 #include "kernels/cuda_stream.h"
 #include "kernels/device_copy.h"
 #include "kernels/embedding.h"
+#include "kernels/fill.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -110,6 +112,17 @@ class CudaDevice final : public Device {
                           fmt::format("{}={}: must be 0 (off) or 1 (on, the default)", name, v));
       *on = std::string_view(v) == "1";
     }
+    // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
+    // decode form's rows too), to compare the two or rule one out; auto (the default) takes
+    // the decode form up to 8 rows.
+    int moe_form = 0;
+    if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
+      if (std::string_view(v) == "grouped")
+        moe_form = 2;
+      else if (std::string_view(v) != "auto")
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
+    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -147,6 +160,7 @@ class CudaDevice final : public Device {
     d->norm_in_products_ = norm_in_products;
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
+    d->moe_form_ = moe_form;
     return std::shared_ptr<Device>(d);
   }
 
@@ -300,6 +314,19 @@ class CudaDevice final : public Device {
 
   Status zero(const Buffer& dst) override {
     return kernels::cuda_memset_async(dst.data(), 0, dst.bytes(), stream_);
+  }
+
+  Status copy_to_host(const Buffer& src, void* dst, size_t bytes) override {
+    SPARK_TRY(kernels::cuda_memcpy_async(dst, src.data(), std::min(bytes, src.bytes()), stream_));
+    return kernels::cuda_stream_synchronize(stream_);
+  }
+
+  Status fill_random(const Buffer& dst, uint64_t seed, float scale, float offset) override {
+    if (dst.type() != ElemType::f32 && dst.type() != ElemType::bf16)
+      return make_error(Errc::internal, "cuda device: a random fill of an integer buffer");
+    kernels::set_programmatic_launch(false);
+    return kernels::fill_random_cuda_device(dst.data(), kdt(dst.type()), dst.numel(), seed, scale,
+                                            offset, stream_);
   }
 
   Status to_host(const Buffer& src, float* dst, size_t n) override {
@@ -498,7 +525,10 @@ class CudaDevice final : public Device {
       return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
                                                 inv_freq, q_norm, k_norm, eps, kv);
     SPARK_TRY(product_input(x, rows, in, a, 3).status());
-    if (!q_norm.empty() || !k_norm.empty()) {
+    // Per-head norms and partial rotary (fewer frequencies than head_dim / 2) run the RoPE
+    // kernel after the products; the epilogue rotates whole heads only.
+    if (!q_norm.empty() || !k_norm.empty() ||
+        inv_freq.numel() * 2 != static_cast<size_t>(head_dim)) {
       SPARK_TRY(kernels::matmul_own_group_cuda_device(a, 3, stream_));
       return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                            q_norm, k_norm, eps, kv);
@@ -556,6 +586,7 @@ class CudaDevice final : public Device {
     r.n_tokens = step_.tokens.size();
     r.positions = dev_i32(meta_.positions);
     r.inv_freq = inv_freq.as<float>();
+    r.rotary_dim = static_cast<int>(inv_freq.numel() * 2);
     r.q_norm = q_norm.empty() ? nullptr : q_norm.data();
     r.k_norm = k_norm.empty() ? nullptr : k_norm.data();
     r.norm_eps = eps;
@@ -633,6 +664,91 @@ class CudaDevice final : public Device {
     return kernels::swiglu_bf16_cuda_device(gate_up.as<kernels::bf16_bits>(),
                                             y.as<kernels::bf16_bits>(), static_cast<size_t>(rows),
                                             static_cast<size_t>(dim), stream_);
+  }
+
+  static kernels::MoeRouteArgs route_args(const MoeRoute& r) {
+    kernels::MoeRouteArgs a;
+    a.experts = r.experts;
+    a.top_k = r.top_k;
+    a.sigmoid = r.sigmoid;
+    a.norm_topk = r.norm_topk;
+    a.n_group = r.n_group;
+    a.topk_group = r.topk_group;
+    a.scaling = r.scaling;
+    return a;
+  }
+
+  Status moe_route(const Buffer& logits, const Buffer& bias, const MoeRoute& r, const Buffer& ids,
+                   const Buffer& weights, int rows, float* margin) override {
+    SPARK_TRY(need(logits.type(), ElemType::f32, "the router logits"));
+    const kernels::MoeRouteArgs a = route_args(r);
+    if (!bias.empty()) SPARK_TRY(need(bias.type(), ElemType::f32, "the router's correction bias"));
+    SPARK_TRY(kernels::moe_route_cuda_device(
+        logits.as<float>(), bias.empty() ? nullptr : bias.as<float>(), a, static_cast<size_t>(rows),
+        ids.as<int32_t>(), weights.as<float>(), stream_));
+    if (!margin) return Status::Ok();
+    // Near-tie reports (tests): the margins of the same logits, from the twin on the host.
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(r.experts);
+    std::vector<float> lg(n), bs(static_cast<size_t>(r.experts));
+    SPARK_TRY(to_host(logits, lg.data(), n));
+    if (!bias.empty()) SPARK_TRY(to_host(bias, bs.data(), bs.size()));
+    std::vector<int32_t> hid(static_cast<size_t>(rows) * static_cast<size_t>(r.top_k));
+    std::vector<float> hw(hid.size());
+    kernels::moe_route_ref(lg.data(), bias.empty() ? nullptr : bs.data(), a,
+                           static_cast<size_t>(rows), hid.data(), hw.data(), margin);
+    return Status::Ok();
+  }
+
+  Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights, const MoeExperts& e,
+                     const Buffer& out, int rows) override {
+    SPARK_TRY(need(x.type(), ElemType::bf16, "the experts' input"));
+    kernels::MoeExpertsArgs a;
+    a.x = x.data();
+    a.ids = ids.as<int32_t>();
+    a.weights = weights.as<float>();
+    a.rows = rows;
+    a.top_k = e.top_k;
+    a.hidden = e.hidden;
+    a.gate_up = e.gate_up->data();
+    a.down = e.down->data();
+    a.expert0 = e.expert0;
+    a.experts = e.experts;
+    a.inter = e.inter;
+    a.shared_inter = e.shared_inter;
+    a.shared_gate_up = e.shared_inter > 0 ? e.shared_gate_up->data() : nullptr;
+    a.shared_down = e.shared_inter > 0 ? e.shared_down->data() : nullptr;
+    a.out = out.data();
+    a.accumulate = e.accumulate;
+    a.form = moe_form_;
+    SPARK_TRY(grow_moe_ws(kernels::moe_experts_workspace_bytes(rows, e.top_k, e.hidden, e.inter,
+                                                               e.shared_inter, e.experts)));
+    a.workspace = moe_ws_.data();
+    a.workspace_bytes = moe_ws_.bytes();
+    return kernels::moe_experts_cuda_device(a, stream_);
+  }
+
+  Status reserve_moe(int rows, int top_k, int hidden, int inter, int shared_inter,
+                     int experts) override {
+    return grow_moe_ws(
+        kernels::moe_experts_workspace_bytes(rows, top_k, hidden, inter, shared_inter, experts));
+  }
+
+  Status rmsnorm_across(Collective& comm, const Buffer& x, const Buffer& w, int rows, int dim,
+                        int total_dim, float eps) override {
+    SPARK_TRY(need(x.type(), ElemType::bf16, "a norm's input"));
+    if (ss_.numel() < static_cast<size_t>(rows)) {
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      graph_clear();
+      auto b = alloc(ElemType::f32, std::max<size_t>(static_cast<size_t>(rows), 64));
+      if (!b) return b.error();
+      ss_ = *b;
+    }
+    const size_t R = static_cast<size_t>(rows), D = static_cast<size_t>(dim);
+    SPARK_TRY(kernels::row_sumsq_cuda_device(x.data(), R, D, ss_.as<float>(), stream_));
+    if (comm.world_size() > 1)
+      SPARK_TRY(comm.all_reduce_sum_device(ss_.data(), R, DType::f32, stream_));
+    return kernels::rows_rms_scale_cuda_device(x.data(), w.data(), ss_.as<float>(), R, D,
+                                               static_cast<float>(total_dim), eps, stream_);
   }
 
   Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) override {
@@ -876,6 +992,16 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  Status grow_moe_ws(size_t need) {
+    if (moe_ws_.bytes() >= need) return Status::Ok();
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    graph_clear();
+    auto w = alloc(ElemType::i32, (need + 3) / 4);
+    if (!w) return w.error();
+    moe_ws_ = *w;
+    return Status::Ok();
+  }
+
   Status grow_attn_ws(size_t need) {
     if (attn_ws_.bytes() >= need) return Status::Ok();
     SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
@@ -904,13 +1030,14 @@ class CudaDevice final : public Device {
   std::vector<std::weak_ptr<MappedArena>> arenas_;  // host-mapped weights, for host_address
   void* stream_ = nullptr;
   std::unique_ptr<kernels::Matmul> mm_;
-  bool pdl_ = false;  // programmatic dependent launch for the step's kernels
+  bool pdl_ = false;              // programmatic dependent launch for the step's kernels
   bool norm_in_products_ = true;  // decode rows: the layer's norms inside the products
   bool fold_norms_ = true;        // CudaDeviceOptions::fold_norms
   int short_cap_ = -1;  // SPARK_CUDA_SHORT_ATTENTION: short-context attention's cap, -1 none
   StepLayout step_;
   MetaLayout meta_;
-  Buffer meta_dev_, meta_host_[2], attn_ws_, convert_;
+  Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
+  int moe_form_ = 0;  // SPARK_CUDA_MOE_FORM: 0 automatic, 1 decode form, 2 grouped
   int meta_turn_ = 0;
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;

@@ -190,6 +190,9 @@ class Engine {
 
   EngineStats stats() const;
   const ModelConfig& config() const { return model_->config(); }
+  /// The model, for tools that set its measurement hooks (Model::set_route_recorder) while
+  /// no request runs.
+  Model& model() { return *model_; }
   /// Longest prompt + completion, in tokens.
   int max_context() const { return max_context_; }
 

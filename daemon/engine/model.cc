@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/log.h"
+#include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
 #include "kernels/rope.h"
 
@@ -28,11 +29,16 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   m->rank_ = rank;
   m->world_ = world;
   m->device_ = device ? std::move(device) : make_cpu_device();
-  auto plan = make_shard_plan(m->cfg_, rank, world, dir);
+  PlanOptions po;
+  po.rank = rank;
+  po.world = world;
+  po.placement = report ? report->expert_placement : plan::MoeSplit::automatic;
+  auto plan = make_shard_plan(m->cfg_, po, dir);
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
   const auto& c = m->cfg_;
-  m->inv_freq_ = kernels::rope_inv_freq(c.head_dim, c.rope_theta, c.rope);
+  // Partial rotary: the frequencies of the rotated dimensions only.
+  m->inv_freq_ = kernels::rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
   if (!inv) return inv.error();
   m->inv_freq_dev_ = *inv;
@@ -43,6 +49,86 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
                                   : m->embed_.view(static_cast<size_t>(m->plan_.vocab0) * H,
                                                    static_cast<size_t>(m->plan_.vocab) * H);
   return m;
+}
+
+Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank, int world,
+                                                std::shared_ptr<Device> device, uint64_t seed,
+                                                LoadReport* report) {
+  std::unique_ptr<Model> m(new Model());
+  m->cfg_ = cfg;
+  m->rank_ = rank;
+  m->world_ = world;
+  m->device_ = device ? std::move(device) : make_cpu_device();
+  PlanOptions po;
+  po.rank = rank;
+  po.world = world;
+  po.placement = report ? report->expert_placement : plan::MoeSplit::automatic;
+  auto plan = make_shard_plan(cfg, po, "synthetic " + cfg.architecture);
+  if (!plan) return plan.error();
+  m->plan_ = std::move(*plan);
+  m->inv_freq_ = kernels::rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope);
+  auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
+  if (!inv) return inv.error();
+  m->inv_freq_dev_ = *inv;
+  SPARK_TRY(m->device_->upload(m->inv_freq_dev_, m->inv_freq_.data(), DType::f32));
+  const auto t0 = std::chrono::steady_clock::now();
+  SPARK_TRY(m->fill_synthetic(seed));
+  const size_t H = static_cast<size_t>(cfg.hidden_size);
+  m->head_ = !m->lm_head_.empty() ? m->lm_head_
+                                  : m->embed_.view(static_cast<size_t>(m->plan_.vocab0) * H,
+                                                   static_cast<size_t>(m->plan_.vocab) * H);
+  if (report) {
+    uint64_t held = 0;
+    for (const auto& d : m->plan_.dests) held += m->weight(d.layer, d.role)->bytes();
+    report->weight_bytes = held;
+    report->device = m->device_->info().name;
+    report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return m;
+}
+
+Status Model::fill_synthetic(uint64_t seed) {
+  Device& dev = *device_;
+  const auto& c = cfg_;
+  std::vector<std::pair<ElemType, size_t>> sizes;
+  for (const auto& d : plan_.dests)
+    sizes.emplace_back(d.kind == DestKind::matrix ? dev.compute_type()
+                       : d.kind == DestKind::f32  ? ElemType::f32
+                                                  : dev.vector_type(),
+                       d.numel);
+  layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
+  auto bufs = dev.alloc_weights(sizes);
+  if (!bufs) return bufs.error();
+  // The input width of each matrix (its variance 1/width keeps activations in range).
+  auto width = [&](WeightRole r) -> double {
+    switch (r) {
+      case WeightRole::wo:
+        return plan_.heads * c.head_dim;
+      case WeightRole::w_down:
+        return plan_.inter;
+      case WeightRole::experts_down:
+        return plan_.expert_inter;
+      case WeightRole::shared_down:
+        return plan_.shared_inter;
+      default:
+        return c.hidden_size;
+    }
+  };
+  for (size_t i = 0; i < plan_.dests.size(); ++i) {
+    const auto& d = plan_.dests[i];
+    *weight(d.layer, d.role) = (*bufs)[i];
+    float scale = 0.1f, offset = 0.f;  // biases
+    if (d.kind == DestKind::matrix)
+      scale = d.role == WeightRole::embed
+                  ? 1.0f
+                  : static_cast<float>(std::sqrt(3.0 / std::max(width(d.role), 1.0)));
+    else if (d.role == WeightRole::in_norm || d.role == WeightRole::post_norm ||
+             d.role == WeightRole::final_norm || d.role == WeightRole::q_norm ||
+             d.role == WeightRole::k_norm)
+      scale = 0.1f, offset = 1.0f;
+    SPARK_TRY(dev.fill_random((*bufs)[i], seed * 1000003u + i, scale, offset));
+  }
+  return dev.synchronize();
 }
 
 Buffer* Model::weight(int layer, WeightRole role) {
@@ -92,6 +178,18 @@ Buffer* Model::weight(int layer, WeightRole role) {
       return &L.b_gate_up;
     case WeightRole::b_down:
       return &L.b_down;
+    case WeightRole::router:
+      return &L.router;
+    case WeightRole::router_bias:
+      return &L.router_bias;
+    case WeightRole::experts_gate_up:
+      return &L.experts_gate_up;
+    case WeightRole::experts_down:
+      return &L.experts_down;
+    case WeightRole::shared_gate_up:
+      return &L.shared_gate_up;
+    case WeightRole::shared_down:
+      return &L.shared_down;
     default:
       return nullptr;
   }
@@ -118,7 +216,10 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   }
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (const auto& d : plan_.dests) {
-    sizes.emplace_back(d.matrix ? dev.compute_type() : dev.vector_type(), d.numel);
+    sizes.emplace_back(d.kind == DestKind::matrix ? dev.compute_type()
+                       : d.kind == DestKind::f32  ? ElemType::f32
+                                                  : dev.vector_type(),
+                       d.numel);
     need += static_cast<uint64_t>(d.numel) * elem_size(sizes.back().first);
   }
   // Host-mapped weights come out of the host's memory, whatever the GPU has free.
@@ -221,36 +322,89 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
-  // The layer norms' weights folded into the products that read their output, on a device
-  // whose products then normalise faster (Device::folds_norm_weights); the norms keep a
-  // weight of ones, for the passes that still run them (prefill, several ranks).
-  bool foldable = dev.folds_norm_weights() && direct == 0;
-  for (const auto& L : layers_)
-    for (const Buffer* b : {&L.in_norm, &L.post_norm, &L.wq, &L.wk, &L.wv, &L.w_gate_up})
-      foldable = foldable && b->type() == ElemType::bf16;
-  if (foldable) {
-    const int H = c.hidden_size;
-    const std::vector<uint16_t> ones(static_cast<size_t>(H), 0x3f80);  // bf16 1.0
-    for (auto& L : layers_) {
-      for (const Buffer* w : {&L.wq, &L.wk, &L.wv})
-        SPARK_TRY(dev.fold_norm_weight(*w, L.in_norm, H));
-      SPARK_TRY(dev.fold_norm_weight(L.w_gate_up, L.post_norm, H));
-      SPARK_TRY(dev.upload(L.in_norm, ones.data(), DType::bf16));
-      SPARK_TRY(dev.upload(L.post_norm, ones.data(), DType::bf16));
-    }
-    SPARK_TRY(dev.synchronize());
-    norms_folded_ = true;
-    log::info("engine", "the layer norms' weights are folded into the q/k/v and gate/up weights");
+  if (!plan_.skipped_prefixes.empty()) {
+    size_t n = 0;
+    for (const auto& name : ck->tensor_names())
+      for (const auto& pre : plan_.skipped_prefixes) n += name.compare(0, pre.size(), pre) == 0;
+    log::info("engine",
+              "{}: left {} tensors of the multi-token-prediction layer(s) {}* unread "
+              "(the engine decodes one token a step)",
+              dir, n, join(plan_.skipped_prefixes, "*, "));
   }
+  if (dev.folds_norm_weights() && direct == 0) SPARK_TRY(fold_norms(dir));
   if (report) {
     report->bytes_read = ck->bytes_read();
     report->weight_bytes = held;
     report->bytes_in_place = direct;
     report->files = ck->files();
+    report->skipped_prefixes = plan_.skipped_prefixes;
+    report->skipped_tensors.clear();
+    for (const auto& name : ck->tensor_names())
+      for (const auto& pre : plan_.skipped_prefixes)
+        if (name.compare(0, pre.size(), pre) == 0) report->skipped_tensors.push_back(name);
     report->device = dev.info().name;
     report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return Status::Ok();
+}
+
+// The layer norms' weights folded into the products that read their output, on a device
+// whose products then normalise faster (Device::folds_norm_weights); the norms keep a weight
+// of ones, for the passes that still run them (prefill, several ranks). The input norm folds
+// into q/k/v; the post-attention norm into a dense layer's gate/up (an MoE layer's norm
+// output feeds the router and every expert: it stays a pass).
+Status Model::fold_norms(const std::string& dir) {
+  (void)dir;
+  Device& dev = *device_;
+  for (const auto& L : layers_)
+    for (const Buffer* b : {&L.in_norm, &L.wq, &L.wk, &L.wv})
+      if (b->type() != ElemType::bf16) return Status::Ok();
+  const int H = cfg_.hidden_size;
+  const std::vector<uint16_t> ones(static_cast<size_t>(H), 0x3f80);  // bf16 1.0
+  for (auto& L : layers_) {
+    for (const Buffer* w : {&L.wq, &L.wk, &L.wv}) SPARK_TRY(dev.fold_norm_weight(*w, L.in_norm, H));
+    SPARK_TRY(dev.upload(L.in_norm, ones.data(), DType::bf16));
+    if (!L.w_gate_up.empty() && L.w_gate_up.type() == ElemType::bf16 &&
+        L.post_norm.type() == ElemType::bf16) {
+      SPARK_TRY(dev.fold_norm_weight(L.w_gate_up, L.post_norm, H));
+      SPARK_TRY(dev.upload(L.post_norm, ones.data(), DType::bf16));
+      L.post_folded = true;
+    }
+  }
+  SPARK_TRY(dev.synchronize());
+  norms_folded_ = true;
+  log::info("engine", "the layer norms' weights are folded into the q/k/v and gate/up weights");
+  return Status::Ok();
+}
+
+nlohmann::json Model::describe() const {
+  const auto& c = cfg_;
+  const ParamCount pc = count_params(c);
+  nlohmann::json j = {{"architecture", c.architecture},
+                      {"layers", c.num_layers},
+                      {"hidden_size", c.hidden_size},
+                      {"vocab_size", c.vocab_size},
+                      {"parameters", pc.total},
+                      {"active_parameters", pc.active},
+                      {"weights", elem_name(device_->compute_type())},
+                      {"tensor_parallel", world_},
+                      {"rank", rank_}};
+  if (c.is_moe()) {
+    const auto& m = c.moe;
+    j["experts"] = {{"routed", m.experts},
+                    {"per_token", m.top_k},
+                    {"moe_layers", m.moe_layers()},
+                    {"expert_intermediate_size", m.expert_inter},
+                    {"shared_intermediate_size", m.shared_inter},
+                    {"router", m.score == RouterScore::sigmoid ? "sigmoid" : "softmax"},
+                    {"groups", m.n_group},
+                    {"split", plan::moe_split_name(plan_.placement)},
+                    {"split_reason", plan_.placement_reason},
+                    {"held", {plan_.expert0, plan_.expert0 + plan_.experts}},
+                    {"held_intermediate_size", plan_.expert_inter}};
+    if (m.mtp_layers) j["skipped_mtp_layers"] = m.mtp_layers;
+  }
+  return j;
 }
 
 Result<std::unique_ptr<KVCache>> Model::make_kv_cache(int num_blocks, int block_size,
@@ -283,6 +437,13 @@ Status Model::reserve(int tokens, int logit_rows) {
     SPARK_TRY(grow(v_, at, T * kw));
     SPARK_TRY(grow(gate_up_, at, T * 2 * I));
     SPARK_TRY(grow(act_, at, T * I));
+    if (cfg_.is_moe()) {
+      const size_t E = static_cast<size_t>(cfg_.moe.experts),
+                   K = static_cast<size_t>(cfg_.moe.top_k);
+      SPARK_TRY(grow(router_logits_, ElemType::f32, T * E));
+      SPARK_TRY(grow(moe_ids_, ElemType::i32, T * K));
+      SPARK_TRY(grow(moe_weights_, ElemType::f32, T * K));
+    }
     cap_tokens_ = tokens;
   }
   if (logit_rows > cap_rows_) {
@@ -357,7 +518,7 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   // collectives (a vocab-parallel lm_head gathers on every rank).
   const bool want = logits != nullptr || plan_.vocab_parallel;
   const int rows = want ? static_cast<int>(st.logit_rows.size()) : 0;
-  if (graphs_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
+  if (graphs_ && !route_recorder_ && st.decode_only() && st.tokens_n() <= graph_max_batch_ &&
       graph_max_batch_ < (1 << 15) && st.table_width <= graph_width_ &&
       (comm.world_size() == 1 || comm.device_calls_capturable()) &&
       static_cast<int>(st.logit_rows.size()) == st.tokens_n()) {
@@ -440,6 +601,9 @@ Status Model::prepare(int tokens, int seqs, int max_context, int block_size, boo
   SPARK_TRY(reserve(cap, std::max(seqs, bucket)));
   // A step has one chunk per running sequence (at most `seqs`, padded to the bucket).
   SPARK_TRY(device_->reserve_step(cap, bucket, width, max_context, plan_.heads, cfg_.head_dim));
+  if (cfg_.is_moe())
+    SPARK_TRY(device_->reserve_moe(cap, cfg_.moe.top_k, cfg_.hidden_size, plan_.expert_inter,
+                                   plan_.shared_inter, plan_.experts));
   graphs_ = graphs && device_->supports_graphs();
   graph_max_batch_ = bucket;
   graph_max_context_ = max_context;
@@ -517,76 +681,6 @@ Status Model::run_graph(KVCache& cache, Collective& comm, bool want) {
   }
   ++graph_captures_;
   return Status::Ok();
-}
-
-Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm, bool want) {
-  const auto& c = cfg_;
-  Device& dev = *device_;
-  const int H = c.hidden_size, hd = c.head_dim, V = c.vocab_size;
-  const int T = st.tokens_n();
-  const int nh = plan_.heads, nkv = plan_.kv_heads, inter = plan_.inter;
-  const int qw = nh * hd, kw = nkv * hd;
-  const float eps = static_cast<float>(c.rms_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const size_t Tz = static_cast<size_t>(T);
-  auto rows = [&](const Buffer& b, size_t width) { return b.view(0, Tz * width); };
-  const Buffer x = rows(x_, static_cast<size_t>(H)), h = rows(h_, static_cast<size_t>(H)),
-               o = rows(o_, static_cast<size_t>(H)), q = rows(q_, static_cast<size_t>(qw)),
-               att = rows(att_, static_cast<size_t>(qw)), k = rows(k_, static_cast<size_t>(kw)),
-               v = rows(v_, static_cast<size_t>(kw)),
-               gu = rows(gate_up_, 2 * static_cast<size_t>(inter)),
-               act = rows(act_, static_cast<size_t>(inter));
-  const Buffer none;
-
-  SPARK_TRY(dev.embed(embed_, x, H));
-  // The residual stream x: at one rank the o and down products add themselves into it in
-  // their epilogue (linear_add), so the norm after each needs no add and a device can
-  // normalise inside the next product; across ranks each product's all-reduce comes first,
-  // and the norm's pass adds the reduced sum (and the bias).
-  const bool one_rank = comm.world_size() == 1;
-  Device::PreNorm pre{&x, &none, &none, &layers_[0].in_norm, &h, eps, norms_folded_};
-  auto residual_product = [&](const Buffer& in, const Buffer& w, const Buffer& b, int in_w,
-                              const Buffer& norm_w, bool folded) -> Status {
-    if (one_rank) {
-      SPARK_TRY(dev.linear_add(in, w, b, o, x, T, in_w, H));
-      pre = {&x, &none, &none, &norm_w, &h, eps, folded};
-      return Status::Ok();
-    }
-    SPARK_TRY(dev.linear(in, w, none, o, T, in_w, H));
-    SPARK_TRY(dev.all_reduce(comm, o));
-    pre = {&x, &o, &b, &norm_w, &h, eps, folded};
-    return Status::Ok();
-  };
-  for (int l = 0; l < c.num_layers; ++l) {
-    const auto& L = layers_[static_cast<size_t>(l)];
-    const Device::LinearPart qkv[] = {
-        {&L.wq, &L.bq, &q, qw}, {&L.wk, &L.bk, &k, kw}, {&L.wv, &L.bv, &v, kw}};
-    const KVLayerView kv = cache.view(l);
-    SPARK_TRY(dev.linear_group_rope_kv_write(pre, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
-                                             L.k_norm, eps, kv));
-    SPARK_TRY(dev.attention(kv, q, att, nh, scale, c.sliding_window));
-    SPARK_TRY(residual_product(att, L.wo, L.bo, qw, L.post_norm, norms_folded_));
-    SPARK_TRY(dev.linear_swiglu(pre, L.w_gate_up, L.b_gate_up, gu, act, T, H, inter));
-    // After the last layer, the final norm.
-    const bool last = l + 1 == c.num_layers;
-    SPARK_TRY(residual_product(act, L.w_down, L.b_down, inter,
-                               last ? final_norm_ : layers_[static_cast<size_t>(l) + 1].in_norm,
-                               !last && norms_folded_));
-  }
-  SPARK_TRY(dev.pre_norm(pre, T, H));
-  if (!want) return Status::Ok();  // a worker beside a replicated lm_head: rank 0 samples
-  const int R = static_cast<int>(st.logit_rows.size());
-  if (R == 0) return Status::Ok();
-  const size_t Rz = static_cast<size_t>(R);
-  const Buffer sel = sel_.view(0, Rz * static_cast<size_t>(H)),
-               lg = logits_.view(0, Rz * static_cast<size_t>(V));
-  SPARK_TRY(dev.gather_logit_rows(h, sel, H));
-  if (!plan_.vocab_parallel) return dev.linear(sel, head_, none, lg, R, H, V);
-  const int Vs = plan_.vocab;
-  const Buffer mine = logits_local_.view(0, Rz * static_cast<size_t>(Vs));
-  SPARK_TRY(dev.linear(sel, head_, none, mine, R, H, Vs));
-  return dev.all_gather_columns(comm, mine, gathered_.view(0, Rz * static_cast<size_t>(V)), lg, R,
-                                Vs);
 }
 
 }  // namespace spark::engine

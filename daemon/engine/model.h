@@ -1,7 +1,9 @@
 #pragma once
-// A decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral): the layer recipe, written
-// once over a Device (device.h): fp32 on the CPU (OpenBLAS and the reference twins in
-// kernels/), BF16 on a CUDA GPU. With tensor parallelism (Megatron, shard_plan.h) this rank
+// A decoder-only transformer of one of the engine's families (family.h: dense Llama / Qwen2 /
+// Qwen3 / Mistral; mixture-of-experts Qwen3-MoE / Mixtral / GLM-4.5 / MiniMax-M2): the layer
+// recipe, composed of the shared blocks (attention, dense MLP, MoE) once over a Device
+// (device.h): fp32 on the CPU (OpenBLAS and the reference twins in kernels/), BF16 on a
+// CUDA GPU. With tensor parallelism (Megatron, shard_plan.h) this rank
 // holds its share of attention heads and MLP columns; o_proj and down_proj are row-split and
 // their partial sums are combined through the device's all_reduce (on CUDA the collective's
 // device call in the compute stream, recorded in the decode graphs when the collective can
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,12 @@ struct LoadReport {
   /// /health (and `sparkctl start`) can say how far a load of many GiB has come.
   std::function<void(uint64_t done, uint64_t total)> progress;
   std::string device;  // what holds them (DeviceInfo::name)
+  /// In: EXPERT_PARALLEL, how an MoE model's routed experts are split over the ranks.
+  plan::MoeSplit expert_placement = plan::MoeSplit::automatic;
+  /// Out: tensors in the files that the model leaves unread on purpose (the layers of
+  /// multi-token prediction), by name.
+  std::vector<std::string> skipped_prefixes;
+  std::vector<std::string> skipped_tensors;
 };
 
 /// One sequence's share of a forward step: `n` new tokens at positions start_pos ...
@@ -63,6 +72,14 @@ class Model {
   static Result<std::unique_ptr<Model>> load(const std::string& dir, int rank, int world,
                                              std::shared_ptr<Device> device,
                                              LoadReport* report = nullptr);
+
+  /// A model of `cfg` whose weights are random (Device::fill_random, from `seed`), with no
+  /// checkpoint: matrices uniform with the variance of 1 / their input width, norms near 1,
+  /// biases near 0. For benchmarks of real shapes too large to write to disk (the bytes a
+  /// token reads and the kernels' work are what a checkpoint of the shape would give).
+  static Result<std::unique_ptr<Model>> synthetic(const ModelConfig& cfg, int rank, int world,
+                                                  std::shared_ptr<Device> device, uint64_t seed,
+                                                  LoadReport* report = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   int rank() const { return rank_; }
@@ -112,19 +129,57 @@ class Model {
 
   /// RoPE inverse frequencies in use (tests compare them with the reference's).
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  /// This rank's shard plan (heads, experts and where they are, for /health and tests).
+  const ShardPlan& shard_plan() const { return plan_; }
+  /// What this rank serves, for /health and `sparkctl status`: the architecture, its sizes,
+  /// parameters in all and active per token, the weights' format, and for an MoE model the
+  /// experts (per token, shared, MoE layers) with how they split over the ranks and why.
+  nlohmann::json describe() const;
+
+  /// Router choices of the last step's MoE layers, for tests that look for near-ties: per
+  /// MoE layer and token row, the scores (as chosen on) of the last chosen and the first
+  /// unchosen expert. Filled only while record_router_margins(true).
+  struct RouterMargin {
+    int layer = 0, row = 0;
+    float last_chosen = 0, first_unchosen = 0;
+  };
+  void record_router_margins(bool on) { record_margins_ = on; }
+  const std::vector<RouterMargin>& router_margins() const { return margins_; }
+  /// Called after each MoE layer's routing with its chosen expert ids ([rows][top_k], on the
+  /// host): how benchmarks count the distinct experts a step reads. While set, steps run
+  /// eagerly (a graph's replay would skip the call). Set only while no step runs.
+  using RouteRecorder = std::function<void(int layer, const int32_t* ids, int rows, int top_k)>;
+  void set_route_recorder(RouteRecorder r) { route_recorder_ = std::move(r); }
 
  private:
   struct Layer {
     Buffer in_norm, post_norm, q_norm, k_norm;
     Buffer wq, wk, wv, wo, bq, bk, bv, bo;
     Buffer w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
+    // Mixture of experts (shard_plan.h's roles).
+    Buffer router, router_bias, experts_gate_up, experts_down, shared_gate_up, shared_down;
+    bool post_folded = false;  // post_norm's weight folded into w_gate_up (ones left)
   };
   Model() = default;
   Buffer* weight(int layer, WeightRole role);
   Status load_weights(const std::string& dir, LoadReport* report);
+  Status fill_synthetic(uint64_t seed);
+  Status fold_norms(const std::string& dir);
   Status reserve(int tokens, int logit_rows);
   /// The layer recipe over the device for the step already handed to begin_step().
   Status run_layers(const StepLayout& step, KVCache& cache, Collective& comm, bool logits);
+  // The recipe's blocks (layer_blocks.cc). `pre` is the residual stream's pending norm:
+  // the next product's input.
+  Status attention_block(int l, KVCache& cache, Collective& comm, int T, Device::PreNorm* pre);
+  Status mlp_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,
+                   Device::PreNorm* pre);
+  Status moe_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,
+                   Device::PreNorm* pre);
+  /// The residual add of a product's output: at one rank in the product's epilogue
+  /// (linear_add), across ranks after its all-reduce (the next norm's pass adds it).
+  Status residual_product(Collective& comm, int T, const Buffer& in, const Buffer& w,
+                          const Buffer& b, int in_w, const Buffer& norm_w, bool folded,
+                          Device::PreNorm* pre);
 
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
@@ -132,12 +187,21 @@ class Model {
   std::shared_ptr<Device> device_;
   Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
   bool norms_folded_ = false;  // in_norm / post_norm folded into q/k/v / gate_up (ones left)
-  Buffer head_;  // this rank's lm_head rows (a view of embed_ when tied)
+  Buffer head_;                // this rank's lm_head rows (a view of embed_ when tied)
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   // Scratch on the device, reused across steps (grown, never shrunk).
   int cap_tokens_ = 0, cap_rows_ = 0;
   Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
+  Buffer router_logits_, moe_ids_, moe_weights_;  // [T][experts] f32, [T][top_k] i32 / f32
+  // The current step's views of the scratch (its T rows), which the blocks and the pending
+  // norm (PreNorm) point at while the step runs.
+  struct StepViews {
+    Buffer x, h, o, q, k, v, att, gu, act, none;
+  } sv_;
+  bool record_margins_ = false;
+  RouteRecorder route_recorder_;
+  std::vector<RouterMargin> margins_;
   Buffer logits_local_, gathered_;  // vocab-parallel: this rank's slice, the all-gather's output
   StepLayout step_;
   const std::vector<kernels::SampleParams>* sample_params_ = nullptr;  // forward_sample

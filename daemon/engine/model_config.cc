@@ -2,21 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "core/strings.h"
+#include "daemon/engine/family.h"
 
 namespace spark::engine {
 namespace {
-
-struct Arch {
-  const char* name;
-  Family family;
-};
-constexpr Arch kArchs[] = {
-    {"LlamaForCausalLM", Family::llama},
-    {"Qwen2ForCausalLM", Family::qwen2},
-    {"Qwen3ForCausalLM", Family::qwen3},
-    {"MistralForCausalLM", Family::mistral},
-};
 
 Error cfg_error(const std::string& where, const std::string& what) {
   return make_error(Errc::config, fmt::format("{}: {}", where, what));
@@ -80,15 +72,97 @@ Status check_bounds(const ModelConfig& c, const std::string& where) {
   if (c.bos_token_id >= c.vocab_size)
     return cfg_error(where, fmt::format("\"bos_token_id\" {} is outside the vocabulary of {}",
                                         c.bos_token_id, c.vocab_size));
+  if (c.rotary_dim < 2 || c.rotary_dim > c.head_dim || c.rotary_dim % 2 != 0)
+    return cfg_error(where, fmt::format("the rotary dimension {} must be even and within "
+                                        "head_dim {}",
+                                        c.rotary_dim, c.head_dim));
+  const auto& m = c.moe;
+  if (m.experts > 0) {
+    if (m.experts > 4096 || m.top_k < 1 || m.top_k > m.experts || m.top_k > 64)
+      return cfg_error(where, fmt::format("{} experts with {} per token: the experts must be 1 "
+                                          "to 4096 and the experts per token 1 to min(64, "
+                                          "experts)",
+                                          m.experts, m.top_k));
+    if (m.expert_inter < 1 || m.expert_inter > (1 << 19) || m.shared_inter < 0 ||
+        m.shared_inter > (1 << 19))
+      return cfg_error(where, fmt::format("expert intermediate size {} (shared {}) must be 1 to "
+                                          "{}",
+                                          m.expert_inter, m.shared_inter, 1 << 19));
+    if (m.n_group < 1 || m.experts % m.n_group != 0 || m.topk_group < 1 || m.topk_group > m.n_group)
+      return cfg_error(where, fmt::format("n_group {} must divide the {} experts and topk_group "
+                                          "{} must be 1 to n_group",
+                                          m.n_group, m.experts, m.topk_group));
+    if (m.n_group > 1 && m.experts / m.n_group < 2)
+      return cfg_error(where, fmt::format("n_group {}: each group needs at least 2 of the {} "
+                                          "experts (a group's score is its top-2 sum)",
+                                          m.n_group, m.experts));
+    if (m.n_group > 1 && m.top_k > m.topk_group * (m.experts / m.n_group))
+      return cfg_error(where, fmt::format("{} experts per token cannot come from {} groups of {}",
+                                          m.top_k, m.topk_group, m.experts / m.n_group));
+    if (!std::isfinite(m.routed_scaling) || m.routed_scaling <= 0 || m.routed_scaling > 1e6)
+      return cfg_error(where, fmt::format("routed_scaling_factor {} must be positive and finite",
+                                          m.routed_scaling));
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
+ParamCount count_params(const ModelConfig& c) {
+  const uint64_t H = static_cast<uint64_t>(c.hidden_size), V = static_cast<uint64_t>(c.vocab_size);
+  const uint64_t qw = static_cast<uint64_t>(c.num_heads) * static_cast<uint64_t>(c.head_dim);
+  const uint64_t kw = static_cast<uint64_t>(c.num_kv_heads) * static_cast<uint64_t>(c.head_dim);
+  ParamCount p;
+  p.total = V * H * (c.tie_word_embeddings ? 1 : 2) + H;
+  uint64_t attn = H * qw + 2 * H * kw + qw * H + 2 * H;  // q, k, v, o, the two norms
+  if (c.qkv_bias) attn += qw + 2 * kw;
+  if (c.o_bias) attn += H;
+  if (c.qk_norm == QkNorm::per_head) attn += 2 * static_cast<uint64_t>(c.head_dim);
+  if (c.qk_norm == QkNorm::per_layer) attn += qw + kw;
+  p.active = p.total;
+  const auto& m = c.moe;
+  for (int l = 0; l < c.num_layers; ++l) {
+    uint64_t all = attn, used = attn;
+    if (m.is_moe(l)) {
+      const uint64_t expert = 3 * H * static_cast<uint64_t>(m.expert_inter);
+      const uint64_t fixed = static_cast<uint64_t>(m.experts) * H +
+                             3 * H * static_cast<uint64_t>(m.shared_inter) +
+                             (m.correction_bias ? static_cast<uint64_t>(m.experts) : 0);
+      all += fixed + static_cast<uint64_t>(m.experts) * expert;
+      used += fixed + static_cast<uint64_t>(m.top_k) * expert;
+    } else {
+      const uint64_t mlp = 3 * H * static_cast<uint64_t>(c.intermediate_size);
+      all += mlp;
+      used += mlp;
+    }
+    p.total += all;
+    p.active += used;
+  }
+  return p;
+}
+
+int MoeConfig::moe_layers() const {
+  int n = 0;
+  for (auto b : layer_moe) n += b ? 1 : 0;
+  return n;
+}
+
 std::string supported_architectures() {
   std::vector<std::string> names;
-  for (const auto& a : kArchs) names.emplace_back(a.name);
+  for (const auto& f : family_table()) names.emplace_back(f.architecture);
   return join(names, ", ");
+}
+
+const char* architecture_name(Family f) {
+  for (const auto& e : family_table())
+    if (e.family == f) return e.architecture;
+  return "?";
+}
+
+const char* model_type_name(Family f) {
+  for (const auto& e : family_table())
+    if (e.family == f) return e.model_type;
+  return "?";
 }
 
 Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& where) {
@@ -97,21 +171,21 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
     return cfg_error(where, fmt::format("\"architectures\" is missing; supported: {}",
                                         supported_architectures()));
   c.architecture = h.architectures[0];
-  bool found = false;
-  for (const auto& a : kArchs)
-    if (c.architecture == a.name) {
-      c.family = a.family;
-      found = true;
-    }
-  if (!found)
+  const FamilyEntry* fam = nullptr;
+  for (const auto& e : family_table())
+    if (c.architecture == e.architecture) fam = &e;
+  if (!fam)
     return make_error(Errc::unsupported,
                       fmt::format("{}: architecture {} is not supported; supported: {}", where,
                                   c.architecture, supported_architectures()));
+  c.family = fam->family;
+  c.recipe = fam->recipe;
   SPARK_TRY(required(h.vocab_size, "vocab_size", &c.vocab_size, where));
   SPARK_TRY(required(h.hidden_size, "hidden_size", &c.hidden_size, where));
-  SPARK_TRY(required(h.intermediate_size, "intermediate_size", &c.intermediate_size, where));
   SPARK_TRY(required(h.num_hidden_layers, "num_hidden_layers", &c.num_layers, where));
   SPARK_TRY(required(h.num_attention_heads, "num_attention_heads", &c.num_heads, where));
+  // Dense families need intermediate_size; MoE families read theirs (some have none).
+  c.intermediate_size = h.intermediate_size.value_or(0);
   c.num_kv_heads = h.num_key_value_heads.value_or(c.num_heads);
   if (c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0)
     return cfg_error(
@@ -120,6 +194,7 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
   c.head_dim = h.head_dim.value_or(c.hidden_size / c.num_heads);
   if (c.head_dim == 0 || c.head_dim % 2 != 0)
     return cfg_error(where, fmt::format("head_dim {} must be even and positive", c.head_dim));
+  c.rotary_dim = c.head_dim;
   c.max_position = h.max_position_embeddings.value_or(4096);
   c.rms_eps = h.rms_norm_eps.value_or(c.rms_eps);
   c.rope_theta = h.rope_theta.value_or(c.rope_theta);
@@ -132,30 +207,13 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
         Errc::unsupported,
         fmt::format("{}: hidden_act \"{}\" is not supported (only silu)", where, h.hidden_act));
   c.tie_word_embeddings = h.tie_word_embeddings;
-  c.mlp_bias = h.mlp_bias;
-  switch (c.family) {
-    case Family::llama:
-      c.qkv_bias = c.o_bias = h.attention_bias;
-      break;
-    case Family::qwen2:
-      c.qkv_bias = true;  // Qwen2 always has q/k/v bias, never o_proj bias
-      break;
-    case Family::qwen3:
-      c.qkv_bias = h.attention_bias;
-      c.o_bias = h.attention_bias;
-      c.qk_norm = true;
-      break;
-    case Family::mistral:
-      break;
-  }
-  if ((c.family == Family::qwen2 || c.family == Family::qwen3) && h.use_sliding_window)
-    return make_error(
-        Errc::unsupported,
-        fmt::format("{}: use_sliding_window=true is not supported for {}", where, c.architecture));
-  if (c.family == Family::mistral) c.sliding_window = h.sliding_window.value_or(0);
   c.bos_token_id = h.bos_token_id.value_or(-1);
   c.eos_token_ids = h.eos_token_ids;
   c.torch_dtype = h.dtype;
+  SPARK_TRY(fam->parse(h, &c, where));
+  if (c.intermediate_size <= 0 && (c.moe.layer_moe.empty() || c.moe.moe_layers() < c.num_layers))
+    return cfg_error(where, "\"intermediate_size\" is missing (the dense MLP layers need it)");
+  if (c.intermediate_size <= 0) c.intermediate_size = 1;  // every layer is MoE: unused
   SPARK_TRY(check_bounds(c, where));
   return c;
 }
@@ -171,5 +229,68 @@ Result<ModelConfig> load_model_config(const std::string& dir) {
   if (!h) return h.error();
   return model_config_from(*h, dir + "/config.json");
 }
+
+namespace cfgjson {
+
+const nlohmann::json& model_object(const hf::Config& h) {
+  auto tc = h.raw.find("text_config");
+  if (tc != h.raw.end() && tc->is_object() && !h.raw.contains("num_hidden_layers")) return *tc;
+  return h.raw;
+}
+
+Result<int> get_int(const nlohmann::json& j, const char* key, int def, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1ll << 30))
+    return cfg_error(where, fmt::format("\"{}\" must be a non-negative integer", key));
+  return it->get<int>();
+}
+
+Result<double> get_double(const nlohmann::json& j, const char* key, double def,
+                          const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_number() || !std::isfinite(it->get<double>()))
+    return cfg_error(where, fmt::format("\"{}\" must be a finite number", key));
+  return it->get<double>();
+}
+
+Result<bool> get_bool(const nlohmann::json& j, const char* key, bool def,
+                      const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) return cfg_error(where, fmt::format("\"{}\" must be true or false", key));
+  return it->get<bool>();
+}
+
+Result<std::string> get_string(const nlohmann::json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return cfg_error(where, fmt::format("\"{}\" must be a string", key));
+  return it->get<std::string>();
+}
+
+Result<std::vector<int>> get_int_list(const nlohmann::json& j, const char* key,
+                                      const std::string& where) {
+  std::vector<int> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_array())
+    return cfg_error(where, fmt::format("\"{}\" must be a list of integers", key));
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1ll << 30))
+      return cfg_error(where, fmt::format("\"{}\" must be a list of non-negative integers", key));
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+Error unsupported(const std::string& where, const std::string& key, const nlohmann::json& value,
+                  const std::string& why) {
+  return make_error(Errc::unsupported, fmt::format("{}: \"{}\" = {} is not supported ({})", where,
+                                                   key, value.dump(), why));
+}
+
+}  // namespace cfgjson
 
 }  // namespace spark::engine

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
+#include "daemon/engine/family.h"
 
 namespace spark::engine {
 namespace {
@@ -27,34 +28,6 @@ struct Rng {
   }
 };
 
-const char* arch_name(Family f) {
-  switch (f) {
-    case Family::llama:
-      return "LlamaForCausalLM";
-    case Family::qwen2:
-      return "Qwen2ForCausalLM";
-    case Family::qwen3:
-      return "Qwen3ForCausalLM";
-    case Family::mistral:
-      return "MistralForCausalLM";
-  }
-  return "?";
-}
-
-const char* model_type(Family f) {
-  switch (f) {
-    case Family::llama:
-      return "llama";
-    case Family::qwen2:
-      return "qwen2";
-    case Family::qwen3:
-      return "qwen3";
-    case Family::mistral:
-      return "mistral";
-  }
-  return "?";
-}
-
 struct Named {
   std::string name;
   std::vector<int64_t> shape;
@@ -66,7 +39,7 @@ struct Named {
 ModelConfig small_config(Family family, int vocab_size, int hidden, int layers) {
   ModelConfig c;
   c.family = family;
-  c.architecture = arch_name(family);
+  c.architecture = architecture_name(family);
   c.vocab_size = vocab_size;
   c.hidden_size = hidden;
   c.intermediate_size = hidden * 2;
@@ -79,8 +52,50 @@ ModelConfig small_config(Family family, int vocab_size, int hidden, int layers) 
   c.rope_theta = 10000.0;
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
+  c.rotary_dim = c.head_dim;
   if (family == Family::qwen2) c.qkv_bias = true;
-  if (family == Family::qwen3) c.qk_norm = true;
+  if (family == Family::qwen3 || family == Family::qwen3_moe) c.qk_norm = QkNorm::per_head;
+  for (const auto& f : family_table())
+    if (f.family == family) c.recipe = f.recipe;
+  if (c.recipe == RecipeKind::moe) {
+    auto& m = c.moe;
+    m.experts = 8;
+    m.top_k = 2;
+    m.expert_inter = hidden / 2;
+    m.layer_moe.assign(static_cast<size_t>(layers), 1);
+    switch (family) {
+      case Family::qwen3_moe:
+        m.norm_topk = true;
+        if (layers > 1) m.layer_moe[0] = 0;  // mlp_only_layers [0]
+        break;
+      case Family::mixtral:
+        m.norm_topk = true;
+        c.intermediate_size = m.expert_inter;
+        break;
+      case Family::glm4_moe:
+        m.score = RouterScore::sigmoid;
+        m.correction_bias = true;
+        m.norm_topk = true;
+        m.n_group = 4;
+        m.topk_group = 2;
+        m.routed_scaling = 1.5;
+        m.shared_inter = m.expert_inter;
+        if (layers > 1) m.layer_moe[0] = 0;  // first_k_dense_replace 1
+        c.qkv_bias = true;
+        c.rotary_dim = c.head_dim / 2;
+        break;
+      case Family::minimax_m2:
+        m.score = RouterScore::sigmoid;
+        m.correction_bias = true;
+        m.norm_topk = true;
+        c.intermediate_size = m.expert_inter;
+        c.qk_norm = QkNorm::per_layer;
+        c.rotary_dim = c.head_dim / 2;
+        break;
+      default:
+        break;
+    }
+  }
   return c;
 }
 
@@ -120,9 +135,33 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
       add(p + "self_attn.v_proj.bias", {NKV * hd}, 0.3f, 0.0f);
     }
     if (c.o_bias) add(p + "self_attn.o_proj.bias", {H}, 0.3f, 0.0f);
-    if (c.qk_norm) {
+    if (c.qk_norm == QkNorm::per_head) {
       add(p + "self_attn.q_norm.weight", {hd}, 0.2f, 1.0f);
       add(p + "self_attn.k_norm.weight", {hd}, 0.2f, 1.0f);
+    } else if (c.qk_norm == QkNorm::per_layer) {
+      add(p + "self_attn.q_norm.weight", {NH * hd}, 0.2f, 1.0f);
+      add(p + "self_attn.k_norm.weight", {NKV * hd}, 0.2f, 1.0f);
+    }
+    if (c.moe.is_moe(l)) {
+      const auto nm = moe_tensor_names(c.family);
+      const auto& m = c.moe;
+      const int64_t E = m.experts, EI = m.expert_inter;
+      const std::string b = p + nm.block + ".";
+      lin(b + "gate.weight", E, H);
+      if (m.correction_bias) add(b + nm.bias, {E}, 0.05f, 0.0f);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = fmt::format("{}experts.{}.", b, e);
+        lin(x + nm.gate + ".weight", EI, H);
+        lin(x + nm.up + ".weight", EI, H);
+        lin(x + nm.down + ".weight", H, EI);
+      }
+      if (m.shared_inter > 0) {
+        const std::string sh = b + nm.shared + ".";
+        lin(sh + "gate_proj.weight", m.shared_inter, H);
+        lin(sh + "up_proj.weight", m.shared_inter, H);
+        lin(sh + "down_proj.weight", H, m.shared_inter);
+      }
+      continue;
     }
     lin(p + "mlp.gate_proj.weight", I, H);
     lin(p + "mlp.up_proj.weight", I, H);
@@ -170,7 +209,7 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
 
   nlohmann::json cj = {
       {"architectures", {c.architecture}},
-      {"model_type", model_type(c.family)},
+      {"model_type", model_type_name(c.family)},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -198,7 +237,57 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
     cj["attention_bias"] = c.o_bias;
     cj["mlp_bias"] = c.mlp_bias;
   }
-  if (c.family == Family::qwen3) cj["attention_bias"] = c.qkv_bias;
+  if (c.family == Family::qwen3 || c.family == Family::qwen3_moe) cj["attention_bias"] = c.qkv_bias;
+  const auto& m = c.moe;
+  const double rot = static_cast<double>(c.rotary_dim) / c.head_dim;
+  switch (c.family) {
+    case Family::qwen3_moe: {
+      nlohmann::json only = nlohmann::json::array();
+      for (int l = 0; l < c.num_layers; ++l)
+        if (!m.is_moe(l)) only.push_back(l);
+      cj["num_experts"] = m.experts;
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["moe_intermediate_size"] = m.expert_inter;
+      cj["norm_topk_prob"] = m.norm_topk;
+      cj["decoder_sparse_step"] = 1;
+      cj["mlp_only_layers"] = only;
+      break;
+    }
+    case Family::mixtral:
+      cj["num_local_experts"] = m.experts;
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["sliding_window"] =
+          c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+      break;
+    case Family::glm4_moe: {
+      int dense = 0;
+      while (dense < c.num_layers && !m.is_moe(dense)) ++dense;
+      cj["n_routed_experts"] = m.experts;
+      cj["n_shared_experts"] = m.shared_inter / std::max(1, m.expert_inter);
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["moe_intermediate_size"] = m.expert_inter;
+      cj["first_k_dense_replace"] = dense;
+      cj["n_group"] = m.n_group;
+      cj["topk_group"] = m.topk_group;
+      cj["routed_scaling_factor"] = m.routed_scaling;
+      cj["norm_topk_prob"] = m.norm_topk;
+      cj["use_qk_norm"] = c.qk_norm == QkNorm::per_head;
+      cj["attention_bias"] = c.qkv_bias;
+      cj["partial_rotary_factor"] = rot;
+      break;
+    }
+    case Family::minimax_m2:
+      cj["num_local_experts"] = m.experts;
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["scoring_func"] = "sigmoid";
+      cj["use_qk_norm"] = true;
+      cj["qk_norm_type"] = "per_layer";
+      cj["use_routing_bias"] = true;
+      cj["partial_rotary_factor"] = rot;
+      break;
+    default:
+      break;
+  }
   if (c.family == Family::mistral)
     cj["sliding_window"] =
         c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);

@@ -100,9 +100,17 @@ Result<std::unique_ptr<Runtime>> Runtime::start(RuntimeOptions o) {
     progress(fmt::format("loading weights onto {}: {:.1f} of {:.1f} GiB ({}%)", rt->device_,
                          static_cast<double>(done) / GiB, static_cast<double>(total) / GiB, pct));
   };
+  auto split = plan::parse_moe_split(o.expert_parallel);
+  if (!split) return split.error();
+  rt->load_.expert_placement = *split;
   auto m = Model::load(o.model_dir, o.rank, o.world, *dev, &rt->load_);
   rt->load_.progress = nullptr;  // it refers to this frame
   if (!m) return m.error();
+  rt->model_info_ = (*m)->describe();
+  if ((*m)->config().is_moe())
+    log::info("engine", "rank {}: experts {} ({})", o.rank,
+              plan::moe_split_name((*m)->shard_plan().placement),
+              (*m)->shard_plan().placement_reason);
   log::info("engine",
             "rank {}: loaded {} onto {} ({} MiB read, {} MiB of it in place, {} MiB held, "
             "{:.2f} s)",
@@ -300,6 +308,7 @@ RuntimeStatus Runtime::status() const {
   s.device = device_;
   s.device_kind = device_kind_;
   s.device_fallback = device_fallback_;
+  s.model = model_info_;
   if (engine_) {
     s.stats = engine_->stats();
     s.fatal = s.stats.failed;

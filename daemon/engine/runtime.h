@@ -65,6 +65,7 @@ struct RuntimeOptions {
   EngineOptions engine;
   std::string device = "cpu";              // DEVICE: auto | cpu | cuda
   std::string weights_placement = "auto";  // WEIGHTS_PLACEMENT: auto | device | host-mapped
+  std::string expert_parallel = "auto";    // EXPERT_PARALLEL: auto | tp | ep
   std::string proc_root = "/";             // /proc/meminfo is read under it (tests: a fixture)
   int device_ordinal = 0;  // which CUDA device (of those CUDA_VISIBLE_DEVICES shows)
   bool warmup =
@@ -81,6 +82,9 @@ struct RuntimeStatus {
   std::string device;           // what serves this rank (DeviceInfo::name)
   std::string device_kind;      // "cpu" / "cuda"
   std::string device_fallback;  // DEVICE=auto chose the CPU: why
+  /// What the rank serves, for /health and `sparkctl status`: architecture, layers, weight
+  /// format, experts (count, per token, active parameters, how they are split and why).
+  nlohmann::json model;
 };
 
 /// What one rank's KV cache comes out of: `pool` names the memory (a discrete GPU: its host
@@ -151,6 +155,7 @@ class Runtime {
   std::optional<FabricReport> fabric_;
   std::vector<FabricReport> fabric_all_;
   std::string device_, device_kind_, device_fallback_;
+  nlohmann::json model_info_;
   std::unique_ptr<Model> worker_model_;
   std::unique_ptr<Engine> engine_;
   std::thread worker_;

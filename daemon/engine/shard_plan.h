@@ -8,11 +8,18 @@
 // gathered, so no rank reads or multiplies the whole lm_head. A vocabulary that world does
 // not divide keeps lm_head replicated. The same plan fills host buffers (CPU) or device
 // buffers (CUDA).
+//
+// Routed experts are split one of two ways (EXPERT_PARALLEL, plan::MoeSplit): tensor-parallel, each
+// rank a 1/world share of every expert's intermediate dimension (one all-reduce per MoE layer, as
+// the dense MLP), or expert-parallel, each rank ceil(E/world) whole experts (tokens routed to
+// another rank's experts add nothing here; the same all-reduce sums the ranks' shares).
+// Each family's file (family_*.cc) writes its plan with the builders below.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/model_plan.h"
 #include "daemon/engine/model_config.h"
 #include "daemon/engine/safetensors.h"
 
@@ -39,8 +46,14 @@ enum class WeightRole {
   w_down,
   b_gate_up,
   b_down,
+  router,           // [experts][hidden], replicated
+  router_bias,      // [experts] fp32: e_score_correction_bias (choice only)
+  experts_gate_up,  // [local experts][2 * local expert inter][hidden]: per expert [gate | up]
+  experts_down,     // [local experts][hidden][local expert inter]
+  shared_gate_up,   // the shared experts as one MLP: [2 * local shared inter][hidden]
+  shared_down,      // [hidden][local shared inter]
 };
-inline constexpr int kWeightRoles = static_cast<int>(WeightRole::b_down) + 1;
+inline constexpr int kWeightRoles = static_cast<int>(WeightRole::shared_down) + 1;
 
 /// One read: `slice` of checkpoint tensor `tensor` (full shape `shape`) into elements
 /// [dst_offset, dst_offset + rows * cols) of the destination (layer, role).
@@ -54,12 +67,20 @@ struct ShardRead {
   size_t dst_offset = 0;
 };
 
+/// How a destination is kept on a device.
+enum class DestKind : uint8_t {
+  matrix,  // a weight matrix: the device's compute type
+  vector,  // norms and biases: the device's vector type
+  f32,     // fp32 on every device (router correction bias: added before a choice)
+};
+
 /// One destination buffer and its size in elements.
 struct ShardDest {
   int layer = -1;
   WeightRole role = WeightRole::embed;
   size_t numel = 0;
   bool matrix = false;  // a weight matrix (kept in the device's compute type)
+  DestKind kind = DestKind::vector;
 };
 
 struct ShardPlan {
@@ -67,13 +88,56 @@ struct ShardPlan {
   int heads = 0, kv_heads = 0, inter = 0;  // this rank's share
   bool vocab_parallel = false;             // lm_head split by vocabulary rows
   int vocab0 = 0, vocab = 0;               // this rank's lm_head rows [vocab0, vocab0 + vocab)
+  // Mixture of experts (experts == 0 on a dense model).
+  plan::MoeSplit placement = plan::MoeSplit::tensor;  // never automatic once planned
+  std::string placement_reason;                       // why, for plan, /health and status
+  int expert0 = 0, experts = 0;  // routed experts held: [expert0, expert0 + experts)
+  int expert_inter = 0;          // of each held expert's intermediate dimension
+  int shared_inter = 0;          // of the shared experts' intermediate (0: none here)
   std::vector<ShardDest> dests;
   std::vector<ShardRead> reads;  // in file-friendly order (layer by layer)
+  /// Tensors in the files the plan leaves unread on purpose (multi-token-prediction
+  /// layers), for the load report.
+  std::vector<std::string> skipped_prefixes;
+  /// Bytes of the weights this rank holds at `matrix_bytes` per matrix element and
+  /// `vector_bytes` per vector element (fp32 vectors count 4).
+  uint64_t held_bytes(int matrix_bytes, int vector_bytes) const;
+};
+
+/// What a plan is made for.
+struct PlanOptions {
+  int rank = 0, world = 1;
+  plan::MoeSplit placement = plan::MoeSplit::automatic;  // EXPERT_PARALLEL
 };
 
 /// The plan for rank `rank` of `world`; Errc::config when `world` does not divide the
 /// heads, KV heads and intermediate size (naming them and the fix).
 Result<ShardPlan> make_shard_plan(const ModelConfig& cfg, int rank, int world,
                                   const std::string& where);
+Result<ShardPlan> make_shard_plan(const ModelConfig& cfg, const PlanOptions& opts,
+                                  const std::string& where);
+
+/// The builders a family's plan is written with.
+class PlanBuilder {
+ public:
+  PlanBuilder(ShardPlan* p) : p_(p) {}
+  void dest(int layer, WeightRole role, size_t numel, DestKind kind);
+  void read(std::string name, std::vector<int64_t> shape, Slice s, int layer, WeightRole role,
+            size_t off = 0);
+  /// Embedding, final norm and (unless tied) the vocab-parallel lm_head.
+  void embedding_and_head(const ModelConfig& c);
+  /// Input and post-attention norms, q/k/v/o (with their biases and q/k norms as the config
+  /// says), this rank's heads.
+  void attention(const ModelConfig& c, int layer);
+  /// A gated MLP (gate and up fused as [gate | up]) under `prefix` ("model.layers.L.mlp."),
+  /// `inter` wide in the files, this rank's `[inter0, inter0 + n)` rows, with the names of
+  /// its three projections (gate, up, down).
+  void gated_mlp(const std::string& prefix, const char* gate, const char* up, const char* down,
+                 int64_t hidden, int64_t inter, int64_t inter0, int64_t n, int layer,
+                 WeightRole gate_up_role, WeightRole down_role, bool bias);
+
+ private:
+  ShardPlan* p_;
+};
 
 }  // namespace spark::engine

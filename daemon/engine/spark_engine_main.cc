@@ -3,6 +3,7 @@
 //                [--seed S] [--n N] [--tp-size W --tp-rank R --store HOST:PORT --bind IP]
 //                [--device cpu|cuda|auto] [--device-ordinal N] [--collective gloo|nccl]
 //                [--graphs 0|1] [--logprobs 1] [--top-p P] [--overlap 0|1]
+//                [--expert-parallel auto|tp|ep] (an MoE model's experts: EXPERT_PARALLEL)
 //     (--overlap 0: rank 0 posts each step plan after the step before ends, lock-step)
 //     (on CUDA with --collective gloo the ranks may share one GPU: the activations are
 //     staged through host memory and decode steps run eagerly; nccl needs one GPU per rank
@@ -16,6 +17,8 @@
 //   spark-engine gpubench --model DIR [--json-out FILE] [--context 33792] [--max-tokens 256]
 //                [--weights auto|device|host-mapped] [--b1-runs 3] [--decode-only 1]
 //                [--streams 8,32] (the aggregate rows; with --decode-only 1 none unless given)
+//                [--synthetic 1] (DIR holds config.json only: random weights on the GPU)
+//                [--slots 32]
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped", "plans": ...} (its control plane's counts) when rank 0 is
@@ -177,6 +180,9 @@ int cmd_generate(const Args& a) {
   if (!dev) return fail(dev.error());
   if (!fallback.empty()) std::fprintf(stderr, "spark-engine: %s\n", fallback.c_str());
   LoadReport load;
+  auto split = plan::parse_moe_split(a.get("expert-parallel", "auto"));
+  if (!split) return fail(split.error());
+  load.expert_placement = *split;
   const uint64_t rss_before = peak_rss_bytes();
   auto model = Model::load(a.get("model"), *r, *w, *dev, &load);
   if (!model) return fail(model.error());
@@ -259,7 +265,8 @@ int cmd_generate(const Args& a) {
                       {"graph_captures", m->graph_captures() - captures_before},
                       {"graph_replays", m->graph_replays()},
                       {"plans_posted", es.plans_posted},
-                      {"plans_ahead", es.plans_ahead}};
+                      {"plans_ahead", es.plans_ahead},
+                      {"model_info", m->describe()}};
   if (p.logprobs) j["logprobs"] = res->logprobs;
   for (auto f : res->finish) j["finish"].push_back(finish_reason_name(f));
   std::cout << j.dump() << "\n";

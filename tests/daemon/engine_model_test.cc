@@ -15,6 +15,7 @@
 
 #include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
+#include "daemon/engine/family.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/random_checkpoint.h"
 #include "support/tempdir.h"
@@ -59,12 +60,14 @@ void rms(Mat& x, const Mat& w, int rows, int dim, double eps) {
   }
 }
 
-// Independent RoPE: rotate-half with double angles; default or llama3 frequencies.
+// Independent RoPE: rotate-half with double angles; default or llama3 frequencies; the first
+// rotary_dim elements of each head (partial rotary), the rest unrotated.
 void rope(Mat& x, int T, int heads, int hd, const ModelConfig& c) {
+  const int rd = c.rotary_dim > 0 ? c.rotary_dim : hd;
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < heads; ++h)
-      for (int i = 0; i < hd / 2; ++i) {
-        double f = std::pow(c.rope_theta, -2.0 * i / hd);
+      for (int i = 0; i < rd / 2; ++i) {
+        double f = std::pow(c.rope_theta, -2.0 * i / rd);
         if (c.rope.type == "llama3") {
           double wl = 2 * M_PI / f, lo = c.rope.original_max_position / c.rope.low_freq_factor,
                  hi = c.rope.original_max_position / c.rope.high_freq_factor;
@@ -79,10 +82,75 @@ void rope(Mat& x, int T, int heads, int hd, const ModelConfig& c) {
         double a = t * f;
         size_t base = static_cast<size_t>((t * heads + h) * hd);
         double x0 = x[base + static_cast<size_t>(i)],
-               x1 = x[base + static_cast<size_t>(i + hd / 2)];
+               x1 = x[base + static_cast<size_t>(i + rd / 2)];
         x[base + static_cast<size_t>(i)] = x0 * std::cos(a) - x1 * std::sin(a);
-        x[base + static_cast<size_t>(i + hd / 2)] = x1 * std::cos(a) + x0 * std::sin(a);
+        x[base + static_cast<size_t>(i + rd / 2)] = x1 * std::cos(a) + x0 * std::sin(a);
       }
+}
+
+// An independent router in double: (expert, weight) pairs of one row's logits, as
+// transformers defines each scoring (see kernels/moe.h for the rules).
+std::vector<std::pair<int, double>> naive_route(const std::vector<double>& lg,
+                                                const std::vector<double>& bias,
+                                                const MoeConfig& m) {
+  const int E = m.experts;
+  std::vector<double> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  if (m.score == RouterScore::softmax) {
+    double mx = *std::max_element(lg.begin(), lg.end()), sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(lg[static_cast<size_t>(e)] - mx);
+    for (int e = 0; e < E; ++e)
+      choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] =
+          std::exp(lg[static_cast<size_t>(e)] - mx) / sum;
+  } else {
+    for (int e = 0; e < E; ++e) {
+      score[static_cast<size_t>(e)] = 1 / (1 + std::exp(-lg[static_cast<size_t>(e)]));
+      choice[static_cast<size_t>(e)] =
+          score[static_cast<size_t>(e)] + (bias.empty() ? 0.0 : bias[static_cast<size_t>(e)]);
+    }
+    if (m.n_group > 1) {
+      const int per = E / m.n_group;
+      std::vector<std::pair<double, int>> gs;
+      for (int g = 0; g < m.n_group; ++g) {
+        std::vector<double> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+        std::sort(v.rbegin(), v.rend());
+        gs.push_back({v[0] + v[1], g});
+      }
+      std::sort(gs.begin(), gs.end(), [](auto a, auto b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      std::vector<bool> keep(static_cast<size_t>(m.n_group), false);
+      for (int i = 0; i < m.topk_group; ++i)
+        keep[static_cast<size_t>(gs[static_cast<size_t>(i)].second)] = true;
+      for (int e = 0; e < E; ++e)
+        if (!keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = -INFINITY;
+    }
+  }
+  std::vector<int> order(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)];
+  });
+  std::vector<std::pair<int, double>> out;
+  double sum = 0;
+  for (int j = 0; j < m.top_k; ++j) {
+    const int e = order[static_cast<size_t>(j)];
+    out.push_back({e, score[static_cast<size_t>(e)]});
+    sum += score[static_cast<size_t>(e)];
+  }
+  for (auto& [e, w] : out) {
+    if (m.norm_topk) w /= sum;
+    w *= m.routed_scaling;
+  }
+  return out;
+}
+
+// One gated SiLU MLP of the rows of h.
+Mat naive_mlp(const Checkpoint& ck, const std::string& pre, const char* gate, const char* up,
+              const char* down, const Mat& h, int T, int H, int I) {
+  Mat g = matmul(h, load(ck, pre + gate + ".weight", {I, H}), T, H, I);
+  Mat u = matmul(h, load(ck, pre + up + ".weight", {I, H}), T, H, I);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+  return matmul(g, load(ck, pre + down + ".weight", {H, I}), T, I, H);
 }
 
 // All-position logits of `tokens` (positions 0..T-1).
@@ -118,9 +186,12 @@ Mat naive_forward(const std::string& dir, const ModelConfig& c,
         }
       }
     }
-    if (c.qk_norm) {
+    if (c.qk_norm == QkNorm::per_head) {
       rms(q, load(*ck, p + "self_attn.q_norm.weight", {hd}), T * NH, hd, c.rms_eps);
       rms(k, load(*ck, p + "self_attn.k_norm.weight", {hd}), T * NKV, hd, c.rms_eps);
+    } else if (c.qk_norm == QkNorm::per_layer) {
+      rms(q, load(*ck, p + "self_attn.q_norm.weight", {NH * hd}), T, NH * hd, c.rms_eps);
+      rms(k, load(*ck, p + "self_attn.k_norm.weight", {NKV * hd}), T, NKV * hd, c.rms_eps);
     }
     rope(q, T, NH, hd, c);
     rope(k, T, NKV, hd, c);
@@ -149,11 +220,31 @@ Mat naive_forward(const std::string& dir, const ModelConfig& c,
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     h = x;
     rms(h, load(*ck, p + "post_attention_layernorm.weight", {H}), T, H, c.rms_eps);
-    Mat g = matmul(h, load(*ck, p + "mlp.gate_proj.weight", {I, H}), T, H, I);
-    Mat u = matmul(h, load(*ck, p + "mlp.up_proj.weight", {I, H}), T, H, I);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-    Mat d = matmul(g, load(*ck, p + "mlp.down_proj.weight", {H, I}), T, I, H);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+    if (!c.moe.is_moe(l)) {
+      Mat d = naive_mlp(*ck, p + "mlp.", "gate_proj", "up_proj", "down_proj", h, T, H, I);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
+      continue;
+    }
+    const auto& m = c.moe;
+    const auto nm = moe_tensor_names(c.family);
+    const std::string b = p + nm.block + ".";
+    Mat lg = matmul(h, load(*ck, b + "gate.weight", {m.experts, H}), T, H, m.experts);
+    Mat bias = m.correction_bias ? load(*ck, b + nm.bias, {m.experts}) : Mat();
+    for (int t = 0; t < T; ++t) {
+      std::vector<double> row(lg.begin() + t * m.experts, lg.begin() + (t + 1) * m.experts);
+      Mat ht(h.begin() + t * H, h.begin() + (t + 1) * H);
+      for (const auto& [e, w] : naive_route(row, bias, m)) {
+        Mat y = naive_mlp(*ck, b + "experts." + std::to_string(e) + ".", nm.gate, nm.up, nm.down,
+                          ht, 1, H, m.expert_inter);
+        for (int i = 0; i < H; ++i)
+          x[static_cast<size_t>(t * H + i)] += w * y[static_cast<size_t>(i)];
+      }
+    }
+    if (m.shared_inter > 0) {
+      Mat y = naive_mlp(*ck, b + nm.shared + ".", "gate_proj", "up_proj", "down_proj", h, T, H,
+                        m.shared_inter);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    }
   }
   rms(x, load(*ck, "model.norm.weight", {H}), T, H, c.rms_eps);
   Mat head = c.tie_word_embeddings ? emb : load(*ck, "lm_head.weight", {V, H});
@@ -192,6 +283,15 @@ std::vector<Case> cases() {
   auto mistral = small_config(Family::mistral);
   mistral.sliding_window = 7;
   out.push_back({"mistral sliding-window f32", mistral, DType::f32, 1});
+  out.push_back({"qwen3-moe softmax top-2, a dense layer, bf16",
+                 small_config(Family::qwen3_moe, 512, 64, 3), DType::bf16, 2});
+  auto mixtral = small_config(Family::mixtral, 512, 64, 2);
+  mixtral.sliding_window = 9;
+  out.push_back({"mixtral top-2 sliding-window f32", mixtral, DType::f32, 1});
+  out.push_back({"glm4-moe groups, bias, shared expert, partial rotary, dense first layer",
+                 small_config(Family::glm4_moe, 512, 64, 3), DType::f32, 3});
+  out.push_back({"minimax-m2 sigmoid, per-layer q/k norm, partial rotary",
+                 small_config(Family::minimax_m2, 512, 64, 2), DType::bf16, 1});
   return out;
 }
 

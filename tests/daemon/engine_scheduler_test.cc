@@ -469,6 +469,9 @@ class DeviceFaultsForTest final : public Device {
   Result<Buffer> host_staging(size_t bytes) override { return cpu_->host_staging(bytes); }
   size_t preferred_staging_bytes() const override { return cpu_->preferred_staging_bytes(); }
   Status zero(const Buffer& dst) override { return cpu_->zero(dst); }
+  Status fill_random(const Buffer& dst, uint64_t seed, float scale, float offset) override {
+    return cpu_->fill_random(dst, seed, scale, offset);
+  }
   Status to_host(const Buffer& src, float* dst, size_t n) override {
     return cpu_->to_host(src, dst, n);
   }
@@ -513,6 +516,19 @@ class DeviceFaultsForTest final : public Device {
   Status gather_logit_rows(const Buffer& x, const Buffer& y, int dim) override {
     return cpu_->gather_logit_rows(x, y, dim);
   }
+  Status moe_route(const Buffer& logits, const Buffer& bias, const MoeRoute& r, const Buffer& ids,
+                   const Buffer& weights, int rows, float* margin) override {
+    return cpu_->moe_route(logits, bias, r, ids, weights, rows, margin);
+  }
+  Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights, const MoeExperts& e,
+                     const Buffer& out, int rows) override {
+    return cpu_->moe_experts(x, ids, weights, e, out, rows);
+  }
+  Status rmsnorm_across(Collective& comm, const Buffer& x, const Buffer& w, int rows, int dim,
+                        int total_dim, float eps) override {
+    return cpu_->rmsnorm_across(comm, x, w, rows, dim, total_dim, eps);
+  }
+
   Status all_reduce(Collective& comm, const Buffer& x) override {
     return cpu_->all_reduce(comm, x);
   }

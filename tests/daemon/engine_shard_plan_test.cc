@@ -24,7 +24,7 @@ ModelConfig cfg_for_plan() {
   c.head_dim = 8;
   c.qkv_bias = true;
   c.mlp_bias = true;
-  c.qk_norm = true;
+  c.qk_norm = QkNorm::per_head;
   return c;
 }
 

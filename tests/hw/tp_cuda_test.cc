@@ -73,6 +73,8 @@ ModelConfig tp_config(Family f) {
   c.head_dim = 32;
   c.intermediate_size = 512;
   c.eos_token_ids = {};
+  // Mixtral and MiniMax-M2 read their experts' width from intermediate_size.
+  if (f == Family::mixtral || f == Family::minimax_m2) c.moe.expert_inter = c.intermediate_size;
   return c;
 }
 
@@ -81,10 +83,15 @@ struct Fam {
   Family family;
   bool tied;
 };
-const Fam kFamilies[] = {{"llama", Family::llama, false},
-                         {"qwen2 (biases, tied)", Family::qwen2, true},
-                         {"qwen3 (q/k norm)", Family::qwen3, false},
-                         {"mistral", Family::mistral, false}};
+const Fam kFamilies[] = {
+    {"llama", Family::llama, false},
+    {"qwen2 (biases, tied)", Family::qwen2, true},
+    {"qwen3 (q/k norm)", Family::qwen3, false},
+    {"mistral", Family::mistral, false},
+    {"qwen3-moe", Family::qwen3_moe, false},
+    {"mixtral", Family::mixtral, false},
+    {"glm4-moe (groups, shared expert, partial rotary)", Family::glm4_moe, false},
+    {"minimax-m2 (per-layer q/k norm)", Family::minimax_m2, false}};
 
 std::vector<test::TpSeq> seqs() {
   std::vector<int32_t> a = {1, 17, 99, 250, 3, 77, 410, 12, 5, 300, 301, 17, 18, 19, 20};
@@ -247,18 +254,24 @@ TEST_CASE(
     for (const auto& step : ref.logits)
       for (float v : step) scale = std::max(scale, static_cast<double>(std::abs(v)));
     const double bound = kBf16LogitBound * std::max(1.0, scale / kFixtureLogitScale);
-    for (int w : {2, 4}) {
-      CAPTURE(w);
-      auto tp = test::run_tp_threads(dir, w, seqs(), cuda_dev, staged);
-      REQUIRE_MESSAGE(tp.error.empty(), tp.error);
-      const double dref = test::max_logit_diff(ref, tp), d1w = test::max_logit_diff(one, tp);
-      std::cout << "tp-cuda " << f.name << ": TP=" << w << " (Gloo, host-staged) max |logit diff| "
-                << "vs CPU fp32 " << dref << ", vs TP=1 CUDA " << d1w << "; TP=1 CUDA vs CPU " << d1
-                << " (max |logit| " << scale << ", bound " << bound << ")\n";
-      CHECK(dref <= bound);
-      CHECK(d1w <= bound);
-      CHECK(tp.bytes_read_rank0 < one.bytes_read_rank0);
-    }
+    // An MoE model's experts both ways: a share of every expert, and whole experts.
+    const bool moe = cfg.is_moe();
+    for (int w : {2, 4})
+      for (auto split : {plan::MoeSplit::automatic, plan::MoeSplit::expert}) {
+        if (!moe && split == plan::MoeSplit::expert) continue;
+        CAPTURE(w);
+        CAPTURE(plan::moe_split_name(split));
+        auto tp = test::run_tp_threads(dir, w, seqs(), cuda_dev, staged, split);
+        REQUIRE_MESSAGE(tp.error.empty(), tp.error);
+        const double dref = test::max_logit_diff(ref, tp), d1w = test::max_logit_diff(one, tp);
+        std::cout << "tp-cuda " << f.name << ": TP=" << w << " experts "
+                  << plan::moe_split_name(split) << " (Gloo, host-staged) max |logit diff| "
+                  << "vs CPU fp32 " << dref << ", vs TP=1 CUDA " << d1w << "; TP=1 CUDA vs CPU "
+                  << d1 << " (max |logit| " << scale << ", bound " << bound << ")\n";
+        CHECK(dref <= bound);
+        CHECK(d1w <= bound);
+        CHECK(tp.bytes_read_rank0 < one.bytes_read_rank0);
+      }
     CHECK(d1 <= bound);
   }
 }

@@ -34,12 +34,13 @@ struct TpSeq {
 /// Runs every sequence of `seqs` together: one prefill step over all prompts, then one
 /// decode step per remaining token (all sequences in each step, so steps have several logit
 /// rows). `make_device` gives rank r its device; `stage` wraps the Gloo mesh for GPU ranks
-/// (HostStagedCollective) when set.
+/// (HostStagedCollective) when set; `placement` is EXPERT_PARALLEL for an MoE model.
 inline TpRun run_tp_threads(
     const std::string& dir, int world, const std::vector<TpSeq>& seqs,
     const std::function<Result<std::shared_ptr<engine::Device>>(int)>& make_device,
     const std::function<std::shared_ptr<engine::Collective>(std::shared_ptr<engine::Collective>)>&
-        stage = {}) {
+        stage = {},
+    plan::MoeSplit placement = plan::MoeSplit::automatic) {
   using namespace engine;
   TpRun out;
   auto srv = start_rendezvous_store("127.0.0.1", 0);
@@ -48,6 +49,7 @@ inline TpRun run_tp_threads(
   std::vector<std::string> errors(static_cast<size_t>(world));
   auto body = [&](int r) -> Status {
     LoadReport rep;
+    rep.expert_placement = placement;
     auto dev = make_device(r);  // no REQUIRE on these threads: failures come back as Status
     if (!dev) return dev.error();
     auto m = Model::load(dir, r, world, *dev, &rep);

@@ -1,0 +1,748 @@
+// Mixture-of-experts on the GPU: the router's choice, and the experts' products in two forms.
+//
+// Routing: one warp per token row; its scores live in registers (up to 32 a lane), groups
+// and the top-k are rounds of warp argmax with the twin's order (larger value, then lower
+// index).
+//
+// Decode form (up to kMoeDecodeMaxRows rows): the step's chosen experts are read once each,
+// however many rows chose them. Every block works out the step's distinct held experts from
+// the ids (at most rows x top_k of them, in ascending id), so the work list never leaves the
+// device and a decode step stays one graph. gate/up: block (tile of 16 intermediate rows,
+// distinct expert u) computes act = silu(g) * u for every row that chose u (the shared
+// experts are one more u, every row). down: block (tile of 16 output columns) loops over the
+// distinct experts in ascending id and adds each row's weighted product in registers, then
+// the shared experts, then writes (or adds into the residual stream): a fixed order, no
+// atomics, the same bits every run.
+//
+// Grouped form (more rows: prefill, many streams): the rows' (row, expert) pairs are counted
+// and placed by expert on the device (one block), then two grouped products on the tensor
+// cores (mma.sync m16n8k16, 64x64 tiles over each expert's rows, cp.async double-buffered):
+// gate/up with SwiGLU in its epilogue, and down into fp32 rows; a last pass sums each row's
+// pairs in the order above.
+#include <algorithm>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/moe.h"
+
+namespace spark::kernels {
+namespace {
+
+using dev::bf16;
+
+// ---- routing ---------------------------------------------------------------------------
+
+constexpr int kRouteWarps = 4;
+constexpr int kRoutePerLane = kMoeMaxExperts / 32;
+
+// (v, i) ahead of (w, j): larger value, equal values by the lower index.
+__device__ __forceinline__ bool ahead(float v, int i, float w, int j) {
+  return v > w || (v == w && i < j);
+}
+
+// The warp's best (value, index) of the lanes' candidates.
+__device__ __forceinline__ void warp_best(float* v, int* i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, *v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, *i, o);
+    if (ahead(ov, oi, *v, *i)) *v = ov, *i = oi;
+  }
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    moe_route_kernel(const float* logits, const float* bias, MoeRouteArgs a, size_t rows,
+                     int32_t* ids, float* weights) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ float route_smem[];  // per warp: the choice values (groups)
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const size_t r = blockIdx.x * size_t{kRouteWarps} + warp;
+  if (r >= rows) return;
+  const int E = a.experts;
+  const float* lg = logits + r * static_cast<size_t>(E);
+  float score[kRoutePerLane], choice[kRoutePerLane];
+  // Scores: element e = lane + 32 j.
+  if (a.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      if (e < E) {
+        const float s = 1.f / (1.f + expf(-lg[e]));
+        score[j] = s;
+        choice[j] = bias ? s + bias[e] : s;
+      } else {
+        score[j] = choice[j] = -INFINITY;
+      }
+    }
+  } else {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      score[j] = e < E ? lg[e] : -INFINITY;
+      mx = fmaxf(mx, score[j]);
+    }
+    mx = dev::warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      score[j] = e < E ? expf(score[j] - mx) : 0.f;
+      sum += score[j];
+    }
+    sum = dev::warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      score[j] = e < E ? score[j] / sum : -INFINITY;
+      choice[j] = score[j];
+    }
+  }
+  if (a.n_group > 1) {
+    // Group scores (top-2 sums of choice values) from shared memory, then the best
+    // topk_group groups by rounds of argmax; the others' experts leave the choice.
+    float* ch = route_smem + warp * kMoeMaxExperts;
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      if (e < E) ch[e] = choice[j];
+    }
+    __syncwarp();
+    const int per = E / a.n_group;
+    float gs[kRoutePerLane];  // group g = lane + 32 j (n_group <= E)
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int g = static_cast<int>(lane) + 32 * j;
+      gs[j] = -INFINITY;
+      if (g < a.n_group) {
+        float m1 = -INFINITY, m2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float v = ch[e];
+          if (v > m1) {
+            m2 = m1;
+            m1 = v;
+          } else if (v > m2) {
+            m2 = v;
+          }
+        }
+        gs[j] = m1 + m2;
+      }
+    }
+    uint32_t keep = 0;  // bit j: group lane + 32 j stays
+    for (int round = 0; round < a.topk_group; ++round) {
+      float bv = -INFINITY;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int j = 0; j < kRoutePerLane; ++j) {
+        const int g = static_cast<int>(lane) + 32 * j;
+        if (g < a.n_group && !((keep >> j) & 1u) && ahead(gs[j], g, bv, bi)) bv = gs[j], bi = g;
+      }
+      warp_best(&bv, &bi);
+      if (static_cast<int>(lane) == bi % 32) keep |= 1u << (bi / 32);
+    }
+    // Each lane learns which groups stay through shared memory (group flags after the
+    // choice values' slots are reused: the values were read into gs).
+    __syncwarp();
+    int* kept = reinterpret_cast<int*>(ch);
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int g = static_cast<int>(lane) + 32 * j;
+      if (g < a.n_group) kept[g] = (keep >> j) & 1u;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      if (e < E && !kept[e / per]) choice[j] = -INFINITY;
+    }
+  }
+  // The top-k by rounds of argmax; chosen entries leave the candidates.
+  uint32_t taken = 0;
+  float w_lane = 0.f;  // lane j (< top_k) keeps the j-th weight
+  int id_lane = 0;
+  float sum = 0.f;
+  for (int k = 0; k < a.top_k; ++k) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j) {
+      const int e = static_cast<int>(lane) + 32 * j;
+      if (e < E && !((taken >> j) & 1u) && ahead(choice[j], e, bv, bi)) bv = choice[j], bi = e;
+    }
+    warp_best(&bv, &bi);
+    // The owner of the winner gives its score to every lane.
+    float s = 0.f;
+    if (static_cast<int>(lane) == bi % 32) {
+      taken |= 1u << (bi / 32);
+#pragma unroll
+      for (int j = 0; j < kRoutePerLane; ++j)
+        if (j == bi / 32) s = score[j];
+    }
+    s = __shfl_sync(0xffffffffu, s, bi % 32);
+    sum += s;
+    if (static_cast<int>(lane) == k) w_lane = s, id_lane = bi;
+  }
+  if (static_cast<int>(lane) < a.top_k) {
+    float w = w_lane;
+    if (a.norm_topk) w = w / (a.sigmoid ? sum + 1e-20f : sum);
+    w *= a.scaling;
+    ids[r * static_cast<size_t>(a.top_k) + lane] = id_lane;
+    weights[r * static_cast<size_t>(a.top_k) + lane] = w;
+  }
+}
+
+// ---- decode form -----------------------------------------------------------------------
+
+constexpr int kDecWarps = 8;
+constexpr int kDecRowsPerWarp = 2;
+constexpr int kDecTile = kDecWarps * kDecRowsPerWarp;  // intermediate or output rows a block
+constexpr int kDecMaxPairs = kMoeDecodeMaxRows * kMoeMaxTopK;
+
+// The step's distinct held experts in ascending id, from the ids of rows x top_k pairs:
+// every block computes the same list in shared memory. uid[p]: pair p's place in the list
+// (-1 when not held); returns the list's length.
+struct DecodeList {
+  int n;
+  int expert[kDecMaxPairs];
+  int uid[kDecMaxPairs];
+};
+
+__device__ void decode_list(const MoeExpertsArgs& a, DecodeList* L) {
+  const int P = a.rows * a.top_k;
+  __shared__ int s_first[kDecMaxPairs];
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = a.ids[p];
+    const bool held = e >= a.expert0 && e < a.expert0 + a.experts;
+    bool first = held;
+    for (int q = 0; q < p && first; ++q) first = a.ids[q] != e;
+    s_first[p] = first;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = a.ids[p];
+    const bool held = e >= a.expert0 && e < a.expert0 + a.experts;
+    int rank = 0;
+    for (int q = 0; q < P; ++q) rank += s_first[q] && a.ids[q] < e;
+    L->uid[p] = held ? rank : -1;
+    if (s_first[p]) L->expert[rank] = e;
+  }
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int q = 0; q < P; ++q) n += s_first[q];
+    L->n = n;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void bf16x8(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
+  float fw[8], fx[8];
+  bf16x8(w, fw);
+  bf16x8(x, fx);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s = fmaf(fw[i], fx[i], s);
+  return s;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return g / (1.f + expf(-g)) * u;
+}
+
+// gate/up of one distinct expert (blockIdx.y) for the rows that chose it; the shared experts
+// are blockIdx.y == gridDim.y - 1 when present. act: [rows * top_k + rows][act_stride].
+__global__ void __launch_bounds__(kDecWarps * 32)
+    moe_gate_up_decode(MoeExpertsArgs a, bf16* act, int act_stride) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  __shared__ DecodeList L;
+  __shared__ int s_pair[kMoeDecodeMaxRows], s_row[kMoeDecodeMaxRows], s_n;
+  decode_list(a, &L);
+  const bool shared_block = a.shared_inter > 0 && blockIdx.y == gridDim.y - 1;
+  const int u = static_cast<int>(blockIdx.y);
+  if (!shared_block && u >= L.n) return;
+  const int P = a.rows * a.top_k;
+  if (threadIdx.x == 0) {
+    int n = 0;
+    if (shared_block) {
+      for (int r = 0; r < a.rows; ++r) s_pair[n] = P + r, s_row[n] = r, ++n;
+    } else {
+      for (int p = 0; p < P; ++p)
+        if (L.uid[p] == u) s_pair[n] = p, s_row[n] = p / a.top_k, ++n;
+    }
+    s_n = n;
+  }
+  __syncthreads();
+  const int inter = shared_block ? a.shared_inter : a.inter;
+  const size_t H = static_cast<size_t>(a.hidden);
+  const bf16* W = shared_block ? static_cast<const bf16*>(a.shared_gate_up)
+                               : static_cast<const bf16*>(a.gate_up) +
+                                     static_cast<size_t>(L.expert[u] - a.expert0) * 2 *
+                                         static_cast<size_t>(inter) * H;
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const int i0 = static_cast<int>(blockIdx.x) * kDecTile + static_cast<int>(warp) * kDecRowsPerWarp;
+  if (i0 >= inter) return;
+  const int nrows = s_n;
+  const bf16* x = static_cast<const bf16*>(a.x);
+  float acc[kMoeDecodeMaxRows][2 * kDecRowsPerWarp];
+#pragma unroll
+  for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+#pragma unroll
+    for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
+  const bf16* wr[2 * kDecRowsPerWarp];
+#pragma unroll
+  for (int q = 0; q < kDecRowsPerWarp; ++q) {
+    const int i = min(i0 + q, inter - 1);
+    wr[2 * q] = W + static_cast<size_t>(i) * H;                                     // gate
+    wr[2 * q + 1] = W + (static_cast<size_t>(inter) + static_cast<size_t>(i)) * H;  // up
+  }
+  for (size_t c = lane * 8u; c < H; c += 256) {
+    uint4 w[2 * kDecRowsPerWarp];
+#pragma unroll
+    for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) w[q] = *reinterpret_cast<const uint4*>(wr[q] + c);
+#pragma unroll
+    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+      if (t >= nrows) break;
+      const uint4 xv = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c);
+#pragma unroll
+      for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] += dot8(w[q], xv);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+    if (t >= nrows) break;
+#pragma unroll
+    for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      const float g = dev::warp_sum(acc[t][2 * q]);
+      const float up = dev::warp_sum(acc[t][2 * q + 1]);
+      if (lane == 0 && i0 + q < inter)
+        act[static_cast<size_t>(s_pair[t]) * static_cast<size_t>(act_stride) + i0 + q] =
+            __float2bfloat16_rn(silu_mul(g, up));
+    }
+  }
+}
+
+// down: output rows [h0, h0 + 16) of every row, over the distinct experts in ascending id,
+// then the shared experts; written once (or added into out).
+__global__ void __launch_bounds__(kDecWarps * 32)
+    moe_down_decode(MoeExpertsArgs a, const bf16* act, int act_stride) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  __shared__ DecodeList L;
+  decode_list(a, &L);
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  const int h0 = static_cast<int>(blockIdx.x) * kDecTile + static_cast<int>(warp) * kDecRowsPerWarp;
+  if (h0 >= a.hidden) return;
+  const int P = a.rows * a.top_k;
+  const size_t H = static_cast<size_t>(a.hidden);
+  float acc[kMoeDecodeMaxRows][kDecRowsPerWarp];
+#pragma unroll
+  for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+#pragma unroll
+    for (int q = 0; q < kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
+  const int groups = L.n + (a.shared_inter > 0 ? 1 : 0);
+  for (int u = 0; u < groups; ++u) {
+    const bool sh = u == L.n;
+    const int inter = sh ? a.shared_inter : a.inter;
+    const bf16* W =
+        sh ? static_cast<const bf16*>(a.shared_down)
+           : static_cast<const bf16*>(a.down) +
+                 static_cast<size_t>(L.expert[u] - a.expert0) * H * static_cast<size_t>(inter);
+    float part[kMoeDecodeMaxRows][kDecRowsPerWarp];
+#pragma unroll
+    for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+#pragma unroll
+      for (int q = 0; q < kDecRowsPerWarp; ++q) part[t][q] = 0.f;
+    // The pairs of this expert, by row: pair_of[t] (-1: row t did not choose it).
+    int pair_of[kMoeDecodeMaxRows];
+#pragma unroll
+    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+      pair_of[t] = -1;
+      if (t < a.rows) {
+        if (sh) {
+          pair_of[t] = P + t;
+        } else {
+          for (int j = 0; j < a.top_k; ++j)
+            if (L.uid[t * a.top_k + j] == u) pair_of[t] = t * a.top_k + j;
+        }
+      }
+    }
+    for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
+      uint4 w[kDecRowsPerWarp];
+#pragma unroll
+      for (int q = 0; q < kDecRowsPerWarp; ++q) {
+        const int h = min(h0 + q, a.hidden - 1);
+        w[q] = *reinterpret_cast<const uint4*>(
+            W + static_cast<size_t>(h) * static_cast<size_t>(inter) + c);
+      }
+#pragma unroll
+      for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+        if (pair_of[t] < 0) continue;
+        const uint4 av = *reinterpret_cast<const uint4*>(
+            act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c);
+#pragma unroll
+        for (int q = 0; q < kDecRowsPerWarp; ++q) part[t][q] += dot8(w[q], av);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+      if (pair_of[t] < 0) continue;
+      const float wt = sh ? 1.f : a.weights[pair_of[t]];
+#pragma unroll
+      for (int q = 0; q < kDecRowsPerWarp; ++q) acc[t][q] += wt * dev::warp_sum(part[t][q]);
+    }
+  }
+  if (lane != 0) return;
+  bf16* out = static_cast<bf16*>(a.out);
+  for (int t = 0; t < a.rows; ++t)
+#pragma unroll
+    for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      const int h = h0 + q;
+      if (h >= a.hidden) continue;
+      const size_t at = static_cast<size_t>(t) * H + static_cast<size_t>(h);
+      const float prior = a.accumulate ? __bfloat162float(out[at]) : 0.f;
+      out[at] = __float2bfloat16_rn(prior + acc[t][q]);
+    }
+}
+
+// ---- grouped form ----------------------------------------------------------------------
+
+constexpr int kGBM = 64, kGBN = 64, kGBK = 32, kGThreads = 128;
+constexpr int kGLds = kGBK + 8;  // shared row stride (bf16): 80 bytes, ldmatrix without conflicts
+
+// The grouped form's workspace, laid out by moe_experts_workspace_bytes.
+struct GroupedWs {
+  int* counts;    // [groups]
+  int* row_off;   // [groups + 1]: first sorted row of each group
+  int* tile_off;  // [groups + 1]: first tile of each group
+  int* pos;       // [pairs]: sorted row of pair p (p < rows * top_k: routed; then shared)
+  int* row_src;   // [pairs]: the token row of sorted row s
+  bf16* act;      // [pairs][act_stride]
+  float* y;       // [pairs][hidden]
+  int pairs, groups, act_stride;
+};
+
+GroupedWs grouped_ws(const MoeExpertsArgs& a) {
+  const MoeWorkspaceLayout l =
+      moe_workspace_layout(a.rows, a.top_k, a.hidden, a.inter, a.shared_inter, a.experts);
+  char* base = static_cast<char*>(a.workspace);
+  GroupedWs w{};
+  w.groups = l.groups;
+  w.pairs = l.pairs;
+  w.act_stride = l.act_stride;
+  w.counts = reinterpret_cast<int*>(base + l.counts);
+  w.row_off = reinterpret_cast<int*>(base + l.row_off);
+  w.tile_off = reinterpret_cast<int*>(base + l.tile_off);
+  w.pos = reinterpret_cast<int*>(base + l.pos);
+  w.row_src = reinterpret_cast<int*>(base + l.row_src);
+  w.act = reinterpret_cast<bf16*>(base + l.act);
+  w.y = reinterpret_cast<float*>(base + l.y);
+  return w;
+}
+
+// One block: counts per group, the groups' row and tile offsets, and every pair's sorted row.
+// A pair's place within its group comes from an atomic: which place a row takes does not
+// change any value (each sorted row is computed on its own and summed back by pair).
+__global__ void __launch_bounds__(1024) moe_plan_grouped(MoeExpertsArgs a, GroupedWs w) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ int plan_smem[];
+  int* cnt = plan_smem;             // [groups]
+  int* off = plan_smem + w.groups;  // [groups + 1]
+  for (int g = threadIdx.x; g < w.groups; g += blockDim.x) cnt[g] = 0;
+  __syncthreads();
+  const int routed = a.rows * a.top_k;
+  for (int p = threadIdx.x; p < w.pairs; p += blockDim.x) {
+    int g = -1;
+    if (p < routed) {
+      const int e = a.ids[p];
+      if (e >= a.expert0 && e < a.expert0 + a.experts) g = e - a.expert0;
+    } else {
+      g = a.experts;  // the shared experts
+    }
+    w.pos[p] = g < 0 ? -1 : atomicAdd(&cnt[g], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int rows = 0, tiles = 0;
+    for (int g = 0; g < w.groups; ++g) {
+      off[g] = rows;
+      w.row_off[g] = rows;
+      w.tile_off[g] = tiles;
+      w.counts[g] = cnt[g];
+      rows += cnt[g];
+      tiles += (cnt[g] + kGBM - 1) / kGBM;
+    }
+    off[w.groups] = rows;
+    w.row_off[w.groups] = rows;
+    w.tile_off[w.groups] = tiles;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < w.pairs; p += blockDim.x) {
+    if (w.pos[p] < 0) continue;
+    int g = p < routed ? a.ids[p] - a.expert0 : a.experts;
+    const int s = off[g] + w.pos[p];
+    w.pos[p] = s;
+    w.row_src[s] = p < routed ? p / a.top_k : p - routed;
+  }
+}
+
+__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dev::smem_u32(p)));
+}
+
+// The grouped product of one (group, 64-row tile, 64-column tile). GATE_UP: A rows are the
+// tokens' x (through row_src), B the group's [gate | up] rows (32 gate rows i0.. and the 32
+// up rows inter + i0..), the epilogue writes act = silu(g) * u for 32 columns. Else (down):
+// A rows are act (sorted), B the group's down rows h0.., the epilogue writes fp32 y.
+template <bool GATE_UP>
+__global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs a, GroupedWs w) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  __shared__ __align__(16) unsigned char smem[2 * 2 * kGBM * kGLds * sizeof(bf16)];
+  bf16* sA = reinterpret_cast<bf16*>(smem);  // [2][64][kGLds]
+  bf16* sB = sA + 2 * kGBM * kGLds;          // [2][64][kGLds]
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= w.tile_off[w.groups]) return;
+  int g = 0;
+  while (g + 1 < w.groups && w.tile_off[g + 1] <= tile) ++g;
+  const bool sh = a.shared_inter > 0 && g == a.experts;
+  const int inter = sh ? a.shared_inter : a.inter;
+  const int m0 = w.row_off[g] + (tile - w.tile_off[g]) * kGBM;
+  const int m_end = w.row_off[g + 1];
+  const size_t H = static_cast<size_t>(a.hidden);
+  // Output columns of this block and the B rows they read.
+  const int n_out = GATE_UP ? inter : a.hidden;
+  const int n0 = static_cast<int>(blockIdx.y) * (GATE_UP ? kGBN / 2 : kGBN);
+  if (n0 >= n_out) return;
+  const int K = GATE_UP ? a.hidden : inter;
+  const bf16* B = GATE_UP ? (sh ? static_cast<const bf16*>(a.shared_gate_up)
+                                : static_cast<const bf16*>(a.gate_up) +
+                                      static_cast<size_t>(g) * 2 * static_cast<size_t>(inter) * H)
+                          : (sh ? static_cast<const bf16*>(a.shared_down)
+                                : static_cast<const bf16*>(a.down) +
+                                      static_cast<size_t>(g) * H * static_cast<size_t>(inter));
+  const int tid = static_cast<int>(threadIdx.x);
+  // Tile loads: 64 rows x 32 columns = 256 chunks of 16 bytes each for A and for B.
+  auto load = [&](int stage, int k0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c = tid + i * kGThreads;
+      const int r = c >> 2, kc = (c & 3) * 8;
+      // A
+      const int srow = m0 + r;
+      const bool av = srow < m_end;
+      const bf16* asrc;
+      if (GATE_UP) {
+        const int tok = av ? w.row_src[srow] : 0;
+        asrc = static_cast<const bf16*>(a.x) + static_cast<size_t>(tok) * H + k0 + kc;
+      } else {
+        asrc = w.act + static_cast<size_t>(av ? srow : 0) * static_cast<size_t>(w.act_stride) + k0 +
+               kc;
+      }
+      const bool kin = k0 + kc < K;  // the last tile's columns past K are zeros
+      dev::cp_async16(sA + (stage * kGBM + r) * kGLds + kc, av && kin ? asrc : a.x, av && kin);
+      // B
+      int brow;
+      bool bv;
+      if (GATE_UP) {
+        const int half = r < kGBN / 2 ? 0 : 1;
+        const int i = n0 + (r & (kGBN / 2 - 1));
+        bv = i < inter;
+        brow = half * inter + (bv ? i : 0);
+      } else {
+        brow = n0 + r;
+        bv = brow < n_out;
+        if (!bv) brow = 0;
+      }
+      const bf16* bsrc = B + static_cast<size_t>(brow) * static_cast<size_t>(K) + k0 + kc;
+      dev::cp_async16(sB + (stage * kGBM + r) * kGLds + kc, bv && kin ? bsrc : B, bv && kin);
+    }
+    dev::cp_async_commit();
+  };
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1;  // the warp's 32x32 quarter
+  float acc[2][4][4] = {};
+  const int ktiles = (K + kGBK - 1) / kGBK;
+  load(0, 0);
+  for (int kt = 0; kt < ktiles; ++kt) {
+    const int st = kt & 1;
+    if (kt + 1 < ktiles) {
+      load(st ^ 1, (kt + 1) * kGBK);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kGBK; kk += 16) {
+      uint32_t af[2][4], bfr[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int r = wm * 32 + mi * 16 + (lane & 15);
+        const int c = kk + (lane >> 4) * 8;
+        ldmatrix_x4(af[mi], sA + (st * kGBM + r) * kGLds + c);
+      }
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const int r = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int c = kk + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4(bfr[nj], sB + (st * kGBM + r) * kGLds + c);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+          mma16816(acc[mi][ni], af[mi], bfr[ni >> 1][(ni & 1) * 2], bfr[ni >> 1][(ni & 1) * 2 + 1]);
+    }
+    __syncthreads();
+  }
+  // Epilogue through shared memory: C tile [64][64 + 4] fp32.
+  float* sC = reinterpret_cast<float*>(smem);
+  constexpr int kCs = kGBN + 4;
+  static_assert(kGBM * kCs * sizeof(float) <= sizeof(smem), "C tile fits the pipeline's smem");
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int r = wm * 32 + mi * 16 + (lane >> 2);
+      const int c = wn * 32 + ni * 8 + (lane & 3) * 2;
+      sC[r * kCs + c] = acc[mi][ni][0];
+      sC[r * kCs + c + 1] = acc[mi][ni][1];
+      sC[(r + 8) * kCs + c] = acc[mi][ni][2];
+      sC[(r + 8) * kCs + c + 1] = acc[mi][ni][3];
+    }
+  __syncthreads();
+  if (GATE_UP) {
+    for (int e = tid; e < kGBM * (kGBN / 2); e += kGThreads) {
+      const int r = e / (kGBN / 2), c = e % (kGBN / 2);
+      const int srow = m0 + r, i = n0 + c;
+      if (srow >= m_end || i >= inter) continue;
+      w.act[static_cast<size_t>(srow) * static_cast<size_t>(w.act_stride) + i] =
+          __float2bfloat16_rn(silu_mul(sC[r * kCs + c], sC[r * kCs + c + kGBN / 2]));
+    }
+  } else {
+    for (int e = tid; e < kGBM * kGBN; e += kGThreads) {
+      const int r = e / kGBN, c = e % kGBN;
+      const int srow = m0 + r, h = n0 + c;
+      if (srow >= m_end || h >= n_out) continue;
+      w.y[static_cast<size_t>(srow) * H + static_cast<size_t>(h)] = sC[r * kCs + c];
+    }
+  }
+}
+
+// out[r][h] (+)= sum over row r's held pairs in ascending expert id of weight * y, then the
+// shared experts' y.
+__global__ void moe_combine_grouped(MoeExpertsArgs a, GroupedWs w) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  const size_t H = static_cast<size_t>(a.hidden);
+  const size_t total = static_cast<size_t>(a.rows) * H;
+  const int K = a.top_k;
+  bf16* out = static_cast<bf16*>(a.out);
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const int r = static_cast<int>(i / H);
+    const size_t h = i % H;
+    float acc = 0.f;
+    int last = -1;  // pairs in ascending expert id (K is small: a selection each time)
+    for (int n = 0; n < K; ++n) {
+      int best = -1, be = 0x7fffffff;
+      for (int j = 0; j < K; ++j) {
+        const int e = a.ids[r * K + j];
+        if (e > last && e < be) be = e, best = j;
+      }
+      if (best < 0) break;
+      last = be;
+      const int p = r * K + best;
+      if (w.pos[p] < 0) continue;
+      acc += a.weights[p] * w.y[static_cast<size_t>(w.pos[p]) * H + h];
+    }
+    if (a.shared_inter > 0) acc += w.y[static_cast<size_t>(w.pos[a.rows * K + r]) * H + h];
+    const float prior = a.accumulate ? __bfloat162float(out[i]) : 0.f;
+    out[i] = __float2bfloat16_rn(prior + acc);
+  }
+}
+
+}  // namespace
+
+Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRouteArgs& a,
+                             size_t rows, int32_t* ids, float* weights, void* stream) {
+  SPARK_TRY(moe_route_check(a));
+  if (rows == 0) return Status::Ok();
+  const size_t smem = a.n_group > 1 ? kRouteWarps * kMoeMaxExperts * sizeof(float) : 0;
+  SPARK_TRY(detail::prepare_launch(moe_route_kernel, "moe_route", kRouteWarps * 32, smem));
+  const unsigned blocks = static_cast<unsigned>((rows + kRouteWarps - 1) / kRouteWarps);
+  SPARK_CUDA_TRY(dev::launch(moe_route_kernel, dim3(blocks), dim3(kRouteWarps * 32), smem,
+                             static_cast<cudaStream_t>(stream), logits, bias, a, rows, ids,
+                             weights));
+  SPARK_CUDA_LAUNCHED("moe_route");
+  return Status::Ok();
+}
+
+Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
+  SPARK_TRY(moe_experts_check(a));
+  if (a.rows == 0) return Status::Ok();
+  auto st = static_cast<cudaStream_t>(stream);
+  const bool decode = a.form == 1 || (a.form == 0 && a.rows <= kMoeDecodeMaxRows);
+  if (decode) {
+    // act rows: pair p = row * top_k + j, then the shared experts' rows.
+    const GroupedWs w = grouped_ws(a);
+    const int imax = std::max(a.inter, a.shared_inter);
+    const int distinct = std::min(a.rows * a.top_k, a.experts);
+    const unsigned ys = static_cast<unsigned>(distinct + (a.shared_inter > 0 ? 1 : 0));
+    if (ys > 0) {
+      const dim3 grid(static_cast<unsigned>((imax + kDecTile - 1) / kDecTile), ys);
+      SPARK_CUDA_TRY(dev::launch(moe_gate_up_decode, grid, dim3(kDecWarps * 32), 0, st, a, w.act,
+                                 w.act_stride));
+      SPARK_CUDA_LAUNCHED("moe_gate_up_decode");
+    }
+    const dim3 grid(static_cast<unsigned>((a.hidden + kDecTile - 1) / kDecTile));
+    SPARK_CUDA_TRY(dev::launch(moe_down_decode, grid, dim3(kDecWarps * 32), 0, st, a,
+                               static_cast<const bf16*>(w.act), w.act_stride));
+    SPARK_CUDA_LAUNCHED("moe_down_decode");
+    return Status::Ok();
+  }
+  const GroupedWs w = grouped_ws(a);
+  const size_t plan_smem = sizeof(int) * static_cast<size_t>(2 * w.groups + 1);
+  SPARK_TRY(detail::prepare_launch(moe_plan_grouped, "moe_plan_grouped", 1024, plan_smem));
+  SPARK_CUDA_TRY(dev::launch(moe_plan_grouped, dim3(1), dim3(1024), plan_smem, st, a, w));
+  SPARK_CUDA_LAUNCHED("moe_plan_grouped");
+  // Tiles: at most one partial tile per group beyond the pairs' full tiles.
+  const unsigned tiles = static_cast<unsigned>((w.pairs + kGBM - 1) / kGBM + w.groups);
+  const int imax = std::max(a.inter, a.shared_inter);
+  SPARK_CUDA_TRY(dev::launch(moe_grouped_product<true>,
+                             dim3(tiles, static_cast<unsigned>((imax + kGBN / 2 - 1) / (kGBN / 2))),
+                             dim3(kGThreads), 0, st, a, w));
+  SPARK_CUDA_LAUNCHED("moe_grouped_product<gate_up>");
+  SPARK_CUDA_TRY(dev::launch(moe_grouped_product<false>,
+                             dim3(tiles, static_cast<unsigned>((a.hidden + kGBN - 1) / kGBN)),
+                             dim3(kGThreads), 0, st, a, w));
+  SPARK_CUDA_LAUNCHED("moe_grouped_product<down>");
+  const size_t total = static_cast<size_t>(a.rows) * static_cast<size_t>(a.hidden);
+  const unsigned cblocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 4096));
+  SPARK_CUDA_TRY(dev::launch(moe_combine_grouped, dim3(cblocks), dim3(256), 0, st, a, w));
+  SPARK_CUDA_LAUNCHED("moe_combine_grouped");
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels

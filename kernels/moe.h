@@ -1,0 +1,113 @@
+#pragma once
+// Mixture-of-experts routing and expert products. The router turns each token's logits over
+// the experts into its top-k experts and their weights, as transformers defines it:
+//   softmax scores (Qwen3-MoE, Mixtral): p = softmax(logits); the k largest; weights p,
+//     renormalised to sum 1 when norm_topk;
+//   sigmoid scores (GLM-4.5, DeepSeek-V3, MiniMax-M2): s = sigmoid(logits); the choice is
+//     made on s + correction bias; with groups, each group scores the sum of its two largest
+//     choice values, the topk_group best groups stay and the other experts leave the choice;
+//     the k largest;
+//     weights s (not s + bias), renormalised when norm_topk (sum + 1e-20), times the
+//     routed scaling factor.
+// Ties: the larger value first, equal values by the lower index (a stable order that every
+// device and rank shares; transformers' topk gives no promise on ties, which the tests
+// detect as near-ties rather than depend on).
+// moe_route_ref is the twin of the CUDA routing kernel and what the CPU device runs.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/dtype.h"
+
+namespace spark::kernels {
+
+/// Most experts per token the kernels take.
+inline constexpr int kMoeMaxTopK = 32;
+/// Most routed experts per layer the routing kernel takes.
+inline constexpr int kMoeMaxExperts = 1024;
+
+struct MoeRouteArgs {
+  int experts = 0;
+  int top_k = 0;
+  bool sigmoid = false;  // else softmax
+  bool norm_topk = false;
+  int n_group = 1, topk_group = 1;
+  float scaling = 1.f;
+};
+
+/// Checks the arguments (counts in range, groups dividing the experts).
+Status moe_route_check(const MoeRouteArgs& a);
+
+/// Routes `rows` rows of fp32 logits [rows][experts] (bias: [experts] fp32 or null) into
+/// ids [rows][top_k] and weights [rows][top_k] (chosen order: best first). When `margin` is
+/// not null it receives per row the choice value of the last chosen expert and of the best
+/// unchosen one ([rows][2]), for near-tie reports.
+void moe_route_ref(const float* logits, const float* bias, const MoeRouteArgs& a, size_t rows,
+                   int32_t* ids, float* weights, float* margin = nullptr);
+
+}  // namespace spark::kernels
+
+namespace spark::kernels {
+
+/// Routing on the device, moe_route_ref's twin (fp32 softmax / sigmoid; the same choice
+/// rule and order): one warp per row.
+Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRouteArgs& a,
+                             size_t rows, int32_t* ids, float* weights, void* stream);
+
+/// Most token rows the decode form of the expert products takes; more rows go to the
+/// grouped form (tokens sorted by expert, one grouped product on the tensor cores).
+inline constexpr int kMoeDecodeMaxRows = 8;
+
+/// One MoE layer's expert products: out[r] (+)= sum_j weights[r][j] * E_{ids[r][j]}(x[r]) over
+/// the held experts [expert0, expert0 + experts), plus the shared experts' MLP of x[r],
+/// where each E is a gated SiLU MLP: act = silu(g) * u (g, u the [gate | up] rows' products
+/// in fp32, act rounded to bf16), then down(act) in fp32; the sum in fp32, ascending expert
+/// id then the shared experts, rounded once to bf16 (after adding out when accumulating).
+/// Device pointers; bf16 weights and activations.
+struct MoeExpertsArgs {
+  const void* x = nullptr;         // [rows][hidden] bf16
+  const int32_t* ids = nullptr;    // [rows][top_k]
+  const float* weights = nullptr;  // [rows][top_k]
+  int rows = 0, top_k = 0, hidden = 0;
+  const void* gate_up = nullptr;  // [experts][2 * inter][hidden]: per expert [gate | up]
+  const void* down = nullptr;     // [experts][hidden][inter]
+  int expert0 = 0, experts = 0, inter = 0;
+  const void* shared_gate_up = nullptr;  // [2 * shared_inter][hidden]
+  const void* shared_down = nullptr;     // [hidden][shared_inter]
+  int shared_inter = 0;                  // 0: none
+  void* out = nullptr;                   // [rows][hidden] bf16
+  bool accumulate = false;               // out += the sum (the residual stream)
+  void* workspace = nullptr;             // moe_experts_workspace_bytes()
+  size_t workspace_bytes = 0;
+  /// 0: automatic (the decode form up to kMoeDecodeMaxRows rows, else grouped); 1: the
+  /// decode form; 2: the grouped form (the tests run both on the same rows).
+  int form = 0;
+};
+
+/// Device workspace the expert products of `rows` rows need.
+size_t moe_experts_workspace_bytes(int rows, int top_k, int hidden, int inter, int shared_inter,
+                                   int experts);
+
+/// Where the workspace's parts are (byte offsets, 256-byte aligned): per group (held experts,
+/// then the shared experts) its row count, row and tile offsets; per (row, expert) pair its
+/// sorted row and each sorted row's token row; act [pairs][act_stride] bf16; y [pairs][hidden]
+/// fp32. The decode form uses act only.
+struct MoeWorkspaceLayout {
+  size_t counts = 0, row_off = 0, tile_off = 0, pos = 0, row_src = 0, act = 0, y = 0, total = 0;
+  int pairs = 0, groups = 0, act_stride = 0;
+};
+MoeWorkspaceLayout moe_workspace_layout(int rows, int top_k, int hidden, int inter,
+                                        int shared_inter, int experts);
+
+/// Checks MoeExpertsArgs (sizes; hidden and the intermediate sizes multiples of 8; 16-byte
+/// aligned operands).
+Status moe_experts_check(const MoeExpertsArgs& a);
+
+/// The expert products on `stream`: no host synchronisation, so a decode step stays one graph.
+Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream);
+
+/// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
+/// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
+void moe_experts_ref(const MoeExpertsArgs& host_args);
+
+}  // namespace spark::kernels

@@ -1,0 +1,227 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/moe.h"
+
+namespace spark::kernels {
+namespace {
+
+// Is (va, a) ahead of (vb, b): the larger value, equal values by the lower index.
+inline bool ahead(float va, int a, float vb, int b) {
+  return va > vb || (va == vb && a < b);
+}
+
+}  // namespace
+
+Status moe_route_check(const MoeRouteArgs& a) {
+  auto bad = [](std::string m) { return make_error(Errc::usage, "moe route: " + std::move(m)); };
+  if (a.experts < 1 || a.experts > kMoeMaxExperts)
+    return bad(fmt::format("{} experts: must be 1 to {}", a.experts, kMoeMaxExperts));
+  if (a.top_k < 1 || a.top_k > a.experts || a.top_k > kMoeMaxTopK)
+    return bad(fmt::format("top_k {} must be 1 to min({}, {})", a.top_k, a.experts, kMoeMaxTopK));
+  if (a.n_group < 1 || a.experts % a.n_group != 0 || a.topk_group < 1 || a.topk_group > a.n_group)
+    return bad(fmt::format("n_group {} must divide {} experts, topk_group {} be 1 to n_group",
+                           a.n_group, a.experts, a.topk_group));
+  if (a.n_group > 1 && (!a.sigmoid || a.experts / a.n_group < 2))
+    return bad("groups need sigmoid scores and at least 2 experts a group");
+  if (!std::isfinite(a.scaling)) return bad("scaling must be finite");
+  return Status::Ok();
+}
+
+void moe_route_ref(const float* logits, const float* bias, const MoeRouteArgs& a, size_t rows,
+                   int32_t* ids, float* weights, float* margin) {
+  const int E = a.experts, K = a.top_k;
+  std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E));
+  for (size_t r = 0; r < rows; ++r) {
+    const float* lg = logits + r * static_cast<size_t>(E);
+    if (a.sigmoid) {
+      for (int e = 0; e < E; ++e) {
+        const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(lg[e])));
+        score[static_cast<size_t>(e)] = static_cast<float>(s);
+        choice[static_cast<size_t>(e)] =
+            bias ? static_cast<float>(s) + bias[e] : static_cast<float>(s);
+      }
+      if (a.n_group > 1) {
+        // Each group's score is the sum of its two largest choice values; the best
+        // topk_group groups stay, the other experts leave the choice.
+        const int per = E / a.n_group;
+        std::vector<float> gscore(static_cast<size_t>(a.n_group));
+        for (int g = 0; g < a.n_group; ++g) {
+          float m1 = -INFINITY, m2 = -INFINITY;
+          for (int e = g * per; e < (g + 1) * per; ++e) {
+            const float v = choice[static_cast<size_t>(e)];
+            if (v > m1) {
+              m2 = m1;
+              m1 = v;
+            } else if (v > m2) {
+              m2 = v;
+            }
+          }
+          gscore[static_cast<size_t>(g)] = m1 + m2;
+        }
+        std::vector<int> gorder(static_cast<size_t>(a.n_group));
+        for (int g = 0; g < a.n_group; ++g) gorder[static_cast<size_t>(g)] = g;
+        std::partial_sort(
+            gorder.begin(), gorder.begin() + a.topk_group, gorder.end(), [&](int x, int y) {
+              return ahead(gscore[static_cast<size_t>(x)], x, gscore[static_cast<size_t>(y)], y);
+            });
+        std::vector<uint8_t> keep(static_cast<size_t>(a.n_group), 0);
+        for (int i = 0; i < a.topk_group; ++i)
+          keep[static_cast<size_t>(gorder[static_cast<size_t>(i)])] = 1;
+        for (int e = 0; e < E; ++e)
+          if (!keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = -INFINITY;
+      }
+    } else {
+      // Softmax in double over the row (transformers: fp32 softmax), rounded to float.
+      double mx = -INFINITY;
+      for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(lg[e]));
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += std::exp(static_cast<double>(lg[e]) - mx);
+      for (int e = 0; e < E; ++e) {
+        score[static_cast<size_t>(e)] =
+            static_cast<float>(std::exp(static_cast<double>(lg[e]) - mx) / sum);
+        choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)];
+      }
+    }
+    for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    const int keep = std::min(E, K + 1);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int x, int y) {
+      return ahead(choice[static_cast<size_t>(x)], x, choice[static_cast<size_t>(y)], y);
+    });
+    int32_t* id = ids + r * static_cast<size_t>(K);
+    float* w = weights + r * static_cast<size_t>(K);
+    double sum = 0;
+    for (int j = 0; j < K; ++j) {
+      id[j] = order[static_cast<size_t>(j)];
+      w[j] = score[static_cast<size_t>(id[j])];
+      sum += w[j];
+    }
+    if (a.norm_topk) {
+      const double den = a.sigmoid ? sum + 1e-20 : sum;
+      for (int j = 0; j < K; ++j) w[j] = static_cast<float>(w[j] / den);
+    }
+    if (a.scaling != 1.f)
+      for (int j = 0; j < K; ++j) w[j] *= a.scaling;
+    if (margin) {
+      margin[2 * r] = choice[static_cast<size_t>(order[static_cast<size_t>(K - 1)])];
+      margin[2 * r + 1] =
+          K < E ? choice[static_cast<size_t>(order[static_cast<size_t>(K)])] : -INFINITY;
+    }
+  }
+}
+
+}  // namespace spark::kernels
+
+namespace spark::kernels {
+
+void moe_experts_ref(const MoeExpertsArgs& a) {
+  const size_t H = static_cast<size_t>(a.hidden), R = static_cast<size_t>(a.rows),
+               K = static_cast<size_t>(a.top_k);
+  const float* x = static_cast<const float*>(a.x);
+  float* out = static_cast<float*>(a.out);
+  // One gated MLP of row r through weights gu [2n][H] and dn [H][n], added into acc * w.
+  auto mlp = [&](size_t r, const float* gu, const float* dn, size_t n, double w,
+                 std::vector<double>* acc) {
+    std::vector<float> act(n);
+    for (size_t i = 0; i < n; ++i) {
+      double g = 0, u = 0;
+      for (size_t c = 0; c < H; ++c) {
+        g += static_cast<double>(gu[i * H + c]) * x[r * H + c];
+        u += static_cast<double>(gu[(n + i) * H + c]) * x[r * H + c];
+      }
+      const double silu = g / (1.0 + std::exp(-g));
+      act[i] = round_to(DType::bf16, static_cast<float>(silu * u));
+    }
+    for (size_t h = 0; h < H; ++h) {
+      double s = 0;
+      for (size_t i = 0; i < n; ++i) s += static_cast<double>(dn[h * n + i]) * act[i];
+      (*acc)[h] += w * static_cast<float>(s);
+    }
+  };
+  const size_t I = static_cast<size_t>(a.inter);
+  for (size_t r = 0; r < R; ++r) {
+    std::vector<double> acc(H, 0.0);
+    // Ascending expert id, as the device sums them.
+    std::vector<std::pair<int, size_t>> chosen;
+    for (size_t j = 0; j < K; ++j) chosen.emplace_back(a.ids[r * K + j], j);
+    std::sort(chosen.begin(), chosen.end());
+    for (const auto& [e, j] : chosen) {
+      if (e < a.expert0 || e >= a.expert0 + a.experts) continue;
+      const size_t le = static_cast<size_t>(e - a.expert0);
+      mlp(r, static_cast<const float*>(a.gate_up) + le * 2 * I * H,
+          static_cast<const float*>(a.down) + le * H * I, I, a.weights[r * K + j], &acc);
+    }
+    if (a.shared_inter > 0)
+      mlp(r, static_cast<const float*>(a.shared_gate_up), static_cast<const float*>(a.shared_down),
+          static_cast<size_t>(a.shared_inter), 1.0, &acc);
+    for (size_t h = 0; h < H; ++h) {
+      const double prior = a.accumulate ? out[r * H + h] : 0.0;
+      out[r * H + h] = round_to(DType::bf16, static_cast<float>(prior + acc[h]));
+    }
+  }
+}
+
+MoeWorkspaceLayout moe_workspace_layout(int rows, int top_k, int hidden, int inter,
+                                        int shared_inter, int experts) {
+  MoeWorkspaceLayout w;
+  w.groups = experts + (shared_inter > 0 ? 1 : 0);
+  w.pairs = rows * top_k + (shared_inter > 0 ? rows : 0);
+  w.act_stride = std::max(inter, shared_inter);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = at;
+    at += (bytes + 255) / 256 * 256;
+    return o;
+  };
+  const size_t G = static_cast<size_t>(w.groups), P = static_cast<size_t>(w.pairs);
+  w.counts = take(sizeof(int32_t) * G);
+  w.row_off = take(sizeof(int32_t) * (G + 1));
+  w.tile_off = take(sizeof(int32_t) * (G + 1));
+  w.pos = take(sizeof(int32_t) * P);
+  w.row_src = take(sizeof(int32_t) * P);
+  w.act = take(2 * P * static_cast<size_t>(w.act_stride));
+  w.y = take(sizeof(float) * P * static_cast<size_t>(hidden));
+  w.total = at;
+  return w;
+}
+
+size_t moe_experts_workspace_bytes(int rows, int top_k, int hidden, int inter, int shared_inter,
+                                   int experts) {
+  return moe_workspace_layout(rows, top_k, hidden, inter, shared_inter, experts).total;
+}
+
+Status moe_experts_check(const MoeExpertsArgs& a) {
+  auto bad = [](std::string m) { return make_error(Errc::usage, "moe experts: " + std::move(m)); };
+  if (a.rows < 0 || a.top_k < 1 || a.top_k > kMoeMaxTopK)
+    return bad(fmt::format("rows {} / top_k {} out of range", a.rows, a.top_k));
+  if (a.hidden <= 0 || a.hidden % 8 != 0 || a.inter % 8 != 0 || a.shared_inter % 8 != 0 ||
+      a.inter < 0 || a.shared_inter < 0 || (a.experts > 0 && a.inter <= 0))
+    return bad(
+        fmt::format("hidden {}, inter {} and shared inter {} must be multiples of 8 "
+                    "(16-byte rows)",
+                    a.hidden, a.inter, a.shared_inter));
+  if (a.experts < 0 || a.expert0 < 0)
+    return bad(fmt::format("experts [{}, +{}) out of range", a.expert0, a.experts));
+  if (a.form == 1 && a.rows > kMoeDecodeMaxRows)
+    return bad(
+        fmt::format("the decode form takes at most {} rows, not {}", kMoeDecodeMaxRows, a.rows));
+  if (!a.x || !a.ids || !a.weights || !a.out || (a.experts > 0 && (!a.gate_up || !a.down)) ||
+      (a.shared_inter > 0 && (!a.shared_gate_up || !a.shared_down)))
+    return bad("a null operand");
+  for (const void* p :
+       {a.x, a.gate_up, a.down, a.shared_gate_up, a.shared_down, static_cast<const void*>(a.out)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return bad("operands must be 16-byte aligned");
+  const size_t need =
+      moe_experts_workspace_bytes(a.rows, a.top_k, a.hidden, a.inter, a.shared_inter, a.experts);
+  if (!a.workspace || a.workspace_bytes < need)
+    return bad(fmt::format("workspace of {} bytes, {} needed", a.workspace_bytes, need));
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels

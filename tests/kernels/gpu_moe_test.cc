@@ -1,0 +1,198 @@
+// The MoE kernels against their twins (kernels/moe.h) on fresh random inputs: the router over
+// each scoring rule and size, and the expert products in both forms (decode and grouped) over
+// shapes from the fixtures' to Qwen3-30B-A3B's and GLM-4.5-Air's, with shared experts,
+// expert-parallel subsets and the residual add. Skips with a printed reason without a GPU.
+//
+// Bounds. Routing: the same expert ids wherever the twin's margin between the last chosen and
+// the first unchosen expert exceeds 1e-5 (fp32 softmax/sigmoid against the twin's double; a
+// row inside that margin is a near-tie, counted and printed, not compared); the weights
+// within 2e-6 + 1e-5 relative. Expert products: the kernel sums fp32 products of bf16 values
+// and rounds the activation to bf16 as the twin does, so an activation whose fp32 and double
+// values fall on either side of a bf16 rounding boundary differs by one bf16 ulp; each output
+// is allowed two bf16 ulps of itself plus 1% of the row's mean |output| for those flips.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/moe.h"
+#include "support/gpu.h"
+#include "support/gpu_values.h"
+
+using namespace spark;
+using namespace spark::kernels;
+using namespace spark::test::gpu;
+using test::DeviceBuf;
+
+TEST_CASE("gpu moe route: softmax and sigmoid, groups, bias and scaling: the twin's experts") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe route"));
+  struct Case {
+    int E, k;
+    bool sigmoid, norm, bias;
+    int groups, keep;
+    float scale;
+    size_t rows;
+  } cases[] = {{8, 2, false, true, false, 1, 1, 1.f, 5},       // Mixtral
+               {128, 8, false, true, false, 1, 1, 1.f, 300},   // Qwen3-30B-A3B
+               {64, 8, false, false, false, 1, 1, 1.f, 17},    // no renormalisation
+               {160, 8, true, true, true, 1, 1, 2.5f, 33},     // GLM-4.5-like, no groups
+               {256, 8, true, true, true, 8, 4, 2.5f, 129},    // DeepSeek-V3 groups
+               {64, 8, true, true, true, 8, 4, 2.5f, 64},      // the GLM fixture's shape
+               {256, 8, true, true, true, 1, 1, 1.f, 8},       // MiniMax-M2
+               {1024, 32, true, false, true, 16, 3, 1.f, 6}};  // the kernel's limits
+  for (const auto& c : cases) {
+    CAPTURE(c.E);
+    CAPTURE(c.k);
+    CAPTURE(c.groups);
+    MoeRouteArgs a;
+    a.experts = c.E, a.top_k = c.k, a.sigmoid = c.sigmoid, a.norm_topk = c.norm;
+    a.n_group = c.groups, a.topk_group = c.keep, a.scaling = c.scale;
+    auto lg = randoms(rng, c.rows * static_cast<size_t>(c.E), -4, 4);
+    auto bias = randoms(rng, static_cast<size_t>(c.E), -0.2f, 0.2f);
+    std::vector<int32_t> ids(c.rows * static_cast<size_t>(c.k));
+    std::vector<float> w(ids.size()), margin(2 * c.rows);
+    moe_route_ref(lg.data(), c.bias ? bias.data() : nullptr, a, c.rows, ids.data(), w.data(),
+                  margin.data());
+    auto dlg = DeviceBuf<float>::from(lg);
+    auto dbias = DeviceBuf<float>::from(bias);
+    auto dids = DeviceBuf<int32_t>::from(std::vector<int32_t>(ids.size(), -7));
+    auto dw = DeviceBuf<float>::from(std::vector<float>(ids.size(), NAN));
+    auto s = moe_route_cuda_device(dlg.get(), c.bias ? dbias.get() : nullptr, a, c.rows, dids.get(),
+                                   dw.get(), nullptr);
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+    auto gids = dids.host();
+    auto gw = dw.host();
+    size_t ties = 0, bad_ids = 0, bad_w = 0;
+    for (size_t r = 0; r < c.rows; ++r) {
+      if (margin[2 * r] - margin[2 * r + 1] < 1e-5) {
+        ++ties;
+        continue;
+      }
+      for (size_t j = 0; j < static_cast<size_t>(c.k); ++j) {
+        const size_t i = r * static_cast<size_t>(c.k) + j;
+        bad_ids += gids[i] != ids[i];
+        bad_w += !(std::fabs(gw[i] - w[i]) <= 2e-6 + 1e-5 * std::fabs(w[i]));
+      }
+    }
+    MESSAGE("route E " << c.E << " k " << c.k << ": " << ties << " near-tie rows of " << c.rows);
+    CHECK(bad_ids == 0);
+    CHECK(bad_w == 0);
+  }
+}
+
+namespace {
+
+struct ExpertsCase {
+  int rows, top_k, hidden, inter, experts;
+  int expert0, held;  // the rank's experts
+  int shared;         // shared experts' intermediate (0: none)
+  bool accumulate;
+};
+
+// Runs one case through `form` (1 decode, 2 grouped) and checks it against the twin.
+void check_experts(std::mt19937& rng, const ExpertsCase& c, int form) {
+  CAPTURE(c.rows);
+  CAPTURE(c.hidden);
+  CAPTURE(c.inter);
+  CAPTURE(c.experts);
+  CAPTURE(c.held);
+  CAPTURE(c.shared);
+  CAPTURE(form);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  const float ws = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+  const float wd = 1.0f / std::sqrt(static_cast<float>(c.inter));
+  auto x = as_stored(randoms(rng, R * H, -1, 1), DType::bf16);
+  auto gu = as_stored(randoms(rng, E * 2 * I * H, -ws, ws), DType::bf16);
+  auto dn = as_stored(randoms(rng, E * H * I, -wd, wd), DType::bf16);
+  auto sgu = as_stored(randoms(rng, 2 * S * H, -ws, ws), DType::bf16);
+  auto sdn = as_stored(randoms(rng, H * S, -1.f / std::sqrt(std::max<float>(1.f, S)),
+                               1.f / std::sqrt(std::max<float>(1.f, S))),
+                       DType::bf16);
+  auto prior = as_stored(randoms(rng, R * H, -2, 2), DType::bf16);
+  // Each row: top_k distinct experts of all `experts`, weights in (0, 1).
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> wdist(0.05f, 1.f);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  std::vector<float> ref = prior;
+  MoeExpertsArgs h;
+  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
+  h.hidden = c.hidden, h.gate_up = gu.data(), h.down = dn.data(), h.expert0 = c.expert0;
+  h.experts = c.held, h.inter = c.inter, h.out = ref.data(), h.accumulate = c.accumulate;
+  h.shared_inter = c.shared, h.shared_gate_up = sgu.data(), h.shared_down = sdn.data();
+  moe_experts_ref(h);
+
+  auto dx = to_dev(x, DType::bf16), dgu = to_dev(gu, DType::bf16), ddn = to_dev(dn, DType::bf16);
+  auto dsgu = to_dev(sgu, DType::bf16), dsdn = to_dev(sdn, DType::bf16);
+  Dev dout = c.accumulate ? to_dev(prior, DType::bf16) : poisoned(R * H, DType::bf16);
+  auto dids = DeviceBuf<int32_t>::from(ids);
+  auto dw = DeviceBuf<float>::from(w);
+  const size_t ws_bytes =
+      moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
+  auto dws = DeviceMemory::allocate(ws_bytes);
+  REQUIRE(dws.ok());
+  MoeExpertsArgs g = h;
+  g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.gate_up = dgu.get();
+  g.down = ddn.get(), g.shared_gate_up = S ? dsgu.get() : nullptr;
+  g.shared_down = S ? dsdn.get() : nullptr, g.out = dout.get();
+  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  auto s = moe_experts_cuda_device(g, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto got = from_dev(dout);
+  std::vector<double> row_mean(R, 0.0);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < H; ++i)
+      row_mean[r] += std::fabs(ref[r * H + i] - (c.accumulate ? prior[r * H + i] : 0.f));
+    row_mean[r] /= static_cast<double>(H);
+  }
+  double err = 0;
+  auto bound = [&](size_t i) { return 2 * bf16_ulp(ref[i]) + 0.01 * row_mean[i / H] + 1e-6; };
+  CHECK(outside(got, ref, bound, &err) == 0);
+  MESSAGE("experts form " << form << " rows " << c.rows << " H " << c.hidden << " I " << c.inter
+                          << " E " << c.held << "/" << c.experts << " shared " << c.shared
+                          << ": max err " << err);
+}
+
+}  // namespace
+
+TEST_CASE("gpu moe experts: the decode form against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe experts decode"));
+  const ExpertsCase cases[] = {
+      {1, 2, 64, 32, 8, 0, 8, 0, false},            // the fixture's smallest
+      {1, 8, 2048, 768, 128, 0, 128, 0, true},      // Qwen3-30B-A3B, batch 1, into the residual
+      {8, 8, 2048, 768, 128, 0, 128, 0, false},     // 8 streams
+      {3, 4, 128, 64, 16, 4, 8, 64, false},         // half the experts (expert parallel), shared
+      {8, 8, 4096, 1408, 128, 0, 128, 1408, true},  // GLM-4.5-Air, a shared expert
+      {2, 8, 64, 32, 64, 0, 64, 32, false},         // the GLM fixture: 64 experts, top-8
+      {5, 2, 64, 16, 8, 0, 8, 0, false},            // a TP=2 share of the fixture's experts
+  };
+  for (const auto& c : cases) check_experts(rng, c, 1);
+}
+
+TEST_CASE("gpu moe experts: the grouped form (tokens sorted by expert) against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe experts grouped"));
+  const ExpertsCase cases[] = {
+      {1, 2, 64, 32, 8, 0, 8, 0, false},               // one row through the grouped path
+      {37, 2, 64, 32, 8, 0, 8, 0, true},               // partial tiles everywhere
+      {256, 8, 2048, 768, 128, 0, 128, 0, false},      // a prefill chunk of Qwen3-30B-A3B
+      {200, 8, 256, 96, 64, 16, 16, 64, true},         // expert parallel, shared, K tail (96)
+      {64, 4, 128, 40, 16, 0, 16, 0, false},           // inter 40: a K tail of 8 in down
+      {130, 8, 4096, 1408, 128, 0, 128, 1408, false},  // GLM-4.5-Air prefill
+  };
+  for (const auto& c : cases) check_experts(rng, c, 2);
+}
