@@ -1,4 +1,4 @@
-// sparkctl demo-model DIR [--force]
+// sparkctl demo-model DIR [--force] [--arch ARCHITECTURE]
 #include "cli/cmd_demo_model.h"
 
 #include <fmt/format.h>
@@ -15,14 +15,18 @@ namespace spark::cli {
 int cmd_demo_model(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc("Options");
   desc.add_options()("dir", po::value<std::string>(), "directory to write the checkpoint into")(
-      "force", "replace a non-empty directory that is not an earlier demo model");
+      "force", "replace a non-empty directory that is not an earlier demo model")(
+      "arch", po::value<std::string>(),
+      "architecture (default Qwen2ForCausalLM; e.g. Qwen3MoeForCausalLM or glm4_moe)");
   po::positional_options_description pos;
   pos.add("dir", 1);
   po::variables_map vm;
-  if (auto rc = parse_args(ctx, "demo-model", "demo-model DIR [--force]", desc, args, vm, &pos))
+  if (auto rc = parse_args(ctx, "demo-model", "demo-model DIR [--force] [--arch ARCHITECTURE]",
+                           desc, args, vm, &pos))
     return *rc;
   if (!vm.count("dir")) return ctx.fail(make_error(Errc::usage, "demo-model: DIR is required"));
-  auto rep = engine::write_demo_model(vm["dir"].as<std::string>(), vm.count("force") > 0);
+  auto rep = engine::write_demo_model(vm["dir"].as<std::string>(), vm.count("force") > 0,
+                                      vm.count("arch") ? vm["arch"].as<std::string>() : "");
   if (!rep) return ctx.fail(rep.error());
   if (ctx.opts.json) {
     nlohmann::json j = {{"dir", rep->dir},

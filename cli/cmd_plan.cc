@@ -152,6 +152,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                   {"expert_bytes", in.weights.experts},
                   {"weights_per_tensor", in.weights.per_tensor},
                   {"kv_bytes_per_token", per_token_1}};
+    if (!in.engine_weights_why.empty()) j["engine_refuses"] = in.engine_weights_why;
     j["kv_layout"] = plan::kv_layout_name(in.record.layout);
     j["kv_dtype"] = in.record.dtype;
     j["expert_parallel"] = plan::moe_split_name(in.moe);
@@ -170,6 +171,7 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                            {"ranks", r.ranks},
                            {"expert_parallel", plan::moe_split_name(r.moe)},
                            {"weights_per_rank", r.weights_per_rank},
+                           {"weights_from", r.weights_from_engine ? "engine" : "files"},
                            {"kv_per_token_per_rank", r.kv_per_token_per_rank},
                            {"state_per_rank", r.state_per_rank},
                            {"kv_per_rank", r.kv_per_rank},
@@ -196,6 +198,13 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                                            format_size(in.weights.experts), s.experts,
                                            plan::moe_split_name(in.moe))
                              : "");
+  o << (in.engine_weights
+            ? "# weights per rank: the native engine's shard plan, as a GPU holds them (bf16)\n"
+        : in.engine_weights_why.empty()
+            ? "# weights per rank: estimated from the files (ENGINE=exec)\n"
+            : fmt::format("# weights per rank: estimated from the files; the native engine "
+                          "refuses this model: {}\n",
+                          in.engine_weights_why));
   if (s.count(plan::LayerKind::full_attention) || s.count(plan::LayerKind::sliding_attention))
     o << fmt::format("# attention: GQA {} KV heads x head_dim {}\n", s.kv_heads, s.head_dim);
   if (s.kv_lora_rank)

@@ -313,6 +313,21 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
                      age(s.record.ready_ms));
+  if (s.health && s.health->contains("model_info") && (*s.health)["model_info"].is_object()) {
+    // What the native engine serves: architecture, active parameters, experts and their split.
+    const auto& m = (*s.health)["model_info"];
+    std::string line = fmt::format("model: {}, {} layers, {:.2f}B parameters",
+                                   m.value("architecture", "?"), m.value("layers", 0),
+                                   m.value("parameters", 0.0) / 1e9);
+    if (m.contains("experts") && m["experts"].is_object()) {
+      const auto& x = m["experts"];
+      line += fmt::format(" ({:.2f}B active a token); {} experts, {} a token, split {} ({})",
+                          m.value("active_parameters", 0.0) / 1e9, x.value("routed", 0),
+                          x.value("per_token", 0), x.value("split", "?"),
+                          x.value("split_reason", ""));
+    }
+    out << line << "\n";
+  }
   if (s.health) out << fabric_status_lines(*s.health);
   out << fmt::format("{:<5} {:<12} {:<9} {:>8} {:>9} {:>9}  {}\n", "RANK", "NODE", "STATE", "PID",
                      "UPTIME", "LAST-HB", "REASON");

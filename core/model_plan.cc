@@ -467,6 +467,11 @@ PlanRow plan_row(const PlanInput& in, int nodes) {
   r.parts = kv_parts(in.shape, in.record, spread);
   r.moe = resolve_moe_split(in.moe, in.shape, r.ranks);
   r.weights_per_rank = weights_per_rank(in.weights, in.shape, r.moe, r.ranks);
+  if (in.engine_weights)
+    if (auto held = in.engine_weights(r.ranks, r.moe)) {
+      r.weights_per_rank = *held;
+      r.weights_from_engine = true;
+    }
   r.kv_per_token_per_rank = kv_bytes_per_token_per_rank(in.shape, in.record, spread);
   const uint64_t slots = u(std::max(in.slots, 1));
   for (const auto& p : r.parts) r.state_per_rank += u(p.layers) * p.bytes_per_slot * slots;

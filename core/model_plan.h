@@ -6,7 +6,9 @@
 // `sparkctl plan`, preflight's mem.plan and the engine's own KV sizing, so the three can
 // never disagree. Plan context from memory, never the reverse.
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -176,6 +178,14 @@ struct PlanInput {
   uint64_t kv_overhead = 0;
   int gpus_per_node = 1;
   uint64_t capacity_per_rank = 0;  // 0: unknown
+  /// One rank's weights as the engine that serves them holds them, where that engine's own
+  /// shard plan is known (the native engine on a family it runs): the largest share over
+  /// the `ranks` ranks with the experts split `split` (never automatic). nullopt where that
+  /// engine cannot split the model over `ranks` ranks. Unset: weights_per_rank's estimate
+  /// from the files.
+  std::function<std::optional<uint64_t>(int ranks, MoeSplit split)> engine_weights;
+  /// Why engine_weights is unset for a native ring (the engine refuses the model), for people.
+  std::string engine_weights_why;
 };
 
 /// One row of the plan: one ring size.
@@ -184,6 +194,7 @@ struct PlanRow {
   int ranks = 0;
   MoeSplit moe = MoeSplit::tensor;  // how the experts split at this size (never auto)
   uint64_t weights_per_rank = 0;
+  bool weights_from_engine = false;    // the engine's shard plan, not the files' estimate
   uint64_t kv_per_token_per_rank = 0;  // all layers, before window caps
   uint64_t state_per_rank = 0;         // per-slot states x slots
   uint64_t kv_per_rank = 0;            // context x slots, states and kv_overhead included

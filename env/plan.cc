@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/strings.h"
+#include "daemon/engine/model_config.h"
+#include "daemon/engine/shard_plan.h"
 
 namespace spark::env {
 
@@ -42,6 +46,30 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg) 
   in.weights.per_tensor = mf.tensor_sizes;
   in.record.layout = kv_layout_of(get("KV_LAYOUT"), get("ENGINE"));
   in.record.dtype = get("KV_DTYPE");
+  // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16
+  // matrices and vectors, fp32 where the plan says so): the plan, preflight and the engine
+  // then agree to the byte. A model the engine refuses keeps the estimate from the files.
+  if (get("ENGINE") != "exec") {
+    auto mc = engine::model_config_from(mf.config, where);
+    if (mc) {
+      in.engine_weights = [c = std::move(*mc), where](
+                              int ranks, plan::MoeSplit split) -> std::optional<uint64_t> {
+        uint64_t most = 0;
+        for (int r = 0; r < ranks; ++r) {
+          engine::PlanOptions o;
+          o.rank = r;
+          o.world = ranks;
+          o.placement = split;
+          auto p = engine::make_shard_plan(c, o, where);
+          if (!p) return std::nullopt;
+          most = std::max(most, p->held_bytes(2, 2));
+        }
+        return most;
+      };
+    } else {
+      in.engine_weights_why = mc.error().message;
+    }
+  }
   auto moe = plan::parse_moe_split(get("EXPERT_PARALLEL"));
   if (!moe) return moe.error();
   in.moe = *moe;

@@ -33,7 +33,6 @@ using dev::bf16;
 // ---- routing ---------------------------------------------------------------------------
 
 constexpr int kRouteWarps = 4;
-constexpr int kRoutePerLane = kMoeMaxExperts / 32;
 
 // (v, i) ahead of (w, j): larger value, equal values by the lower index.
 __device__ __forceinline__ bool ahead(float v, int i, float w, int j) {
@@ -50,6 +49,9 @@ __device__ __forceinline__ void warp_best(float* v, int* i) {
   }
 }
 
+// kRoutePerLane: experts a lane holds (element e = lane + 32 j), the fewest that cover the
+// model's experts: a top-k round's scan is that long.
+template <int kRoutePerLane>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const float* logits, const float* bias, MoeRouteArgs a, size_t rows,
                      int32_t* ids, float* weights) {
@@ -258,14 +260,17 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.f + expf(-g)) * u;
 }
 
+// kR: the step's rows rounded up to 1, 2, 4 or 8 (the accumulators per thread scale with it,
+// so a batch-1 step keeps few registers and many blocks resident).
 // gate/up of one distinct expert (blockIdx.y) for the rows that chose it; the shared experts
 // are blockIdx.y == gridDim.y - 1 when present. act: [rows * top_k + rows][act_stride].
+template <int kR>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_gate_up_decode(MoeExpertsArgs a, bf16* act, int act_stride) {
   dev::pdl_wait();
   dev::pdl_trigger();
   __shared__ DecodeList L;
-  __shared__ int s_pair[kMoeDecodeMaxRows], s_row[kMoeDecodeMaxRows], s_n;
+  __shared__ int s_pair[kR], s_row[kR], s_n;
   decode_list(a, &L);
   const bool shared_block = a.shared_inter > 0 && blockIdx.y == gridDim.y - 1;
   const int u = static_cast<int>(blockIdx.y);
@@ -293,9 +298,9 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   if (i0 >= inter) return;
   const int nrows = s_n;
   const bf16* x = static_cast<const bf16*>(a.x);
-  float acc[kMoeDecodeMaxRows][2 * kDecRowsPerWarp];
+  float acc[kR][2 * kDecRowsPerWarp];
 #pragma unroll
-  for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+  for (int t = 0; t < kR; ++t)
 #pragma unroll
     for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
   const bf16* wr[2 * kDecRowsPerWarp];
@@ -305,12 +310,13 @@ __global__ void __launch_bounds__(kDecWarps * 32)
     wr[2 * q] = W + static_cast<size_t>(i) * H;                                     // gate
     wr[2 * q + 1] = W + (static_cast<size_t>(inter) + static_cast<size_t>(i)) * H;  // up
   }
+#pragma unroll 2
   for (size_t c = lane * 8u; c < H; c += 256) {
     uint4 w[2 * kDecRowsPerWarp];
 #pragma unroll
     for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) w[q] = *reinterpret_cast<const uint4*>(wr[q] + c);
 #pragma unroll
-    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+    for (int t = 0; t < kR; ++t) {
       if (t >= nrows) break;
       const uint4 xv = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c);
 #pragma unroll
@@ -318,7 +324,7 @@ __global__ void __launch_bounds__(kDecWarps * 32)
     }
   }
 #pragma unroll
-  for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+  for (int t = 0; t < kR; ++t) {
     if (t >= nrows) break;
 #pragma unroll
     for (int q = 0; q < kDecRowsPerWarp; ++q) {
@@ -331,41 +337,47 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   }
 }
 
-// down: output rows [h0, h0 + 16) of every row, over the distinct experts in ascending id,
-// then the shared experts; written once (or added into out).
+// down: output rows [h0, h0 + kDownRows) of every row. The block's warps split the distinct
+// experts (and the shared experts, last): warp w takes experts w, w + 8, ...; their weighted
+// sums meet in shared memory and are added in warp order, so the result does not depend on
+// timing. Written once (or added into out).
+constexpr int kDownRows = 4;
+
+template <int kR>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_down_decode(MoeExpertsArgs a, const bf16* act, int act_stride) {
   dev::pdl_wait();
   dev::pdl_trigger();
   __shared__ DecodeList L;
+  __shared__ float red[kDecWarps][kR][kDownRows];
   decode_list(a, &L);
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const int h0 = static_cast<int>(blockIdx.x) * kDecTile + static_cast<int>(warp) * kDecRowsPerWarp;
-  if (h0 >= a.hidden) return;
+  const int h0 = static_cast<int>(blockIdx.x) * kDownRows;
+  if (h0 >= a.hidden) return;  // the whole block
   const int P = a.rows * a.top_k;
   const size_t H = static_cast<size_t>(a.hidden);
-  float acc[kMoeDecodeMaxRows][kDecRowsPerWarp];
+  float acc[kR][kDownRows];
 #pragma unroll
-  for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+  for (int t = 0; t < kR; ++t)
 #pragma unroll
-    for (int q = 0; q < kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
+    for (int q = 0; q < kDownRows; ++q) acc[t][q] = 0.f;
   const int groups = L.n + (a.shared_inter > 0 ? 1 : 0);
-  for (int u = 0; u < groups; ++u) {
+  for (int u = static_cast<int>(warp); u < groups; u += kDecWarps) {
     const bool sh = u == L.n;
     const int inter = sh ? a.shared_inter : a.inter;
     const bf16* W =
         sh ? static_cast<const bf16*>(a.shared_down)
            : static_cast<const bf16*>(a.down) +
                  static_cast<size_t>(L.expert[u] - a.expert0) * H * static_cast<size_t>(inter);
-    float part[kMoeDecodeMaxRows][kDecRowsPerWarp];
+    float part[kR][kDownRows];
 #pragma unroll
-    for (int t = 0; t < kMoeDecodeMaxRows; ++t)
+    for (int t = 0; t < kR; ++t)
 #pragma unroll
-      for (int q = 0; q < kDecRowsPerWarp; ++q) part[t][q] = 0.f;
+      for (int q = 0; q < kDownRows; ++q) part[t][q] = 0.f;
     // The pairs of this expert, by row: pair_of[t] (-1: row t did not choose it).
-    int pair_of[kMoeDecodeMaxRows];
+    int pair_of[kR];
 #pragma unroll
-    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+    for (int t = 0; t < kR; ++t) {
       pair_of[t] = -1;
       if (t < a.rows) {
         if (sh) {
@@ -376,42 +388,50 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         }
       }
     }
+#pragma unroll 2
     for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
-      uint4 w[kDecRowsPerWarp];
+      uint4 w[kDownRows];
 #pragma unroll
-      for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      for (int q = 0; q < kDownRows; ++q) {
         const int h = min(h0 + q, a.hidden - 1);
         w[q] = *reinterpret_cast<const uint4*>(
             W + static_cast<size_t>(h) * static_cast<size_t>(inter) + c);
       }
 #pragma unroll
-      for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+      for (int t = 0; t < kR; ++t) {
         if (pair_of[t] < 0) continue;
         const uint4 av = *reinterpret_cast<const uint4*>(
             act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c);
 #pragma unroll
-        for (int q = 0; q < kDecRowsPerWarp; ++q) part[t][q] += dot8(w[q], av);
+        for (int q = 0; q < kDownRows; ++q) part[t][q] += dot8(w[q], av);
       }
     }
 #pragma unroll
-    for (int t = 0; t < kMoeDecodeMaxRows; ++t) {
+    for (int t = 0; t < kR; ++t) {
       if (pair_of[t] < 0) continue;
       const float wt = sh ? 1.f : a.weights[pair_of[t]];
 #pragma unroll
-      for (int q = 0; q < kDecRowsPerWarp; ++q) acc[t][q] += wt * dev::warp_sum(part[t][q]);
+      for (int q = 0; q < kDownRows; ++q) acc[t][q] += wt * dev::warp_sum(part[t][q]);
     }
   }
-  if (lane != 0) return;
-  bf16* out = static_cast<bf16*>(a.out);
-  for (int t = 0; t < a.rows; ++t)
+  if (lane == 0) {
 #pragma unroll
-    for (int q = 0; q < kDecRowsPerWarp; ++q) {
-      const int h = h0 + q;
-      if (h >= a.hidden) continue;
-      const size_t at = static_cast<size_t>(t) * H + static_cast<size_t>(h);
-      const float prior = a.accumulate ? __bfloat162float(out[at]) : 0.f;
-      out[at] = __float2bfloat16_rn(prior + acc[t][q]);
-    }
+    for (int t = 0; t < kR; ++t)
+#pragma unroll
+      for (int q = 0; q < kDownRows; ++q) red[warp][t][q] = acc[t][q];
+  }
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x) / kDownRows,
+            q = static_cast<int>(threadIdx.x) % kDownRows;
+  const int h = h0 + q;
+  if (t >= a.rows || h >= a.hidden) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kDecWarps; ++w) sum += red[w][t][q];
+  bf16* out = static_cast<bf16*>(a.out);
+  const size_t at = static_cast<size_t>(t) * H + static_cast<size_t>(h);
+  const float prior = a.accumulate ? __bfloat162float(out[at]) : 0.f;
+  out[at] = __float2bfloat16_rn(prior + sum);
 }
 
 // ---- grouped form ----------------------------------------------------------------------
@@ -690,13 +710,20 @@ Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRo
   SPARK_TRY(moe_route_check(a));
   if (rows == 0) return Status::Ok();
   const size_t smem = a.n_group > 1 ? kRouteWarps * kMoeMaxExperts * sizeof(float) : 0;
-  SPARK_TRY(detail::prepare_launch(moe_route_kernel, "moe_route", kRouteWarps * 32, smem));
   const unsigned blocks = static_cast<unsigned>((rows + kRouteWarps - 1) / kRouteWarps);
-  SPARK_CUDA_TRY(dev::launch(moe_route_kernel, dim3(blocks), dim3(kRouteWarps * 32), smem,
-                             static_cast<cudaStream_t>(stream), logits, bias, a, rows, ids,
-                             weights));
-  SPARK_CUDA_LAUNCHED("moe_route");
-  return Status::Ok();
+  auto go = [&](auto kernel) -> Status {
+    SPARK_TRY(detail::prepare_launch(kernel, "moe_route", kRouteWarps * 32, smem));
+    SPARK_CUDA_TRY(dev::launch(kernel, dim3(blocks), dim3(kRouteWarps * 32), smem,
+                               static_cast<cudaStream_t>(stream), logits, bias, a, rows, ids,
+                               weights));
+    SPARK_CUDA_LAUNCHED("moe_route");
+    return Status::Ok();
+  };
+  static_assert(kMoeMaxExperts <= 32 * 32, "a lane holds at most 32 experts (one bit each)");
+  if (a.experts <= 128) return go(moe_route_kernel<4>);
+  if (a.experts <= 256) return go(moe_route_kernel<8>);
+  if (a.experts <= 512) return go(moe_route_kernel<16>);
+  return go(moe_route_kernel<32>);
 }
 
 Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
@@ -712,12 +739,20 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
     const unsigned ys = static_cast<unsigned>(distinct + (a.shared_inter > 0 ? 1 : 0));
     if (ys > 0) {
       const dim3 grid(static_cast<unsigned>((imax + kDecTile - 1) / kDecTile), ys);
-      SPARK_CUDA_TRY(dev::launch(moe_gate_up_decode, grid, dim3(kDecWarps * 32), 0, st, a, w.act,
-                                 w.act_stride));
+      auto gate_up = a.rows <= 1   ? moe_gate_up_decode<1>
+                     : a.rows <= 2 ? moe_gate_up_decode<2>
+                     : a.rows <= 4 ? moe_gate_up_decode<4>
+                                   : moe_gate_up_decode<kMoeDecodeMaxRows>;
+      SPARK_CUDA_TRY(
+          dev::launch(gate_up, grid, dim3(kDecWarps * 32), 0, st, a, w.act, w.act_stride));
       SPARK_CUDA_LAUNCHED("moe_gate_up_decode");
     }
-    const dim3 grid(static_cast<unsigned>((a.hidden + kDecTile - 1) / kDecTile));
-    SPARK_CUDA_TRY(dev::launch(moe_down_decode, grid, dim3(kDecWarps * 32), 0, st, a,
+    const dim3 grid(static_cast<unsigned>((a.hidden + kDownRows - 1) / kDownRows));
+    auto down = a.rows <= 1   ? moe_down_decode<1>
+                : a.rows <= 2 ? moe_down_decode<2>
+                : a.rows <= 4 ? moe_down_decode<4>
+                              : moe_down_decode<kMoeDecodeMaxRows>;
+    SPARK_CUDA_TRY(dev::launch(down, grid, dim3(kDecWarps * 32), 0, st, a,
                                static_cast<const bf16*>(w.act), w.act_stride));
     SPARK_CUDA_LAUNCHED("moe_down_decode");
     return Status::Ok();

@@ -157,7 +157,7 @@ EOF
   local pack="${dev}-pack"
   rm -rf "$pack"
   mkdir -p "$pack"
-  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -6 > "$pack/device.tar.xz"
+  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -9 > "$pack/device.tar.xz"
   local mib; mib=$(( $(du -sb "$pack" | cut -f1) / 1048576 ))
   [ "$mib" -lt "$MAX_STAGE_MIB" ] || die "$pack is ${mib} MiB packed, over the ${MAX_STAGE_MIB} MiB limit (du -a $dev | sort -n | tail)"
   echo "# staged $(basename "$dev") ($(( $(du -sb "$dev" | cut -f1) / 1048576 )) MiB, ${mib} MiB packed): $(ls "$dev/bin" | tr '\n' ' ')"
@@ -244,6 +244,10 @@ device() {
   # cuda and the GPU, a chat, stop leaving nothing.
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu 120 bash "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd"
+  # The same with a mixture of experts (the demo model of GLM-4.5's structure).
+  [[ $want == *" sparkd-gpu "* ]] &&
+    step sparkd-gpu-moe 150 env DEMO_ARCH=glm4_moe bash "$dev/engine/sparkd_gpu_check.sh" \
+      "$dev/bin" "$out/sparkd-moe"
   # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.
   [[ $want == *" sparkctl-bench "* ]] &&
     step sparkctl-bench 300 bash "$dev/engine/sparkctl_bench_gpu.sh" "$dev/bin" "$out/sparkctl-bench"
@@ -284,7 +288,7 @@ device() {
     xz -T0 -1 "$out/engine-trace.csv" || true
   fi
   [[ $want == *" gpu-kernels "* ]] &&
-    step gpu-kernels 240 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*,moe *}"
+    step gpu-kernels 480 "$ktests" -tc="${GPU_KERNELS_FILTER:-*rmsnorm*,*swiglu*,*bf16*,*CUDA*,gpu *,philox*,sample_*,twins*,rope*,paged*,decode split*,moe *}"
   # KERNEL_BENCH_ARGS: e.g. "--only sampler" for the sampler's rows alone.
   # shellcheck disable=SC2086
   [[ $want == *" kernel-bench "* ]] &&

@@ -12,7 +12,11 @@
 #   4. `sparkctl stop` exits 0, says nothing of the ring is left, and rank 0's process is gone.
 # Usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR (BIN_DIR holds sparkctl and sparkd, as the staged
 # pack's bin/). GPU_CHECK_DEVICE=cpu runs the same path on a machine without a GPU (then the
-# placements do not apply and one run is made). Logs, cluster files and JSON go to OUT_DIR.
+# placements do not apply and one run is made). DEMO_ARCH=ARCHITECTURE (e.g. glm4_moe) brings
+# up the demo model of that architecture (`sparkctl demo-model --arch`); for a mixture of
+# experts the status's /health model_info must name the experts, the active parameters and the
+# experts' split, and `sparkctl plan` must say how the experts split. Logs, cluster files and
+# JSON go to OUT_DIR.
 set -euo pipefail
 bin=$(cd "${1:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}" && pwd)
 out=${2:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}
@@ -35,7 +39,8 @@ say() { echo "sparkd_gpu_check: $*"; }
 logs() { find "$tmp/state-$1" -name '*.log' -exec cp {} "$out/" \; 2>/dev/null || true; }
 fail() { say "FAIL: $*"; exit 1; }
 
-"$bin/sparkctl" demo-model "$tmp/model" > "$out/demo-model.txt"
+arch=${DEMO_ARCH:-}
+"$bin/sparkctl" demo-model "$tmp/model" ${arch:+--arch "$arch"} > "$out/demo-model.txt"
 gpu_name=""
 if [ "$device" = cuda ] && command -v nvidia-smi >/dev/null; then
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1 || true)
@@ -94,7 +99,26 @@ if device == "cuda":
     assert not gpu or gpu in dev, f"device {dev!r} does not name the GPU {gpu!r}"
     want = "weights host-mapped" if placement == "host-mapped" else "weights in device memory"
     assert want in dev, f"device {dev!r} does not say {want!r}"
+info = st.get("health", {}).get("model_info", {})
+print(f"sparkd_gpu_check: {placement}: model_info {json.dumps(info)}")
+assert info.get("architecture"), "status shows no model_info"
 PY
+  if [ -n "$arch" ] && grep -q '"experts"' "$out/status-$p.json"; then
+    python3 - "$out/status-$p.json" <<'PY' || fail "$p: status does not describe the experts"
+import json, sys
+e = json.load(open(sys.argv[1]))["health"]["model_info"]
+x = e["experts"]
+assert x["routed"] == 8 and x["per_token"] == 2, x
+assert x["split"] in ("tp", "ep") and x["split_reason"], x
+assert 0 < e["active_parameters"] < e["parameters"], e
+print(f"sparkd_gpu_check: experts {x['routed']} ({x['per_token']} a token, split {x['split']}: "
+      f"{x['split_reason']}), {e['active_parameters']} of {e['parameters']} parameters active")
+PY
+    "$bin/sparkctl" --config "$ring" --json plan > "$out/plan-$p.json" 2>&1 ||
+      { cat "$out/plan-$p.json"; fail "$p: sparkctl plan exited non-zero"; }
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=j['rows'][0]; assert j['model']['experts'] == 8, j['model']; assert r['expert_parallel'] in ('tp','ep'), r; assert r['weights_from'] == 'engine', r; print('sparkd_gpu_check: plan:', j['model']['experts'], 'experts,', r['expert_parallel'], 'at', r['ranks'], 'rank(s)')" "$out/plan-$p.json" ||
+      fail "$p: sparkctl plan does not describe the experts"
+  fi
 
   python3 - "$api" > "$out/chat-$p.json" <<'PY' || fail "$p: the chat completion failed"
 import json, sys, urllib.request as u

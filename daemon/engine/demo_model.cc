@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
+#include "daemon/engine/family.h"
 #include "daemon/engine/random_checkpoint.h"
 
 namespace spark::engine {
@@ -21,12 +22,18 @@ namespace {
 
 constexpr const char* kDemoMarker = "sparkctl_demo";
 
-ModelConfig demo_config() {
-  ModelConfig c = small_config(Family::qwen2, 2688, 256, 4);  // vocab covers the fixture's 2647 ids
+ModelConfig demo_config(Family family) {
+  ModelConfig c = small_config(family, 2688, 256, 4);  // vocab covers the fixture's 2647 ids
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 64;
   c.intermediate_size = 512;
+  if (c.is_moe()) {  // 8 experts of 128, 2 a token (GLM's 4 groups keep 2)
+    c.moe.expert_inter = 128;
+    if (c.moe.shared_inter > 0) c.moe.shared_inter = 128;
+    if (family == Family::mixtral || family == Family::minimax_m2)
+      c.intermediate_size = c.moe.expert_inter;
+  }
   c.max_position = 2048;
   c.rope_theta = 1000000.0;
   c.rms_eps = 1e-6;
@@ -45,7 +52,22 @@ bool is_earlier_demo(const fs::path& dir) {
 
 }  // namespace
 
-Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force) {
+Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force,
+                                         const std::string& architecture) {
+  Family family = Family::qwen2;
+  if (!architecture.empty()) {
+    bool found = false;
+    for (const auto& f : family_table())
+      if (architecture == f.architecture || architecture == f.model_type) {
+        family = f.family;
+        found = true;
+      }
+    if (!found)
+      return make_error(Errc::usage,
+                        fmt::format("demo-model --arch {}: not an architecture the engine runs "
+                                    "(one of {})",
+                                    architecture, supported_architectures()));
+  }
   const fs::path dir = fs::absolute(dir_str);
   std::error_code ec;
   if (fs::exists(dir, ec)) {
@@ -64,7 +86,7 @@ Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force)
   fs::remove_all(tmp, ec);
   DemoModelReport rep;
   rep.dir = dir.string();
-  const ModelConfig c = demo_config();
+  const ModelConfig c = demo_config(family);
   rep.architecture = c.architecture;
   auto cleanup = [&] { fs::remove_all(tmp, ec); };
   if (auto st = write_random_checkpoint(tmp.string(), {c, DType::bf16, 20261129, 1}); !st.ok()) {
@@ -99,7 +121,8 @@ Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force)
         "no tokenizer.json, so only token-id requests work";
   }
   const std::string readme =
-      "This is sparkctl's demo model: a small Qwen2ForCausalLM with RANDOM weights.\n"
+      "This is sparkctl's demo model: a small " + c.architecture +
+      " with RANDOM weights.\n"
       "It is not trained; it answers with nonsense. It exists so that a ring can be started and\n"
       "a chat request answered on a machine without a GPU. Written by `sparkctl demo-model`.\n";
   std::string why;
@@ -124,13 +147,7 @@ Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force)
     rep.bytes += fs::file_size(e.path());
   }
   std::sort(rep.files.begin(), rep.files.end());
-  const uint64_t H = static_cast<uint64_t>(c.hidden_size),
-                 I = static_cast<uint64_t>(c.intermediate_size);
-  const uint64_t q = static_cast<uint64_t>(c.num_heads * c.head_dim),
-                 kv = static_cast<uint64_t>(c.num_kv_heads * c.head_dim);
-  rep.parameters = static_cast<uint64_t>(c.vocab_size) * H + H +
-                   static_cast<uint64_t>(c.num_layers) *
-                       (2 * H + H * q + 2 * H * kv + q * H + q + 2 * kv + 3 * H * I);
+  rep.parameters = count_params(c).total;
   return rep;
 }
 

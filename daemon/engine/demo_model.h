@@ -1,8 +1,10 @@
 #pragma once
-// The embedded demo checkpoint: a small Qwen2ForCausalLM with deterministic random weights
-// (the same bytes on every machine) plus the project's byte-level BPE tokenizer
-// (daemon/engine/demo/) and its ChatML chat template, so a machine without a GPU can start a
-// ring and answer a chat request. Its weights are random: it produces fluent-looking nonsense.
+// The embedded demo checkpoint: a small Qwen2ForCausalLM (or, asked for, a small model of
+// another architecture the engine runs: a mixture of experts such as Qwen3MoeForCausalLM)
+// with deterministic random weights (the same bytes on every machine) plus the project's
+// byte-level BPE tokenizer (daemon/engine/demo/) and its ChatML chat template, so a machine
+// without a GPU can start a ring and answer a chat request. Its weights are random: it
+// produces fluent-looking nonsense.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +26,8 @@ struct DemoModelReport {
 /// Writes the demo checkpoint into `dir`. A non-empty `dir` that is not an earlier demo is
 /// refused unless `force`. Files are written to a sibling temporary directory that is then
 /// renamed into place, so `dir` never holds a half-written checkpoint.
-Result<DemoModelReport> write_demo_model(const std::string& dir, bool force);
+/// `architecture` ("" = Qwen2ForCausalLM) names one of supported_architectures().
+Result<DemoModelReport> write_demo_model(const std::string& dir, bool force,
+                                         const std::string& architecture = "");
 
 }  // namespace spark::engine

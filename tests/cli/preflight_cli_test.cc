@@ -143,6 +143,10 @@ TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   CHECK(j["rows"][0]["fits"] == false);
   CHECK(j["rows"][0]["max_context"] == 0);
   CHECK(j["rows"][1]["weights_per_rank"] == 65ull * (1ull << 30) / 2);
+  // This config.json sizes memory but is no model the engine could load (no vocab_size or
+  // intermediate_size): the files' estimate, and why (the engine's figure: engine_moe_test).
+  CHECK(j["rows"][1]["weights_from"] == "files");
+  CHECK(j["engine_refuses"].get<std::string>().find("config.json") != std::string::npos);
   CHECK(j["rows"][1]["kv_per_rank"] == 16ull << 30);
   CHECK(j["rows"][1]["fits"] == true);  // 32.5 + 16 + 4 GiB <= 60 GiB
   CHECK(j["rows"][1]["max_context"] ==

@@ -419,53 +419,54 @@ TEST_CASE("cuda engine: a decode that outgrows the short-context graph goes on i
 TEST_CASE("cuda engine: cancel frees the slot; seeds repeat; a too-small memory fails at start") {
   auto dev = cuda_or_skip();
   if (!dev) return;
-  const auto dirs = fixture_dirs();
-  REQUIRE(!dirs.empty());
-  const std::string dir = dirs.front();
-  {
-    auto m = Model::load(dir, 0, 1, dev);
-    REQUIRE(m.ok());
-    EngineOptions o;
-    o.slots = 1;
-    o.max_context = 256;
-    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-    REQUIRE(eng.ok());
-    SamplingParams p;
-    p.temperature = 0.8f;
-    p.top_p = 0.9f;
-    p.seed = 7;
-    p.max_tokens = 200;
-    p.ignore_eos = true;
-    std::atomic<int> seen{0};
-    std::atomic<bool> cancelled{false};
-    auto id = (*eng)->submit({{1, 2, 3}, p, [&](const TokenEvent& e) {
-                                if (e.token >= 0) ++seen;
-                                if (e.finish == FinishReason::cancelled) cancelled = true;
-                              }});
-    REQUIRE(id.ok());
-    while (seen.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    (*eng)->cancel(*id);
-    p.max_tokens = 16;
-    auto a = generate_blocking(**eng, {1, 2, 3}, p);  // gets the only slot once it is freed
-    REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.error().message));
-    CHECK(cancelled.load());
-    CHECK(seen.load() < 200);
-    auto b = generate_blocking(**eng, {1, 2, 3}, p);
-    REQUIRE(b.ok());
-    CHECK(a->tokens[0].size() == 16);
-    CHECK(a->tokens[0] == b->tokens[0]);  // same seed, same tokens
-  }
-  {
-    auto m = Model::load(dir, 0, 1, dev);
-    REQUIRE(m.ok());
-    EngineOptions o;
-    o.kv_from_free_memory = true;
-    o.mem_reserve = 1ull << 50;  // leaves nothing for the KV cache
-    auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
-    REQUIRE_FALSE(eng.ok());
-    CHECK(eng.error().code == Errc::resource);
-    CHECK(eng.error().message.find("largest context that fits is 0 tokens") != std::string::npos);
-    MESSAGE(eng.error().message);
+  // A dense model and a mixture of experts (groups, a correction bias, a shared expert).
+  for (const std::string& dir : {kFixtures + "/llama", kFixtures + "/glm4_moe"}) {
+    CAPTURE(dir);
+    {
+      auto m = Model::load(dir, 0, 1, dev);
+      REQUIRE(m.ok());
+      EngineOptions o;
+      o.slots = 1;
+      o.max_context = 256;
+      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+      REQUIRE(eng.ok());
+      SamplingParams p;
+      p.temperature = 0.8f;
+      p.top_p = 0.9f;
+      p.seed = 7;
+      p.max_tokens = 200;
+      p.ignore_eos = true;
+      std::atomic<int> seen{0};
+      std::atomic<bool> cancelled{false};
+      auto id = (*eng)->submit({{1, 2, 3}, p, [&](const TokenEvent& e) {
+                                  if (e.token >= 0) ++seen;
+                                  if (e.finish == FinishReason::cancelled) cancelled = true;
+                                }});
+      REQUIRE(id.ok());
+      while (seen.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      (*eng)->cancel(*id);
+      p.max_tokens = 16;
+      auto a = generate_blocking(**eng, {1, 2, 3}, p);  // gets the only slot once it is freed
+      REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.error().message));
+      CHECK(cancelled.load());
+      CHECK(seen.load() < 200);
+      auto b = generate_blocking(**eng, {1, 2, 3}, p);
+      REQUIRE(b.ok());
+      CHECK(a->tokens[0].size() == 16);
+      CHECK(a->tokens[0] == b->tokens[0]);  // same seed, same tokens
+    }
+    {
+      auto m = Model::load(dir, 0, 1, dev);
+      REQUIRE(m.ok());
+      EngineOptions o;
+      o.kv_from_free_memory = true;
+      o.mem_reserve = 1ull << 50;  // leaves nothing for the KV cache
+      auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+      REQUIRE_FALSE(eng.ok());
+      CHECK(eng.error().code == Errc::resource);
+      CHECK(eng.error().message.find("largest context that fits is 0 tokens") != std::string::npos);
+      MESSAGE(eng.error().message);
+    }
   }
 }
 

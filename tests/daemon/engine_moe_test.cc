@@ -11,8 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/random_checkpoint.h"
+#include "env/model_files.h"
+#include "env/plan.h"
 #include "support/tempdir.h"
 #include "support/tp_threads.h"
 
@@ -227,4 +231,82 @@ TEST_CASE("moe: router margins are recorded per layer and row on the CPU") {
   const auto& mg = (*m)->router_margins();
   CHECK(mg.size() == static_cast<size_t>(c.moe.moe_layers()) * 5);
   for (const auto& r : mg) CHECK(r.last_chosen >= r.first_unchosen);
+}
+
+TEST_CASE("moe: sparkctl plan and the engine agree on weights per rank, KV per token, context") {
+  test::TempDir tmp;
+  for (Family f :
+       {Family::llama, Family::qwen3_moe, Family::mixtral, Family::glm4_moe, Family::minimax_m2}) {
+    const std::string name = architecture_name(f);
+    CAPTURE(name);
+    const std::string dir = tmp / name;
+    const ModelConfig mc = moe_config(f);
+    REQUIRE(write_random_checkpoint(dir, {mc, DType::bf16, 11, 2}).ok());
+    // The plan as `sparkctl plan` and preflight's mem.plan make it, from the directory.
+    auto in = env::plan_input(env::read_model_files(env::Sysroot("/"), dir), nullptr);
+    REQUIRE_MESSAGE(in.ok(), (in.ok() ? "" : in.error().message));
+    REQUIRE_MESSAGE(in->engine_weights, in->engine_weights_why);
+    in->record = {plan::KvLayout::native, "fp32"};  // the CPU engine's KV cache
+    in->slots = 1;
+    in->reserve = in->workspace = in->mtp = in->vision = in->kv_overhead = 0;
+    const uint64_t kv_budget = 3 * 16 * 1536 + 5000;  // 3 blocks and a bit at one rank
+    for (auto split : {plan::MoeSplit::automatic, plan::MoeSplit::tensor, plan::MoeSplit::expert})
+      for (int w : {1, 2, 4}) {
+        CAPTURE(w);
+        CAPTURE(plan::moe_split_name(split));
+        in->moe = split;
+        in->capacity_per_rank = 0;
+        const plan::PlanRow row = plan::plan_row(*in, w);
+        // The engine, rank by rank, as sparkd loads it.
+        uint64_t most_gpu = 0;
+        bool refused = false;
+        for (int r = 0; r < w && !refused; ++r) {
+          LoadReport rep;
+          rep.expert_placement = split;
+          auto m = Model::load(dir, r, w, make_cpu_device(), &rep);
+          if (!m.ok()) {
+            refused = true;  // e.g. tp where the experts do not split: the plan says so too
+            MESSAGE(name << ": the engine refuses: " << m.error().message);
+            break;
+          }
+          PlanOptions o;
+          o.rank = r;
+          o.world = w;
+          o.placement = split;
+          auto p = make_shard_plan((*m)->config(), o, dir);
+          REQUIRE(p.ok());
+          // The plan's figure is the shard plan's; the shard plan's is what the engine holds.
+          CHECK(p->held_bytes(4, 4) == rep.weight_bytes);  // fp32 on the CPU
+          most_gpu = std::max(most_gpu, p->held_bytes(2, 2));
+          // KV bytes per token: the engine's block size, the plan's per-token figure.
+          CHECK(KVCache::block_bytes(ElemType::f32, mc.num_layers, 16, (*m)->local_kv_heads(),
+                                     mc.head_dim) == row.kv_per_token_per_rank * 16);
+        }
+        CHECK(row.weights_from_engine == !refused);
+        if (refused) continue;
+        CHECK(row.weights_per_rank == most_gpu);
+        // The largest context for a capacity of the weights and a KV budget.
+        in->capacity_per_rank = row.weights_per_rank + kv_budget * 4 / static_cast<uint64_t>(w);
+        const plan::PlanRow sized = plan::plan_row(*in, w);
+        const uint64_t per_block = row.kv_per_token_per_rank * 16;
+        CHECK(sized.max_context == static_cast<int64_t>((kv_budget * 4 / static_cast<uint64_t>(w)) /
+                                                        row.kv_per_token_per_rank));
+        if (w == 1) {
+          // One rank: the engine itself sizes its cache from the same budget.
+          auto m = Model::load(dir, 0, 1, make_cpu_device());
+          REQUIRE(m.ok());
+          EngineOptions eo;
+          eo.slots = 1;
+          eo.block_size = 16;
+          eo.kv_cache_bytes = kv_budget * 4;
+          auto e = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), eo);
+          REQUIRE_MESSAGE(e.ok(), (e.ok() ? std::string() : e.error().message));
+          const int64_t tokens = int64_t{(*e)->stats().blocks_total} * 16;
+          CHECK(static_cast<uint64_t>((*e)->stats().blocks_total) == kv_budget * 4 / per_block);
+          CHECK(tokens <= sized.max_context);
+          CHECK(sized.max_context - tokens < 16);  // the engine keeps whole blocks
+          (*e)->stop();
+        }
+      }
+  }
 }

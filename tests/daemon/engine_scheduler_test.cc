@@ -49,8 +49,8 @@ std::vector<int32_t> direct_greedy(Model& m, std::vector<int32_t> seq, int steps
 
 struct Fixture {
   test::TempDir dir;
-  Fixture() {
-    auto cfg = small_config(Family::llama);
+  explicit Fixture(Family family = Family::llama) {
+    auto cfg = small_config(family);
     cfg.eos_token_ids = {};  // no early stop in these tests unless asked
     REQUIRE(write_random_checkpoint(dir.path(), {cfg, DType::f32, 11, 1}).ok());
   }
@@ -348,85 +348,95 @@ TEST_CASE("engine: events carry when the request was submitted and when its choi
   CHECK(b.scheduled - b.submitted > std::chrono::milliseconds(0));
 }
 
-TEST_CASE("engine: seeds, n > 1, stop tokens and max_tokens") {
-  Fixture fx;
-  auto eng = fx.engine({});
-  const int V = eng->config().vocab_size;
-  auto p = prompt_of(12, 9, V);
-  SamplingParams s;
-  s.temperature = 1.0f;
-  s.seed = 42;
-  s.max_tokens = 20;
-  s.n = 3;
-  auto a = generate_blocking(*eng, p, s);
-  auto b = generate_blocking(*eng, p, s);
-  REQUIRE(a.ok());
-  REQUIRE(b.ok());
-  CHECK(a->tokens == b->tokens);  // same seed and prompt: same tokens, every choice
-  REQUIRE(a->tokens.size() == 3);
-  CHECK(a->tokens[0] != a->tokens[1]);  // choices have their own streams
-  s.seed = 43;
-  auto c = generate_blocking(*eng, p, s);
-  REQUIRE(c.ok());
-  CHECK(c->tokens != a->tokens);
+// The scheduler's behaviours on a dense model and on a mixture of experts (GLM-4.5's
+// structure: groups, a correction bias, a shared expert, a dense first layer).
+const Family kSchedulerFamilies[] = {Family::llama, Family::glm4_moe};
 
-  // A stop token ends the choice with "stop" and includes the token.
-  auto g = generate_blocking(*eng, p, greedy(10));
-  REQUIRE(g.ok());
-  auto stop = greedy(10);
-  stop.stop_token_ids = {g->tokens[0][3]};
-  auto st = generate_blocking(*eng, p, stop);
-  REQUIRE(st.ok());
-  CHECK(st->finish[0] == FinishReason::stop);
-  const auto first_stop =
-      std::find(g->tokens[0].begin(), g->tokens[0].end(), g->tokens[0][3]) - g->tokens[0].begin();
-  CHECK(st->tokens[0].size() == static_cast<size_t>(first_stop + 1));
-  CHECK(g->finish[0] == FinishReason::length);
-  CHECK(g->tokens[0].size() == 10);
-  // logprobs come back per token.
-  auto lp = greedy(5);
-  lp.logprobs = true;
-  auto l = generate_blocking(*eng, p, lp);
-  REQUIRE(l.ok());
-  REQUIRE(l->logprobs[0].size() == 5);
-  for (float v : l->logprobs[0]) CHECK(v <= 0.0f);
+TEST_CASE("engine: seeds, n > 1, stop tokens and max_tokens") {
+  for (Family family : kSchedulerFamilies) {
+    CAPTURE(architecture_name(family));
+    Fixture fx(family);
+    auto eng = fx.engine({});
+    const int V = eng->config().vocab_size;
+    auto p = prompt_of(12, 9, V);
+    SamplingParams s;
+    s.temperature = 1.0f;
+    s.seed = 42;
+    s.max_tokens = 20;
+    s.n = 3;
+    auto a = generate_blocking(*eng, p, s);
+    auto b = generate_blocking(*eng, p, s);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->tokens == b->tokens);  // same seed and prompt: same tokens, every choice
+    REQUIRE(a->tokens.size() == 3);
+    CHECK(a->tokens[0] != a->tokens[1]);  // choices have their own streams
+    s.seed = 43;
+    auto c = generate_blocking(*eng, p, s);
+    REQUIRE(c.ok());
+    CHECK(c->tokens != a->tokens);
+
+    // A stop token ends the choice with "stop" and includes the token.
+    auto g = generate_blocking(*eng, p, greedy(10));
+    REQUIRE(g.ok());
+    auto stop = greedy(10);
+    stop.stop_token_ids = {g->tokens[0][3]};
+    auto st = generate_blocking(*eng, p, stop);
+    REQUIRE(st.ok());
+    CHECK(st->finish[0] == FinishReason::stop);
+    const auto first_stop =
+        std::find(g->tokens[0].begin(), g->tokens[0].end(), g->tokens[0][3]) - g->tokens[0].begin();
+    CHECK(st->tokens[0].size() == static_cast<size_t>(first_stop + 1));
+    CHECK(g->finish[0] == FinishReason::length);
+    CHECK(g->tokens[0].size() == 10);
+    // logprobs come back per token.
+    auto lp = greedy(5);
+    lp.logprobs = true;
+    auto l = generate_blocking(*eng, p, lp);
+    REQUIRE(l.ok());
+    REQUIRE(l->logprobs[0].size() == 5);
+    for (float v : l->logprobs[0]) CHECK(v <= 0.0f);
+  }
 }
 
 TEST_CASE("engine: cancel frees the slot at once for a waiting request") {
-  Fixture fx;
-  EngineOptions o;
-  o.slots = 1;
-  auto eng = fx.engine(o);
-  const int V = eng->config().vocab_size;
-  std::atomic<int> first_tokens{0};
-  std::atomic<bool> first_done{false};
-  std::atomic<int> first_reason{0};
-  GenerateRequest long_req{prompt_of(10, 1, V), greedy(400), [&](const TokenEvent& e) {
-                             if (e.token >= 0) ++first_tokens;
-                             if (e.request_done) {
-                               first_reason = static_cast<int>(e.finish);
-                               first_done = true;
-                             }
-                           }};
-  auto id = eng->submit(std::move(long_req));
-  REQUIRE(id.ok());
-  for (int i = 0; i < 2000 && first_tokens < 3; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  REQUIRE(first_tokens >= 3);
-  std::thread waiter_thread;
-  Result<BlockingResult> second = Error{};
-  waiter_thread =
-      std::thread([&] { second = generate_blocking(*eng, prompt_of(8, 2, V), greedy(4), 20000); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  eng->cancel(*id);
-  waiter_thread.join();
-  REQUIRE(second.ok());
-  CHECK(second->tokens[0].size() == 4);
-  CHECK(first_done);
-  CHECK(first_reason == static_cast<int>(FinishReason::cancelled));
-  CHECK(first_tokens < 400);
-  auto st = eng->stats();
-  CHECK(st.blocks_available == st.blocks_total);
+  for (Family family : kSchedulerFamilies) {
+    CAPTURE(architecture_name(family));
+    Fixture fx(family);
+    EngineOptions o;
+    o.slots = 1;
+    auto eng = fx.engine(o);
+    const int V = eng->config().vocab_size;
+    std::atomic<int> first_tokens{0};
+    std::atomic<bool> first_done{false};
+    std::atomic<int> first_reason{0};
+    GenerateRequest long_req{prompt_of(10, 1, V), greedy(400), [&](const TokenEvent& e) {
+                               if (e.token >= 0) ++first_tokens;
+                               if (e.request_done) {
+                                 first_reason = static_cast<int>(e.finish);
+                                 first_done = true;
+                               }
+                             }};
+    auto id = eng->submit(std::move(long_req));
+    REQUIRE(id.ok());
+    for (int i = 0; i < 2000 && first_tokens < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(first_tokens >= 3);
+    std::thread waiter_thread;
+    Result<BlockingResult> second = Error{};
+    waiter_thread = std::thread(
+        [&] { second = generate_blocking(*eng, prompt_of(8, 2, V), greedy(4), 20000); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    eng->cancel(*id);
+    waiter_thread.join();
+    REQUIRE(second.ok());
+    CHECK(second->tokens[0].size() == 4);
+    CHECK(first_done);
+    CHECK(first_reason == static_cast<int>(FinishReason::cancelled));
+    CHECK(first_tokens < 400);
+    auto st = eng->stats();
+    CHECK(st.blocks_available == st.blocks_total);
+  }
 }
 
 TEST_CASE("engine: requests that cannot fit are refused with a reason") {

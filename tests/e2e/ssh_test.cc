@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -314,7 +316,7 @@ TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the de
     INFO(r.error().message);
     CHECK(r.error().code == Errc::timeout);
     CHECK(contains(r.error().message, "n-silent"));
-    CHECK(took < 2s);
+    CHECK(took < 4s);  // the tighter bound ended it, not the looser one (5 s or more)
   }
   ::close(fd);
 }
@@ -329,18 +331,25 @@ TEST_CASE("ssh: fan_out runs on every node at once and reports per node") {
     owned.push_back(make_ssh_runner(servers.back()->target(fmt::format("n{}", i))));
     runners.push_back(owned.back().get());
   }
-  auto t0 = Clock::now();
-  auto res = fan_out(runners, {"sleep 1; echo $SSH_CONNECTION"}, 20s);
-  auto took = Clock::now() - t0;
+  // Each command prints when it started and when it ended (wall clock, ns), around a
+  // second's sleep. Run in parallel, the three intervals overlap: the latest start comes
+  // before the earliest end. Run one after another, they could not, however slow the machine.
+  auto res = fan_out(runners, {"date +%s%N; sleep 1; date +%s%N; echo $SSH_CONNECTION"}, 60s);
   REQUIRE(res.size() == 3);
+  long long latest_start = 0, earliest_end = std::numeric_limits<long long>::max();
   for (int i = 0; i < 3; ++i) {
     CHECK(res[i].node == fmt::format("n{}", i));
     REQUIRE_MESSAGE(res[i].result.ok(), res[i].result.error().message);
     CHECK(res[i].result->exit_status == 0);
+    auto lines = split_list(res[i].result->out, '\n');
+    REQUIRE(lines.size() == 3);
+    latest_start = std::max(latest_start, std::stoll(lines[0]));
+    earliest_end = std::min(earliest_end, std::stoll(lines[1]));
     // SSH_CONNECTION ends with the server's port: each node answered from its own sshd.
-    CHECK(ends_with(trim(res[i].result->out), " " + std::to_string(servers[i]->port())));
+    CHECK(ends_with(lines[2], " " + std::to_string(servers[i]->port())));
   }
-  CHECK(took < 2500ms);  // in parallel: about one second, not three
+  INFO("latest start ", latest_start, " ns, earliest end ", earliest_end, " ns");
+  CHECK(latest_start < earliest_end);  // all three were running at the same time
 
   // Per-node commands; one node failing does not spoil the others.
   auto local = make_local_runner("here");

@@ -53,6 +53,9 @@ namespace {
 
 constexpr double kBf16LogitBound = 0.25;
 constexpr double kLogprobBound = 2 * kBf16LogitBound;
+// Router near-tie: the last chosen and the first unchosen expert's scores (softmax
+// probabilities or sigmoid scores) this close, as in engine_cuda_test.cc.
+constexpr double kRouterTie = 5e-3;
 constexpr double kFixtureLogitScale = 8.0;
 
 // spark-engine where it was built, or next to this binary (a staged copy on the GPU machine).
@@ -249,11 +252,14 @@ TEST_CASE(
     REQUIRE_MESSAGE(ref.error.empty(), ref.error);
     auto one = test::run_tp_threads(dir, 1, seqs(), cuda_dev);
     REQUIRE_MESSAGE(one.error.empty(), one.error);
-    const double d1 = test::max_logit_diff(ref, one);
     double scale = 0;
     for (const auto& step : ref.logits)
       for (float v : step) scale = std::max(scale, static_cast<double>(std::abs(v)));
     const double bound = kBf16LogitBound * std::max(1.0, scale / kFixtureLogitScale);
+    int ties_one = 0;
+    const double d1 = test::max_logit_diff_beyond_ties(ref, one, bound, kRouterTie, &ties_one);
+    std::cout << "tp-cuda " << f.name << ": TP=1 CUDA vs CPU fp32 max |logit diff| " << d1 << ", "
+              << ties_one << " step(s) after a router near-tie\n";
     // An MoE model's experts both ways: a share of every expert, and whole experts.
     const bool moe = cfg.is_moe();
     for (int w : {2, 4})
@@ -263,11 +269,18 @@ TEST_CASE(
         CAPTURE(plan::moe_split_name(split));
         auto tp = test::run_tp_threads(dir, w, seqs(), cuda_dev, staged, split);
         REQUIRE_MESSAGE(tp.error.empty(), tp.error);
-        const double dref = test::max_logit_diff(ref, tp), d1w = test::max_logit_diff(one, tp);
+        // A step after a router near-tie may take the other expert (as transformers' bf16
+        // model may): counted and shown, not held to the bound; every other step is.
+        int ties_ref = 0, ties_1 = 0;
+        const double dref = test::max_logit_diff_beyond_ties(ref, tp, bound, kRouterTie, &ties_ref);
+        const double d1w = test::max_logit_diff_beyond_ties(one, tp, bound, kRouterTie, &ties_1);
         std::cout << "tp-cuda " << f.name << ": TP=" << w << " experts "
                   << plan::moe_split_name(split) << " (Gloo, host-staged) max |logit diff| "
                   << "vs CPU fp32 " << dref << ", vs TP=1 CUDA " << d1w << "; TP=1 CUDA vs CPU "
-                  << d1 << " (max |logit| " << scale << ", bound " << bound << ")\n";
+                  << d1 << " (max |logit| " << scale << ", bound " << bound << "); steps after a "
+                  << "router near-tie (margin < " << kRouterTie << "): " << ties_ref << " vs CPU, "
+                  << ties_1 << " vs TP=1, of " << tp.logits.size() << "\n";
+        if (!moe) CHECK(ties_ref + ties_1 == 0);  // a dense model has no router
         CHECK(dref <= bound);
         CHECK(d1w <= bound);
         CHECK(tp.bytes_read_rank0 < one.bytes_read_rank0);
@@ -347,4 +360,32 @@ TEST_CASE(
   CHECK(w["digests_checked"].get<int>() > 0);
   CHECK(w["plans"] == tp[0]["plans_posted"]);
   CHECK(w["decode_plans_ready"] == w["decode_steps"]);
+}
+
+TEST_CASE(
+    "hw tp-cuda: spark-engine as 2 processes on one GPU serving a mixture of experts, experts "
+    "tensor-parallel and expert-parallel: TP=1's greedy tokens and logprobs") {
+  if (test::skip_without_cuda()) return;
+  const std::string tool = engine_tool();
+  REQUIRE_MESSAGE(::access(tool.c_str(), X_OK) == 0, "build the spark-engine target: " << tool);
+  test::TempDir tmp;
+  auto cfg = tp_config(Family::glm4_moe);
+  const std::string dir = tmp / "glm4_moe";
+  REQUIRE(write_random_checkpoint(dir, {cfg, DType::bf16, 53, 2}).ok());
+  auto cpu = generate(tmp, dir, "cpu", 1, "gloo", "moe-cpu");
+  auto one = generate(tmp, dir, "cuda", 1, "gloo", "moe-tp1");
+  CHECK(one[0]["graph_replays"].get<uint64_t>() > 0);  // MoE decode steps replay graphs too
+  CHECK(one[0]["model_info"]["experts"]["routed"] == 8);
+  std::cout << "tp-cuda moe TP=1 CUDA vs CPU: max |logprob diff| "
+            << compare_greedy(cpu[0], one[0], "moe TP=1 CUDA vs CPU") << "\n";
+  for (const std::string split : {"tp", "ep"}) {
+    CAPTURE(split);
+    auto tp =
+        generate(tmp, dir, "cuda", 2, "gloo", "moe-tp2-" + split, {"--expert-parallel", split});
+    CHECK(tp[0]["model_info"]["experts"]["split"] == split);
+    const double d1 = compare_greedy(one[0], tp[0], "moe TP=2 " + split + " vs TP=1");
+    std::cout << "tp-cuda spark-engine moe TP=2 experts " << split
+              << ": max |logprob diff| vs TP=1 CUDA " << d1 << " (bound " << kLogprobBound << ")\n";
+    CHECK(d1 <= kLogprobBound);
+  }
 }

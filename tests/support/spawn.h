@@ -40,7 +40,7 @@ class Child {
 /// test binary (a staged copy, as on the GPU machine); "" when neither exists.
 std::string find_fixture_binary(const std::string& built_path);
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, never one this process was given before.
 int free_port();
 /// Runs argv to completion (deadline); returns {wait status, stdout+stderr}.
 std::pair<int, std::string> run_capture(const std::vector<std::string>& argv,
