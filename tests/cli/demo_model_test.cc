@@ -80,3 +80,29 @@ TEST_CASE("demo-model: refuses a non-empty directory that is not a demo, unless 
   CHECK(j["architecture"] == "Qwen2ForCausalLM");
   CHECK_FALSE(std::filesystem::exists(dir / "mine/notes.txt"));
 }
+
+TEST_CASE("demo-model --arch: a mixture of experts of that architecture; an unknown one refused") {
+  test::TempDir dir;
+  std::ostringstream out, err;
+  std::string target = dir / "moe";
+  const char* argv[] = {"sparkctl", "--json", "demo-model", target.c_str(), "--arch", "glm4_moe"};
+  int rc = cli::run(6, argv, out, err, Environment{});
+  INFO(err.str());
+  REQUIRE(rc == 0);
+  auto j = nlohmann::json::parse(out.str());
+  CHECK(j["architecture"] == "Glm4MoeForCausalLM");
+  auto m = Model::load(target, 0, 1);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  CHECK((*m)->config().moe.experts == 8);
+  CHECK((*m)->config().moe.top_k == 2);
+
+  // An architecture the engine does not run: a usage error naming it and the supported
+  // ones, and nothing written.
+  std::ostringstream out2, err2;
+  std::string bad = dir / "bad";
+  const char* argv2[] = {"sparkctl", "demo-model", bad.c_str(), "--arch", "GptOssForCausalLM"};
+  CHECK(cli::run(5, argv2, out2, err2, Environment{}) == 2);
+  CHECK(err2.str().find("GptOssForCausalLM") != std::string::npos);
+  CHECK(err2.str().find("Qwen3MoeForCausalLM") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bad));
+}
