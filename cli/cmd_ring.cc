@@ -316,15 +316,18 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   if (s.health && s.health->contains("model_info") && (*s.health)["model_info"].is_object()) {
     // What the native engine serves: architecture, active parameters, experts and their split.
     const auto& m = (*s.health)["model_info"];
-    std::string line = fmt::format("model: {}, {} layers, {:.2f}B parameters",
-                                   m.value("architecture", "?"), m.value("layers", 0),
-                                   m.value("parameters", 0.0) / 1e9);
+    std::string line =
+        fmt::format("model: {}, {} layers, {:.2f}B parameters", m.value("architecture", "?"),
+                    m.value("layers", 0), m.value("parameters", 0.0) / 1e9);
+    if (m.contains("checkpoint_format") && m["checkpoint_format"].is_string())
+      line += fmt::format(", weights {} held as {}", m["checkpoint_format"].get<std::string>(),
+                          m.value("weights", "?"));
     if (m.contains("experts") && m["experts"].is_object()) {
       const auto& x = m["experts"];
-      line += fmt::format(" ({:.2f}B active a token); {} experts, {} a token, split {} ({})",
-                          m.value("active_parameters", 0.0) / 1e9, x.value("routed", 0),
-                          x.value("per_token", 0), x.value("split", "?"),
-                          x.value("split_reason", ""));
+      line +=
+          fmt::format(" ({:.2f}B active a token); {} experts, {} a token, split {} ({})",
+                      m.value("active_parameters", 0.0) / 1e9, x.value("routed", 0),
+                      x.value("per_token", 0), x.value("split", "?"), x.value("split_reason", ""));
     }
     out << line << "\n";
   }

@@ -28,10 +28,12 @@ void paged_kv_write_ref(const PagedKVLayer& kv, const int32_t* block_table,
 
 /// q and out are [n_tokens][n_heads][head_dim]; query token t at positions[t] attends to
 /// cache positions max(0, positions[t] - window + 1) .. positions[t] (window 0 = unlimited),
-/// which must already be written. Softmax is accumulated in double.
+/// which must already be written. Softmax is accumulated in double. `sinks` ([n_heads] or
+/// null): each head's learned sink logit joins the softmax's denominator and weighs no value
+/// (gpt-oss).
 void paged_attention_ref(const PagedKVLayer& kv, const int32_t* block_table,
                          const int32_t* positions, size_t n_tokens, int n_heads, const float* q,
-                         float* out, float scale, int window);
+                         float* out, float scale, int window, const float* sinks = nullptr);
 
 /// Writes k/v rows of tokens into the cache by slot: token t goes to pool slot slots[t]
 /// (block * block_size + offset; < 0 = skip, for padding). k/v rows start every
@@ -96,8 +98,8 @@ struct AttentionBatch {
   int decode_variant = 0;
   // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
   // kernel, 64, 128 or 256 queries a block, or the skewed one, chosen from the grid's size
-  // and the device's shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64 / 128 /
-  // 256 queries a block (head_dim > 128: always 64; 256 needs 105 KiB of shared memory for
+  // and the device's shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64
+  // / 128 / 256 queries a block (head_dim > 128: always 64; 256 needs 105 KiB of shared memory for
   // head_dim 128, so not on GB10); 5 = as 4 but rescaling the output on every key tile;
   // 6 = 256 queries in two groups of 4 warps out of phase (171 KiB at head_dim 128).
   // Pools of 2^32 or more 8-element units (or num_blocks 0) always run the previous kernel.

@@ -34,7 +34,7 @@ void paged_kv_write_ref(const PagedKVLayer& kv, const int32_t* block_table,
 
 void paged_attention_ref(const PagedKVLayer& kv, const int32_t* block_table,
                          const int32_t* positions, size_t n_tokens, int n_heads, const float* q,
-                         float* out, float scale, int window) {
+                         float* out, float scale, int window, const float* sinks) {
   const int hd = kv.head_dim;
   const int group = n_heads / kv.n_kv_heads;
   std::vector<double> scores;
@@ -56,7 +56,8 @@ void paged_attention_ref(const PagedKVLayer& kv, const int32_t* block_table,
         scores[static_cast<size_t>(p - first)] = s;
         mx = std::max(mx, s);
       }
-      double sum = 0;
+      if (sinks) mx = std::max(mx, static_cast<double>(sinks[h]));
+      double sum = sinks ? std::exp(static_cast<double>(sinks[h]) - mx) : 0.0;
       for (auto& s : scores) {
         s = std::exp(s - mx);
         sum += s;

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/rmsnorm.h"
@@ -7,7 +8,38 @@
 
 namespace spark::kernels {
 
+namespace {
+// YaRN as transformers computes it: frequencies below the correction range are
+// interpolated (divided by factor), those above it kept, a linear ramp between.
+std::vector<float> yarn_inv_freq(int dim, double base, const hf::RopeScaling& s) {
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(s.original_max_position / (rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  std::vector<float> inv(static_cast<size_t>(dim / 2));
+  for (int i = 0; i < dim / 2; ++i) {
+    // float32 as the reference's torch arithmetic.
+    const float pos_freq = static_cast<float>(
+        std::pow(base, static_cast<double>(static_cast<float>(2 * i) / static_cast<float>(dim))));
+    const float extra = 1.0f / pos_freq;
+    const float inter = 1.0f / (static_cast<float>(s.factor) * pos_freq);
+    const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // the extrapolation factor
+    inv[static_cast<size_t>(i)] = inter * (1.0f - keep) + extra * keep;
+  }
+  return inv;
+}
+}  // namespace
+
 std::vector<float> rope_inv_freq(int head_dim, double theta, const hf::RopeScaling& s) {
+  if (s.type == "yarn") return yarn_inv_freq(head_dim, theta, s);
   std::vector<float> inv(static_cast<size_t>(head_dim / 2));
   for (int i = 0; i < head_dim / 2; ++i) {
     // Same float32 rounding as the reference implementation's inv_freq buffer.

@@ -31,6 +31,7 @@
 # a fraction of the tree); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also
 # "sparkd-gpu" (sparkctl start of a one-node ring on this GPU, both weights placements),
+# "hub-fixtures" (tools/gen_reference_hub.py's fixtures, HUB_FIXTURES; default the FP8 ones),
 # "gpu-engine" (the engine's CUDA tests), "memcheck" (the GPU kernel tests under
 # compute-sanitizer; MEMCHECK_TIMEOUT seconds, 300), "kernel-bench" (bench/kernels),
 # "gpu-throttle" (preflight gpu.throttle under `sparkd gpu-load`), "stage-bench",
@@ -117,7 +118,8 @@ stage() {
   # the source path, which device() links here), scripts and the PyTorch peer.
   mkdir -p "$dev/fixtures" "$dev/engine"
   cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
-  cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" "$dev/engine/"
+  cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" \
+    "$src/tools/gen_reference.py" "$src/tools/gen_reference_hub.py" "$dev/engine/"
   cp -r "$src/bench/engine/shapes" "$dev/engine/"
   # sparkctl bench's known-answer set, where bin/sparkctl looks for it (bin/../share).
   mkdir -p "$dev/share/sparkctl/bench"
@@ -239,6 +241,16 @@ device() {
     [ "${GPU_ENGINE_BOUND:-1}" = 0 ] ||
       step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
   fi
+  # Reference fixtures written as publishers store them (tools/gen_reference_hub.py, CPU
+  # float32 transformers), into $OUT/fixtures to be committed under tests/fixtures/models;
+  # HUB_FIXTURES names them (default the FP8 ones). The gpu-engine step after it in the same
+  # run tests the engine against them on the GPU and the CPU.
+  if [[ $want == *" hub-fixtures "* ]]; then
+    step hub-fixtures 420 python3 "$dev/engine/gen_reference_hub.py" --out "$out/fixtures" \
+      --only "${HUB_FIXTURES:-qwen3_fp8,qwen3_moe_fp8}"
+    mkdir -p "$repo/tests/fixtures/models"
+    cp -r "$out/fixtures/." "$repo/tests/fixtures/models/" 2>/dev/null || true
+  fi
   # `sparkctl start` of a one-node ring on this machine (NODE0_SSH=local: no sshd needed)
   # with DEVICE=cuda, weights in device memory and then host-mapped: READY, status naming
   # cuda and the GPU, a chat, stop leaving nothing.
@@ -248,6 +260,10 @@ device() {
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu-moe 150 env DEMO_ARCH=glm4_moe bash "$dev/engine/sparkd_gpu_check.sh" \
       "$dev/bin" "$out/sparkd-moe"
+  # And an FP8 checkpoint (Qwen3-MoE's structure, projections and experts in e4m3).
+  [[ $want == *" sparkd-gpu "* ]] &&
+    step sparkd-gpu-fp8 150 env DEMO_ARCH=qwen3_moe DEMO_WEIGHTS=fp8 bash \
+      "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd-fp8"
   # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.
   [[ $want == *" sparkctl-bench "* ]] &&
     step sparkctl-bench 300 bash "$dev/engine/sparkctl_bench_gpu.sh" "$dev/bin" "$out/sparkctl-bench"

@@ -15,8 +15,9 @@
 # placements do not apply and one run is made). DEMO_ARCH=ARCHITECTURE (e.g. glm4_moe) brings
 # up the demo model of that architecture (`sparkctl demo-model --arch`); for a mixture of
 # experts the status's /health model_info must name the experts, the active parameters and the
-# experts' split, and `sparkctl plan` must say how the experts split. Logs, cluster files and
-# JSON go to OUT_DIR.
+# experts' split, and `sparkctl plan` must say how the experts split. DEMO_WEIGHTS=fp8 writes
+# the demo's projections in FP8 with block scales (`demo-model --weights fp8`); then status
+# must name that weight format. Logs, cluster files and JSON go to OUT_DIR.
 set -euo pipefail
 bin=$(cd "${1:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}" && pwd)
 out=${2:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}
@@ -40,7 +41,9 @@ logs() { find "$tmp/state-$1" -name '*.log' -exec cp {} "$out/" \; 2>/dev/null |
 fail() { say "FAIL: $*"; exit 1; }
 
 arch=${DEMO_ARCH:-}
-"$bin/sparkctl" demo-model "$tmp/model" ${arch:+--arch "$arch"} > "$out/demo-model.txt"
+weights=${DEMO_WEIGHTS:-}
+"$bin/sparkctl" demo-model "$tmp/model" ${arch:+--arch "$arch"} ${weights:+--weights "$weights"} \
+  > "$out/demo-model.txt"
 gpu_name=""
 if [ "$device" = cuda ] && command -v nvidia-smi >/dev/null; then
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1 || true)
@@ -103,6 +106,13 @@ info = st.get("health", {}).get("model_info", {})
 print(f"sparkd_gpu_check: {placement}: model_info {json.dumps(info)}")
 assert info.get("architecture"), "status shows no model_info"
 PY
+  if [ "$weights" = fp8 ]; then
+    python3 -c "import json,sys; i=json.load(open(sys.argv[1]))['health']['model_info']; f=i.get('checkpoint_format',''); assert f.startswith('fp8 e4m3'), i; print('sparkd_gpu_check: weights', f, 'held as', i['weights'])" "$out/status-$p.json" ||
+      fail "$p: status does not name the FP8 weight format"
+    "$bin/sparkctl" --config "$ring" status > "$out/status-text-$p.txt" 2>&1 || true
+    grep -q "weights fp8 e4m3" "$out/status-text-$p.txt" ||
+      fail "$p: sparkctl status does not name the FP8 weight format"
+  fi
   if [ -n "$arch" ] && grep -q '"experts"' "$out/status-$p.json"; then
     python3 - "$out/status-$p.json" <<'PY' || fail "$p: status does not describe the experts"
 import json, sys

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/strings.h"
 
@@ -56,6 +57,19 @@ void get_string(const json& j, const char* key, std::string* out) {
   if (it != j.end() && it->is_string()) *out = it->get<std::string>();
 }
 
+}  // namespace
+
+double rope_attention_factor(const RopeScaling& s) {
+  if (s.type != "yarn") return 1.0;
+  if (s.attention_factor) return *s.attention_factor;
+  auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
+  if (s.mscale && s.mscale_all_dim && *s.mscale != 0 && *s.mscale_all_dim != 0)
+    return mscale(*s.mscale) / mscale(*s.mscale_all_dim);
+  return mscale(1.0);
+}
+
+namespace {
+
 // transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; older files have
 // rope_theta at the top and an optional rope_scaling {type|rope_type, factor, ...}.
 Status parse_rope(const json& j, Config* c, const std::string& where) {
@@ -82,6 +96,12 @@ Status parse_rope(const json& j, Config* c, const std::string& where) {
   SPARK_TRY(get_double(*rs, "low_freq_factor", &r.low_freq_factor, where));
   SPARK_TRY(get_double(*rs, "high_freq_factor", &r.high_freq_factor, where));
   SPARK_TRY(get_double(*rs, "original_max_position_embeddings", &r.original_max_position, where));
+  SPARK_TRY(get_double(*rs, "beta_fast", &r.beta_fast, where));
+  SPARK_TRY(get_double(*rs, "beta_slow", &r.beta_slow, where));
+  SPARK_TRY(get_bool(*rs, "truncate", &r.truncate, where));
+  SPARK_TRY(get_double(*rs, "attention_factor", &r.attention_factor, where));
+  SPARK_TRY(get_double(*rs, "mscale", &r.mscale, where));
+  SPARK_TRY(get_double(*rs, "mscale_all_dim", &r.mscale_all_dim, where));
   c->rope_scaling = r;
   return Status::Ok();
 }

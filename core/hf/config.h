@@ -21,7 +21,17 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   double original_max_position = 8192;  // original_max_position_embeddings
+  // YaRN (gpt-oss, DeepSeek-V3): the correction range's rotations, whether its ends are
+  // rounded outward, and the attention scaling (absent: from factor and mscale).
+  double beta_fast = 32, beta_slow = 1;
+  bool truncate = true;
+  std::optional<double> attention_factor, mscale, mscale_all_dim;
 };
+
+/// YaRN's attention scaling (transformers multiplies cos and sin by it, so every q.k of fully
+/// rotated heads by its square): attention_factor, else from factor and mscale; 1 for the
+/// other types.
+double rope_attention_factor(const RopeScaling& r);
 
 /// The fields of config.json that the project reads. Integers are absent when the key is
 /// absent or null. For a multimodal checkpoint whose top level has no num_hidden_layers, the

@@ -31,7 +31,7 @@ ModelConfig demo_config(Family family) {
   if (c.is_moe()) {  // 8 experts of 128, 2 a token (GLM's 4 groups keep 2)
     c.moe.expert_inter = 128;
     if (c.moe.shared_inter > 0) c.moe.shared_inter = 128;
-    if (family == Family::mixtral || family == Family::minimax_m2)
+    if (family == Family::mixtral || family == Family::minimax_m2 || family == Family::gpt_oss)
       c.intermediate_size = c.moe.expert_inter;
   }
   c.max_position = 2048;
@@ -53,7 +53,11 @@ bool is_earlier_demo(const fs::path& dir) {
 }  // namespace
 
 Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force,
-                                         const std::string& architecture) {
+                                         const std::string& architecture,
+                                         const std::string& weights) {
+  if (!weights.empty() && weights != "bf16" && weights != "fp8")
+    return make_error(Errc::usage,
+                      fmt::format("demo-model --weights {}: one of bf16, fp8", weights));
   Family family = Family::qwen2;
   if (!architecture.empty()) {
     bool found = false;
@@ -89,7 +93,9 @@ Result<DemoModelReport> write_demo_model(const std::string& dir_str, bool force,
   const ModelConfig c = demo_config(family);
   rep.architecture = c.architecture;
   auto cleanup = [&] { fs::remove_all(tmp, ec); };
-  if (auto st = write_random_checkpoint(tmp.string(), {c, DType::bf16, 20261129, 1}); !st.ok()) {
+  RandomCheckpointSpec spec{c, DType::bf16, 20261129, 1};
+  spec.fp8 = weights == "fp8";
+  if (auto st = write_random_checkpoint(tmp.string(), spec); !st.ok()) {
     cleanup();
     return st.error();
   }

@@ -27,7 +27,10 @@ struct DemoModelReport {
 /// refused unless `force`. Files are written to a sibling temporary directory that is then
 /// renamed into place, so `dir` never holds a half-written checkpoint.
 /// `architecture` ("" = Qwen2ForCausalLM) names one of supported_architectures().
+/// `weights`: "" or "bf16" (the default), or "fp8" (every projection F8_E4M3 with 128x128
+/// block scales, as published FP8 checkpoints are).
 Result<DemoModelReport> write_demo_model(const std::string& dir, bool force,
-                                         const std::string& architecture = "");
+                                         const std::string& architecture = "",
+                                         const std::string& weights = "");
 
 }  // namespace spark::engine

@@ -210,6 +210,15 @@ class Device {
   /// window 0 = unlimited.
   virtual Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
                            float scale, int window) = 0;
+  /// attention() where each head's learned sink logit (`sinks`, [heads] fp32) joins the
+  /// softmax's denominator (gpt-oss). By default: attention() when `sinks` is empty, else
+  /// Errc::unsupported.
+  virtual Status attention_sinks(const KVLayerView& kv, const Buffer& q, const Buffer& out,
+                                 int heads, float scale, int window, const Buffer& sinks) {
+    if (sinks.empty()) return attention(kv, q, out, heads, scale, window);
+    return make_error(Errc::unsupported,
+                      "attention sinks (gpt-oss) run on the CPU device only in this build");
+  }
   /// y[r][i] = silu(gu[r][i]) * gu[r][dim + i].
   virtual Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) = 0;
   /// One product of a group over the same input: y = x * w^T (+ b), `out` columns.
@@ -316,6 +325,17 @@ class Device {
     const Buffer* shared_down = nullptr;     // [hidden][shared_inter]
     int shared_inter = 0;                    // 0: no shared experts on this rank
     bool accumulate = false;                 // out += the sum (the residual stream at one rank)
+    // gpt-oss's experts: biases, gate and up interleaved (row 2i gate, 2i + 1 up), and the
+    // clamped activation (up + 1) * g * sigmoid(alpha * g) with g = min(gate, limit) and up
+    // clamped to [-limit, limit]. swiglu_limit 0: silu(gate) * up.
+    const Buffer* gate_up_bias = nullptr;  // [experts][2 * inter] (empty: none)
+    const Buffer* down_bias = nullptr;     // [experts][hidden] (empty: none, or not this rank's)
+    bool interleaved = false;
+    float swiglu_limit = 0.f, swiglu_alpha = 0.f;
+    bool plain() const {
+      return !interleaved && swiglu_limit == 0.f && (!gate_up_bias || gate_up_bias->empty()) &&
+             (!down_bias || down_bias->empty());
+    }
   };
   /// out[r] = sum over j of weights[r][j] * expert_{ids[r][j]}(x[r]) for the chosen experts
   /// this rank holds (a gated SiLU MLP each), plus the shared experts' MLP of x[r]; x and

@@ -213,6 +213,22 @@ class CpuDevice final : public Device {
     return Status::Ok();
   }
 
+  Status attention_sinks(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                         float scale, int window, const Buffer& sinks) override {
+    if (sinks.empty()) return attention(kv, q, out, heads, scale, window);
+    SPARK_TRY(host_f32_kv(kv));
+    const auto p = paged(kv);
+    const size_t qw = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
+    for (int c = 0; c < step_.chunks_n(); ++c) {
+      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
+      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
+      kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
+                                   f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window,
+                                   sinks.as<float>());
+    }
+    return Status::Ok();
+  }
+
   Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
     kernels::swiglu_ref(f32(gate_up), f32(y), static_cast<size_t>(rows), static_cast<size_t>(dim));
     return Status::Ok();
@@ -266,7 +282,15 @@ class CpuDevice final : public Device {
                     f32(x) + static_cast<size_t>(who[static_cast<size_t>(i)]) * H, H * 4);
       const float* gu = f32(*e.gate_up) + static_cast<size_t>(le) * 2 * I * H;
       const float* dn = f32(*e.down) + static_cast<size_t>(le) * H * I;
-      SPARK_TRY(mlp(gather_.data(), gu, dn, n, e.hidden, e.inter));
+      if (e.plain()) {
+        SPARK_TRY(mlp(gather_.data(), gu, dn, n, e.hidden, e.inter));
+      } else {
+        const bool gb = e.gate_up_bias && !e.gate_up_bias->empty();
+        const bool db = e.down_bias && !e.down_bias->empty();
+        mlp_gptoss(gather_.data(), gu,
+                   gb ? f32(*e.gate_up_bias) + static_cast<size_t>(le) * 2 * I : nullptr, dn,
+                   db ? f32(*e.down_bias) + static_cast<size_t>(le) * H : nullptr, n, e);
+      }
       for (int i = 0; i < n; ++i) {
         float* dst = o + static_cast<size_t>(who[static_cast<size_t>(i)]) * H;
         const float* y = y_.data() + static_cast<size_t>(i) * H;
@@ -414,6 +438,34 @@ class CpuDevice final : public Device {
     kernels::swiglu_ref(gu_.data(), act_.data(), N, I);
     engine::linear(act_.data(), dn, nullptr, y_.data(), n, inter, hidden);
     return Status::Ok();
+  }
+
+  // One gpt-oss expert over n gathered rows: [gate, up] interleaved (or not) with biases,
+  // the clamped activation, the down product and its bias, into y_.
+  void mlp_gptoss(const float* x, const float* gu, const float* gub, const float* dn,
+                  const float* db, int n, const MoeExperts& e) {
+    const size_t N = static_cast<size_t>(n), I = static_cast<size_t>(e.inter),
+                 H = static_cast<size_t>(e.hidden);
+    gu_.resize(N * 2 * I);
+    act_.resize(N * I);
+    y_.resize(N * H);
+    engine::linear(x, gu, gub, gu_.data(), n, e.hidden, 2 * e.inter);
+    for (size_t r = 0; r < N; ++r)
+      for (size_t i = 0; i < I; ++i) {
+        const float* row = gu_.data() + r * 2 * I;
+        float g = e.interleaved ? row[2 * i] : row[i];
+        float u = e.interleaved ? row[2 * i + 1] : row[I + i];
+        float a;
+        if (e.swiglu_limit > 0.f) {
+          g = std::min(g, e.swiglu_limit);
+          u = std::clamp(u, -e.swiglu_limit, e.swiglu_limit);
+          a = (u + 1.f) * (g / (1.f + std::exp(-e.swiglu_alpha * g)));
+        } else {
+          a = u * (g / (1.f + std::exp(-g)));
+        }
+        act_[r * I + i] = a;
+      }
+    engine::linear(act_.data(), dn, db, y_.data(), n, e.inter, e.hidden);
   }
 
   DeviceInfo info_;

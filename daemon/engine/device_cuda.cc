@@ -701,6 +701,10 @@ class CudaDevice final : public Device {
 
   Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights, const MoeExperts& e,
                      const Buffer& out, int rows) override {
+    if (!e.plain())
+      return make_error(Errc::unsupported,
+                        "gpt-oss experts (biases, interleaved gate/up, clamped activation) run "
+                        "on the CPU device only in this build");
     SPARK_TRY(need(x.type(), ElemType::bf16, "the experts' input"));
     kernels::MoeExpertsArgs a;
     a.x = x.data();

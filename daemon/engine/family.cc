@@ -20,6 +20,8 @@ std::span<const FamilyEntry> family_table() {
        plan_moe_family},
       {"MiniMaxM2ForCausalLM", "minimax_m2", Family::minimax_m2, RecipeKind::moe, parse_moe_family,
        plan_moe_family},
+      {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss, RecipeKind::moe, parse_gptoss_family,
+       plan_gptoss_family},
   };
   return kTable;
 }

@@ -47,6 +47,14 @@ Status parse_moe_family(const hf::Config& h, ModelConfig* c, const std::string& 
 Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
                                   const std::string& where);
 
+/// Where the routed experts go (EXPERT_PARALLEL and the rule `plan` uses): sets the plan's
+/// placement, its reason and the experts and width this rank holds.
+Status place_experts(const ModelConfig& c, const PlanOptions& o, ShardPlan* p,
+                     const std::string& where);
+Status parse_gptoss_family(const hf::Config& h, ModelConfig* c, const std::string& where);
+Result<ShardPlan> plan_gptoss_family(const ModelConfig& c, const PlanOptions& o,
+                                     const std::string& where);
+
 /// The plan's common start: heads, KV heads and the vocabulary split, checked against the
 /// world size (Errc::config naming the numbers and the fix).
 Result<ShardPlan> start_plan(const ModelConfig& c, const PlanOptions& o, const std::string& where);

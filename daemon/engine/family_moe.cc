@@ -269,25 +269,11 @@ Status parse_moe_family(const hf::Config& h, ModelConfig* c, const std::string& 
   return Status::Ok();
 }
 
-Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
-                                  const std::string& where) {
-  auto pr = start_plan(c, o, where);
-  if (!pr) return pr;
-  ShardPlan& p = *pr;
+Status place_experts(const ModelConfig& c, const PlanOptions& o, ShardPlan* pp,
+                     const std::string& where) {
+  ShardPlan& p = *pp;
   const auto& m = c.moe;
   const int world = o.world, rank = o.rank;
-  const int64_t H = c.hidden_size;
-  bool has_dense = false;
-  for (int l = 0; l < c.num_layers; ++l) has_dense = has_dense || !m.is_moe(l);
-  if (has_dense) {
-    if (c.intermediate_size % world)
-      return make_error(
-          Errc::config,
-          fmt::format("{}: tensor parallel size {} must divide intermediate_size ({}) of the "
-                      "dense layers — choose a TP size that divides it",
-                      where, world, c.intermediate_size));
-    p.inter = c.intermediate_size / world;
-  }
   // Where the routed experts go: the rule `plan` uses too (core/model_plan.h).
   const bool tp_ok = plan::experts_split_evenly(m.expert_inter, world, m.expert_block);
   plan::MoeSplit place = o.placement;
@@ -332,6 +318,30 @@ Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
     p.experts = std::min(per, m.experts - p.expert0);
     p.expert_inter = m.expert_inter;
   }
+  return Status::Ok();
+}
+
+Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
+                                  const std::string& where) {
+  auto pr = start_plan(c, o, where);
+  if (!pr) return pr;
+  ShardPlan& p = *pr;
+  const auto& m = c.moe;
+  const int world = o.world, rank = o.rank;
+  const int64_t H = c.hidden_size;
+  bool has_dense = false;
+  for (int l = 0; l < c.num_layers; ++l) has_dense = has_dense || !m.is_moe(l);
+  if (has_dense) {
+    if (c.intermediate_size % world)
+      return make_error(
+          Errc::config,
+          fmt::format("{}: tensor parallel size {} must divide intermediate_size ({}) of the "
+                      "dense layers — choose a TP size that divides it",
+                      where, world, c.intermediate_size));
+    p.inter = c.intermediate_size / world;
+  }
+  SPARK_TRY(place_experts(c, o, &p, where));
+  const plan::MoeSplit place = p.placement;
   // The shared experts: split like a dense MLP where the ranks divide them, else whole on
   // rank 0 (its sum is added once, before the all-reduce).
   int64_t shared0 = 0;

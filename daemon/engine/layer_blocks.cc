@@ -47,7 +47,8 @@ Status Model::attention_block(int l, KVCache& cache, Collective& comm, int T,
   const int nh = plan_.heads, nkv = plan_.kv_heads;
   const int qw = nh * hd, kw = nkv * hd;
   const float eps = static_cast<float>(c.rms_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // YaRN scales cos and sin by its attention factor: every q.k by its square.
+  const float scale = static_cast<float>(attn_factor_sq_ / std::sqrt(static_cast<double>(hd)));
   const Device::LinearPart qkv[] = {
       {&L.wq, &L.bq, &sv_.q, qw}, {&L.wk, &L.bk, &sv_.k, kw}, {&L.wv, &L.bv, &sv_.v, kw}};
   const KVLayerView kv = cache.view(l);
@@ -63,7 +64,10 @@ Status Model::attention_block(int l, KVCache& cache, Collective& comm, int T,
     SPARK_TRY(dev.linear_group_rope_kv_write(*pre, qkv, T, H, nh, nkv, hd, inv_freq_dev_, L.q_norm,
                                              L.k_norm, eps, kv));
   }
-  SPARK_TRY(dev.attention(kv, sv_.q, sv_.att, nh, scale, c.sliding_window));
+  if (c.attn_sinks)
+    SPARK_TRY(dev.attention_sinks(kv, sv_.q, sv_.att, nh, scale, c.window_of(l), L.sinks));
+  else
+    SPARK_TRY(dev.attention(kv, sv_.q, sv_.att, nh, scale, c.window_of(l)));
   return residual_product(comm, T, sv_.att, L.wo, L.bo, qw, L.post_norm, L.post_folded, pre);
 }
 
@@ -88,7 +92,7 @@ Status Model::moe_block(int l, Collective& comm, int T, const Buffer& next_norm,
   const Buffer logits = rows_of(router_logits_, T, static_cast<size_t>(E));
   const Buffer ids = rows_of(moe_ids_, T, static_cast<size_t>(K));
   const Buffer wts = rows_of(moe_weights_, T, static_cast<size_t>(K));
-  SPARK_TRY(dev.linear(h, L.router, sv_.none, logits, T, H, E));
+  SPARK_TRY(dev.linear(h, L.router, m.router_bias ? L.router_b : sv_.none, logits, T, H, E));
   Device::MoeRoute r;
   r.experts = E;
   r.top_k = K;
@@ -122,6 +126,11 @@ Status Model::moe_block(int l, Collective& comm, int T, const Buffer& next_norm,
   e.shared_gate_up = &L.shared_gate_up;
   e.shared_down = &L.shared_down;
   e.shared_inter = plan_.shared_inter;
+  e.gate_up_bias = &L.experts_gate_up_b;
+  e.down_bias = &L.experts_down_b;
+  e.interleaved = m.interleaved;
+  e.swiglu_limit = m.swiglu_limit;
+  e.swiglu_alpha = m.swiglu_alpha;
   const float eps = static_cast<float>(c.rms_eps);
   if (comm.world_size() == 1) {  // added into the residual stream by the expert products
     e.accumulate = true;

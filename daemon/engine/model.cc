@@ -15,6 +15,19 @@
 
 namespace spark::engine {
 
+namespace {
+// What a device runs of a family: gpt-oss's sinks and experts have no CUDA kernels yet.
+Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
+  if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
+    return make_error(Errc::unsupported,
+                      fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "
+                                  "build (its attention sinks and experts have no CUDA kernels "
+                                  "yet): set DEVICE=cpu, or serve it with ENGINE=exec",
+                                  where));
+  return Status::Ok();
+}
+}  // namespace
+
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int world,
                                            LoadReport* report) {
   return load(dir, rank, world, make_cpu_device(), report);
@@ -37,6 +50,9 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
   const auto& c = m->cfg_;
+  SPARK_TRY(check_device_runs(c, *m->device_, dir));
+  const double af = hf::rope_attention_factor(c.rope);
+  m->attn_factor_sq_ = af * af;
   // Partial rotary: the frequencies of the rotated dimensions only.
   m->inv_freq_ = kernels::rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
@@ -66,6 +82,9 @@ Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank
   auto plan = make_shard_plan(cfg, po, "synthetic " + cfg.architecture);
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
+  SPARK_TRY(check_device_runs(cfg, *m->device_, "synthetic " + cfg.architecture));
+  const double af = hf::rope_attention_factor(cfg.rope);
+  m->attn_factor_sq_ = af * af;
   m->inv_freq_ = kernels::rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
   if (!inv) return inv.error();
@@ -190,10 +209,187 @@ Buffer* Model::weight(int layer, WeightRole role) {
       return &L.shared_gate_up;
     case WeightRole::shared_down:
       return &L.shared_down;
+    case WeightRole::sinks:
+      return &L.sinks;
+    case WeightRole::router_b:
+      return &L.router_b;
+    case WeightRole::experts_gate_up_b:
+      return &L.experts_gate_up_b;
+    case WeightRole::experts_down_b:
+      return &L.experts_down_b;
     default:
       return nullptr;
   }
 }
+
+namespace {
+
+// An FP8 weight's scale tensor: [ceil(N / block_n)][ceil(K / block_k)].
+std::vector<int64_t> fp8_scale_shape(const ShardRead& r, const WeightFormat& wf) {
+  return {(r.shape[0] + wf.block_n - 1) / wf.block_n, (r.shape[1] + wf.block_k - 1) / wf.block_k};
+}
+
+// What the file stores for read `r` is something the loader can widen into its destination:
+// F8_E4M3 only where config.json declares FP8 block scales, only for a matrix, and with its
+// scale tensor present in the right shape and type; never F8_E5M2.
+Status check_stored_format(const Checkpoint& ck, const ShardRead& r, const TensorInfo& t,
+                           const WeightFormat& wf, const std::string& dir) {
+  if (t.dtype == DType::f8_e5m2)
+    return make_error(
+        Errc::unsupported,
+        fmt::format("{}: tensor \"{}\" is stored as F8_E5M2; the engine reads "
+                    "FP8 weights as e4m3{}",
+                    dir, r.tensor, wf.fp8() ? " (quantization_config declares e4m3)" : ""));
+  if (t.dtype != DType::f8_e4m3) return Status::Ok();
+  if (!wf.fp8())
+    return make_error(Errc::integrity,
+                      fmt::format("{}: tensor \"{}\" is stored as F8_E4M3 but config.json has "
+                                  "no FP8 quantization_config (its scales would be unknown)",
+                                  dir, r.tensor));
+  if (r.shape.size() != 2 || !is_projection(r.role))
+    return make_error(Errc::integrity,
+                      fmt::format("{}: tensor \"{}\" is stored as F8_E4M3 but it is not a "
+                                  "projection's weight matrix",
+                                  dir, r.tensor));
+  const std::string sname = fp8_scale_name(r.tensor);
+  if (!ck.find(sname))
+    return make_error(
+        Errc::integrity,
+        fmt::format("{}: FP8 tensor \"{}\" has no scale tensor \"{}\"", dir, r.tensor, sname));
+  auto st = ck.lookup(sname, fp8_scale_shape(r, wf));
+  if (!st)
+    return make_error(st.error().code,
+                      fmt::format("{} (the {}x{} block scales of \"{}\")", st.error().message,
+                                  wf.block_n, wf.block_k, r.tensor));
+  if ((*st)->dtype != DType::f32 && (*st)->dtype != DType::bf16)
+    return make_error(Errc::integrity,
+                      fmt::format("{}: scale tensor \"{}\" is {}; FP8 block scales are F32 or "
+                                  "BF16",
+                                  dir, sname, dtype_name((*st)->dtype)));
+  return Status::Ok();
+}
+
+// Reads FP8 slice `r` chunk by chunk with the scale rows each chunk covers, widens it into
+// a staging buffer as floats (exact: every e4m3 value times a float scale fits a float) and
+// uploads that into `dst`, converted there into the device's type. The scales are checked
+// on the way: a NaN, infinite, zero or negative scale (or, with ue8m0 scales, one that is
+// not a power of two) fails the load naming the tensor and the block.
+Status load_fp8(const Checkpoint& ck, const ShardRead& r, const TensorInfo& t,
+                const WeightFormat& wf, Device& dev, const Buffer& dst, const Buffer* stage,
+                int* turn, const std::string& dir) {
+  const std::string sname = fp8_scale_name(r.tensor);
+  const auto sshape = fp8_scale_shape(r, wf);
+  const int64_t scols = sshape[1];
+  const int64_t per = std::max<int64_t>(
+      1, static_cast<int64_t>(stage[0].bytes() / (static_cast<size_t>(r.cols) * sizeof(float))));
+  if (static_cast<size_t>(r.cols) * sizeof(float) > stage[0].bytes())
+    return make_error(Errc::internal, fmt::format("a row of {} ({} floats) exceeds the {}-byte "
+                                                  "staging buffer",
+                                                  r.tensor, r.cols, stage[0].bytes()));
+  std::vector<uint8_t> raw(static_cast<size_t>(std::min(per, r.rows) * r.cols));
+  std::vector<float> scales;
+  for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+    const int64_t n = std::min(per, r.rows - r0);
+    const int64_t row0 = r.slice.row0 + r0;
+    Slice s = r.slice;
+    s.row0 = row0;
+    s.rows = n;
+    s.cols = r.cols;
+    SPARK_TRY(ck.read_raw(r.tensor, r.shape, s, raw.data()));
+    const int64_t sr0 = row0 / wf.block_n, sr1 = (row0 + n - 1) / wf.block_n + 1;
+    scales.resize(static_cast<size_t>((sr1 - sr0) * scols));
+    SPARK_TRY(ck.read(sname, sshape, Slice{sr0, sr1 - sr0, 0, -1}, scales.data()));
+    const int64_t sc0 = r.slice.col0 / wf.block_k,
+                  sc1 = (r.slice.col0 + r.cols - 1) / wf.block_k + 1;
+    for (int64_t i = sr0; i < sr1; ++i)
+      for (int64_t j = sc0; j < sc1; ++j) {
+        const float v = scales[static_cast<size_t>((i - sr0) * scols + j)];
+        int e = 0;
+        const bool bad =
+            !std::isfinite(v) || v <= 0.f || (wf.ue8m0_scales && std::frexp(v, &e) != 0.5f);
+        if (bad)
+          return make_error(
+              Errc::integrity,
+              fmt::format("{}: block [{}][{}] of \"{}\" is {}: an FP8 block scale must be a "
+                          "finite positive number{}",
+                          dir, i, j, sname, v,
+                          wf.ue8m0_scales ? " and a power of two (scale_fmt ue8m0)" : ""));
+      }
+    const Buffer& buf = stage[*turn];
+    *turn ^= 1;
+    SPARK_TRY(dev.staging_ready(buf.data()));
+    widen_fp8_block(raw.data(), n, r.cols, row0, r.slice.col0, scales.data(), sr0, scols,
+                    wf.block_n, wf.block_k, buf.as<float>());
+    const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+    SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::f32));
+  }
+  (void)t;
+  return Status::Ok();
+}
+
+// MXFP4's scale tensor beside its blocks ("X_blocks" -> "X_scales").
+std::string mxfp4_scale_name(const std::string& blocks) {
+  return blocks.substr(0, blocks.size() - 7) + "_scales";
+}
+
+// An MXFP4 read's blocks are U8 [E][R][C/32][16] with their scales U8 [E][R][C/32] beside.
+Status check_mxfp4(const Checkpoint& ck, const ShardRead& r, const TensorInfo& t,
+                   const std::string& dir) {
+  if (t.dtype != DType::u8)
+    return make_error(Errc::integrity, fmt::format("{}: MXFP4 blocks \"{}\" are {}, not U8", dir,
+                                                   r.tensor, dtype_name(t.dtype)));
+  const std::string sname = mxfp4_scale_name(r.tensor);
+  if (!ck.find(sname))
+    return make_error(Errc::integrity, fmt::format("{}: MXFP4 blocks \"{}\" have no scales "
+                                                   "\"{}\"",
+                                                   dir, r.tensor, sname));
+  auto st = ck.lookup(sname, {r.shape[0], r.shape[1], r.mx_cols / 32});
+  if (!st) return st.error();
+  if ((*st)->dtype != DType::u8)
+    return make_error(Errc::integrity, fmt::format("{}: MXFP4 scales \"{}\" are {}, not U8 "
+                                                   "(e8m0)",
+                                                   dir, sname, dtype_name((*st)->dtype)));
+  return Status::Ok();
+}
+
+// Reads MXFP4 read `r` (one expert's rows, whole rows at a time with their scales), widens the
+// columns it holds into a staging buffer as floats (exact) and uploads them into `dst`.
+Status load_mxfp4(const Checkpoint& ck, const ShardRead& r, Device& dev, const Buffer& dst,
+                  const Buffer* stage, int* turn, const std::string& dir) {
+  const std::string sname = mxfp4_scale_name(r.tensor);
+  const int64_t C = r.mx_cols, row_bytes = C / 2, row_scales = C / 32;
+  const std::vector<int64_t> sshape = {r.shape[0], r.shape[1], row_scales};
+  if (static_cast<size_t>(r.cols) * sizeof(float) > stage[0].bytes())
+    return make_error(Errc::internal, fmt::format("a row of {} ({} floats) exceeds the {}-byte "
+                                                  "staging buffer",
+                                                  r.tensor, r.cols, stage[0].bytes()));
+  const int64_t per = std::max<int64_t>(
+      1, static_cast<int64_t>(stage[0].bytes() / (static_cast<size_t>(r.cols) * sizeof(float))));
+  std::vector<uint8_t> raw(static_cast<size_t>(std::min(per, r.rows) * row_bytes));
+  std::vector<uint8_t> sc(static_cast<size_t>(std::min(per, r.rows) * row_scales));
+  for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+    const int64_t n = std::min(per, r.rows - r0);
+    const int64_t row = r.mx_row0 + r0;
+    SPARK_TRY(ck.read_raw(r.tensor, r.shape, Slice{r.mx_expert, 1, row * row_bytes, n * row_bytes},
+                          raw.data()));
+    SPARK_TRY(ck.read_raw(sname, sshape, Slice{r.mx_expert, 1, row * row_scales, n * row_scales},
+                          sc.data()));
+    const Buffer& buf = stage[*turn];
+    *turn ^= 1;
+    SPARK_TRY(dev.staging_ready(buf.data()));
+    if (!widen_mxfp4(raw.data(), row_bytes, sc.data(), row_scales, n, r.mx_col0, r.cols,
+                     buf.as<float>()))
+      return make_error(Errc::integrity,
+                        fmt::format("{}: \"{}\" holds 0xff (NaN) for expert {}, rows [{}, {}): "
+                                    "an MXFP4 scale must be a power of two",
+                                    dir, sname, r.mx_expert, row, row + n));
+    const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+    SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::f32));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Model::load_weights(const std::string& dir, LoadReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -213,6 +409,10 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   for (const auto& r : plan_.reads) {
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
+    if (r.mxfp4)
+      SPARK_TRY(check_mxfp4(*ck, r, **t, dir));
+    else
+      SPARK_TRY(check_stored_format(*ck, r, **t, c.weights, dir));
   }
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (const auto& d : plan_.dests) {
@@ -254,8 +454,13 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const auto& r = plan_.reads[i];
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
+    const bool fp8 = (*t)->dtype == DType::f8_e4m3;
     const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
     total += bytes;
+    if (fp8 || r.mxfp4) {  // widened through the staging buffers, as floats
+      largest = std::max(largest, bytes * sizeof(float));
+      continue;
+    }
     const Buffer* dst = weight(r.layer, r.role);
     const bool same = (dst->type() == ElemType::bf16 && (*t)->dtype == DType::bf16) ||
                       (dst->type() == ElemType::f32 && (*t)->dtype == DType::f32);
@@ -283,7 +488,12 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
     const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
     const uint64_t slice_bytes = static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
-    if (in_place[i]) {
+    if (r.mxfp4) {
+      SPARK_TRY(load_mxfp4(*ck, r, dev, *weight(r.layer, r.role), stage, &turn, dir));
+    } else if (t->dtype == DType::f8_e4m3) {
+      SPARK_TRY(
+          load_fp8(*ck, r, *t, cfg_.weights, dev, *weight(r.layer, r.role), stage, &turn, dir));
+    } else if (in_place[i]) {
       Slice s = r.slice;
       if (s.cols < 0) s.cols = r.cols;
       SPARK_TRY(ck->read_raw(r.tensor, r.shape, s, in_place[i]));
@@ -387,6 +597,9 @@ nlohmann::json Model::describe() const {
                       {"parameters", pc.total},
                       {"active_parameters", pc.active},
                       {"weights", elem_name(device_->compute_type())},
+                      {"checkpoint_format", c.weights.fp8()         ? c.weights.describe()
+                                            : c.torch_dtype.empty() ? std::string("plain")
+                                                                    : c.torch_dtype},
                       {"tensor_parallel", world_},
                       {"rank", rank_}};
   if (c.is_moe()) {

@@ -158,6 +158,7 @@ class Model {
     Buffer w_gate_up, w_down, b_gate_up, b_down;  // gate|up fused: [2*inter][hidden]
     // Mixture of experts (shard_plan.h's roles).
     Buffer router, router_bias, experts_gate_up, experts_down, shared_gate_up, shared_down;
+    Buffer sinks, router_b, experts_gate_up_b, experts_down_b;  // gpt-oss
     bool post_folded = false;  // post_norm's weight folded into w_gate_up (ones left)
   };
   Model() = default;
@@ -183,6 +184,7 @@ class Model {
 
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
+  double attn_factor_sq_ = 1.0;  // YaRN's attention factor, squared (1 otherwise)
   ShardPlan plan_;
   std::shared_ptr<Device> device_;
   Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;

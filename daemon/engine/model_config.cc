@@ -23,12 +23,16 @@ Status required(const std::optional<int>& v, const char* key, int* out, const st
 }
 
 Status check_rope(const hf::RopeScaling& r, const std::string& where) {
-  if (r.type != "default" && r.type != "linear" && r.type != "llama3")
+  if (r.type != "default" && r.type != "linear" && r.type != "llama3" && r.type != "yarn")
     return make_error(
         Errc::unsupported,
         fmt::format("{}: rope scaling type \"{}\" is not supported (supported: default, "
-                    "linear, llama3)",
+                    "linear, llama3, yarn)",
                     where, r.type));
+  if (r.type == "yarn" && !(r.original_max_position > 0 && r.beta_fast > 0 && r.beta_slow > 0))
+    return cfg_error(where,
+                     "yarn rope scaling needs positive original_max_position_embeddings, "
+                     "beta_fast and beta_slow");
   if (r.type != "default" && r.factor <= 0)
     return cfg_error(where, "rope scaling factor must be positive");
   if (r.type == "llama3" && !(r.low_freq_factor < r.high_freq_factor))
@@ -210,7 +214,30 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
   c.bos_token_id = h.bos_token_id.value_or(-1);
   c.eos_token_ids = h.eos_token_ids;
   c.torch_dtype = h.dtype;
+  {
+    auto wf = parse_weight_format(h.raw, where);
+    if (!wf) return wf.error();
+    c.weights = std::move(*wf);
+  }
+  if (c.weights.mxfp4() != (c.family == Family::gpt_oss))
+    return make_error(
+        Errc::unsupported,
+        c.weights.mxfp4()
+            ? fmt::format("{}: quantization_config.quant_method \"mxfp4\" is read for "
+                          "GptOssForCausalLM only, not {}",
+                          where, c.architecture)
+            : fmt::format("{}: GptOssForCausalLM is read as OpenAI publishes it, experts in "
+                          "MXFP4 (quantization_config.quant_method \"mxfp4\"); experts stored "
+                          "unquantized are not read yet",
+                          where));
   SPARK_TRY(fam->parse(h, &c, where));
+  // A tensor-parallel split of FP8 experts keeps the scale blocks whole (else: expert-parallel).
+  if (c.weights.fp8()) c.moe.expert_block = c.weights.block_n;
+  if (c.weights.mxfp4()) c.moe.expert_block = 32;  // down's columns split by whole blocks
+  if (c.rope.type == "yarn" && c.rotary_dim != c.head_dim &&
+      hf::rope_attention_factor(c.rope) != 1.0)
+    return cfgjson::unsupported(where, "rope_scaling", "yarn",
+                                "YaRN's attention scaling with partial rotary");
   if (c.intermediate_size <= 0 && (c.moe.layer_moe.empty() || c.moe.moe_layers() < c.num_layers))
     return cfg_error(where, "\"intermediate_size\" is missing (the dense MLP layers need it)");
   if (c.intermediate_size <= 0) c.intermediate_size = 1;  // every layer is MoE: unused

@@ -9,11 +9,22 @@
 
 #include "core/error.h"
 #include "core/hf/config.h"
+#include "daemon/engine/weight_format.h"
 
 namespace spark::engine {
 
 /// The architectures the engine implements, one per `architectures` entry.
-enum class Family { llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, glm4_moe, minimax_m2 };
+enum class Family {
+  llama,
+  qwen2,
+  qwen3,
+  mistral,
+  qwen3_moe,
+  mixtral,
+  glm4_moe,
+  minimax_m2,
+  gpt_oss
+};
 
 /// The layer recipe an architecture runs (one file each: family_dense.cc, family_moe.cc).
 enum class RecipeKind { dense, moe };
@@ -40,6 +51,12 @@ struct MoeConfig {
   int expert_block = 1;  // the weight format's block along the intermediate dimension (1: none)
   std::vector<uint8_t> layer_moe;  // per layer: 1 = MoE block, 0 = dense MLP
   int mtp_layers = 0;              // multi-token-prediction layers in the files (never loaded)
+  // gpt-oss: the router's logits carry a bias; experts carry biases, hold gate and up
+  // interleaved and use the clamped activation (swiglu_limit > 0).
+  bool router_bias = false;
+  bool expert_bias = false;
+  bool interleaved = false;
+  float swiglu_limit = 0.f, swiglu_alpha = 0.f;
   bool is_moe(int layer) const {
     return layer >= 0 && static_cast<size_t>(layer) < layer_moe.size() &&
            layer_moe[static_cast<size_t>(layer)] != 0;
@@ -69,10 +86,19 @@ struct ModelConfig {
   bool mlp_bias = false;  // gate/up/down carry a bias (Llama mlp_bias)
   QkNorm qk_norm = QkNorm::none;
   int sliding_window = 0;  // 0: full attention (Mistral's, Mixtral's sliding_window otherwise)
+  /// Per layer, where layers differ (gpt-oss's layer_types): its window, 0 full attention.
+  std::vector<int> layer_window;
+  int window_of(int layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < layer_window.size()
+               ? layer_window[static_cast<size_t>(layer)]
+               : sliding_window;
+  }
+  bool attn_sinks = false;  // a learned sink logit per head joins each softmax (gpt-oss)
   MoeConfig moe;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype;  // as written in config.json ("bfloat16", ...), informational
+  WeightFormat weights;     // quantization_config: plain or FP8 block-scaled matrices
   bool is_moe() const { return moe.experts > 0; }
 };
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -32,7 +33,76 @@ struct Named {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;
+  bool projection = false;   // a linear projection's weight (FP8 in an FP8 checkpoint)
+  std::vector<uint8_t> raw;  // the stored form when not floats (F8_E4M3, MXFP4's U8)
+  DType raw_type = DType::f8_e4m3;
 };
+
+Named named(std::string name, std::vector<int64_t> shape, std::vector<float> data = {}) {
+  Named n;
+  n.name = std::move(name);
+  n.shape = std::move(shape);
+  n.data = std::move(data);
+  return n;
+}
+
+// MXFP4 as OpenAI stores gpt-oss's experts: each block of 32 values along a row takes the
+// power-of-two scale that fits its largest magnitude into e2m1's 6, each value the nearest
+// e2m1 code (low nibble first). `w` ([rows][cols]) becomes the values they dequantize to.
+void quantize_mxfp4(std::vector<float>* w, int64_t rows, int64_t cols, std::vector<uint8_t>* blocks,
+                    std::vector<uint8_t>* scales) {
+  static const float kMag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  blocks->assign(static_cast<size_t>(rows * cols / 2), 0);
+  scales->assign(static_cast<size_t>(rows * cols / 32), 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      float* x = w->data() + r * cols + b * 32;
+      float amax = 1e-30f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const int e = std::clamp(static_cast<int>(std::ceil(std::log2(amax / 6.0))), -127, 127);
+      (*scales)[static_cast<size_t>(r * (cols / 32) + b)] = static_cast<uint8_t>(e + 127);
+      const float scale = std::ldexp(1.0f, e);
+      for (int i = 0; i < 32; ++i) {
+        const float a = std::fabs(x[i]) / scale;
+        int best = 0;
+        for (int k = 1; k < 8; ++k)
+          if (std::fabs(a - kMag[k]) < std::fabs(a - kMag[best])) best = k;
+        const uint8_t code = static_cast<uint8_t>(best | (x[i] < 0 ? 8 : 0));
+        const size_t at = static_cast<size_t>((r * cols + b * 32 + i) / 2);
+        (*blocks)[at] |= i % 2 == 0 ? code : static_cast<uint8_t>(code << 4);
+        x[i] = e2m1_to_float(code) * scale;
+      }
+    }
+}
+
+// Quantizes a [N][K] weight to e4m3 with 128x128 block scales as the FP8 checkpoints do:
+// each block's scale the BF16 number nearest max|w| / 448, each value the e4m3 nearest
+// w / scale. Returns the scales ([ceil(N/128)][ceil(K/128)]); `q` gets the codes and `w`
+// becomes the values they dequantize to.
+std::vector<float> quantize_fp8_block(std::vector<float>* w, int64_t N, int64_t K,
+                                      std::vector<uint8_t>* q) {
+  constexpr int64_t B = 128;
+  const int64_t nb = (N + B - 1) / B, kb = (K + B - 1) / B;
+  std::vector<float> scales(static_cast<size_t>(nb * kb));
+  q->assign(static_cast<size_t>(N * K), 0);
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t j = 0; j < kb; ++j) {
+      float amax = 0.f;
+      for (int64_t r = i * B; r < std::min(N, (i + 1) * B); ++r)
+        for (int64_t c = j * B; c < std::min(K, (j + 1) * B); ++c)
+          amax = std::max(amax, std::fabs((*w)[static_cast<size_t>(r * K + c)]));
+      const float s = bf16_to_float(float_to_bf16(amax / 448.f + 1e-12f));
+      scales[static_cast<size_t>(i * kb + j)] = s;
+      for (int64_t r = i * B; r < std::min(N, (i + 1) * B); ++r)
+        for (int64_t c = j * B; c < std::min(K, (j + 1) * B); ++c) {
+          const size_t at = static_cast<size_t>(r * K + c);
+          const uint8_t code = float_to_fp8_e4m3((*w)[at] / s);
+          (*q)[at] = code;
+          (*w)[at] = fp8_e4m3_to_float(code) * s;
+        }
+    }
+  return scales;
+}
 
 }  // namespace
 
@@ -92,6 +162,25 @@ ModelConfig small_config(Family family, int vocab_size, int hidden, int layers) 
         c.qk_norm = QkNorm::per_layer;
         c.rotary_dim = c.head_dim / 2;
         break;
+      case Family::gpt_oss:
+        m.norm_topk = true;
+        m.expert_inter = std::max(32, hidden / 32 * 32);
+        c.intermediate_size = m.expert_inter;
+        m.router_bias = m.expert_bias = m.interleaved = true;
+        m.swiglu_limit = 7.f;
+        m.swiglu_alpha = 1.702f;
+        c.qkv_bias = c.o_bias = true;
+        c.attn_sinks = true;
+        c.layer_window.assign(static_cast<size_t>(layers), 0);
+        for (int l = 0; l < layers; l += 2) c.layer_window[static_cast<size_t>(l)] = 8;
+        c.rope.type = "yarn";
+        c.rope.factor = 8;
+        c.rope.original_max_position = 64;
+        c.rope.beta_fast = 32;
+        c.rope.beta_slow = 1;
+        c.rope.truncate = false;
+        c.weights.kind = WeightFormat::Kind::mxfp4;
+        break;
       default:
         break;
     }
@@ -110,7 +199,7 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads;
   std::vector<Named> ts;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset) {
-    Named n{name, shape, {}};
+    Named n = named(name, shape);
     int64_t cnt = 1;
     for (auto d : shape) cnt *= d;
     n.data.resize(static_cast<size_t>(cnt));
@@ -119,6 +208,7 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
   };
   auto lin = [&](const std::string& name, int64_t out, int64_t in) {
     add(name, {out, in}, static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))), 0.0f);
+    ts.back().projection = true;
   };
   add("model.embed_tokens.weight", {V, H}, 1.0f, 0.0f);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -142,12 +232,42 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
       add(p + "self_attn.q_norm.weight", {NH * hd}, 0.2f, 1.0f);
       add(p + "self_attn.k_norm.weight", {NKV * hd}, 0.2f, 1.0f);
     }
+    if (c.attn_sinks) add(p + "self_attn.sinks", {NH}, 1.0f, 0.0f);
+    if (c.family == Family::gpt_oss) {
+      const int64_t E = c.moe.experts, EI = c.moe.expert_inter;
+      const std::string b = p + "mlp.";
+      lin(b + "router.weight", E, H);
+      ts.back().projection = false;
+      add(b + "router.bias", {E}, 0.3f, 0.0f);
+      auto experts = [&](const std::string& name, int64_t rows, int64_t cols) {
+        Named n = named(name, {});
+        n.data.resize(static_cast<size_t>(E * rows * cols));
+        const float sc = static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)));
+        for (auto& x : n.data) x = sc * rng.normal();
+        std::vector<uint8_t> blocks, scales;
+        quantize_mxfp4(&n.data, E * rows, cols, &blocks, &scales);
+        Named bl = named(name + "_blocks", {E, rows, cols / 32, 16});
+        bl.raw = std::move(blocks);
+        bl.raw_type = DType::u8;
+        Named sl = named(name + "_scales", {E, rows, cols / 32});
+        sl.raw = std::move(scales);
+        sl.raw_type = DType::u8;
+        ts.push_back(std::move(bl));
+        ts.push_back(std::move(sl));
+      };
+      experts(b + "experts.gate_up_proj", 2 * EI, H);
+      add(b + "experts.gate_up_proj_bias", {E, 2 * EI}, 0.3f, 0.0f);
+      experts(b + "experts.down_proj", H, EI);
+      add(b + "experts.down_proj_bias", {E, H}, 0.3f, 0.0f);
+      continue;
+    }
     if (c.moe.is_moe(l)) {
       const auto nm = moe_tensor_names(c.family);
       const auto& m = c.moe;
       const int64_t E = m.experts, EI = m.expert_inter;
       const std::string b = p + nm.block + ".";
       lin(b + "gate.weight", E, H);
+      ts.back().projection = false;  // the router stays in the plain type
       if (m.correction_bias) add(b + nm.bias, {E}, 0.05f, 0.0f);
       for (int64_t e = 0; e < E; ++e) {
         const std::string x = fmt::format("{}experts.{}.", b, e);
@@ -177,10 +297,37 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
     add("lm_head.weight", {V, H}, static_cast<float>(2.0 / std::sqrt(static_cast<double>(H))),
         0.0f);
 
+  if (spec.fp8) {
+    std::vector<Named> out;
+    for (auto& t : ts) {
+      if (!t.projection) {
+        out.push_back(std::move(t));
+        continue;
+      }
+      std::vector<uint8_t> q;
+      auto scales = quantize_fp8_block(&t.data, t.shape[0], t.shape[1], &q);
+      const std::vector<int64_t> sshape = {(t.shape[0] + 127) / 128, (t.shape[1] + 127) / 128};
+      if (!spec.fp8_dequantized) t.raw = std::move(q);
+      const std::string name = t.name;
+      out.push_back(std::move(t));
+      if (!spec.fp8_dequantized) {
+        Named sc = named(fp8_scale_name(name), sshape, std::move(scales));
+        out.push_back(std::move(sc));
+      }
+    }
+    ts = std::move(out);
+  }
+  // Scale tensors are F32 whatever the checkpoint's float type (as published FP8 ones are).
+  auto bytes_of = [&](const Named& t) -> uint64_t {
+    if (!t.raw.empty()) return t.raw.size();
+    const bool scale = t.name.size() > 10 && t.name.ends_with("_scale_inv");
+    return t.data.size() * (scale ? 4 : dtype_size(spec.dtype));
+  };
+
   // Shards: contiguous runs of tensors of about equal size.
   const int shards = std::max(1, spec.shards);
   uint64_t total = 0;
-  for (const auto& t : ts) total += t.data.size() * dtype_size(spec.dtype);
+  for (const auto& t : ts) total += bytes_of(t);
   nlohmann::json weight_map = nlohmann::json::object();
   size_t next = 0;
   for (int s = 0; s < shards; ++s) {
@@ -191,10 +338,18 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
     uint64_t bytes = 0;
     const uint64_t target = total * static_cast<uint64_t>(s + 1) / static_cast<uint64_t>(shards);
     uint64_t before = 0;
-    for (size_t i = 0; i < next; ++i) before += ts[i].data.size() * dtype_size(spec.dtype);
+    for (size_t i = 0; i < next; ++i) before += bytes_of(ts[i]);
     while (next < ts.size() && (part.empty() || before + bytes < target || s == shards - 1)) {
-      part.push_back({ts[next].name, ts[next].shape, ts[next].data.data()});
-      bytes += ts[next].data.size() * dtype_size(spec.dtype);
+      TensorToWrite w{ts[next].name, ts[next].shape, ts[next].data.data()};
+      if (!ts[next].raw.empty()) {
+        w.raw = ts[next].raw.data();
+        w.raw_dtype = ts[next].raw_type;
+      } else if (spec.dtype == DType::bf16 && ts[next].name.ends_with("_scale_inv")) {
+        w.raw = ts[next].data.data();  // the scales stay F32
+        w.raw_dtype = DType::f32;
+      }
+      part.push_back(w);
+      bytes += bytes_of(ts[next]);
       weight_map[ts[next].name] = fname;
       ++next;
     }
@@ -227,7 +382,20 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
                                                    : nlohmann::json(c.eos_token_ids)},
       {"torch_dtype", spec.dtype == DType::bf16 ? "bfloat16" : "float32"},
   };
-  if (c.rope.type != "default")
+  if (spec.fp8 && !spec.fp8_dequantized)
+    cj["quantization_config"] = {{"quant_method", "fp8"},
+                                 {"fmt", "e4m3"},
+                                 {"activation_scheme", "dynamic"},
+                                 {"weight_block_size", {128, 128}},
+                                 {"modules_to_not_convert", {"lm_head"}}};
+  if (c.rope.type == "yarn")
+    cj["rope_scaling"] = {{"rope_type", "yarn"},
+                          {"factor", c.rope.factor},
+                          {"beta_fast", c.rope.beta_fast},
+                          {"beta_slow", c.rope.beta_slow},
+                          {"truncate", c.rope.truncate},
+                          {"original_max_position_embeddings", c.rope.original_max_position}};
+  else if (c.rope.type != "default")
     cj["rope_scaling"] = {{"rope_type", c.rope.type},
                           {"factor", c.rope.factor},
                           {"low_freq_factor", c.rope.low_freq_factor},
@@ -274,6 +442,27 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
       cj["use_qk_norm"] = c.qk_norm == QkNorm::per_head;
       cj["attention_bias"] = c.qkv_bias;
       cj["partial_rotary_factor"] = rot;
+      break;
+    }
+    case Family::gpt_oss: {
+      nlohmann::json types = nlohmann::json::array();
+      int window = 0;
+      for (int l = 0; l < c.num_layers; ++l) {
+        const int w = c.window_of(l);
+        types.push_back(w > 0 ? "sliding_attention" : "full_attention");
+        if (w > 0) window = w;
+      }
+      cj["num_local_experts"] = m.experts;
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["experts_per_token"] = m.top_k;
+      cj["swiglu_limit"] = m.swiglu_limit;
+      cj["sliding_window"] = window;
+      cj["layer_types"] = types;
+      cj["attention_bias"] = true;
+      cj["quantization_config"] = {{"quant_method", "mxfp4"},
+                                   {"modules_to_not_convert",
+                                    {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                     "model.embed_tokens", "lm_head"}}};
       break;
     }
     case Family::minimax_m2:

@@ -16,6 +16,13 @@ struct RandomCheckpointSpec {
   DType dtype = DType::bf16;  // F32 or BF16
   uint64_t seed = 1;
   int shards = 1;  // > 1: model-0000k-of-0000n.safetensors + index
+  /// FP8 as DeepSeek/Qwen publish it: every projection's weight F8_E4M3 with 128x128 block
+  /// scales (`X.weight_scale_inv`, F32, each a BF16 number) and quantization_config in
+  /// config.json; the embedding, norms, router and lm_head in `dtype`.
+  bool fp8 = false;
+  /// With fp8: write the same model unquantized instead, each projection holding exactly
+  /// the values its FP8 form dequantizes to (the reference for the FP8 checkpoint).
+  bool fp8_dequantized = false;
 };
 
 /// A small config of `family` for tests and the demo (GQA 4/2 heads).

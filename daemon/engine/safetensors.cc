@@ -413,9 +413,11 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   for (const auto& t : tensors) {
     uint64_t n = 1;
     for (auto d : t.shape) n *= static_cast<uint64_t>(d);
+    const DType dt = t.raw ? t.raw_dtype : dtype;
+    const size_t tes = t.raw ? dtype_size(dt) : es;
     h[t.name] = {
-        {"dtype", dtype_name(dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n * es}}};
-    off += n * es;
+        {"dtype", dtype_name(dt)}, {"shape", t.shape}, {"data_offsets", {off, off + n * tes}}};
+    off += n * tes;
   }
   std::string js = h.dump();
   while ((8 + js.size()) % 8 != 0) js.push_back(' ');  // align the data section
@@ -431,7 +433,9 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   for (const auto& t : tensors) {
     size_t cnt = 1;
     for (auto d : t.shape) cnt *= static_cast<size_t>(d);
-    if (dtype == DType::f32) {
+    if (t.raw) {
+      out.append(static_cast<const char*>(t.raw), cnt * dtype_size(t.raw_dtype));
+    } else if (dtype == DType::f32) {
       out.append(reinterpret_cast<const char*>(t.data), cnt * 4);
     } else {
       for (size_t i = 0; i < cnt; ++i) {

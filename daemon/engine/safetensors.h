@@ -104,12 +104,16 @@ float f16_to_float(uint16_t v);
 /// Round-to-nearest-even float to BF16 (used when writing checkpoints).
 uint16_t float_to_bf16(float f);
 
-/// Serialises named F32 or BF16 tensors as a safetensors file (for demo checkpoints and
-/// tests); written to a temporary name and renamed into place.
+/// Serialises named tensors as a safetensors file (for demo checkpoints and tests): floats
+/// as F32 or BF16 (`dtype`), raw tensors as their own type; written to a temporary name and
+/// renamed into place.
 struct TensorToWrite {
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;  // numel floats
+  /// Instead of `data`: numel elements already in `raw_dtype` (F8_E4M3 weights), as stored.
+  const void* raw = nullptr;
+  DType raw_dtype = DType::u8;
 };
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          DType dtype, const std::map<std::string, std::string>& metadata = {});

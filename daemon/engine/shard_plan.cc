@@ -30,9 +30,55 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& c, const PlanOptions& o,
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
     return make_error(Errc::internal,
                       fmt::format("rank {} of world {} is invalid", o.rank, o.world));
-  for (const auto& f : family_table())
-    if (f.family == c.family) return f.plan(c, o, where);
+  for (const auto& f : family_table()) {
+    if (f.family != c.family) continue;
+    auto p = f.plan(c, o, where);
+    if (!p) return p;
+    if (c.weights.fp8()) SPARK_TRY(check_fp8_blocks(c, *p, where));
+    return p;
+  }
   return make_error(Errc::internal, fmt::format("no shard plan for {}", c.architecture));
+}
+
+bool is_projection(WeightRole r) {
+  switch (r) {
+    case WeightRole::wq:
+    case WeightRole::wk:
+    case WeightRole::wv:
+    case WeightRole::wo:
+    case WeightRole::w_gate_up:
+    case WeightRole::w_down:
+    case WeightRole::experts_gate_up:
+    case WeightRole::experts_down:
+    case WeightRole::shared_gate_up:
+    case WeightRole::shared_down:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status check_fp8_blocks(const ModelConfig& c, const ShardPlan& p, const std::string& where) {
+  const int64_t bn = c.weights.block_n, bk = c.weights.block_k;
+  for (const auto& r : p.reads) {
+    if (!is_projection(r.role) || r.shape.size() != 2 || c.weights.is_not_converted(r.tensor))
+      continue;
+    const int64_t N = r.shape[0], K = r.shape[1];
+    const int64_t r0 = r.slice.row0, r1 = r0 + r.rows, c0 = r.slice.col0, c1 = c0 + r.cols;
+    auto cuts = [](int64_t a, int64_t b, int64_t full, int64_t blk) {
+      return a % blk != 0 || (b % blk != 0 && b != full);
+    };
+    if (!cuts(r0, r1, N, bn) && !cuts(c0, c1, K, bk)) continue;
+    return make_error(
+        Errc::config,
+        fmt::format("{}: {} ranks would cut FP8 scale blocks: rank {} holds rows [{}, {}) and "
+                    "columns [{}, {}) of {} [{}, {}], which are not whole {}x{} blocks — use a "
+                    "tensor-parallel size that splits the heads and intermediate sizes into "
+                    "multiples of {}{}",
+                    where, p.world, p.rank, r0, r1, c0, c1, r.tensor, N, K, bn, bk, bn,
+                    c.is_moe() ? " (or EXPERT_PARALLEL=ep for the experts)" : ""));
+  }
+  return Status::Ok();
 }
 
 Result<ShardPlan> start_plan(const ModelConfig& c, const PlanOptions& o, const std::string& where) {

@@ -46,19 +46,28 @@ enum class WeightRole {
   w_down,
   b_gate_up,
   b_down,
-  router,           // [experts][hidden], replicated
-  router_bias,      // [experts] fp32: e_score_correction_bias (choice only)
-  experts_gate_up,  // [local experts][2 * local expert inter][hidden]: per expert [gate | up]
-  experts_down,     // [local experts][hidden][local expert inter]
-  shared_gate_up,   // the shared experts as one MLP: [2 * local shared inter][hidden]
-  shared_down,      // [hidden][local shared inter]
+  router,             // [experts][hidden], replicated
+  router_bias,        // [experts] fp32: e_score_correction_bias (choice only)
+  experts_gate_up,    // [local experts][2 * local expert inter][hidden]: per expert [gate | up]
+  experts_down,       // [local experts][hidden][local expert inter]
+  shared_gate_up,     // the shared experts as one MLP: [2 * local shared inter][hidden]
+  shared_down,        // [hidden][local shared inter]
+  sinks,              // [local heads] fp32: gpt-oss's learned attention sink logits
+  router_b,           // [experts]: the router's logit bias (gpt-oss)
+  experts_gate_up_b,  // [local experts][2 * local expert inter] (gpt-oss, interleaved)
+  experts_down_b,     // [local experts][hidden] (rank 0 only when experts are split by width)
 };
-inline constexpr int kWeightRoles = static_cast<int>(WeightRole::shared_down) + 1;
+inline constexpr int kWeightRoles = static_cast<int>(WeightRole::experts_down_b) + 1;
 
 /// One read: `slice` of checkpoint tensor `tensor` (full shape `shape`) into elements
 /// [dst_offset, dst_offset + rows * cols) of the destination (layer, role).
 struct ShardRead {
   std::string tensor;
+  /// MXFP4 (`X_blocks` U8 [.., rows, cols / 32, 16] with `X_scales` U8 [.., rows, cols / 32]):
+  /// the read widens expert `mx_expert`'s rows [mx_row0, mx_row0 + rows) and value columns
+  /// [mx_col0, mx_col0 + cols) of the [rows][cols] matrix `mx_cols` wide (rows/cols below).
+  bool mxfp4 = false;
+  int64_t mx_expert = 0, mx_row0 = 0, mx_col0 = 0, mx_cols = 0;
   std::vector<int64_t> shape;
   Slice slice;
   int64_t rows = 0, cols = 0;  // of the slice
@@ -116,6 +125,14 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& cfg, int rank, int world,
                                   const std::string& where);
 Result<ShardPlan> make_shard_plan(const ModelConfig& cfg, const PlanOptions& opts,
                                   const std::string& where);
+
+/// A weight matrix of a linear projection (q/k/v/o, the MLPs, the experts): what an FP8
+/// checkpoint stores in e4m3 with block scales.
+bool is_projection(WeightRole r);
+/// With FP8 weights, every projection slice of the plan must be whole scale blocks (the
+/// device keeps a block's scale with its values); Errc::config naming the tensor, the
+/// rank's rows and columns and the fix otherwise.
+Status check_fp8_blocks(const ModelConfig& c, const ShardPlan& p, const std::string& where);
 
 /// The builders a family's plan is written with.
 class PlanBuilder {

@@ -50,8 +50,18 @@ std::vector<std::string> fixture_dirs() {
   std::vector<std::string> out;
   std::error_code ec;
   if (!std::filesystem::is_directory(kFixtures, ec)) return out;
-  for (const auto& e : std::filesystem::directory_iterator(kFixtures, ec))
-    if (std::filesystem::exists(e.path() / "reference.json")) out.push_back(e.path().string());
+  for (const auto& e : std::filesystem::directory_iterator(kFixtures, ec)) {
+    if (!std::filesystem::exists(e.path() / "reference.json")) continue;
+    // Families whose kernels the CUDA device does not have yet are tested on the CPU
+    // (engine_reference_test.cc) and left out here, said once.
+    auto cfg = spark::engine::load_model_config(e.path().string());
+    if (cfg && cfg->family == spark::engine::Family::gpt_oss) {
+      std::cout << "SKIP (CUDA): " << e.path().filename().string()
+                << ": gpt-oss runs on the CPU device only in this build\n";
+      continue;
+    }
+    out.push_back(e.path().string());
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
