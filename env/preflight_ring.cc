@@ -407,7 +407,7 @@ std::vector<CheckResult> gpu_parity(const std::vector<const NodeReport*>& reps) 
     std::string archs = *kCudaArchitectures ? kCudaArchitectures : "none (a CPU-only build)";
     out.push_back(
         {r->node, "gpu.parity", "", Verdict::fail,
-         fmt::format("{}'s GPU is {} ({}), {} {} ({}): one ring runs one kernel build and one "
+         fmt::format("{}'s GPU is {} ({}), {} {} {} ({}): one ring runs one kernel build and one "
                      "shard plan on every rank; this build has CUDA kernels for {}",
                      r->node, r->gpu_name, sm(r->gpu_cc), join(with_ref, ", "),
                      with_ref.size() == 1 ? "has" : "have", ref.first + "", sm(ref.second), archs),

@@ -331,7 +331,7 @@ TEST_CASE("every suggested fix is accepted by config check, applied, and clears 
   // in the cluster file, NODE<i>_HCAS swaps, `ip addr del/add` moves with the GID entries
   // they drop and add, vm.nr_hugepages, sync, evict, drop_caches: see preflight_tree.h),
   // re-run config check (a refused value fails here) and preflight, and again while fixes
-  // still change something. It must settle within three rounds with nothing but PASS left:
+  // still change something. It must settle within three rounds with no FAIL left:
   // no fix the tool would refuse, no fix that only moves the failure (or brings one back).
   // The rings of every fault class replay their fixes in preflight_rings_test.cc.
   for (const char* scenario : {"hca-other-netdev", "hca-shared-netdev", "zero-gid", "gid-moved",
@@ -346,7 +346,9 @@ TEST_CASE("every suggested fix is accepted by config check, applied, and clears 
     auto settled = spark::test::settle(ring, replay);
     CHECK(settled.rounds < 3);
     std::string why = table(settled.report) + "\n" + ring.cluster();
-    CHECK_MESSAGE(not_pass(settled.report) == kBaseline, why);
+    // What is left is a warning whose fix is a person's (the idle twin's "line the tables
+    // up first"), never a failure.
+    for (const auto& ch : settled.report.checks) CHECK_MESSAGE(ch.verdict != Verdict::fail, why);
     if (std::string(scenario) != "head4-worker3") CHECK(settled.applied > 0);
   }
 }

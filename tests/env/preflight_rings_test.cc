@@ -298,7 +298,7 @@ TEST_CASE(
     REQUIRE_MESSAGE(p, table(r));
     CHECK(p->verdict == Verdict::fail);
     CHECK(has(p->message, fmt::format("{}'s GPU is NVIDIA H100 80GB HBM3 (sm_90)", node)));
-    CHECK(has(p->message, "NVIDIA GB10 (sm_121)"));
+    CHECK_MESSAGE(has(p->message, "NVIDIA GB10 (sm_121)"), p->message);
     for (int o = 0; o < k; ++o)
       CHECK(row(r, RingTree::name(o), "gpu.parity", "")->verdict == Verdict::pass);
     const auto* g = row(r, node, "gpu", "gpu0");

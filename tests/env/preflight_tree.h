@@ -188,8 +188,7 @@ class RingTree {
   }
   void sysctl(int k, const std::string& dev, const std::string& key,
               const std::string& value) const {
-    write_file_atomic(node(k) + "/proc/sys/net/ipv4/conf/" + dev + "/" + key, value + "\n",
-                      nullptr);
+    put(node(k) + "/proc/sys/net/ipv4/conf/" + dev + "/" + key, value + "\n");
   }
 
   /// /proc/meminfo as "Key: N kB" lines (counts without kB for HugePages_*).
