@@ -104,8 +104,11 @@ TEST_CASE("rings: a healthy ring of 2, 3 and 4 nodes passes, every twin at GID 3
     CHECK_MESSAGE(not_pass(r) == baseline(n), table(r));
     for (const auto& node : r.nodes)
       for (const auto& l : node.links) CHECK(l.gid_index == 3);
-    CHECK(row(r, RingTree::name(n - 1), "net.addr", "")->verdict == Verdict::pass);
-    CHECK(row(r, RingTree::name(n - 1), "gpu.parity", "")->verdict == Verdict::pass);
+    for (const char* id : {"net.addr", "gpu.parity", "net.subnet"}) {
+      const auto* c = row(r, RingTree::name(n - 1), id, "");
+      REQUIRE_MESSAGE(c, id);
+      CHECK(c->verdict == Verdict::pass);
+    }
   }
 }
 
@@ -217,6 +220,7 @@ TEST_CASE("rings: link-local and foreign addresses never give the GID; env rende
         CHECK_MESSAGE(not_pass(r) == with(n, {node + " rdma.gid rocep1s0f0:1 FAIL",
                                               node + " rdma.gid rocep1s0f1:1 FAIL"}),
                       table(r));
+        REQUIRE(row(r, node, "rdma.gid", "rocep1s0f1:1"));
         CHECK(row(r, node, "rdma.gid", "rocep1s0f1:1")->fix ==
               fmt::format("set NODE{}_GID_INDEX=7 or leave it auto", k));
         fixes_work(ring);
@@ -299,8 +303,11 @@ TEST_CASE(
     CHECK(p->verdict == Verdict::fail);
     CHECK(has(p->message, fmt::format("{}'s GPU is NVIDIA H100 80GB HBM3 (sm_90)", node)));
     CHECK_MESSAGE(has(p->message, "NVIDIA GB10 (sm_121)"), p->message);
-    for (int o = 0; o < k; ++o)
-      CHECK(row(r, RingTree::name(o), "gpu.parity", "")->verdict == Verdict::pass);
+    for (int o = 0; o < k; ++o) {
+      const auto* c = row(r, RingTree::name(o), "gpu.parity", "");
+      REQUIRE(c);
+      CHECK(c->verdict == Verdict::pass);
+    }
     const auto* g = row(r, node, "gpu", "gpu0");
     REQUIRE(g);
     auto covered = cuda_archs_cover(kCudaArchitectures, 9, 0);
