@@ -224,13 +224,13 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
         "# weights: an ESTIMATE from config.json ({}): no weight files are in {}; "
         "FITS says ~yes/~NO until they are\n",
         (estimate ? estimate->basis : std::string()), model);
+  const std::string from = estimate ? "the estimate from config.json" : "estimated from the files";
   o << (in.engine_weights
             ? "# weights per rank: the native engine's shard plan, as a GPU holds them (bf16)\n"
         : in.engine_weights_why.empty()
-            ? "# weights per rank: estimated from the files (ENGINE=exec)\n"
-            : fmt::format("# weights per rank: estimated from the files; the native engine "
-                          "refuses this model: {}\n",
-                          in.engine_weights_why));
+            ? fmt::format("# weights per rank: {} (ENGINE=exec)\n", from)
+            : fmt::format("# weights per rank: {}; the native engine refuses this model: {}\n",
+                          from, in.engine_weights_why));
   if (s.count(plan::LayerKind::full_attention) || s.count(plan::LayerKind::sliding_attention))
     o << fmt::format("# attention: GQA {} KV heads x head_dim {}\n", s.kv_heads, s.head_dim);
   if (s.kv_lora_rank)
