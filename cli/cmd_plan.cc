@@ -54,7 +54,10 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
       "vision", po::value<std::string>(), "vision tower per rank (default MEM_VISION)")(
       "kv-overhead", po::value<std::string>(),
       "KV the engine charges per rank beyond the records (default KV_OVERHEAD)")(
-      "nodes", po::value<int>()->default_value(4), "rows for 1..N nodes");
+      "weights-dtype", po::value<std::string>(),
+      "bf16|fp16|fp32|fp8|int8|fp4|int4: the matrices' bytes when the weights are estimated "
+      "from config.json (no weight files yet)")("nodes", po::value<int>()->default_value(4),
+                                                "rows for 1..N nodes");
   po::variables_map vm;
   if (auto rc = parse_args(ctx, "plan",
                            "plan [--model DIR] [--capacity SIZE] [--context N] [--slots N] "
@@ -71,7 +74,14 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   auto mf = env::read_model_files(env::Sysroot("/"), model);
   if (!mf.config_ok)
     return ctx.fail(make_error(Errc::not_found, fmt::format("{}: {}", model, mf.config_error)));
-  auto input = env::plan_input(mf, rc);
+  std::string weights_dtype =
+      vm.count("weights-dtype") ? vm["weights-dtype"].as<std::string>() : "";
+  if (!weights_dtype.empty() && !plan::weights_dtype_bytes(weights_dtype))
+    return ctx.fail(make_error(Errc::usage, fmt::format("--weights-dtype {}: use bf16, fp16, fp32, "
+                                                        "fp8, int8, fp4 or int4",
+                                                        weights_dtype)));
+  std::optional<plan::WeightEstimate> estimate;
+  auto input = env::plan_input(mf, rc, weights_dtype, &estimate);
   if (!input) return ctx.fail(input.error());
   plan::PlanInput in = std::move(*input);
 
@@ -126,6 +136,11 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   const auto& s = in.shape;
   const uint64_t per_token_1 =
       plan::kv_bytes_per_token_per_rank(s, in.record, plan::KvSpread{1, 1});
+  // A row answers "fits" only for weights it counted: the files', or the engine's own shard
+  // plan. An estimate from config.json answers "~yes"/"~NO", never "yes".
+  auto counted = [&](const plan::PlanRow& r) {
+    return r.weights_from_engine || !estimate.has_value();
+  };
 
   if (ctx.opts.json) {
     nlohmann::json j;
@@ -151,6 +166,8 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                   {"weight_bytes", in.weights.total},
                   {"expert_bytes", in.weights.experts},
                   {"weights_per_tensor", in.weights.per_tensor},
+                  {"weights_estimated", estimate.has_value()},
+                  {"weights_basis", (estimate ? estimate->basis : std::string())},
                   {"kv_bytes_per_token", per_token_1}};
     if (!in.engine_weights_why.empty()) j["engine_refuses"] = in.engine_weights_why;
     j["kv_layout"] = plan::kv_layout_name(in.record.layout);
@@ -171,7 +188,9 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                            {"ranks", r.ranks},
                            {"expert_parallel", plan::moe_split_name(r.moe)},
                            {"weights_per_rank", r.weights_per_rank},
-                           {"weights_from", r.weights_from_engine ? "engine" : "files"},
+                           {"weights_from", r.weights_from_engine  ? "engine"
+                                            : estimate.has_value() ? "estimate"
+                                                                   : "files"},
                            {"kv_per_token_per_rank", r.kv_per_token_per_rank},
                            {"state_per_rank", r.state_per_rank},
                            {"kv_per_rank", r.kv_per_rank},
@@ -179,7 +198,8 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                            {"reserve", r.reserve},
                            {"need_per_rank", r.need_per_rank},
                            {"capacity_per_rank", r.capacity_per_rank},
-                           {"fits", r.fits},
+                           {"fits", counted(r) ? nlohmann::json(r.fits) : nlohmann::json()},
+                           {"fits_if_estimate_holds", r.fits},
                            {"max_context", r.max_context},
                            {"layers", parts}});
     }
@@ -192,19 +212,25 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
        {plan::LayerKind::full_attention, plan::LayerKind::sliding_attention, plan::LayerKind::mla,
         plan::LayerKind::sparse_mla, plan::LayerKind::linear_attention})
     if (s.count(k)) types.push_back(fmt::format("{} {}", s.count(k), plan::layer_kind_name(k)));
-  o << fmt::format("# model {} ({}): {} layers ({}); weights {}{}\n", model, s.arch, s.layers,
-                   join(types, ", "), format_size(in.weights.total),
-                   s.experts ? fmt::format(", {} of it {} routed experts (EXPERT_PARALLEL={})",
-                                           format_size(in.weights.experts), s.experts,
-                                           plan::moe_split_name(in.moe))
-                             : "");
+  o << fmt::format(
+      "# model {} ({}): {} layers ({}); weights {}{}{}\n", model, s.arch, s.layers,
+      join(types, ", "), estimate.has_value() ? "~" : "", format_size(in.weights.total),
+      s.experts
+          ? fmt::format(", {} of it {} routed experts (EXPERT_PARALLEL={})",
+                        format_size(in.weights.experts), s.experts, plan::moe_split_name(in.moe))
+          : "");
+  if (estimate.has_value())
+    o << fmt::format(
+        "# weights: an ESTIMATE from config.json ({}): no weight files are in {}; "
+        "FITS says ~yes/~NO until they are\n",
+        (estimate ? estimate->basis : std::string()), model);
+  const std::string from = estimate ? "the estimate from config.json" : "estimated from the files";
   o << (in.engine_weights
             ? "# weights per rank: the native engine's shard plan, as a GPU holds them (bf16)\n"
         : in.engine_weights_why.empty()
-            ? "# weights per rank: estimated from the files (ENGINE=exec)\n"
-            : fmt::format("# weights per rank: estimated from the files; the native engine "
-                          "refuses this model: {}\n",
-                          in.engine_weights_why));
+            ? fmt::format("# weights per rank: {} (ENGINE=exec)\n", from)
+            : fmt::format("# weights per rank: {}; the native engine refuses this model: {}\n",
+                          from, in.engine_weights_why));
   if (s.count(plan::LayerKind::full_attention) || s.count(plan::LayerKind::sliding_attention))
     o << fmt::format("# attention: GQA {} KV heads x head_dim {}\n", s.kv_heads, s.head_dim);
   if (s.kv_lora_rank)
@@ -229,8 +255,11 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
         format_size(r.weights_per_rank), fmt::format("{} B", r.kv_per_token_per_rank),
         format_size(r.state_per_rank), format_size(r.kv_per_rank), format_size(r.reserve),
         format_size(r.need_per_rank), r.capacity_per_rank ? format_size(r.capacity_per_rank) : "?",
-        r.capacity_per_rank ? (r.fits ? "yes" : "NO") : "?",
-        r.max_context < 0 ? std::string("?") : std::to_string(r.max_context));
+        !r.capacity_per_rank ? "?"
+        : counted(r)         ? (r.fits ? "yes" : "NO")
+                             : (r.fits ? "~yes" : "~NO"),
+        r.max_context < 0 ? std::string("?")
+                          : (counted(r) ? "" : "~") + std::to_string(r.max_context));
   o << "# per layer type, per rank\n";
   o << fmt::format("{:>5} {:<26} {:>6} {:<13} {:>11} {:>8} {:>11} {:>14}  {}\n", "RANKS",
                    "LAYER_TYPE", "LAYERS", "PART", "PER_TOKEN", "WINDOW", "PER_SLOT",

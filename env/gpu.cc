@@ -428,4 +428,41 @@ Result<GpuReport> gpu_report_from_json(const nlohmann::json& j) {
   }
 }
 
+std::optional<bool> cuda_archs_cover(std::string_view archs, int major, int minor) {
+  std::string list(archs);
+  std::replace(list.begin(), list.end(), ';', ',');
+  auto entries = split_list(list, ',');
+  if (entries.empty()) return std::nullopt;
+  const int cc = major * 10 + minor;
+  bool any = false;
+  for (const auto& e : entries) {
+    std::string_view v = e;
+    bool real = true, virt = true;
+    if (ends_with(v, "-real")) {
+      virt = false;
+      v.remove_suffix(5);
+    } else if (ends_with(v, "-virtual")) {
+      real = false;
+      v.remove_suffix(8);
+    }
+    char suffix = 0;
+    if (!v.empty() && (v.back() == 'a' || v.back() == 'f')) {
+      suffix = v.back();
+      v.remove_suffix(1);
+    }
+    auto n = parse_u64(v);
+    if (!n) return std::nullopt;  // "native", "all", "all-major": not known here
+    int arch = static_cast<int>(*n), am = arch / 10, an = arch % 10;
+    if (suffix == 'a') {
+      any = any || arch == cc;  // architecture-specific: that architecture only
+    } else if (suffix == 'f') {
+      any = any || (am == major && an <= minor);  // family: later minors of the major
+    } else {
+      if (real && am == major && an <= minor) any = true;
+      if (virt && arch <= cc) any = true;
+    }
+  }
+  return any;
+}
+
 }  // namespace spark::env

@@ -6,7 +6,9 @@
 // captured tree replays like a live node.
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -85,5 +87,12 @@ nlohmann::json to_json(const GpuReport& r);
 /// Reads a report back from to_json's output (a node capture, another node's answer);
 /// Errc::io naming the first missing or mistyped field.
 Result<GpuReport> gpu_report_from_json(const nlohmann::json& j);
+
+/// Whether a build for `archs` (CMAKE_CUDA_ARCHITECTURES, ","- or ";"-separated: "121a",
+/// "90-real", "80-virtual", "86") has code a GPU of compute capability major.minor runs:
+/// machine code for its exact architecture ("a"/"f" suffixes) or an earlier minor of its
+/// major, or PTX of an architecture at or below it. nullopt when the list says nothing
+/// checkable ("", "native", "all").
+std::optional<bool> cuda_archs_cover(std::string_view archs, int major, int minor);
 
 }  // namespace spark::env

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "env/sysroot.h"
 
@@ -19,5 +20,14 @@ struct NetDev {
 
 /// Reads /sys/class/net/<name>.
 NetDev read_netdev(const Sysroot& root, const std::string& name);
+
+/// 169.254.0.0/16: an address the kernel or avahi made up, never a fabric address.
+bool ipv4_link_local(std::string_view ip);
+/// True when both parse and agree in the first `prefix` bits.
+bool ipv4_same_subnet(std::string_view a, std::string_view b, int prefix);
+/// The command that takes `from` off `from_dev` and puts `to` on `to_dev` (one of them may
+/// be empty: only the other half), with the prefix each has.
+std::string ip_addr_move(const std::string& from, int from_prefix, const std::string& from_dev,
+                         const std::string& to, int to_prefix, const std::string& to_dev);
 
 }  // namespace spark::env

@@ -23,7 +23,9 @@ plan::KvLayout kv_layout_of(const std::string& kv_layout, const std::string& eng
   return engine == "exec" ? plan::KvLayout::vllm : plan::KvLayout::native;
 }
 
-Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg) {
+Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
+                                   const std::string& weights_dtype,
+                                   std::optional<plan::WeightEstimate>* estimate) {
   const std::string where = mf.dir + "/config.json";
   auto shape = plan::model_shape(mf.config, where);
   if (!shape) return shape.error();
@@ -44,6 +46,15 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg) 
   in.weights.total = mf.weight_bytes;
   in.weights.experts = mf.tensor_sizes ? mf.expert_bytes : 0;
   in.weights.per_tensor = mf.tensor_sizes;
+  if (mf.weight_bytes == 0) {
+    // Sized before the download: nothing counted, so the shapes in config.json say it.
+    auto est = plan::estimate_weights(mf.config.raw, where, weights_dtype);
+    if (!est) return est.error();
+    in.weights.total = est->total;
+    in.weights.experts = est->experts;
+    in.weights.per_tensor = false;
+    if (estimate) *estimate = *est;
+  }
   in.record.layout = kv_layout_of(get("KV_LAYOUT"), get("ENGINE"));
   in.record.dtype = get("KV_DTYPE");
   // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16

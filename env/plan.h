@@ -3,10 +3,12 @@
 // files for the weights) and the cluster file's settings (KV_DTYPE, KV_LAYOUT, EXPERT_PARALLEL,
 // CONTEXT_SPLIT, CONTEXT_LEN, SLOTS, MEM_RESERVE and the stated fixed costs). The
 // arithmetic itself is core/model_plan.h, shared with the engine.
+#include <optional>
 #include <string>
 
 #include "core/config.h"
 #include "core/model_plan.h"
+#include "core/weight_estimate.h"
 #include "env/model_files.h"
 
 namespace spark::env {
@@ -20,6 +22,11 @@ plan::KvLayout kv_layout_of(const std::string& kv_layout, const std::string& eng
 
 /// The plan input from the model directory and the settings (`cfg` may be null: defaults).
 /// Capacity and GPUs per node are left for the caller. Errors name the model's config.json.
-Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg);
+/// Without weight files (only config.json) the weights are estimated from config.json, at
+/// `weights_dtype` when given (see plan::estimate_weights), and the estimate is returned in
+/// `estimate` (left empty when the files were counted): a plan from it never "fits".
+Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
+                                   const std::string& weights_dtype = "",
+                                   std::optional<plan::WeightEstimate>* estimate = nullptr);
 
 }  // namespace spark::env

@@ -59,6 +59,12 @@ struct LinkFacts {
   std::string port_state;        // the HCA's port 1 state ("4: ACTIVE"); "" when unknown
 };
 
+/// One IPv4 address of a node, on a netdev (net.addr compares them across nodes).
+struct AddrFact {
+  std::string netdev, address;
+  int prefix = 0;
+};
+
 /// What one node found: its verdicts plus the facts the cross-node checks compare.
 struct NodeReport {
   std::string node;
@@ -68,8 +74,10 @@ struct NodeReport {
   std::map<std::string, std::string> identity;  // sw.parity fields
   std::vector<LinkFacts> links;
   int64_t clock_ms = 0;
-  std::string gpu_name;  // "" when unknown
-  nlohmann::json raw;    // -v: GID tables, meminfo, netdevs, facts
+  std::string gpu_name;         // "" when unknown
+  std::string gpu_cc;           // compute capability of the node's first GPU ("12.1"); "" unknown
+  std::vector<AddrFact> addrs;  // every IPv4 but loopback's
+  nlohmann::json raw;           // -v: GID tables, meminfo, netdevs, facts
 };
 
 nlohmann::json report_to_json(const NodeReport& r);

@@ -2,7 +2,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <set>
 
 #include "core/install_layout.h"
 #include "core/strings.h"
@@ -41,10 +43,160 @@ struct NodeRun {
   std::string key(const char* field) const { return fmt::format("NODE{}_{}", node.index, field); }
 };
 
+// The node whose configured fabric address `ip` is, other than `n` ("" when none).
+std::string fabric_owner(const RingConfig& cfg, const NodeConfig& n, const std::string& ip) {
+  for (const auto& o : cfg.nodes)
+    if (o.index != n.index && o.fabric_ip == ip) return o.name;
+  return "";
+}
+
+// The address a twin serves the fabric with, of those its netdev holds: the configured fabric
+// address; else one in the subnet of another node's fabric address; else (a second twin) one
+// with the fabric address's host number, else outside the first twin's subnet. Never a
+// link-local 169.254/16 address and never another node's fabric address. "" when none is.
+std::string twin_address(const RingConfig& cfg, const NodeConfig& n, const NodeFacts& facts,
+                         const std::string& netdev, const std::string& first) {
+  std::vector<const IfAddr*> c;
+  for (const auto& a : facts.addrs)
+    if (a.ifname == netdev && a.family == "inet" && !ipv4_link_local(a.address) &&
+        fabric_owner(cfg, n, a.address).empty())
+      c.push_back(&a);
+  for (const auto* a : c)
+    if (a->address == n.fabric_ip) return a->address;
+  for (const auto* a : c)
+    for (const auto& o : cfg.nodes)
+      if (o.index != n.index && ipv4_same_subnet(a->address, o.fabric_ip, a->prefix))
+        return a->address;
+  auto fab = parse_ipv4(n.fabric_ip);
+  for (const auto* a : c)
+    if (auto v = parse_ipv4(a->address); v && fab && (*v & 0xff) == (*fab & 0xff))
+      return a->address;
+  for (const auto* a : c)
+    if (first.empty() || !ipv4_same_subnet(a->address, first, a->prefix)) return a->address;
+  return c.empty() ? "" : c[0]->address;
+}
+
+int prefix_of(const NodeFacts& facts, const std::string& netdev, const std::string& ip) {
+  for (const auto& a : facts.addrs)
+    if (a.family == "inet" && a.address == ip && (netdev.empty() || a.ifname == netdev))
+      return a.prefix;
+  return 24;
+}
+
 bool is_gb10(const Sysroot& root) {
   auto product = root.read_line("/sys/class/dmi/id/product_name").value_or("");
   return product.find("DGX Spark") != std::string::npos ||
          product.find("GB10") != std::string::npos;
+}
+
+// The adapter part of an HCA name: its functions differ in fN ("rocep1s0f1" -> "rocep1s0"),
+// and the GB10's second PCIe link names the same ports with a domain ("roceP2p1s0f1").
+std::string adapter_of(const std::string& hca) {
+  std::string h = hca;
+  if (starts_with(h, "roceP")) {
+    size_t e = 5;
+    while (e < h.size() && std::isdigit(static_cast<unsigned char>(h[e]))) ++e;
+    h = "roce" + h.substr(e);
+  }
+  auto f = h.find_last_of('f');
+  if (f == std::string::npos || f + 1 >= h.size() ||
+      h.find_first_not_of("0123456789", f + 1) != std::string::npos)
+    return h;
+  return h.substr(0, f);
+}
+
+// A pinned HCA whose port is not ACTIVE while another function (of the same adapter
+// first) is ACTIVE with the address the pinned twin should carry: the pin names the wrong
+// port. Returns the fix that pins the live ports instead, "" when there is none.
+std::string wrong_pin_fix(NodeRun& r, const NodeFacts& facts,
+                          const std::vector<std::optional<Hca>>& hcas, std::string* detail,
+                          std::vector<size_t>* dead_twins) {
+  const auto& n = r.node;
+  if (n.hcas.size() != n.netdevs.size()) return "";
+  auto hcas_v = n.hcas, nd_v = n.netdevs;
+  std::vector<std::string> used;  // netdevs of the live pinned twins
+  for (size_t i = 0; i < hcas.size(); ++i)
+    if (hcas[i] && hcas[i]->port(1) && hcas[i]->port(1)->state_code == 4)
+      used.insert(used.end(), hcas[i]->netdevs.begin(), hcas[i]->netdevs.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < n.hcas.size(); ++i) {
+    const RdmaPort* p = hcas[i] ? hcas[i]->port(1) : nullptr;
+    if (!hcas[i] || !p || p->state_code == 4) continue;
+    // The address this twin should carry: the fabric address when no live twin holds it,
+    // else an address in a subnet no live twin's address is in.
+    bool fabric_live = false;
+    for (const auto& d : used)
+      if (facts.netdev_of(n.fabric_ip) == d) fabric_live = true;
+    std::string best, best_nd, best_ip;
+    int best_score = -1;
+    for (const auto& name : list_hcas(r.root)) {
+      if (std::find(hcas_v.begin(), hcas_v.end(), name) != hcas_v.end()) continue;
+      auto h = read_hca(r.root, name);
+      const RdmaPort* q = h ? h->port(1) : nullptr;
+      if (!q || q->state_code != 4 || q->link_layer != "Ethernet" || h->netdevs.size() != 1 ||
+          std::find(used.begin(), used.end(), h->netdevs[0]) != used.end())
+        continue;
+      std::string ip;
+      for (const auto& a : facts.addrs) {
+        if (a.ifname != h->netdevs[0] || a.family != "inet" || ipv4_link_local(a.address) ||
+            !fabric_owner(r.cfg, n, a.address).empty())
+          continue;
+        bool ok = fabric_live ? a.address != n.fabric_ip : a.address == n.fabric_ip;
+        for (const auto& d : used)
+          for (const auto& b : facts.addrs)
+            if (b.ifname == d && b.family == "inet" &&
+                ipv4_same_subnet(a.address, b.address, std::min(a.prefix, b.prefix)))
+              ok = false;  // would give this twin the other twin's subnet
+        if (ok) {
+          ip = a.address;
+          break;
+        }
+      }
+      if (ip.empty()) continue;
+      int score = adapter_of(name) == adapter_of(n.hcas[i]) ? 1 : 0;
+      if (score > best_score) {
+        best_score = score;
+        best = name;
+        best_nd = h->netdevs[0];
+        best_ip = ip;
+      }
+    }
+    if (best.empty()) continue;
+    parts.push_back(fmt::format("{} port 1 is {}, but {}{} is ACTIVE with {} on {}", n.hcas[i],
+                                p->state.empty() ? "not ACTIVE" : p->state, best,
+                                best_score ? " (the same adapter)" : "", best_ip, best_nd));
+    hcas_v[i] = best;
+    nd_v[i] = best_nd;
+    used.push_back(best_nd);
+    dead_twins->push_back(i);
+  }
+  if (parts.empty()) return "";
+  *detail = join(parts, "; ") + ": the pin names the wrong port";
+  return fmt::format("pin the live ports: set {}={} and {}={}", r.key("HCAS"), join(hcas_v, ","),
+                     r.key("NETDEVS"), join(nd_v, ","));
+}
+
+// Rows about a twin that the wrong pin explains get its fix (a fix that keeps the dead port
+// would not bring the ring up).
+void apply_wrong_pin(NodeRun& r, const NodeFacts& facts,
+                     const std::vector<std::optional<Hca>>& hcas) {
+  std::string detail;
+  std::vector<size_t> dead;
+  std::string fix = wrong_pin_fix(r, facts, hcas, &detail, &dead);
+  if (fix.empty()) return;
+  std::set<std::string> subjects = {"fabric ip", "twins"};
+  for (size_t i : dead) {
+    subjects.insert(r.node.hcas[i]);
+    subjects.insert(r.node.hcas[i] + ":1");
+    subjects.insert(r.node.netdevs[i]);
+  }
+  for (auto& c : r.rep.checks) {
+    if (c.node != r.node.name || c.verdict == Verdict::pass || c.verdict == Verdict::skip ||
+        !subjects.count(c.subject))
+      continue;
+    if (c.id == "rdma.port") c.message += "; " + detail;
+    c.fix = fix;
+  }
 }
 
 // The fix for HCAs that map to other netdevs than configured: the netdevs the HCAs really
@@ -215,13 +367,53 @@ void check_rdma(NodeRun& r, const NodeFacts& facts, std::vector<std::optional<Hc
   }
   if (r.filter.enabled("rdma.netdev") && !n.netdevs.empty()) {
     std::string holder = facts.netdev_of(n.fabric_ip);
-    if (std::find(n.netdevs.begin(), n.netdevs.end(), holder) == n.netdevs.end())
+    if (std::find(n.netdevs.begin(), n.netdevs.end(), holder) == n.netdevs.end()) {
+      // What the first fabric netdev holds instead: an address of its own (then the cluster
+      // file names the wrong one), another node's (a cloned image: give it its own), or
+      // nothing (then the address moves there, off the LAN port if it is there).
+      const std::string& fab = n.netdevs[0];
+      std::string own, theirs, owner;
+      for (const auto& a : facts.addrs) {
+        if (a.ifname != fab || a.family != "inet" || ipv4_link_local(a.address)) continue;
+        std::string o = fabric_owner(r.cfg, n, a.address);
+        if (!o.empty() && theirs.empty()) {
+          theirs = a.address;
+          owner = o;
+        } else if (o.empty() && own.empty()) {
+          own = a.address;
+        }
+      }
+      std::string fix;
+      if (!theirs.empty()) {
+        int p = prefix_of(facts, fab, theirs);
+        fix = fmt::format(
+            "{} holds {}, node {}'s fabric address: give this node its own: {} "
+            "(and in its netplan file)",
+            fab, theirs, owner,
+            ip_addr_move(theirs, p, fab, holder.empty() ? n.fabric_ip : "", p, fab));
+        if (!holder.empty())
+          fix += fmt::format(", then move {} here: {}", n.fabric_ip,
+                             ip_addr_move(n.fabric_ip, prefix_of(facts, holder, n.fabric_ip),
+                                          holder, n.fabric_ip, p, fab));
+      } else if (!own.empty()) {
+        fix = fmt::format("set {}={} (the address {} holds{})", r.key("FABRIC_IP"), own, fab,
+                          holder.empty() ? "" : fmt::format("; {} is {}'s", n.fabric_ip, holder));
+      } else if (!holder.empty()) {
+        int p = prefix_of(facts, holder, n.fabric_ip);
+        fix = fmt::format(
+            "move the fabric address off {} to the fabric port: {} (and in the "
+            "netplan file)",
+            holder, ip_addr_move(n.fabric_ip, p, holder, n.fabric_ip, p, fab));
+      } else {
+        fix = fmt::format("assign it: {} (and in the netplan file), or correct {}",
+                          ip_addr_move("", 0, "", n.fabric_ip, 24, fab), r.key("FABRIC_IP"));
+      }
       r.add("rdma.netdev", "fabric ip", Verdict::fail,
             fmt::format("{} {} is not on {} ({})", r.key("FABRIC_IP"), n.fabric_ip,
                         join(n.netdevs, " or "),
                         holder.empty() ? "no interface holds it" : "it is on " + holder),
-            fmt::format("assign {} to {}, or correct {}", n.fabric_ip, n.netdevs[0],
-                        r.key("FABRIC_IP")));
+            fix);
+    }
   }
 }
 
@@ -252,8 +444,34 @@ void check_gid(NodeRun& r, const NodeFacts& facts, const std::vector<std::option
       netdev = h->netdevs[0];
     std::string ip = n.fabric_ip;
     if (!netdev.empty() && facts.netdev_of(n.fabric_ip) != netdev) {
-      auto v4 = facts.ipv4_of(netdev);
-      if (!v4.empty()) ip = v4[0];  // the other twin carries its own address
+      // The other twin carries its own address: the one in the fabric's subnet.
+      auto mine = twin_address(r.cfg, n, facts, netdev, i ? r.rep.links[0].ipv4 : std::string());
+      if (!mine.empty()) {
+        ip = mine;
+      } else {
+        // Only another node's address here (a cloned image): its GID is that node's, never
+        // this one's. net.addr names the pair and the move.
+        std::string theirs, owner;
+        for (const auto& a : facts.addrs)
+          if (a.ifname == netdev && a.family == "inet" &&
+              !(owner = fabric_owner(r.cfg, n, a.address)).empty()) {
+            theirs = a.address;
+            break;
+          }
+        if (!theirs.empty()) {
+          link.gid_index.reset();
+          if (want)
+            r.add("rdma.gid", n.hcas[i] + ":1", Verdict::fail,
+                  fmt::format("{} holds only {}, node {}'s fabric address: its GID is not this "
+                              "node's to use [other_node]",
+                              netdev, theirs, owner),
+                  i == 0 ? "give this node its own address: " +
+                               ip_addr_move(theirs, prefix_of(facts, netdev, theirs), netdev,
+                                            n.fabric_ip, prefix_of(facts, netdev, theirs), netdev)
+                         : "see the net.addr row");
+          continue;
+        }
+      }
     }
     // This node's addresses on its other netdevs: a GID holding one of them is a crossed
     // port or a swapped address, not another node's.
@@ -423,13 +641,96 @@ void check_links(NodeRun& r, const NodeFacts& facts, bool gb10) {
   }
 }
 
+// Two twins in one IPv4 subnet: two routes to it, and ARP answers for either address from
+// whichever port the kernel likes (arp_ignore=0, arp_announce=0), so traffic meant for one
+// twin arrives on the other. Safe enough only with arp_ignore>=1 and arp_announce=2 on both.
+void check_subnets(NodeRun& r, const NodeFacts& facts) {
+  if (!r.filter.enabled("net.subnet")) return;
+  const auto& links = r.rep.links;
+  if (links.size() < 2) return;
+  auto sysctl = [&](const std::string& dev, const char* key) {
+    auto v = r.root.read_line(fmt::format("/proc/sys/net/ipv4/conf/{}/{}", dev, key));
+    auto all = r.root.read_line(fmt::format("/proc/sys/net/ipv4/conf/all/{}", key));
+    int64_t a = v ? parse_i64(*v).value_or(0) : 0, b = all ? parse_i64(*all).value_or(0) : 0;
+    return std::max(a, b);
+  };
+  bool any = false;
+  for (size_t j = 1; j < links.size(); ++j) {
+    for (size_t i = 0; i < j; ++i) {
+      const auto &a = links[i], &b = links[j];
+      if (a.ipv4.empty() || b.ipv4.empty() || a.netdev == b.netdev) continue;
+      int pa = prefix_of(facts, a.netdev, a.ipv4), pb = prefix_of(facts, b.netdev, b.ipv4);
+      int p = std::min(pa, pb);
+      if (!ipv4_same_subnet(a.ipv4, b.ipv4, p)) continue;
+      any = true;
+      // The subnet of its own for twin j: the next block of twin 0's size that no address of
+      // this node is in, with twin 0's host number.
+      auto base = parse_ipv4(links[0].ipv4);
+      std::string to;
+      if (base && pa > 0 && pa < 31) {
+        uint32_t block = uint32_t{1} << (32 - pa), mask = ~(block - 1);
+        for (uint32_t k = static_cast<uint32_t>(j); k < 256 && to.empty(); ++k) {
+          uint32_t v = ((*base & mask) + k * block) | (*base & ~mask);
+          std::string cand = format_ipv4(v);
+          bool clash = false;
+          for (const auto& x : facts.addrs)
+            if (x.family == "inet" &&
+                ipv4_same_subnet(x.address, cand, std::min(pa, std::max(1, x.prefix))))
+              clash = true;
+          if (!clash) to = cand;
+        }
+      }
+      bool safe = true;
+      std::vector<std::string> have;
+      for (const auto* d : {&a.netdev, &b.netdev}) {
+        int64_t ig = sysctl(*d, "arp_ignore"), an = sysctl(*d, "arp_announce");
+        have.push_back(fmt::format("{}: arp_ignore={} arp_announce={}", *d, ig, an));
+        safe = safe && ig >= 1 && an >= 2;
+      }
+      std::string fix = fmt::format(
+          "one subnet per twin, as the example cluster files do (10.10.2.0/24 on the first, "
+          "10.10.3.0/24 on the second): on {}: {} (and in its netplan file); the same on every "
+          "node, each keeping its host number",
+          r.node.name,
+          to.empty() ? fmt::format("move {} to a subnet of its own", b.ipv4)
+                     : ip_addr_move(b.ipv4, pb, b.netdev, to, pa, b.netdev));
+      if (safe)
+        r.add("net.subnet", b.netdev, Verdict::warn,
+              fmt::format("{} ({}) and {} ({}) are in one subnet (/{}); the sysctls that keep "
+                          "ARP on the right port are set ({}), but both routes lead to one "
+                          "subnet and the kernel sends through the first",
+                          a.netdev, a.ipv4, b.netdev, b.ipv4, p, join(have, "; ")),
+              fix);
+      else
+        r.add("net.subnet", b.netdev, Verdict::fail,
+              fmt::format("{} ({}) and {} ({}) are in one subnet (/{}): two routes, and ARP "
+                          "answers for either address from the wrong port ({}; safe needs "
+                          "arp_ignore=1 and arp_announce=2 on both)",
+                          a.netdev, a.ipv4, b.netdev, b.ipv4, p, join(have, "; ")),
+              fix);
+    }
+  }
+  if (!any) {
+    std::vector<std::string> nets;
+    for (const auto& l : links)
+      if (!l.ipv4.empty())
+        nets.push_back(
+            fmt::format("{} {}/{}", l.netdev, l.ipv4, prefix_of(facts, l.netdev, l.ipv4)));
+    r.add("net.subnet", "", Verdict::pass, "each twin in a subnet of its own: " + join(nets, ", "));
+  }
+}
+
 // Who holds the page cache, and what each fix frees: the model's files (`sparkctl evict`,
-// no root), the other files' clean cache (drop_caches, root), shared memory (neither).
+// no root), the other files' clean cache (drop_caches, root), shared memory (neither); and
+// memory reserved as huge pages, which only vm.nr_hugepages gives back.
 struct CacheSplit {
   uint64_t model = 0;  // the model's files, resident (mincore)
   uint64_t other = 0;  // other files' cache that drop_caches can free
   uint64_t shmem = 0;  // tmpfs and shared memory: counted in Cached, freed by neither
   uint64_t dirty = 0;
+  uint64_t huge = 0;       // reserved by the hugetlb pool (HugePages_Total x Hugepagesize)
+  uint64_t huge_free = 0;  // of it, pages no process has mapped (HugePages_Free)
+  uint64_t huge_pages = 0, huge_size = 0;
 };
 
 CacheSplit split_cache(const MemInfo& m, const NodeFacts& facts) {
@@ -439,7 +740,30 @@ CacheSplit split_cache(const MemInfo& m, const NodeFacts& facts) {
   c.model = std::min(facts.residency ? facts.residency->resident_bytes : 0, cached - c.shmem);
   c.other = cached - c.shmem - c.model;
   c.dirty = m.get("Dirty");
+  c.huge_pages = m.get("HugePages_Total");
+  c.huge_size = m.get("Hugepagesize");
+  c.huge = std::max(m.get("Hugetlb"), c.huge_pages * c.huge_size);
+  c.huge_free = std::min(c.huge, m.get("HugePages_Free") * c.huge_size);
   return c;
+}
+
+// Huge pages worth naming: a reservation of 1 GiB or more.
+bool huge_reserved(const CacheSplit& c) {
+  return c.huge >= kGiB;
+}
+
+std::string huge_desc(const CacheSplit& c) {
+  return fmt::format("{} reserved as huge pages (HugePages_Total {} x {}, {} of it unused)",
+                     format_size(c.huge), c.huge_pages, format_size(c.huge_size),
+                     format_size(c.huge_free));
+}
+
+std::string huge_fix(const CacheSplit& c) {
+  return fmt::format(
+      "release the {} of huge pages no process uses: `sudo sysctl -w vm.nr_hugepages=0` (and "
+      "remove vm.nr_hugepages from /etc/sysctl.conf, /etc/sysctl.d/ and the kernel command "
+      "line's hugepages=, so a reboot does not reserve them again)",
+      format_size(c.huge_free));
 }
 
 // The fix that clears `shortfall`: each step in the order it should be taken, until the
@@ -447,6 +771,10 @@ CacheSplit split_cache(const MemInfo& m, const NodeFacts& facts) {
 std::string mem_fix(uint64_t shortfall, const CacheSplit& c, bool uma) {
   std::vector<std::string> steps;
   uint64_t freed = 0;
+  if (c.huge_free >= kGiB && freed < shortfall) {
+    steps.push_back(huge_fix(c));
+    freed += c.huge_free;
+  }
   if (c.model >= kGiB / 4 && freed < shortfall) {
     steps.push_back(fmt::format(
         "run `sparkctl evict` ({} of page cache is the model's files; no "
@@ -462,22 +790,34 @@ std::string mem_fix(uint64_t shortfall, const CacheSplit& c, bool uma) {
     freed += c.other;
   }
   if (freed < shortfall) {
-    std::string left = fmt::format("{} more is held by processes{}", format_size(shortfall - freed),
-                                   c.shmem >= kGiB ? fmt::format(" or shared memory ({} in tmpfs "
-                                                                 "or /dev/shm, which drop_caches "
-                                                                 "cannot free)",
-                                                                 format_size(c.shmem))
-                                                   : "");
+    uint64_t huge_used = c.huge - c.huge_free;
+    std::string left = fmt::format(
+        "{} more is held by processes{}{}", format_size(shortfall - freed),
+        huge_used >= kGiB
+            ? fmt::format(" (of them {} in huge pages a process has mapped: `grep -l huge "
+                          "/proc/*/numa_maps`)",
+                          format_size(huge_used))
+            : "",
+        c.shmem >= kGiB ? fmt::format(" or shared memory ({} in tmpfs "
+                                      "or /dev/shm, which drop_caches "
+                                      "cannot free)",
+                                      format_size(c.shmem))
+                        : "");
     steps.push_back(fmt::format("{}: stop what uses it (`ps aux --sort=-rss | head`){}", left,
                                 c.shmem >= kGiB ? " or remove files from /dev/shm" : ""));
   }
   return join(steps, "; ");
 }
 
-void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, bool uma) {
+// `need`: what the plan puts on this node's GPUs (nullopt: no plan).
+void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, bool uma,
+                   std::optional<uint64_t> need) {
   const auto& cfg = r.cfg;
   if (!mi) {
-    r.add("mem", "", Verdict::fail, mi.error().message, "is /proc mounted?");
+    r.add("mem", "", Verdict::fail, mi.error().message,
+          r.root.live() ? "is /proc mounted?"
+                        : "the capture has no readable proc/meminfo: recapture the node with "
+                          "`sparkctl capture-node`");
     return;
   }
   uint64_t avail = mi->get("MemAvailable"), free = mi->get("MemFree");
@@ -488,6 +828,7 @@ void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi
       format_size(avail), format_size(free), format_size(c.model + c.other + c.shmem),
       format_size(c.model), format_size(c.other),
       c.shmem ? fmt::format(", {} shared memory", format_size(c.shmem)) : "", format_size(c.dirty));
+  if (huge_reserved(c)) desc += "; " + huge_desc(c);
   uint64_t free_min = cfg.get_size("MEM_FREE_MIN"), avail_min = cfg.get_size("MEM_AVAILABLE_MIN");
   std::vector<std::string> low;
   uint64_t shortfall = 0;
@@ -513,6 +854,16 @@ void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi
           fmt::format("{}; short by {}; {}{}", join(low, "; "), format_size(shortfall), desc,
                       uma_note),
           mem_fix(shortfall, c, uma));
+  } else if (uma && need && c.dirty > kGiB && free < *need) {
+    // Loading must then take the memory from the page cache while gigabytes of it wait for
+    // writeback: on unified memory the node stalls (and the watchdog may take it) at load.
+    // `sync` alone turns dirty pages into clean cache, which is still not free.
+    r.add("mem", "", Verdict::fail,
+          fmt::format("{} not yet written back, and MemFree {} < the {} the plan puts on this "
+                      "node: loading would reclaim page cache under writeback and freeze the "
+                      "node; {}{}",
+                      format_size(c.dirty), format_size(free), format_size(*need), desc, uma_note),
+          "run `sync`, then " + mem_fix(*need - free, c, uma));
   } else if (c.dirty > kGiB) {
     r.add("mem", "", Verdict::warn,
           fmt::format("{} not yet written back; {}", format_size(c.dirty), desc),
@@ -531,21 +882,20 @@ void check_mem_now(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi
 void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, const ModelFiles& mf,
                bool gb10, bool uma, const std::optional<GpuReport>& gpu) {
   const auto& cfg = r.cfg;
-  if (r.filter.enabled("mem")) check_mem_now(r, facts, mi, uma);
-  if (r.filter.enabled("mem.plan")) {
-    if (!mf.config_ok) {
-      r.add("mem.plan", "", Verdict::skip,
-            fmt::format("no model config.json ({}): see model.files", mf.dir));
-      return;
-    }
-    auto input = plan_input(mf, &cfg);
-    if (!input) {
-      r.add("mem.plan", "", Verdict::fail, input.error().message,
-            "check the model's config.json and the plan keys (KV_LAYOUT, CONTEXT_SPLIT, "
-            "MEM_WORKSPACE, MEM_MTP, MEM_VISION)");
-      return;
-    }
-    if (!mi) return;
+  // The plan first: on unified memory `mem` holds MemFree to what it puts on this node.
+  std::optional<CheckResult> plan_row;
+  std::optional<uint64_t> need;
+  std::optional<plan::WeightEstimate> estimate;  // no weight files: config.json's shapes
+  auto plan_add = [&](Verdict v, std::string msg, std::string fix = {}) {
+    plan_row = CheckResult{r.node.name, "mem.plan", "", v, std::move(msg), std::move(fix)};
+  };
+  if (!mf.config_ok) {
+    plan_add(Verdict::skip, fmt::format("no model config.json ({}): see model.files", mf.dir));
+  } else if (auto input = plan_input(mf, &cfg, "", &estimate); !input) {
+    plan_add(Verdict::fail, input.error().message,
+             "check the model's config.json and the plan keys (KV_LAYOUT, CONTEXT_SPLIT, "
+             "MEM_WORKSPACE, MEM_MTP, MEM_VISION)");
+  } else if (mi) {
     plan::PlanInput in = std::move(*input);
     in.gpus_per_node = static_cast<int>(r.node.gpus.size());
     // Unified memory (GB10): what the kernel can give; a discrete GPU: its own memory.
@@ -562,6 +912,7 @@ void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, co
     int nodes = static_cast<int>(cfg.nodes.size());
     // Every node is assumed to have as many GPUs as this one for the per-rank share.
     plan::PlanRow row = plan::plan_row(in, nodes);
+    need = row.need_per_rank * std::max<uint64_t>(1, r.node.gpus.size());
     std::string fixed =
         row.fixed_per_rank ? fmt::format(" + fixed {}", format_size(row.fixed_per_rank)) : "";
     std::string desc = fmt::format(
@@ -573,18 +924,35 @@ void check_mem(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi, co
                            : "",
         fixed, format_size(row.reserve), format_size(row.need_per_rank),
         format_size(row.capacity_per_rank));
-    if (row.fits)
-      r.add("mem.plan", "", Verdict::pass,
-            fmt::format("{}; up to {} tokens fit", desc, row.max_context));
+    CacheSplit c = split_cache(*mi, facts);
+    std::string huge = huge_reserved(c) && c.huge_free >= kGiB
+                           ? fmt::format("; {} of this node's memory is reserved as huge pages: {}",
+                                         format_size(c.huge), huge_fix(c))
+                           : "";
+    const bool estimated = estimate && !row.weights_from_engine;
+    if (estimated)
+      desc += fmt::format(" (weights ESTIMATED from config.json: {})", estimate->basis);
+    if (row.fits && estimated)
+      plan_add(
+          Verdict::warn,
+          fmt::format("{}; up to {} tokens would fit if the estimate holds", desc, row.max_context),
+          fmt::format("stage the weights (`sparkctl stage-weights --to {}`) and rerun: "
+                      "only counted weights can be said to fit",
+                      r.node.name));
+    else if (row.fits)
+      plan_add(Verdict::pass, fmt::format("{}; up to {} tokens fit", desc, row.max_context));
     else
-      r.add("mem.plan", "", Verdict::fail, desc,
-            row.max_context > 0
-                ? fmt::format(
-                      "set CONTEXT_LEN={} (the largest that fits) or fewer SLOTS, or free memory",
-                      row.max_context)
-                : "the weights share alone does not fit: add nodes or free memory (`sparkctl "
-                  "evict`)");
+      plan_add(Verdict::fail, desc,
+               row.max_context > 0
+                   ? fmt::format("set CONTEXT_LEN={} (the largest that fits) or fewer SLOTS, or "
+                                 "free memory{}",
+                                 row.max_context, huge)
+                   : "the weights share alone does not fit: add nodes or free memory (`sparkctl "
+                     "evict`)" +
+                         huge);
   }
+  if (r.filter.enabled("mem")) check_mem_now(r, facts, mi, uma, need);
+  if (r.filter.enabled("mem.plan") && plan_row) r.rep.checks.push_back(*plan_row);
 }
 
 void check_sys(NodeRun& r, const NodeFacts& facts, const Result<MemInfo>& mi) {
@@ -729,6 +1097,59 @@ void check_ports(NodeRun& r, const NodeFacts& facts) {
   }
 }
 
+// A library the dynamic loader could not find for sparkd, and where it comes from on
+// Debian/Ubuntu (DGX OS is Ubuntu with NVIDIA's repositories). "" when the error is another.
+std::string missing_library_fix(const std::string& error, std::string* lib) {
+  static const std::string marker = "error while loading shared libraries: ";
+  auto at = error.find(marker);
+  if (at == std::string::npos) return "";
+  auto start = at + marker.size();
+  auto end = error.find(':', start);
+  *lib = std::string(trim(error.substr(start, end == std::string::npos ? end : end - start)));
+  struct Pkg {
+    const char* prefix;
+    const char* where;
+  };
+  static const Pkg known[] = {
+      {"libnccl.so",
+       "libnccl2 (`sudo apt install libnccl2`; on DGX OS it comes from NVIDIA's "
+       "CUDA repository, which DGX OS has configured; elsewhere add "
+       "https://developer.download.nvidia.com/compute/cuda/repos/ first)"},
+      {"libibverbs.so", "libibverbs1 (`sudo apt install libibverbs1 ibverbs-providers`)"},
+      {"librdmacm.so", "librdmacm1 (`sudo apt install librdmacm1`)"},
+      {"libmlx5.so", "ibverbs-providers (`sudo apt install ibverbs-providers`)"},
+      {"libnuma.so", "libnuma1 (`sudo apt install libnuma1`)"},
+      {"libgomp.so", "libgomp1 (`sudo apt install libgomp1`)"},
+      {"libstdc++.so",
+       "libstdc++6 (`sudo apt install libstdc++6`; a newer one than the "
+       "release has needs the sparkctl package built for this release)"},
+      {"libgcc_s.so", "libgcc-s1 (`sudo apt install libgcc-s1`)"},
+      {"libssl.so", "libssl3 (`sudo apt install libssl3`)"},
+      {"libcrypto.so", "libssl3 (`sudo apt install libssl3`)"},
+      {"libz.so", "zlib1g (`sudo apt install zlib1g`)"},
+      {"libcuda.so",
+       "the NVIDIA driver (`sudo apt install nvidia-driver-580` or the DGX OS "
+       "driver package; libcuda.so.1 comes with the driver, not the toolkit)"},
+      {"libcudart.so",
+       "cuda-cudart (`sudo apt install cuda-cudart-13-0` from NVIDIA's CUDA "
+       "repository)"},
+      {"libcublas",
+       "libcublas (`sudo apt install libcublas-13-0` from NVIDIA's CUDA "
+       "repository)"},
+  };
+  for (const auto& k : known)
+    if (starts_with(*lib, k.prefix))
+      return fmt::format(
+          "sparkd needs {}: install the package that provides it, {}; then rerun "
+          "preflight",
+          *lib, k.where);
+  return fmt::format(
+      "sparkd needs {}: find the package that provides it with `apt-file search "
+      "{}` (`sudo apt install apt-file && sudo apt-file update` first) and "
+      "install it",
+      *lib, *lib);
+}
+
 // The sparkd this node will run: found, starts, and is this sparkctl's version (sw.parity
 // then holds every node's to the head's).
 void check_sparkd(NodeRun& r, const NodeFacts& facts) {
@@ -746,6 +1167,12 @@ void check_sparkd(NodeRun& r, const NodeFacts& facts) {
                                    ? std::string()
                                    : " (looked at " + facts.sparkd_tried + ")"),
           fix);
+  else if (std::string lib, lib_fix = missing_library_fix(facts.sparkd_error, &lib);
+           !lib_fix.empty())
+    r.add("sw.sparkd", facts.sparkd_bin, Verdict::fail,
+          fmt::format("{} cannot be started: the library {} is missing ({})", facts.sparkd_bin, lib,
+                      facts.sparkd_error),
+          lib_fix);
   else if (!facts.sparkd_error.empty())
     r.add("sw.sparkd", facts.sparkd_bin, Verdict::fail,
           fmt::format("{} cannot be started: {}", facts.sparkd_bin, facts.sparkd_error), fix);
@@ -833,7 +1260,17 @@ void check_gpu(NodeRun& r, const std::optional<GpuReport>& gpu, const std::strin
     std::string desc = fmt::format("{}: sm_{}{}, {}, {} KiB shared memory per block (opt-in), {}",
                                    d->name, d->cc_major, d->cc_minor, format_size(d->total_memory),
                                    d->max_smem_per_block_optin / 1024, driver);
-    if (!d->errors.empty())
+    auto covered = cuda_archs_cover(kCudaArchitectures, d->cc_major, d->cc_minor);
+    if (covered && !*covered)
+      r.add("gpu", subject, Verdict::fail,
+            fmt::format("{}; this build has CUDA kernels for {} only (CMAKE_CUDA_ARCHITECTURES), "
+                        "none that sm_{}{} runs: the engine would stop at its first kernel",
+                        desc, kCudaArchitectures, d->cc_major, d->cc_minor),
+            fmt::format("install a sparkctl built for this GPU as well (configure with "
+                        "-DCMAKE_CUDA_ARCHITECTURES=\"{};{}{}\") on every node, or take {} "
+                        "out of the ring",
+                        kCudaArchitectures, d->cc_major, d->cc_minor, r.node.name));
+    else if (!d->errors.empty())
       r.add("gpu", subject, Verdict::warn, fmt::format("{}; {}", desc, join(d->errors, "; ")));
     else
       r.add("gpu", subject, Verdict::pass, desc);
@@ -901,16 +1338,22 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
     if (i < node.hcas.size()) rep.links[i].hca = node.hcas[i];
     if (i < node.netdevs.size()) {
       rep.links[i].netdev = node.netdevs[i];
-      auto v4 = facts.ipv4_of(node.netdevs[i]);
-      if (!v4.empty()) rep.links[i].ipv4 = v4[0];
+      rep.links[i].ipv4 =
+          twin_address(cfg, node, facts, node.netdevs[i], i ? rep.links[0].ipv4 : std::string());
     }
   }
+  for (const auto& a : facts.addrs)
+    if (a.family == "inet" && !starts_with(a.address, "127."))
+      rep.addrs.push_back({a.ifname, a.address, a.prefix});
+  if (gpu && !gpu->devices.empty())
+    rep.gpu_cc = fmt::format("{}.{}", gpu->devices[0].cc_major, gpu->devices[0].cc_minor);
 
   std::vector<std::optional<Hca>> hcas;
   check_rdma(r, facts, hcas);
   check_gid(r, facts, hcas);
   check_idle_twins(r, facts, hcas);
   check_links(r, facts, gb10);
+  check_subnets(r, facts);
   auto mi_text = root.read("/proc/meminfo");
   Result<MemInfo> mi = mi_text ? parse_meminfo(*mi_text)
                                : Result<MemInfo>(make_error(Errc::io, "cannot read /proc/meminfo"));
@@ -929,6 +1372,7 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   check_sparkd(r, facts);
   check_model(r, mf);
   check_known_bad(r, facts, gpu, hcas);
+  apply_wrong_pin(r, facts, hcas);
   check_reads(r);  // last: every probe above has read what it reads
 
   // Report order is the catalog's, whatever order the probes ran in.

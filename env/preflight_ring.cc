@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include "core/strings.h"
+#include "env/gpu.h"
+#include "env/net.h"
 #include "env/preflight.h"
+#include "spark/version.h"
 
 namespace spark::env {
 
@@ -41,6 +45,11 @@ const std::vector<CheckInfo>& check_catalog() {
       {"rdma.gid", "RoCE v2 GID of the fabric address resolved (and the configured index right)",
        false},
       {"net.link", "operstate up, speed floor, MTU, the same MTU on every node", false},
+      {"net.addr", "no IPv4 address held by two nodes (a cloned disk image, a copied netplan file)",
+       true},
+      {"net.subnet",
+       "each twin in an IPv4 subnet of its own (or the ARP sysctls that make a shared one safe)",
+       false},
       {"net.path", "don't-fragment ping of MTU-28 bytes to every peer on every twin", true},
       {"net.bandwidth", "TCP throughput per twin against line rate (--bandwidth)", true},
       {"mem",
@@ -53,6 +62,7 @@ const std::vector<CheckInfo>& check_catalog() {
        false},
       {"disk", "model filesystem use after staging under DISK_MAX_USE", false},
       {"gpu", "driver, device, memory, no other process on the GPU", false},
+      {"gpu.parity", "the same GPU model and compute capability on every node", true},
       {"gpu.throttle", "SM clock, power and throttle reasons (NVML) under a short load on each GPU",
        false},
       {"sw.known_bad", "kernel, driver, NCCL, firmware against the known-bad list (kho=off)",
@@ -127,6 +137,10 @@ json report_to_json(const NodeReport& r) {
   j["hostname"] = r.hostname;
   j["clock_ms"] = r.clock_ms;
   j["gpu_name"] = r.gpu_name;
+  j["gpu_cc"] = r.gpu_cc;
+  j["addrs"] = json::array();
+  for (const auto& a : r.addrs)
+    j["addrs"].push_back({{"netdev", a.netdev}, {"address", a.address}, {"prefix", a.prefix}});
   j["identity"] = r.identity;
   j["checks"] = json::array();
   for (const auto& c : r.checks) j["checks"].push_back(check_json(c));
@@ -154,6 +168,9 @@ Result<NodeReport> report_from_json(const json& j) {
     r.hostname = j.value("hostname", "");
     r.clock_ms = j.value("clock_ms", int64_t{0});
     r.gpu_name = j.value("gpu_name", "");
+    r.gpu_cc = j.value("gpu_cc", "");
+    for (const auto& a : j.value("addrs", json::array()))
+      r.addrs.push_back({a.value("netdev", ""), a.value("address", ""), a.value("prefix", 0)});
     if (j.contains("identity"))
       r.identity = j["identity"].get<std::map<std::string, std::string>>();
     for (const auto& c : j.value("checks", json::array())) {
@@ -265,6 +282,141 @@ std::vector<CheckResult> mtu_parity(const std::vector<const NodeReport*>& reps) 
   return out;
 }
 
+// The address a node that must give one up takes instead: in the same subnet, with its own
+// fabric address's host number when that is free in the ring, else the first free one.
+std::string free_address(const RingConfig& cfg, const std::vector<const NodeReport*>& reps,
+                         const NodeReport& n, const std::string& addr, int prefix) {
+  auto a = parse_ipv4(addr);
+  if (!a || prefix <= 0 || prefix >= 31) return "";
+  uint32_t mask = ~uint32_t{0} << (32 - prefix);
+  auto taken = [&](uint32_t v) {
+    std::string t = format_ipv4(v);
+    for (const auto* r : reps)
+      for (const auto& x : r->addrs)
+        if (x.address == t) return true;
+    for (const auto& node : cfg.nodes)
+      if (node.fabric_ip == t) return true;
+    return false;
+  };
+  std::string own;
+  for (const auto& node : cfg.nodes)
+    if (node.index == n.index) own = node.fabric_ip;
+  if (auto f = parse_ipv4(own)) {
+    uint32_t v = (*a & mask) | (*f & ~mask);
+    if (v == *f && ipv4_same_subnet(own, addr, prefix) && own != addr) return own;
+    if ((v & ~mask) != 0 && (v & ~mask) != ~mask && !taken(v)) return format_ipv4(v);
+  }
+  for (uint32_t h = 1; h < (~mask); ++h)
+    if (!taken((*a & mask) | h)) return format_ipv4((*a & mask) | h);
+  return "";
+}
+
+// net.addr: an address two nodes hold. The node whose configured fabric address it is keeps
+// it (else the lower index); every other holder gets a row with the move to an address of
+// its own. `distrust` collects (node, netdev) whose GID must not be used.
+std::vector<CheckResult> addr_checks(const RingConfig& cfg,
+                                     const std::vector<const NodeReport*>& reps,
+                                     std::set<std::pair<std::string, std::string>>* distrust) {
+  std::vector<CheckResult> out;
+  std::map<std::string, std::vector<std::pair<const NodeReport*, const AddrFact*>>> by_addr;
+  for (const auto* r : reps)
+    for (const auto& a : r->addrs)
+      if (!ipv4_link_local(a.address)) by_addr[a.address].emplace_back(r, &a);
+  std::set<std::string> flagged;
+  for (const auto& [addr, holders] : by_addr) {
+    std::set<std::string> nodes;
+    for (const auto& h : holders) nodes.insert(h.first->node);
+    if (nodes.size() < 2) continue;
+    const NodeReport* keeper = nullptr;
+    const AddrFact* kept = nullptr;
+    for (const auto& h : holders)
+      for (const auto& node : cfg.nodes)
+        if (node.index == h.first->index && node.fabric_ip == addr && !keeper) {
+          keeper = h.first;
+          kept = h.second;
+        }
+    if (!keeper) {
+      for (const auto& h : holders)
+        if (!keeper || h.first->index < keeper->index) {
+          keeper = h.first;
+          kept = h.second;
+        }
+    }
+    for (const auto& [r, a] : holders) {
+      if (r == keeper) continue;
+      flagged.insert(r->node);
+      distrust->emplace(r->node, a->netdev);
+      std::string to = free_address(cfg, reps, *r, addr, a->prefix);
+      out.push_back(
+          {r->node, "net.addr", addr, Verdict::fail,
+           fmt::format("{} is on {}:{} and on {}:{}: two nodes answer for one address (a cloned "
+                       "disk image or a copied netplan file), so ARP, NCCL and the GID of {} "
+                       "reach either",
+                       addr, r->node, a->netdev, keeper->node, kept->netdev, addr),
+           to.empty()
+               ? fmt::format("give {} an address of its own on {} instead of {} (and in its "
+                             "netplan file)",
+                             r->node, a->netdev, addr)
+               : fmt::format("on {}: {} (and in its netplan file), so {} keeps {}", r->node,
+                             ip_addr_move(addr, a->prefix, a->netdev, to, a->prefix, a->netdev),
+                             keeper->node, addr)});
+    }
+  }
+  for (const auto* r : reps)
+    if (!flagged.count(r->node) && !r->addrs.empty())
+      out.push_back({r->node, "net.addr", "", Verdict::pass,
+                     "no address of this node is held by another node", ""});
+  return out;
+}
+
+// gpu.parity: every node's GPU against the most common one (the head's on a tie).
+std::vector<CheckResult> gpu_parity(const std::vector<const NodeReport*>& reps) {
+  std::vector<CheckResult> out;
+  std::map<std::pair<std::string, std::string>, int> count;
+  for (const auto* r : reps)
+    if (!r->gpu_cc.empty()) count[{r->gpu_name, r->gpu_cc}]++;
+  if (count.size() < 1) return out;
+  std::pair<std::string, std::string> ref;
+  int best = 0;
+  for (const auto* r : reps) {
+    if (r->gpu_cc.empty()) continue;
+    int c = count[{r->gpu_name, r->gpu_cc}];
+    if (c > best) {
+      best = c;
+      ref = {r->gpu_name, r->gpu_cc};
+    }
+  }
+  std::vector<std::string> with_ref;
+  for (const auto* r : reps)
+    if (!r->gpu_cc.empty() && std::make_pair(r->gpu_name, r->gpu_cc) == ref)
+      with_ref.push_back(r->node);
+  auto sm = [](const std::string& cc) {
+    std::string t = cc;
+    t.erase(std::remove(t.begin(), t.end(), '.'), t.end());
+    return "sm_" + t;
+  };
+  for (const auto* r : reps) {
+    if (r->gpu_cc.empty()) continue;
+    if (std::make_pair(r->gpu_name, r->gpu_cc) == ref) {
+      out.push_back({r->node, "gpu.parity", "", Verdict::pass,
+                     fmt::format("{} ({}) like {}", r->gpu_name, sm(r->gpu_cc),
+                                 count.size() == 1 ? "every node" : join(with_ref, ", ")),
+                     ""});
+      continue;
+    }
+    std::string archs = *kCudaArchitectures ? kCudaArchitectures : "none (a CPU-only build)";
+    out.push_back(
+        {r->node, "gpu.parity", "", Verdict::fail,
+         fmt::format("{}'s GPU is {} ({}), {} {} {} ({}): one ring runs one kernel build and one "
+                     "shard plan on every rank; this build has CUDA kernels for {}",
+                     r->node, r->gpu_name, sm(r->gpu_cc), join(with_ref, ", "),
+                     with_ref.size() == 1 ? "has" : "have", ref.first + "", sm(ref.second), archs),
+         fmt::format("run the ring on nodes with the same GPU ({}, {}): take {} out of the "
+                     "cluster file or put the same GPU in it",
+                     ref.first, sm(ref.second), r->node)});
+  }
+  return out;
+}
 }  // namespace
 
 RingReport merge_reports(const RingConfig& cfg, const std::vector<NodeOutcome>& outcomes,
@@ -304,6 +456,17 @@ RingReport merge_reports(const RingConfig& cfg, const std::vector<NodeOutcome>& 
     auto m = mtu_parity(reps);
     checks.insert(checks.end(), m.begin(), m.end());
   }
+  // A twin whose address another node holds resolves that node's GID as well: never used,
+  // whether net.addr is shown or not.
+  std::set<std::pair<std::string, std::string>> distrust;
+  {
+    auto a = addr_checks(cfg, reps, &distrust);
+    if (filter.enabled("net.addr")) checks.insert(checks.end(), a.begin(), a.end());
+  }
+  if (filter.enabled("gpu.parity") && reps.size() > 1) {
+    auto g = gpu_parity(reps);
+    checks.insert(checks.end(), g.begin(), g.end());
+  }
   if (filter.enabled("clock") && reps.size() > 1) {
     // The node sampled its clock between sent_ms and recv_ms of the head's clock; outside
     // that window the difference is skew (a lower bound, so never a false alarm).
@@ -332,15 +495,19 @@ RingReport merge_reports(const RingConfig& cfg, const std::vector<NodeOutcome>& 
     }
   }
   for (const auto& o : outcomes)
-    if (o.report) rep.nodes.push_back(*o.report);
+    if (o.report) {
+      rep.nodes.push_back(*o.report);
+      for (auto& l : rep.nodes.back().links)
+        if (distrust.count({o.report->node, l.netdev})) l.gid_index.reset();
+    }
   for (const auto& place : cfg.ranks()) {
     RankSummary s;
     s.rank = place.rank;
     s.gpu = place.gpu;
     s.node = cfg.nodes[static_cast<size_t>(place.node)].name;
-    for (const auto& o : outcomes)
-      if (o.report && o.index == place.node)
-        for (const auto& l : o.report->links)
+    for (const auto& n : rep.nodes)
+      if (n.index == place.node)
+        for (const auto& l : n.links)
           if (!l.hca.empty()) s.gid_index.emplace_back(l.hca, l.gid_index);
     rep.ranks.push_back(std::move(s));
   }
@@ -441,17 +608,38 @@ std::vector<CheckResult> bandwidth_checks(const std::vector<BandwidthResult>& ru
 
 // ---- rendering ----
 
+namespace {
+// What a node sent, safe for a terminal: bytes that are not UTF-8 and control bytes (an
+// escape sequence, a carriage return, a newline inside a value) as \xNN, as JSON escapes them.
+std::string term_safe(std::string_view s) {
+  std::string v = escape_invalid_utf8(s), out;
+  out.reserve(v.size());
+  for (char ch : v) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02X}", c);
+    else
+      out += ch;
+  }
+  return out;
+}
+}  // namespace
+
 std::string format_report_table(const RingReport& r, bool verbose) {
   std::ostringstream o;
   size_t wn = 4, wc = 5, ws = 7;
-  for (const auto& c : r.checks) {
+  std::vector<CheckResult> rows;
+  for (const auto& c : r.checks)
+    rows.push_back({term_safe(c.node), term_safe(c.id), term_safe(c.subject), c.verdict,
+                    term_safe(c.message), term_safe(c.fix)});
+  for (const auto& c : rows) {
     wn = std::max(wn, c.node.size());
     wc = std::max(wc, c.id.size());
     ws = std::max(ws, c.subject.size());
   }
   o << fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<4}  {}\n", "NODE", wn, "CHECK", wc, "SUBJECT", ws,
                    "VERDICT", "MESSAGE / FIX");
-  for (const auto& c : r.checks) {
+  for (const auto& c : rows) {
     o << fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<7}  {}\n", c.node, wn, c.id, wc, c.subject, ws,
                      verdict_name(c.verdict), c.message);
     if (!c.fix.empty()) o << fmt::format("{:<{}}fix: {}\n", "", wn + wc + ws + 15, c.fix);
@@ -465,8 +653,8 @@ std::string format_report_table(const RingReport& r, bool verbose) {
     std::string gids;
     for (const auto& [hca, idx] : rk.gid_index)
       gids += fmt::format(" {}:{}", hca, idx ? std::to_string(*idx) : "none");
-    places.push_back(
-        fmt::format("{}={}/gpu{}{}", rk.rank, rk.node, rk.gpu, gids.empty() ? "" : " gid" + gids));
+    places.push_back(fmt::format("{}={}/gpu{}{}", rk.rank, term_safe(rk.node), rk.gpu,
+                                 gids.empty() ? "" : " gid" + gids));
   }
   if (!places.empty()) o << "# ranks: " << join(places, ", ") << "\n";
   o << fmt::format("# {} PASS, {} WARN, {} FAIL, {} SKIP on {} node(s) in {:.2f} s\n", n("PASS"),
@@ -474,10 +662,18 @@ std::string format_report_table(const RingReport& r, bool verbose) {
   if (verbose) {
     for (const auto& node : r.nodes) {
       if (node.raw.is_null()) continue;
-      o << fmt::format("\n# raw facts of {} ({})\n", node.node, node.hostname);
+      o << fmt::format("\n# raw facts of {} ({})\n", term_safe(node.node),
+                       term_safe(node.hostname));
       if (node.raw.contains("gid_tables"))
-        for (const auto& [hca, table] : node.raw["gid_tables"].items())
-          o << table.get<std::string>();
+        for (const auto& [hca, table] : node.raw["gid_tables"].items()) {
+          // Line by line: the table's own newlines stay, a node's control bytes do not.
+          std::string_view t = table.get_ref<const std::string&>();
+          while (!t.empty()) {
+            auto nl = t.find('\n');
+            o << term_safe(t.substr(0, nl)) << "\n";
+            t = nl == std::string_view::npos ? std::string_view() : t.substr(nl + 1);
+          }
+        }
       if (node.raw.contains("meminfo"))
         for (const auto& [k, v] : node.raw["meminfo"].items())
           if (k == "MemTotal" || k == "MemFree" || k == "MemAvailable" || k == "Cached" ||

@@ -105,11 +105,14 @@ std::optional<Hca> read_hca(const Sysroot& root, const std::string& name) {
       GidEntry e;
       e.index = static_cast<int>(*idx);
       e.path = pb + "/gids/" + gi;
-      e.raw = root.read_line(e.path).value_or("");
+      auto raw = root.read_line(e.path);
+      e.raw = raw.value_or("");
       if (!parse_gid(e.raw, &e.bytes)) {
-        // An unreadable file is an empty entry; text that is not a GID is named as such.
+        // A file that cannot be read is an empty entry. One that reads but holds no GID (junk
+        // text, or nothing at all: the kernel prints zeros for an unused entry, never an
+        // empty file) is data we cannot read, named as such: never an all-zero entry.
         e.bytes.fill(0);
-        e.malformed = !e.raw.empty();
+        e.malformed = raw.has_value();
       }
       if (!e.zero()) {
         // The kernel answers EINVAL for the attributes of empty entries; only ask for real ones.
@@ -161,7 +164,13 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
 }
 
 namespace {
+bool link_local(const std::string& ip) {
+  return starts_with(ip, "169.254.");
+}
+
 std::string quoted_junk(const GidEntry& g) {
+  if (g.raw.empty())
+    return fmt::format("{} is empty, not a GID (8 groups of 4 hex digits)", g.path);
   std::string t = g.raw.size() > 60 ? g.raw.substr(0, 60) + "..." : g.raw;
   return fmt::format("{} holds '{}', not a GID (8 groups of 4 hex digits)", g.path, t);
 }
@@ -255,7 +264,12 @@ GidResolution resolve_roce_gid(const Hca& hca, int port_no, const std::string& f
           "port's {}; {}",
           where, *configured, at->text(), twin_name(*at_owner), fabric_ip, found_at);
     } else if (at->ipv4_mapped() && at->ipv4() != fabric_ip) {
-      std::string owner = at_owner ? fmt::format(", node {}'s fabric address", at_owner->node) : "";
+      std::string owner =
+          at_owner ? fmt::format(", node {}'s fabric address", at_owner->node)
+          : link_local(at->ipv4())
+              ? ", a link-local address (169.254.0.0/16: avahi or the kernel made it up), "
+                "never the fabric's"
+              : "";
       r.fault = GidFault::other_node;
       r.message = fmt::format("{}: GID index {} holds {}{} (this node's is {}); {}", where,
                               *configured, at->text(), owner, fabric_ip, found_at);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/cli.h"
+#include "core/strings.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -41,7 +42,7 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
       ok.out.find(
           "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
           "rocep1s0f1:3\n") != std::string::npos);
-  CHECK(ok.out.find("# 53 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  CHECK(ok.out.find("# 59 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
   CHECK(fail.rc == 1);
@@ -198,19 +199,27 @@ TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a sta
                   "--kv-layout", "sglang"})
             .rc == 2);
   // --kv-overhead is KV: it is in KV/RANK and comes off the largest context.
-  auto base = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model",
-                        model, "--context", "500000", "--kv-dtype", "fp8", "--kv-layout", "vllm",
-                        "--capacity", "20GiB", "--slots", "1", "--nodes", "2"});
-  auto over = sparkctl({"--config",      fx("healthy-pair/cluster.env"),
-                        "--json",        "plan",
-                        "--model",       model,
-                        "--context",     "500000",
-                        "--kv-dtype",    "fp8",
-                        "--kv-layout",   "vllm",
-                        "--capacity",    "20GiB",
-                        "--slots",       "1",
-                        "--nodes",       "2",
-                        "--kv-overhead", "7GiB"});
+  auto base = sparkctl({"--config",        fx("healthy-pair/cluster.env"),
+                        "--json",          "plan",
+                        "--model",         model,
+                        "--context",       "500000",
+                        "--kv-dtype",      "fp8",
+                        "--kv-layout",     "vllm",
+                        "--capacity",      "120GiB",
+                        "--slots",         "1",
+                        "--nodes",         "2",
+                        "--weights-dtype", "fp4"});
+  auto over = sparkctl({"--config",        fx("healthy-pair/cluster.env"),
+                        "--json",          "plan",
+                        "--model",         model,
+                        "--context",       "500000",
+                        "--kv-dtype",      "fp8",
+                        "--kv-layout",     "vllm",
+                        "--capacity",      "120GiB",
+                        "--slots",         "1",
+                        "--nodes",         "2",
+                        "--weights-dtype", "fp4",
+                        "--kv-overhead",   "7GiB"});
   REQUIRE_MESSAGE(base.rc == 0, base.err);
   REQUIRE_MESSAGE(over.rc == 0, over.err);
   auto jb = nlohmann::json::parse(base.out), jo = nlohmann::json::parse(over.out);
@@ -221,4 +230,63 @@ TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a sta
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", model,
                   "--kv-overhead", "lots"})
             .rc == 2);
+}
+
+TEST_CASE("plan on a directory with only config.json estimates the weights, never says fits") {
+  // How a ring is sized before a 164 GiB download: config.json alone.
+  spark::test::TempDir t("spark-plan-estimate");
+  std::filesystem::copy(
+      std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models/plan/glm-5.3-flash/config.json",
+      t / "config.json");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--config", fx("healthy-pair/cluster.env"),
+                                  "--json",   "plan",
+                                  "--model",  t.path(),
+                                  "--nodes",  "4"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto p = sparkctl(a);
+    REQUIRE_MESSAGE(p.rc == 0, p.err);
+    return nlohmann::json::parse(p.out);
+  };
+  auto j = run({"--capacity", "100GiB"});
+  CHECK(j["model"]["weights_estimated"] == true);
+  // 288 experts x 3 x 4096 x 2048 on 42 sparse layers alone are 304 G parameters.
+  uint64_t est = j["model"]["weight_bytes"].get<uint64_t>();
+  CHECK(est > 600ull * 1000 * 1000 * 1000);
+  CHECK(est < 700ull * 1000 * 1000 * 1000);
+  CHECK(j["model"]["expert_bytes"].get<uint64_t>() > est * 9 / 10);
+  for (const auto& r : j["rows"]) {
+    CHECK(r["fits"].is_null());
+    CHECK(r["weights_from"] == "estimate");
+    CHECK(r["weights_per_rank"].get<uint64_t>() > 0);
+  }
+  // The old answer: one node, 0 B of weights, a 21-million-token context.
+  CHECK(j["rows"][0]["fits_if_estimate_holds"] == false);
+  CHECK(j["rows"][0]["max_context"] == 0);
+  // At fp4 (the download's size) it is about a quarter.
+  auto f = run({"--capacity", "100GiB", "--weights-dtype", "fp4"});
+  uint64_t fp4 = f["model"]["weight_bytes"].get<uint64_t>();
+  CHECK(fp4 < est * 3 / 10);
+  CHECK(fp4 > 150ull << 30);
+  CHECK(fp4 < 180ull << 30);
+  CHECK(f["model"]["weights_basis"].get<std::string>().find("fp4 matrices (--weights-dtype)") !=
+        std::string::npos);
+  // The table says it is an estimate, and never "yes".
+  auto tbl = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", t.path(),
+                       "--capacity", "1TiB", "--weights-dtype", "fp4"});
+  REQUIRE_MESSAGE(tbl.rc == 0, tbl.err);
+  CHECK(tbl.out.find("an ESTIMATE from config.json") != std::string::npos);
+  CHECK(tbl.out.find("~yes") != std::string::npos);
+  CHECK(tbl.out.find("  yes ") == std::string::npos);
+  CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", t.path(),
+                  "--weights-dtype", "fp3"})
+            .rc == 2);
+  // A quantization_config names the bytes: fp8 matrices, bf16 embeddings.
+  auto cfg = nlohmann::json::parse(spark::read_file(t / "config.json").value());
+  cfg["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  t.write("config.json", cfg.dump());
+  auto q = run({"--capacity", "100GiB"});
+  uint64_t fp8 = q["model"]["weight_bytes"].get<uint64_t>();
+  CHECK(fp8 < est * 6 / 10);
+  CHECK(fp8 > est * 4 / 10);
 }

@@ -190,8 +190,10 @@ TEST_CASE("merge_reports: unreachable nodes, clock skew outside the request wind
     o[i].sent_ms = 1000000;
     o[i].recv_ms = 1000300;
   }
-  o[0].report = NodeReport{"node0", 0, "", {}, {{"nccl_version", "22304"}}, {}, 1000100, "", {}};
-  o[1].report = NodeReport{"node1", 1, "", {}, {{"nccl_version", "22304"}}, {}, 1005300, "", {}};
+  o[0].report =
+      NodeReport{"node0", 0, "", {}, {{"nccl_version", "22304"}}, {}, 1000100, "", "", {}, {}};
+  o[1].report =
+      NodeReport{"node1", 1, "", {}, {{"nccl_version", "22304"}}, {}, 1005300, "", "", {}, {}};
   o[2].error = make_error(Errc::auth, "node2: host key of 10.0.0.3 is unknown");
   auto r = merge_reports(cfg, o, {});
   std::map<std::string, std::string> v;
