@@ -2,6 +2,7 @@
 // and files, layer type by layer type (core/model_plan.h).
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -72,8 +73,13 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
   if (model.empty())
     return ctx.fail(make_error(Errc::usage, "plan: no model: pass --model DIR or set MODEL_PATH"));
   auto mf = env::read_model_files(env::Sysroot("/"), model);
-  if (!mf.config_ok)
-    return ctx.fail(make_error(Errc::not_found, fmt::format("{}: {}", model, mf.config_error)));
+  if (!mf.config_ok) {
+    // A config.json that is there but wrong is a config error, not a missing file.
+    std::error_code ec;
+    bool there = std::filesystem::is_regular_file(model + "/config.json", ec);
+    return ctx.fail(make_error(there ? Errc::config : Errc::not_found,
+                               fmt::format("{}: {}", model, mf.config_error)));
+  }
   std::string weights_dtype =
       vm.count("weights-dtype") ? vm["weights-dtype"].as<std::string>() : "";
   if (!weights_dtype.empty() && !plan::weights_dtype_bytes(weights_dtype))

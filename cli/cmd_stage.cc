@@ -102,6 +102,7 @@ json report_json(const std::string& dir, const stage::SendReport& r, bool rebuil
                {"skip_files", t.skip_files},
                {"skip_bytes", t.skip_bytes},
                {"resume_bytes", t.resume_bytes},
+               {"resume_mismatch_chunks", t.resume_mismatch_chunks},
                {"fs_free", t.fs_free},
                {"fs_total", t.fs_total}};
     if (!t.ok) {

@@ -239,7 +239,7 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
   adopt_dir_owner(d.log);
   const std::string conf = config_of_node(d, node);
   std::string why;
-  if (!write_file_atomic(conf, config_text, &why))
+  if (!write_file_atomic(conf, config_text, &why, 0640))
     return fail_all(fmt::format("cannot write {}: {}", conf, why));
   adopt_dir_owner(conf);
 

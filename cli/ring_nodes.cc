@@ -187,6 +187,35 @@ std::string follow_log_command(const RingConfig& cfg, int rank, int lines) {
          fmt::format("exec tail -n {} -F \"$L/sparkd-{}.log\" 2>&1\n", lines, rank);
 }
 
+// Drops what does not have the type a health body gives it, so that readers of the body
+// (status, watch, start) never meet a null or a wrong type where they read a field.
+json sanitize_health(json h) {
+  auto keep = [](json& o, const char* key, bool (json::*is)() const noexcept) {
+    if (o.contains(key) && !(o[key].*is)()) o.erase(key);
+  };
+  for (const char* k : {"state", "reason"}) keep(h, k, &json::is_string);
+  for (const char* k : {"live", "ready", "fatal", "stalled", "ok"}) keep(h, k, &json::is_boolean);
+  for (const char* k : {"world_size", "requests_in_flight"}) keep(h, k, &json::is_number);
+  if (!h.contains("slots") || !h["slots"].is_object()) h["slots"] = json::object();
+  for (const char* k : {"total", "busy"}) keep(h["slots"], k, &json::is_number);
+  if (h.contains("ranks")) {
+    if (!h["ranks"].is_array()) {
+      h.erase("ranks");
+    } else {
+      json ranks = json::array();
+      for (auto& r : h["ranks"]) {
+        if (!r.is_object()) continue;
+        for (const char* k : {"state", "reason", "device", "node"}) keep(r, k, &json::is_string);
+        for (const char* k : {"alive", "joined"}) keep(r, k, &json::is_boolean);
+        for (const char* k : {"rank", "last_seen_s"}) keep(r, k, &json::is_number);
+        ranks.push_back(std::move(r));
+      }
+      h["ranks"] = std::move(ranks);
+    }
+  }
+  return h;
+}
+
 Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
                           std::chrono::milliseconds timeout) {
   const auto& n0 = cfg.nodes.at(0);
@@ -226,7 +255,19 @@ Result<json> fetch_health(const RingConfig& cfg, const RingLayout& lay,
   if (!h.is_object())
     return make_error(Errc::network,
                       fmt::format("rank 0 ({}) /health answered {} without JSON", n0.name, status));
-  return h;
+  if (!h.contains("live")) {
+    // Not a health body: an error of the listener itself (its connection cap: 503 "busy",
+    // which says nothing about the ring; a 401 or 404 of something else on the port).
+    std::string msg;
+    if (h.contains("error") && h["error"].is_object() && h["error"].contains("message") &&
+        h["error"]["message"].is_string())
+      msg = h["error"]["message"].get<std::string>();
+    bool capped = status == 503 && msg.find("too many connections") != std::string::npos;
+    return make_error(capped ? Errc::busy : Errc::network,
+                      fmt::format("rank 0 ({}) /health answered {}{}{}", n0.name, status,
+                                  msg.empty() ? " without a health body" : ": ", msg));
+  }
+  return sanitize_health(std::move(h));
 }
 
 }  // namespace spark::cli

@@ -490,22 +490,26 @@ std::string save_log_tails(const RingConfig& cfg, const RingLayout& lay, const s
   std::string dir = state + "/incidents/" + timestamp_name();
   (void)make_dirs(dir);
   std::string why;
-  (void)write_file_atomic(dir + "/reason.txt", reason + "\n", &why);
+  (void)write_file_atomic(dir + "/reason.txt", reason + "\n", &why, 0640);
   adopt_dir_owner(dir + "/reason.txt");
   for (const auto& p : cfg.ranks()) {
     auto t = read_rank_log(cfg, lay, p.rank, 200);
     const std::string log = fmt::format("{}/rank{}.log", dir, p.rank);
     (void)write_file_atomic(log, t ? *t : "(could not read the log: " + t.error().message + ")\n",
-                            &why);
+                            &why, 0640);
     adopt_dir_owner(log);
   }
   return dir;
 }
 
 // Why the ring is not strictly healthy ("" when it is); *only_loading when the ring is merely
-// not ready yet (every process alive, nothing fatal or stalled).
-std::string ring_problem(const RingConfig& cfg, const RingLayout& lay, bool* only_loading) {
+// not ready yet (every process alive, nothing fatal or stalled); *capped when all that is
+// known is that rank 0's listener refused the check at its connection cap (every process
+// alive): the ring's health is then unknown, not bad.
+std::string ring_problem(const RingConfig& cfg, const RingLayout& lay, bool* only_loading,
+                         bool* capped) {
   *only_loading = false;
+  *capped = false;
   std::vector<std::string> problems;
   for (const auto& p : probe_nodes(cfg, lay)) {
     if (p.error) {
@@ -518,6 +522,10 @@ std::string ring_problem(const RingConfig& cfg, const RingLayout& lay, bool* onl
   }
   auto h = fetch_health(cfg, lay, milliseconds(5000));
   if (!h) {
+    if (h.error().code == Errc::busy && problems.empty()) {
+      *capped = true;
+      return h.error().message;
+    }
     problems.push_back("rank 0 does not answer: " + h.error().message);
     return join(problems, "; ");
   }
@@ -691,7 +699,8 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
     s.slots_busy = (*h)["slots"].value("busy", 0);
     s.requests_in_flight = h->value("requests_in_flight", 0);
   } else {
-    s.state = "down";
+    // At the connection cap rank 0 answers but tells nothing of the ring: unknown, not down.
+    s.state = h.error().code == Errc::busy ? "unknown" : "down";
     s.reason = h.error().message;
   }
   bool all_alive = true;
@@ -736,6 +745,9 @@ RingStatus ring_status(const RingConfig& cfg, const RingLayout& lay) {
               rs.reason = "rank 0 lost its heartbeats";
             }
           }
+      } else if (!h && h.error().code == Errc::busy) {
+        rs.state = "unknown";
+        rs.reason = "rank 0's listener is at its connection cap: " + h.error().message;
       } else if (r.uptime_s >= 0 && r.uptime_s < 30) {
         rs.state = "starting";
         rs.reason = "rank 0 does not answer yet";
@@ -889,12 +901,17 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
         "the ring was never started with `sparkctl start`; watch only keeps a started ring up";
     return p.w;
   }
-  bool only_loading = false;
-  std::string problem = ring_problem(cfg, lay, &only_loading);
+  bool only_loading = false, capped = false;
+  std::string problem = ring_problem(cfg, lay, &only_loading, &capped);
   if (problem.empty()) {
     p.rec.failures = 0;
     return p.save("healthy", "");
   }
+  if (capped)  // neither healthy nor a failure: the failure counter stays as it is
+    return p.save("capped", problem +
+                                " (every rank's process runs; rank 0's listener is at its "
+                                "connection cap, so the ring's health is unknown; not counted "
+                                "as a failed check)");
   if (auto held = hold_off(p, problem, only_loading, now, window)) return *held;
   return heal(p, problem, now);
 }

@@ -76,7 +76,7 @@ Result<RingLock> RingLock::acquire(const std::string& state_dir, const std::stri
                                    int64_t wait_ms) {
   SPARK_TRY(ensure_dir(state_dir));
   std::string path = state_dir + "/ring.lock";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
   if (fd < 0)
     return make_error(Errc::io,
                       fmt::format("cannot open the ring lock {}: {}", path, std::strerror(errno)));
@@ -128,7 +128,7 @@ Status set_marker(const std::string& state_dir, Marker m, const std::string& rea
   json j = {{"at_ms", wall_ms()}, {"by", fmt::format("pid {}", ::getpid())}, {"reason", reason}};
   std::string why;
   const std::string path = marker_path(state_dir, m);
-  if (!write_file_atomic(path, j.dump() + "\n", &why))
+  if (!write_file_atomic(path, j.dump() + "\n", &why, 0640))
     return make_error(Errc::io, fmt::format("cannot write {}: {}", path, why));
   adopt_dir_owner(path);
   return Status::Ok();
@@ -167,7 +167,7 @@ Status write_ring_record(const std::string& state_dir, const RingRecord& r) {
             {"by", r.by}};
   std::string why;
   const std::string path = state_dir + "/ring.json";
-  if (!write_file_atomic(path, j.dump(2) + "\n", &why))
+  if (!write_file_atomic(path, j.dump(2) + "\n", &why, 0640))
     return make_error(Errc::io, fmt::format("cannot write {}/ring.json: {}", state_dir, why));
   adopt_dir_owner(path);
   return Status::Ok();
@@ -198,7 +198,7 @@ Status write_watch_record(const std::string& state_dir, const WatchRecord& w) {
             {"last_reason", w.last_reason}};
   std::string why;
   const std::string path = state_dir + "/watch.json";
-  if (!write_file_atomic(path, j.dump(2) + "\n", &why))
+  if (!write_file_atomic(path, j.dump(2) + "\n", &why, 0640))
     return make_error(Errc::io, fmt::format("cannot write {}/watch.json: {}", state_dir, why));
   adopt_dir_owner(path);
   return Status::Ok();

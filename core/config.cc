@@ -84,6 +84,8 @@ const std::vector<KeySpec>& ring_keys() {
       {"STAGE_CHUNK_SIZE", KeyType::size, "64MiB", nullptr, "Manifest chunk size: the unit of per-chunk verification and of resume."},
       {"STAGE_TIMEOUT", KeyType::duration, "120s", nullptr, "stage-weights: how long a network read or write may stall before the peer is declared gone."},
       {"CHAT_FORMAT", KeyType::choice, "auto", "auto|template|llama3|chatml|mistral", "Chat format of the model; auto renders the checkpoint's chat template, else detects a built-in format from the architecture and the vocabulary."},
+      {"TEMPLATE_MAX_STEPS", KeyType::integer, "10000000", nullptr, "Work budget of one chat template render (evaluated nodes, loop iterations, list items and 32-byte pieces of text built); a render past it is answered 400."},
+      {"TEMPLATE_TIMEOUT", KeyType::duration, "5s", nullptr, "Wall time one chat template render may take (0: no wall-time limit; the step budget still applies); a render past it is answered 400."},
       {"CHAT_SPECIAL_TOKENS", KeyType::choice, "escape", "escape|allow", "Special-token spellings in chat message content: escape (read as plain text) or allow (they become the tokens)."},
       {"LOG_LEVEL", KeyType::choice, "info", "debug|info|warn|error", "Log level of sparkd."},
       {"SHUTDOWN_GRACE", KeyType::duration, "10s", nullptr, "How long sparkd lets requests in flight finish after SIGTERM."},

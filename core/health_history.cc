@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/strings.h"
+
 namespace spark {
 
 namespace {
@@ -180,8 +182,7 @@ Status HistoryWriter::open(const std::string& path, uint64_t capacity) {
   if (capacity == 0) return make_error(Errc::config, "health history: capacity 0");
   path_ = path;
   capacity_ = capacity;
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  std::error_code ec = make_dirs(std::filesystem::path(path).parent_path().string());
   if (ec)
     return make_error(Errc::io, fmt::format("health history {}: cannot create its directory: {}",
                                             path, ec.message()));
@@ -199,7 +200,7 @@ Status HistoryWriter::open(const std::string& path, uint64_t capacity) {
       for (const auto& s : *existing) seq_ = std::max(seq_, s.seq);
   }
   if (!reuse && std::filesystem::exists(path, ec)) std::filesystem::rename(path, path + ".old", ec);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DSYNC, 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DSYNC, 0640);
   if (fd_ < 0) return io_error(path, "open");
   if (!reuse) {
     Header h{};

@@ -1,11 +1,14 @@
 #include "core/log.h"
 
+#include <fcntl.h>
 #include <fmt/chrono.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <string>
 
 namespace spark::log {
 namespace {
@@ -41,13 +44,37 @@ bool parse_level(std::string_view s, Level* out) {
 
 void set_rank(int rank) { g_rank = rank; }
 
+namespace {
+std::string g_path;  // of set_file
+
+std::FILE* open_log(const std::string& path) {
+  // Created 0640 at most: the umask can only take bits away.
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return nullptr;
+  std::FILE* f = ::fdopen(fd, "a");
+  if (!f) ::close(fd);
+  return f;
+}
+}  // namespace
+
 bool set_file(const std::string& path) {
   std::lock_guard lk(g_mu);
   if (g_out) std::fclose(g_out);
   g_out = nullptr;
+  g_path = path;
   if (path.empty()) return true;
-  g_out = std::fopen(path.c_str(), "ae");
+  g_out = open_log(path);
   return g_out != nullptr;
+}
+
+bool reopen() {
+  std::lock_guard lk(g_mu);
+  if (g_path.empty()) return true;
+  std::FILE* f = open_log(g_path);
+  if (!f) return false;
+  if (g_out) std::fclose(g_out);
+  g_out = f;
+  return true;
 }
 
 void write(Level l, std::string_view component, std::string_view msg) {

@@ -17,8 +17,12 @@ Level level();
 bool parse_level(std::string_view s, Level* out);
 /// Sets the rank shown in every line (-1: none).
 void set_rank(int rank);
-/// Sends log lines to this file (append) instead of stderr; empty = stderr.
+/// Sends log lines to this file (append; created 0640 whatever the umask) instead of
+/// stderr; empty = stderr.
 bool set_file(const std::string& path);
+/// Opens the file of set_file again under its name (after logrotate moved it away); the
+/// old one stays in use when that fails (false, errno set). True without a file.
+bool reopen();
 
 void write(Level l, std::string_view component, std::string_view msg);
 

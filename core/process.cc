@@ -406,7 +406,7 @@ namespace {
 Result<int> open_log(const std::string& log_path) {
   int fd = log_path.empty()
                ? open_devnull(O_WRONLY)
-               : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+               : ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
   if (fd < 0)
     return make_error(Errc::io,
                       fmt::format("cannot open log file {}: {}", log_path, std::strerror(errno)));

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <regex>
 
+#include "core/config.h"
 #include "core/strings.h"
 
 namespace spark {
@@ -59,6 +60,10 @@ const std::vector<std::regex>& patterns() {
 }  // namespace
 
 bool is_secret_name(std::string_view name) {
+  // A key of the cluster file that takes a choice, a number, a size or a duration is a
+  // setting, whatever words it holds (METRICS_AUTH says which auth /metrics needs).
+  for (const auto& k : ring_keys())
+    if (name == k.name && k.type != KeyType::string) return false;
   auto w = words_of(name);
   if (w.empty()) return false;
   static const char* kFileish[] = {"FILE", "PATH", "DIR", "FILES", "LEN", "LENGTH", "TOKENS"};

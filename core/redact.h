@@ -14,7 +14,8 @@ inline constexpr std::string_view kRedacted = "[REDACTED]";
 /// True for a setting or variable name that holds a secret: one of its '_'/'-' separated
 /// words is KEY, APIKEY, TOKEN, SECRET, PASSWORD, PASSWD, PASS, PASSPHRASE, CREDENTIAL(S),
 /// AUTH or BEARER (case-insensitive), unless the last word says it names a file or
-/// directory (API_KEY_FILE holds a path, not the key).
+/// directory (API_KEY_FILE holds a path, not the key) or it is a key of the cluster file
+/// that takes a choice, a number, a size or a duration (METRICS_AUTH is a mode).
 bool is_secret_name(std::string_view name);
 
 /// The secrets that `text` (a command line, a cluster file value) spells out: values of

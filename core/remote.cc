@@ -219,9 +219,15 @@ Status SshRunner::connect(Clock::time_point deadline) {
   ssh_options_set(s_, SSH_OPTIONS_KNOWNHOSTS, known_hosts_.c_str());
   int no = 0;
   ssh_options_set(s_, SSH_OPTIONS_PROCESS_CONFIG, &no);  // parsed above already
-  set_session_timeout(std::min<int64_t>(t_.connect_timeout.count(), ms_left(deadline)));
+  const int64_t left = ms_left(deadline);
+  const bool by_deadline = left < t_.connect_timeout.count();
+  set_session_timeout(std::min<int64_t>(t_.connect_timeout.count(), left));
   if (ssh_connect(s_) != SSH_OK) {
     Error e = ssh_failure("cannot connect");
+    if (e.code == Errc::timeout)  // which bound ended the wait
+      e.message += by_deadline ? fmt::format(" (the call's deadline: {:.1f} s left)", left / 1000.0)
+                               : fmt::format(" (the connect timeout, SSH_TIMEOUT: {:.1f} s)",
+                                             t_.connect_timeout.count() / 1000.0);
     drop();
     return e;
   }

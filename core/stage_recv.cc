@@ -118,9 +118,10 @@ struct FileState {
   const ManifestEntry* entry = nullptr;
   std::string final_path, partial_path, journal_path;
   std::vector<bool> verified;
-  uint64_t remaining = 0;  // chunks not yet verified
-  bool skip = false;       // already complete on the target
-  bool rehome = false;     // final file exists but is damaged: move it to partial first
+  std::vector<bool> resumed;  // verified from the journal at plan time, not received now
+  uint64_t remaining = 0;     // chunks not yet verified
+  bool skip = false;          // already complete on the target
+  bool rehome = false;        // final file exists but is damaged: move it to partial first
   bool open = false;
   bool finalized = false;
   bool failed = false;
@@ -134,9 +135,9 @@ struct FileState {
 // Journal: a line "INDEX HASH" per verified chunk, appended as soon as the chunk's writes
 // returned, so a killed receiver loses at most the chunks it was receiving (their bytes and
 // the line are in the kernel either way). Durability against a power cut costs one
-// fdatasync (a device cache flush) per kJournalBatch chunks, followed by a "sync" line:
-// on resume the chunks journaled after the last "sync" are hashed again from the partial
-// file before they are trusted (at most a batch of chunks per file).
+// fdatasync (a device cache flush) per kJournalBatch chunks, followed by a "sync" line.
+// On resume every journaled chunk is hashed again from the partial file before it is
+// trusted (what does not match is sent again), and again before the final rename.
 constexpr int kJournalBatch = 8;
 constexpr std::string_view kJournalSync = "sync";
 
@@ -249,6 +250,7 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
     for (auto& f : old->files) recorded[f.path] = f;
 
   uint64_t need_bytes = 0, need_new_bytes = 0, skip_files = 0, skip_bytes = 0, resume_bytes = 0;
+  uint64_t resume_mismatch = 0;  // journaled chunks whose bytes no longer match
   json files = json::array();
   for (const auto& e : manifest_.files) {
     auto f = std::make_unique<FileState>();
@@ -258,6 +260,7 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
     f->journal_path = f->final_path + kJournalSuffix;
     uint64_t nchunks = manifest_.chunk_count(e.size);
     f->verified.assign(nchunks, false);
+    f->resumed.assign(nchunks, false);
     // A symlinked directory on the target would take writes (and the mtime fix below)
     // outside MODEL_PATH: refused before anything is looked at through it.
     SPARK_TRY(refuse_linked_parents(opts_.dir, e.path, opts_.node));
@@ -311,23 +314,26 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
       if (::lstat(f->partial_path.c_str(), &psb) == 0 && S_ISREG(psb.st_mode) &&
           static_cast<uint64_t>(psb.st_size) == e.size) {
         if (auto jt = read_file(f->journal_path)) {
-          std::vector<uint64_t> unsynced;  // journaled after the last fdatasync
+          // Every journaled chunk is hashed again from the partial file before it is
+          // trusted, synced or not: the file may have changed since (a disk error, a hand,
+          // a power cut before the sync). What does not match is sent again.
+          std::vector<bool> journaled(nchunks, false);
           for (const auto& line : split_list(*jt, '\n')) {
-            if (line == kJournalSync) {
-              for (auto i : unsynced) f->verified[i] = true;
-              unsynced.clear();
-              continue;
-            }
+            if (line == kJournalSync) continue;
             auto sp = line.find(' ');
             if (sp == std::string::npos) continue;
             auto idx = parse_u64(line.substr(0, sp));
             if (idx && *idx < nchunks && line.substr(sp + 1) == e.chunks[*idx])
-              unsynced.push_back(*idx);
+              journaled[*idx] = true;
           }
-          for (auto i : unsynced)
+          for (uint64_t i = 0; i < nchunks; ++i) {
+            if (!journaled[i]) continue;
             if (chunk_on_disk(f->partial_path, manifest_.chunk_size * i,
                               manifest_.chunk_len(e.size, i), e.chunks[i]))
-              f->verified[i] = true;
+              f->verified[i] = f->resumed[i] = true;
+            else
+              ++resume_mismatch;
+          }
         }
       } else {
         need_new_bytes += e.size;
@@ -365,6 +371,7 @@ Result<json> ReceiverImpl::plan(const std::string& payload) {
   p["skip_files"] = skip_files;
   p["skip_bytes"] = skip_bytes;
   p["resume_bytes"] = resume_bytes;
+  p["resume_mismatch_chunks"] = resume_mismatch;
   p["fs_total"] = static_cast<uint64_t>(vs.f_blocks) * vs.f_frsize;
   p["fs_free"] = static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize;
   p["fs_used"] = static_cast<uint64_t>(vs.f_blocks - vs.f_bfree) * vs.f_frsize;
@@ -498,6 +505,21 @@ Status ReceiverImpl::journal_chunk(FileState& f, uint64_t index) {
 Status ReceiverImpl::finalize(FileState& f) {
   const auto& e = *f.entry;
   if (!f.open) SPARK_TRY(open_file(f));  // empty files and fully journaled partials
+  // Chunks taken from the journal were hashed at plan time; the file could have changed
+  // since, so they are hashed again before it may take its final name.
+  for (uint64_t i = 0; i < f.resumed.size(); ++i) {
+    if (!f.resumed[i] || chunk_on_disk(f.partial_path, manifest_.chunk_size * i,
+                                       manifest_.chunk_len(e.size, i), e.chunks[i]))
+      continue;
+    ::ftruncate(f.jfd, 0);
+    f.pending_chunks = 0;
+    std::fill(f.verified.begin(), f.verified.end(), false);
+    return make_error(Errc::integrity,
+                      fmt::format("{}: chunk {} of {} no longer matches the manifest (it changed "
+                                  "on disk after it was resumed); its journal was cleared, run "
+                                  "stage-weights again",
+                                  opts_.node, i, f.partial_path));
+  }
   // Every byte was covered by a chunk hash that matched as it arrived; --deep also rereads
   // the whole file and checks its XXH3-128 before it may take its final name.
   auto h = deep_ ? hash_file(f.partial_path, manifest_.chunk_size, false)

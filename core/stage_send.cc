@@ -209,6 +209,7 @@ Status plan_target(TargetRun& t, const Manifest& m, const std::string& manifest_
   t.res.skip_bytes = p.value("skip_bytes", uint64_t{0});
   t.res.skip_files = p.value("skip_files", uint64_t{0});
   t.res.resume_bytes = p.value("resume_bytes", uint64_t{0});
+  t.res.resume_mismatch_chunks = p.value("resume_mismatch_chunks", uint64_t{0});
   t.res.fs_free = p.value("fs_free", uint64_t{0});
   t.res.fs_total = p.value("fs_total", uint64_t{0});
   t.res.fs_used = p.value("fs_used", uint64_t{0});

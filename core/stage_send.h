@@ -62,6 +62,7 @@ struct TargetResult {
   std::string error;
   Errc code = Errc::ok;
   uint64_t need_bytes = 0, skip_bytes = 0, resume_bytes = 0;
+  uint64_t resume_mismatch_chunks = 0;  // journaled chunks that no longer matched: resent
   uint64_t skip_files = 0;
   uint64_t fs_free = 0, fs_total = 0, fs_used = 0;
   uint64_t bytes_sent = 0;  // payload bytes, resends included

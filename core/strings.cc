@@ -286,7 +286,12 @@ std::error_code make_dirs(const std::string& dir) {
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return ec;
-  for (auto it = missing.rbegin(); it != missing.rend(); ++it) adopt_dir_owner(it->string());
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    // 0750 or tighter whatever the umask (a ring's state is no one else's to read).
+    struct stat st {};
+    if (::stat(it->c_str(), &st) == 0) (void)::chmod(it->c_str(), st.st_mode & 0750);
+    adopt_dir_owner(it->string());
+  }
   return {};
 }
 

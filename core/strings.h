@@ -54,7 +54,8 @@ std::optional<std::pair<unsigned, unsigned>> non_root_owner(const std::string& p
 /// to whoever owns the directory.
 void adopt_dir_owner(const std::string& path);
 /// Creates `dir` and any missing parents (as std::filesystem::create_directories), each
-/// new directory adopting its parent's owner as adopt_dir_owner says. Empty on success.
+/// new directory of mode 0750 or tighter (whatever the umask) and adopting its parent's
+/// owner as adopt_dir_owner says. Empty on success.
 std::error_code make_dirs(const std::string& dir);
 /// Hex of bytes.
 std::string to_hex(const void* data, size_t n);

@@ -296,12 +296,7 @@ void run_generation(const std::shared_ptr<ApiState>& state,
 }
 
 ApiError context_exceeded(int max_context, int64_t counted, size_t bytes, const char* param) {
-  return openai::invalid_request(
-      "This model's maximum context length is " + std::to_string(max_context) +
-          " tokens. However, the " + param + " alone hold more than " + std::to_string(counted) +
-          " tokens (" + std::to_string(bytes) + " bytes; counting stopped at the limit). " +
-          "Please reduce the length of the " + param + ".",
-      param, "context_length_exceeded");
+  return openai::context_exceeded(max_context, counted, bytes, param, param);
 }
 
 void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,
@@ -323,7 +318,10 @@ void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const Ap
   }
   if (m->escape_special)
     for (auto& msg : req.messages) msg.content = m->tokenizer.escape_special(msg.content);
-  auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context);
+  // The render stops when its client has gone (a closed connection, also what shutdown does
+  // to requests past the grace).
+  auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context,
+                                [http] { return http.closed(); });
   if (!p.ok()) return http.send(api_error(p.error));
   auto resp = std::make_unique<openai::CompletionWriter>(
       req, m->tokenizer, m->chat_format, m->model, static_cast<int>(p.value->ids.size()),
@@ -351,12 +349,22 @@ void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<co
   run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "completion");
 }
 
-Response tokenize(const ApiModel& m, const std::string& body) {
+Response tokenize(const ApiModel& m, const std::string& body, const Responder& http) {
   auto r = openai::parse_tokenize_request(body, m.limits);
   if (!r.ok()) return api_error(r.error);
   if (auto e = openai::check_model(r.value->model, m.model)) return api_error(*e);
   std::vector<int32_t> ids;
+  // As on the generation routes: text that cannot fit the context is refused after counting
+  // about the context's worth of it, never tokenized whole.
+  auto too_long = [&](const std::string& text, const char* param,
+                      const char* what) -> std::optional<ApiError> {
+    int64_t counted = 0;
+    if (exceeds_context(m.tokenizer, {text}, m.max_context, &counted))
+      return openai::context_exceeded(m.max_context, counted, text.size(), param, what);
+    return std::nullopt;
+  };
   if (r.value->prompt) {
+    if (auto e = too_long(*r.value->prompt, "prompt", "prompt")) return api_error(*e);
     ids = m.tokenizer.encode(*r.value->prompt, r.value->add_special_tokens);
   } else {
     // What the model would see: message content escaped as a chat completion escapes it.
@@ -364,8 +372,10 @@ Response tokenize(const ApiModel& m, const std::string& body) {
     if (m.escape_special)
       for (auto& msg : messages) msg.content = m.tokenizer.escape_special(msg.content);
     auto text = tok::render_chat(m.chat_format, messages, tok::Json::array(),
-                                 r.value->add_generation_prompt, r.value->chat_template_kwargs);
+                                 r.value->add_generation_prompt, r.value->chat_template_kwargs,
+                                 [http] { return http.closed(); });
     if (!text) return api_error(openai::from_error(text.error(), "messages"));
+    if (auto e = too_long(*text, "messages", "rendered chat template")) return api_error(*e);
     ids = m.tokenizer.encode(*text, false);
   }
   Response out;
@@ -393,28 +403,7 @@ Response detokenize(const ApiModel& m, const std::string& body) {
 
 bool exceeds_context(const tok::Tokenizer& tok, const std::vector<std::string_view>& texts,
                      int max_context, int64_t* counted) {
-  constexpr size_t kPiece = 4096;
-  constexpr int64_t kSlackPerCut = 4;
-  size_t bytes = 0;
-  for (auto t : texts) bytes += t.size();
-  *counted = 0;
-  // A token covers at least one byte of text: shorter text always fits.
-  if (bytes <= static_cast<size_t>(std::max(max_context, 0))) return false;
-  int64_t tokens = 0, cuts = 0;
-  for (auto t : texts) {
-    ++cuts;  // the template puts something between two texts; count it as a cut too
-    while (!t.empty()) {
-      size_t n = std::min(kPiece, t.size());
-      while (n < t.size() && n > 0 && (static_cast<unsigned char>(t[n]) & 0xC0) == 0x80) --n;
-      if (n == 0) n = std::min(kPiece, t.size());
-      tokens += static_cast<int64_t>(tok.encode(t.substr(0, n), false).size());
-      t.remove_prefix(n);
-      if (!t.empty()) ++cuts;
-      *counted = std::max<int64_t>(0, tokens - kSlackPerCut * cuts);
-      if (*counted > max_context) return true;
-    }
-  }
-  return false;
+  return openai::exceeds_context(tok, texts, max_context, counted);
 }
 
 void ApiState::set(std::shared_ptr<const ApiModel> m) {
@@ -451,16 +440,27 @@ bool ApiState::cancel_newest(const std::string& reason) {
 void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
   // Parsing, chat rendering and tokenizing run here, off the reactor; long bodies on a
   // worker of their own so that they queue behind each other, not in front of short ones.
-  auto pool = std::make_shared<boost::asio::thread_pool>(2);
-  auto long_pool = std::make_shared<boost::asio::thread_pool>(1);
-  auto offload = [state, pool, long_pool](auto fn) {
-    return [state, pool, long_pool, fn](const Request& req, Responder http) {
-      auto& lane = req.body.size() > kLongBody ? *long_pool : *pool;
+  // Chat completions, whose checkpoint's template is untrusted work, render on lanes of
+  // their own: a slow render (bounded by its budget, stopped when its client goes) can
+  // hold up other chats, never completions, /tokenize or /detokenize.
+  using Pool = boost::asio::thread_pool;
+  auto pool = std::make_shared<Pool>(2);
+  auto long_pool = std::make_shared<Pool>(1);
+  auto chat_pool = std::make_shared<Pool>(2);
+  auto chat_long_pool = std::make_shared<Pool>(1);
+  auto lanes = [state](std::shared_ptr<Pool> short_lane, std::shared_ptr<Pool> long_lane, auto fn) {
+    return [state, short_lane, long_lane, fn](const Request& req, Responder http) {
+      auto& lane = req.body.size() > kLongBody ? *long_lane : *short_lane;
       boost::asio::post(lane, [state, fn, body = req.body, http]() mutable {
         auto m = state->get();
         if (!m || !m->engine) return http.send(api_error(not_loaded()));
         try {
           fn(state, m, body, http);
+        } catch (const std::bad_alloc&) {
+          log::error(kComp, "out of memory while preparing a request");
+          ApiError err = openai::invalid_request(
+              "the request needs more memory than sparkd can give it; make it smaller", "");
+          http.send(api_error(err));
         } catch (const std::exception& e) {
           log::error(kComp, "unhandled exception: {}", e.what());
           ApiError err;
@@ -472,6 +472,7 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
       });
     };
   };
+  auto offload = [lanes, pool, long_pool](auto fn) { return lanes(pool, long_pool, fn); };
   server.route("GET", "/v1/models", [state](const Request&) {
     auto m = state->get();
     if (!m) return api_error(not_loaded());
@@ -481,8 +482,9 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
   });
   server.route_async(
       "POST", "/v1/chat/completions",
-      offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
-                 const std::string& b, Responder h) { chat(st, m, b, std::move(h)); }));
+      lanes(chat_pool, chat_long_pool,
+            [](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
+               const std::string& b, Responder h) { chat(st, m, b, std::move(h)); }));
   server.route_async(
       "POST", "/v1/completions",
       offload([](const std::shared_ptr<ApiState>& st, const std::shared_ptr<const ApiModel>& m,
@@ -490,7 +492,7 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
   server.route_async(
       "POST", "/tokenize",
       offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,
-                 const std::string& b, Responder h) { h.send(tokenize(*m, b)); }));
+                 const std::string& b, Responder h) { h.send(tokenize(*m, b, h)); }));
   server.route_async(
       "POST", "/detokenize",
       offload([](const std::shared_ptr<ApiState>&, const std::shared_ptr<const ApiModel>& m,

@@ -61,7 +61,7 @@ class ExecBackend final : public Backend {
     if (!ctx.pidfile.empty()) {
       pgid_file_ = ctx.pidfile + ".engine";
       std::string why;
-      if (!write_file_atomic(pgid_file_, std::to_string(*pid) + "\n", &why))
+      if (!write_file_atomic(pgid_file_, std::to_string(*pid) + "\n", &why, 0640))
         log::warn(kComp, "cannot record the engine's process group in {}: {}", pgid_file_, why);
     }
     log::info(kComp, "engine started: pid {} (process group), log {}: {}", *pid, log_path_,

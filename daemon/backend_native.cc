@@ -129,8 +129,13 @@ class NativeBackend final : public Backend {
       if (!tcfg) return tcfg.error();
       auto mc = engine::load_model_config(dir);
       if (!mc) return mc.error();
-      auto fmt =
-          tok::choose_chat_format(cfg.get("CHAT_FORMAT"), *tcfg, mc->architecture, &api->tokenizer);
+      tok::jinja::RenderLimits limits;
+      limits.max_steps =
+          static_cast<uint64_t>(std::max<int64_t>(1, cfg.get_int("TEMPLATE_MAX_STEPS")));
+      limits.timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(cfg.get_duration_ms("TEMPLATE_TIMEOUT")));
+      auto fmt = tok::choose_chat_format(cfg.get("CHAT_FORMAT"), *tcfg, mc->architecture,
+                                         &api->tokenizer, limits);
       if (!fmt) return fmt.error();
       api->chat_format = *fmt;
       if (ctx.progress)

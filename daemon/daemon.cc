@@ -155,6 +155,8 @@ struct Daemon::Impl {
   std::optional<net::executor_work_guard<net::io_context::executor_type>> ctl_work;
   std::thread ctl_thread;
   std::optional<net::signal_set> signals;
+  std::optional<net::signal_set> hangup;  // SIGHUP: reopen the log file
+  void wait_hangup();
   std::optional<net::steady_timer> watchdog;
   std::thread lifecycle;
 
@@ -242,6 +244,8 @@ Status Daemon::start() {
       log::info(kComp, "signal {} received; shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
       request_stop(sig == SIGTERM ? "SIGTERM" : "SIGINT", 0);
     });
+    I.hangup.emplace(I.ctl, SIGHUP);
+    I.wait_hangup();
   }
 
   if (I.opts.rank == 0) {
@@ -502,8 +506,7 @@ void Daemon::Impl::run_lifecycle() {
   ctx.place = place;
   ctx.world_size = world;
   ctx.log_dir = log_dir();
-  std::error_code ec;
-  std::filesystem::create_directories(ctx.log_dir, ec);
+  (void)make_dirs(ctx.log_dir);
   ctx.pidfile = opts.pidfile;
   ctx.env = rank_env();
   ctx.stall_timeout = timing.stall_timeout;
@@ -551,6 +554,23 @@ void Daemon::Impl::run_lifecycle() {
 
 // Rank 0, on the lifecycle thread: once every rank reports ready, one real completion (and
 // the RDMA counters) decide READY. Retried every few seconds until it passes.
+
+// SIGHUP, as logrotate sends it after moving the log away: the log file is reopened under
+// its name (a new file), and sparkd goes on serving.
+void Daemon::Impl::wait_hangup() {
+  hangup->async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    if (log::reopen())
+      log::info(kComp, "SIGHUP received; log file reopened");
+    else
+      log::warn(kComp,
+                "SIGHUP received; cannot reopen the log file ({}): logging goes on to "
+                "the file already open",
+                std::strerror(errno));
+    wait_hangup();
+  });
+}
+
 void Daemon::Impl::run_probes() {
   ProbeSpec spec = probe_spec(cfg);
   int attempts = 0;
@@ -762,6 +782,10 @@ int Daemon::wait() {
     if (I.signals) {
       boost::system::error_code ec;
       I.signals->cancel(ec);
+    }
+    if (I.hangup) {
+      boost::system::error_code ec;
+      I.hangup->cancel(ec);
     }
     I.ctl_work.reset();
     I.ctl.stop();

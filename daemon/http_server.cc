@@ -214,6 +214,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_if_idle() {
     if (!in_request_) close();
   }
+  // Reactor thread: open, and no request being answered (waiting for or reading one).
+  bool idle() const { return !in_request_ && !closed_.load(); }
 
   void close() {
     closed_ = true;
@@ -268,6 +270,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (replied_ || !in_request_ || !stream_) return;
     replied_ = true;
     streaming_ = true;
+    sse_ = content_type.rfind("text/event-stream", 0) == 0;
     impl_->count(status);
     chunked_ = version_ >= 11;
     bool keep = keep_alive_ && !impl_->stopping.load() && chunked_;
@@ -298,6 +301,34 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_ended_ = true;
     finish_after_write_ = true;
     queue(chunked_ ? std::string("0\r\n\r\n") : std::string());
+  }
+
+  // Reactor thread, when the shutdown grace ran out with this request unanswered: its
+  // client gets a final error instead of a cut connection: a 503 body, or in an event
+  // stream an error event and [DONE]. True when something was queued.
+  bool cut_off() {
+    if (!in_request_ || !stream_ || closed_) return false;
+    const Response err = Response::error(
+        make_error(Errc::busy,
+                   "sparkd is shutting down and the request did not finish within its "
+                   "SHUTDOWN_GRACE; retry when the server is back"),
+        503);
+    keep_alive_ = false;
+    if (!replied_) {
+      send(err);
+      return true;
+    }
+    if (streaming_ && !stream_ended_) {
+      if (sse_) {
+        std::string body = err.body;
+        while (!body.empty() && body.back() == '\n') body.pop_back();
+        write_chunk("data: " + body + "\n\n");
+        write_chunk("data: [DONE]\n\n");
+      }
+      end_stream();
+      return true;
+    }
+    return false;
   }
 
  private:
@@ -548,6 +579,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool api_request_ = false;
   bool replied_ = false;
   bool streaming_ = false;
+  bool sse_ = false;  // the stream is Server-Sent Events
   bool stream_ended_ = false;
   bool chunked_ = true;
   bool writing_ = false;
@@ -668,6 +700,23 @@ std::string over_connection_limit(const HttpServer::Impl& impl, const std::strin
   return "";
 }
 
+// Makes room for a connection from `addr` that is over a cap by closing the oldest idle
+// connection (open, no request being answered) that counts against that cap: one from
+// `addr` for the per-address cap, any for the total. Idle connections, however many, then
+// never keep a request (the watchdog's /health first of all) out. False when every
+// connection that counts is answering a request.
+bool evict_idle(HttpServer::Impl& impl, const std::string& addr, bool same_peer) {
+  for (const auto& w : impl.sessions) {  // oldest first
+    auto s = w.lock();
+    if (!s || !s->idle() || (same_peer && s->peer_addr() != addr)) continue;
+    log::info(kComp, "closing an idle connection from {} to make room for a new one",
+              s->peer_addr());
+    s->close();
+    return true;
+  }
+  return false;
+}
+
 // Answers 503 on a connection over a limit without reading from it, then closes it.
 void refuse_connection(tcp::socket sock, const std::string& why) {
   log::warn(kComp, "refusing a connection: {}", why);
@@ -695,6 +744,12 @@ void do_accept(HttpServer* srv, HttpServer::Impl* impl) {
           auto ep = sock.remote_endpoint(pec);
           std::string addr = pec ? std::string() : ep.address().to_string();
           std::string why = over_connection_limit(*impl, addr);
+          // Over a cap: the oldest idle connection that counts against it gives its place.
+          for (int tries = 0; !why.empty() && tries < 2; ++tries) {
+            bool per_peer = why.find("API_MAX_CONNECTIONS_PER_PEER") != std::string::npos;
+            if (!evict_idle(*impl, addr, per_peer)) break;
+            why = over_connection_limit(*impl, addr);
+          }
           if (!why.empty()) {
             refuse_connection(std::move(sock), why);
           } else {
@@ -725,8 +780,21 @@ int HttpServer::shutdown(std::chrono::milliseconds grace) {
   while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   int cut = in_flight_.load();
-  if (cut > 0)
-    log::warn(kComp, "shutdown grace ran out with {} request(s) in flight; closing them", cut);
+  if (cut > 0) {
+    log::warn(kComp,
+              "shutdown grace ran out with {} request(s) in flight; answering them 503 and "
+              "closing them",
+              cut);
+    // A final error for each (503, or an SSE error event and [DONE]), written within a
+    // second; what is still unwritten then is cut with its connection.
+    net::post(I.ioc, [&I] {
+      for (auto& w : I.sessions)
+        if (auto s = w.lock()) s->cut_off();
+    });
+    auto flush = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < flush)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   net::post(I.ioc, [&I] {
     for (auto& w : I.sessions)
       if (auto s = w.lock()) s->close();

@@ -46,8 +46,8 @@ Status write_pidfile(const std::string& path) {
   std::string why;
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  if (!write_file_atomic(path, std::to_string(::getpid()) + "\n", &why))
+  if (!parent.empty()) ec = make_dirs(parent.string());
+  if (!write_file_atomic(path, std::to_string(::getpid()) + "\n", &why, 0640))
     return make_error(Errc::io, "cannot write pidfile " + path + ": " + why);
   return Status::Ok();
 }
@@ -64,6 +64,9 @@ int sparkd_main(int argc, const char* const* argv) {
   DaemonOptions opts = std::get<DaemonOptions>(std::move(parsed));
   opts.handle_signals = true;
   ::signal(SIGPIPE, SIG_IGN);
+  // SIGHUP never kills sparkd: until the daemon's handler (which reopens the log) is in
+  // place it is ignored.
+  ::signal(SIGHUP, SIG_IGN);
 
   if (opts.config_path.empty()) {
     const char* env = std::getenv("SPARK_CONFIG");
@@ -77,7 +80,7 @@ int sparkd_main(int argc, const char* const* argv) {
   if (!opts.log_file.empty()) {
     std::error_code ec;
     auto parent = std::filesystem::path(opts.log_file).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (!parent.empty()) ec = make_dirs(parent.string());
     rotate_log(opts.log_file);
     if (!log::set_file(opts.log_file)) {
       std::cerr << "sparkd: cannot open log file " << opts.log_file << ": " << std::strerror(errno)

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 
 #include "core/strings.h"
 
@@ -161,8 +163,27 @@ Result<Config> parse_config(const json& top, const std::string& where) {
 }
 
 Result<Config> parse_config_text(const std::string& text, const std::string& where) {
-  auto j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return cfg_error(where, "not a JSON object");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // Where, and for Python's non-JSON floats (json.dumps writes NaN and Infinity) what.
+    size_t at = std::min(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    size_t line = 1 + static_cast<size_t>(std::count(text.begin(), text.begin() + at, '\n'));
+    size_t bol = text.rfind('\n', at == 0 ? 0 : at - 1);
+    size_t col = at - (bol == std::string::npos || at == 0 ? 0 : bol + 1) + 1;
+    size_t tok = at;
+    while (tok > 0 && std::isalpha(static_cast<unsigned char>(text[tok - 1]))) --tok;
+    if (tok < text.size() && text[tok] == '-') ++tok;
+    for (const char* lit : {"NaN", "Infinity"})
+      if (text.compare(tok, std::strlen(lit), lit) == 0)
+        return cfg_error(where, fmt::format("line {}, column {}: {} is not JSON (Python's json "
+                                            "writes it for a float that is not finite); "
+                                            "write a number or null there",
+                                            line, col, lit));
+    return cfg_error(where, fmt::format("line {}, column {}: not valid JSON", line, col));
+  }
+  if (!j.is_object()) return cfg_error(where, "not a JSON object");
   return parse_config(j, where);
 }
 

@@ -4,18 +4,63 @@
 
 namespace spark::openai {
 
+bool exceeds_context(const tok::Tokenizer& tok, const std::vector<std::string_view>& texts,
+                     int max_context, int64_t* counted) {
+  constexpr size_t kPiece = 4096;
+  constexpr int64_t kSlackPerCut = 4;
+  size_t bytes = 0;
+  for (auto t : texts) bytes += t.size();
+  *counted = 0;
+  // A token covers at least one byte of text: shorter text always fits.
+  if (bytes <= static_cast<size_t>(std::max(max_context, 0))) return false;
+  int64_t tokens = 0, cuts = 0;
+  for (auto t : texts) {
+    ++cuts;  // the template puts something between two texts; count it as a cut too
+    while (!t.empty()) {
+      size_t n = std::min(kPiece, t.size());
+      while (n < t.size() && n > 0 && (static_cast<unsigned char>(t[n]) & 0xC0) == 0x80) --n;
+      if (n == 0) n = std::min(kPiece, t.size());
+      tokens += static_cast<int64_t>(tok.encode(t.substr(0, n), false).size());
+      t.remove_prefix(n);
+      if (!t.empty()) ++cuts;
+      *counted = std::max<int64_t>(0, tokens - kSlackPerCut * cuts);
+      if (*counted > max_context) return true;
+    }
+  }
+  return false;
+}
+
+ApiError context_exceeded(int max_context, int64_t counted, size_t bytes, const char* param,
+                          const char* what) {
+  return invalid_request("This model's maximum context length is " + std::to_string(max_context) +
+                             " tokens. However, the " + what + " alone hold more than " +
+                             std::to_string(counted) + " tokens (" + std::to_string(bytes) +
+                             " bytes; counting stopped at the limit). " +
+                             "Please reduce the length of the " + param + ".",
+                         param, "context_length_exceeded");
+}
+
 ApiResult<PreparedPrompt> prepare_chat(const ChatRequest& req, const tok::Tokenizer& tok,
-                                       const tok::ChatFormat& fmt, int max_context) {
+                                       const tok::ChatFormat& fmt, int max_context,
+                                       const std::function<bool()>& stop) {
   ApiResult<PreparedPrompt> r;
   Json tools = req.tool_choice.kind == ToolChoice::Kind::none ? Json::array() : req.tools;
   auto text = tok::render_chat(fmt, req.messages, tools, req.add_generation_prompt,
-                               req.chat_template_kwargs);
+                               req.chat_template_kwargs, stop);
   if (!text) {
     r.error = from_error(text.error(), "messages");
     return r;
   }
   PreparedPrompt p;
   p.text = std::move(*text);
+  // What the template made of the messages can be far longer than they are: count it against
+  // the context before tokenizing all of it.
+  int64_t counted = 0;
+  if (exceeds_context(tok, {p.text}, max_context, &counted)) {
+    r.error =
+        context_exceeded(max_context, counted, p.text.size(), "messages", "rendered chat template");
+    return r;
+  }
   p.ids = tok.encode(p.text, false);  // the format already holds BOS
   auto budget =
       resolve_max_tokens(req.sampling, static_cast<int>(p.ids.size()), max_context, "messages");

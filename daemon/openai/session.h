@@ -4,9 +4,11 @@
 // generated tokens as the engine produces them and returns what to write (SSE text while
 // streaming, the JSON body at the end otherwise). The HTTP layer owns sockets, the engine
 // owns sampling; this owns the OpenAI semantics in between.
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/openai/requests.h"
@@ -24,9 +26,23 @@ struct PreparedPrompt {
   int max_tokens = 0;        // completion budget per choice
 };
 
-/// Renders the chat (tools unless tool_choice is none), encodes it and checks the context.
+/// True when `texts` cannot fit `max_context` tokens, decided without tokenizing more than
+/// about max_context tokens of them: pieces of 4 KiB are counted until a lower bound of
+/// the whole passes the limit (a cut can move a token boundary, hence the slack per cut).
+/// *counted: that lower bound.
+bool exceeds_context(const tok::Tokenizer& tok, const std::vector<std::string_view>& texts,
+                     int max_context, int64_t* counted);
+/// The 400 context_length_exceeded for `what` (e.g. "messages") of `bytes` bytes that hold
+/// more than `counted` tokens; `param` names the request field.
+ApiError context_exceeded(int max_context, int64_t counted, size_t bytes, const char* param,
+                          const char* what);
+
+/// Renders the chat (tools unless tool_choice is none), checks the rendered text against the
+/// context before tokenizing it whole, encodes it and checks the budget. `stop` (polled
+/// during a template render) ends the render (a 503).
 ApiResult<PreparedPrompt> prepare_chat(const ChatRequest& req, const tok::Tokenizer& tok,
-                                       const tok::ChatFormat& fmt, int max_context);
+                                       const tok::ChatFormat& fmt, int max_context,
+                                       const std::function<bool()>& stop = {});
 /// Encodes the prompt (with the tokenizer's BOS template) or takes the given ids.
 ApiResult<PreparedPrompt> prepare_completion(const CompletionRequest& req,
                                              const tok::Tokenizer& tok, int max_context);

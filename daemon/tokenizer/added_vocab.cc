@@ -34,36 +34,32 @@ char32_t cp_before(std::string_view s, size_t end, size_t* start) {
 
 void TokenMatcher::add(std::string_view pattern, size_t index) {
   if (pattern.empty()) return;
-  int node = 0;
-  for (unsigned char b : pattern) {
-    auto& nx = nodes_[static_cast<size_t>(node)].next;
-    auto it = std::lower_bound(nx.begin(), nx.end(), std::make_pair(b, -1));
-    if (it != nx.end() && it->first == b) {
-      node = it->second;
-    } else {
-      int id = static_cast<int>(nodes_.size());
-      nx.insert(it, {b, id});
-      nodes_.emplace_back();
-      node = id;
-    }
-  }
-  // The first token listed wins when two have the same content.
-  if (nodes_[static_cast<size_t>(node)].index == static_cast<size_t>(-1))
-    nodes_[static_cast<size_t>(node)].index = index;
+  entries_.push_back({std::string(pattern), index});
   first_[static_cast<unsigned char>(pattern[0])] = true;
+}
+
+void TokenMatcher::finish() {
+  // Stable: of equal patterns the first added stays first, and wins.
+  std::stable_sort(entries_.begin(), entries_.end(),
+                   [](const Entry& a, const Entry& b) { return a.pattern < b.pattern; });
+  entries_.shrink_to_fit();
 }
 
 std::pair<size_t, size_t> TokenMatcher::longest_at(std::string_view text, size_t pos) const {
   std::pair<size_t, size_t> best{static_cast<size_t>(-1), 0};
-  int node = 0;
-  for (size_t i = pos; i < text.size(); ++i) {
-    const auto& nx = nodes_[static_cast<size_t>(node)].next;
-    auto b = static_cast<unsigned char>(text[i]);
-    auto it = std::lower_bound(nx.begin(), nx.end(), std::make_pair(b, -1));
-    if (it == nx.end() || it->first != b) break;
-    node = it->second;
-    if (nodes_[static_cast<size_t>(node)].index != static_cast<size_t>(-1))
-      best = {nodes_[static_cast<size_t>(node)].index, i + 1 - pos};
+  // [lo, hi): the patterns whose first `depth` bytes are text[pos, pos + depth). Sorted, so
+  // those with byte b at `depth` are a sub-range, and one that ends at `depth` comes first.
+  auto lo = entries_.begin(), hi = entries_.end();
+  for (size_t depth = 0; pos + depth < text.size() && lo != hi; ++depth) {
+    const unsigned char b = static_cast<unsigned char>(text[pos + depth]);
+    auto byte_at = [depth](const Entry& e) {
+      return depth < e.pattern.size()
+                 ? static_cast<int>(static_cast<unsigned char>(e.pattern[depth]))
+                 : -1;
+    };
+    lo = std::partition_point(lo, hi, [&](const Entry& e) { return byte_at(e) < b; });
+    hi = std::partition_point(lo, hi, [&](const Entry& e) { return byte_at(e) <= b; });
+    if (lo != hi && lo->pattern.size() == depth + 1) best = {lo->index, depth + 1};
   }
   return best;
 }
@@ -84,6 +80,8 @@ AddedVocab::AddedVocab(std::vector<AddedToken> tokens, const Normalizer* normali
       normalized_.add(c, i);
     }
   }
+  raw_.finish();
+  normalized_.finish();
 }
 
 void AddedVocab::split_with(std::string_view s, const TokenMatcher& m, bool at_start,

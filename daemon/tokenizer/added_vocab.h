@@ -27,23 +27,30 @@ struct Segment {
   bool at_start = false;  // begins at offset 0 of the input (Metaspace "first")
 };
 
-/// Leftmost-longest multi-pattern matcher over bytes (a trie walked from each position).
+/// Leftmost-longest multi-pattern matcher over bytes: the patterns sorted, and a match
+/// narrows the range of patterns that share the text's prefix byte by byte (a trie walk
+/// without the trie's nodes: memory is the patterns and one index each).
 class TokenMatcher {
  public:
+  /// Adds a pattern; when two are equal the first added wins. Call finish() after the last.
   void add(std::string_view pattern, size_t index);
+  void finish();
   /// Longest pattern starting at text[pos]: its index and length, or {npos, 0}.
   std::pair<size_t, size_t> longest_at(std::string_view text, size_t pos) const;
-  bool empty() const { return nodes_.size() <= 1; }
+  bool empty() const { return entries_.empty(); }
   bool may_start(unsigned char b) const { return first_[b]; }
 
  private:
-  struct Node {
-    std::vector<std::pair<unsigned char, int>> next;  // sorted by byte
-    size_t index = static_cast<size_t>(-1);
+  struct Entry {
+    std::string pattern;
+    size_t index = 0;
   };
-  std::vector<Node> nodes_{Node{}};
+  std::vector<Entry> entries_;  // sorted by pattern (then by order added) after finish()
   bool first_[256] = {};
 };
+
+/// More added tokens than any real tokenizer has; a tokenizer.json with more is refused.
+inline constexpr size_t kMaxAddedTokens = 100000;
 
 /// The added vocabulary; immutable after construction.
 class AddedVocab {

@@ -406,11 +406,12 @@ const jinja::Template& pick_template(const ChatTemplate& ct, const Json& tools) 
 // Renders a conversation with one tool call both ways and keeps the form of the arguments
 // (dict or text) that comes out as written; likewise whether a null content is passed
 // as None or as "" (Qwen3's template fails on None, DeepSeek-V3's needs it).
-void probe_conventions(ChatTemplate& ct) {
+Status probe_conventions(ChatTemplate& ct) {
   const std::string args_text = "{\"probe_key\": \"probe_value\"}";
   Json tools = Json::array({Json::parse(
       R"({"type": "function", "function": {"name": "probe_fn", "description": "probe",
           "parameters": {"type": "object", "properties": {"probe_key": {"type": "string"}}}}})")});
+  std::optional<Error> over_budget;
   // 0: the render fails; 1: it renders; 2: it renders with the arguments as written.
   auto outcome = [&](bool object_args, bool null_content) {
     std::vector<ChatMessage> m(3);
@@ -425,8 +426,13 @@ void probe_conventions(ChatTemplate& ct) {
     ChatTemplate c = ct;
     c.object_arguments = object_args;
     c.null_content = null_content;
-    auto out = pick_template(c, tools).render(template_context(c, m, tools, true, Json()));
-    if (!out.ok()) return 0;
+    auto out =
+        pick_template(c, tools).render(template_context(c, m, tools, true, Json()), ct.limits);
+    if (!out.ok()) {
+      // A render past the budget is the template's own doing, not a convention.
+      if (out.error().code == Errc::unsupported && !over_budget) over_budget = out.error();
+      return 0;
+    }
     return out->find(args_text) != std::string::npos ? 2 : 1;
   };
   bool obj = outcome(true, true) == 2 || outcome(true, false) == 2;
@@ -436,10 +442,17 @@ void probe_conventions(ChatTemplate& ct) {
   // that renders (Qwen3 fails on None; Llama 3.0's `trim` would print "None").
   ct.null_content =
       outcome(ct.object_arguments, true) == 2 || outcome(ct.object_arguments, false) == 0;
+  if (over_budget)
+    return make_error(Errc::config, over_budget->message +
+                                        " while rendering a probe conversation at load; the "
+                                        "template does more work than any request may");
+  return {};
 }
 
-Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg) {
+Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg,
+                                                       const jinja::RenderLimits& limits) {
   auto ct = std::make_shared<ChatTemplate>();
+  ct->limits = limits;
   ct->origin = cfg.value("chat_template_origin", std::string("tokenizer_config.json"));
   const Json& t = cfg["chat_template"];
   std::string where = ct->origin + " chat_template";
@@ -477,7 +490,7 @@ Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg) {
         extra.push_back(e["content"]);
     ct->special_tokens["additional_special_tokens"] = extra;
   }
-  probe_conventions(*ct);
+  SPARK_TRY(probe_conventions(*ct));
   return ct;
 }
 
@@ -542,7 +555,7 @@ Result<Json> load_tokenizer_config(const std::string& dir) {
 }
 
 Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std::string_view arch,
-                                      const Tokenizer* tok) {
+                                      const Tokenizer* tok, const jinja::RenderLimits& limits) {
   std::string tmpl = template_text(cfg);
   auto finish = [&](ChatFamily fam, std::string source) {
     ChatFormat f = defaults(fam);
@@ -561,7 +574,7 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
   bool has_template =
       cfg.is_object() && cfg.contains("chat_template") && !cfg["chat_template"].is_null();
   if (has_template) {
-    auto ct = compile_template(cfg);
+    auto ct = compile_template(cfg, limits);
     if (!ct) return ct.error();
     ChatFormat f;
     f.family = template_family(tmpl);
@@ -599,11 +612,13 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
 
 Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages,
                                 const Json& tools, bool add_generation_prompt,
-                                const Json& template_kwargs) {
+                                const Json& template_kwargs, const std::function<bool()>& stop) {
   if (f.chat_template) {
     const ChatTemplate& ct = *f.chat_template;
+    jinja::RenderLimits limits = ct.limits;
+    limits.stop = stop;
     return pick_template(ct, tools).render(
-        template_context(ct, messages, tools, add_generation_prompt, template_kwargs));
+        template_context(ct, messages, tools, add_generation_prompt, template_kwargs), limits);
   }
   std::vector<ChatMessage> m = messages;
   for (auto& msg : m)

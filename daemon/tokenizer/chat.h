@@ -7,6 +7,7 @@
 // <tools>/<tool_call>/<tool_response> format) and Mistral ([INST], [AVAILABLE_TOOLS],
 // [TOOL_CALLS], [TOOL_RESULTS]; tekken/Nemo, v0.3, v0.1 styles). How a format is chosen:
 // choose_chat_format().
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,9 @@ struct ChatTemplate {
   /// A null content reaches the template as None (else as ""), probed likewise.
   bool null_content = true;
   std::string origin;  // "tokenizer_config.json" or "chat_template.jinja"
+  /// The budget of every render (TEMPLATE_MAX_STEPS, TEMPLATE_TIMEOUT), the load's probes
+  /// included.
+  jinja::RenderLimits limits;
 };
 
 /// The resolved format of one checkpoint, with the variant details the templates differ in.
@@ -94,19 +98,25 @@ Result<Json> load_tokenizer_config(const std::string& model_dir);
 /// from the config.json architecture and the vocabulary's special tokens; "template"
 /// requires the template; a built-in name forces that format. A template that does not
 /// parse or uses what the interpreter lacks is an error naming the line. An
-/// Errc::unsupported error names what was seen and the fix (set CHAT_FORMAT).
+/// Errc::unsupported error names what was seen and the fix (set CHAT_FORMAT). `limits`
+/// budget every render of the template, the probes at load included: a template whose
+/// probe passes them fails the load (Errc::config naming the line and the limit).
 Result<ChatFormat> choose_chat_format(std::string_view chat_format_key,
                                       const Json& tokenizer_config, std::string_view architecture,
-                                      const Tokenizer* tokenizer);
+                                      const Tokenizer* tokenizer,
+                                      const jinja::RenderLimits& limits = {});
 
 /// Renders messages (and OpenAI `tools`, an array of {"type":"function","function":{...}})
 /// into the prompt text; the engine encodes it with add_special_tokens = false.
 /// `template_kwargs` (a request's chat_template_kwargs, e.g. enable_thinking) become
 /// template variables; built-in formats ignore them. Errors (Errc::usage) for roles or
-/// orders the format cannot express and for a template's raise_exception().
+/// orders the format cannot express and for a template's raise_exception(); a template
+/// render past its limits is Errc::unsupported naming the line and the limit; `stop`
+/// (polled during a template render) ends it with Errc::busy.
 Result<std::string> render_chat(const ChatFormat& fmt, const std::vector<ChatMessage>& messages,
                                 const Json& tools, bool add_generation_prompt,
-                                const Json& template_kwargs = Json::object());
+                                const Json& template_kwargs = Json::object(),
+                                const std::function<bool()>& stop = {});
 
 /// The messages as a chat template sees them (OpenAI shape; tool-call arguments as a dict
 /// or as text per `object_arguments`, a null content as None or "" per `null_content`;

@@ -125,7 +125,9 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, std::string_view o
     return Error{e.code, fmt::format("{}: {}", where, e.message)};
   };
   try {
-    auto model = BpeModel::from_json(j.value("model", json()));
+    static const json kNull;
+    auto mit = j.find("model");  // by reference: the vocabulary and merges are not copied
+    auto model = BpeModel::from_json(mit != j.end() ? *mit : kNull);
     if (!model) return wrap(model.error());
     impl->model = std::move(*model);
     auto norm = make_normalizer(j.value("normalizer", json()));
@@ -136,8 +138,16 @@ Result<Tokenizer> Tokenizer::from_json(std::string_view text, std::string_view o
     impl->pre = *pre;
 
     std::vector<AddedToken> added;
-    const json& aj = j.value("added_tokens", json::array());
+    static const json kNone = json::array();
+    auto ajit = j.find("added_tokens");
+    const json& aj = ajit != j.end() && !ajit->is_null() ? *ajit : kNone;  // no copy
     if (!aj.is_array()) return make_error(Errc::config, where + ": added_tokens is not an array");
+    if (aj.size() > kMaxAddedTokens)
+      return make_error(Errc::config,
+                        fmt::format("{}: added_tokens holds {} entries, more than the {} sparkd "
+                                    "accepts (real tokenizers have a few thousand at most)",
+                                    where, aj.size(), kMaxAddedTokens));
+    added.reserve(aj.size());
     for (const auto& a : aj) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
           !a.contains("content") || !a["content"].is_string() || a["id"].get<int64_t>() < 0 ||

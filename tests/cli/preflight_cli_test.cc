@@ -157,6 +157,17 @@ TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   CHECK(t.out.find("GQA 8 KV heads x head_dim 128") != std::string::npos);
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", "/nonexistent"})
             .rc == 4);
+  // A config.json that is there but wrong is a config error (3) that says where and what.
+  spark::test::TempDir bad("spark-plan-bad");
+  bad.write("config.json", "{\"hidden_size\": \"big\"}");
+  auto b = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", bad.path()});
+  CHECK(b.rc == 3);
+  CHECK(b.err.find("\"hidden_size\" must be a non-negative integer") != std::string::npos);
+  bad.write("config.json", "{\"hidden_size\": 64, \"rms_norm_eps\": NaN}");
+  auto n = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", bad.path()});
+  CHECK(n.rc == 3);
+  CHECK(n.err.find("NaN is not JSON") != std::string::npos);
+  CHECK(n.err.find("not a JSON object") == std::string::npos);
 }
 
 TEST_CASE("plan shows GLM-5.3-Flash per layer type: the linear layers keep a state, not KV") {

@@ -74,6 +74,20 @@ TEST_CASE("hf config: a wrong type is an error naming the file and the key") {
   auto not_json = hf::parse_config_text("[1, 2]", "c.json");
   REQUIRE_FALSE(not_json.ok());
   CHECK(not_json.error().message == "c.json: not a JSON object");
+  // Text that is not JSON says where; Python's NaN and Infinity say what.
+  auto nan =
+      hf::parse_config_text("{\n  \"hidden_size\": 64,\n  \"rms_norm_eps\": NaN\n}", "c.json");
+  REQUIRE_FALSE(nan.ok());
+  CHECK(nan.error().code == Errc::config);
+  CHECK(nan.error().message.find("c.json: line 3, column ") == 0);
+  CHECK(nan.error().message.find("NaN is not JSON") != std::string::npos);
+  auto inf = hf::parse_config_text(R"({"rope_theta": -Infinity})", "c.json");
+  REQUIRE_FALSE(inf.ok());
+  CHECK(inf.error().message.find("Infinity is not JSON") != std::string::npos);
+  auto cut = hf::parse_config_text("{\"a\": 1,\n", "c.json");
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.error().message.find("c.json: line 2, column ") == 0);
+  CHECK(cut.error().message.find("not valid JSON") != std::string::npos);
 }
 
 TEST_CASE("hf config: load_config adds generation_config.json's eos ids") {

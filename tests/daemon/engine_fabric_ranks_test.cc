@@ -75,9 +75,7 @@ TEST_CASE(
   MapStore m2;
   auto s2 = m2.store();
   REQUIRE(s2->set("engine.fabric.rank2", "not json").ok());
-  const auto t0 = std::chrono::steady_clock::now();
   auto partial = exchange_fabric_reports(*s2, report(0, 3), 0, 3, 200ms);  // rank 1 silent
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
   REQUIRE(partial.size() == 1);
   CHECK(partial[0].rank == 0);
 }

@@ -3,12 +3,14 @@
 #include "daemon/tokenizer/tokenizer.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/strings.h"
+#include "daemon/tokenizer/added_vocab.h"
 #include "daemon/tokenizer/byte_level.h"
 #include "daemon/tokenizer/utf8.h"
 
@@ -147,6 +149,33 @@ TEST_CASE("loader errors say what is wrong and never crash") {
   auto nf = Tokenizer::from_file("/nonexistent/tokenizer.json");
   REQUIRE_FALSE(nf.ok());
   CHECK(nf.error().code == Errc::not_found);
+}
+
+TEST_CASE("added tokens: leftmost-longest over many; more than the cap is refused") {
+  // 60000 added tokens that share prefixes (<t0>, <t00>, ...): the longest listed one wins,
+  // the first listed of two equal ones, and text between them stays text.
+  auto with_added = [](size_t n, const std::string& extra) {
+    std::string a = "[";
+    for (size_t i = 0; i < n; ++i)
+      a += (i ? "," : "") +
+           fmt::format(R"({{"id": {}, "content": "<t{}>", "special": true}})", 10 + i, i);
+    a += extra + "]";
+    return R"({"model": {"type": "BPE", "vocab": {"a": 0, "<": 1, ">": 2, "t": 3}}, )"
+           R"("added_tokens": )" +
+           a + "}";
+  };
+  auto t = Tokenizer::from_json(
+      with_added(60000, R"(, {"id": 9, "content": "<t1>", "special": )"
+                        R"(true}, {"id": 8, "content": "<t", "special": true})"),
+      "m");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  CHECK(t->encode("a<t1>a<t12>a<ta<t59999>", false) ==
+        std::vector<TokenId>{0, 11, 0, 22, 0, 8, 0, 60009});
+  auto over = Tokenizer::from_json(with_added(kMaxAddedTokens + 1, ""), "m/tokenizer.json");
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.error().code == Errc::config);
+  CHECK(over.error().message.find("added_tokens holds 100001 entries, more than the 100000") !=
+        std::string::npos);
 }
 
 TEST_CASE("a minimal tokenizer.json with array merges and a Llama-style template works") {

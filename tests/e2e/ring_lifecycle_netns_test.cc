@@ -209,12 +209,13 @@ TEST_CASE(
   auto pids = pids_of(s.j);
   REQUIRE(pids.size() == 3);
   REQUIRE(::kill(pids[2], SIGKILL) == 0);
-  auto t0 = std::chrono::steady_clock::now();
   REQUIRE_MESSAGE(ring->wait_health([](const json& h) { return h["fatal"] == true; }, 5s),
                   ring->logs());
-  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
   auto h = ring->health().value_or(json::object());
   CHECK_MESSAGE(h.value("reason", "").find("rank 2") != std::string::npos, h.dump());
+  // The closed connection told rank 0 at once, not the heartbeat timeout.
+  CHECK_MESSAGE(h.value("reason", "").find("heartbeat connection closed") != std::string::npos,
+                h.dump());
 
   auto w1 = ring->ctl_json({"watch"});
   CHECK_MESSAGE(w1.j["verdict"] == "unhealthy", w1.all());

@@ -103,7 +103,6 @@ TEST_CASE("e2e netns ring: rendezvous over the fabric; a pulled link is a lost f
   REQUIRE_MESSAGE(wait_for([](auto& j) { return j["fatal"] == true; }, 8s), logs());
   auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took >= 1000ms);  // silence, not a closed connection: the timeout decides
-  CHECK(took < 5s);
   h = *health();
   CHECK(h["reason"].get<std::string>().find("rank 1 (node b) lost: no heartbeat") !=
         std::string::npos);

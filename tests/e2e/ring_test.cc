@@ -11,8 +11,8 @@
 #include <sstream>
 #include <thread>
 
-#include "core/strings.h"
 #include "core/http_client.h"
+#include "core/strings.h"
 #include "daemon/process_group.h"
 #include "support/spawn.h"
 #include "support/tempdir.h"
@@ -128,12 +128,12 @@ TEST_CASE("e2e ring: two ranks become READY; SIGKILL of the follower makes rank 
   CHECK(h["probe"]["status"] == "passed");
   CHECK(h["probe"]["text"] == " Paris.");
 
-  auto t0 = std::chrono::steady_clock::now();
   ring.ranks[1]->signal(SIGKILL);
   REQUIRE_MESSAGE(ring.wait_health([](auto& j) { return j["fatal"] == true; }, 5s), ring.logs());
-  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
   h = *ring.health();
   CHECK(h["reason"].get<std::string>().find("rank 1") != std::string::npos);
+  // The closed connection told rank 0 at once, not the heartbeat timeout.
+  CHECK(h["reason"].get<std::string>().find("heartbeat connection closed") != std::string::npos);
   CHECK(h["ranks_alive"] == 1);
   CHECK(h["ranks"][1]["alive"] == false);
 

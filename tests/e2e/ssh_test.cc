@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <optional>
 #include <thread>
 
@@ -128,14 +127,13 @@ TEST_CASE("ssh: a deadline stops the remote command and names node and command")
   auto runner = make_ssh_runner(d->target("slow-node"));
   REQUIRE(runner->run("true", 10s).ok());  // connect first: time only the command
   std::string marker = fmt::format("sleep 30.{}", 1000 + ::getpid() % 9000);
-  auto t0 = Clock::now();
   auto r = runner->run(marker, 1s);
-  auto took = Clock::now() - t0;
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == Errc::timeout);
   CHECK(contains(r.error().message, "slow-node"));
   CHECK(contains(r.error().message, marker));
-  CHECK(took < 5s);  // the command sleeps 30 s: only the deadline ends it this soon
+  // The command sleeps 30 s: the 1 s deadline ended it, and says so.
+  CHECK(contains(r.error().message, "did not finish within 1.0 s"));
   CHECK_MESSAGE(no_process_matches(marker, 5s), "the remote `" << marker
                                                                << "` still runs; sshd log:\n"
                                                                << d->log());
@@ -280,14 +278,12 @@ TEST_CASE("ssh: a closed port is a network error naming the node") {
   auto d = start_sshd();
   auto t = d->target("n-down");
   d->stop();  // nothing listens on that port any more
-  auto t0 = Clock::now();
   auto r = make_ssh_runner(t)->run("true", 10s);
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == Errc::network);
   INFO(r.error().message);
   CHECK(contains(r.error().message, "n-down"));
-  CHECK(contains(r.error().message, "refused"));
-  CHECK(Clock::now() - t0 < 5s);
+  CHECK(contains(r.error().message, "refused"));  // refused at once, not timed out
 }
 
 TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the deadline") {
@@ -309,14 +305,15 @@ TEST_CASE("ssh: a node that accepts but never speaks SSH times out within the de
   // First the call's deadline is the tighter bound, then the connect timeout.
   for (auto [deadline, connect] : {std::pair{700ms, 5000ms}, std::pair{10000ms, 800ms}}) {
     t.connect_timeout = connect;
-    auto t0 = Clock::now();
     auto r = make_ssh_runner(t)->run("true", deadline);
-    auto took = Clock::now() - t0;
     REQUIRE_FALSE(r.ok());
     INFO(r.error().message);
     CHECK(r.error().code == Errc::timeout);
     CHECK(contains(r.error().message, "n-silent"));
-    CHECK(took < 4s);  // the tighter bound ended it, not the looser one (5 s or more)
+    // The tighter bound ended it, and the message names it.
+    CHECK(contains(r.error().message, deadline < connect
+                                          ? "the call's deadline"
+                                          : "the connect timeout, SSH_TIMEOUT: 0.8 s"));
   }
   ::close(fd);
 }
@@ -331,25 +328,26 @@ TEST_CASE("ssh: fan_out runs on every node at once and reports per node") {
     owned.push_back(make_ssh_runner(servers.back()->target(fmt::format("n{}", i))));
     runners.push_back(owned.back().get());
   }
-  // Each command prints when it started and when it ended (wall clock, ns), around a
-  // second's sleep. Run in parallel, the three intervals overlap: the latest start comes
-  // before the earliest end. Run one after another, they could not, however slow the machine.
-  auto res = fan_out(runners, {"date +%s%N; sleep 1; date +%s%N; echo $SSH_CONNECTION"}, 60s);
+  // A barrier: each command leaves a marker, then waits (at most 30 s) until it sees all
+  // three. Run at once, every command gets past it; run one after another, the first
+  // could never see the others' markers and gives up with status 7, however fast or slow
+  // the machine.
+  TempDir meet;
+  const std::string cmd = fmt::format(
+      "d={}; touch $d/$$; i=0; while [ $(ls $d | wc -l) -lt 3 ] && [ $i -lt 600 ]; do "
+      "sleep 0.05; i=$((i+1)); done; [ $(ls $d | wc -l) -ge 3 ] || exit 7; echo $SSH_CONNECTION",
+      meet.path());
+  auto res = fan_out(runners, {cmd}, 60s);
   REQUIRE(res.size() == 3);
-  long long latest_start = 0, earliest_end = std::numeric_limits<long long>::max();
   for (int i = 0; i < 3; ++i) {
     CHECK(res[i].node == fmt::format("n{}", i));
     REQUIRE_MESSAGE(res[i].result.ok(), res[i].result.error().message);
-    CHECK(res[i].result->exit_status == 0);
+    CHECK(res[i].result->exit_status == 0);  // it met the other two while it ran
     auto lines = split_list(res[i].result->out, '\n');
-    REQUIRE(lines.size() == 3);
-    latest_start = std::max(latest_start, std::stoll(lines[0]));
-    earliest_end = std::min(earliest_end, std::stoll(lines[1]));
+    REQUIRE(lines.size() == 1);
     // SSH_CONNECTION ends with the server's port: each node answered from its own sshd.
-    CHECK(ends_with(lines[2], " " + std::to_string(servers[i]->port())));
+    CHECK(ends_with(lines[0], " " + std::to_string(servers[i]->port())));
   }
-  INFO("latest start ", latest_start, " ns, earliest end ", earliest_end, " ns");
-  CHECK(latest_start < earliest_end);  // all three were running at the same time
 
   // Per-node commands; one node failing does not spoil the others.
   auto local = make_local_runner("here");
@@ -382,12 +380,11 @@ TEST_CASE("remote: the local runner runs here with the same contract") {
   auto in = r->run("cat", 10s, "data");
   REQUIRE(in.ok());
   CHECK(in->out == "data");
-  auto t0 = Clock::now();
   auto slow = r->run("sleep 30", 300ms);
   REQUIRE_FALSE(slow.ok());
   CHECK(slow.error().code == Errc::timeout);
   CHECK(contains(slow.error().message, "me"));
-  CHECK(Clock::now() - t0 < 3s);
+  CHECK(contains(slow.error().message, "did not finish within 0.3 s"));  // the deadline ended it
 }
 
 TEST_CASE("remote: make_runner and ssh_target follow the cluster file") {

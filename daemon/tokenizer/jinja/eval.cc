@@ -17,14 +17,64 @@
 
 namespace spark::tok::jinja {
 
+thread_local Budget* t_budget = nullptr;
+
+namespace {
+[[noreturn]] void fail_limit(const std::string& msg) {
+  throw RenderError(msg, 0, RenderError::Why::limit);
+}
+}  // namespace
+
+void charge(uint64_t n) {
+  Budget* b = t_budget;
+  if (!b) return;
+  b->steps += n;
+  if (b->steps > b->max_steps)
+    fail_limit(
+        fmt::format("the render passed its budget of {} steps (TEMPLATE_MAX_STEPS)", b->max_steps));
+  if (b->steps < b->next_check) return;
+  b->next_check = b->steps + 4096;
+  if (b->timeout_ms > 0 && std::chrono::steady_clock::now() > b->deadline)
+    fail_limit(fmt::format("the render took longer than its limit of {} ms (TEMPLATE_TIMEOUT)",
+                           b->timeout_ms));
+  if (b->stop && *b->stop && (*b->stop)())
+    throw RenderError(
+        "the render was stopped: the client closed the connection or sparkd is "
+        "stopping",
+        0, RenderError::Why::stopped);
+}
+
+void check_text(size_t bytes) {
+  if (bytes > kMaxText)
+    fail_limit(fmt::format("a string would pass {} MiB ({} bytes)", kMaxText >> 20, bytes));
+  charge(bytes / 32);
+}
+
+void check_items(size_t n) {
+  if (n > kMaxItems) fail_limit(fmt::format("a list would pass {} items ({})", kMaxItems, n));
+  charge(n);
+}
+
 namespace {
 
-constexpr size_t kMaxOutput = 64u << 20;  // a runaway template fails instead of eating memory
-constexpr int kMaxDepth = 256;            // macro recursion
-constexpr int64_t kMaxRange = 1000000;
+constexpr size_t kMaxOutput = kMaxText;  // a runaway template fails instead of eating memory
+constexpr int kMaxDepth = 256;           // macro recursion
+constexpr int64_t kMaxRange = static_cast<int64_t>(kMaxItems);
 
 [[noreturn]] void fail(int line, const std::string& msg) {
   throw RenderError(msg, line);
+}
+
+// a*b for sizes, saturating (a size check then fails instead of wrapping around).
+size_t mul_sat(size_t a, size_t b) {
+  if (a && b > SIZE_MAX / a) return SIZE_MAX;
+  return a * b;
+}
+// What copying these values costs: one step each, and their text.
+void charge_copy(const Array& a) {
+  uint64_t bytes = 0;
+  for (const auto& v : a) bytes += v.s.size();
+  charge(a.size() + bytes / 32);
 }
 
 std::string kind_name(const Value& v) {
@@ -57,6 +107,7 @@ std::string kind_name(const Value& v) {
 
 // ---- unicode helpers ----
 std::u32string cps(std::string_view s) {
+  charge(s.size() / 8);
   std::u32string out;
   for (size_t i = 0; i < s.size();) {
     char32_t c = 0;
@@ -87,6 +138,7 @@ bool py_space(char32_t c) {
 }
 
 std::string icu_case(const std::string& s, bool upper) {
+  charge(s.size() / 4);
   icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
   if (upper)
     u.toUpper(icu::Locale::getRoot());
@@ -111,6 +163,7 @@ bool cased(char32_t c) {
 }
 
 std::string py_title(const std::string& s) {  // str.title()
+  charge(s.size());
   std::string out;
   bool prev_cased = false;
   for (char32_t c : cps(s)) {
@@ -120,6 +173,7 @@ std::string py_title(const std::string& s) {  // str.title()
   return out;
 }
 std::string py_capitalize(const std::string& s) {
+  charge(s.size());
   std::u32string u = cps(s);
   if (u.empty()) return "";
   return cp_case(u[0], 2) + icu_case(utf8(u.substr(1)), false);
@@ -158,6 +212,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
         size_t j = i;
         while (j < u.size() && !py_space(u[j])) ++j;
         out.push_back(utf8(u.substr(i, j - i)));
+        if (out.size() > kMaxItems) check_items(out.size());
         ++splits;
         i = j;
       }
@@ -175,6 +230,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
         }
         size_t j = i;
         while (j > 0 && !py_space(u[j - 1])) --j;
+        if (out.size() >= kMaxItems) check_items(out.size() + 1);
         out.insert(out.begin(), utf8(u.substr(j, i - j)));
         ++splits;
         i = j;
@@ -195,6 +251,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
         break;
       }
       out.push_back(s.substr(i, p - i));
+      if (out.size() > kMaxItems) check_items(out.size());
       i = p + d.size();
       ++splits;
     }
@@ -207,11 +264,13 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
         out.insert(out.begin(), s.substr(0, end));
         break;
       }
+      if (out.size() >= kMaxItems) check_items(out.size() + 1);
       out.insert(out.begin(), s.substr(p + d.size(), end - p - d.size()));
       end = p;
       ++splits;
     }
   }
+  charge(out.size());
   return out;
 }
 
@@ -227,6 +286,7 @@ std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
     size_t end = i;
     if (c == '\r' && i + 1 < u.size() && u[i + 1] == '\n') ++i;
     out.push_back(utf8(u.substr(start, (keepends ? i + 1 : end) - start)));
+    if (out.size() > kMaxItems) check_items(out.size());
     start = i + 1;
   }
   if (start < u.size()) out.push_back(utf8(u.substr(start)));
@@ -237,6 +297,9 @@ std::string py_replace(const std::string& s, const std::string& a, const std::st
                        int64_t count) {
   std::string out;
   if (a.empty()) {  // Python inserts `b` between characters (and at both ends)
+    size_t slots = cp_len(s) + 1;
+    if (count >= 0) slots = std::min(slots, static_cast<size_t>(count));
+    check_text(s.size() + mul_sat(slots, b.size()));
     std::u32string u = cps(s);
     int64_t n = 0;
     for (size_t i = 0; i <= u.size(); ++i) {
@@ -247,6 +310,16 @@ std::string py_replace(const std::string& s, const std::string& a, const std::st
       if (i < u.size()) utf8_append(out, u[i]);
     }
     return out;
+  }
+  if (b.size() > a.size()) {  // the text grows: check what it grows to first
+    size_t hits = 0;
+    for (size_t p = s.find(a);
+         p != std::string::npos && (count < 0 || hits < static_cast<size_t>(count));
+         p = s.find(a, p + a.size()))
+      ++hits;
+    check_text(s.size() + mul_sat(hits, b.size() - a.size()));
+  } else {
+    charge(s.size() / 32);
   }
   size_t i = 0;
   int64_t n = 0;
@@ -299,6 +372,7 @@ int64_t ival(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  charge(1);
   if (a.is_number() && b.is_number()) {
     if (is_int_like(a) && is_int_like(b)) return ival(a) == ival(b);
     return num(a) == num(b);
@@ -332,6 +406,7 @@ bool equals(const Value& a, const Value& b) {
 
 // <0, 0, >0; TypeError (as Python) for types that do not order.
 int compare(const Value& a, const Value& b, int line) {
+  charge(1);
   if (a.is_number() && b.is_number()) {
     if (is_int_like(a) && is_int_like(b)) return ival(a) < ival(b) ? -1 : ival(a) > ival(b);
     return num(a) < num(b) ? -1 : num(a) > num(b);
@@ -355,13 +430,16 @@ Array iterate(const Value& v, int line) {
     case Value::Kind::undefined:
       return {};
     case Value::Kind::array:
+      charge_copy(*v.arr);
       return *v.arr;
     case Value::Kind::object: {
+      check_items(v.obj->items.size());
       Array out;
       for (const auto& kv : v.obj->items) out.push_back(Value::string(kv.first));
       return out;
     }
     case Value::Kind::string: {
+      check_items(cp_len(v.s));
       Array out;
       for (char32_t c : cps(v.s)) out.push_back(Value::string(utf8(std::u32string(1, c))));
       return out;
@@ -471,6 +549,8 @@ class Eval {
   std::string out_;
 
   void exec(const Node& n, const ScopeP& sc, std::string& out, Flow& flow) {
+    if (t_budget) t_budget->line = n.line;
+    charge(1);
     switch (n.t) {
       case Node::T::body:
         for (const auto& k : n.kids) {
@@ -502,6 +582,11 @@ class Eval {
           if (!ns || !ns->is_object() || !ns->obj->ns)
             fail(n.line,
                  fmt::format("cannot assign attribute on non-namespace object '{}'", n.str));
+          // A namespace is the one mutable value: holding a namespace or a function (which
+          // holds its scope) could make a cycle that nothing frees.
+          if (holds_ref(v, 0))
+            fail(n.line,
+                 fmt::format("cannot store a namespace or a function in namespace '{}'", n.str));
           ns->obj->set(n.attr, std::move(v));
           return;
         }
@@ -552,9 +637,27 @@ class Eval {
     }
   }
 
+  // True when `v` is or holds a namespace or a callable.
+  static bool holds_ref(const Value& v, int depth) {
+    charge(1);
+    if (depth > 4 * kMaxNest) return true;
+    if (v.kind == Value::Kind::callable) return true;
+    if (v.is_array()) {
+      for (const auto& x : *v.arr)
+        if (holds_ref(x, depth + 1)) return true;
+    } else if (v.is_object()) {
+      if (v.obj->ns) return true;
+      for (const auto& kv : v.obj->items)
+        if (holds_ref(kv.second, depth + 1)) return true;
+    }
+    return false;
+  }
+
   void emit(std::string& out, const std::string& s, int line) {
     if (out.size() + s.size() > kMaxOutput)
-      fail(line, fmt::format("the rendered text passed {} MiB", kMaxOutput >> 20));
+      throw RenderError(fmt::format("the rendered text passed {} MiB", kMaxOutput >> 20), line,
+                        RenderError::Why::limit);
+    charge(s.size() / 32);
     out += s;
   }
 
@@ -590,6 +693,7 @@ class Eval {
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      charge(16);
       ScopeP it = child(sc);
       Value loop = Value::object();
       auto& o = *loop.obj;
@@ -695,6 +799,8 @@ class Eval {
 
   // ---- expressions ----
   Value eval(const Node& n, const ScopeP& sc) {
+    if (t_budget) t_budget->line = n.line;
+    charge(1);
     switch (n.t) {
       case Node::T::literal:
         return n.lit;
@@ -771,7 +877,11 @@ class Eval {
   }
 
   Value binop(const std::string& op, const Value& a, const Value& b, int line) {
-    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string l = to_str(a), r = to_str(b);
+      check_text(l.size() + r.size());
+      return Value::string(l + r);
+    }
     if (op == "==") return Value::boolean(equals(a, b));
     if (op == "!=") return Value::boolean(!equals(a, b));
     if (op == "in") return Value::boolean(contains(b, a, line));
@@ -787,8 +897,14 @@ class Eval {
                              kind_name(b)));
     };
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+      if (a.is_string() && b.is_string()) {
+        check_text(a.s.size() + b.s.size());
+        return Value::string(a.s + b.s);
+      }
       if (a.is_array() && b.is_array()) {
+        check_items(a.arr->size() + b.arr->size());
+        charge_copy(*a.arr);
+        charge_copy(*b.arr);
         Array r = *a.arr;
         r.insert(r.end(), b.arr->begin(), b.arr->end());
         return Value::array(std::move(r));
@@ -802,11 +918,13 @@ class Eval {
       if (seq && is_int_like(*cnt)) {
         int64_t k = std::max<int64_t>(0, ival(*cnt));
         if (seq->is_string()) {
-          if (static_cast<uint64_t>(k) * seq->s.size() > kMaxOutput) fail(line, "string too long");
+          check_text(mul_sat(static_cast<size_t>(k), seq->s.size()));
           std::string r;
           for (int64_t q = 0; q < k; ++q) r += seq->s;
           return Value::string(std::move(r));
         }
+        check_items(mul_sat(static_cast<size_t>(k), seq->arr->size()));
+        for (int64_t q = 0; q < k; ++q) charge_copy(*seq->arr);
         Array r;
         for (int64_t q = 0; q < k; ++q) r.insert(r.end(), seq->arr->begin(), seq->arr->end());
         return Value::array(std::move(r));
@@ -868,6 +986,8 @@ class Eval {
       }
       if (next >= vals.size()) fail(line, "not enough arguments for format string");
       const Value& v = vals[next++];
+      if (out.size() > kMaxOutput) check_text(out.size());
+      charge(1);
       if (c == 's')
         out += to_str(v);
       else if (c == 'r')
@@ -945,6 +1065,8 @@ class Eval {
     int64_t step = step_o.value_or(1);
     if (step == 0) fail(n.line, "slice step cannot be zero");
     auto pick = [&](int64_t len, std::vector<int64_t>& idx) {
+      uint64_t astep = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+      charge(static_cast<uint64_t>(len) / astep + 1);
       auto norm = [&](std::optional<int64_t> x, int64_t def, int64_t lo, int64_t hi) {
         if (!x) return def;
         int64_t y = *x < 0 ? *x + len : *x;
@@ -990,6 +1112,7 @@ class Eval {
           if (const Value* x = self.obj->find(k.s)) return *x;
         return r.val(1, "default", Value::none());
       }
+      check_items(self.obj->items.size());
       Array out;
       for (const auto& [k, v] : self.obj->items) {
         if (name == "items")
@@ -1066,9 +1189,12 @@ class Eval {
       std::string out;
       bool first = true;
       for (const auto& x : iterate(r.val(0, "iterable"), line)) {
+        if (!x.is_string()) fail(line, "str.join(): items must be strings");
+        check_text(out.size() + s.size() + x.s.size() > kMaxOutput
+                       ? out.size() + s.size() + x.s.size()
+                       : (s.size() + x.s.size()));
         if (!first) out += s;
         first = false;
-        if (!x.is_string()) fail(line, "str.join(): items must be strings");
         out += x.s;
       }
       return Value::string(std::move(out));
@@ -1140,7 +1266,10 @@ class Eval {
           if (k == field) v = &x;
       }
       if (!v) fail(a.line, fmt::format("format(): no argument for {{{}}}", field));
-      out += to_str(*v);
+      std::string piece = to_str(*v);
+      check_text(piece.size());
+      if (out.size() + piece.size() > kMaxOutput) check_text(out.size() + piece.size());
+      out += piece;
     }
     return out;
   }
@@ -1186,7 +1315,7 @@ class Eval {
     if (name == "tojson") {
       int indent = -1;
       if (const Value* x = r.get(0, "indent"); x && !x->is_none() && !x->is_undefined())
-        indent = static_cast<int>(ival(*x));
+        indent = static_cast<int>(std::clamp<int64_t>(ival(*x), -1, int64_t{1} << 28));
       std::string isep = indent >= 0 ? "," : ", ", ksep = ": ";
       if (const Value* s = r.get(99, "separators"); s && s->is_array() && s->arr->size() == 2) {
         isep = to_str((*s->arr)[0]);
@@ -1199,6 +1328,10 @@ class Eval {
     if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
       if (name == "safe") return v.is_string() ? v : Value::string(to_str(v));
       std::string s = to_str(v), out;
+      size_t grown = s.size();
+      for (char c : s)
+        grown += c == '&' || c == '"' || c == '\'' ? 4 : c == '<' || c == '>' ? 3 : 0;
+      check_text(grown);
       for (char c : s) {
         switch (c) {
           case '&':
@@ -1261,9 +1394,13 @@ class Eval {
       Value attr = r.val(1, "attribute");
       bool first = true;
       for (const auto& x : iterate(v, line)) {
+        std::string piece = to_str(attr.is_undefined() ? x : attr_path(x, to_str(attr), line));
+        check_text(out.size() + sep.size() + piece.size() > kMaxOutput
+                       ? out.size() + sep.size() + piece.size()
+                       : (sep.size() + piece.size()));
         if (!first) out += sep;
         first = false;
-        out += to_str(attr.is_undefined() ? x : attr_path(x, to_str(attr), line));
+        out += piece;
       }
       return Value::string(std::move(out));
     }
@@ -1376,12 +1513,15 @@ class Eval {
     if (name == "indent") {
       std::string s = to_str(v);
       Value w = r.val(0, "width", Value::integer(4));
-      std::string ind = w.is_string()
-                            ? w.s
-                            : std::string(static_cast<size_t>(std::max<int64_t>(0, ival(w))), ' ');
+      if (!w.is_string() && !is_int_like(w))
+        fail(line, "indent(): 'width' must be an integer or a string");
+      size_t wn = w.is_string() ? w.s.size() : static_cast<size_t>(std::max<int64_t>(0, ival(w)));
+      check_text(wn);
+      std::string ind = w.is_string() ? w.s : std::string(wn, ' ');
       bool first = r.boolean(1, "first", false), blank = r.boolean(2, "blank", false);
       s += "\n";
       std::vector<std::string> lines = py_splitlines(s, false);
+      check_text(s.size() + mul_sat(lines.size() + 1, ind.size()));
       std::string rv;
       if (blank) {
         for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + ind : "") + lines[k];
@@ -1457,6 +1597,7 @@ class Eval {
       std::string s = to_str(v);
       int64_t w = r.integer(0, "width", 80), n = static_cast<int64_t>(cp_len(s));
       if (w <= n) return Value::string(s);
+      check_text(s.size() + static_cast<size_t>(w - n));
       int64_t left = (w - n) / 2 + ((w - n) % 2 && w % 2 ? 1 : 0);
       return Value::string(std::string(static_cast<size_t>(left), ' ') + s +
                            std::string(static_cast<size_t>(w - n - left), ' '));
@@ -1652,8 +1793,18 @@ Result<Template> Template::parse(std::string_view source, std::string name) {
   return t;
 }
 
-Result<std::string> Template::render(const Json& context) const {
+Result<std::string> Template::render(const Json& context, const RenderLimits& limits) const {
   Eval ev;
+  Budget budget;
+  budget.max_steps = limits.max_steps;
+  budget.timeout_ms = limits.timeout.count();
+  budget.deadline = std::chrono::steady_clock::now() + limits.timeout;
+  budget.stop = limits.stop ? &limits.stop : nullptr;
+  struct Scoped {
+    Budget* prev;
+    explicit Scoped(Budget* b) : prev(t_budget) { t_budget = b; }
+    ~Scoped() { t_budget = prev; }
+  } scoped(&budget);
   auto globals = std::make_shared<Scope>();
   globals->vars["namespace"] = Value::callable(global_namespace);
   globals->vars["dict"] = Value::callable([](Args& a) {
@@ -1672,7 +1823,10 @@ Result<std::string> Template::render(const Json& context) const {
     int64_t step = p.size() > 2 ? p[2] : 1;
     if (step == 0) fail(a.line, "range() step must not be zero");
     int64_t n = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
-    if (n > kMaxRange) fail(a.line, fmt::format("range() longer than {}", kMaxRange));
+    if (n > kMaxRange)
+      throw RenderError(fmt::format("range() longer than {}", kMaxRange), a.line,
+                        RenderError::Why::limit);
+    check_items(static_cast<size_t>(std::max<int64_t>(n, 0)));
     Array out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
       if (static_cast<int64_t>(out.size()) >= kMaxRange)
@@ -1705,7 +1859,18 @@ Result<std::string> Template::render(const Json& context) const {
     Flow f = Flow::normal;
     ev.exec(*root_, top, out, f);
   } catch (const RenderError& e) {
-    return make_error(Errc::usage, fmt::format("{} line {}: {}", name_, e.line, e.what()));
+    int line = e.line ? e.line : budget.line;
+    Errc code = e.why == RenderError::Why::limit     ? Errc::unsupported
+                : e.why == RenderError::Why::stopped ? Errc::busy
+                                                     : Errc::usage;
+    return make_error(code, fmt::format("{} line {}: {}", name_, line, e.what()));
+  } catch (const std::bad_alloc&) {
+    return make_error(Errc::unsupported,
+                      fmt::format("{} line {}: the render ran out of memory", name_, budget.line));
+  } catch (const std::length_error&) {
+    return make_error(
+        Errc::unsupported,
+        fmt::format("{} line {}: a value grew past what memory can hold", name_, budget.line));
   }
   return out;
 }

@@ -1,5 +1,9 @@
 #pragma once
 // The interpreter's values and syntax tree (shared by parse.cc and eval.cc).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +23,36 @@ struct Args;
 using Array = std::vector<Value>;
 using Function = std::function<Value(Args&)>;
 
+/// A render-time error (a template's raise_exception, a type error): carries its line
+/// (0: the line of the node being evaluated). `limit`: a limit of RenderLimits was passed;
+/// `stopped`: RenderLimits::stop ended the render.
+struct RenderError : std::runtime_error {
+  enum class Why : uint8_t { error, limit, stopped };
+  RenderError(std::string msg, int line_, Why why_ = Why::error)
+      : std::runtime_error(std::move(msg)), line(line_), why(why_) {}
+  int line;
+  Why why;
+};
+
+/// The budget of the render running on this thread (Template::render sets it).
+struct Budget {
+  uint64_t steps = 0, max_steps = 0, next_check = 0;
+  std::chrono::steady_clock::time_point deadline{};
+  int64_t timeout_ms = 0;
+  const std::function<bool()>* stop = nullptr;
+  int line = 0;  // of the node being evaluated
+};
+extern thread_local Budget* t_budget;
+/// Charges `n` steps to this thread's render (none outside a render); throws
+/// RenderError(limit) past the step budget or the deadline, RenderError(stopped) when told.
+void charge(uint64_t n);
+/// Before a string of `bytes` is built: fails past kMaxText, else charges its cost.
+void check_text(size_t bytes);
+/// Before a list of `n` items is built: fails past kMaxItems, else charges n.
+void check_items(size_t n);
+/// Depth of containers in a value (0 for scalars).
+inline int nest_of(const Value& v);
+
 /// A Python-like value: Undefined, None, bool, int, float, str, list, dict, callable.
 /// Lists and dicts are shared (Python reference semantics; the sandbox never mutates them,
 /// namespaces excepted).
@@ -36,6 +70,7 @@ struct Value {
   };
   Kind kind = Kind::undefined;
   bool b = false;
+  uint16_t nest = 0;  // array: how deep containers nest inside it (objects: Object::nest)
   int64_t i = 0;
   double f = 0;
   std::string s;                 // string; for undefined: the name that was missing
@@ -98,12 +133,18 @@ struct Value {
 struct Object {
   std::vector<std::pair<std::string, Value>> items;
   bool ns = false;
+  uint16_t nest = 1;
   const Value* find(std::string_view k) const {
     for (const auto& [key, v] : items)
       if (key == k) return &v;
     return nullptr;
   }
   void set(const std::string& k, Value v) {
+    int d = 1 + nest_of(v);
+    if (d > kMaxNest)
+      throw RenderError(fmt::format("values nest deeper than {} levels", kMaxNest), 0,
+                        RenderError::Why::limit);
+    if (d > nest) nest = static_cast<uint16_t>(d);
     for (auto& [key, old] : items)
       if (key == k) {
         old = std::move(v);
@@ -113,8 +154,20 @@ struct Object {
   }
 };
 
+inline int nest_of(const Value& v) {
+  if (v.kind == Value::Kind::array) return v.nest;
+  if (v.kind == Value::Kind::object) return v.obj->nest;
+  return 0;
+}
+
 inline Value Value::array(Array v) {
+  int d = 1;
+  for (const auto& e : v) d = std::max(d, 1 + nest_of(e));
+  if (d > kMaxNest)
+    throw RenderError(fmt::format("values nest deeper than {} levels", kMaxNest), 0,
+                      RenderError::Why::limit);
   Value x = make(Kind::array);
+  x.nest = static_cast<uint16_t>(d);
   x.arr = std::make_shared<Array>(std::move(v));
   return x;
 }
@@ -129,12 +182,6 @@ struct Args {
   std::vector<Value> pos;
   std::vector<std::pair<std::string, Value>> kw;
   int line = 0;
-};
-
-/// A render-time error (a template's raise_exception, a type error): carries its line.
-struct RenderError : std::runtime_error {
-  RenderError(std::string msg, int line_) : std::runtime_error(std::move(msg)), line(line_) {}
-  int line;
 };
 
 using NodeP = std::shared_ptr<Node>;

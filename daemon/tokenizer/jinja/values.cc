@@ -68,16 +68,27 @@ void py_repr_str(const std::string& s, std::string& out) {
   out += q;
 }
 
-void repr(const Value& v, std::string& out) {
+// Every value printed costs a step; the text may not pass kMaxText.
+void grew(const std::string& out, int depth) {
+  charge(1);
+  if (out.size() > kMaxText) check_text(out.size());
+  if (depth > 4 * kMaxNest)
+    throw RenderError(fmt::format("values nest deeper than {} levels", 4 * kMaxNest), 0,
+                      RenderError::Why::limit);
+}
+
+void repr(const Value& v, std::string& out, int depth = 0) {
+  grew(out, depth);
   switch (v.kind) {
     case Value::Kind::string:
+      charge(v.s.size() / 32);
       py_repr_str(v.s, out);
       return;
     case Value::Kind::array: {
       out += '[';
       for (size_t k = 0; k < v.arr->size(); ++k) {
         if (k) out += ", ";
-        repr((*v.arr)[k], out);
+        repr((*v.arr)[k], out, depth + 1);
       }
       out += ']';
       return;
@@ -91,7 +102,7 @@ void repr(const Value& v, std::string& out) {
         first = false;
         py_repr_str(k, out);
         out += ": ";
-        repr(x, out);
+        repr(x, out, depth + 1);
       }
       out += '}';
       if (v.obj->ns) out += '>';
@@ -139,7 +150,10 @@ void json_str(const std::string& s, std::string& out) {
 
 void json_dump(const Value& v, int indent, const std::string& isep, const std::string& ksep,
                bool sort_keys, int depth, std::string& out) {
+  grew(out, depth);
   auto newline = [&](int d) {
+    if (out.size() + static_cast<size_t>(indent) * static_cast<size_t>(d) > kMaxText)
+      check_text(out.size() + static_cast<size_t>(indent) * static_cast<size_t>(d));
     out += '\n';
     out.append(static_cast<size_t>(indent * d), ' ');
   };
@@ -163,6 +177,7 @@ void json_dump(const Value& v, int indent, const std::string& isep, const std::s
         out += py_float(v.f);
       return;
     case Value::Kind::string:
+      charge(v.s.size() / 32);
       json_str(v.s, out);
       return;
     case Value::Kind::array: {
