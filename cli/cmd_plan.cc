@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/cmd_preflight.h"
 #include "core/strings.h"
+#include "env/engine_fit.h"
 #include "env/meminfo.h"
 #include "env/model_files.h"
 #include "env/plan.h"
@@ -138,6 +139,11 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
         mi->get("MemAvailable") / static_cast<uint64_t>(std::max(1, in.gpus_per_node));
     cap_src = "this node's MemAvailable";
   }
+  // Whether the configured engine can serve the model at all, said before the arithmetic.
+  env::EngineFitOptions fo;
+  fo.world = rc ? rc->world_size() : 1;
+  if (vm.count("context")) fo.context = in.context;
+  const env::EngineFit fit = env::engine_fit(mf, rc, fo);
   auto rows = plan::plan_table(in, std::clamp(vm["nodes"].as<int>(), 1, 16));
   const auto& s = in.shape;
   const uint64_t per_token_1 =
@@ -176,6 +182,9 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
                   {"weights_basis", (estimate ? estimate->basis : std::string())},
                   {"kv_bytes_per_token", per_token_1}};
     if (!in.engine_weights_why.empty()) j["engine_refuses"] = in.engine_weights_why;
+    j["engine"] = {{"engine", fit.engine},   {"checked", fit.checked},   {"ok", fit.ok()},
+                   {"summary", fit.summary}, {"problems", fit.problems}, {"warnings", fit.warnings},
+                   {"fixes", fit.fixes}};
     j["kv_layout"] = plan::kv_layout_name(in.record.layout);
     j["kv_dtype"] = in.record.dtype;
     j["expert_parallel"] = plan::moe_split_name(in.moe);
@@ -237,6 +246,17 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
             ? fmt::format("# weights per rank: {} (ENGINE=exec)\n", from)
             : fmt::format("# weights per rank: {}; the native engine refuses this model: {}\n",
                           from, in.engine_weights_why));
+  if (!fit.ok()) {
+    o << fmt::format("# ENGINE={} CANNOT SERVE THIS MODEL: {}\n# fix: {}\n", fit.engine,
+                     join(fit.problems, "; "), join(fit.fixes, "; "));
+    *ctx.err << fmt::format(
+        "sparkctl: warning: ENGINE={} cannot serve {}: {} (preflight's model.engine fails)\n",
+        fit.engine, model, join(fit.problems, "; "));
+  } else if (!fit.warnings.empty()) {
+    o << fmt::format("# warning: {}\n# fix: {}\n", join(fit.warnings, "; "), join(fit.fixes, "; "));
+  } else if (fit.checked) {
+    o << fmt::format("# engine: {}\n", fit.summary);
+  }
   if (s.count(plan::LayerKind::full_attention) || s.count(plan::LayerKind::sliding_attention))
     o << fmt::format("# attention: GQA {} KV heads x head_dim {}\n", s.kv_heads, s.head_dim);
   if (s.kv_lora_rank)

@@ -51,9 +51,10 @@ std::string self_command() {
 Status ensure_dir(const std::string& dir) {
   const std::error_code ec = make_dirs(dir);
   if (ec)
-    return make_error(Errc::io, fmt::format("cannot create the state directory {}: {} (set "
-                                            "STATE_DIR to a writable directory)",
-                                            dir, ec.message()));
+    return make_error(Errc::io,
+                      fmt::format("cannot create the state directory {}: {} (set STATE_DIR to a "
+                                  "writable directory; under {} the group sparkctl may create it)",
+                                  dir, ec.message(), kSystemStateRoot));
   return Status::Ok();
 }
 

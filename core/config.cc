@@ -1,18 +1,18 @@
 #include "core/config.h"
 
+#include <fmt/format.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cctype>
-#include <climits>
-#include <cstdlib>
-#include <set>
-
-#include <fmt/format.h>
-#include <sys/stat.h>
-
 #include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <set>
 
 #include "core/strings.h"
 
@@ -355,10 +355,17 @@ void read_entries(Loading& L, const std::vector<EnvEntry>& entries) {
     std::string suffix;
     const KeySpec* spec = classify(e.key, &node, &suffix);
     if (!spec) {
+      // A key that looks like a known one misspelt (MODLE_PATH, api_port) is an error: the
+      // ring would otherwise run on the default of the key that was meant. Anything else
+      // is ignored with a warning (a variable the file keeps for its own use).
       auto hint = suggest_key(e.key);
-      d.push_back({false, where,
-                   fmt::format("unknown key {}{}; it is ignored", e.key,
-                               hint.empty() ? "" : fmt::format(" (did you mean {}?)", hint))});
+      if (hint.empty())
+        d.push_back({false, where, fmt::format("unknown key {}; it is ignored", e.key)});
+      else
+        d.push_back({true, where,
+                     fmt::format("unknown key {} (did you mean {}?): fix its spelling, or the "
+                                 "ring runs without it",
+                                 e.key, hint)});
       continue;
     }
     if (node >= 0) {
@@ -737,11 +744,30 @@ Result<std::string> read_api_key_file(const std::string& path) {
 
 Result<RingConfig> load_config(const std::string& path, const Environment& env,
                                std::vector<Diagnostic>* diags) {
+  // The cluster file the package's systemd units and cron example read.
+  static constexpr const char* kPackageRingFile = "/etc/sparkctl/ring.env";
   auto text = read_file(path);
-  if (!text)
-    return make_error(Errc::not_found,
-                      fmt::format("{}: cannot read the cluster file (pass --config FILE or set "
-                                  "SPARK_CONFIG)", path));
+  if (!text) {
+    // Say why (errno), and where the installed package keeps its cluster file.
+    int why = 0;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      std::fclose(f);
+    } else {
+      why = errno;
+    }
+    std::error_code ec;
+    std::string reason = why                                       ? std::strerror(why)
+                         : std::filesystem::is_directory(path, ec) ? "it is a directory"
+                                                                   : "not a readable file";
+    bool etc = path != kPackageRingFile && std::filesystem::exists(kPackageRingFile, ec);
+    return make_error(
+        Errc::not_found,
+        fmt::format("{}: cannot read the cluster file: {} (pass --config FILE or set "
+                    "SPARK_CONFIG; the package's units read {}{}; examples: env/examples/ or "
+                    "share/sparkctl/examples/)",
+                    path, reason, kPackageRingFile,
+                    etc ? fmt::format(", which exists: --config {}", kPackageRingFile) : ""));
+  }
   return load_config_text(*text, path, env, diags);
 }
 

@@ -480,6 +480,22 @@ void add_api_routes(HttpServer& server, std::shared_ptr<ApiState> state) {
     r.body = dump_json(openai::models_list(m->model, m->created, m->max_context));
     return r;
   });
+  server.route("GET", "/v1/models/*", [state](const Request& req) {
+    auto m = state->get();
+    if (!m) return api_error(not_loaded());
+    const std::string id = req.path.substr(std::string_view("/v1/models/").size());
+    if (id != m->model) {
+      ApiError e;
+      e.status = 404;
+      e.type = "NotFoundError";
+      e.param = "model";
+      e.message = "The model `" + id + "` does not exist.";
+      return api_error(e);
+    }
+    Response r;
+    r.body = dump_json(openai::models_list(m->model, m->created, m->max_context)["data"][0]);
+    return r;
+  });
   server.route_async(
       "POST", "/v1/chat/completions",
       lanes(chat_pool, chat_long_pool,

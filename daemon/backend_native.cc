@@ -116,6 +116,20 @@ class NativeBackend final : public Backend {
                             dir + "` writes a small demo one");
     auto eo = engine_options_from(cfg);
     if (!eo) return eo.error();
+    // CONTEXT_LEN above what the model was trained for: set in the file or the environment,
+    // an error naming both; the default, served at the model's maximum with a warning.
+    if (auto mc = engine::load_model_config(dir); mc && eo->max_context > mc->max_position) {
+      auto it = cfg.settings.find("CONTEXT_LEN");
+      const bool set = it != cfg.settings.end() && it->second.source != "default";
+      std::string what =
+          fmt::format("CONTEXT_LEN {}{} is above the model's max_position_embeddings {} ({})",
+                      eo->max_context, set ? fmt::format(" ({})", it->second.source) : " (default)",
+                      mc->max_position, dir + "/config.json");
+      if (set)
+        return make_error(Errc::config,
+                          fmt::format("{}: set CONTEXT_LEN={} or less", what, mc->max_position));
+      log::warn(kComp, "{}: serving at most {} tokens per request", what, mc->max_position);
+    }
 
     // Rank 0 needs the tokenizer and chat format; load them first so a broken tokenizer
     // fails before minutes of weight loading.

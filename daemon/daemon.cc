@@ -268,7 +268,9 @@ Status Daemon::start() {
         static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS")));
     so.max_connections_per_peer =
         static_cast<size_t>(std::max<int64_t>(0, I.cfg.get_int("API_MAX_CONNECTIONS_PER_PEER")));
-    so.public_paths = {"/health"};
+    // As vLLM: liveness, /ping and /version answer without the key.
+    so.public_paths = {"/health", "/ping", "/version"};
+    so.ungated_paths = {"/health", "/metrics", "/ping", "/version"};
     // vLLM leaves /metrics open; here that is the operator's choice (the default asks for
     // the key like every other path, so a key protects everything it is set for).
     if (I.cfg.get("METRICS_AUTH") == "none") so.public_paths.insert("/metrics");
@@ -367,6 +369,28 @@ void Daemon::Impl::add_routes() {
         {"id", cfg.get("MODEL")}, {"object", "model"}, {"owned_by", "sparkctl"}, {"created", 0}};
     return Response::json(200, {{"object", "list"}, {"data", nlohmann::json::array({m})}});
   });
+  http->route("GET", "/v1/models/*", [this](const Request& req) {
+    const std::string id = req.path.substr(std::string_view("/v1/models/").size());
+    if (id != cfg.get("MODEL"))
+      return Response::json(404, {{"error",
+                                   {{"message", fmt::format("The model `{}` does not exist.", id)},
+                                    {"type", "NotFoundError"},
+                                    {"param", "model"},
+                                    {"code", 404}}}});
+    return Response::json(
+        200, {{"id", id}, {"object", "model"}, {"owned_by", "sparkctl"}, {"created", 0}});
+  });
+  // vLLM's /version and /ping (SageMaker's health path: 200 ready, 503 not, no body).
+  http->route("GET", "/version", [](const Request&) {
+    return Response::json(200, {{"version", kVersion}});
+  });
+  for (const char* method : {"GET", "POST"})
+    http->route(method, "/ping", [this](const Request&) {
+      Response r;
+      r.status = self->snapshot().state == State::ready ? 200 : 503;
+      r.body.clear();
+      return r;
+    });
 }
 
 void Daemon::Impl::arm_watchdog() {

@@ -478,6 +478,21 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     auto pit = impl_->routes.find(req.path);
+    // A route ending in "/*" answers every path under it ("/v1/models/*": a model's id,
+    // which may hold slashes); the longest such prefix wins.
+    if (pit == impl_->routes.end()) {
+      size_t best = 0;
+      for (auto it = impl_->routes.begin(); it != impl_->routes.end(); ++it) {
+        const std::string& p = it->first;
+        if (p.size() < 2 || p.compare(p.size() - 2, 2, "/*") != 0) continue;
+        std::string_view prefix(p.data(), p.size() - 1);  // keeps the '/'
+        if (req.path.size() > prefix.size() && req.path.compare(0, prefix.size(), prefix) == 0 &&
+            prefix.size() > best) {
+          best = prefix.size();
+          pit = it;
+        }
+      }
+    }
     if (pit != impl_->routes.end() && opts.not_ready && !opts.ungated_paths.count(req.path)) {
       std::string why = opts.not_ready();
       if (!why.empty()) {

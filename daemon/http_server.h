@@ -120,7 +120,8 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  /// A route answered on the reactor thread; must be quick and must not block.
+  /// A route answered on the reactor thread; must be quick and must not block. A path
+  /// ending in "/*" answers every path under it that no exact route answers.
   void route(const std::string& method, const std::string& path, Handler h);
   /// A route answered later through the Responder (engine work).
   void route_async(const std::string& method, const std::string& path, AsyncHandler h);

@@ -44,6 +44,10 @@ Status add_tensor_sizes(const std::string& path, const std::string& where, Model
                         fmt::format("{}: tensor {} has no valid data_offsets", where, name));
     uint64_t b = (*off)[1].get<uint64_t>() - (*off)[0].get<uint64_t>();
     m->tensor_bytes += b;
+    if (auto dt = t.find("dtype"); dt != t.end() && dt->is_string()) {
+      auto& seen = m->tensor_dtypes[dt->get<std::string>()];
+      if (seen.tensors++ == 0) seen.example = name;
+    }
     if (plan::is_routed_expert_tensor(name)) m->expert_bytes += b;
   }
   return Status::Ok();
@@ -82,6 +86,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
   };
 
   add("config.json");
+  m.tokenizer_json = root.file_size(model_path + "/tokenizer.json").has_value();
   if (auto text = root.read(model_path + "/config.json", kJsonReadCap)) {
     auto c = hf::parse_config_text(*text, "config.json");
     if (!c) {
@@ -127,6 +132,7 @@ ModelFiles read_model_files(const Sysroot& root, const std::string& model_path) 
       m.tensor_sizes = false;
       m.tensor_sizes_error = st.message();
       m.tensor_bytes = m.expert_bytes = 0;
+      m.tensor_dtypes.clear();
       break;
     }
   }

@@ -3,6 +3,7 @@
 // shard it names, and the staging manifest (core/manifest.h) when there is one: the sizes
 // it records and its content digest.
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -39,6 +40,14 @@ struct ModelFiles {
   std::string tensor_sizes_error;
   uint64_t tensor_bytes = 0;  // sum over every tensor
   uint64_t expert_bytes = 0;  // routed experts (plan::is_routed_expert_tensor)
+  // Element types of the shards' tensors ("BF16", "F8_E4M3", ...): how many tensors of each
+  // and the first one's name, for saying whether an engine can load them.
+  struct DTypeSeen {
+    uint64_t tensors = 0;
+    std::string example;
+  };
+  std::map<std::string, DTypeSeen> tensor_dtypes;
+  bool tokenizer_json = false;  // tokenizer.json is there (text requests need it)
 };
 
 /// Reads `model_path` (a node path) through the root.

@@ -8,6 +8,7 @@
 
 #include "core/install_layout.h"
 #include "core/strings.h"
+#include "env/engine_fit.h"
 #include "env/facts.h"
 #include "env/gpu.h"
 #include "env/gpu_throttle.h"
@@ -1192,7 +1193,17 @@ void check_model(NodeRun& r, const ModelFiles& mf) {
     r.add("model.files", "", Verdict::skip, "no MODEL_PATH configured");
     return;
   }
-  std::string fix = fmt::format("run `sparkctl stage-weights --to {}`", r.node.name);
+  // stage-weights copies the head's model directory to the other nodes: the head's own copy
+  // (and a one-node ring's) comes from the checkpoint's source.
+  const bool head = r.cfg.nodes.empty() || r.cfg.nodes.front().name == r.node.name;
+  std::string fix =
+      head ? fmt::format(
+                 "put the checkpoint there: download it (`hf download ORG/NAME "
+                 "--local-dir {}`) or copy it, or set {} to where it is; "
+                 "stage-weights then copies it from this node to the others",
+                 mf.dir,
+                 r.node.model_path == r.cfg.get("MODEL_PATH") ? "MODEL_PATH" : r.key("MODEL_PATH"))
+           : fmt::format("run `sparkctl stage-weights --to {}`", r.node.name);
   if (!mf.dir_exists) {
     r.add("model.files", mf.dir, Verdict::fail, fmt::format("{} does not exist", mf.dir), fix);
     return;
@@ -1226,6 +1237,32 @@ void check_model(NodeRun& r, const ModelFiles& mf) {
         fmt::format("config.json, {} and {} shard(s), {}{}",
                     mf.index_name.empty() ? "no index" : mf.index_name, shards, format_size(total),
                     mf.has_manifest ? ", sizes match the manifest" : " (no manifest)"));
+}
+
+// Whether the configured engine can serve the model (env/engine_fit.h): the native engine's
+// own config reader and shard plan, the shards' tensor types, the tokenizer on rank 0's node.
+void check_engine(NodeRun& r, const ModelFiles& mf) {
+  if (!r.filter.enabled("model.engine")) return;
+  if (mf.dir.empty()) {
+    r.add("model.engine", "", Verdict::skip, "no MODEL_PATH configured");
+    return;
+  }
+  EngineFitOptions o;
+  o.world = r.cfg.world_size();
+  o.needs_tokenizer = r.cfg.nodes.empty() || r.cfg.nodes.front().name == r.node.name;
+  auto f = engine_fit(mf, &r.cfg, o);
+  if (!f.checked) {
+    r.add("model.engine", mf.dir, Verdict::skip, f.summary);
+  } else if (!f.ok()) {
+    r.add("model.engine", mf.dir, Verdict::fail,
+          fmt::format("ENGINE={} cannot serve {}: {}", f.engine, mf.dir, join(f.problems, "; ")),
+          join(f.fixes, "; "));
+  } else if (!f.warnings.empty()) {
+    r.add("model.engine", mf.dir, Verdict::warn,
+          fmt::format("{}; {}", f.summary, join(f.warnings, "; ")), join(f.fixes, "; "));
+  } else {
+    r.add("model.engine", mf.dir, Verdict::pass, f.summary);
+  }
 }
 
 void check_gpu(NodeRun& r, const std::optional<GpuReport>& gpu, const std::string& gpu_error) {
@@ -1371,6 +1408,7 @@ NodeReport run_node_checks(const RingConfig& cfg, int node_index, const Sysroot&
   check_ports(r, facts);
   check_sparkd(r, facts);
   check_model(r, mf);
+  check_engine(r, mf);
   check_known_bad(r, facts, gpu, hcas);
   apply_wrong_pin(r, facts, hcas);
   check_reads(r);  // last: every probe above has read what it reads

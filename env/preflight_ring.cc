@@ -72,6 +72,10 @@ const std::vector<CheckInfo>& check_catalog() {
       {"sw.parity", "sparkctl, NCCL, driver, config and manifest identical on every node", true},
       {"port.free", "API and rendezvous ports can be bound", false},
       {"model.files", "config.json, index and every shard present, sizes as the manifest", false},
+      {"model.engine",
+       "the configured engine can serve the model: architecture, weight types, tokenizer, "
+       "CONTEXT_LEN",
+       false},
       {"clock", "clock skew between nodes under 1 s", true},
   };
   return c;

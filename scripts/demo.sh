@@ -2,15 +2,17 @@
 # The main job on a fresh machine, on the embedded default ring (env/examples/local.env:
 # one node, this machine): install the packages, build, check this machine and the cluster
 # file, write the demo model (`sparkctl demo-model`: a small Qwen2-style checkpoint with
-# RANDOM weights, so its answers are gibberish), start the one-node ring, send one chat
-# request and print the answer, show health and status, stop it gracefully. Every wait is
-# bounded; sparkd is stopped on any exit.
+# RANDOM weights, so its answers are gibberish) or serve a real checkpoint, start the
+# one-node ring, send one chat request and print the answer, show health and status, stop
+# it gracefully. Every wait is bounded; sparkd is stopped on any exit.
 #
 # Environment: SPARK_BUILD_DIR (default build), SPARK_DEMO_CONFIG (default
-# env/examples/local.env), SPARK_DEMO_WAIT (seconds to wait for /health, default 60),
-# SPARKD (a sparkd binary to use instead of the built one), SPARK_JOBS (parallel build
-# jobs, default ninja's). MODEL_PATH (default: the cluster file's) is where the demo model
-# is written.
+# env/examples/local.env), SPARK_DEMO_WAIT (seconds to wait for /health, default 60; 900
+# for a real checkpoint, whose weights take minutes to load), SPARKD (a sparkd binary to
+# use instead of the built one), SPARK_JOBS (parallel build jobs, default ninja's).
+# MODEL_PATH (default: the cluster file's): a directory holding a Hugging Face checkpoint
+# (config.json with sizes, tokenizer.json, *.safetensors) is served as it is, under its
+# directory's name; an empty or missing one, or an earlier demo model, gets the demo model.
 # With sparkctl start/status/stop (the ring commands) steps 4-5 use them, else sparkd is
 # started directly.
 set -euo pipefail
@@ -33,9 +35,10 @@ if [[ ! -f $BUILD/build.ninja ]]; then
   if [[ -z ${CXX:-} ]] && (($(g++ -dumpversion | cut -d. -f1) < 12)); then
     for v in 14 13 12; do command -v "g++-$v" >/dev/null && { export CC=gcc-$v CXX=g++-$v; break; }; done
   fi
-  # The tests' libraries are not in the demo set: configure without them.
+  # The tests' libraries and the benchmarks are not in the demo set: configure without them.
   cmake -S . -B "$BUILD" -G Ninja -DSPARK_TESTS=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 fi
+# Only what the demo runs: the CLI and the daemon.
 ninja -C "$BUILD" ${SPARK_JOBS:+-j"$SPARK_JOBS"} sparkctl sparkd
 SPARKCTL=$BUILD/cli/sparkctl
 SPARKD=${SPARKD:-$BUILD/daemon/sparkd}
@@ -56,11 +59,32 @@ export RDZV_PORT=${RDZV_PORT:-$(free_port)}
 RUN=$(mktemp -d /tmp/sparkctl-demo.XXXXXX)
 LOG=$RUN/sparkd.log
 
-# The model the ring serves: the environment's MODEL_PATH, else the cluster file's.
+# The model the ring serves: the environment's MODEL_PATH, else the cluster file's. A real
+# checkpoint there is served as it is; otherwise the demo model is written there.
 MODEL_DIR=${MODEL_PATH:-$(sed -n 's/^MODEL_PATH=//p' "$CONFIG" | tail -n 1)}
 [[ -n $MODEL_DIR ]] || { echo "demo: $CONFIG sets no MODEL_PATH" >&2; exit 1; }
-echo "writing the demo model to $MODEL_DIR (random weights: expect gibberish answers)"
-"$SPARKCTL" demo-model "$MODEL_DIR"
+REAL=0
+if [[ -f $MODEL_DIR/config.json ]] && ! grep -q '"sparkctl_demo"' "$MODEL_DIR/config.json"; then
+  REAL=1
+  echo "serving the checkpoint in $MODEL_DIR"
+  # The served name is the directory's; the context 4096 tokens, or the model's maximum
+  # when that is less, unless the environment says otherwise.
+  export MODEL=${MODEL:-$(basename "$MODEL_DIR")}
+  export CONTEXT_LEN=${CONTEXT_LEN:-$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))
+m = c.get("max_position_embeddings") or c.get("text_config", {}).get("max_position_embeddings") or 4096
+print(min(4096, int(m)))' "$MODEL_DIR/config.json" 2>/dev/null || echo 2048)}
+  [[ -n ${SPARK_DEMO_WAIT:-} ]] || WAIT=900
+  # Can the engine serve it (architecture, weight types, tokenizer)? Said before start.
+  "$SPARKCTL" --config "$CONFIG" preflight --only model.files,model.engine || {
+    echo "demo: the native engine cannot serve $MODEL_DIR (above: why, and what to do)" >&2
+    exit 1
+  }
+else
+  echo "writing the demo model to $MODEL_DIR (random weights: expect gibberish answers)"
+  "$SPARKCTL" demo-model "$MODEL_DIR"
+fi
 export MODEL_PATH=$MODEL_DIR
 
 # wait_ready: polls /health until ready or fatal (bounded by SPARK_DEMO_WAIT); sets $health.
@@ -105,9 +129,9 @@ j = json.loads(sys.argv[1])
 if "error" in j:
     sys.exit("demo: the chat request failed: " + json.dumps(j["error"]))
 c = j["choices"][0]
-print("answer (random weights, so gibberish): %r" % c["message"]["content"])
+print(("answer: %r" if sys.argv[2] == "1" else "answer (random weights, so gibberish): %r") % c["message"]["content"])
 print("finish_reason %s, usage %s" % (c["finish_reason"], json.dumps(j["usage"])))
-' "$reply"
+' "$reply" "$REAL"
 }
 
 if has_cmd start && has_cmd stop && has_cmd status; then

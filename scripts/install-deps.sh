@@ -53,6 +53,10 @@ TEST_TOOLS=(
   systemd       # systemd-analyze verify of the units
   man-db groff-base                                  # man page lint
   lintian       # the .deb checks (tests/scripts/deb_lintian_test.sh)
+  # The official OpenAI client and the chat-template reference (tests/scripts/
+  # openai_client_wire_test.sh, chat_template_reference_test.sh, tokenizer_fixtures_test.sh;
+  # scripts/test.sh runs `npm ci` for their packages); git for the checkout tests.
+  nodejs npm git
 )
 # Older form, still honoured: counted with the build tools (native architecture).
 PACKAGES=()

@@ -134,7 +134,9 @@ fi
 CUDA_ARCH_ARGS=()
 command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] &&
   CUDA_ARCH_ARGS=(-DCMAKE_CUDA_ARCHITECTURES="${SPARK_CI_CUDA_ARCHS:-121a}")
-if stage configure quiet cmake -S . -B build-ci -G Ninja -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
+# An explicit empty build type: the unoptimised flags the tests have always built with
+# (a directory configured without one is RelWithDebInfo, for users).
+if stage configure quiet cmake -S . -B build-ci -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
      "${CUDA_ARCH_ARGS[@]}" "${LAUNCHER[@]}" &&
    stage build ninja -C build-ci -j "$JOBS"; then
   for label in unit drill e2e script hw; do tier build-ci "$label"; done
@@ -142,7 +144,7 @@ fi
 
 # Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time.
 if ((do_asan)); then
-  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DSPARK_SANITIZE=ON \
+  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
        -DSPARK_CUDA=OFF -DSPARK_TESTS=ON "${LAUNCHER[@]}" &&
      stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \

@@ -115,6 +115,20 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (const auto& e : kDTypes)
+    if (name == e.name) return e.dtype;
+  return std::nullopt;
+}
+
+bool dtype_loadable(DType d) {
+  return d == DType::f32 || d == DType::bf16 || d == DType::f16;
+}
+
+const char* loadable_dtype_names() {
+  return "F32, BF16 and F16";
+}
+
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
   for (auto s : shape) n *= s;
@@ -348,10 +362,10 @@ Status SafetensorsFile::read_raw(const TensorInfo& t, const Slice& s, void* dst)
 }
 
 Status SafetensorsFile::read(const TensorInfo& t, const Slice& s, float* dst) const {
-  if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
+  if (!dtype_loadable(t.dtype))
     return make_error(Errc::unsupported,
-                      fmt::format("{}: tensor \"{}\" is {}; only F32, BF16 and F16 can be loaded",
-                                  path_, t.name, dtype_name(t.dtype)));
+                      fmt::format("{}: tensor \"{}\" is {}; only {} can be loaded", path_, t.name,
+                                  dtype_name(t.dtype), loadable_dtype_names()));
   const int64_t R = t.rows(), C = t.cols();
   const int64_t rows = s.rows < 0 ? R - s.row0 : s.rows;
   const int64_t cols = s.cols < 0 ? C - s.col0 : s.cols;

@@ -7,6 +7,7 @@
 // tensor-parallel rank reads only its row/column slice.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,12 @@ enum class DType { f32, f16, bf16, f64, i64, i32, i16, i8, u8, boolean, f8_e4m3,
 size_t dtype_size(DType d);
 /// The safetensors spelling ("F32", "BF16", ...).
 const char* dtype_name(DType d);
+/// The dtype a safetensors spelling names; nullopt for one the reader does not know.
+std::optional<DType> dtype_from_name(std::string_view name);
+/// Whether the engine loads tensors of this type (F32, BF16, F16); the others are refused.
+bool dtype_loadable(DType d);
+/// The loadable types, for messages: "F32, BF16 and F16".
+const char* loadable_dtype_names();
 
 /// One tensor of a safetensors file; `begin`/`end` are absolute byte offsets in the file.
 struct TensorInfo {

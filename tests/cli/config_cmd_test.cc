@@ -59,11 +59,24 @@ TEST_CASE("config show: values and where they came from, the environment winning
 
 TEST_CASE("config check: exit codes 0, 3, 4 and findings in file order") {
   test::TempDir dir;
-  auto good = dir.write("good.env", "NODE0_SSH=local\nAPI_PROT=1\n");
+  auto good = dir.write("good.env", "NODE0_SSH=local\nMY_OWN_NOTE=1\n");
   auto r = config_cli({"--config", good.c_str(), "config", "check"});
   CHECK(r.rc == 0);
   CHECK(has(r.out, ": OK (1 node(s), 1 rank(s)"));
-  CHECK(has(r.err, good + ":2: warning: unknown key API_PROT (did you mean API_PORT?)"));
+  CHECK(has(r.err, good + ":2: warning: unknown key MY_OWN_NOTE; it is ignored"));
+
+  // A required key misspelt is not OK: the ring would run without it.
+  auto typo = dir.write("typo.env", "NODE0_SSH=local\nMODLE_PATH=/models/m\n");
+  auto t = config_cli({"--config", typo.c_str(), "config", "check"});
+  CHECK(t.rc == 3);
+  CHECK(has(t.err, typo + ":2: error: unknown key MODLE_PATH (did you mean MODEL_PATH?)"));
+  CHECK_FALSE(has(t.out, ": OK"));
+
+  // A missing cluster file: the reason, and where the package keeps its own.
+  auto none = config_cli({"--config", (dir / "nope.env").c_str(), "config", "check"});
+  CHECK(none.rc == 4);
+  CHECK(has(none.err, "nope.env: cannot read the cluster file: No such file or directory"));
+  CHECK(has(none.err, "/etc/sparkctl/ring.env"));
 
   auto bad =
       dir.write("bad.env", "ZZZ=1\nNODE0_SSH=local\nNODE1_SSH=<worker>\nAPI_PORT=70000\nSLOTS=0\n");

@@ -42,7 +42,7 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
       ok.out.find(
           "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
           "rocep1s0f1:3\n") != std::string::npos);
-  CHECK(ok.out.find("# 59 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  CHECK(ok.out.find("# 60 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
   CHECK(fail.rc == 1);
@@ -134,8 +134,17 @@ TEST_CASE("a --sysroot that is a symlink loop names ELOOP with the input-error e
 }
 
 TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
-  auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model",
-                     fx("healthy-pair/node0/models/qwen3-32b"), "--capacity", "60GiB"});
+  // The fixture's model with a config.json that sizes memory but is no model the engine
+  // could load (no vocab_size or intermediate_size).
+  spark::test::TempDir d("spark-plan");
+  std::filesystem::copy(fx("healthy-pair/node0/models/qwen3-32b"), d / "qwen3-32b");
+  d.write("qwen3-32b/config.json",
+          R"({"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","num_hidden_layers":64,)"
+          R"("num_attention_heads":64,"num_key_value_heads":8,"head_dim":128,)"
+          R"("hidden_size":5120,"torch_dtype":"bfloat16"})");
+  const std::string model = d / "qwen3-32b";
+  auto p = sparkctl({"--config", fx("healthy-pair/cluster.env"), "--json", "plan", "--model", model,
+                     "--capacity", "60GiB"});
   REQUIRE_MESSAGE(p.rc == 0, p.err);
   auto j = nlohmann::json::parse(p.out);
   REQUIRE(j["rows"].size() == 4);
@@ -152,8 +161,9 @@ TEST_CASE("plan prints the per-rank arithmetic for 1-4 nodes") {
   CHECK(j["rows"][1]["fits"] == true);  // 32.5 + 16 + 4 GiB <= 60 GiB
   CHECK(j["rows"][1]["max_context"] ==
         ((60ull << 30) - (65ull << 30) / 2 - (4ull << 30)) / (131072 * 4));
+  CHECK(j["engine"]["ok"] == false);
   auto t = sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--capacity", "60GiB",
-                     "--model", fx("healthy-pair/node0/models/qwen3-32b")});
+                     "--model", model});
   CHECK(t.out.find("GQA 8 KV heads x head_dim 128") != std::string::npos);
   CHECK(sparkctl({"--config", fx("healthy-pair/cluster.env"), "plan", "--model", "/nonexistent"})
             .rc == 4);

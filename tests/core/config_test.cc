@@ -119,22 +119,29 @@ TEST_CASE("config: an explicit empty environment value clears the key") {
   CHECK(msg.find("NODE1_SSH is not set") != std::string::npos);
 }
 
-TEST_CASE("config: unknown keys warn with did-you-mean and are ignored") {
+TEST_CASE("config: a misspelt known key is an error with did-you-mean; others warn") {
   std::vector<Diagnostic> d;
   auto cfg = load(std::string(kTwo) +
                       "API_PROT=1\nNODE1_FABRICIP=x\napi_port=1\nNODE12_HCA=x\n"
-                      "TOTALLY_UNRELATED_NAME=1\n",
+                      "TOTALLY_UNRELATED_NAME=1\nMODLE_PATH=/models/m\n",
                   &d);
-  REQUIRE(cfg.ok());
-  CHECK(has_diag(d, false, "t.env:5",
-                 "unknown key API_PROT (did you mean API_PORT?); it is ignored"));
-  CHECK(has_diag(d, false, "t.env:6", "(did you mean NODE1_FABRIC_IP?)"));
-  CHECK(has_diag(d, false, "t.env:7", "(did you mean API_PORT?)"));
-  CHECK(has_diag(d, false, "t.env:8", "(did you mean NODE12_HCAS?)"));
-  CHECK(has_diag(d, false, "t.env:9", "unknown key TOTALLY_UNRELATED_NAME; it is ignored"));
-  CHECK_FALSE(has_diag(d, false, "t.env:9", "did you mean"));
-  CHECK(cfg->get("API_PORT") == "8000");
-  CHECK(cfg->nodes.size() == 2);  // NODE12_HCA did not create a node
+  // The ring would run on the default of the key that was meant: refuse it.
+  REQUIRE_FALSE(cfg.ok());
+  CHECK(has_diag(d, true, "t.env:5",
+                 "unknown key API_PROT (did you mean API_PORT?): fix its spelling, or the ring "
+                 "runs without it"));
+  CHECK(has_diag(d, true, "t.env:6", "(did you mean NODE1_FABRIC_IP?)"));
+  CHECK(has_diag(d, true, "t.env:7", "(did you mean API_PORT?)"));
+  CHECK(has_diag(d, true, "t.env:8", "(did you mean NODE12_HCAS?)"));
+  CHECK(has_diag(d, true, "t.env:10", "unknown key MODLE_PATH (did you mean MODEL_PATH?)"));
+  CHECK(cfg.error().message.find("MODLE_PATH") != std::string::npos);
+  // A name like no key is the file's own variable: ignored with a warning.
+  std::vector<Diagnostic> w;
+  auto ok = load(std::string(kTwo) + "TOTALLY_UNRELATED_NAME=1\n", &w);
+  REQUIRE(ok.ok());
+  CHECK(has_diag(w, false, "t.env:5", "unknown key TOTALLY_UNRELATED_NAME; it is ignored"));
+  CHECK_FALSE(has_diag(w, false, "t.env:5", "did you mean"));
+  CHECK(ok->nodes.size() == 2);  // NODE12_HCA did not create a node
 }
 
 TEST_CASE("config: placeholders are refused, shell redirections are not placeholders") {

@@ -165,3 +165,28 @@ TEST_CASE("native backend: COLLECTIVE=nccl is refused with the reason where NCCL
   CHECK(s.fabric["passed"] == true);
   e->stop(1000ms);
 }
+
+TEST_CASE(
+    "native backend: CONTEXT_LEN above max_position_embeddings: set, refused; default, served") {
+  test::TempDir dir("native-context");
+  REQUIRE(engine::write_demo_model(dir / "model", false).ok());  // max_position_embeddings 2048
+  RingConfig set = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=1\nCONTEXT_LEN=4096\n");
+  auto e = make_backend(set, 0);
+  BackendContext ctx;
+  ctx.cfg = &set;
+  Status st = e->start(ctx);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == Errc::config);
+  CHECK(st.message().find("CONTEXT_LEN 4096 (t.env:6) is above the model's "
+                          "max_position_embeddings 2048") != std::string::npos);
+  CHECK(st.message().find("set CONTEXT_LEN=2048 or less") != std::string::npos);
+  // The default (4096) is not the operator's choice: served at the model's maximum.
+  RingConfig dflt = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=1\n");
+  auto d = make_backend(dflt, 0);
+  BackendContext dctx;
+  dctx.cfg = &dflt;
+  Status ok = d->start(dctx);
+  REQUIRE_MESSAGE(ok.ok(), ok.message());
+  CHECK(d->status().ready);
+  d->stop(1000ms);
+}

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/http_client.h"
+#include "spark/version.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -418,4 +419,54 @@ TEST_CASE("daemon ring: a follower without rank 0 gives up naming the address") 
   Rank r1 = start_rank(two_rank_ring(), 1, rp);
   int rc = r1.d->wait();
   CHECK(rc == exit_code(Errc::timeout));
+}
+
+TEST_CASE("daemon: /version, /ping and /v1/models/{id} as vLLM serves them") {
+  test::TempDir dir("daemon-vllm-paths");
+  std::string key = dir.write("key", "topsecret\n");
+  ::chmod(key.c_str(), 0600);
+  auto eng = std::make_unique<FaultInjectionBackend>();
+  auto* e = eng.get();
+  Daemon d(local_ring("API_KEY_FILE=" + key + "\n"), opts_port0(), std::move(eng));
+  REQUIRE(d.start().ok());
+  HttpCall c;
+  c.port = d.http_port();
+  // /version and /ping answer without the key, before readiness too.
+  c.target = "/version";
+  auto v = http_call(c);
+  REQUIRE(v.ok());
+  CHECK(v->status == 200);
+  CHECK(nlohmann::json::parse(v->body)["version"] == kVersion);
+  c.target = "/ping";
+  for (const char* method : {"GET", "POST"}) {
+    c.method = method;
+    CHECK(http_call(c)->status == 503);  // loading
+  }
+  e->ready = true;
+  int st = 0;
+  REQUIRE(eventually([&] { return health(d.http_port(), &st)["ready"] == true; }));
+  for (const char* method : {"GET", "POST"}) {
+    c.method = method;
+    auto p = http_call(c);
+    CHECK(p->status == 200);
+    CHECK(p->body.empty());
+  }
+  // A model by id: the served one, or 404 naming it; behind the key like /v1/models.
+  c.method = "GET";
+  c.target = "/v1/models/demo";
+  CHECK(http_call(c)->status == 401);
+  c.headers = {{"Authorization", "Bearer topsecret"}};
+  auto m = http_call(c);
+  REQUIRE(m.ok());
+  CHECK(m->status == 200);
+  auto j = nlohmann::json::parse(m->body);
+  CHECK(j["id"] == "demo");
+  CHECK(j["object"] == "model");
+  c.target = "/v1/models/org/other";
+  auto n = http_call(c);
+  CHECK(n->status == 404);
+  CHECK(nlohmann::json::parse(n->body)["error"]["message"] ==
+        "The model `org/other` does not exist.");
+  d.request_stop("test", 0);
+  CHECK(d.wait() == 0);
 }

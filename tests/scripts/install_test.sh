@@ -45,10 +45,10 @@ grep -qx 'ExecStart=/usr/bin/sparkctl watch --quiet' "$units/sparkctl-watch.serv
   err "installed sparkctl-watch.service does not run /usr/bin/sparkctl: $(grep ExecStart "$units/sparkctl-watch.service" 2>&1)"
 grep -q '^ExecStart=/usr/sbin/sparkd ' "$units/sparkd@.service" 2>/dev/null ||
   err "installed sparkd@.service does not run /usr/sbin/sparkd: $(grep ExecStart "$units/sparkd@.service" 2>&1)"
-# A system install's shared state root: sticky and world-writable, so a ring started by a
-# user is found by root's timer (the default STATE_DIR is /var/lib/sparkctl/RING_NAME).
-[[ $(stat -c %a "$tmp/root/var/lib/sparkctl" 2>/dev/null) == 1777 ]] ||
-  err "cmake --install --prefix /usr did not make /var/lib/sparkctl mode 1777 ($(stat -c %a "$tmp/root/var/lib/sparkctl" 2>&1))"
+# A system install's shared state root (the default STATE_DIR is /var/lib/sparkctl/RING_NAME):
+# root's, and no other local user may create a ring's state directory there.
+[[ $(stat -c %a "$tmp/root/var/lib/sparkctl" 2>/dev/null) == 755 ]] ||
+  err "cmake --install --prefix /usr did not make /var/lib/sparkctl mode 0755 ($(stat -c %a "$tmp/root/var/lib/sparkctl" 2>&1))"
 # The commented cluster file example (a conffile in the .deb) and the cron example.
 [[ -f $tmp/root/etc/sparkctl/ring.env ]] || err "cmake --install --prefix /usr did not install /etc/sparkctl/ring.env"
 grep -qv '^#' "$tmp/root/etc/sparkctl/ring.env" 2>/dev/null && err "/etc/sparkctl/ring.env is not all comments (it must describe no live ring)"
@@ -91,14 +91,30 @@ if [[ -x $root/bin/sparkctl ]]; then
 fi
 echo "install_test: cmake --install checked (${#expect[@]} files)"
 
-# 2. cpack -G DEB, in its own directory so the build tree stays clean.
-(cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) ||
+# 2. cpack -G DEB, in its own directory so the build tree stays clean; under a umask of 002
+# (Ubuntu's for users), which must not reach the control files' modes.
+(umask 002 && cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) ||
   { err "cpack failed:"; tail -n 20 "$tmp/cpack.log"; exit 1; }
 deb=$(ls "$tmp"/pkg/*.deb 2>/dev/null | head -n 1)
 [[ -n $deb ]] || { err "cpack made no .deb"; exit 1; }
 dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
 for f in "${expect[@]}"; do grep -qx "./usr/$f" "$tmp/contents" || err "$(basename "$deb") lacks /usr/$f"; done
-dpkg-deb -c "$deb" | grep -q '^drwxrwxrwt .* \./var/lib/sparkctl/$' || err "$(basename "$deb") lacks /var/lib/sparkctl/ mode 1777"
+dpkg-deb -c "$deb" | grep -q '^drwxr-xr-x root/root .* \./var/lib/sparkctl/$' ||
+  err "$(basename "$deb") lacks /var/lib/sparkctl/ mode 0755 root/root: $(dpkg-deb -c "$deb" | grep 'var/lib/sparkctl/$')"
+# The control files' modes are dpkg's, whatever the checkout's or the umask: conffiles 0644,
+# the maintainer scripts 0755.
+dpkg-deb --ctrl-tarfile "$deb" | tar -tvf - >"$tmp/control"
+for f in conffiles:-rw-r--r-- md5sums:-rw-r--r-- control:-rw-r--r-- postinst:-rwxr-xr-x postrm:-rwxr-xr-x; do
+  grep -q "^${f#*:} .* \./${f%%:*}$" "$tmp/control" ||
+    err "control file ${f%%:*} is not ${f#*:}: $(grep "\./${f%%:*}$" "$tmp/control" || echo missing)"
+done
+# postinst gives the state root to the group sparkctl (2775); the package reloads systemd on
+# install and removal.
+dpkg-deb -I "$deb" postinst 2>/dev/null | grep -q 'groupadd --system sparkctl' || err "postinst does not make the group sparkctl"
+dpkg-deb -I "$deb" postinst 2>/dev/null | grep -q 'chmod 2775 /var/lib/sparkctl' || err "postinst does not set /var/lib/sparkctl 2775"
+for sc in postinst postrm; do
+  dpkg-deb -I "$deb" $sc 2>/dev/null | grep -q 'systemctl --system daemon-reload' || err "$sc does not reload systemd"
+done
 grep -qx './etc/sparkctl/ring.env' "$tmp/contents" || err "$(basename "$deb") lacks /etc/sparkctl/ring.env"
 dpkg-deb -I "$deb" conffiles 2>/dev/null | grep -qx '/etc/sparkctl/ring.env' || err "/etc/sparkctl/ring.env is not a conffile of the .deb"
 # The packaged units verify once unpacked, with their paths pointing into the unpacked tree.
@@ -124,6 +140,7 @@ fi
 [[ $(dpkg-deb -f "$deb" Package) == sparkctl ]] || err "package name is not sparkctl"
 depends=$(dpkg-deb -f "$deb" Depends)
 grep -q "libc6" <<<"$depends" || err "Depends was not filled in by dpkg-shlibdeps: '$depends'"
+grep -q "passwd" <<<"$depends" || err "Depends lacks passwd (postinst's groupadd): '$depends'"
 echo "install_test: $(basename "$deb"): $(wc -l <"$tmp/contents") entries, Depends: $depends"
 
 ((fail == 0)) && echo "install_test: OK"

@@ -37,7 +37,8 @@ DESTDIR=$tmp/root cmake --install "$BUILD" --prefix /usr >"$tmp/install.log" 2>&
   { err "cmake --install failed: $(tail -n 5 "$tmp/install.log")"; exit 1; }
 bindir=$tmp/root/usr/bin
 [[ -x $tmp/root/usr/sbin/sparkd ]] || { err "sparkd not installed to sbin"; exit 1; }
-# Shared state, as /var/lib/sparkctl of a system install (sticky, world-writable).
+# Shared state, as /var/lib/sparkctl of a system install (writable by root and the ring's
+# users: the package's group sparkctl; here sticky and world-writable, standing in for it).
 mkdir -p "$tmp/state-root" "$tmp/home-nobody"
 chmod 1777 "$tmp/state-root"
 chmod 777 "$tmp/home-nobody"

@@ -83,8 +83,28 @@ std::string netns_unavailable_reason() {
   if (!add || !add->success())
     return "cannot create a network namespace: " +
            (add ? std::string(trim(add->err)) : add.error().message);
+  // Creating one is not enough where the tests then fail (a chroot: `ip netns exec` mounts
+  // /sys, and a veth pair needs the host's netlink): run in it and link to it as the
+  // tests do, and skip with what failed.
+  std::string veth = fmt::format("spkpv{}", g_seq++);
+  std::string why;
+  for (const auto& [what, cmd] :
+       {std::pair<std::string, std::string>{
+            "cannot run a command in a network namespace",
+            fmt::format("ip netns exec {} ip link set lo up", probe)},
+        {"cannot link a network namespace with a veth pair",
+         fmt::format("ip link add {}a type veth peer name {}b netns {}", veth, veth, probe)}}) {
+    auto ran = run_shell(cmd, 10s);
+    if (!ran || !ran->success()) {
+      why = fmt::format(
+          "{} (`{}`): {}", what, cmd,
+          ran ? std::string(trim(ran->err.empty() ? ran->out : ran->err)) : ran.error().message);
+      break;
+    }
+  }
+  (void)run_shell(fmt::format("ip link delete {}a 2>/dev/null", veth), 10s);
   remove_netns(probe);
-  return {};
+  return why;
 }
 
 Status run_in_netns(const std::string& ns, const std::function<void()>& fn) {

@@ -29,12 +29,16 @@ Result<std::unique_ptr<TestRing>> TestRing::create(const TestRingOptions& opts) 
   }
   r->known_hosts_ = r->dir_.write("known_hosts", known);
 
-  // A small model: GQA, 4 layers, two shards, and its manifest.
+  // A small model the native engine accepts on 1-4 ranks (preflight's model.engine): GQA,
+  // 4 layers, two shards, a tokenizer, and its manifest.
   std::string model = r->dir_ / "model";
   r->dir_.write(
       "model/config.json",
-      R"({"architectures":["LlamaForCausalLM"],"num_hidden_layers":4,"num_attention_heads":8,)"
-      R"("num_key_value_heads":2,"head_dim":64,"hidden_size":512,"torch_dtype":"bfloat16"})");
+      R"({"architectures":["LlamaForCausalLM"],"num_hidden_layers":4,"num_attention_heads":12,)"
+      R"("num_key_value_heads":12,"head_dim":64,"hidden_size":768,"intermediate_size":1536,)"
+      R"("vocab_size":1536,"torch_dtype":"bfloat16"})");
+  r->dir_.write("model/tokenizer.json",
+                R"({"version":"1.0","model":{"type":"BPE","vocab":{},"merges":[]}})");
   r->dir_.write(
       "model/model.safetensors.index.json",
       R"({"metadata":{"total_size":4096},"weight_map":{"a":"model-00001-of-00002.safetensors",)"

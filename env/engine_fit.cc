@@ -1,0 +1,105 @@
+#include "env/engine_fit.h"
+
+#include <fmt/format.h>
+
+#include "core/strings.h"
+#include "daemon/engine/model_config.h"
+#include "daemon/engine/safetensors.h"
+#include "daemon/engine/shard_plan.h"
+#include "env/plan.h"
+
+namespace spark::env {
+
+namespace {
+
+constexpr const char* kExecFix =
+    "serve it with an engine that runs it: ENGINE=exec with ENGINE_EXEC naming that engine "
+    "(vLLM, TensorFold; see the example two-sparks-exec-vllm.env and `man 5 sparkctl.env`), or "
+    "point MODEL_PATH at a bf16/fp16/fp32 checkpoint of a family the native engine runs";
+
+}  // namespace
+
+EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFitOptions& o) {
+  EngineFit f;
+  auto get = [&](const char* k) { return ring_setting(cfg, k); };
+  f.engine = get("ENGINE").empty() ? "native" : get("ENGINE");
+  if (f.engine == "exec") {
+    f.summary = "ENGINE=exec: the command in ENGINE_EXEC decides what it serves";
+    return f;
+  }
+  if (!mf.config_ok) {
+    f.summary = fmt::format("no readable config.json in {}: see model.files", mf.dir);
+    return f;
+  }
+  f.checked = true;
+  const std::string where = mf.dir + "/config.json";
+  bool refused = false;
+  auto mc = engine::model_config_from(mf.config, where);
+  if (!mc) {
+    f.problems.push_back(mc.error().message);
+    refused = true;
+  }
+
+  // Weight format: every tensor type in the shards must be one the engine loads.
+  for (const auto& [name, seen] : mf.tensor_dtypes) {
+    auto d = engine::dtype_from_name(name);
+    if (d && engine::dtype_loadable(*d)) continue;
+    f.problems.push_back(fmt::format("{} tensor(s) are {} (e.g. {}); the native engine loads {}",
+                                     seen.tensors, name, seen.example,
+                                     engine::loadable_dtype_names()));
+    refused = true;
+  }
+  if (refused) f.fixes.push_back(kExecFix);
+
+  if (mc) {
+    // The shard plan for this ring's ranks: heads, KV heads and experts must divide.
+    engine::PlanOptions po;
+    po.world = std::max(1, o.world);
+    if (auto s = plan::parse_moe_split(get("EXPERT_PARALLEL"))) po.placement = *s;
+    if (auto p = engine::make_shard_plan(*mc, po, where); !p) {
+      f.problems.push_back(p.error().message);
+      f.fixes.push_back(
+          "run it on a number of ranks the model divides into (NODE<i>_GPUS, nodes), or "
+          "set EXPERT_PARALLEL");
+    }
+    // CONTEXT_LEN against what the model was trained for.
+    int64_t ctx = o.context ? *o.context : parse_i64(get("CONTEXT_LEN")).value_or(0);
+    bool set = o.context.has_value() || (cfg && cfg->settings.count("CONTEXT_LEN") &&
+                                         cfg->settings.at("CONTEXT_LEN").source != "default");
+    if (ctx > mc->max_position) {
+      std::string what =
+          fmt::format("CONTEXT_LEN {}{} is above the model's max_position_embeddings {}", ctx,
+                      set ? "" : " (the default)", mc->max_position);
+      if (set) {
+        f.problems.push_back(what);
+      } else {
+        f.warnings.push_back(
+            what + fmt::format(": the engine serves {} tokens per request", mc->max_position));
+      }
+      f.fixes.push_back(fmt::format("set CONTEXT_LEN={} (or less)", mc->max_position));
+    }
+  }
+
+  if (o.needs_tokenizer && !mf.tokenizer_json) {
+    f.problems.push_back(fmt::format(
+        "{}/tokenizer.json is missing: rank 0 needs it to serve text requests", mf.dir));
+    f.fixes.push_back(
+        "copy the checkpoint's tokenizer.json (and tokenizer_config.json) into the model "
+        "directory: download the whole repository, not only the weights");
+  }
+  if (mc) {
+    std::vector<std::string> types;
+    for (const auto& [n, seen] : mf.tensor_dtypes) types.push_back(n);
+    f.summary = fmt::format(
+        "the native engine runs {} ({}); {}", mc->architecture, engine::model_type_name(mc->family),
+        types.empty() ? fmt::format("weight types not read ({})", mf.tensor_sizes_error.empty()
+                                                                      ? "no shard headers"
+                                                                      : mf.tensor_sizes_error)
+                      : "weights " + join(types, ", "));
+  } else {
+    f.summary = "the native engine refuses this model";
+  }
+  return f;
+}
+
+}  // namespace spark::env

@@ -1,0 +1,192 @@
+// Preflight's model.engine check and `sparkctl plan`'s engine line: whether the configured
+// engine can serve a model directory, decided by the native engine's own config reader and
+// shard plan, the shards' tensor types and the tokenizer's files.
+#include "env/engine_fit.h"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "core/strings.h"
+#include "env/preflight.h"
+#include "support/tempdir.h"
+
+using namespace spark;
+using namespace spark::env;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kModels = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/models/";
+
+bool has(const std::vector<std::string>& v, const std::string& part) {
+  for (const auto& s : v)
+    if (s.find(part) != std::string::npos) return true;
+  return false;
+}
+
+RingConfig ring(const std::string& extra) {
+  auto cfg = load_config_text("NODE0_SSH=local\n" + extra, "t.env", Environment{}, nullptr);
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string() : cfg.error().message));
+  return *cfg;
+}
+
+// A copy of a fixture checkpoint (config.json, shards, index) with a tokenizer.json.
+std::string checkpoint(test::TempDir& d, const std::string& fixture) {
+  std::string dir = d / fixture;
+  fs::copy(kModels + fixture, dir, fs::copy_options::recursive);
+  d.write(fixture + "/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+  return dir;
+}
+
+// A one-tensor safetensors file whose tensor has `dtype` (the header as the format defines
+// it: an 8-byte little-endian length, the JSON, the data).
+std::string one_tensor(const std::string& dtype, size_t bytes) {
+  std::string h = fmt::format(R"({{"model.layers.0.mlp.down_proj.weight":{{"dtype":"{}",)"
+                              R"("shape":[{}],"data_offsets":[0,{}]}}}})",
+                              dtype, bytes, bytes);
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  return out + h + std::string(bytes, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("engine fit: a bf16 checkpoint of a family the engine runs is served, and says what") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");
+  auto cfg = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=512\n");
+  auto f = engine_fit(read_model_files(Sysroot("/"), dir), &cfg, {});
+  CHECK(f.checked);
+  CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
+  CHECK(f.warnings.empty());
+  CHECK(f.summary.find("Qwen3ForCausalLM") != std::string::npos);
+  CHECK(f.summary.find("BF16") != std::string::npos);
+}
+
+TEST_CASE(
+    "engine fit: an architecture the engine does not run is refused with ENGINE=exec as the fix") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");
+  fs::copy_file(kModels + "plan/glm-5.3-flash/config.json", dir + "/config.json",
+                fs::copy_options::overwrite_existing);
+  auto cfg = ring("MODEL_PATH=" + dir + "\n");
+  auto f = engine_fit(read_model_files(Sysroot("/"), dir), &cfg, {});
+  CHECK(f.checked);
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.problems, "is not supported; supported: "));
+  CHECK(has(f.fixes, "ENGINE=exec"));
+  // ENGINE=exec: its command decides; nothing to refuse here.
+  auto exec = ring("MODEL_PATH=" + dir + "\nENGINE=exec\nENGINE_EXEC=true\n");
+  auto e = engine_fit(read_model_files(Sysroot("/"), dir), &exec, {});
+  CHECK_FALSE(e.checked);
+  CHECK(e.ok());
+}
+
+TEST_CASE("engine fit: FP8 tensors and a quantization_config are refused, naming them") {
+  test::TempDir d("fit");
+  d.write("fp8/config.json", *read_file(kModels + "qwen3/config.json"));
+  d.write("fp8/tokenizer.json", "{}");
+  d.write("fp8/model.safetensors", one_tensor("F8_E4M3", 16));
+  auto cfg = ring("MODEL_PATH=" + d / "fp8" + "\n");
+  auto f = engine_fit(read_model_files(Sysroot("/"), d / "fp8"), &cfg, {});
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.problems,
+            "1 tensor(s) are F8_E4M3 (e.g. model.layers.0.mlp.down_proj.weight); the native "
+            "engine loads F32, BF16 and F16"));
+  CHECK(has(f.fixes, "ENGINE=exec"));
+
+  auto q = nlohmann::json::parse(*read_file(kModels + "qwen3/config.json"));
+  q["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  d.write("fp8/config.json", q.dump());
+  d.write("fp8/model.safetensors", one_tensor("BF16", 16));
+  auto g = engine_fit(read_model_files(Sysroot("/"), d / "fp8"), &cfg, {});
+  REQUIRE_FALSE(g.ok());
+  CHECK(has(g.problems,
+            "quantized weights (quantization_config, quant_method \"fp8\") are not "
+            "supported"));
+}
+
+TEST_CASE("engine fit: rank 0's node needs tokenizer.json; the others do not") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");
+  fs::remove(dir + "/tokenizer.json");
+  auto cfg = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=512\n");
+  auto mf = read_model_files(Sysroot("/"), dir);
+  auto f = engine_fit(mf, &cfg, {});
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.problems, dir + "/tokenizer.json is missing"));
+  EngineFitOptions worker;
+  worker.needs_tokenizer = false;
+  CHECK(engine_fit(mf, &cfg, worker).ok());
+}
+
+TEST_CASE(
+    "engine fit: CONTEXT_LEN above max_position_embeddings: set, an error; default, a warning") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");  // max_position_embeddings 512
+  auto mf = read_model_files(Sysroot("/"), dir);
+  auto set = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=4096\n");
+  auto f = engine_fit(mf, &set, {});
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.problems, "CONTEXT_LEN 4096 is above the model's max_position_embeddings 512"));
+  CHECK(has(f.fixes, "set CONTEXT_LEN=512"));
+  auto dflt = ring("MODEL_PATH=" + dir + "\n");  // CONTEXT_LEN's default, 4096
+  auto g = engine_fit(mf, &dflt, {});
+  CHECK(g.ok());
+  CHECK(has(g.warnings,
+            "CONTEXT_LEN 4096 (the default) is above the model's "
+            "max_position_embeddings 512: the engine serves 512 tokens"));
+}
+
+TEST_CASE("engine fit: a ring whose ranks the heads do not divide is refused before start") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");  // 4 heads, 2 KV heads
+  auto cfg = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=512\nNODE0_GPUS=0,1,2\n");
+  EngineFitOptions o;
+  o.world = cfg.world_size();
+  auto f = engine_fit(read_model_files(Sysroot("/"), dir), &cfg, o);
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.fixes, "number of ranks"));
+}
+
+TEST_CASE(
+    "preflight model.engine: FAIL for a model the native engine refuses, PASS for one it runs") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");
+  auto cfg = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=512\n");
+  CheckFilter only;
+  only.only = {"model.engine"};
+  auto ok = run_node_checks(cfg, 0, Sysroot("/"), only, false);
+  REQUIRE(ok.checks.size() == 1);
+  CHECK_MESSAGE(ok.checks[0].verdict == Verdict::pass, ok.checks[0].message);
+  fs::copy_file(kModels + "plan/deepseek-v3.2/config.json", dir + "/config.json",
+                fs::copy_options::overwrite_existing);
+  auto bad = run_node_checks(cfg, 0, Sysroot("/"), only, false);
+  REQUIRE(bad.checks.size() == 1);
+  CHECK(bad.checks[0].verdict == Verdict::fail);
+  CHECK(bad.checks[0].message.find("ENGINE=native cannot serve " + dir) != std::string::npos);
+  CHECK(bad.checks[0].fix.find("ENGINE=exec") != std::string::npos);
+}
+
+TEST_CASE("plan: says the configured engine cannot serve the model, with the fix") {
+  test::TempDir d("fit");
+  auto dir = checkpoint(d, "qwen3");
+  fs::copy_file(kModels + "plan/glm-5.3-flash/config.json", dir + "/config.json",
+                fs::copy_options::overwrite_existing);
+  auto file = d.write("ring.env", "NODE0_SSH=local\nMODEL_PATH=" + dir + "\n");
+  std::ostringstream out, err;
+  std::vector<const char*> argv = {"sparkctl", "--config",   file.c_str(),
+                                   "plan",     "--capacity", "1TiB"};
+  int rc = cli::run(static_cast<int>(argv.size()), argv.data(), out, err, Environment{});
+  CHECK(rc == 0);
+  CHECK(out.str().find("# ENGINE=native CANNOT SERVE THIS MODEL: ") != std::string::npos);
+  CHECK(out.str().find("# fix: serve it with an engine that runs it: ENGINE=exec") !=
+        std::string::npos);
+  CHECK(err.str().find("ENGINE=native cannot serve " + dir) != std::string::npos);
+}
