@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v1(SampleBatch b) {
   uint8_t* seen = b.seen ? b.seen + static_cast<size_t>(slot) * V : nullptr;
   int32_t* counts = b.counts ? b.counts + static_cast<size_t>(slot) * V : nullptr;
   const bool want_lp = p.logprobs != 0 || p.top_logprobs > 0;
+  const uint32_t* mask = b.mask ? b.mask + static_cast<size_t>(r) * b.mask_words : nullptr;
 
   // Penalties and temperature; greedy keeps its argmax on the way. The state is read only
   // for the penalties asked for (sample_penalize ignores it otherwise).
@@ -244,8 +245,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v1(SampleBatch b) {
   double gbest = 0;
   int gi = -1;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    float v = sample_penalize(logit_at(row, i), p, rep && seen ? seen[i] : 0,
-                              freq && counts ? counts[i] : 0);
+    float v = sample_allowed(mask, i)
+                  ? sample_penalize(logit_at(row, i), p, rep && seen ? seen[i] : 0,
+                                    freq && counts ? counts[i] : 0)
+                  : -INFINITY;
     if (greedy) {
       if (better(v, i, gbest, gi)) gbest = v, gi = i;
     } else {
@@ -725,6 +728,7 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
   const int32_t* counts = b.counts ? b.counts + static_cast<size_t>(slot) * V : nullptr;
   const bool rep = p.repetition_penalty != 1.0f && seen;
   const bool freq = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && counts;
+  const uint32_t* mask = b.mask ? b.mask + static_cast<size_t>(r) * b.mask_words : nullptr;
   float* z = L.z(r);
   const int c0 = s * L.chunk, c1 = min(V, c0 + L.chunk);
   float zm = -INFINITY, lm = -INFINITY;
@@ -747,7 +751,7 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
       const int i = i0 + u * kT;
       if (i >= c1) continue;
       lm = fmaxf(lm, l[u]);
-      float v = sample_penalize(l[u], p, sn[u], cn[u]);
+      float v = sample_allowed(mask, i) ? sample_penalize(l[u], p, sn[u], cn[u]) : -INFINITY;
       if (fl.greedy) {
         if (better(v, i, gv, gi)) gv = v, gi = i;
       } else {

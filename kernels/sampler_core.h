@@ -45,6 +45,11 @@ SPARK_HD float sample_penalize(float l, const SampleParams& p, uint8_t seen, int
   return l;
 }
 
+/// Whether the mask (structured outputs; null: none) allows id i.
+SPARK_HD bool sample_allowed(const uint32_t* mask, int i) {
+  return !mask || ((mask[i >> 5] >> (i & 31)) & 1u) != 0;
+}
+
 /// Temperature scaling (t > 0).
 SPARK_HD float sample_temper(float z, float t) {
   return z / t;

@@ -93,10 +93,12 @@ void raw_top(const float* logits, size_t V, int k_want, double lse, SampleResult
 }
 
 std::vector<float> penalized(const float* logits, size_t V, const SampleParams& p,
-                             const uint8_t* seen, const int32_t* counts) {
+                             const uint8_t* seen, const int32_t* counts, const uint32_t* mask) {
   std::vector<float> z(V);
   for (size_t i = 0; i < V; ++i)
-    z[i] = sample_penalize(logits[i], p, seen ? seen[i] : 0, counts ? counts[i] : 0);
+    z[i] = sample_allowed(mask, static_cast<int>(i))
+               ? sample_penalize(logits[i], p, seen ? seen[i] : 0, counts ? counts[i] : 0)
+               : -INFINITY;
   return z;
 }
 
@@ -124,14 +126,14 @@ size_t gumbel_pick(const std::vector<float>& z, const SampleParams& p, Keep keep
 }  // namespace
 
 SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, const uint8_t* seen,
-                        const int32_t* counts) {
+                        const int32_t* counts, const uint32_t* mask) {
   const size_t V = static_cast<size_t>(vocab);
   SampleResult out;
   const bool want_lp = p.logprobs != 0 || p.top_logprobs > 0;
   const double lse = want_lp ? raw_lse(logits, V) : 0;
   if (p.top_logprobs > 0) raw_top(logits, V, p.top_logprobs, lse, &out);
 
-  std::vector<float> z = penalized(logits, V, p, seen, counts);
+  std::vector<float> z = penalized(logits, V, p, seen, counts, mask);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
     chosen = greedy_pick(z);
@@ -178,7 +180,7 @@ SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, c
 
 SampleResult sample_prefilter_ref(const float* logits, int vocab, const SampleParams& p,
                                   const uint8_t* seen, const int32_t* counts,
-                                  SamplePrefilterStats* stats) {
+                                  SamplePrefilterStats* stats, const uint32_t* mask) {
   const size_t V = static_cast<size_t>(vocab);
   SampleResult out;
   SamplePrefilterStats st;
@@ -203,7 +205,7 @@ SampleResult sample_prefilter_ref(const float* logits, int vocab, const SamplePa
       out.top_ids[i] = ids[static_cast<size_t>(t.top_ids[i])],
       out.top_logprobs[i] = t.top_logprobs[i];
   }
-  std::vector<float> z = penalized(logits, V, p, seen, counts);
+  std::vector<float> z = penalized(logits, V, p, seen, counts, mask);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
     chosen = greedy_pick(z);
