@@ -354,6 +354,45 @@ bool plain_ascii(uint8_t c) {
   return c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
 }
 
+// Text a string takes whole from a state with no escape or character pending: complete,
+// well-formed UTF-8 (the automaton's lead-byte ranges) without a quote, backslash or
+// control character.
+bool plain_text(std::string_view t) {
+  for (size_t i = 0; i < t.size();) {
+    const auto c = static_cast<uint8_t>(t[i]);
+    if (c < 0x80) {
+      if (!plain_ascii(c)) return false;
+      ++i;
+      continue;
+    }
+    int n = 0;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 1;
+    else if (c == 0xE0)
+      n = 2, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+      n = 2;
+    else if (c == 0xED)
+      n = 2, hi = 0x9F;
+    else if (c == 0xF0)
+      n = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      n = 3;
+    else if (c == 0xF4)
+      n = 3, hi = 0x8F;
+    else
+      return false;
+    if (i + static_cast<size_t>(n) >= t.size()) return false;  // a character cut short
+    for (int k = 1; k <= n; ++k) {
+      const auto d = static_cast<uint8_t>(t[i + static_cast<size_t>(k)]);
+      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += static_cast<size_t>(n) + 1;
+  }
+  return true;
+}
+
 bool number_final(uint8_t st) {
   return st == N_ZERO || st == N_INT || st == N_FRAC || st == N_EXP;
 }
@@ -791,17 +830,17 @@ int32_t TokenTrie::build(int32_t lo, int32_t hi, size_t depth) {
   nodes_[static_cast<size_t>(idx)].lo = lo;
   nodes_[static_cast<size_t>(idx)].own = own;
   nodes_[static_cast<size_t>(idx)].hi = hi;
+  bool text = depth > 0;
+  for (int32_t i = lo; text && i < hi; ++i)
+    text = plain_text(std::string_view(at(i)).substr(depth - 1));
+  nodes_[static_cast<size_t>(idx)].text = text;
   std::vector<int32_t> kids;
-  bool plain = true;
   for (const auto& [b, glo, ghi] : groups) {
     nodes_.emplace_back();
     nodes_.back().byte = b;
-    const int32_t k = build(glo, ghi, depth + 1);
-    kids.push_back(k);
-    plain = plain && plain_ascii(b) && nodes_[static_cast<size_t>(k)].plain;
+    kids.push_back(build(glo, ghi, depth + 1));
   }
-  // Children are not contiguous when built depth first: store them after the fact.
-  nodes_[static_cast<size_t>(idx)].plain = plain;
+  // Children are not contiguous when built depth first: their list is kept apart.
   child_lists_.push_back(std::move(kids));
   nodes_[static_cast<size_t>(idx)].kids = static_cast<int32_t>(child_lists_.size() - 1);
   return idx;
@@ -885,7 +924,7 @@ struct MaskWalk {
     const bool plain = in_plain_string(g, S);
     for (int32_t k : t.children(node)) {
       const TokenTrie::Node& n = t.nodes()[static_cast<size_t>(k)];
-      if (plain && plain_ascii(n.byte) && n.plain) {  // the whole subtree stays in the string
+      if (plain && n.text) {  // every token below is text the string takes whole
         set_range(n.lo, n.hi);
         continue;
       }

@@ -14,9 +14,10 @@
 //
 // The mask of one step walks a trie of the vocabulary's token bytes (built once per
 // tokenizer, TokenTrie) with the automaton: a subtree is cut at the first byte no stack
-// takes, and inside a string a subtree of plain ASCII text is taken whole without walking
-// it, so a step costs about the number of distinct token prefixes the grammar allows up
-// to its first structural byte, not vocab x token length.
+// takes, and inside a string a subtree whose tokens are all plain text (valid UTF-8, no quote,
+// backslash or control character) is taken whole without walking it, so a step costs about the
+// number of distinct token prefixes the grammar allows up to its first structural byte, not vocab x
+// token length.
 //
 // End of output: end-of-sequence ids are allowed exactly when some stack has completed the
 // value (a number may still go on; anything else completed allows end-of-sequence alone).
@@ -75,7 +76,9 @@ class TokenTrie {
 
   struct Node {
     uint8_t byte = 0;
-    bool plain = false;  // every byte below this node is printable ASCII other than " and \ .
+    // Every id below has, from this node's byte on, text a JSON string takes whole (valid
+    // UTF-8, no quote, backslash or control character).
+    bool text = false;
     int32_t lo = 0, own = 0, hi = 0;  // sorted ids: [lo, own) end here, [lo, hi) below
     int32_t kids = 0;                 // its entry in the child lists
   };
