@@ -36,6 +36,7 @@ struct ApiModel {
   /// The vocabulary as structured outputs' masks see it (openai::make_token_trie); null
   /// when the tokenizer's tokens are not byte strings (such requests are then refused).
   std::shared_ptr<const grammar::TokenTrie> token_trie;
+  std::shared_ptr<const grammar::TokenTrie> tool_token_trie;  // with the tool-call markers
   openai::Limits limits;
   int64_t created = 0;  // /v1/models "created"
   /// CHAT_SPECIAL_TOKENS=escape: special-token spellings in chat message content are read

@@ -8,7 +8,7 @@ namespace spark::openai {
 
 namespace {
 // Markers that formats write as special tokens: the grammar may need their text.
-const std::vector<std::string>& call_markers() {
+const std::vector<std::string>& marker_texts() {
   static const std::vector<std::string> m = {
       "<tool_call>",           "</tool_call>",           "[TOOL_CALLS]",
       "<|python_tag|>",        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
@@ -78,14 +78,14 @@ ApiResult<std::vector<grammar::Grammar::Wrapped>> tool_alternatives(const ChatRe
 
 std::shared_ptr<const grammar::TokenTrie> make_token_trie(const tok::Tokenizer& tok,
                                                           const std::vector<int32_t>& end_ids,
-                                                          size_t vocab_limit) {
+                                                          size_t vocab_limit, bool call_markers) {
   std::vector<std::string> bytes(std::min(tok.vocab_size(), vocab_limit));
-  const auto& markers = call_markers();
+  const auto& markers = marker_texts();
   for (size_t i = 0; i < bytes.size(); ++i) {
     const auto id = static_cast<tok::TokenId>(i);
     if (tok.is_special(id)) {
       auto text = tok.id_to_token(id);
-      if (text && std::find(markers.begin(), markers.end(), *text) != markers.end())
+      if (call_markers && text && std::find(markers.begin(), markers.end(), *text) != markers.end())
         bytes[i] = *text;
       continue;
     }
@@ -96,13 +96,15 @@ std::shared_ptr<const grammar::TokenTrie> make_token_trie(const tok::Tokenizer& 
 
 ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     const ChatRequest& req, const tok::ChatFormat& fmt,
-    const std::shared_ptr<const grammar::TokenTrie>& trie) {
+    const std::shared_ptr<const grammar::TokenTrie>& response_trie,
+    const std::shared_ptr<const grammar::TokenTrie>& tool_trie) {
   ApiResult<std::shared_ptr<const grammar::Constraint>> r;
   r.value = nullptr;
   const bool forced = req.tool_choice.kind == ToolChoice::Kind::required ||
                       req.tool_choice.kind == ToolChoice::Kind::named;
   const std::string param = forced ? "tool_choice" : "response_format";
   if (!forced && req.response_format.kind == ResponseFormat::Kind::text) return r;
+  const auto& trie = forced ? tool_trie : response_trie;
   if (!trie) {
     r.error = invalid_request(
         fmt::format("'{}' needs constrained decoding, which this model's tokenizer does not "
