@@ -245,14 +245,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v1(SampleBatch b) {
   double gbest = 0;
   int gi = -1;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    float v = sample_allowed(mask, i)
-                  ? sample_penalize(logit_at(row, i), p, rep && seen ? seen[i] : 0,
-                                    freq && counts ? counts[i] : 0)
-                  : -INFINITY;
+    float v = sample_penalize(logit_at(row, i), p, rep && seen ? seen[i] : 0,
+                              freq && counts ? counts[i] : 0);
     if (greedy) {
+      v = sample_masked(v, mask, i);
       if (better(v, i, gbest, gi)) gbest = v, gi = i;
     } else {
-      v = sample_temper(v, p.temperature);
+      v = sample_masked(sample_temper(v, p.temperature), mask, i);
       z[i] = v;
       tmax = fmaxf(tmax, v);
     }
@@ -751,11 +750,12 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
       const int i = i0 + u * kT;
       if (i >= c1) continue;
       lm = fmaxf(lm, l[u]);
-      float v = sample_allowed(mask, i) ? sample_penalize(l[u], p, sn[u], cn[u]) : -INFINITY;
+      float v = sample_penalize(l[u], p, sn[u], cn[u]);
       if (fl.greedy) {
+        v = sample_masked(v, mask, i);
         if (better(v, i, gv, gi)) gv = v, gi = i;
       } else {
-        v = sample_temper(v, p.temperature);
+        v = sample_masked(sample_temper(v, p.temperature), mask, i);
         z[i] = v;
         zm = fmaxf(zm, v);
       }

@@ -11,9 +11,10 @@
 //
 // Definition, for logits l (fp32) of one row and an optional mask of allowed ids
 // (structured outputs: bit i of word i / 32; a row without one allows every id):
-//   z_i   = -inf where the mask excludes i; else l_i, divided by repetition_penalty if positive
-//   (times it if not) where seen_i,
+//   z_i   = l_i, divided by repetition_penalty if positive (times it if not) where seen_i,
 //           minus presence_penalty + frequency_penalty * count_i where count_i > 0
+//   mask: z_i = -inf where the mask excludes i, and at least -FLT_MAX where it allows i (after
+//         the temperature below), so an allowed id outranks every excluded one
 //   greedy (temperature 0): the lowest i with the largest z_i
 //   else  z_i /= temperature; K = {i : z_i >= the top_k-th largest z} (all when top_k <= 0
 //         or >= vocab); m_i = floor(2^32 exp(z_i - max z)) (sample_mass_q, an integer);

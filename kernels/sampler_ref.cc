@@ -93,12 +93,10 @@ void raw_top(const float* logits, size_t V, int k_want, double lse, SampleResult
 }
 
 std::vector<float> penalized(const float* logits, size_t V, const SampleParams& p,
-                             const uint8_t* seen, const int32_t* counts, const uint32_t* mask) {
+                             const uint8_t* seen, const int32_t* counts) {
   std::vector<float> z(V);
   for (size_t i = 0; i < V; ++i)
-    z[i] = sample_allowed(mask, static_cast<int>(i))
-               ? sample_penalize(logits[i], p, seen ? seen[i] : 0, counts ? counts[i] : 0)
-               : -INFINITY;
+    z[i] = sample_penalize(logits[i], p, seen ? seen[i] : 0, counts ? counts[i] : 0);
   return z;
 }
 
@@ -133,12 +131,14 @@ SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, c
   const double lse = want_lp ? raw_lse(logits, V) : 0;
   if (p.top_logprobs > 0) raw_top(logits, V, p.top_logprobs, lse, &out);
 
-  std::vector<float> z = penalized(logits, V, p, seen, counts, mask);
+  std::vector<float> z = penalized(logits, V, p, seen, counts);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
+    for (size_t i = 0; i < V; ++i) z[i] = sample_masked(z[i], mask, static_cast<int>(i));
     chosen = greedy_pick(z);
   } else {
-    for (auto& v : z) v = sample_temper(v, p.temperature);
+    for (size_t i = 0; i < V; ++i)
+      z[i] = sample_masked(sample_temper(z[i], p.temperature), mask, static_cast<int>(i));
     const float zmax = *std::max_element(z.begin(), z.end());
     // top-k: every value >= the k-th largest.
     float k_floor = -INFINITY;
@@ -205,12 +205,14 @@ SampleResult sample_prefilter_ref(const float* logits, int vocab, const SamplePa
       out.top_ids[i] = ids[static_cast<size_t>(t.top_ids[i])],
       out.top_logprobs[i] = t.top_logprobs[i];
   }
-  std::vector<float> z = penalized(logits, V, p, seen, counts, mask);
+  std::vector<float> z = penalized(logits, V, p, seen, counts);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
+    for (size_t i = 0; i < V; ++i) z[i] = sample_masked(z[i], mask, static_cast<int>(i));
     chosen = greedy_pick(z);
   } else {
-    for (auto& v : z) v = sample_temper(v, p.temperature);
+    for (size_t i = 0; i < V; ++i)
+      z[i] = sample_masked(sample_temper(z[i], p.temperature), mask, static_cast<int>(i));
     const float zmax = *std::max_element(z.begin(), z.end());
     std::vector<uint32_t> count(kSampleBins, 0);
     std::vector<uint64_t> mass(kSampleBins, 0);

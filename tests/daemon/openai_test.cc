@@ -148,7 +148,7 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
   // Forced tool calls: "required" needs tools; a named function must be one of them.
   CHECK(chat_error(with(R"("tool_choice": "required")")).param == "tool_choice");
   CHECK(chat_error(with(R"("tools": [{"type": "function", "function": {"name": "f"}}],
-                           "tool_choice": {"type": "function", "function": {"name": "g"}}})"))
+                           "tool_choice": {"type": "function", "function": {"name": "g"}})"))
             .param == "tool_choice");
   CHECK(chat_error(with(R"("max_tokens": 5000)"),
                    limits_with([](Limits& l) { l.max_tokens_cap = 4096; }))
