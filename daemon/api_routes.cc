@@ -12,6 +12,7 @@
 #include "daemon/openai/errors.h"
 #include "daemon/openai/responses.h"
 #include "daemon/openai/session.h"
+#include "daemon/openai/structured.h"
 
 namespace spark::daemon {
 
@@ -255,7 +256,8 @@ template <typename Req>
 void run_generation(const std::shared_ptr<ApiState>& state,
                     const std::shared_ptr<const ApiModel>& m, const Req& req,
                     const openai::PreparedPrompt& p, std::unique_ptr<openai::CompletionWriter> resp,
-                    Responder http, const char* what) {
+                    Responder http, const char* what,
+                    std::shared_ptr<const grammar::Constraint> constraint = nullptr) {
   if (m->admit) {
     Status st = m->admit();
     if (!st.ok()) {
@@ -275,6 +277,7 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   engine::GenerateRequest g;
   g.prompt = p.ids;
   g.params = to_engine(req.sampling, p.max_tokens, m->stop_token_ids);
+  g.params.constraint = std::move(constraint);
   g.on_event = [pend](const engine::TokenEvent& ev) { pend->on_event(ev); };
   std::lock_guard lk(pend->mu);  // events wait until the id is known
   auto id = m->engine->submit(std::move(g));
@@ -323,10 +326,14 @@ void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const Ap
   auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context,
                                 [http] { return http.closed(); });
   if (!p.ok()) return http.send(api_error(p.error));
+  auto constraint =
+      openai::output_constraint(req, m->chat_format, m->token_trie, m->tool_token_trie);
+  if (!constraint.ok()) return http.send(api_error(constraint.error));
   auto resp = std::make_unique<openai::CompletionWriter>(
       req, m->tokenizer, m->chat_format, m->model, static_cast<int>(p.value->ids.size()),
       m->stop_token_ids);
-  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "chat completion");
+  run_generation(state, m, req, *p.value, std::move(resp), std::move(http), "chat completion",
+                 *constraint.value);
 }
 
 void completion(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const ApiModel>& m,

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "daemon/engine/engine.h"
+#include "daemon/grammar/json_grammar.h"
 #include "daemon/openai/requests.h"
 #include "daemon/tokenizer/chat.h"
 #include "daemon/tokenizer/tokenizer.h"
@@ -32,6 +33,10 @@ struct ApiModel {
   std::string model;  // the served name (MODEL)
   int max_context = 0;
   std::set<int32_t> stop_token_ids;  // end-of-turn and EOS ids
+  /// The vocabulary as structured outputs' masks see it (openai::make_token_trie); null
+  /// when the tokenizer's tokens are not byte strings (such requests are then refused).
+  std::shared_ptr<const grammar::TokenTrie> token_trie;
+  std::shared_ptr<const grammar::TokenTrie> tool_token_trie;  // with the tool-call markers
   openai::Limits limits;
   int64_t created = 0;  // /v1/models "created"
   /// CHAT_SPECIAL_TOKENS=escape: special-token spellings in chat message content are read

@@ -24,6 +24,7 @@
 #include "daemon/engine/runtime.h"
 #include "daemon/memory_guard.h"
 #include "daemon/metrics.h"
+#include "daemon/openai/structured.h"
 #include "daemon/tokenizer/py_json.h"
 #include "env/nccl_env.h"
 #include "kernels/cuda_runtime.h"
@@ -160,6 +161,12 @@ class NativeBackend final : public Backend {
       for (int id : mc->eos_token_ids) api->stop_token_ids.insert(id);
       // Ids the model cannot produce (a tokenizer larger than the embedding) never stop it.
       std::erase_if(api->stop_token_ids, [&](int32_t id) { return id >= mc->vocab_size; });
+      if (api->tokenizer.byte_level_decoder()) {
+        const std::vector<int32_t> ends(api->stop_token_ids.begin(), api->stop_token_ids.end());
+        const auto limit = static_cast<size_t>(mc->vocab_size);
+        api->token_trie = openai::make_token_trie(api->tokenizer, ends, limit);
+        api->tool_token_trie = openai::make_token_trie(api->tokenizer, ends, limit, true);
+      }
       api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
       api->model = cfg.get("MODEL");
       if (api->model.empty()) api->model = std::filesystem::path(dir).filename().string();

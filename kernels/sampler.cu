@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v1(SampleBatch b) {
   uint8_t* seen = b.seen ? b.seen + static_cast<size_t>(slot) * V : nullptr;
   int32_t* counts = b.counts ? b.counts + static_cast<size_t>(slot) * V : nullptr;
   const bool want_lp = p.logprobs != 0 || p.top_logprobs > 0;
+  const uint32_t* mask = b.mask ? b.mask + static_cast<size_t>(r) * b.mask_words : nullptr;
 
   // Penalties and temperature; greedy keeps its argmax on the way. The state is read only
   // for the penalties asked for (sample_penalize ignores it otherwise).
@@ -247,9 +248,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel_v1(SampleBatch b) {
     float v = sample_penalize(logit_at(row, i), p, rep && seen ? seen[i] : 0,
                               freq && counts ? counts[i] : 0);
     if (greedy) {
+      v = sample_masked(v, mask, i);
       if (better(v, i, gbest, gi)) gbest = v, gi = i;
     } else {
-      v = sample_temper(v, p.temperature);
+      v = sample_masked(sample_temper(v, p.temperature), mask, i);
       z[i] = v;
       tmax = fmaxf(tmax, v);
     }
@@ -725,6 +727,7 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
   const int32_t* counts = b.counts ? b.counts + static_cast<size_t>(slot) * V : nullptr;
   const bool rep = p.repetition_penalty != 1.0f && seen;
   const bool freq = (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) && counts;
+  const uint32_t* mask = b.mask ? b.mask + static_cast<size_t>(r) * b.mask_words : nullptr;
   float* z = L.z(r);
   const int c0 = s * L.chunk, c1 = min(V, c0 + L.chunk);
   float zm = -INFINITY, lm = -INFINITY;
@@ -749,9 +752,10 @@ __global__ void __launch_bounds__(kT) k_scan(SampleBatch b, Layout L) {
       lm = fmaxf(lm, l[u]);
       float v = sample_penalize(l[u], p, sn[u], cn[u]);
       if (fl.greedy) {
+        v = sample_masked(v, mask, i);
         if (better(v, i, gv, gi)) gv = v, gi = i;
       } else {
-        v = sample_temper(v, p.temperature);
+        v = sample_masked(sample_temper(v, p.temperature), mask, i);
         z[i] = v;
         zm = fmaxf(zm, v);
       }

@@ -9,9 +9,12 @@
 // within 1e-6 relative). The Gumbel scores use a log of our own (sample_log), so they are
 // the same bits on both sides too.
 //
-// Definition, for logits l (fp32) of one row:
+// Definition, for logits l (fp32) of one row and an optional mask of allowed ids
+// (structured outputs: bit i of word i / 32; a row without one allows every id):
 //   z_i   = l_i, divided by repetition_penalty if positive (times it if not) where seen_i,
 //           minus presence_penalty + frequency_penalty * count_i where count_i > 0
+//   mask: z_i = -inf where the mask excludes i, and at least -FLT_MAX where it allows i (after
+//         the temperature below), so an allowed id outranks every excluded one
 //   greedy (temperature 0): the lowest i with the largest z_i
 //   else  z_i /= temperature; K = {i : z_i >= the top_k-th largest z} (all when top_k <= 0
 //         or >= vocab); m_i = floor(2^32 exp(z_i - max z)) (sample_mass_q, an integer);
@@ -63,8 +66,11 @@ Status sample_check_params(const SampleParams& p, int vocab);
 /// Reference draw for one row: `seen` (vocab bytes, 1 = in prompt or output) and `counts`
 /// (vocab ints, times generated) may be null when no penalty asks for them. Does not
 /// update the state (sample_state_update_ref does).
+/// `mask` (optional, (vocab + 31) / 32 words) excludes the ids whose bit is 0; the host
+/// lowers top_k to 0 when it is at least the number of allowed ids (SampleParams is the same
+/// on both devices, so the twins still agree).
 SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, const uint8_t* seen,
-                        const int32_t* counts);
+                        const int32_t* counts, const uint32_t* mask = nullptr);
 
 /// What the device's pre-filter did for one row (sample_prefilter_ref).
 struct SamplePrefilterStats {
@@ -79,7 +85,7 @@ struct SamplePrefilterStats {
 /// code the kernels run). Gives sample_ref's result; tests hold the two against each other.
 SampleResult sample_prefilter_ref(const float* logits, int vocab, const SampleParams& p,
                                   const uint8_t* seen, const int32_t* counts,
-                                  SamplePrefilterStats* stats);
+                                  SamplePrefilterStats* stats, const uint32_t* mask = nullptr);
 
 /// After a draw: seen[token] = 1, ++counts[token].
 void sample_state_update_ref(uint8_t* seen, int32_t* counts, int32_t token);
@@ -98,7 +104,12 @@ struct SampleBatch {
   uint8_t* seen = nullptr;
   int32_t* counts = nullptr;
   const int32_t* state_row = nullptr;
-  bool update_state = true;         // record the drawn token in seen/counts
+  bool update_state = true;  // record the drawn token in seen/counts
+  // Allowed ids per row (structured outputs): row r's bitset at mask + r * mask_words
+  // (bit i of word i / 32); null: every id of every row. Applied before the penalties'
+  // result is tempered, as sample_ref does (z = -inf where excluded).
+  const uint32_t* mask = nullptr;
+  size_t mask_words = 0;
   SampleResult* results = nullptr;  // [rows]
   int32_t* tokens = nullptr;        // optional [rows]: the drawn ids alone (for graphs)
   void* workspace = nullptr;        // sample_workspace_bytes(rows, vocab)

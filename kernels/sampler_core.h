@@ -12,6 +12,7 @@
 //   same way on both sides;
 // - the device's pre-filter (a histogram over bins of zmax - z, see sample_plan) only
 //   chooses which tokens reach the exact selection; it never changes the result.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -43,6 +44,20 @@ SPARK_HD float sample_penalize(float l, const SampleParams& p, uint8_t seen, int
     l = l - fmaf(p.frequency_penalty, static_cast<float>(count), p.presence_penalty);
   }
   return l;
+}
+
+/// Whether the mask (structured outputs; null: none) allows id i.
+SPARK_HD bool sample_allowed(const uint32_t* mask, int i) {
+  return !mask || ((mask[i >> 5] >> (i & 31)) & 1u) != 0;
+}
+
+/// A value (penalised; tempered unless greedy) under the row's mask: -inf for an excluded
+/// id; an allowed id's at least -FLT_MAX, so that one whose logit is -inf still outranks
+/// every excluded id. Without a mask, v itself.
+SPARK_HD float sample_masked(float v, const uint32_t* mask, int i) {
+  if (!mask) return v;
+  if (!sample_allowed(mask, i)) return -INFINITY;
+  return v < -FLT_MAX ? -FLT_MAX : v;
 }
 
 /// Temperature scaling (t > 0).

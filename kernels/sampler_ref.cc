@@ -124,7 +124,7 @@ size_t gumbel_pick(const std::vector<float>& z, const SampleParams& p, Keep keep
 }  // namespace
 
 SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, const uint8_t* seen,
-                        const int32_t* counts) {
+                        const int32_t* counts, const uint32_t* mask) {
   const size_t V = static_cast<size_t>(vocab);
   SampleResult out;
   const bool want_lp = p.logprobs != 0 || p.top_logprobs > 0;
@@ -134,9 +134,11 @@ SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, c
   std::vector<float> z = penalized(logits, V, p, seen, counts);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
+    for (size_t i = 0; i < V; ++i) z[i] = sample_masked(z[i], mask, static_cast<int>(i));
     chosen = greedy_pick(z);
   } else {
-    for (auto& v : z) v = sample_temper(v, p.temperature);
+    for (size_t i = 0; i < V; ++i)
+      z[i] = sample_masked(sample_temper(z[i], p.temperature), mask, static_cast<int>(i));
     const float zmax = *std::max_element(z.begin(), z.end());
     // top-k: every value >= the k-th largest.
     float k_floor = -INFINITY;
@@ -178,7 +180,7 @@ SampleResult sample_ref(const float* logits, int vocab, const SampleParams& p, c
 
 SampleResult sample_prefilter_ref(const float* logits, int vocab, const SampleParams& p,
                                   const uint8_t* seen, const int32_t* counts,
-                                  SamplePrefilterStats* stats) {
+                                  SamplePrefilterStats* stats, const uint32_t* mask) {
   const size_t V = static_cast<size_t>(vocab);
   SampleResult out;
   SamplePrefilterStats st;
@@ -206,9 +208,11 @@ SampleResult sample_prefilter_ref(const float* logits, int vocab, const SamplePa
   std::vector<float> z = penalized(logits, V, p, seen, counts);
   size_t chosen = 0;
   if (p.temperature == 0.0f) {
+    for (size_t i = 0; i < V; ++i) z[i] = sample_masked(z[i], mask, static_cast<int>(i));
     chosen = greedy_pick(z);
   } else {
-    for (auto& v : z) v = sample_temper(v, p.temperature);
+    for (size_t i = 0; i < V; ++i)
+      z[i] = sample_masked(sample_temper(z[i], p.temperature), mask, static_cast<int>(i));
     const float zmax = *std::max_element(z.begin(), z.end());
     std::vector<uint32_t> count(kSampleBins, 0);
     std::vector<uint64_t> mass(kSampleBins, 0);

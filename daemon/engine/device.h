@@ -412,15 +412,18 @@ class Device {
   virtual bool samples_on_device() const { return false; }
   /// The tokens a row's penalties look at: the sequence so far, prompt first; those from
   /// out_start on are its output (they count for the presence and frequency penalties).
+  /// A row's allowed ids (structured outputs) travel with it: mask, (vocab + 31) / 32 words,
+  /// null for a row without a constraint.
   struct PenaltyHistory {
     const int32_t* tokens = nullptr;
     int n = 0;
     int out_start = 0;
+    const uint32_t* mask = nullptr;
   };
   /// Draws one token per row of `logits` (rows of `vocab` fp32) with params[r] and copies
   /// the results back: the step's one host synchronisation. `history` is empty when no row
-  /// has a penalty, else one entry per row (rows without penalties may leave theirs empty);
-  /// the device builds the penalty state from it as the host sampler keeps it.
+  /// has a penalty or a mask, else one entry per row (rows without penalties may leave theirs
+  /// empty); the device builds the penalty state from it as the host sampler keeps it.
   virtual Status sample(const Buffer& logits, int vocab,
                         const std::vector<kernels::SampleParams>& params,
                         const std::vector<PenaltyHistory>& history,

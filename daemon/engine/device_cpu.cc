@@ -378,8 +378,8 @@ class CpuDevice final : public Device {
       if (r < history.size() && history[r].n > 0)
         kernels::sample_state_build_ref(seen.data(), counts.data(), vocab, history[r].tokens,
                                         history[r].n, history[r].out_start);
-      res[r] =
-          kernels::sample_ref(f32(logits) + r * V, vocab, params[r], seen.data(), counts.data());
+      res[r] = kernels::sample_ref(f32(logits) + r * V, vocab, params[r], seen.data(),
+                                   counts.data(), r < history.size() ? history[r].mask : nullptr);
     }
     queued_.push_back(std::move(res));
     last_drawn_ = queued_.back();

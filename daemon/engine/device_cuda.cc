@@ -874,7 +874,10 @@ class CudaDevice final : public Device {
       b.rows = rows;
       b.params = static_cast<const kernels::SampleParams*>(sample_params_.data());
       b.update_state = false;
-      if (!history.empty()) SPARK_TRY(penalty_state(vocab, history, &b));
+      bool penalties = false, masked = false;
+      for (const auto& h : history) penalties = penalties || h.n > 0, masked = masked || h.mask;
+      if (penalties) SPARK_TRY(penalty_state(vocab, history, &b));
+      if (masked) SPARK_TRY(mask_rows(vocab, history, &b));
       b.results = static_cast<kernels::SampleResult*>(sample_results_.data());
       b.workspace = sample_ws_.data();
       b.workspace_bytes = sample_ws_.bytes();
@@ -961,6 +964,34 @@ class CudaDevice final : public Device {
     b->seen = static_cast<uint8_t*>(pen_seen_.data());
     b->counts = pen_counts_.as<int32_t>();
     b->state_row = nullptr;  // row r uses state row r
+    return Status::Ok();
+  }
+
+  // The rows' allowed-id bitsets (structured outputs) to the device, [rows][words]; a row
+  // without a constraint allows every id.
+  Status mask_rows(int vocab, const std::vector<PenaltyHistory>& history, kernels::SampleBatch* b) {
+    const size_t words = (static_cast<size_t>(vocab) + 31) / 32;
+    const size_t n = history.size() * words;
+    if (mask_dev_.numel() < n) {
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));  // the old buffers may be in use
+      auto d = alloc(ElemType::i32, n);
+      auto h = host_staging(n * 4);
+      if (!d || !h)
+        return make_error(
+            Errc::resource,
+            fmt::format("cuda device: no memory for the output masks of {} rows", history.size()));
+      mask_dev_ = *d, mask_host_ = *h;
+    }
+    auto* host = static_cast<uint32_t*>(mask_host_.data());
+    for (size_t r = 0; r < history.size(); ++r) {
+      if (history[r].mask)
+        std::memcpy(host + r * words, history[r].mask, words * 4);
+      else
+        std::fill(host + r * words, host + (r + 1) * words, ~0u);
+    }
+    SPARK_TRY(kernels::cuda_memcpy_async(mask_dev_.data(), host, n * 4, stream_));
+    b->mask = static_cast<const uint32_t*>(mask_dev_.data());
+    b->mask_words = words;
     return Status::Ok();
   }
 
@@ -1058,6 +1089,7 @@ class CudaDevice final : public Device {
   Buffer last_drawn_;  // the last queued draws' device results (feed_drawn_tokens)
   int last_drawn_rows_ = 0;
   Buffer pen_ints_, pen_host_, pen_seen_, pen_counts_;  // penalty lists and state
+  Buffer mask_dev_, mask_host_;                         // output masks (structured outputs)
   int sample_rows_ = 0;
   std::map<const void*, void*> copy_events_;  // staging buffer -> its last copy's event
 };

@@ -109,27 +109,31 @@ bool has_penalty(const kernels::SampleParams& kp) {
 
 // The device sampler's parameters of the chunks with want_logits, in chunk order; rows with
 // penalties send their token lists, from which the device builds the state the host sampler
-// keeps (prompt tokens seen, output tokens counted). `history` is left empty when no row has
-// a penalty.
+// keeps (prompt tokens seen, output tokens counted), and rows with an output constraint their
+// masks. `history` is left empty when no row has a penalty or a mask.
 void draw_params(const std::vector<SeqState*>& running, const StepRun& run,
                  std::vector<kernels::SampleParams>* params,
                  std::vector<Device::PenaltyHistory>* history) {
-  bool penalties = false;
+  bool needed = false;
   for (size_t k = 0; k < run.chunks.size(); ++k) {
     if (!run.chunks[k].want_logits) continue;
     const SeqState& s = *running[run.chunk_seq[k]];
     const auto kp = s.sampler->next_params();
     Device::PenaltyHistory h;
     if (has_penalty(kp)) {
-      penalties = true;
+      needed = true;
       h.tokens = s.tokens.data();
       h.n = static_cast<int>(s.tokens.size());
       h.out_start = s.prompt_len;
     }
+    // Structured outputs: the grammar's mask of this draw, computed on the host before the
+    // step's draws are queued (the device applies it before it samples).
+    h.mask = s.sampler->mask();
+    needed = needed || h.mask;
     params->push_back(kp);
     history->push_back(h);
   }
-  if (!penalties) history->clear();
+  if (!needed) history->clear();
 }
 
 // What the step drew, applied to its sequences: tokens, stop decisions (EOS, stop ids,
@@ -399,6 +403,11 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                     "lower max_tokens or raise the KV cache size",
                     need, total, opts_.num_blocks));
   if (!req.on_event) return make_error(Errc::usage, "the request has no event callback");
+  if (req.params.constraint && comm_->world_size() > 1)
+    return make_error(Errc::unsupported,
+                      "structured outputs (response_format json_object/json_schema, a forced "
+                      "tool_choice) are not served on a tensor-parallel ring yet: every rank "
+                      "draws the tokens itself and the workers have no grammar");
   std::lock_guard<std::mutex> lk(mu_);
   if (stats_.failed) return make_error(Errc::internal, "the engine failed: " + stats_.error);
   if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
@@ -619,10 +628,10 @@ Status Engine::step() {
 // device, the next one is queued behind it with the tokens it draws fed to it there, so the
 // device never waits for the host to read the draws, decide and launch. That next step is
 // queued only when it is sure to run as queued: every running sequence decodes in this
-// step, none can reach its length limit in it, and none has penalties (whose state needs the
-// draw). A sequence that ends in this step anyway (EOS, a stop id, a cancel) has its row of
-// the queued step dropped; its K/V write there lands past its end, in its own blocks, and
-// is ordered before any later use of them.
+// step, none can reach its length limit in it, and none has penalties or an output constraint
+// (whose state and mask need the draw). A sequence that ends in this step anyway (EOS, a stop id, a
+// cancel) has its row of the queued step dropped; its K/V write there lands past its end, in its
+// own blocks, and is ordered before any later use of them.
 Status Engine::step_queued() {
   std::unique_ptr<Queued> cur = std::move(ahead_);
   if (!cur) {
@@ -642,7 +651,7 @@ Status Engine::step_queued() {
     const auto& ch = cur->run.chunks[k];
     const Seq* s = running_[k]->id == cur->seq_ids[k] ? running_[k].get() : nullptr;
     ahead = s && ch.n == 1 && ch.want_logits && !step_detail::has_penalty(cur->params[k]) &&
-            static_cast<int>(s->tokens.size()) + 1 < s->max_total;
+            !s->sampler->constrained() && static_cast<int>(s->tokens.size()) + 1 < s->max_total;
   }
   if (ahead) {
     auto next = std::make_unique<Queued>();

@@ -32,6 +32,12 @@ Status validate(const SamplingParams& p, int vocab_size) {
   for (auto t : p.stop_token_ids)
     if (t < 0 || t >= vocab_size)
       return bad(fmt::format("stop token id {} is outside the vocabulary [0, {})", t, vocab_size));
+  if (p.constraint &&
+      (!p.constraint->grammar || !p.constraint->trie || p.constraint->trie->vocab() > vocab_size))
+    return bad(fmt::format(
+        "the output constraint's vocabulary ({} ids) does not fit the model's "
+        "({} ids)",
+        p.constraint && p.constraint->trie ? p.constraint->trie->vocab() : 0, vocab_size));
   return Status::Ok();
 }
 
@@ -59,6 +65,17 @@ Sampler::Sampler(const SamplingParams& p, int vocab_size, const std::vector<int3
       p.seed ? *p.seed
              : (static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}());
   seed_ = mix(base);
+  if (p.constraint) matcher_ = std::make_unique<grammar::Matcher>(*p.constraint);
+}
+
+const uint32_t* Sampler::mask() const {
+  if (!matcher_) return nullptr;
+  if (mask_step_ != static_cast<int64_t>(step_)) {
+    mask_.assign((static_cast<size_t>(vocab_) + 31) / 32, 0u);
+    allowed_ = matcher_->fill_mask(mask_.data());
+    mask_step_ = step_;
+  }
+  return mask_.data();
 }
 
 kernels::SampleParams Sampler::next_params(uint32_t ahead) const {
@@ -75,19 +92,23 @@ kernels::SampleParams Sampler::next_params(uint32_t ahead) const {
   k.seed = seed_;
   k.request = stream_;
   k.step = step_ + ahead;
+  // Top-k over at least every allowed id keeps them all: off, so that the masked ids (-inf)
+  // never decide the floor.
+  if (matcher_ && ahead == 0 && mask() && k.top_k >= allowed_) k.top_k = 0;
   return k;
 }
 
 void Sampler::record(int32_t token) {
   if (token < 0 || token >= vocab_) return;
   kernels::sample_state_update_ref(seen_.data(), counts_.data(), token);
+  if (matcher_) matcher_->accept(token);  // a drawn token is one the mask allowed
   ++step_;
 }
 
 Sample Sampler::sample(const float* logits) {
   const kernels::SampleParams k = next_params();
   const kernels::SampleResult r =
-      kernels::sample_ref(logits, vocab_, k, seen_.data(), counts_.data());
+      kernels::sample_ref(logits, vocab_, k, seen_.data(), counts_.data(), mask());
   Sample out;
   out.token = r.token;
   if (k.logprobs) out.logprob = r.logprob;

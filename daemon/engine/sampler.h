@@ -4,11 +4,13 @@
 // generated sequence. The draw itself is kernels/sampler.h's, the same function the GPU
 // sampler computes, so a sequence gets the same tokens on either device.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "daemon/grammar/json_grammar.h"
 #include "kernels/sampler.h"
 
 namespace spark::engine {
@@ -32,6 +34,9 @@ struct SamplingParams {
   int top_logprobs = 0;             // 0..20 alternatives per token
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // do not stop at the model's EOS ids
+  /// Structured outputs: each draw takes only the tokens this grammar allows next (its end
+  /// ids once the value is complete, and those alone when nothing may follow). Null: none.
+  std::shared_ptr<const grammar::Constraint> constraint;
 };
 
 inline constexpr int kMaxChoices = 16;
@@ -65,6 +70,10 @@ class Sampler {
   kernels::SampleParams next_params(uint32_t ahead = 0) const;
   /// Records a token drawn elsewhere (by the device sampler), as sample() does.
   void record(int32_t token);
+  /// With a constraint: the allowed ids of the next draw ((vocab + 31) / 32 words, computed
+  /// once per step); null without one.
+  const uint32_t* mask() const;
+  bool constrained() const { return matcher_ != nullptr; }
   /// Penalty state: 1 for tokens of the prompt and output so far, and output counts.
   const std::vector<uint8_t>& seen() const { return seen_; }
   const std::vector<int32_t>& counts() const { return counts_; }
@@ -77,6 +86,10 @@ class Sampler {
   uint64_t seed_ = 0;
   uint64_t stream_ = 0;
   uint32_t step_ = 0;
+  std::unique_ptr<grammar::Matcher> matcher_;
+  mutable std::vector<uint32_t> mask_;
+  mutable int64_t mask_step_ = -1;  // the step mask_ is for
+  mutable int allowed_ = 0;         // ids mask_ allows
 };
 
 }  // namespace spark::engine

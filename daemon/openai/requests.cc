@@ -210,20 +210,22 @@ ToolChoice parse_tool_choice(const Json& j, const Json& tools) {
     } else if (s == "auto") {
       tc.kind = ToolChoice::Kind::auto_;
     } else if (s == "required") {
-      fail(
-          "tool_choice 'required' needs constrained decoding, which this server does not "
-          "have; use 'auto'.",
-          "tool_choice");
+      if (tools.empty())
+        fail("tool_choice 'required' needs at least one tool in 'tools'.", "tool_choice");
+      tc.kind = ToolChoice::Kind::required;
     } else {
       fail(fmt::format("tool_choice '{}' is not one of none, auto, required.", s), "tool_choice");
     }
   } else if (v.is_object() && v.value("type", std::string()) == "function" &&
              v.contains("function") && v["function"].is_object() &&
              v["function"].contains("name") && v["function"]["name"].is_string()) {
-    fail(
-        "a named tool_choice needs constrained decoding, which this server does not have; use "
-        "'auto'.",
-        "tool_choice");
+    tc.kind = ToolChoice::Kind::named;
+    tc.name = v["function"]["name"].get<std::string>();
+    bool known = false;
+    for (const auto& t : tools) known = known || t["function"]["name"] == tc.name;
+    if (!known)
+      fail(fmt::format("tool_choice names the function '{}', which is not in 'tools'.", tc.name),
+           "tool_choice");
   } else {
     fail(
         "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
@@ -311,13 +313,48 @@ Json parse_template_kwargs(const Json& j) {
   return k;
 }
 
-void refuse_unsupported(const Json& j) {
-  if (present(j, "response_format")) {
+ResponseFormat parse_response_format(const Json& j) {
+  ResponseFormat f;
+  if (!present(j, "response_format")) return f;
+  const Json& rf = j["response_format"];
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    fail("'response_format' must be an object with a string 'type'.", "response_format");
+  const std::string type = rf["type"].get<std::string>();
+  if (type == "text") return f;
+  if (type == "json_object") {
+    f.kind = ResponseFormat::Kind::json_object;
+    return f;
+  }
+  if (type != "json_schema")
+    fail(fmt::format("response_format type '{}' is not one of text, json_object, json_schema.",
+                     type),
+         "response_format.type");
+  if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+    fail("response_format json_schema needs a 'json_schema' object.",
+         "response_format.json_schema");
+  const Json& js = rf["json_schema"];
+  if (!js.contains("name") || !js["name"].is_string())
+    fail("response_format.json_schema.name must be a string.", "response_format.json_schema.name");
+  f.name = js["name"].get<std::string>();
+  if (!present(js, "schema")) {
+    f.schema = Json::object();  // any value, as OpenAI takes a missing schema
+  } else {
+    if (!js["schema"].is_object())
+      fail("response_format.json_schema.schema must be a JSON Schema object.",
+           "response_format.json_schema.schema");
+    f.schema = js["schema"];
+  }
+  f.kind = ResponseFormat::Kind::json_schema;
+  return f;
+}
+
+void refuse_unsupported(const Json& j, bool chat) {
+  if (!chat && present(j, "response_format")) {
     const Json& rf = j["response_format"];
     if (!rf.is_object() || rf.value("type", std::string()) != "text")
       fail(
-          "'response_format' other than {\"type\": \"text\"} needs constrained decoding, which "
-          "this server does not have.",
+          "'response_format' other than {\"type\": \"text\"} is served on /v1/chat/completions "
+          "only.",
           "response_format");
   }
   if (present(j, "logit_bias") && !(j["logit_bias"].is_object() && j["logit_bias"].empty()))
@@ -361,7 +398,8 @@ ApiResult<ChatRequest> parse_chat_request(std::string_view body, const Limits& l
     r.tools = parse_tools(j);
     r.tool_choice = parse_tool_choice(j, r.tools);
     r.sampling = parse_sampling(j, limits, true);
-    refuse_unsupported(j);
+    refuse_unsupported(j, true);
+    r.response_format = parse_response_format(j);
     parse_stream(j, &r.stream, &r.include_usage);
     r.add_generation_prompt = boolean(j, "add_generation_prompt", true);
     r.chat_template_kwargs = parse_template_kwargs(j);
@@ -401,7 +439,7 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body, con
     if (present(j, "best_of") && integer(j, "best_of", 1, 1, 1) != 1)
       fail("'best_of' is not supported.", "best_of");
     r.sampling = parse_sampling(j, limits, false);
-    refuse_unsupported(j);
+    refuse_unsupported(j, false);
     parse_stream(j, &r.stream, &r.include_usage);
     r.echo = boolean(j, "echo", false);
     return r;

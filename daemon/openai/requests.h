@@ -52,11 +52,20 @@ struct ToolChoice {
   std::string name;
 };
 
+/// response_format: text (default), json_object (any JSON object), or json_schema (a value
+/// valid under `schema`). The last two are served by constrained decoding (structured.h).
+struct ResponseFormat {
+  enum class Kind { text, json_object, json_schema } kind = Kind::text;
+  std::string name;  // json_schema.name
+  Json schema;       // json_schema.schema
+};
+
 struct ChatRequest {
   std::string model;
   std::vector<tok::ChatMessage> messages;
   Json tools = Json::array();  // OpenAI tool objects, as sent (order kept)
   ToolChoice tool_choice;
+  ResponseFormat response_format;
   Sampling sampling;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -90,6 +90,32 @@ TEST_CASE("chat request: defaults, stop lists, max_tokens alias") {
   CHECK_FALSE(d.value->sampling.max_tokens);
 }
 
+TEST_CASE("chat request: response_format and forced tool_choice parse (structured outputs)") {
+  const char* tools = R"("tools": [{"type": "function", "function": {"name": "f"}},
+                                     {"type": "function", "function": {"name": "g"}}])";
+  auto one = [&](const std::string& extra) {
+    auto r = parse_chat_request(
+        R"({"messages": [{"role": "user", "content": "x"}], )" + extra + "}", Limits{});
+    REQUIRE_MESSAGE(r.ok(), r.error.message);
+    return *r.value;
+  };
+  CHECK(one(R"("response_format": {"type": "json_object"})").response_format.kind ==
+        ResponseFormat::Kind::json_object);
+  auto js = one(R"("response_format": {"type": "json_schema", "json_schema": {"name": "n",
+      "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}})");
+  CHECK(js.response_format.kind == ResponseFormat::Kind::json_schema);
+  CHECK(js.response_format.name == "n");
+  CHECK(js.response_format.schema["properties"]["a"]["type"] == "string");
+  CHECK(one(R"("response_format": {"type": "text"})").response_format.kind ==
+        ResponseFormat::Kind::text);
+  CHECK(one(std::string(tools) + R"(, "tool_choice": "required")").tool_choice.kind ==
+        ToolChoice::Kind::required);
+  auto named = one(std::string(tools) +
+                   R"(, "tool_choice": {"type": "function", "function": {"name": "g"}})");
+  CHECK(named.tool_choice.kind == ToolChoice::Kind::named);
+  CHECK(named.tool_choice.name == "g");
+}
+
 TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
   ApiError e = chat_error(with(R"("temperature": 3)"));
   CHECK(e.status == 400);
@@ -119,16 +145,20 @@ TEST_CASE("chat request errors name the field, in OpenAI's error shape") {
   CHECK(chat_error(with(R"("seed": "x")")).param == "seed");
   CHECK(chat_error(with(R"("tools": [{"type": "function", "function": {"name": "bad name"}}])"))
             .param == "tools[0].function.name");
-  CHECK(
-      chat_error(
-          with(
-              R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required")"))
-          .param == "tool_choice");
+  // Forced tool calls: "required" needs tools; a named function must be one of them.
+  CHECK(chat_error(with(R"("tool_choice": "required")")).param == "tool_choice");
+  CHECK(chat_error(with(R"("tools": [{"type": "function", "function": {"name": "f"}}],
+                           "tool_choice": {"type": "function", "function": {"name": "g"}})"))
+            .param == "tool_choice");
   CHECK(chat_error(with(R"("max_tokens": 5000)"),
                    limits_with([](Limits& l) { l.max_tokens_cap = 4096; }))
             .param == "max_tokens");
-  CHECK(chat_error(with(R"("response_format": {"type": "json_object"})")).param ==
-        "response_format");
+  CHECK(chat_error(with(R"("response_format": {"type": "xml"})")).param == "response_format.type");
+  CHECK(chat_error(with(R"("response_format": {"type": "json_schema"})")).param ==
+        "response_format.json_schema");
+  CHECK(chat_error(
+            with(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}}})"))
+            .param == "response_format.json_schema.name");
   CHECK(parse_chat_request(with(R"("response_format": {"type": "text"}, "logit_bias": {})"), {})
             .ok());
   CHECK(chat_error(with(R"("logit_bias": {"5": 10})")).param == "logit_bias");

@@ -381,6 +381,79 @@ TEST_CASE("e2e api: tools are accepted; the model's non-tool output stays text")
   CHECK(j["usage"]["prompt_tokens"].get<int>() > k["usage"]["prompt_tokens"].get<int>() + 20);
 }
 
+TEST_CASE("e2e api: structured outputs: json_schema and forced tool calls parse and fit") {
+  // The demo model's random weights write garbage; under response_format json_schema and a
+  // forced tool_choice every completion that ends by itself parses and fits the schema (the
+  // schemas hold no free strings, so a random model ends well within max_tokens).
+  auto& s = server();
+  json schema = json::parse(R"({"type": "object", "additionalProperties": false,
+      "properties": {"unit": {"enum": ["C", "F"]}, "days": {"type": "integer"},
+                     "hours": {"type": "array", "items": {"type": "integer"}}},
+      "required": ["unit", "days", "hours"]})");
+  int ended = 0;
+  for (int seed = 1; seed <= 4; ++seed) {
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "Forecast?"}}})},
+                {"max_tokens", 300},
+                {"seed", seed},
+                {"response_format",
+                 {{"type", "json_schema"}, {"json_schema", {{"name", "f"}, {"schema", schema}}}}}};
+    auto j = s.post("/v1/chat/completions", req);
+    if (j["choices"][0]["finish_reason"] != "stop") continue;
+    ++ended;
+    const std::string text = j["choices"][0]["message"]["content"].get<std::string>();
+    INFO(text);
+    json x;
+    REQUIRE_NOTHROW(x = json::parse(text));
+    CHECK((x["unit"] == "C" || x["unit"] == "F"));
+    CHECK(x["days"].is_number_integer());
+    CHECK(x["hours"].is_array());
+    CHECK(x.size() == 3);
+  }
+  CHECK(ended >= 2);
+  // A forced call: the named tool, its arguments fitting its parameters, finish tool_calls.
+  json tools = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "set_mode"},
+          {"parameters", json::parse(R"({"type": "object", "additionalProperties": false,
+              "properties": {"mode": {"enum": ["fast", "slow"]}, "level": {"type": "integer"}},
+              "required": ["mode", "level"]})")}}}}});
+  int calls = 0;
+  for (int seed = 1; seed <= 3 && calls == 0; ++seed) {
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "Go."}}})},
+                {"tools", tools},
+                {"tool_choice", {{"type", "function"}, {"function", {{"name", "set_mode"}}}}},
+                {"max_tokens", 300},
+                {"seed", seed}};
+    auto j = s.post("/v1/chat/completions", req);
+    if (j["choices"][0]["finish_reason"] == "length") continue;
+    INFO(j.dump());
+    CHECK(j["choices"][0]["finish_reason"] == "tool_calls");
+    const auto& tc = j["choices"][0]["message"]["tool_calls"];
+    REQUIRE(tc.size() == 1);
+    CHECK(tc[0]["function"]["name"] == "set_mode");
+    json args = json::parse(tc[0]["function"]["arguments"].get<std::string>());
+    CHECK((args["mode"] == "fast" || args["mode"] == "slow"));
+    CHECK(args["level"].is_number_integer());
+    ++calls;
+  }
+  CHECK(calls == 1);
+  // What the subset does not hold is a 400 naming the keyword; a named tool not in tools too.
+  json bad = {
+      {"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+      {"response_format",
+       {{"type", "json_schema"},
+        {"json_schema", {{"name", "p"}, {"schema", {{"type", "string"}, {"pattern", "^a$"}}}}}}}};
+  auto e = s.post("/v1/chat/completions", bad, 400);
+  CHECK(e["error"]["param"] == "response_format");
+  CHECK(e["error"]["message"].get<std::string>().find("'pattern'") != std::string::npos);
+  json unknown = {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                  {"tools", tools},
+                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}};
+  auto u = s.post("/v1/chat/completions", unknown, 400);
+  CHECK(u["error"]["param"] == "tool_choice");
+}
+
 namespace {
 // Sends a long completion on a raw socket, waits until it holds a slot, hangs up, and returns
 // how long the slot took to come free (or nullopt when it did not within 3 s).

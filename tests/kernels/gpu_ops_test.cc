@@ -26,6 +26,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampler.h"
+#include "kernels/sampler_core.h"
 #include "kernels/swiglu.h"
 #include "support/gpu.h"
 #include "support/gpu_values.h"
@@ -1649,4 +1650,64 @@ TEST_CASE("gpu device limits: queried, checked before launches, the device selec
   CHECK(big.message().find(l->name) != std::string::npos);
   CHECK(cuda_check_launch("test_kernel", 4096, 0).message().find("threads") != std::string::npos);
   CHECK(cuda_check_launch("test_kernel", 256, 1024).ok());
+}
+
+TEST_CASE("gpu sampler masks: structured outputs' allowed ids, as the CPU twin draws them") {
+  // Rows with masks (one allowed id, a few, half) and rows without (mask all ones), every
+  // parameter mix, f32 and bf16 logits: the device draws sample_ref's token with the same
+  // mask, and never an excluded id.
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("gpu_sampler_masks"));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int V : {1000, 151936}) {
+      const int rows = 12;
+      const size_t words = (static_cast<size_t>(V) + 31) / 32;
+      std::vector<float> logits(static_cast<size_t>(rows) * V);
+      std::vector<uint32_t> mask(static_cast<size_t>(rows) * words, 0u);
+      std::vector<SampleParams> ps(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        auto l = test::sample_row(rng, V, r % test::kSampleRowKindCount);
+        if (dt == DType::bf16)
+          for (auto& v : l) v = bf16_to_float(float_to_bf16(v));
+        std::copy(l.begin(), l.end(), logits.begin() + static_cast<ptrdiff_t>(r) * V);
+        uint32_t* m = mask.data() + static_cast<size_t>(r) * words;
+        const int density = r % 4 == 0 ? 0 : r % 4 == 1 ? 1 : r % 4 == 2 ? 50 : 100;
+        int allowed = 0;
+        for (int i = 0; i < V; ++i)
+          if (density == 100 ||
+              (density == 0 ? i == (r * 37) % V : static_cast<int>(rng() % 100) < density))
+            m[i >> 5] |= 1u << (i & 31), ++allowed;
+        if (allowed == 0) m[0] |= 1u, allowed = 1;
+        ps[static_cast<size_t>(r)] = test::sample_mix((r * 29) % test::kSampleMixCount, V, rng());
+        if (ps[static_cast<size_t>(r)].top_k >= allowed) ps[static_cast<size_t>(r)].top_k = 0;
+      }
+      auto dl = to_dev(logits, dt);
+      auto dparams = DeviceBuf<SampleParams>::from(ps);
+      auto dmask = DeviceBuf<uint32_t>::from(mask);
+      auto dres = DeviceBuf<SampleResult>::poisoned(static_cast<size_t>(rows));
+      auto ws = DeviceMemory::allocate(sample_workspace_bytes(rows, V));
+      REQUIRE(ws.ok());
+      SampleBatch b;
+      b.logits_dtype = dt;
+      b.logits = dl.get(), b.logits_stride = static_cast<size_t>(V), b.vocab = V, b.rows = rows;
+      b.params = dparams.get();
+      b.update_state = false;
+      b.mask = dmask.get(), b.mask_words = words;
+      b.results = dres.get();
+      b.workspace = ws->get(), b.workspace_bytes = ws->size();
+      auto s = sample_cuda_device(b, nullptr);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+      REQUIRE(cuda_synchronize().ok());
+      auto res = dres.host();
+      for (int r = 0; r < rows; ++r) {
+        CAPTURE(V);
+        CAPTURE(r);
+        const uint32_t* m = mask.data() + static_cast<size_t>(r) * words;
+        const auto want = sample_ref(logits.data() + static_cast<size_t>(r) * V, V,
+                                     ps[static_cast<size_t>(r)], nullptr, nullptr, m);
+        CHECK(sample_allowed(m, res[static_cast<size_t>(r)].token));
+        CHECK(res[static_cast<size_t>(r)].token == want.token);
+      }
+    }
+  }
 }

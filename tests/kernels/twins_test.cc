@@ -394,3 +394,43 @@ TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
   r.head_dim = 7;
   CHECK(rope_check_args(r).message().find("head_dim 7") != std::string::npos);
 }
+
+TEST_CASE("sample masks: excluded ids are never drawn; the staged decomposition agrees") {
+  // Structured outputs' masks (one allowed id, a few, half the row) under every parameter
+  // mix: the draw is an allowed id, and the device's decomposition (sample_prefilter_ref)
+  // draws the same one. top_k at or above the allowed count is turned off first, as the
+  // host sampler does.
+  std::mt19937 rng(test::fresh_seed("sample_masks"));
+  size_t rows = 0, changed = 0;
+  for (int V : {7, 1000, 4099}) {
+    for (int density : {0, 1, 50}) {
+      std::vector<uint32_t> mask((static_cast<size_t>(V) + 31) / 32, 0u);
+      int allowed = 0;
+      for (int i = 0; i < V; ++i)
+        if (density == 0 ? i == V / 2 : static_cast<int>(rng() % 100) < density)
+          mask[static_cast<size_t>(i) >> 5] |= 1u << (i & 31), ++allowed;
+      if (allowed == 0) mask[0] |= 1u, allowed = 1;
+      for (int kind = 0; kind < kSampleRowKindCount; ++kind) {
+        auto l = sample_row(rng, V, kind);
+        for (int mi = 0; mi < 24; ++mi) {
+          SampleParams p = sample_mix(mi % kSampleMixCount, V, rng());
+          if (p.top_k >= allowed) p.top_k = 0;
+          CAPTURE(V);
+          CAPTURE(density);
+          CAPTURE(kSampleRowKinds[kind]);
+          CAPTURE(mi);
+          const auto want = sample_ref(l.data(), V, p, nullptr, nullptr, mask.data());
+          const auto free = sample_ref(l.data(), V, p, nullptr, nullptr);
+          SamplePrefilterStats st;
+          const auto got = sample_prefilter_ref(l.data(), V, p, nullptr, nullptr, &st, mask.data());
+          REQUIRE(sample_allowed(mask.data(), want.token));
+          REQUIRE(got.token == want.token);
+          changed += free.token != want.token;
+          ++rows;
+        }
+      }
+    }
+  }
+  MESSAGE(rows << " masked rows; " << changed << " drew otherwise without the mask");
+  CHECK(changed > rows / 4);
+}

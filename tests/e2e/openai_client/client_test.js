@@ -141,8 +141,83 @@ async function main() {
   } catch (e) {
     check('unknown model -> 404 model_not_found', e.status === 404 && e.code === 'model_not_found', { status: e.status, code: e.code });
   }
+  if (!wire) await structuredOutputs(client, model);  // needs the engine: live only
   console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
   process.exit(failures ? 1 : 0);
+}
+
+// Structured outputs through the client's own helpers: chat.completions.parse with a
+// json_schema response_format (it JSON.parses the content; a finish_reason of length throws)
+// and strict tools with tool_choice named and required (it JSON.parses the arguments). The
+// demo model's random weights would write anything: only the server's grammar makes these
+// outputs parse and fit the schema. The schemas hold no free strings, so that a random model
+// ends well within max_tokens.
+async function structuredOutputs(client, model) {
+  const schema = {
+    type: 'object', additionalProperties: false,
+    properties: {
+      unit: { enum: ['C', 'F'] }, days: { type: 'integer' }, rain: { type: 'boolean' },
+      hours: { type: 'array', items: { type: 'integer' } }, note: { anyOf: [{ type: 'null' }, { type: 'number' }] },
+    },
+    required: ['unit', 'days', 'rain', 'hours', 'note'],
+  };
+  const fits = (x) => x && typeof x === 'object' && ['C', 'F'].includes(x.unit) && Number.isInteger(x.days) &&
+    typeof x.rain === 'boolean' && Array.isArray(x.hours) && x.hours.every(Number.isInteger) &&
+    (x.note === null || typeof x.note === 'number') && Object.keys(x).length === 5;
+  let parsedOk = 0, ended = 0;
+  for (const seed of [1, 2, 3, 4]) {
+    try {
+      const r = await client.chat.completions.parse({
+        model, messages: [{ role: 'user', content: 'Forecast as JSON.' }], max_tokens: 400, seed,
+        response_format: { type: 'json_schema', json_schema: { name: 'forecast', strict: true, schema } },
+      });
+      ended++;
+      if (fits(r.choices[0].message.parsed) && r.choices[0].finish_reason === 'stop') parsedOk++;
+      else check('json_schema output fits the schema', false, r.choices[0].message);
+    } catch (e) {
+      if (e.constructor.name !== 'LengthFinishReasonError') check('json_schema parse', false, String(e));
+    }
+  }
+  check('json_schema: chat.completions.parse gives values that fit the schema', ended >= 2 && parsedOk === ended, { ended, parsedOk });
+
+  const obj = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'JSON please.' }], max_tokens: 300, seed: 5, response_format: { type: 'json_object' } });
+  if (obj.choices[0].finish_reason === 'stop') {
+    let o = null;
+    try { o = JSON.parse(obj.choices[0].message.content); } catch (e) { o = e.message; }
+    check('json_object: the content is a JSON object', o !== null && typeof o === 'object' && !Array.isArray(o), obj.choices[0].message.content);
+  }
+
+  const tools = [
+    { type: 'function', function: { name: 'set_mode', strict: true, parameters: { type: 'object', additionalProperties: false, properties: { mode: { enum: ['fast', 'slow'] }, level: { type: 'integer' } }, required: ['mode', 'level'] } } },
+    { type: 'function', function: { name: 'reset', strict: true, parameters: { type: 'object', additionalProperties: false, properties: { hard: { type: 'boolean' } }, required: ['hard'] } } },
+  ];
+  const choices = [{ type: 'function', function: { name: 'set_mode' } }, 'required'];
+  for (const tool_choice of choices) {
+    const label = typeof tool_choice === 'string' ? tool_choice : 'named';
+    let got = null;
+    for (const seed of [1, 2, 3]) {
+      try {
+        got = await client.chat.completions.parse({ model, messages: [{ role: 'user', content: 'Go.' }], tools, tool_choice, max_tokens: 300, seed });
+        break;
+      } catch (e) {
+        if (e.constructor.name !== 'LengthFinishReasonError') { check(`tool_choice ${label}`, false, String(e)); break; }
+      }
+    }
+    const calls = got ? got.choices[0].message.tool_calls || [] : [];
+    const c = calls[0];
+    const okCall = c && (label === 'named' ? c.function.name === 'set_mode' : ['set_mode', 'reset'].includes(c.function.name)) &&
+      (c.function.name === 'set_mode'
+        ? ['fast', 'slow'].includes(c.function.parsed_arguments.mode) && Number.isInteger(c.function.parsed_arguments.level)
+        : typeof c.function.parsed_arguments.hard === 'boolean');
+    check(`tool_choice ${label}: one call whose parsed arguments fit the tool's parameters`, calls.length === 1 && okCall && got.choices[0].finish_reason === 'tool_calls', got && got.choices[0]);
+  }
+
+  try {
+    await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { type: 'string', pattern: '^a+$' } } } });
+    check('unsupported schema keyword rejected', false);
+  } catch (e) {
+    check('unsupported schema keyword -> 400 naming it', e.status === 400 && e.param === 'response_format' && /'pattern'/.test(e.message), { status: e.status, param: e.param, message: e.message });
+  }
 }
 
 main().catch((e) => { console.error('FAIL', e); process.exit(1); });
