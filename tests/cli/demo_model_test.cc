@@ -100,9 +100,9 @@ TEST_CASE("demo-model --arch: a mixture of experts of that architecture; an unkn
   // ones, and nothing written.
   std::ostringstream out2, err2;
   std::string bad = dir / "bad";
-  const char* argv2[] = {"sparkctl", "demo-model", bad.c_str(), "--arch", "GptOssForCausalLM"};
+  const char* argv2[] = {"sparkctl", "demo-model", bad.c_str(), "--arch", "DeepseekV3ForCausalLM"};
   CHECK(cli::run(5, argv2, out2, err2, Environment{}) == 2);
-  CHECK(err2.str().find("GptOssForCausalLM") != std::string::npos);
+  CHECK(err2.str().find("DeepseekV3ForCausalLM") != std::string::npos);
   CHECK(err2.str().find("Qwen3MoeForCausalLM") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(bad));
 }
