@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kExecFix =
     "serve it with an engine that runs it: ENGINE=exec with ENGINE_EXEC naming that engine "
     "(vLLM, TensorFold; see the example two-sparks-exec-vllm.env and `man 5 sparkctl.env`), or "
-    "point MODEL_PATH at a bf16/fp16/fp32 checkpoint of a family the native engine runs";
+    "point MODEL_PATH at a bf16/fp16/fp32 or FP8 checkpoint of a family the native engine runs";
 
 }  // namespace
 
@@ -44,12 +44,23 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
   for (const auto& [name, seen] : mf.tensor_dtypes) {
     auto d = engine::dtype_from_name(name);
     if (d && engine::dtype_loadable(*d)) continue;
+    // FP8 projections and MXFP4 experts are read where config.json declares them.
+    if (d && mc && *d == engine::DType::f8_e4m3 && mc->weights.fp8()) continue;
+    if (d && mc && *d == engine::DType::u8 && mc->weights.mxfp4()) continue;
     f.problems.push_back(fmt::format("{} tensor(s) are {} (e.g. {}); the native engine loads {}",
                                      seen.tensors, name, seen.example,
                                      engine::loadable_dtype_names()));
     refused = true;
   }
   if (refused) f.fixes.push_back(kExecFix);
+  // gpt-oss has no CUDA kernels yet: only the CPU device serves it.
+  if (mc && mc->family == engine::Family::gpt_oss && get("DEVICE") != "cpu") {
+    f.problems.push_back(fmt::format(
+        "{} runs on the CPU device only in this build (DEVICE={}; its attention sinks and "
+        "experts have no CUDA kernels yet)",
+        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
+    f.fixes.push_back("set DEVICE=cpu (slow), or serve it with ENGINE=exec and vLLM");
+  }
 
   if (mc) {
     // The shard plan for this ring's ranks: heads, KV heads and experts must divide.

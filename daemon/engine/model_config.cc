@@ -184,18 +184,6 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
                                   c.architecture, supported_architectures()));
   c.family = fam->family;
   c.recipe = fam->recipe;
-  // Quantized checkpoints (FP8 blocks, GPTQ, AWQ, MXFP4, ...) store their weights in types
-  // and tensors the engine does not read: refuse them here, before any shard is opened.
-  if (auto q = h.raw.find("quantization_config"); q != h.raw.end() && !q->is_null()) {
-    std::string method;
-    if (q->is_object())
-      if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) method = *m;
-    return make_error(
-        Errc::unsupported,
-        fmt::format("{}: quantized weights (quantization_config{}) are not supported: the native "
-                    "engine loads bf16, fp16 and fp32 weights",
-                    where, method.empty() ? "" : fmt::format(", quant_method \"{}\"", method)));
-  }
   SPARK_TRY(required(h.vocab_size, "vocab_size", &c.vocab_size, where));
   SPARK_TRY(required(h.hidden_size, "hidden_size", &c.hidden_size, where));
   SPARK_TRY(required(h.num_hidden_layers, "num_hidden_layers", &c.num_layers, where));

@@ -88,7 +88,7 @@ TEST_CASE(
   CHECK(e.ok());
 }
 
-TEST_CASE("engine fit: FP8 tensors and a quantization_config are refused, naming them") {
+TEST_CASE("engine fit: FP8 tensors only where config.json declares them; other quantizations refused") {
   test::TempDir d("fit");
   d.write("fp8/config.json", *read_file(kModels + "qwen3/config.json"));
   d.write("fp8/tokenizer.json", "{}");
@@ -101,15 +101,24 @@ TEST_CASE("engine fit: FP8 tensors and a quantization_config are refused, naming
             "engine loads F32, BF16 and F16"));
   CHECK(has(f.fixes, "ENGINE=exec"));
 
+  // Declared as the FP8 checkpoints declare it: the engine reads them.
   auto q = nlohmann::json::parse(*read_file(kModels + "qwen3/config.json"));
-  q["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  q["quantization_config"] = {{"quant_method", "fp8"},
+                              {"fmt", "e4m3"},
+                              {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {128, 128}}};
+  d.write("fp8/config.json", q.dump());
+  auto g = engine_fit(read_model_files(Sysroot("/"), d / "fp8"), &cfg, {});
+  CHECK_MESSAGE(g.ok(), join(g.problems, "; "));
+
+  // A method the engine does not read is refused naming it.
+  q["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
   d.write("fp8/config.json", q.dump());
   d.write("fp8/model.safetensors", one_tensor("BF16", 16));
-  auto g = engine_fit(read_model_files(Sysroot("/"), d / "fp8"), &cfg, {});
-  REQUIRE_FALSE(g.ok());
-  CHECK(has(g.problems,
-            "quantized weights (quantization_config, quant_method \"fp8\") are not "
-            "supported"));
+  auto h = engine_fit(read_model_files(Sysroot("/"), d / "fp8"), &cfg, {});
+  REQUIRE_FALSE(h.ok());
+  CHECK(has(h.problems, "quantization_config.quant_method = \"awq\" is not supported"));
+  CHECK(has(h.fixes, "ENGINE=exec"));
 }
 
 TEST_CASE("engine fit: rank 0's node needs tokenizer.json; the others do not") {
