@@ -38,6 +38,11 @@ ApiResult<std::vector<grammar::Grammar::Wrapped>> tool_alternatives(const ChatRe
     Json params = fn.contains("parameters") && fn["parameters"].is_object()
                       ? fn["parameters"]
                       : Json::parse(R"({"type": "object"})");
+    // The parameters alone first, so that a refusal names where they are in the request.
+    if (auto alone = grammar::Grammar::from_schema(params, where); !alone) {
+      r.error = invalid_request(alone.error().message + ".", "tools");
+      return r;
+    }
     Json props = Json::object();
     grammar::Grammar::Wrapped w;
     w.where = where;
@@ -99,11 +104,13 @@ ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     const std::shared_ptr<const grammar::TokenTrie>& response_trie,
     const std::shared_ptr<const grammar::TokenTrie>& tool_trie) {
   ApiResult<std::shared_ptr<const grammar::Constraint>> r;
-  r.value = nullptr;
   const bool forced = req.tool_choice.kind == ToolChoice::Kind::required ||
                       req.tool_choice.kind == ToolChoice::Kind::named;
   const std::string param = forced ? "tool_choice" : "response_format";
-  if (!forced && req.response_format.kind == ResponseFormat::Kind::text) return r;
+  if (!forced && req.response_format.kind == ResponseFormat::Kind::text) {
+    r.value = nullptr;  // no constraint
+    return r;
+  }
   const auto& trie = forced ? tool_trie : response_trie;
   if (!trie) {
     r.error = invalid_request(
@@ -116,6 +123,10 @@ ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
   Result<std::shared_ptr<const grammar::Grammar>> g = grammar::Grammar::any_object();
   if (forced) {
     auto alts = tool_alternatives(req, fmt.family);
+    if (!alts.ok()) {
+      r.error = alts.error;
+      return r;
+    }
     g = grammar::Grammar::one_of(*alts.value);
   } else if (req.response_format.kind == ResponseFormat::Kind::json_schema) {
     g = grammar::Grammar::from_schema(req.response_format.schema,
