@@ -49,11 +49,15 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   if (mf.weight_bytes == 0) {
     // Sized before the download: nothing counted, so the shapes in config.json say it.
     auto est = plan::estimate_weights(mf.config.raw, where, weights_dtype);
-    if (!est) return est.error();
-    in.weights.total = est->total;
-    in.weights.experts = est->experts;
+    if (!est && est.error().code == Errc::usage) return est.error();
+    // A config too sparse to estimate from still plans the KV, with weights not counted
+    // (0 B, and never "fits").
+    plan::WeightEstimate e =
+        est ? *est : plan::WeightEstimate{0, 0, 0, "not estimated: " + est.error().message};
+    in.weights.total = e.total;
+    in.weights.experts = e.experts;
     in.weights.per_tensor = false;
-    if (estimate) *estimate = *est;
+    if (estimate) *estimate = e;
   }
   in.record.layout = kv_layout_of(get("KV_LAYOUT"), get("ENGINE"));
   in.record.dtype = get("KV_DTYPE");

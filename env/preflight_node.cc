@@ -689,9 +689,9 @@ void check_subnets(NodeRun& r, const NodeFacts& facts) {
         safe = safe && ig >= 1 && an >= 2;
       }
       std::string fix = fmt::format(
-          "one subnet per twin, as the example cluster files do (10.10.2.0/24 on the first, "
-          "10.10.3.0/24 on the second): on {}: {} (and in its netplan file); the same on every "
-          "node, each keeping its host number",
+          "one subnet per twin, as the example cluster file two-sparks.env has them "
+          "(10.10.2.0/24 on the first, 10.10.3.0/24 on the second): on {}: {} (and in its "
+          "netplan file); the same on every node, each keeping its host number",
           r.node.name,
           to.empty() ? fmt::format("move {} to a subnet of its own", b.ipv4)
                      : ip_addr_move(b.ipv4, pb, b.netdev, to, pa, b.netdev));

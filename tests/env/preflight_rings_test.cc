@@ -476,6 +476,35 @@ TEST_CASE("rings: the LAN address pinned as the fabric address: set the one on t
   }
 }
 
+TEST_CASE(
+    "rings: a node with only config.json: mem.plan on estimated weights warns, never "
+    "passes") {
+  for (int n : {2, 3, 4}) {
+    CAPTURE(n);
+    RingTree ring(n);
+    int k = n - 1;
+    std::string model = ring.node(k) + "/models/qwen3-32b";
+    for (const auto& e : std::filesystem::directory_iterator(model))
+      if (e.path().filename() != "config.json") std::filesystem::remove(e.path());
+    auto cfg = nlohmann::json::parse(read_file(model + "/config.json").value());
+    cfg["vocab_size"] = 151936;
+    cfg["intermediate_size"] = 25600;
+    // A family the native engine does not run, so no shard plan counts the weights either.
+    cfg["architectures"] = {"Phi3ForCausalLM"};
+    cfg["model_type"] = "phi3";
+    spark::test::put(model + "/config.json", cfg.dump());
+    auto r = replay(ring);
+    const auto* p = row(r, RingTree::name(k), "mem.plan", "");
+    REQUIRE_MESSAGE(p, table(r));
+    CHECK_MESSAGE(p->verdict == Verdict::warn, p->message);
+    CHECK(has(p->message, "weights ESTIMATED from config.json"));
+    CHECK(has(p->message, "would fit if the estimate holds"));
+    CHECK(has(p->fix, "sparkctl stage-weights"));
+    // The other nodes counted their files.
+    CHECK(row(r, "spark-a", "mem.plan", "")->verdict == Verdict::pass);
+  }
+}
+
 // ---- sparkd cannot start: a library is missing ----
 
 TEST_CASE("rings: sparkd missing a library names it and the package that provides it") {
