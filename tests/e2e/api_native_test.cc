@@ -48,8 +48,10 @@ struct Server {
 
   // fixture: "" = the demo model; else a tests/fixtures/models/<name> checkpoint (HF random
   // init: nearly flat logits, so sampling seeds visibly matter) with the tokenizer fixture.
+  // chat_template: written to the model's chat_template.jinja when not empty.
   explicit Server(const std::string& fixture = "",
-                  const std::map<std::string, std::string>& extra_env = {}) {
+                  const std::map<std::string, std::string>& extra_env = {},
+                  const std::string& chat_template = "") {
     if (fixture.empty()) {
       auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {},
                                          std::chrono::seconds(60));
@@ -67,6 +69,7 @@ struct Server {
       for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
         fs::copy_file(src + "tokenizer/" + f, dir / (std::string("model/") + f));
     }
+    if (!chat_template.empty()) dir.write("model/chat_template.jinja", chat_template);
     port = test::free_port();
     std::map<std::string, std::string> env = {
         {"MODEL_PATH", dir / "model"},
@@ -356,6 +359,72 @@ TEST_CASE("e2e api: /tokenize and /detokenize round-trip") {
   CHECK(t["max_model_len"] == kContext);
   auto d = s.post("/detokenize", {{"tokens", t["tokens"]}});
   CHECK(d["prompt"] == "Hello 👋 world");
+}
+
+TEST_CASE("e2e api: /tokenize of text that cannot fit is refused before it is tokenized") {
+  auto& s = server();
+  std::string big;
+  for (int i = 0; big.size() < (4u << 20); ++i) big += "word" + std::to_string(i) + " ";
+  auto j = s.post("/tokenize", {{"prompt", big}}, 400);
+  CHECK(j["error"]["code"] == "context_length_exceeded");
+  CHECK(j["error"]["message"].get<std::string>().find("counting stopped at the limit") !=
+        std::string::npos);
+}
+
+TEST_CASE(
+    "e2e api: a chat template that never ends holds no other route and stops with its "
+    "client") {
+  // One message: a loop of 10^12 steps (no step budget, no deadline here); the load's
+  // probe (three messages) and two messages take the other branches.
+  Server s("", {{"TEMPLATE_MAX_STEPS", "9000000000000000000"}, {"TEMPLATE_TIMEOUT", "0"}},
+           "{% for m in messages %}{{ m.content }}{% endfor %}{% if messages | length == 1 %}\n"
+           "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}"
+           "{% elif messages | length == 2 %}\n{{ 'a' | center(100000000) }}{% endif %}");
+  REQUIRE_MESSAGE(s.error.empty(), s.error);
+  // A value past 64 MiB: 400 naming the line, checked before it is built.
+  json two = {{"model", "demo"},
+              {"messages", json::array({{{"role", "user"}, {"content", "a"}},
+                                        {{"role", "assistant"}, {"content", "b"}}})}};
+  auto big = s.post("/v1/chat/completions", two, 400);
+  INFO(big.dump());
+  CHECK(big["error"]["message"].get<std::string>().find("line 3: a string would pass 64 MiB") !=
+        std::string::npos);
+  // Two renders that never end, on connections held open.
+  json one = {{"model", "demo"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
+  std::string body = one.dump();
+  std::string http =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> fds;
+  for (int k = 0; k < 2; ++k) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(s.port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::send(fd, http.data(), http.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(http.size()));
+    fds.push_back(fd);
+  }
+  int inflight = 0;
+  for (int i = 0; i < 500 && inflight < 2; ++i) {  // bounded: both reach the render
+    inflight = s.health()["requests_in_flight"].get<int>();
+    if (inflight < 2) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(inflight == 2);
+  // The other routes answer while both renders run.
+  s.post("/v1/completions", {{"model", "demo"}, {"prompt", "a"}, {"max_tokens", 2}});
+  s.post("/tokenize", {{"prompt", "Hello"}});
+  CHECK(s.health()["requests_in_flight"].get<int>() == 2);  // still rendering
+  // The clients go: their renders stop, nothing is left in flight.
+  for (int fd : fds) ::close(fd);
+  for (int i = 0; i < 500 && inflight != 0; ++i) {  // bounded: the renders notice
+    inflight = s.health()["requests_in_flight"].get<int>();
+    if (inflight != 0) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(inflight == 0);
 }
 
 TEST_CASE("e2e api: tools are accepted; the model's non-tool output stays text") {
