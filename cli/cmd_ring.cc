@@ -310,9 +310,14 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   if (current || good)
     out << fmt::format("engine: current {}\n        last good {}\n",
                        current ? describe_set(*current) : "-", good ? describe_set(*good) : "-");
+  // When READY was seen is recorded by a start that waits for it; after `start --no-wait`
+  // (or a restart that did not wait) the ring may be ready with no time recorded.
+  const std::string ready_when = s.record.ready_ms > 0 ? age(s.record.ready_ms)
+                                 : s.ready             ? "now (start did not wait to record when)"
+                                                       : "not yet";
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
-                     age(s.record.ready_ms));
+                     ready_when);
   if (s.health && s.health->contains("model_info") && (*s.health)["model_info"].is_object()) {
     // What the native engine serves: architecture, active parameters, experts and their split.
     const auto& m = (*s.health)["model_info"];
