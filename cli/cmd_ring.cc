@@ -387,11 +387,11 @@ int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
     *ctx.out << to_json(w).dump(2) << "\n";
     return rc;
   }
-  // --quiet: steady good news (healthy, grace, busy, disabled) is silent unless it changed;
-  // healthy is news only after trouble (a recovery, a heal confirmed), not after a start,
-  // a grace or the first watch, which the operator's own start already announced.
+  // --quiet: a steady verdict (healthy, grace, busy, disabled, gave_up) is silent unless it
+  // changed; healthy is news only after trouble (a recovery, a heal confirmed), not after a
+  // start, a grace or the first watch, which the operator's own start already announced.
   bool steady = w.verdict == "healthy" || w.verdict == "grace" || w.verdict == "busy" ||
-                w.verdict == "disabled";
+                w.verdict == "disabled" || w.verdict == "gave_up";
   bool after_trouble = before == "unhealthy" || before == "backoff" || before == "restarted" ||
                        before == "restart_failed" || before == "gave_up";
   bool news = w.verdict == "healthy" ? after_trouble : w.verdict != before;
