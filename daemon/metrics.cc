@@ -190,6 +190,10 @@ Metrics::Metrics(std::string model_name, int max_context) : model_(std::move(mod
     }
     hists_[s.name] = Hist{b, std::vector<uint64_t>(b.size() + 1, 0)};
   }
+  // Every finish reason's series exists from the start, at 0, as vLLM's do: a rate() or an
+  // alert on "length" or "abort" then has a series before the first such request.
+  for (const char* reason : {"stop", "length", "abort", "error"})
+    values_["sparkd_request_success_total"][{{"finished_reason", reason}}] = 0;
 }
 
 const MetricSpec* Metrics::find(std::string_view name) const {

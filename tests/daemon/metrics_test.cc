@@ -3,6 +3,7 @@
 #include "daemon/metrics.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -227,4 +228,21 @@ TEST_CASE("metrics: the shipped Grafana dashboard uses only series sparkd export
     }
   }
   CHECK(exprs >= 10);
+}
+
+TEST_CASE("metrics: every finish reason's series reads 0 before its first request, as vLLM's") {
+  Metrics m("demo-model");
+  std::string t = m.render();
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    CHECK(t.find(fmt::format("sparkd_request_success_total{{finished_reason=\"{}\"}} 0\n",
+                             reason)) != std::string::npos);
+    CHECK(t.find(fmt::format("vllm:request_success_total{{model_name=\"demo-model\",engine=\"0\","
+                             "finished_reason=\"{}\"}} 0\n",
+                             reason)) != std::string::npos);
+  }
+  m.inc("sparkd_request_success_total", 1, {{"finished_reason", "length"}});
+  t = m.render();
+  CHECK(t.find("sparkd_request_success_total{finished_reason=\"length\"} 1\n") !=
+        std::string::npos);
+  CHECK(t.find("sparkd_request_success_total{finished_reason=\"stop\"} 0\n") != std::string::npos);
 }
