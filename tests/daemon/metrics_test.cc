@@ -246,3 +246,31 @@ TEST_CASE("metrics: every finish reason's series reads 0 before its first reques
         std::string::npos);
   CHECK(t.find("sparkd_request_success_total{finished_reason=\"stop\"} 0\n") != std::string::npos);
 }
+
+TEST_CASE("metrics: process_* series from /proc/self, as Prometheus' process collector") {
+  Metrics m("demo-model");
+  // Work and memory this test can see move: CPU time spent, a page-touched buffer, fds.
+  std::vector<char> big(64 << 20);
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = 1;
+  volatile double x = 0;
+  for (int i = 0; i < 20000000; ++i) x = x + i * 0.5;
+  test::TempDir d("metrics-proc");
+  std::ifstream a(d.write("a", "x")), b(d.write("b", "y"));
+  sample_process(m);
+  CHECK(m.value("process_resident_memory_bytes") >= 64.0 * (1 << 20));
+  CHECK(m.value("process_virtual_memory_bytes") >= m.value("process_resident_memory_bytes"));
+  CHECK(m.value("process_cpu_seconds_total") > 0);
+  CHECK(m.value("process_open_fds") >= 3);
+  CHECK(m.value("process_max_fds") >= m.value("process_open_fds"));
+  CHECK(m.value("process_start_time_seconds") > 1.6e9);  // after 2020, in epoch seconds
+  const double fds = m.value("process_open_fds");
+  a.close();
+  b.close();
+  sample_process(m);
+  CHECK(m.value("process_open_fds") == fds - 2);
+  std::string t = m.render();
+  for (const char* n : {"process_resident_memory_bytes", "process_cpu_seconds_total",
+                        "process_open_fds", "process_start_time_seconds"})
+    CHECK(t.find(fmt::format("# TYPE {} ", n)) != std::string::npos);
+  CHECK(big[4096] == 1);
+}
