@@ -228,6 +228,21 @@ TEST_CASE("metrics: the shipped Grafana dashboard uses only series sparkd export
     }
   }
   CHECK(exprs >= 10);
+  // vLLM's current names, never the deprecated ones; and the panels an operator of a ring
+  // looks for: prefix-cache hit rate, queue time, every node's free memory.
+  std::string all;
+  for (const auto& p : dash.at("panels"))
+    for (const auto& t : p.at("targets")) all += t.at("expr").get<std::string>() + "\n";
+  for (const auto& s : Metrics::specs())
+    if (s.vllm_old) {
+      std::regex old_re(std::string(s.vllm_old) + "(_bucket|_sum|_count)?(?![a-z0-9_])");
+      CHECK_MESSAGE(!std::regex_search(all, old_re),
+                    "the dashboard queries the deprecated " << s.vllm_old);
+    }
+  for (const char* want : {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                           "vllm:request_queue_time_seconds_bucket",
+                           "sparkd_rank_mem_available_bytes", "vllm:kv_cache_usage_perc"})
+    CHECK_MESSAGE(all.find(want) != std::string::npos, "the dashboard lacks " << want);
 }
 
 TEST_CASE("metrics: every finish reason's series reads 0 before its first request, as vLLM's") {
