@@ -50,6 +50,7 @@ struct Server {
   // init: nearly flat logits, so sampling seeds visibly matter) with the tokenizer fixture.
   explicit Server(const std::string& fixture = "",
                   const std::map<std::string, std::string>& extra_env = {}) {
+    int context = kContext;
     if (fixture.empty()) {
       auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {},
                                          std::chrono::seconds(60));
@@ -66,6 +67,12 @@ struct Server {
           fs::copy_file(e.path(), dir / ("model/" + e.path().filename().string()));
       for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
         fs::copy_file(src + "tokenizer/" + f, dir / (std::string("model/") + f));
+      // A CONTEXT_LEN set above the model's max_position_embeddings is refused at load:
+      // the fixtures are shorter than kContext.
+      std::ifstream cf(dir / "model/config.json");
+      auto cj = nlohmann::json::parse(cf, nullptr, false);
+      if (cj.is_object() && cj.contains("max_position_embeddings"))
+        context = std::min(context, cj["max_position_embeddings"].get<int>());
     }
     port = test::free_port();
     std::map<std::string, std::string> env = {
@@ -73,7 +80,7 @@ struct Server {
         {"STATE_DIR", dir / "state"},
         {"RDZV_PORT", std::to_string(test::free_port())},
         {"SLOTS", std::to_string(kSlots)},
-        {"CONTEXT_LEN", std::to_string(kContext)},
+        {"CONTEXT_LEN", std::to_string(context)},
         {"PROBE_PROMPT", "a"}};  // byte-level ids, inside the fixtures' small vocab
     for (const auto& [k, v] : extra_env) env[k] = v;
     child = std::make_unique<test::Child>(
