@@ -138,6 +138,9 @@ struct Metric {
   std::vector<std::optional<double>> values;
 };
 std::vector<Metric> compare_metrics(const std::vector<json>& results);
+/// The concurrent section's name from the streams each result ran ("C8", "C4/C16" when
+/// arms differ; "C8" when none says).
+std::string concurrency_label(const std::vector<json>& results);
 
 /// The shipped known-answer set beside the sparkctl at `self_exe` (PREFIX/share/sparkctl/
 /// bench/known-answers.jsonl, the build tree's copy); "" when not found.

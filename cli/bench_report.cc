@@ -58,6 +58,16 @@ std::string fmt_value(std::optional<double> v, const std::string& unit) {
 
 }  // namespace
 
+std::string concurrency_label(const std::vector<json>& rs) {
+  std::vector<std::string> seen;
+  for (const auto& r : rs)
+    if (const json* c = at(r, {"sections", "c8", "streams"}); c && c->is_number_integer()) {
+      std::string n = std::to_string(c->get<int>());
+      if (std::find(seen.begin(), seen.end(), n) == seen.end()) seen.push_back(n);
+    }
+  return seen.empty() ? "C8" : "C" + join(seen, "/C");
+}
+
 std::vector<Metric> compare_metrics(const std::vector<json>& rs) {
   std::vector<Metric> m;
   auto add = [&](std::string name, std::string unit, bool hb, bool chart, auto get) {
@@ -72,10 +82,12 @@ std::vector<Metric> compare_metrics(const std::vector<json>& rs) {
   add("C1 decode", "tok/s", true, true, [](const json& r) {
     return num(r, {"sections", "c1", "tokens_per_s", "median"});
   });
-  add("C8 aggregate", "tok/s", true, true, [](const json& r) {
+  // The concurrent section's rows say the concurrency each arm ran (--concurrency).
+  const std::string cn = concurrency_label(rs);
+  add(cn + " aggregate", "tok/s", true, true, [](const json& r) {
     return num(r, {"sections", "c8", "aggregate_tokens_per_s", "median"});
   });
-  add("C8 per stream", "tok/s", true, true, [](const json& r) {
+  add(cn + " per stream", "tok/s", true, true, [](const json& r) {
     return num(r, {"sections", "c8", "per_stream_tokens_per_s", "median"});
   });
   add("TTFT p50", "s", false, true, [](const json& r) {
@@ -142,6 +154,9 @@ std::string format_table(const json& r) {
     o += fmt::format("# runs {}, temperature {}, thinking {}, ignore_eos: {}\n", p.value("runs", 0),
                      p.value("temperature", 0.0), p.value("thinking", false) ? "on" : "off",
                      p.contains("ignore_eos") ? s(p["ignore_eos"]) : "?");
+    if (p.value("runs", 0) == 1)
+      o += "# warning: --runs 1: one sample per figure, so median, min and max are that sample "
+           "and the machine's noise goes unseen; use --runs 3 or more to compare servers\n";
     if (p.contains("chat_template_kwargs"))
       o += fmt::format("# chat_template_kwargs: {}\n", s(p["chat_template_kwargs"]));
   }
@@ -162,8 +177,9 @@ std::string format_table(const json& r) {
   };
   for (const auto& [k, v] : S.items()) err(k, v);
   row("C1 decode", at(S, {"c1", "tokens_per_s"}), "tok/s");
-  row("C8 aggregate", at(S, {"c8", "aggregate_tokens_per_s"}), "tok/s");
-  row("C8 per stream", at(S, {"c8", "per_stream_tokens_per_s"}), "tok/s");
+  const std::string cn = concurrency_label(std::vector<json>{r});
+  row(cn + " aggregate", at(S, {"c8", "aggregate_tokens_per_s"}), "tok/s");
+  row(cn + " per stream", at(S, {"c8", "per_stream_tokens_per_s"}), "tok/s");
   if (const json* t = at(S, {"ttft"}); t && t->contains("p50_s"))
     o += fmt::format("  {:<26} {:>12.3f} {:>10} {:>10.3f}  s (p95 {:.3f}, {} samples)\n",
                      "TTFT p50 / max", (*t)["p50_s"].get<double>(), "", (*t)["max_s"].get<double>(),
@@ -343,8 +359,10 @@ std::string compare_svg(const std::vector<json>& rs) {
           "</title></rect>\n",
           x + 1, base_y - h, bar - 2, h, colors[a % 8],
           esc(rs[static_cast<size_t>(a)].value("label", "")), fmt_value(v, m.unit), esc(m.unit));
+      // The value reads upward from just above the bar (anchored at its start, so the
+      // rotated text never reaches down into the bar), in the headroom left above it.
       s << fmt::format(
-          "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"9\" "
+          "<text x=\"{}\" y=\"{}\" text-anchor=\"start\" font-size=\"9\" "
           "transform=\"rotate(-90 {} {})\">{}</text>\n",
           x + bar / 2 + 3, base_y - h - 4, x + bar / 2 + 3, base_y - h - 4, fmt_value(v, m.unit));
     }

@@ -169,6 +169,9 @@ int cmd_bench(Context& ctx, const std::vector<std::string>& args) {
     if (!v) return ctx.fail(v.error());
     *io.dst = *v;
   }
+  if (o.runs == 1)
+    *ctx.err << "sparkctl: warning: --runs 1: one sample per figure, so the machine's noise "
+                "goes unseen; use --runs 3 or more to compare servers\n";
   o.temperature = vm["temperature"].as<double>();
   if (o.temperature < 0 || o.temperature > 2)
     return ctx.fail(make_error(Errc::usage, "--temperature: between 0 and 2"));

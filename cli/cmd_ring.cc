@@ -310,9 +310,14 @@ int cmd_status(Context& ctx, const std::vector<std::string>& args) {
   if (current || good)
     out << fmt::format("engine: current {}\n        last good {}\n",
                        current ? describe_set(*current) : "-", good ? describe_set(*good) : "-");
+  // When READY was seen is recorded by a start that waits for it; after `start --no-wait`
+  // (or a restart that did not wait) the ring may be ready with no time recorded.
+  const std::string ready_when = s.record.ready_ms > 0 ? age(s.record.ready_ms)
+                                 : s.ready             ? "now (start did not wait to record when)"
+                                                       : "not yet";
   out << fmt::format("slots {} total, {} busy; requests in flight {}; launched {}, ready {}\n",
                      s.slots_total, s.slots_busy, s.requests_in_flight, age(s.record.launched_ms),
-                     age(s.record.ready_ms));
+                     ready_when);
   if (s.health && s.health->contains("model_info") && (*s.health)["model_info"].is_object()) {
     // What the native engine serves: architecture, active parameters, experts and their split.
     const auto& m = (*s.health)["model_info"];
@@ -385,11 +390,11 @@ int cmd_watch(Context& ctx, const std::vector<std::string>& args) {
     *ctx.out << to_json(w).dump(2) << "\n";
     return rc;
   }
-  // --quiet: steady news (healthy, grace, busy, capped, disabled) is silent unless it changed;
-  // healthy is news only after trouble (a recovery, a heal confirmed), not after a start,
-  // a grace or the first watch, which the operator's own start already announced.
+  // --quiet: a steady verdict (healthy, grace, busy, capped, disabled, gave_up) is silent
+  // unless it changed; healthy is news only after trouble (a recovery, a heal confirmed), not
+  // after a start, a grace or the first watch, which the operator's own start already announced.
   bool steady = w.verdict == "healthy" || w.verdict == "grace" || w.verdict == "busy" ||
-                w.verdict == "capped" || w.verdict == "disabled";
+                w.verdict == "capped" || w.verdict == "disabled" || w.verdict == "gave_up";
   bool after_trouble = before == "unhealthy" || before == "backoff" || before == "restarted" ||
                        before == "restart_failed" || before == "gave_up";
   bool news = w.verdict == "healthy" ? after_trouble : w.verdict != before;

@@ -869,6 +869,13 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
     if (read_marker(state, Marker::disabled)) {
       w.verdict = "disabled";
       w.reason = "DISABLED marker set (sparkctl stop); sparkctl start clears it";
+      // Saved like every other verdict, so that `watch --quiet` says it once, not every
+      // minute while the ring is down on purpose.
+      WatchRecord rec = read_watch_record(state);
+      rec.last_check_ms = wall_ms();
+      rec.last_verdict = w.verdict;
+      rec.last_reason = w.reason;
+      (void)write_watch_record(state, rec);
       return true;
     }
     return false;
@@ -890,10 +897,8 @@ WatchReport watch_once(const RingConfig& cfg, const RingLayout& lay) {
                  restarts.end());
   p.w.restarts_in_window = static_cast<int>(restarts.size());
   if (auto g = read_marker(state, Marker::gave_up)) {
-    p.w.verdict = "gave_up";
-    p.w.reason = "GAVE_UP marker set (" + g->value("reason", std::string("?")) +
-                 "); no restarts until `sparkctl start`";
-    return p.w;
+    return p.save("gave_up", "GAVE_UP marker set (" + g->value("reason", std::string("?")) +
+                                 "); no restarts until `sparkctl start`");
   }
   if (!p.ring.started) {
     p.w.verdict = "not_started";

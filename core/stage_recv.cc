@@ -460,7 +460,9 @@ void ReceiverImpl::give_back(FileState& f) {
   const auto& e = *f.entry;
   bool any = std::find(f.verified.begin(), f.verified.end(), true) != f.verified.end();
   if (!any) {
-    if (f.fd >= 0) ::ftruncate(f.fd, 0);
+    if (f.fd >= 0 && ::ftruncate(f.fd, 0) != 0) {
+      // best effort: the file is unlinked next
+    }
     ::unlink(f.partial_path.c_str());
     ::unlink(f.journal_path.c_str());
     return;
@@ -511,7 +513,9 @@ Status ReceiverImpl::finalize(FileState& f) {
     if (!f.resumed[i] || chunk_on_disk(f.partial_path, manifest_.chunk_size * i,
                                        manifest_.chunk_len(e.size, i), e.chunks[i]))
       continue;
-    ::ftruncate(f.jfd, 0);
+    if (::ftruncate(f.jfd, 0) != 0) {
+      // best effort: the error below has the file staged again either way
+    }
     f.pending_chunks = 0;
     std::fill(f.verified.begin(), f.verified.end(), false);
     return make_error(Errc::integrity,
@@ -526,7 +530,9 @@ Status ReceiverImpl::finalize(FileState& f) {
                  : Result<FileHashes>(FileHashes{e.xxh3, {}, {}});
   if (!h) return h.error();
   if (h->xxh3 != e.xxh3) {
-    ::ftruncate(f.jfd, 0);
+    if (::ftruncate(f.jfd, 0) != 0) {
+      // best effort: the error below has the file staged again either way
+    }
     f.pending_chunks = 0;
     std::fill(f.verified.begin(), f.verified.end(), false);
     return make_error(Errc::integrity,

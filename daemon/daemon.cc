@@ -331,6 +331,7 @@ void Daemon::Impl::add_routes() {
     HealthSnapshot s = self->snapshot();
     Metrics& m = *metrics;
     if (memguard->available() == 0) memguard->sample();
+    sample_process(m);
     m.set("sparkd_up", 1);
     m.set("sparkd_ready", s.state == State::ready ? 1 : 0);
     m.set("sparkd_fatal", s.state == State::fatal ? 1 : 0);

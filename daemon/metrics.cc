@@ -1,8 +1,14 @@
 #include "daemon/metrics.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace spark::daemon {
 
@@ -165,6 +171,16 @@ const std::vector<MetricSpec>& Metrics::specs() {
        "Requests cancelled because MemAvailable fell under the cancel floor.", nullptr},
       {"sparkd_metrics_errors_total", T::counter,
        "Updates to unknown metric names (a bug in sparkd).", nullptr},
+      // The process series under Prometheus' standard names (client libraries' process
+      // collector), read from /proc/self at each scrape (sample_process).
+      {"process_resident_memory_bytes", T::gauge, "Resident memory size in bytes.", nullptr},
+      {"process_virtual_memory_bytes", T::gauge, "Virtual memory size in bytes.", nullptr},
+      {"process_cpu_seconds_total", T::counter, "Total user and system CPU time spent in seconds.",
+       nullptr},
+      {"process_open_fds", T::gauge, "Number of open file descriptors.", nullptr},
+      {"process_max_fds", T::gauge, "Maximum number of open file descriptors.", nullptr},
+      {"process_start_time_seconds", T::gauge,
+       "Start time of the process since unix epoch in seconds.", nullptr},
   };
   return k;
 }
@@ -190,6 +206,10 @@ Metrics::Metrics(std::string model_name, int max_context) : model_(std::move(mod
     }
     hists_[s.name] = Hist{b, std::vector<uint64_t>(b.size() + 1, 0)};
   }
+  // Every finish reason's series exists from the start, at 0, as vLLM's do: a rate() or an
+  // alert on "length" or "abort" then has a series before the first such request.
+  for (const char* reason : {"stop", "length", "abort", "error"})
+    values_["sparkd_request_success_total"][{{"finished_reason", reason}}] = 0;
 }
 
 const MetricSpec* Metrics::find(std::string_view name) const {
@@ -256,6 +276,44 @@ double Metrics::value(std::string_view name, const Labels& labels) const {
   if (it == values_.end()) return 0;
   auto jt = it->second.find(labels);
   return jt == it->second.end() ? 0 : jt->second;
+}
+
+void sample_process(Metrics& m, const std::string& proc) {
+  // /proc/PID/stat: the fields after the command's closing parenthesis; utime and stime
+  // are fields 14 and 15, starttime 22, vsize 23, rss 24 (pages).
+  std::ifstream st(proc + "/stat");
+  std::string line;
+  if (std::getline(st, line)) {
+    auto close = line.rfind(')');
+    if (close != std::string::npos) {
+      std::istringstream in(line.substr(close + 2));
+      std::vector<std::string> f;
+      for (std::string w; in >> w;) f.push_back(w);
+      // f[0] is field 3 (state).
+      auto field = [&](size_t n) -> double {
+        return n >= 3 && n - 3 < f.size() ? std::strtod(f[n - 3].c_str(), nullptr) : 0.0;
+      };
+      const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+      const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+      if (tick > 0) m.set("process_cpu_seconds_total", (field(14) + field(15)) / tick);
+      m.set("process_virtual_memory_bytes", field(23));
+      m.set("process_resident_memory_bytes", field(24) * page);
+      std::ifstream ps("/proc/stat");
+      for (std::string l; std::getline(ps, l);)
+        if (l.rfind("btime ", 0) == 0 && tick > 0)
+          m.set("process_start_time_seconds",
+                std::strtod(l.c_str() + 6, nullptr) + field(22) / tick);
+    }
+  }
+  std::error_code ec;
+  double fds = 0;
+  for (auto it = std::filesystem::directory_iterator(proc + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++fds;
+  if (!ec) m.set("process_open_fds", fds);
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    m.set("process_max_fds", static_cast<double>(rl.rlim_cur));
 }
 
 std::string Metrics::render() const {

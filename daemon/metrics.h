@@ -79,4 +79,9 @@ class Metrics {
   bool vllm_ = true;
 };
 
+/// Sets the process_* series (resident and virtual memory, CPU seconds, open and maximum
+/// fds, start time) of the process whose /proc directory is `proc`, as Prometheus' client
+/// libraries name them. Called at each scrape.
+void sample_process(Metrics& m, const std::string& proc = "/proc/self");
+
 }  // namespace spark::daemon

@@ -101,12 +101,10 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
   if (mc) {
     std::vector<std::string> types;
     for (const auto& [n, seen] : mf.tensor_dtypes) types.push_back(n);
-    f.summary = fmt::format(
-        "the native engine runs {} ({}); {}", mc->architecture, engine::model_type_name(mc->family),
-        types.empty() ? fmt::format("weight types not read ({})", mf.tensor_sizes_error.empty()
-                                                                      ? "no shard headers"
-                                                                      : mf.tensor_sizes_error)
-                      : "weights " + join(types, ", "));
+    f.summary = fmt::format("the native engine runs {} ({}); {}", mc->architecture,
+                            engine::model_type_name(mc->family),
+                            types.empty() ? std::string("the shards' weight types unread")
+                                          : "weights " + join(types, ", "));
   } else {
     f.summary = "the native engine refuses this model";
   }

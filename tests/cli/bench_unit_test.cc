@@ -99,3 +99,39 @@ TEST_CASE("bench compare: one column per arm, the best marked, an SVG of the mai
   REQUIRE(r.ok());
   CHECK((*r)["label"] == "ours");
 }
+
+TEST_CASE("bench report: rows name the real concurrency, --runs 1 warns, values sit above bars") {
+  auto arm = [](const char* label, int streams, int runs) {
+    return json{
+        {"schema", "sparkctl-bench/1"},
+        {"label", label},
+        {"protocol", {{"runs", runs}, {"temperature", 0.0}, {"thinking", false}}},
+        {"sections",
+         {{"c1", {{"tokens_per_s", {{"median", 10.0}, {"min", 9.0}, {"max", 11.0}}}}},
+          {"c8",
+           {{"streams", streams},
+            {"aggregate_tokens_per_s", {{"median", 40.0}, {"min", 40.0}, {"max", 40.0}}},
+            {"per_stream_tokens_per_s", {{"median", 10.0}, {"min", 10.0}, {"max", 10.0}}}}}}}};
+  };
+  std::string one = bench::format_table(arm("ours", 4, 1));
+  INFO(one);
+  CHECK(one.find("C4 aggregate") != std::string::npos);
+  CHECK(one.find("C4 per stream") != std::string::npos);
+  CHECK(one.find("C8") == std::string::npos);
+  CHECK(one.find("# warning: --runs 1: one sample per figure") != std::string::npos);
+  CHECK(bench::format_table(arm("ours", 4, 3)).find("warning: --runs 1") == std::string::npos);
+  std::vector<json> rs = {arm("a", 4, 3), arm("b", 16, 3)};
+  CHECK(bench::format_compare(rs).find("C4/C16 aggregate") != std::string::npos);
+  // Every rotated value label reads upward from its anchor above the bar: anchored at its
+  // start, never centred (which put half of it over the bar).
+  std::string svg = bench::compare_svg(rs);
+  size_t rotated = 0;
+  for (size_t p = svg.find("rotate(-90"); p != std::string::npos;
+       p = svg.find("rotate(-90", p + 1)) {
+    size_t open = svg.rfind("<text", p);
+    REQUIRE(open != std::string::npos);
+    CHECK(svg.substr(open, p - open).find("text-anchor=\"start\"") != std::string::npos);
+    ++rotated;
+  }
+  CHECK(rotated == 6);  // 3 charted figures x 2 arms
+}

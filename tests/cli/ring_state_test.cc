@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <sstream>
 #include <thread>
 #include <utility>
 
+#include "cli/cli.h"
 #include "cli/engine_pin.h"
 #include "cli/ring_ops.h"
 #include "core/strings.h"
@@ -152,4 +154,28 @@ TEST_CASE(
   CHECK(owner(marker_path(root, Marker::disabled)).first == 0);
   REQUIRE(write_watch_record(root, w).ok());
   CHECK(owner(root + "/watch.json").first == 0);
+}
+
+TEST_CASE("watch --quiet: a ring stopped on purpose is said once, then silent until it changes") {
+  test::TempDir d("watch-quiet");
+  std::string state = d / "state";
+  REQUIRE(make_dirs(state).value() == 0);
+  std::string file = d.write("ring.env", "NODE0_SSH=local\nSTATE_DIR=" + state + "\n");
+  auto watch = [&] {
+    std::ostringstream out, err;
+    std::vector<const char*> argv = {"sparkctl", "--config", file.c_str(), "watch", "--quiet"};
+    int rc = cli::run(static_cast<int>(argv.size()), argv.data(), out, err, Environment{});
+    return std::pair{rc, out.str()};
+  };
+  REQUIRE(set_marker(state, Marker::disabled, "sparkctl stop").ok());
+  auto [rc1, first] = watch();
+  CHECK(rc1 == 0);
+  CHECK(first.find("watch: disabled: DISABLED marker set") != std::string::npos);
+  // The verdict was saved: the next minutes say nothing (cron mails only output).
+  for (int i = 0; i < 3; ++i) {
+    auto [rc, again] = watch();
+    CHECK(rc == 0);
+    CHECK(again.empty());
+  }
+  CHECK(read_watch_record(state).last_verdict == "disabled");
 }

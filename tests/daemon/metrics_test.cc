@@ -3,6 +3,7 @@
 #include "daemon/metrics.h"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -227,4 +228,64 @@ TEST_CASE("metrics: the shipped Grafana dashboard uses only series sparkd export
     }
   }
   CHECK(exprs >= 10);
+  // vLLM's current names, never the deprecated ones; and the panels an operator of a ring
+  // looks for: prefix-cache hit rate, queue time, every node's free memory.
+  std::string all;
+  for (const auto& p : dash.at("panels"))
+    for (const auto& t : p.at("targets")) all += t.at("expr").get<std::string>() + "\n";
+  for (const auto& s : Metrics::specs())
+    if (s.vllm_old) {
+      std::regex old_re(std::string(s.vllm_old) + "(_bucket|_sum|_count)?(?![a-z0-9_])");
+      CHECK_MESSAGE(!std::regex_search(all, old_re),
+                    "the dashboard queries the deprecated " << s.vllm_old);
+    }
+  for (const char* want : {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                           "vllm:request_queue_time_seconds_bucket",
+                           "sparkd_rank_mem_available_bytes", "vllm:kv_cache_usage_perc"})
+    CHECK_MESSAGE(all.find(want) != std::string::npos, "the dashboard lacks " << want);
+}
+
+TEST_CASE("metrics: every finish reason's series reads 0 before its first request, as vLLM's") {
+  Metrics m("demo-model");
+  std::string t = m.render();
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    CHECK(t.find(fmt::format("sparkd_request_success_total{{finished_reason=\"{}\"}} 0\n",
+                             reason)) != std::string::npos);
+    CHECK(t.find(fmt::format("vllm:request_success_total{{model_name=\"demo-model\",engine=\"0\","
+                             "finished_reason=\"{}\"}} 0\n",
+                             reason)) != std::string::npos);
+  }
+  m.inc("sparkd_request_success_total", 1, {{"finished_reason", "length"}});
+  t = m.render();
+  CHECK(t.find("sparkd_request_success_total{finished_reason=\"length\"} 1\n") !=
+        std::string::npos);
+  CHECK(t.find("sparkd_request_success_total{finished_reason=\"stop\"} 0\n") != std::string::npos);
+}
+
+TEST_CASE("metrics: process_* series from /proc/self, as Prometheus' process collector") {
+  Metrics m("demo-model");
+  // Work and memory this test can see move: CPU time spent, a page-touched buffer, fds.
+  std::vector<char> big(64 << 20);
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = 1;
+  volatile double x = 0;
+  for (int i = 0; i < 20000000; ++i) x = x + i * 0.5;
+  test::TempDir d("metrics-proc");
+  std::ifstream a(d.write("a", "x")), b(d.write("b", "y"));
+  sample_process(m);
+  CHECK(m.value("process_resident_memory_bytes") >= 64.0 * (1 << 20));
+  CHECK(m.value("process_virtual_memory_bytes") >= m.value("process_resident_memory_bytes"));
+  CHECK(m.value("process_cpu_seconds_total") > 0);
+  CHECK(m.value("process_open_fds") >= 3);
+  CHECK(m.value("process_max_fds") >= m.value("process_open_fds"));
+  CHECK(m.value("process_start_time_seconds") > 1.6e9);  // after 2020, in epoch seconds
+  const double fds = m.value("process_open_fds");
+  a.close();
+  b.close();
+  sample_process(m);
+  CHECK(m.value("process_open_fds") == fds - 2);
+  std::string t = m.render();
+  for (const char* n : {"process_resident_memory_bytes", "process_cpu_seconds_total",
+                        "process_open_fds", "process_start_time_seconds"})
+    CHECK(t.find(fmt::format("# TYPE {} ", n)) != std::string::npos);
+  CHECK(big[4096] == 1);
 }

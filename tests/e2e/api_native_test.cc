@@ -52,6 +52,7 @@ struct Server {
   explicit Server(const std::string& fixture = "",
                   const std::map<std::string, std::string>& extra_env = {},
                   const std::string& chat_template = "") {
+    int context = kContext;
     if (fixture.empty()) {
       auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {},
                                          std::chrono::seconds(60));
@@ -68,6 +69,12 @@ struct Server {
           fs::copy_file(e.path(), dir / ("model/" + e.path().filename().string()));
       for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
         fs::copy_file(src + "tokenizer/" + f, dir / (std::string("model/") + f));
+      // A CONTEXT_LEN set above the model's max_position_embeddings is refused at load:
+      // the fixtures are shorter than kContext.
+      std::ifstream cf(dir / "model/config.json");
+      auto cj = nlohmann::json::parse(cf, nullptr, false);
+      if (cj.is_object() && cj.contains("max_position_embeddings"))
+        context = std::min(context, cj["max_position_embeddings"].get<int>());
     }
     if (!chat_template.empty()) dir.write("model/chat_template.jinja", chat_template);
     port = test::free_port();
@@ -76,7 +83,7 @@ struct Server {
         {"STATE_DIR", dir / "state"},
         {"RDZV_PORT", std::to_string(test::free_port())},
         {"SLOTS", std::to_string(kSlots)},
-        {"CONTEXT_LEN", std::to_string(kContext)},
+        {"CONTEXT_LEN", std::to_string(context)},
         {"PROBE_PROMPT", "a"}};  // byte-level ids, inside the fixtures' small vocab
     for (const auto& [k, v] : extra_env) env[k] = v;
     child = std::make_unique<test::Child>(

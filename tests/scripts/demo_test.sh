@@ -25,6 +25,10 @@ for want in ": OK (1 node(s)" "GET /health:" '"rank": 0' '"state": "ready"' \
   "answer (random weights, so gibberish): '" '"completion_tokens": ' "sparkd stopped, exit status 0"; do
   grep -qF -- "$want" "$out" || { echo "demo_test: FAIL: demo output lacks '$want'"; fail=1; }
 done
+# The demo starts with --no-wait: status must not say "ready never" beside READY: yes.
+if grep -qF "READY: yes" "$out" && grep -qE "ready never" "$out"; then
+  echo "demo_test: FAIL: status says 'ready never' beside 'READY: yes'"; fail=1
+fi
 
 # MODEL_PATH naming a Hugging Face checkpoint (here the demo model without its marker, so a
 # checkpoint like any other): served as it is, under its directory's name, after preflight's
