@@ -42,7 +42,7 @@ TEST_CASE("preflight exit codes: 0 all pass, 1 a failure, 15 warnings only, 2 us
       ok.out.find(
           "# ranks: 0=spark-a/gpu0 gid rocep1s0f0:3 rocep1s0f1:3, 1=spark-b/gpu0 gid rocep1s0f0:3 "
           "rocep1s0f1:3\n") != std::string::npos);
-  CHECK(ok.out.find("# 60 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
+  CHECK(ok.out.find("# 61 PASS, 0 WARN, 0 FAIL, 1 SKIP on 2 node(s)") != std::string::npos);
   auto fail = sparkctl({"--config", fx("zero-gid/cluster.env"), "--json", "preflight", "--sysroot",
                         fx("zero-gid/node0"), "--sysroot", fx("zero-gid/node1")});
   CHECK(fail.rc == 1);

@@ -49,6 +49,17 @@ class RingTree {
     for (int k = 0; k < n; ++k) {
       fs::copy(preflight_fixture("healthy-pair") + (k == 0 ? "/node0" : "/node1"), node(k),
                fs::copy_options::recursive);
+      if (n % 3 == 0) {
+        // Qwen3-32B's 64 heads, 8 KV heads and 25600-wide MLP do not split over 3 ranks (the
+        // engine's model.engine check says so); a 3-node ring serves a model of the same
+        // kind whose widths do.
+        const std::string cfg = node(k) + "/models/qwen3-32b/config.json";
+        auto j = nlohmann::json::parse(read_file(cfg).value_or("{}"));
+        j["num_attention_heads"] = 48;
+        j["num_key_value_heads"] = 12;
+        j["intermediate_size"] = 25344;
+        put(cfg, j.dump(2));
+      }
       auto f = facts(k);
       f["hostname"] = name(k);
       f["addrs"] = nlohmann::json::array();
