@@ -201,21 +201,11 @@ class CpuDevice final : public Device {
 
   Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
                    float scale, int window) override {
-    SPARK_TRY(host_f32_kv(kv));
-    const auto p = paged(kv);
-    const size_t qw = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
-    for (int c = 0; c < step_.chunks_n(); ++c) {
-      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
-      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
-      kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
-                                   f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window);
-    }
-    return Status::Ok();
+    return attention_sinks(kv, q, out, heads, scale, window, Buffer());
   }
 
   Status attention_sinks(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
                          float scale, int window, const Buffer& sinks) override {
-    if (sinks.empty()) return attention(kv, q, out, heads, scale, window);
     SPARK_TRY(host_f32_kv(kv));
     const auto p = paged(kv);
     const size_t qw = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
@@ -224,7 +214,7 @@ class CpuDevice final : public Device {
       const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
       kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
                                    f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window,
-                                   sinks.as<float>());
+                                   sinks.empty() ? nullptr : sinks.as<float>());
     }
     return Status::Ok();
   }
