@@ -310,7 +310,8 @@ inline int apply_fix(RingTree& ring, const std::string& node_name, const std::st
         }
     } else {
       bool have = false;
-      for (const auto& a : ring.facts(k)["addrs"])
+      const auto facts = ring.facts(k);  // a value: the loop must not outlive it
+      for (const auto& a : facts["addrs"])
         if (a["ifname"] == dev && a["address"] == ip) have = true;
       if (have) continue;
       ring.add_addr(k, dev, ip, prefix);
