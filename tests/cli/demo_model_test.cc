@@ -105,4 +105,12 @@ TEST_CASE("demo-model --arch: a mixture of experts of that architecture; an unkn
   CHECK(err2.str().find("DeepseekV3ForCausalLM") != std::string::npos);
   CHECK(err2.str().find("Qwen3MoeForCausalLM") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(bad));
+
+  // A weight format it does not write: a usage error naming the value and the choices.
+  std::ostringstream out3, err3;
+  const char* argv3[] = {"sparkctl", "demo-model", bad.c_str(), "--weights", "int4"};
+  CHECK(cli::run(5, argv3, out3, err3, Environment{}) == 2);
+  CHECK(err3.str().find("--weights int4") != std::string::npos);
+  CHECK(err3.str().find("bf16, fp8") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bad));
 }
