@@ -274,9 +274,8 @@ Status check_stored_format(const Checkpoint& ck, const ShardRead& r, const Tenso
 // uploads that into `dst`, converted there into the device's type. The scales are checked
 // on the way: a NaN, infinite, zero or negative scale (or, with ue8m0 scales, one that is
 // not a power of two) fails the load naming the tensor and the block.
-Status load_fp8(const Checkpoint& ck, const ShardRead& r, const TensorInfo& t,
-                const WeightFormat& wf, Device& dev, const Buffer& dst, const Buffer* stage,
-                int* turn, const std::string& dir) {
+Status load_fp8(const Checkpoint& ck, const ShardRead& r, const WeightFormat& wf, Device& dev,
+                const Buffer& dst, const Buffer* stage, int* turn, const std::string& dir) {
   const std::string sname = fp8_scale_name(r.tensor);
   const auto sshape = fp8_scale_shape(r, wf);
   const int64_t scols = sshape[1];
@@ -323,7 +322,6 @@ Status load_fp8(const Checkpoint& ck, const ShardRead& r, const TensorInfo& t,
     const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
     SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::f32));
   }
-  (void)t;
   return Status::Ok();
 }
 
@@ -491,8 +489,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     if (r.mxfp4) {
       SPARK_TRY(load_mxfp4(*ck, r, dev, *weight(r.layer, r.role), stage, &turn, dir));
     } else if (t->dtype == DType::f8_e4m3) {
-      SPARK_TRY(
-          load_fp8(*ck, r, *t, cfg_.weights, dev, *weight(r.layer, r.role), stage, &turn, dir));
+      SPARK_TRY(load_fp8(*ck, r, cfg_.weights, dev, *weight(r.layer, r.role), stage, &turn, dir));
     } else if (in_place[i]) {
       Slice s = r.slice;
       if (s.cols < 0) s.cols = r.cols;

@@ -320,7 +320,7 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
   // Scale tensors are F32 whatever the checkpoint's float type (as published FP8 ones are).
   auto bytes_of = [&](const Named& t) -> uint64_t {
     if (!t.raw.empty()) return t.raw.size();
-    const bool scale = t.name.size() > 10 && t.name.ends_with("_scale_inv");
+    const bool scale = t.name.ends_with("_scale_inv");
     return t.data.size() * (scale ? 4 : dtype_size(spec.dtype));
   };
 
