@@ -19,7 +19,8 @@
 #
 # Add a package with one line in its list below:  LIBRARIES+=(libfoo-dev)   # what needs it
 # An entry "a|b" is the first of a, b that apt offers; @CLANG@ is the major version of the
-# clang apt installs. `optional ENTRY "cost"` marks an entry the scripts can do without: when
+# clang apt installs; an alternative cmd:NAME is met by a command NAME on PATH however it got
+# there, and is never installed. `optional ENTRY "cost"` marks an entry the scripts can do without: when
 # apt offers none of it, that is printed with its cost and the rest goes on.
 # CUDA and NCCL are not Debian packages: CMake uses /usr/local/cuda when nvcc is there.
 set -euo pipefail
@@ -56,7 +57,9 @@ TEST_TOOLS=(
   # The official OpenAI client and the chat-template reference (tests/scripts/
   # openai_client_wire_test.sh, chat_template_reference_test.sh, tokenizer_fixtures_test.sh;
   # scripts/test.sh runs `npm ci` for their packages); git for the checkout tests.
-  nodejs npm git
+  # An npm that came with Node.js from elsewhere (NodeSource's nodejs bundles it, and Debian's
+  # npm package conflicts with that nodejs) counts: cmd:NAME is a command on PATH.
+  "nodejs|cmd:node" "npm|cmd:npm" git
 )
 # Older form, still honoured: counted with the build tools (native architecture).
 PACKAGES=()
@@ -158,6 +161,10 @@ satisfied() {
   local alt name
   IFS='|' read -r -a alts <<<"$1"
   for alt in "${alts[@]}"; do
+    if [[ $alt == cmd:* ]]; then
+      command -v "${alt#cmd:}" >/dev/null && return 0
+      continue
+    fi
     if [[ $alt == *@CLANG@* ]]; then
       [[ -n $clang ]] || continue
       alt=${alt//@CLANG@/$clang}
@@ -178,6 +185,11 @@ resolve() {
   IFS='|' read -r -a alts <<<"$1"
   for pass in installed offered; do
     for alt in "${alts[@]}"; do
+      if [[ $alt == cmd:* ]]; then
+        [[ $pass == installed ]] && command -v "${alt#cmd:}" >/dev/null &&
+          { echo "# command on PATH, not from apt: ${alt#cmd:}"; return; }
+        continue
+      fi
       if [[ $alt == *@CLANG@* ]]; then
         [[ -n $clang ]] || continue
         alt=${alt//@CLANG@/$clang}
@@ -217,6 +229,7 @@ for i in "${!pending[@]}"; do
   e=${pending[$i]} pick=""
   IFS='|' read -r -a alts <<<"$e"
   for alt in "${alts[@]}"; do
+    [[ $alt == cmd:* ]] && continue
     if [[ $alt == *@CLANG@* ]]; then
       [[ -n $clang ]] || continue
       alt=${alt//@CLANG@/$clang}

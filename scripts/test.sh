@@ -69,7 +69,7 @@ why_failed() {
   for entry in "${fail_logs[@]}"; do
     name=${entry%%=*} log=${entry#*=}
     echo "=== why $name failed:"
-    grep -E -B2 -A8 'ERROR|FATAL|FAILED|error:|Error:|runtime error|Sanitizer|Assertion|what\(\)' "$log" |
+    grep -E -B2 -A8 'ERROR|FATAL|FAILED|error:|Error:|^E: |runtime error|Sanitizer|Assertion|what\(\)' "$log" |
       grep -v '^SKIP: ' | head -n 80
   done
 }

@@ -182,6 +182,9 @@ Result<Config> parse_config_text(const std::string& text, const std::string& whe
                                             "write a number or null there",
                                             line, col, lit));
     return cfg_error(where, fmt::format("line {}, column {}: not valid JSON", line, col));
+  } catch (const json::exception& e) {
+    // A number too large for any JSON number type (out_of_range 406), and the like.
+    return cfg_error(where, fmt::format("not usable JSON: {}", e.what()));
   }
   if (!j.is_object()) return cfg_error(where, "not a JSON object");
   return parse_config(j, where);

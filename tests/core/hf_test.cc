@@ -88,6 +88,12 @@ TEST_CASE("hf config: a wrong type is an error naming the file and the key") {
   REQUIRE_FALSE(cut.ok());
   CHECK(cut.error().message.find("c.json: line 2, column ") == 0);
   CHECK(cut.error().message.find("not valid JSON") != std::string::npos);
+  // A number no JSON number type holds is a config error, not an escaped exception.
+  auto huge = hf::parse_config_text(R"({"vocab_size": 1E4444})", "c.json");
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.error().code == Errc::config);
+  CHECK(huge.error().message.find("c.json: ") == 0);
+  CHECK(huge.error().message.find("number overflow") != std::string::npos);
 }
 
 TEST_CASE("hf config: load_config adds generation_config.json's eos ids") {

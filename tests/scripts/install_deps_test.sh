@@ -36,6 +36,21 @@ if command -v clang >/dev/null; then
     bad "clang $n is installed but the fuzzing runtime resolves to: $(grep -i 'clang-\(rt\|common\)' <<<"$full" || echo nothing)"
 fi
 
+# A command on PATH meets a cmd: alternative: Node.js from elsewhere brings its own npm, which
+# Debian's npm package would conflict with, so --check must not call npm missing then.
+fake=$(mktemp -d)
+trap 'rm -rf "$fake"' EXIT
+ln -s "$(command -v true)" "$fake/npm"
+ln -s "$(command -v true)" "$fake/node"
+if ! dpkg-query -W -f='${Status}' npm 2>/dev/null | grep -q 'install ok installed'; then
+  listed=$(PATH="$fake:$PATH" bash "$deps" --list)
+  grep -qx '# command on PATH, not from apt: npm' <<<"$listed" ||
+    bad "an npm on PATH does not meet the npm entry"
+  checked=$(PATH="$fake:$PATH" bash "$deps" --check || true)
+  grep -q 'missing:.* npm' <<<"$checked" &&
+    bad "--check calls npm missing although an npm is on PATH"
+fi
+
 # Entries apt has no name for: only the optional ones (they carry their cost).
 while read -r line; do
   [[ $line == *"("*")" ]] || bad "apt here offers nothing for a required entry: ${line#\# none: }"
