@@ -106,7 +106,8 @@ Result<MoeSplit> parse_moe_split(const std::string& s) {
 bool experts_split_evenly(int inter, int ranks, int block) {
   ranks = std::max(ranks, 1);
   block = std::max(block, 1);
-  return inter > 0 && inter % ranks == 0 && (inter / ranks) % block == 0;
+  // One rank holds every expert whole: no scale block is cut, whatever the width.
+  return inter > 0 && inter % ranks == 0 && (ranks == 1 || (inter / ranks) % block == 0);
 }
 
 MoeSplit resolve_moe_split(MoeSplit split, const ModelShape& s, int ranks) {

@@ -34,7 +34,12 @@ ModelConfig demo_config(Family family) {
     if (family == Family::mixtral || family == Family::minimax_m2 || family == Family::gpt_oss)
       c.intermediate_size = c.moe.expert_inter;
   }
+  if (c.is_mla()) {  // latent attention: every head reads the latent; q/k are nope + rope
+    c.num_kv_heads = c.num_heads;
+    c.head_dim = c.mla.qk_head_dim();
+  }
   c.max_position = 2048;
+  if (c.rope.type == "yarn" && c.is_mla()) c.rope.original_max_position = 2048 / c.rope.factor;
   c.rope_theta = 1000000.0;
   c.rms_eps = 1e-6;
   c.tie_word_embeddings = true;

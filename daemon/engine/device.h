@@ -219,6 +219,27 @@ class Device {
     return make_error(Errc::unsupported,
                       "attention sinks (gpt-oss) run on the CPU device only in this build");
   }
+  /// Multi-head latent attention (DeepSeek-V3) of the step's tokens over a latent cache (one
+  /// pool, rows of latent + rope): kv_a ([tokens][latent + rope], kv_a_proj_with_mqa's output)
+  /// gets its latent RMS-normalised by kv_norm and its k_pe rotated, in place, and is written
+  /// to the cache; q ([tokens][heads][nope + rope]) gets its q_pe rotated in place; then each
+  /// chunk's tokens attend causally with kv_b ([heads][nope + v_dim][latent], this rank's
+  /// heads of kv_b_proj) absorbed, into out ([tokens][heads][v_dim]) (kernels/mla.h).
+  struct MlaArgs {
+    int heads = 0;
+    int nope = 0, rope = 0, v_dim = 0, latent = 0;
+    bool interleave = true;
+    float rope_factor = 1.f;  // YaRN's attention factor on the rotated part's cos and sin
+    float eps = 0.f;          // kv_a_layernorm's
+    float scale = 0.f;        // softmax scale
+  };
+  virtual Status mla_attention(const KVLayerView& kv, const Buffer& q, const Buffer& kv_a,
+                               const Buffer& kv_norm, const Buffer& kv_b, const Buffer& inv_freq,
+                               const Buffer& out, const MlaArgs& a) {
+    (void)kv, (void)q, (void)kv_a, (void)kv_norm, (void)kv_b, (void)inv_freq, (void)out, (void)a;
+    return make_error(Errc::unsupported,
+                      "latent attention (DeepSeek-V3) runs on the CPU device only in this build");
+  }
   /// y[r][i] = silu(gu[r][i]) * gu[r][dim + i].
   virtual Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) = 0;
   /// One product of a group over the same input: y = x * w^T (+ b), `out` columns.

@@ -15,6 +15,7 @@
 #include "daemon/engine/model.h"
 #include "kernels/bf16.h"
 #include "kernels/fill.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -215,6 +216,49 @@ class CpuDevice final : public Device {
       kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
                                    f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window,
                                    sinks.empty() ? nullptr : sinks.as<float>());
+    }
+    return Status::Ok();
+  }
+
+  Status mla_attention(const KVLayerView& kv, const Buffer& q, const Buffer& kv_a,
+                       const Buffer& kv_norm, const Buffer& kv_b, const Buffer& inv_freq,
+                       const Buffer& out, const MlaArgs& a) override {
+    SPARK_TRY(host_f32_kv(kv));
+    if (kv.v != nullptr || kv.n_kv_heads != 1 || kv.head_dim != a.latent + a.rope)
+      return make_error(
+          Errc::internal,
+          fmt::format("cpu device: latent attention needs a latent cache of rows "
+                      "of {} (got {} x {}{})",
+                      a.latent + a.rope, kv.n_kv_heads, kv.head_dim, kv.v ? " with a V pool" : ""));
+    if (static_cast<int>(inv_freq.numel()) * 2 != a.rope)
+      return make_error(Errc::internal,
+                        fmt::format("cpu device: {} RoPE frequencies for qk_rope_head_dim {}",
+                                    inv_freq.numel(), a.rope));
+    const auto p = paged(kv);
+    kernels::MlaShape s;
+    s.heads = a.heads;
+    s.nope = a.nope;
+    s.rope = a.rope;
+    s.v_dim = a.v_dim;
+    s.latent = a.latent;
+    s.interleave = a.interleave;
+    s.rope_factor = a.rope_factor;
+    s.scale = a.scale;
+    const size_t W = static_cast<size_t>(a.latent + a.rope);
+    const size_t qw = static_cast<size_t>(a.heads) * static_cast<size_t>(a.nope + a.rope);
+    const size_t ow = static_cast<size_t>(a.heads) * static_cast<size_t>(a.v_dim);
+    // Every chunk's rows are written before any attends: a chunk reads only its own.
+    for (int c = 0; c < step_.chunks_n(); ++c) {
+      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
+      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
+      kernels::mla_kv_write_ref(p, table(c), step_.positions.data() + t0, n, f32(kv_a) + t0 * W,
+                                f32(kv_norm), a.eps, f32(inv_freq), s);
+    }
+    for (int c = 0; c < step_.chunks_n(); ++c) {
+      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
+      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
+      kernels::mla_attention_ref(p, table(c), step_.positions.data() + t0, n, f32(q) + t0 * qw,
+                                 f32(kv_b), f32(inv_freq), f32(out) + t0 * ow, s);
     }
     return Status::Ok();
   }

@@ -281,8 +281,7 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
                                   "or fp32)",
                                   opts.kv_dtype));
   }
-  const uint64_t per_block = KVCache::block_bytes(kv_type, c.num_layers, opts.block_size,
-                                                  model->local_kv_heads(), c.head_dim);
+  const uint64_t per_block = model->kv_block_bytes(kv_type, opts.block_size);
   // The CPU keeps SLOTS full contexts (its memory is the guard's to watch); a GPU sizes
   // from what is free, because there an over-large cache fails at allocation.
   if (opts.kv_from_free_memory && opts.num_blocks <= 0 && dev.info().kind == "cuda") {

@@ -22,6 +22,8 @@ std::span<const FamilyEntry> family_table() {
        plan_moe_family},
       {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss, RecipeKind::moe, parse_gptoss_family,
        plan_gptoss_family},
+      {"DeepseekV3ForCausalLM", "deepseek_v3", Family::deepseek_v3, RecipeKind::moe,
+       parse_moe_family, plan_moe_family},
   };
   return kTable;
 }

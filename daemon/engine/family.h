@@ -47,6 +47,17 @@ Status parse_moe_family(const hf::Config& h, ModelConfig* c, const std::string& 
 Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
                                   const std::string& where);
 
+/// The grouped sigmoid router's fields that GLM-4.5 and DeepSeek-V3 share (n_routed_experts,
+/// n_shared_experts, first_k_dense_replace, n_group, topk_group, routed_scaling_factor,
+/// norm_topk_prob, the MTP layers; noaux_tc and sigmoid only), `family` naming it in messages.
+Status parse_grouped_moe(const nlohmann::json& j, ModelConfig* c, const std::string& where,
+                         const char* family);
+/// Latent attention's fields (family_mla.cc): q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+/// qk_rope_head_dim, v_head_dim, rope_interleave; refuses DeepSeek-V3.2's sparse indexer,
+/// attention biases and rope types other than default and yarn, by field and value.
+Status parse_mla_attention(const nlohmann::json& j, const hf::Config& h, ModelConfig* c,
+                           const std::string& where);
+
 /// Where the routed experts go (EXPERT_PARALLEL and the rule `plan` uses): sets the plan's
 /// placement, its reason and the experts and width this rank holds.
 Status place_experts(const ModelConfig& c, const PlanOptions& o, ShardPlan* p,

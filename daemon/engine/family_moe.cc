@@ -1,9 +1,9 @@
-// The mixture-of-experts families over grouped-query attention: Qwen3-MoE, Mixtral,
-// GLM-4.5/4.6 (Glm4Moe) and MiniMax-M2. Each layer's MLP is either dense (Qwen3-MoE's
-// mlp_only_layers and decoder_sparse_step, GLM's first_k_dense_replace) or a routed block: a
-// router (softmax or sigmoid scores; a correction bias for the choice only; group-limited
-// top-k; renormalisation; a scaling factor), the top-k experts' gated SiLU MLPs weighted by
-// the router, and shared experts added for every token (GLM).
+// The mixture-of-experts families: Qwen3-MoE, Mixtral, GLM-4.5/4.6 (Glm4Moe) and MiniMax-M2
+// over grouped-query attention, DeepSeek-V3 over latent attention (family_mla.cc). Each layer's MLP
+// is either dense (Qwen3-MoE's mlp_only_layers and decoder_sparse_step, GLM's
+// first_k_dense_replace) or a routed block: a router (softmax or sigmoid scores; a correction bias
+// for the choice only; group-limited top-k; renormalisation; a scaling factor), the top-k experts'
+// gated SiLU MLPs weighted by the router, and shared experts added for every token (GLM).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -30,6 +30,7 @@ MoeNames moe_tensor_names(Family f) {
     case Family::minimax_m2:
       return {"block_sparse_moe", "e_score_correction_bias", "w1", "w3", "w2", ""};
     case Family::glm4_moe:
+    case Family::deepseek_v3:
       return {"mlp",           "gate.e_score_correction_bias", "gate_proj", "up_proj", "down_proj",
               "shared_experts"};
     default:
@@ -145,43 +146,9 @@ Status parse_mixtral(const nlohmann::json& j, const hf::Config& h, ModelConfig* 
 
 Status parse_glm4_moe(const nlohmann::json& j, const hf::Config& h, ModelConfig* c,
                       const std::string& where) {
-  auto& m = c->moe;
-  auto E = get_int(j, "n_routed_experts", 0, where);
-  if (E && *E == 0) E = get_int(j, "num_experts", 0, where);
-  auto k = get_int(j, "num_experts_per_tok", 0, where);
-  auto I = get_int(j, "moe_intermediate_size", 0, where);
-  auto nshared = get_int(j, "n_shared_experts", 0, where);
-  auto dense = get_int(j, "first_k_dense_replace", 0, where);
-  auto groups = get_int(j, "n_group", 1, where);
-  auto tgroups = get_int(j, "topk_group", 1, where);
-  auto scale = get_double(j, "routed_scaling_factor", 1.0, where);
-  auto norm = get_bool(j, "norm_topk_prob", true, where);
+  SPARK_TRY(parse_grouped_moe(j, c, where, "GLM-4.5"));
   auto qk = get_bool(j, "use_qk_norm", false, where);
-  auto mtp = get_int(j, "num_nextn_predict_layers", 0, where);
-  auto method = get_string(j, "topk_method", where);
-  auto scoring = get_string(j, "scoring_func", where);
-  for (const Status& s : {E.status(), k.status(), I.status(), nshared.status(), dense.status(),
-                          groups.status(), tgroups.status(), scale.status(), norm.status(),
-                          qk.status(), mtp.status(), method.status(), scoring.status()})
-    SPARK_TRY(s);
-  if (!method->empty() && *method != "noaux_tc")
-    return unsupported(where, "topk_method", *method,
-                       "GLM-4.5 routes with noaux_tc (sigmoid, correction bias, groups)");
-  if (!scoring->empty() && *scoring != "sigmoid")
-    return unsupported(where, "scoring_func", *scoring, "GLM-4.5 scores experts with a sigmoid");
-  m.experts = *E;
-  m.top_k = *k;
-  m.expert_inter = *I;
-  m.shared_inter = *I * *nshared;
-  m.score = RouterScore::sigmoid;
-  m.correction_bias = true;
-  m.n_group = std::max(1, *groups);
-  m.topk_group = std::max(1, *tgroups);
-  m.routed_scaling = *scale;
-  m.norm_topk = *norm;
-  m.mtp_layers = *mtp;
-  m.layer_moe.assign(static_cast<size_t>(c->num_layers), 0);
-  for (int l = *dense; l < c->num_layers; ++l) m.layer_moe[static_cast<size_t>(l)] = 1;
+  SPARK_TRY(qk.status());
   c->qkv_bias = h.attention_bias;
   c->o_bias = false;
   c->qk_norm = *qk ? QkNorm::per_head : QkNorm::none;
@@ -240,6 +207,53 @@ Status parse_minimax_m2(const nlohmann::json& j, const hf::Config& h, ModelConfi
 
 }  // namespace
 
+Status parse_grouped_moe(const nlohmann::json& j, ModelConfig* c, const std::string& where,
+                         const char* family) {
+  auto& m = c->moe;
+  auto E = get_int(j, "n_routed_experts", 0, where);
+  if (E && *E == 0) E = get_int(j, "num_experts", 0, where);
+  auto k = get_int(j, "num_experts_per_tok", 0, where);
+  auto I = get_int(j, "moe_intermediate_size", 0, where);
+  auto nshared = get_int(j, "n_shared_experts", 0, where);
+  auto dense = get_int(j, "first_k_dense_replace", 0, where);
+  auto groups = get_int(j, "n_group", 1, where);
+  auto tgroups = get_int(j, "topk_group", 1, where);
+  auto scale = get_double(j, "routed_scaling_factor", 1.0, where);
+  auto norm = get_bool(j, "norm_topk_prob", true, where);
+  auto mtp = get_int(j, "num_nextn_predict_layers", 0, where);
+  auto method = get_string(j, "topk_method", where);
+  auto scoring = get_string(j, "scoring_func", where);
+  auto freq = get_int(j, "moe_layer_freq", 1, where);
+  for (const Status& s : {E.status(), k.status(), I.status(), nshared.status(), dense.status(),
+                          groups.status(), tgroups.status(), scale.status(), norm.status(),
+                          mtp.status(), method.status(), scoring.status(), freq.status()})
+    SPARK_TRY(s);
+  if (!method->empty() && *method != "noaux_tc")
+    return unsupported(
+        where, "topk_method", *method,
+        fmt::format("{} routes with noaux_tc (sigmoid, correction bias, groups)", family));
+  if (!scoring->empty() && *scoring != "sigmoid")
+    return unsupported(where, "scoring_func", *scoring,
+                       fmt::format("{} scores experts with a sigmoid", family));
+  if (*freq != 1)
+    return unsupported(where, "moe_layer_freq", *freq,
+                       "every layer after first_k_dense_replace is a mixture of experts");
+  m.experts = *E;
+  m.top_k = *k;
+  m.expert_inter = *I;
+  m.shared_inter = *I * *nshared;
+  m.score = RouterScore::sigmoid;
+  m.correction_bias = true;
+  m.n_group = std::max(1, *groups);
+  m.topk_group = std::max(1, *tgroups);
+  m.routed_scaling = *scale;
+  m.norm_topk = *norm;
+  m.mtp_layers = *mtp;
+  m.layer_moe.assign(static_cast<size_t>(c->num_layers), 0);
+  for (int l = *dense; l < c->num_layers; ++l) m.layer_moe[static_cast<size_t>(l)] = 1;
+  return Status::Ok();
+}
+
 Status parse_moe_family(const hf::Config& h, ModelConfig* c, const std::string& where) {
   const auto& j = cfgjson::model_object(h);
   SPARK_TRY(full_attention_only(j, where));
@@ -255,6 +269,10 @@ Status parse_moe_family(const hf::Config& h, ModelConfig* c, const std::string& 
       break;
     case Family::minimax_m2:
       SPARK_TRY(parse_minimax_m2(j, h, c, where));
+      break;
+    case Family::deepseek_v3:  // the grouped sigmoid MoE of GLM-4.5, latent attention
+      SPARK_TRY(parse_grouped_moe(j, c, where, "DeepSeek-V3"));
+      SPARK_TRY(parse_mla_attention(j, h, c, where));
       break;
     default:
       return make_error(Errc::internal, fmt::format("{}: not an MoE family", where));
@@ -357,7 +375,10 @@ Result<ShardPlan> plan_moe_family(const ModelConfig& c, const PlanOptions& o,
   PlanBuilder b(&p);
   b.embedding_and_head(c);
   for (int l = 0; l < c.num_layers; ++l) {
-    b.attention(c, l);
+    if (c.is_mla())
+      b.mla_attention(c, l);
+    else
+      b.attention(c, l);
     const std::string pre = fmt::format("model.layers.{}.", l);
     if (!m.is_moe(l)) {
       b.gated_mlp(pre + "mlp.", "gate_proj", "up_proj", "down_proj", H, c.intermediate_size,

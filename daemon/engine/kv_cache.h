@@ -1,15 +1,28 @@
 #pragma once
 // Paged KV cache storage: per layer a pool of blocks of `block_size` token slots for K and
 // V (this rank's KV heads only), allocated on the model's device (fp32 on the CPU; bf16 or
-// fp32 on a GPU). Which block belongs to whom is the BlockManager's job (block_manager.h);
-// the model only reads and writes through block tables.
+// fp32 on a GPU). Latent attention (DeepSeek-V3) keeps one pool instead: per token the
+// normalised latent and the rotated RoPE key, kv_lora_rank + qk_rope_head_dim values (576 at
+// DeepSeek-V3's widths), the same on every tensor-parallel rank. Which block belongs to whom is the
+// BlockManager's job (block_manager.h); the model only reads and writes through block tables.
 #include <cstddef>
 #include <memory>
 
 #include "daemon/engine/device.h"
+#include "daemon/engine/model_config.h"
 #include "kernels/paged_attention.h"
 
 namespace spark::engine {
+
+/// What one layer of a cache keeps per token: `pools` pools (2: K and V; 1: latent
+/// attention's one row) of n_kv_heads x head_dim values.
+struct KVShape {
+  int n_kv_heads = 0, head_dim = 0, pools = 2;
+};
+/// The cache shape of `c` at a rank holding `local_kv_heads` KV heads: K and V per head of
+/// head_dim, or for latent attention one row of kv_lora_rank + qk_rope_head_dim (whatever the
+/// rank holds of the heads).
+KVShape kv_shape(const ModelConfig& c, int local_kv_heads);
 
 class KVCache {
  public:
@@ -19,6 +32,10 @@ class KVCache {
   static Result<std::unique_ptr<KVCache>> create(Device& device, ElemType type, int num_layers,
                                                  int num_blocks, int block_size, int n_kv_heads,
                                                  int head_dim);
+  /// The same for a cache of `shape` (one pool: the view's v is null).
+  static Result<std::unique_ptr<KVCache>> create(Device& device, ElemType type, int num_layers,
+                                                 int num_blocks, int block_size,
+                                                 const KVShape& shape);
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   ElemType type() const { return type_; }
@@ -33,10 +50,11 @@ class KVCache {
   /// Bytes one block takes over all layers, K and V, for `type`.
   static uint64_t block_bytes(ElemType type, int num_layers, int block_size, int n_kv_heads,
                               int head_dim);
+  static uint64_t block_bytes(ElemType type, int num_layers, int block_size, const KVShape& shape);
 
  private:
   KVCache() = default;
-  int num_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  int num_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0, pools_ = 2;
   size_t per_layer_ = 0;  // elements per layer and pool
   ElemType type_ = ElemType::f32;
   std::string device_kind_;

@@ -1,5 +1,6 @@
 // The layer recipe over the device, composed of shared blocks: attention (grouped-query heads,
-// biases, per-head or whole-projection q/k norms, partial rotary, a sliding window), a dense
+// biases, per-head or whole-projection q/k norms, partial rotary, a sliding window; or latent
+// attention over a latent cache, DeepSeek-V3), a dense
 // gated MLP, and a mixture-of-experts block (router, top-k experts, shared experts). Which
 // block a layer runs is the config's (ModelConfig::moe's layer map); the families'
 // files (family_*.cc) decide the config and the weights.
@@ -38,8 +39,48 @@ Status Model::residual_product(Collective& comm, int T, const Buffer& in, const 
   return Status::Ok();
 }
 
+Status Model::mla_attention_block(int l, KVCache& cache, Collective& comm, int T,
+                                  Device::PreNorm* pre) {
+  const auto& c = cfg_;
+  const auto& m = c.mla;
+  Device& dev = *device_;
+  const auto& L = layers_[static_cast<size_t>(l)];
+  const int H = c.hidden_size, nh = plan_.heads, qk = m.qk_head_dim();
+  const float eps = static_cast<float>(c.rms_eps);
+  // The normalised row feeds q (through the LoRA pair, or q_proj) and kv_a.
+  SPARK_TRY(dev.pre_norm(*pre, T, H));
+  const Buffer& h = *pre->normed;
+  if (m.q_lora_rank > 0) {
+    const int qr = m.q_lora_rank;
+    const Buffer qa = rows_of(mla_qa_, T, static_cast<size_t>(qr));
+    SPARK_TRY(dev.linear(h, L.wq_a, sv_.none, qa, T, H, qr));
+    SPARK_TRY(dev.rmsnorm(qa, L.q_a_norm, qa, T, qr, eps));
+    SPARK_TRY(dev.linear(qa, L.wq, sv_.none, sv_.q, T, qr, nh * qk));
+  } else {
+    SPARK_TRY(dev.linear(h, L.wq, sv_.none, sv_.q, T, H, nh * qk));
+  }
+  const Buffer kv_a = rows_of(mla_kv_, T, static_cast<size_t>(m.cache_width()));
+  SPARK_TRY(dev.linear(h, L.wkv_a, sv_.none, kv_a, T, H, m.cache_width()));
+  Device::MlaArgs a;
+  a.heads = nh;
+  a.nope = m.qk_nope;
+  a.rope = m.qk_rope;
+  a.v_dim = m.v_head_dim;
+  a.latent = m.kv_lora_rank;
+  a.interleave = m.rope_interleave;
+  // YaRN scales cos and sin of the rotated part alone; mscale_all_dim scales the softmax.
+  a.rope_factor = static_cast<float>(attn_factor_);
+  a.eps = eps;
+  a.scale = static_cast<float>(mla_softmax_mscale_sq(c.rope) / std::sqrt(static_cast<double>(qk)));
+  SPARK_TRY(dev.mla_attention(cache.view(l), sv_.q, kv_a, L.kv_a_norm, L.wkv_b, inv_freq_dev_,
+                              sv_.att, a));
+  return residual_product(comm, T, sv_.att, L.wo, sv_.none, nh * m.v_head_dim, L.post_norm,
+                          L.post_folded, pre);
+}
+
 Status Model::attention_block(int l, KVCache& cache, Collective& comm, int T,
                               Device::PreNorm* pre) {
+  if (cfg_.is_mla()) return mla_attention_block(l, cache, comm, T, pre);
   const auto& c = cfg_;
   Device& dev = *device_;
   const auto& L = layers_[static_cast<size_t>(l)];
@@ -156,7 +197,7 @@ Status Model::run_layers(const StepLayout& st, KVCache& cache, Collective& comm,
   sv_.h = rows_of(h_, T, Hz);
   sv_.o = rows_of(o_, T, Hz);
   sv_.q = rows_of(q_, T, qw);
-  sv_.att = rows_of(att_, T, qw);
+  sv_.att = rows_of(att_, T, c.is_mla() ? static_cast<size_t>(plan_.heads * c.mla.v_head_dim) : qw);
   sv_.k = rows_of(k_, T, kw);
   sv_.v = rows_of(v_, T, kw);
   sv_.gu = rows_of(gate_up_, T, 2 * inter);

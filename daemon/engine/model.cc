@@ -16,8 +16,15 @@
 namespace spark::engine {
 
 namespace {
-// What a device runs of a family: gpt-oss's sinks and experts have no CUDA kernels yet.
+// What a device runs of a family: gpt-oss's sinks and experts, and latent attention
+// (DeepSeek-V3), have no CUDA kernels yet.
 Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
+  if (c.is_mla() && dev.info().kind != "cpu")
+    return make_error(Errc::unsupported,
+                      fmt::format("{}: {} runs on the CPU device only in this build (its latent "
+                                  "attention has no CUDA kernels yet): set DEVICE=cpu, or serve "
+                                  "it with ENGINE=exec",
+                                  where, c.architecture));
   if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
     return make_error(Errc::unsupported,
                       fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "
@@ -53,6 +60,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   SPARK_TRY(check_device_runs(c, *m->device_, dir));
   const double af = hf::rope_attention_factor(c.rope);
   m->attn_factor_sq_ = af * af;
+  m->attn_factor_ = af;
   // Partial rotary: the frequencies of the rotated dimensions only.
   m->inv_freq_ = kernels::rope_inv_freq(c.rotary_dim, c.rope_theta, c.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
@@ -85,6 +93,7 @@ Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank
   SPARK_TRY(check_device_runs(cfg, *m->device_, "synthetic " + cfg.architecture));
   const double af = hf::rope_attention_factor(cfg.rope);
   m->attn_factor_sq_ = af * af;
+  m->attn_factor_ = af;
   m->inv_freq_ = kernels::rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope);
   auto inv = m->device_->alloc(ElemType::f32, m->inv_freq_.size());
   if (!inv) return inv.error();
@@ -122,7 +131,11 @@ Status Model::fill_synthetic(uint64_t seed) {
   auto width = [&](WeightRole r) -> double {
     switch (r) {
       case WeightRole::wo:
-        return plan_.heads * c.head_dim;
+        return plan_.heads * (c.is_mla() ? c.mla.v_head_dim : c.head_dim);
+      case WeightRole::wq:
+        return c.is_mla() && c.mla.q_lora_rank > 0 ? c.mla.q_lora_rank : c.hidden_size;
+      case WeightRole::wkv_b:
+        return c.mla.kv_lora_rank;
       case WeightRole::w_down:
         return plan_.inter;
       case WeightRole::experts_down:
@@ -143,7 +156,8 @@ Status Model::fill_synthetic(uint64_t seed) {
                   : static_cast<float>(std::sqrt(3.0 / std::max(width(d.role), 1.0)));
     else if (d.role == WeightRole::in_norm || d.role == WeightRole::post_norm ||
              d.role == WeightRole::final_norm || d.role == WeightRole::q_norm ||
-             d.role == WeightRole::k_norm)
+             d.role == WeightRole::k_norm || d.role == WeightRole::q_a_norm ||
+             d.role == WeightRole::kv_a_norm)
       scale = 0.1f, offset = 1.0f;
     SPARK_TRY(dev.fill_random((*bufs)[i], seed * 1000003u + i, scale, offset));
   }
@@ -217,6 +231,16 @@ Buffer* Model::weight(int layer, WeightRole role) {
       return &L.experts_gate_up_b;
     case WeightRole::experts_down_b:
       return &L.experts_down_b;
+    case WeightRole::wq_a:
+      return &L.wq_a;
+    case WeightRole::q_a_norm:
+      return &L.q_a_norm;
+    case WeightRole::wkv_a:
+      return &L.wkv_a;
+    case WeightRole::kv_a_norm:
+      return &L.kv_a_norm;
+    case WeightRole::wkv_b:
+      return &L.wkv_b;
     default:
       return nullptr;
   }
@@ -614,13 +638,22 @@ nlohmann::json Model::describe() const {
                     {"held_intermediate_size", plan_.expert_inter}};
     if (m.mtp_layers) j["skipped_mtp_layers"] = m.mtp_layers;
   }
+  if (c.is_mla())
+    j["latent_attention"] = {
+        {"q_lora_rank", c.mla.q_lora_rank},  {"kv_lora_rank", c.mla.kv_lora_rank},
+        {"qk_nope_head_dim", c.mla.qk_nope}, {"qk_rope_head_dim", c.mla.qk_rope},
+        {"v_head_dim", c.mla.v_head_dim},    {"cache_values_per_token", c.mla.cache_width()}};
   return j;
 }
 
 Result<std::unique_ptr<KVCache>> Model::make_kv_cache(int num_blocks, int block_size,
                                                       ElemType type) const {
-  return KVCache::create(*device_, type, cfg_.num_layers, num_blocks, block_size, plan_.kv_heads,
-                         cfg_.head_dim);
+  return KVCache::create(*device_, type, cfg_.num_layers, num_blocks, block_size,
+                         kv_shape(cfg_, plan_.kv_heads));
+}
+
+uint64_t Model::kv_block_bytes(ElemType type, int block_size) const {
+  return KVCache::block_bytes(type, cfg_.num_layers, block_size, kv_shape(cfg_, plan_.kv_heads));
 }
 
 Status Model::reserve(int tokens, int logit_rows) {
@@ -642,7 +675,14 @@ Status Model::reserve(int tokens, int logit_rows) {
     SPARK_TRY(grow(h_, at, T * H));
     SPARK_TRY(grow(o_, at, T * H));
     SPARK_TRY(grow(q_, at, T * qw));
-    SPARK_TRY(grow(att_, at, T * qw));
+    const size_t aw =
+        cfg_.is_mla() ? static_cast<size_t>(plan_.heads) * static_cast<size_t>(cfg_.mla.v_head_dim)
+                      : qw;
+    SPARK_TRY(grow(att_, at, T * std::max(qw, aw)));
+    if (cfg_.is_mla()) {
+      SPARK_TRY(grow(mla_qa_, at, T * static_cast<size_t>(std::max(cfg_.mla.q_lora_rank, 1))));
+      SPARK_TRY(grow(mla_kv_, at, T * static_cast<size_t>(cfg_.mla.cache_width())));
+    }
     SPARK_TRY(grow(k_, at, T * kw));
     SPARK_TRY(grow(v_, at, T * kw));
     SPARK_TRY(grow(gate_up_, at, T * 2 * I));

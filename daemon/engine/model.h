@@ -87,9 +87,12 @@ class Model {
   /// Heads of KV held by this rank (for sizing the KVCache).
   int local_kv_heads() const { return plan_.kv_heads; }
   Device& device() const { return *device_; }
-  /// A KV cache of `num_blocks` blocks on this model's device.
+  /// A KV cache of `num_blocks` blocks on this model's device (kv_shape(): K and V per
+  /// local KV head, or latent attention's one row per token).
   Result<std::unique_ptr<KVCache>> make_kv_cache(int num_blocks, int block_size,
                                                  ElemType type) const;
+  /// Bytes one block of that cache takes over all layers.
+  uint64_t kv_block_bytes(ElemType type, int block_size) const;
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
   /// want_logits the vocab_size logits of its last token into `logits` (in chunk order).
@@ -159,6 +162,7 @@ class Model {
     // Mixture of experts (shard_plan.h's roles).
     Buffer router, router_bias, experts_gate_up, experts_down, shared_gate_up, shared_down;
     Buffer sinks, router_b, experts_gate_up_b, experts_down_b;  // gpt-oss
+    Buffer wq_a, q_a_norm, wkv_a, kv_a_norm, wkv_b;             // latent attention
     bool post_folded = false;  // post_norm's weight folded into w_gate_up (ones left)
   };
   Model() = default;
@@ -172,6 +176,7 @@ class Model {
   // The recipe's blocks (layer_blocks.cc). `pre` is the residual stream's pending norm:
   // the next product's input.
   Status attention_block(int l, KVCache& cache, Collective& comm, int T, Device::PreNorm* pre);
+  Status mla_attention_block(int l, KVCache& cache, Collective& comm, int T, Device::PreNorm* pre);
   Status mlp_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,
                    Device::PreNorm* pre);
   Status moe_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,
@@ -185,6 +190,7 @@ class Model {
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
   double attn_factor_sq_ = 1.0;  // YaRN's attention factor, squared (1 otherwise)
+  double attn_factor_ = 1.0;     // the same unsquared (latent attention's rotated part)
   ShardPlan plan_;
   std::shared_ptr<Device> device_;
   Buffer embed_, lm_head_, final_norm_, inv_freq_dev_;
@@ -196,6 +202,7 @@ class Model {
   int cap_tokens_ = 0, cap_rows_ = 0;
   Buffer x_, h_, q_, k_, v_, att_, o_, gate_up_, act_, sel_, logits_;
   Buffer router_logits_, moe_ids_, moe_weights_;  // [T][experts] f32, [T][top_k] i32 / f32
+  Buffer mla_qa_, mla_kv_;  // latent attention: [T][q_lora_rank], [T][kv_lora_rank + rope]
   // The current step's views of the scratch (its T rows), which the blocks and the pending
   // norm (PreNorm) point at while the step runs.
   struct StepViews {

@@ -123,6 +123,18 @@ ParamCount count_params(const ModelConfig& c) {
   if (c.o_bias) attn += H;
   if (c.qk_norm == QkNorm::per_head) attn += 2 * static_cast<uint64_t>(c.head_dim);
   if (c.qk_norm == QkNorm::per_layer) attn += qw + kw;
+  if (c.is_mla()) {
+    const auto& m = c.mla;
+    const uint64_t NH = static_cast<uint64_t>(c.num_heads),
+                   qr = static_cast<uint64_t>(m.q_lora_rank),
+                   kr = static_cast<uint64_t>(m.kv_lora_rank);
+    const uint64_t qk = static_cast<uint64_t>(m.qk_head_dim());
+    attn = 2 * H;                                                       // the two norms
+    attn += qr > 0 ? H * qr + qr + qr * NH * qk : H * NH * qk;          // q (LoRA or direct)
+    attn += H * static_cast<uint64_t>(m.cache_width()) + kr;            // kv_a and its norm
+    attn += kr * NH * static_cast<uint64_t>(m.qk_nope + m.v_head_dim);  // kv_b
+    attn += NH * static_cast<uint64_t>(m.v_head_dim) * H;               // o
+  }
   p.active = p.total;
   const auto& m = c.moe;
   for (int l = 0; l < c.num_layers; ++l) {
@@ -143,6 +155,12 @@ ParamCount count_params(const ModelConfig& c) {
     p.active += used;
   }
   return p;
+}
+
+double mla_softmax_mscale_sq(const hf::RopeScaling& r) {
+  if (r.type != "yarn" || !r.mscale_all_dim || *r.mscale_all_dim == 0 || r.factor <= 1) return 1.0;
+  const double m = 0.1 * *r.mscale_all_dim * std::log(r.factor) + 1.0;
+  return m * m;
 }
 
 int MoeConfig::moe_layers() const {
@@ -234,7 +252,8 @@ Result<ModelConfig> model_config_from(const hf::Config& h, const std::string& wh
   // A tensor-parallel split of FP8 experts keeps the scale blocks whole (else: expert-parallel).
   if (c.weights.fp8()) c.moe.expert_block = c.weights.block_n;
   if (c.weights.mxfp4()) c.moe.expert_block = 32;  // down's columns split by whole blocks
-  if (c.rope.type == "yarn" && c.rotary_dim != c.head_dim &&
+  // Latent attention applies YaRN's factor to its rotated part alone (on cos and sin).
+  if (c.rope.type == "yarn" && c.rotary_dim != c.head_dim && !c.is_mla() &&
       hf::rope_attention_factor(c.rope) != 1.0)
     return cfgjson::unsupported(where, "rope_scaling", "yarn",
                                 "YaRN's attention scaling with partial rotary");

@@ -23,7 +23,8 @@ enum class Family {
   mixtral,
   glm4_moe,
   minimax_m2,
-  gpt_oss
+  gpt_oss,
+  deepseek_v3
 };
 
 /// The layer recipe an architecture runs (one file each: family_dense.cc, family_moe.cc).
@@ -64,6 +65,23 @@ struct MoeConfig {
   int moe_layers() const;
 };
 
+/// Multi-head latent attention (DeepSeek-V3): queries through a low-rank pair (q_a_proj,
+/// q_a_layernorm, q_b_proj) or q_proj; per token one latent (kv_a_proj_with_mqa's first
+/// kv_lora_rank outputs, RMS-normalised) and one RoPE key of qk_rope_head_dim shared by every
+/// head, which kv_b_proj expands into each head's key (nope part) and value. kv_lora_rank 0:
+/// not MLA.
+struct MlaConfig {
+  int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int kv_lora_rank = 0;
+  int qk_nope = 0, qk_rope = 0, v_head_dim = 0;
+  /// RoPE over the interleaved pairs (2i, 2i + 1) of q_pe and k_pe (DeepSeek's layout,
+  /// transformers' rope_interleave); false: over the halves (i, i + rope / 2).
+  bool rope_interleave = true;
+  int qk_head_dim() const { return qk_nope + qk_rope; }
+  /// Values one token keeps per layer in the cache: the latent and the rotated RoPE key.
+  int cache_width() const { return kv_lora_rank + qk_rope; }
+};
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   Family family = Family::llama;
@@ -95,12 +113,19 @@ struct ModelConfig {
   }
   bool attn_sinks = false;  // a learned sink logit per head joins each softmax (gpt-oss)
   MoeConfig moe;
+  MlaConfig mla;  // DeepSeek-V3 (head_dim is then qk_nope + qk_rope, rotary_dim qk_rope)
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype;  // as written in config.json ("bfloat16", ...), informational
   WeightFormat weights;     // quantization_config: plain or FP8 block-scaled matrices
   bool is_moe() const { return moe.experts > 0; }
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
 };
+
+/// The factor on latent attention's softmax scale qk_head_dim^-0.5, as transformers'
+/// DeepseekV3Attention sets it: YaRN's mscale(factor, mscale_all_dim) squared where
+/// rope_scaling is yarn with a non-zero mscale_all_dim, else 1.
+double mla_softmax_mscale_sq(const hf::RopeScaling& r);
 
 /// Parameters of the whole model (all ranks together, embedding and lm_head included, the
 /// multi-token-prediction layers not), and those one token's forward pass multiplies (the

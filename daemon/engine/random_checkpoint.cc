@@ -162,6 +162,39 @@ ModelConfig small_config(Family family, int vocab_size, int hidden, int layers) 
         c.qk_norm = QkNorm::per_layer;
         c.rotary_dim = c.head_dim / 2;
         break;
+      case Family::deepseek_v3: {
+        // GLM-4.5's router and shared expert over latent attention: q LoRA (q_lora_rank 0
+        // for q_proj), a latent of hidden / 2 and a RoPE key of 8 per token, YaRN whose
+        // mscale and mscale_all_dim differ (both its factors at work).
+        m.score = RouterScore::sigmoid;
+        m.correction_bias = true;
+        m.norm_topk = true;
+        m.n_group = 4;
+        m.topk_group = 2;
+        m.routed_scaling = 2.5;
+        m.shared_inter = m.expert_inter;
+        if (layers > 1) m.layer_moe[0] = 0;  // first_k_dense_replace 1
+        auto& a = c.mla;
+        a.q_lora_rank = hidden / 2;
+        a.kv_lora_rank = hidden / 2;
+        a.qk_nope = hidden / 4;
+        a.qk_rope = 8;
+        a.v_head_dim = hidden / 4;
+        a.rope_interleave = true;
+        c.num_kv_heads = c.num_heads;
+        c.head_dim = a.qk_head_dim();
+        c.rotary_dim = a.qk_rope;
+        c.rope.type = "yarn";
+        // max_position_embeddings = factor x original (some transformers versions take
+        // YaRN's factor from that ratio).
+        c.rope.factor = 4;
+        c.rope.original_max_position = c.max_position / 4;
+        c.rope.beta_fast = 32;
+        c.rope.beta_slow = 1;
+        c.rope.mscale = 1.0;
+        c.rope.mscale_all_dim = 0.8;
+        break;
+      }
       case Family::gpt_oss:
         m.norm_topk = true;
         m.expert_inter = std::max(32, hidden / 32 * 32);
@@ -215,10 +248,26 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
     const std::string p = fmt::format("model.layers.{}.", l);
     add(p + "input_layernorm.weight", {H}, 0.2f, 1.0f);
     add(p + "post_attention_layernorm.weight", {H}, 0.2f, 1.0f);
-    lin(p + "self_attn.q_proj.weight", NH * hd, H);
-    lin(p + "self_attn.k_proj.weight", NKV * hd, H);
-    lin(p + "self_attn.v_proj.weight", NKV * hd, H);
-    lin(p + "self_attn.o_proj.weight", H, NH * hd);
+    if (c.is_mla()) {
+      const auto& a = c.mla;
+      const int64_t qk = a.qk_head_dim(), qr = a.q_lora_rank, kr = a.kv_lora_rank;
+      if (qr > 0) {
+        lin(p + "self_attn.q_a_proj.weight", qr, H);
+        add(p + "self_attn.q_a_layernorm.weight", {qr}, 0.2f, 1.0f);
+        lin(p + "self_attn.q_b_proj.weight", NH * qk, qr);
+      } else {
+        lin(p + "self_attn.q_proj.weight", NH * qk, H);
+      }
+      lin(p + "self_attn.kv_a_proj_with_mqa.weight", a.cache_width(), H);
+      add(p + "self_attn.kv_a_layernorm.weight", {kr}, 0.2f, 1.0f);
+      lin(p + "self_attn.kv_b_proj.weight", NH * (a.qk_nope + a.v_head_dim), kr);
+      lin(p + "self_attn.o_proj.weight", H, NH * a.v_head_dim);
+    } else {
+      lin(p + "self_attn.q_proj.weight", NH * hd, H);
+      lin(p + "self_attn.k_proj.weight", NKV * hd, H);
+      lin(p + "self_attn.v_proj.weight", NKV * hd, H);
+      lin(p + "self_attn.o_proj.weight", H, NH * hd);
+    }
     if (c.qkv_bias) {
       add(p + "self_attn.q_proj.bias", {NH * hd}, 0.3f, 0.0f);
       add(p + "self_attn.k_proj.bias", {NKV * hd}, 0.3f, 0.0f);
@@ -388,14 +437,16 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
                                  {"activation_scheme", "dynamic"},
                                  {"weight_block_size", {128, 128}},
                                  {"modules_to_not_convert", {"lm_head"}}};
-  if (c.rope.type == "yarn")
+  if (c.rope.type == "yarn") {
     cj["rope_scaling"] = {{"rope_type", "yarn"},
                           {"factor", c.rope.factor},
                           {"beta_fast", c.rope.beta_fast},
                           {"beta_slow", c.rope.beta_slow},
                           {"truncate", c.rope.truncate},
                           {"original_max_position_embeddings", c.rope.original_max_position}};
-  else if (c.rope.type != "default")
+    if (c.rope.mscale) cj["rope_scaling"]["mscale"] = *c.rope.mscale;
+    if (c.rope.mscale_all_dim) cj["rope_scaling"]["mscale_all_dim"] = *c.rope.mscale_all_dim;
+  } else if (c.rope.type != "default")
     cj["rope_scaling"] = {{"rope_type", c.rope.type},
                           {"factor", c.rope.factor},
                           {"low_freq_factor", c.rope.low_freq_factor},
@@ -442,6 +493,32 @@ Status write_random_checkpoint(const std::string& dir, const RandomCheckpointSpe
       cj["use_qk_norm"] = c.qk_norm == QkNorm::per_head;
       cj["attention_bias"] = c.qkv_bias;
       cj["partial_rotary_factor"] = rot;
+      break;
+    }
+    case Family::deepseek_v3: {
+      int dense = 0;
+      while (dense < c.num_layers && !m.is_moe(dense)) ++dense;
+      const auto& a = c.mla;
+      cj["n_routed_experts"] = m.experts;
+      cj["n_shared_experts"] = m.shared_inter / std::max(1, m.expert_inter);
+      cj["num_experts_per_tok"] = m.top_k;
+      cj["moe_intermediate_size"] = m.expert_inter;
+      cj["first_k_dense_replace"] = dense;
+      cj["n_group"] = m.n_group;
+      cj["topk_group"] = m.topk_group;
+      cj["routed_scaling_factor"] = m.routed_scaling;
+      cj["norm_topk_prob"] = m.norm_topk;
+      cj["topk_method"] = "noaux_tc";
+      cj["scoring_func"] = "sigmoid";
+      cj["moe_layer_freq"] = 1;
+      cj["attention_bias"] = false;
+      cj["q_lora_rank"] = a.q_lora_rank > 0 ? nlohmann::json(a.q_lora_rank) : nlohmann::json();
+      cj["kv_lora_rank"] = a.kv_lora_rank;
+      cj["qk_nope_head_dim"] = a.qk_nope;
+      cj["qk_rope_head_dim"] = a.qk_rope;
+      cj["v_head_dim"] = a.v_head_dim;
+      cj["rope_interleave"] = a.rope_interleave;
+      cj["head_dim"] = a.qk_rope;  // as transformers' DeepseekV3Config writes it
       break;
     }
     case Family::gpt_oss: {

@@ -52,6 +52,9 @@ bool is_projection(WeightRole r) {
     case WeightRole::experts_down:
     case WeightRole::shared_gate_up:
     case WeightRole::shared_down:
+    case WeightRole::wq_a:
+    case WeightRole::wkv_a:
+    case WeightRole::wkv_b:
       return true;
     default:
       return false;
@@ -181,6 +184,40 @@ void PlanBuilder::attention(const ModelConfig& c, int l) {
     dest(l, WeightRole::k_norm, sz(kw), DestKind::vector);
     read(pre + "self_attn.k_norm.weight", {NKV * hd}, kv_rows, l, WeightRole::k_norm);
   }
+}
+
+void PlanBuilder::mla_attention(const ModelConfig& c, int l) {
+  const ShardPlan& p = *p_;
+  const auto& m = c.mla;
+  const int64_t H = c.hidden_size, NH = c.num_heads, nh = p.heads, h0 = p.rank * p.heads;
+  const int64_t qk = m.qk_head_dim(), kvb = m.qk_nope + m.v_head_dim, V = m.v_head_dim;
+  const int64_t qr = m.q_lora_rank, kr = m.kv_lora_rank, kw = m.cache_width();
+  const Slice all;
+  auto sz = [](int64_t a, int64_t b = 1) { return static_cast<size_t>(a * b); };
+  const std::string pre = fmt::format("model.layers.{}.", l), at = pre + "self_attn.";
+  dest(l, WeightRole::in_norm, sz(H), DestKind::vector);
+  read(pre + "input_layernorm.weight", {H}, all, l, WeightRole::in_norm);
+  dest(l, WeightRole::post_norm, sz(H), DestKind::vector);
+  read(pre + "post_attention_layernorm.weight", {H}, all, l, WeightRole::post_norm);
+  dest(l, WeightRole::wq, sz(nh * qk, qr > 0 ? qr : H), DestKind::matrix);
+  if (qr > 0) {
+    dest(l, WeightRole::wq_a, sz(qr, H), DestKind::matrix);
+    read(at + "q_a_proj.weight", {qr, H}, all, l, WeightRole::wq_a);
+    dest(l, WeightRole::q_a_norm, sz(qr), DestKind::vector);
+    read(at + "q_a_layernorm.weight", {qr}, all, l, WeightRole::q_a_norm);
+    read(at + "q_b_proj.weight", {NH * qk, qr}, Slice{h0 * qk, nh * qk, 0, -1}, l, WeightRole::wq);
+  } else {
+    read(at + "q_proj.weight", {NH * qk, H}, Slice{h0 * qk, nh * qk, 0, -1}, l, WeightRole::wq);
+  }
+  dest(l, WeightRole::wkv_a, sz(kw, H), DestKind::matrix);
+  read(at + "kv_a_proj_with_mqa.weight", {kw, H}, all, l, WeightRole::wkv_a);
+  dest(l, WeightRole::kv_a_norm, sz(kr), DestKind::vector);
+  read(at + "kv_a_layernorm.weight", {kr}, all, l, WeightRole::kv_a_norm);
+  dest(l, WeightRole::wkv_b, sz(nh * kvb, kr), DestKind::matrix);
+  read(at + "kv_b_proj.weight", {NH * kvb, kr}, Slice{h0 * kvb, nh * kvb, 0, -1}, l,
+       WeightRole::wkv_b);
+  dest(l, WeightRole::wo, sz(H, nh * V), DestKind::matrix);
+  read(at + "o_proj.weight", {H, NH * V}, Slice{0, -1, h0 * V, nh * V}, l, WeightRole::wo);
 }
 
 void PlanBuilder::gated_mlp(const std::string& pre, const char* gate, const char* up,

@@ -56,8 +56,15 @@ enum class WeightRole {
   router_b,           // [experts]: the router's logit bias (gpt-oss)
   experts_gate_up_b,  // [local experts][2 * local expert inter] (gpt-oss, interleaved)
   experts_down_b,     // [local experts][hidden] (rank 0 only when experts are split by width)
+  // Latent attention (DeepSeek-V3; wq holds q_b_proj, or q_proj without q LoRA, and wo o_proj,
+  // each this rank's heads).
+  wq_a,       // q_a_proj [q_lora_rank][hidden], replicated
+  q_a_norm,   // q_a_layernorm [q_lora_rank]
+  wkv_a,      // kv_a_proj_with_mqa [kv_lora_rank + qk_rope_head_dim][hidden], replicated
+  kv_a_norm,  // kv_a_layernorm [kv_lora_rank]
+  wkv_b,      // kv_b_proj: per local head [qk_nope_head_dim + v_head_dim][kv_lora_rank]
 };
-inline constexpr int kWeightRoles = static_cast<int>(WeightRole::experts_down_b) + 1;
+inline constexpr int kWeightRoles = static_cast<int>(WeightRole::wkv_b) + 1;
 
 /// One read: `slice` of checkpoint tensor `tensor` (full shape `shape`) into elements
 /// [dst_offset, dst_offset + rows * cols) of the destination (layer, role).
@@ -146,6 +153,9 @@ class PlanBuilder {
   /// Input and post-attention norms, q/k/v/o (with their biases and q/k norms as the config
   /// says), this rank's heads.
   void attention(const ModelConfig& c, int layer);
+  /// The same for latent attention: q (LoRA pair or direct), kv_a and the norms whole on
+  /// every rank; q_b/q_proj, kv_b rows and o_proj columns of this rank's heads.
+  void mla_attention(const ModelConfig& c, int layer);
   /// A gated MLP (gate and up fused as [gate | up]) under `prefix` ("model.layers.L.mlp."),
   /// `inter` wide in the files, this rank's `[inter0, inter0 + n)` rows, with the names of
   /// its three projections (gate, up, down).

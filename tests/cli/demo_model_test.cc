@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -100,9 +101,9 @@ TEST_CASE("demo-model --arch: a mixture of experts of that architecture; an unkn
   // ones, and nothing written.
   std::ostringstream out2, err2;
   std::string bad = dir / "bad";
-  const char* argv2[] = {"sparkctl", "demo-model", bad.c_str(), "--arch", "DeepseekV3ForCausalLM"};
+  const char* argv2[] = {"sparkctl", "demo-model", bad.c_str(), "--arch", "DeepseekV32ForCausalLM"};
   CHECK(cli::run(5, argv2, out2, err2, Environment{}) == 2);
-  CHECK(err2.str().find("DeepseekV3ForCausalLM") != std::string::npos);
+  CHECK(err2.str().find("DeepseekV32ForCausalLM") != std::string::npos);
   CHECK(err2.str().find("Qwen3MoeForCausalLM") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(bad));
 
@@ -113,4 +114,32 @@ TEST_CASE("demo-model --arch: a mixture of experts of that architecture; an unkn
   CHECK(err3.str().find("--weights int4") != std::string::npos);
   CHECK(err3.str().find("bf16, fp8") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(bad));
+}
+
+TEST_CASE("demo-model --arch deepseek_v3: latent attention that loads and generates on the CPU") {
+  test::TempDir dir;
+  std::ostringstream out, err;
+  std::string target = dir / "dsv3";
+  const char* argv[] = {"sparkctl",     "--json", "demo-model",
+                        target.c_str(), "--arch", "deepseek_v3"};
+  int rc = cli::run(6, argv, out, err, Environment{});
+  INFO(err.str());
+  REQUIRE(rc == 0);
+  CHECK(nlohmann::json::parse(out.str())["architecture"] == "DeepseekV3ForCausalLM");
+  auto m = Model::load(target, 0, 1);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  const auto& c = (*m)->config();
+  CHECK(c.is_mla());
+  CHECK(c.mla.q_lora_rank > 0);
+  CHECK(c.moe.shared_inter > 0);
+  CHECK_FALSE(c.moe.is_moe(0));
+  auto cache = (*m)->make_kv_cache(8, 16, ElemType::f32);
+  REQUIRE(cache.ok());
+  std::vector<int32_t> tok = {5, 77, 301, 12}, table = {3, 1};
+  LocalCollective one;
+  std::vector<float> logits;
+  SeqChunk ch{tok.data(), 4, 0, table.data(), true};
+  REQUIRE((*m)->forward({ch}, **cache, one, &logits).ok());
+  REQUIRE(logits.size() == static_cast<size_t>(c.vocab_size));
+  for (float v : logits) REQUIRE(std::isfinite(v));
 }

@@ -55,9 +55,10 @@ std::vector<std::string> fixture_dirs() {
     // Families whose kernels the CUDA device does not have yet are tested on the CPU
     // (engine_reference_test.cc) and left out here, said once.
     auto cfg = spark::engine::load_model_config(e.path().string());
-    if (cfg && cfg->family == spark::engine::Family::gpt_oss) {
-      std::cout << "SKIP (CUDA): " << e.path().filename().string()
-                << ": gpt-oss runs on the CPU device only in this build\n";
+    if (cfg && (cfg->family == spark::engine::Family::gpt_oss || cfg->is_mla())) {
+      std::cout << "SKIP (CUDA): " << e.path().filename().string() << ": "
+                << (cfg->is_mla() ? "latent attention" : "gpt-oss")
+                << " runs on the CPU device only in this build\n";
       continue;
     }
     out.push_back(e.path().string());

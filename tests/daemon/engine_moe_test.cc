@@ -123,6 +123,7 @@ TEST_CASE("moe: the shard plan splits experts as EXPERT_PARALLEL says, with its 
   CHECK_FALSE(plan::experts_split_evenly(1408, 4, 128));  // 352 is not whole 128-blocks
   CHECK(plan::experts_split_evenly(768, 2, 128));
   CHECK_FALSE(plan::experts_split_evenly(2880, 4, 32));  // gpt-oss at 4 ranks
+  CHECK(plan::experts_split_evenly(32, 1, 128));         // one rank cuts no block
 }
 
 TEST_CASE("moe: config fields that change the arithmetic and are not implemented are refused") {

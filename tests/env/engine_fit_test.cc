@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "core/strings.h"
+#include "daemon/engine/random_checkpoint.h"
 #include "env/preflight.h"
 #include "support/tempdir.h"
 
@@ -88,7 +89,8 @@ TEST_CASE(
   CHECK(e.ok());
 }
 
-TEST_CASE("engine fit: FP8 tensors only where config.json declares them; other quantizations refused") {
+TEST_CASE(
+    "engine fit: FP8 tensors only where config.json declares them; other quantizations refused") {
   test::TempDir d("fit");
   d.write("fp8/config.json", *read_file(kModels + "qwen3/config.json"));
   d.write("fp8/tokenizer.json", "{}");
@@ -198,4 +200,24 @@ TEST_CASE("plan: says the configured engine cannot serve the model, with the fix
   CHECK(out.str().find("# fix: serve it with an engine that runs it: ENGINE=exec") !=
         std::string::npos);
   CHECK(err.str().find("ENGINE=native cannot serve " + dir) != std::string::npos);
+}
+
+TEST_CASE("engine fit: latent attention (DeepSeek-V3) is served on DEVICE=cpu only, and says so") {
+  test::TempDir d("fit");
+  const std::string dir = d / "dsv3";
+  REQUIRE(engine::write_random_checkpoint(
+              dir, {engine::small_config(engine::Family::deepseek_v3), engine::DType::bf16, 7, 1})
+              .ok());
+  d.write("dsv3/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+  auto gpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n");
+  auto f = engine_fit(read_model_files(Sysroot("/"), dir), &gpu, {});
+  CHECK(f.checked);
+  REQUIRE_FALSE(f.ok());
+  CHECK(has(f.problems,
+            "DeepseekV3ForCausalLM runs on the CPU device only in this build "
+            "(DEVICE=auto; its latent attention has no CUDA kernels yet)"));
+  CHECK(has(f.fixes, "set DEVICE=cpu"));
+  auto cpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nDEVICE=cpu\n");
+  auto c = engine_fit(read_model_files(Sysroot("/"), dir), &cpu, {});
+  CHECK_MESSAGE(c.ok(), join(c.problems, "; "));
 }
