@@ -34,8 +34,10 @@
 #include "core/strings.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/sampler.h"
 #include "support/gpu.h"
+#include "support/tempdir.h"
 
 using namespace spark;
 using namespace spark::engine;
@@ -560,4 +562,18 @@ TEST_CASE("cuda engine: penalties drawn on the device pick the host sampler's to
   MESSAGE(differ_from_plain << " of " << 12 * seqs.size()
                             << " draws differ from the same draw without penalties");
   CHECK(differ_from_plain > 0);
+}
+
+TEST_CASE("cuda engine: latent attention (DeepSeek-V3) is refused at load, naming DEVICE=cpu") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  test::TempDir dir;
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::deepseek_v3), DType::bf16, 3, 1})
+          .ok());
+  auto m = Model::load(dir.path(), 0, 1, dev);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.error().code == Errc::unsupported);
+  CHECK(m.error().message.find("runs on the CPU device only") != std::string::npos);
+  CHECK(m.error().message.find("DEVICE=cpu") != std::string::npos);
 }

@@ -488,6 +488,14 @@ TEST_CASE("DeepSeek-V3: the latent cache's size is what sparkctl plan counts") {
   auto c = parse_model_config(j.dump(), "v3/config.json");
   REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.error().message));
   CHECK(c->mla.cache_width() == 576);
+  // The parameters DeepSeek-V3 is published with: 671B in all, 37B active (the MTP layer
+  // apart).
+  const ParamCount pc = count_params(*c);
+  MESSAGE("DeepSeek-V3: " << pc.total << " parameters, " << pc.active << " active");
+  CHECK(pc.total > 670e9);
+  CHECK(pc.total < 672e9);
+  CHECK(pc.active > 36.5e9);
+  CHECK(pc.active < 38e9);
   auto shape = plan::model_shape(j, "v3/config.json");
   REQUIRE(shape.ok());
   for (int world : {1, 2, 8}) {
