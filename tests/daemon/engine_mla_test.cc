@@ -21,6 +21,7 @@
 #include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/collective.h"
+#include "daemon/engine/engine.h"
 #include "daemon/engine/kv_cache.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/random_checkpoint.h"
@@ -550,4 +551,41 @@ TEST_CASE("DeepSeek-V3: config.json it cannot run is refused by field and value"
   CHECK(contains(with([](auto& j) { j["moe_layer_freq"] = 2; }), "\"moe_layer_freq\" = 2"));
   CHECK(contains(with([](auto& j) { j.erase("kv_lora_rank"); }), "kv_lora_rank 1 to 8192 (got 0)"));
   CHECK(contains(with([](auto& j) { j["qk_rope_head_dim"] = 7; }), "even qk_rope_head_dim"));
+}
+
+TEST_CASE(
+    "DeepSeek-V3: the engine sizes its latent cache from the budget and serves greedy "
+    "requests, the second from the prefix cache") {
+  test::TempDir dir;
+  const auto cfg = config();
+  REQUIRE(write_random_checkpoint(dir.path(), {cfg, DType::f32, 53, 1}).ok());
+  auto m = Model::load(dir.path(), 0, 1);
+  REQUIRE(m.ok());
+  EngineOptions o;
+  o.slots = 2;
+  o.block_size = 4;
+  o.max_context = 64;
+  // 40 blocks of 4 tokens at 3 layers x (32 + 8) fp32 values per token: 1920 bytes a block.
+  o.kv_cache_bytes = 40ull * 3 * 4 * (32 + 8) * 4;
+  auto eng = Engine::start(std::move(*m), std::make_shared<LocalCollective>(), o);
+  REQUIRE_MESSAGE(eng.ok(), (eng.ok() ? std::string() : eng.error().message));
+  CHECK((*eng)->stats().blocks_total == 32);  // two full contexts of 64 fit in the 40
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 5;
+  const auto tok = prompt(13, 6);
+  auto first = generate_blocking(**eng, tok, p);
+  REQUIRE_MESSAGE(first.ok(), (first.ok() ? std::string() : first.error().message));
+  auto second = generate_blocking(**eng, tok, p);
+  REQUIRE(second.ok());
+  CHECK(second->cached_prompt_tokens >= 8);  // whole blocks of the prompt, read back
+  CHECK(second->tokens[0] == first->tokens[0]);
+  // The reference's greedy path.
+  std::vector<int32_t> seq = tok;
+  for (int s = 0; s < 5; ++s) {
+    const Mat ref = naive(dir.path(), cfg, seq);
+    const double* row = ref.data() + (seq.size() - 1) * static_cast<size_t>(cfg.vocab_size);
+    seq.push_back(static_cast<int32_t>(std::max_element(row, row + cfg.vocab_size) - row));
+  }
+  CHECK(std::vector<int32_t>(seq.begin() + 13, seq.end()) == first->tokens[0]);
 }

@@ -75,7 +75,9 @@ TEST_CASE("reference: logits and greedy tokens match Hugging Face transformers")
     const int steps = ref["greedy_steps"].get<int>();
     const int bs = 16;
     const int blocks = (static_cast<int>(prompt.size()) + steps) / bs + 2;
-    KVCache cache(c.num_layers, blocks, bs, model.local_kv_heads(), c.head_dim);
+    auto cache_made = model.make_kv_cache(blocks, bs, ElemType::f32);  // K+V, or a latent
+    REQUIRE(cache_made.ok());
+    KVCache& cache = **cache_made;
     std::vector<int32_t> table(static_cast<size_t>(blocks));
     for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks - 1 - i;
     LocalCollective one;
@@ -144,12 +146,16 @@ TEST_CASE("reference: chunked prefill gives the logits of whole prefill") {
     std::vector<int32_t> table(static_cast<size_t>(blocks));
     for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = blocks - 1 - i;
     LocalCollective one;
-    KVCache whole_cache(c.num_layers, blocks, bs, model.local_kv_heads(), c.head_dim);
+    auto whole_cache_made = model.make_kv_cache(blocks, bs, ElemType::f32);  // K+V, or a latent
+    REQUIRE(whole_cache_made.ok());
+    KVCache& whole_cache = **whole_cache_made;
     std::vector<float> whole;
     SeqChunk all{prompt.data(), n, 0, table.data(), true};
     REQUIRE(model.forward({all}, whole_cache, one, &whole, true).ok());
     // Uneven chunks (as the scheduler cuts them), each one step through the cache.
-    KVCache cache(c.num_layers, blocks, bs, model.local_kv_heads(), c.head_dim);
+    auto cache_made = model.make_kv_cache(blocks, bs, ElemType::f32);  // K+V, or a latent
+    REQUIRE(cache_made.ok());
+    KVCache& cache = **cache_made;
     std::vector<float> chunked, part;
     const int sizes[] = {5, 1, 3, 8, 2};
     for (int at = 0, k = 0; at < n; ++k) {
