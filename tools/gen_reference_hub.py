@@ -176,6 +176,26 @@ MODELS = [
                                       original_max_position_embeddings=1024),
                     rope_theta=10000.0),
     ),
+    dict(
+        # FP8 DeepSeek-V3 (as DeepSeek publishes it): every projection e4m3 with 128x128 block
+        # scales, kv_a_proj_with_mqa's 192 rows a partial block; widths whose head and expert
+        # splits stay whole 128-blocks at two ranks.
+        name="deepseek_v3_fp8", arch="DeepseekV3ForCausalLM", model_type="deepseek_v3",
+        dtype="bfloat16", quant="fp8", shards=2, seed=14014,
+        config=dict(vocab_size=768, hidden_size=256, intermediate_size=512,
+                    moe_intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+                    num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                    norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=256,
+                    kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64,
+                    v_head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                    topk_method="noaux_tc", rope_interleave=True,
+                    rope_scaling=dict(rope_type="yarn", factor=8.0, beta_fast=32.0,
+                                      beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                      original_max_position_embeddings=512),
+                    rope_theta=10000.0),
+    ),
 ]
 
 # ---- tensors by Hub name ---------------------------------------------------------------------

@@ -589,3 +589,15 @@ TEST_CASE(
   }
   CHECK(std::vector<int32_t>(seq.begin() + 13, seq.end()) == first->tokens[0]);
 }
+
+TEST_CASE("DeepSeek-V3: synthetic weights of the shape run, holding what the plan says") {
+  const auto c = config();
+  LoadReport rep;
+  auto m = Model::synthetic(c, 0, 1, make_cpu_device(), 9, &rep);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  CHECK(rep.weight_bytes == (*m)->shard_plan().held_bytes(4, 4));
+  const auto logits = engine_logits(**m, prompt(6, 7));
+  REQUIRE(logits.size() == 6u * static_cast<size_t>(c.vocab_size));
+  for (float v : logits) REQUIRE(std::isfinite(v));
+  CHECK((*m)->describe()["latent_attention"]["cache_values_per_token"] == 40);
+}
