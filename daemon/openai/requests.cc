@@ -310,7 +310,17 @@ Json parse_template_kwargs(const Json& j) {
     if (k.contains(reserved))
       fail(fmt::format("'chat_template_kwargs' cannot set '{}'; use the request field.", reserved),
            "chat_template_kwargs");
-  return k;
+  Json out = k;
+  // reasoning_effort reaches the template as a variable of that name (gpt-oss's template
+  // writes "Reasoning: <effort>" into its system message), as vLLM passes it; the request
+  // field wins over a chat_template_kwargs entry.
+  if (present(j, "reasoning_effort")) {
+    const Json& e = j["reasoning_effort"];
+    if (!e.is_string() || (e != "low" && e != "medium" && e != "high"))
+      fail("'reasoning_effort' must be one of \"low\", \"medium\", \"high\".", "reasoning_effort");
+    out["reasoning_effort"] = e;
+  }
+  return out;
 }
 
 ResponseFormat parse_response_format(const Json& j) {

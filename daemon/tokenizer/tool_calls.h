@@ -22,11 +22,13 @@ struct ParsedToolCall {
   std::string arguments;
 };
 
-/// What one push()/finish() makes final: content text and completed calls.
+/// What one push()/finish() makes final: content text, reasoning text (harmony's analysis
+/// channel, see harmony.h) and completed calls.
 struct ToolParseDelta {
   std::string content;
+  std::string reasoning;
   std::vector<ParsedToolCall> calls;
-  bool empty() const { return content.empty() && calls.empty(); }
+  bool empty() const { return content.empty() && reasoning.empty() && calls.empty(); }
 };
 
 /// Incremental parser for one response (one choice).
