@@ -505,6 +505,13 @@ Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg,
 
 }  // namespace
 
+void escape_special_tokens(std::vector<ChatMessage>& messages, const Tokenizer& tok) {
+  for (auto& m : messages) {
+    m.content = tok.escape_special(m.content);
+    if (m.reasoning_content) m.reasoning_content = tok.escape_special(*m.reasoning_content);
+  }
+}
+
 Json template_messages(const std::vector<ChatMessage>& messages, bool object_arguments,
                        bool null_content, bool reasoning_as_thinking) {
   Json out = Json::array();

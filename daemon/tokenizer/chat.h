@@ -123,6 +123,11 @@ Result<std::string> render_chat(const ChatFormat& fmt, const std::vector<ChatMes
                                 const Json& template_kwargs = Json::object(),
                                 const std::function<bool()>& stop = {});
 
+/// Escapes special-token spellings (Tokenizer::escape_special) in what clients write into
+/// the prompt: every message's content and an assistant turn's reasoning_content, so that a
+/// typed "<|start|>" or "<|channel|>" cannot open a turn or a channel.
+void escape_special_tokens(std::vector<ChatMessage>& messages, const Tokenizer& tok);
+
 /// The messages as a chat template sees them (OpenAI shape; tool-call arguments as a dict
 /// or as text per `object_arguments`, a null content as None or "" per `null_content`;
 /// tool_calls, tool_call_id and reasoning_content (also as `thinking` with
