@@ -1,5 +1,5 @@
 // gpt-oss's harmony format through the OpenAI layer, with a gpt-oss-like tokenizer and the
-// real gpt-oss chat template (tests/fixtures/tokenizer/harmony): the rendered prompt
+// real gpt-oss chat template (tests/fixtures/harmony): the rendered prompt
 // (reasoning_effort, earlier reasoning, tool calls and results), the stop tokens, and model
 // output turned into reasoning_content / content / tool_calls, streamed and not.
 #include <doctest/doctest.h>
@@ -11,7 +11,7 @@ using namespace spark;
 using namespace spark::openai;
 
 namespace {
-const std::string kDir = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/tokenizer/harmony";
+const std::string kDir = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/harmony";
 
 const tok::Tokenizer& harmony_tok() {
   static const tok::Tokenizer t = *tok::Tokenizer::from_file(kDir + "/tokenizer.json");

@@ -47,7 +47,7 @@ struct Server {
   std::string error;
 
   // fixture: "" = the demo model; "gpt-oss" = the demo model of GptOssForCausalLM with the
-  // gpt-oss-like tokenizer and gpt-oss's chat template (tests/fixtures/tokenizer/harmony);
+  // gpt-oss-like tokenizer and gpt-oss's chat template (tests/fixtures/harmony);
   // else a tests/fixtures/models/<name> checkpoint (HF random init: nearly flat logits, so
   // sampling seeds visibly matter) with the tokenizer fixture.
   // chat_template: written to the model's chat_template.jinja when not empty.
@@ -65,7 +65,7 @@ struct Server {
       }
       if (!fixture.empty()) {
         namespace fs = std::filesystem;
-        std::string src = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/tokenizer/harmony/";
+        std::string src = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/harmony/";
         for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
           fs::copy_file(src + f, dir / (std::string("model/") + f),
                         fs::copy_options::overwrite_existing);

@@ -16,4 +16,4 @@ if [[ ! -x $double ]]; then echo "FAIL: $double is not built"; exit 1; fi
 cd "$dir"
 timeout 300 node client_test.js --wire "$double" "$SRC/tests/fixtures/tokenizer/tokenizer.json"
 # gpt-oss: harmony reasoning, content and tool calls.
-timeout 300 node client_test.js --harmony --wire "$double" "$SRC/tests/fixtures/tokenizer/harmony/tokenizer.json"
+timeout 300 node client_test.js --harmony --wire "$double" "$SRC/tests/fixtures/harmony/tokenizer.json"

@@ -5,7 +5,7 @@
 // (tests/e2e/openai_client/client_test.js --wire).
 //   openai_wire_double TOKENIZER_JSON METHOD PATH < body
 // When TOKENIZER_JSON's directory holds a chat_template.jinja (the gpt-oss-like fixture
-// tests/fixtures/tokenizer/harmony), the double serves a gpt-oss model instead: the chat
+// tests/fixtures/harmony), the double serves a gpt-oss model instead: the chat
 // format is chosen as for GptOssForCausalLM and the fixed text is harmony output (an analysis
 // message, then a final answer ended by <|return|> or a function call ended by <|call|>).
 // Prints {"status": N, "content_type": "...", "body": "..."} on stdout.

@@ -10,7 +10,7 @@
 //  3. an assistant tool-call turn rendered by the template is fed to sparkd as model output:
 //     the tool-call parser must give back the calls (name and arguments).
 // gpt-oss's npm tokenizer files carry no chat template: its checkpoint's template comes from
-// tests/fixtures/tokenizer/harmony/chat_template.jinja (see the README there).
+// tests/fixtures/harmony/chat_template.jinja (see the README there).
 // Usage: node reference_test.js SPARK_CHAT_RENDER [MODEL...]
 'use strict';
 const fs = require('fs');
@@ -217,7 +217,7 @@ function model_dir(name) {
   // The npm files plus the checkpoint's chat_template.jinja, as a checkpoint directory.
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-gptoss-'));
   for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.symlinkSync(path.join(dir, f), path.join(tmp, f));
-  fs.copyFileSync(path.join(__dirname, '..', '..', 'fixtures', 'tokenizer', 'harmony', 'chat_template.jinja'),
+  fs.copyFileSync(path.join(__dirname, '..', '..', 'fixtures', 'harmony', 'chat_template.jinja'),
     path.join(tmp, 'chat_template.jinja'));
   process.on('exit', () => fs.rmSync(tmp, { recursive: true, force: true }));
   return tmp;

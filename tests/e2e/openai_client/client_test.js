@@ -7,7 +7,7 @@
 //       request parser and response builders; the engine replaced by a fixed text), handed
 //       to the client through its `fetch` option. Checks our wire format through the client.
 //   node client_test.js --harmony --wire BUILD_DIR/tests/openai_wire_double HARMONY_TOKENIZER_JSON
-//       the same with the double serving gpt-oss (tests/fixtures/tokenizer/harmony): reasoning,
+//       the same with the double serving gpt-oss (tests/fixtures/harmony): reasoning,
 //       content and tool calls as the client sees them, streamed and not.
 // Exits 0 when every check passed; prints one line per check ("ok" / "FAIL").
 'use strict';
