@@ -46,8 +46,9 @@ struct ChoiceStreamOptions {
 /// One choice's pipeline: tokens -> text -> stop strings -> tool calls (and, for harmony,
 /// reasoning).
 /// For a chat response in the harmony family, special tokens are always kept in the decoded
-/// text (the parser needs the channel headers; it passes no special token on).
-/// Note: stop strings match the text as decoded, special tokens included for harmony.
+/// text: the parser needs the channel headers, and only output that does not follow the
+/// format reaches the client with them (verbatim, as content). Stop strings match that
+/// decoded text, reasoning and special tokens included.
 class ChoiceStream {
  public:
   ChoiceStream(const tok::Tokenizer& tok, ChoiceStreamOptions opt);
