@@ -4,6 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <random>
+#include <vector>
+
 using namespace spark::tok;
 
 namespace {
@@ -174,4 +177,22 @@ TEST_CASE("harmony: unknown recipients and foreign roles come back verbatim as c
         "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"21\"<|end|>");
   // An unknown channel without a recipient is content.
   CHECK(parse_all_ways("<|channel|>notes<|message|>n").content == "n");
+}
+
+TEST_CASE("harmony: any mix of markers and text parses the same however it is split") {
+  // Fixed-seed sequences of harmony's markers, header words and text pieces, well-formed or
+  // not: no exception, and streaming equals the whole-text parse at every cut.
+  const std::vector<std::string> pieces = {
+      "<|start|>",     "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+      "<|constrain|>", "assistant",   "analysis",    "final",   "commentary", " to=functions.f",
+      "to=browser.x",  " json",       "{\"a\": 1}",  "{bad",    " ",          "\n",
+      "text",          "<|",          "<|sta",       "é",       "functions.", "user"};
+  std::mt19937 rng(20261205);
+  for (int n = 0; n < 300; ++n) {
+    std::string text;
+    const size_t len = 1 + rng() % 14;
+    for (size_t i = 0; i < len; ++i) text += pieces[rng() % pieces.size()];
+    INFO(text);
+    parse_all_ways(text);
+  }
 }
