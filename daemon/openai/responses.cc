@@ -81,6 +81,11 @@ Json tool_calls_json(const std::vector<tok::ParsedToolCall>& calls, bool delta) 
   for (const auto& c : calls) {
     Json t = Json::object();
     if (delta) t["index"] = c.index;
+    if (delta && c.fragment) {  // more arguments of a call sent before
+      t["function"] = Json{{"arguments", c.arguments}};
+      arr.push_back(std::move(t));
+      continue;
+    }
     t["id"] = c.id;
     t["type"] = "function";
     Json fn = Json::object();

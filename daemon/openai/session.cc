@@ -1,5 +1,6 @@
 #include "daemon/openai/session.h"
 
+#include <algorithm>
 #include <ctime>
 
 namespace spark::openai {
@@ -182,7 +183,14 @@ std::string CompletionWriter::emit(int choice, const ChoiceStream::Step& s,
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   c.result.text += s.content;
   c.result.reasoning += s.reasoning;
-  for (const auto& call : s.calls) c.result.tool_calls.push_back(call);
+  for (const auto& call : s.calls) {
+    auto it = std::find_if(c.result.tool_calls.rbegin(), c.result.tool_calls.rend(),
+                           [&](const tok::ParsedToolCall& t) { return t.index == call.index; });
+    if (call.fragment && it != c.result.tool_calls.rend())
+      it->arguments += call.arguments;
+    else
+      c.result.tool_calls.push_back(call);
+  }
   if (!stream_ || (s.content.empty() && s.reasoning.empty() && s.calls.empty() && !lp)) return {};
   if (chat_) {
     ChatDelta d;

@@ -24,13 +24,6 @@ bool all_space(std::string_view s) {
   return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
 
-std::string_view trim(std::string_view s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
 // The first of `markers` in s: its position and which one (npos when none).
 std::pair<size_t, std::string_view> first_of(std::string_view s,
                                              std::initializer_list<std::string_view> markers) {
@@ -108,7 +101,38 @@ void HarmonyParser::emit_text(ToolParseDelta& out, std::string_view t, bool fina
   }
 }
 
-void HarmonyParser::open_message(ToolParseDelta&) {
+void HarmonyParser::append_arguments(ToolParseDelta& out, std::string piece) {
+  const size_t index = calls_ - 1;
+  if (!out.calls.empty() && out.calls.back().index == index) {
+    out.calls.back().arguments += piece;  // the call (or fragment) this delta already holds
+    return;
+  }
+  ParsedToolCall f;
+  f.index = index;
+  f.fragment = true;
+  f.arguments = std::move(piece);
+  out.calls.push_back(std::move(f));
+}
+
+void HarmonyParser::add_arguments(ToolParseDelta& out, std::string_view t) {
+  // Trimmed: leading whitespace skipped, trailing whitespace held until text follows it.
+  if (!args_started_) {
+    size_t b = t.find_first_not_of(" \t\r\n");
+    if (b == std::string_view::npos) return;
+    t.remove_prefix(b);
+    args_started_ = true;
+  }
+  size_t e = t.find_last_not_of(" \t\r\n");
+  if (e == std::string_view::npos) {
+    args_ws_ += t;
+    return;
+  }
+  std::string piece = std::move(args_ws_) + std::string(t.substr(0, e + 1));
+  args_ws_ = std::string(t.substr(e + 1));
+  append_arguments(out, std::move(piece));
+}
+
+void HarmonyParser::open_message(ToolParseDelta& out) {
   Header h = parse_header(header_);
   body_.clear();
   name_.clear();
@@ -120,6 +144,13 @@ void HarmonyParser::open_message(ToolParseDelta&) {
     if (h.recipient.starts_with(fn) && h.recipient.size() > fn.size()) {
       route_ = Route::call;
       name_ = h.recipient.substr(fn.size());
+      ParsedToolCall c;
+      c.index = calls_++;
+      c.id = make_id_();
+      c.name = name_;
+      out.calls.push_back(std::move(c));
+      args_started_ = false;
+      args_ws_.clear();
     } else {
       route_ = Route::raw;
     }
@@ -130,13 +161,9 @@ void HarmonyParser::open_message(ToolParseDelta&) {
 
 void HarmonyParser::close_message(ToolParseDelta& out, std::string_view end_marker) {
   if (route_ == Route::call) {
-    ParsedToolCall c;
-    c.index = calls_++;
-    c.id = make_id_();
-    c.name = name_;
-    std::string_view args = trim(body_);
-    c.arguments = args.empty() ? "{}" : std::string(args);
-    out.calls.push_back(std::move(c));
+    if (!args_started_) append_arguments(out, "{}");
+    args_started_ = false;
+    args_ws_.clear();
   } else if (route_ == Route::raw) {
     out.content += header_ + std::string(kMessage) + body_ + std::string(end_marker);
   }
@@ -242,6 +269,8 @@ void HarmonyParser::step(ToolParseDelta& out, bool final) {
           out.reasoning += t;
         else if (route_ == Route::content)
           out.content += t;
+        else if (route_ == Route::call)
+          add_arguments(out, t);
         else
           body_ += t;
         if (p == std::string::npos) {
@@ -279,7 +308,12 @@ ToolParseDelta HarmonyParser::parse(std::string_view text, std::function<std::st
   ToolParseDelta b = p.finish();
   a.content += b.content;
   a.reasoning += b.reasoning;
-  for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  for (auto& c : b.calls) {
+    if (c.fragment && !a.calls.empty() && a.calls.back().index == c.index)
+      a.calls.back().arguments += c.arguments;  // the end of a call push() began
+    else
+      a.calls.push_back(std::move(c));
+  }
   return a;
 }
 

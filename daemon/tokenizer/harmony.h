@@ -8,7 +8,9 @@
 //   to=functions.NAME<|channel|>commentary json<|message|>{ARGS}<|call|>
 // The analysis channel is reasoning; final and commentary messages without a recipient are
 // content; a message to functions.NAME is a tool call whose arguments are its text as
-// produced (trimmed; not required to be JSON). Malformed output never fails:
+// produced (trimmed; not required to be JSON; "{}" when empty). Reasoning and content come out
+// as they arrive; a call as soon as its header is read (index, id, name), its arguments as
+// fragments after it (ParsedToolCall::fragment). Malformed output never fails:
 //  - text before any header, and text between messages, is content (whitespace alone dropped);
 //  - a header without <|message|> (at the end, before an end token, or longer than 1 KiB),
 //    a message to a recipient other than functions.*, or from a role other than assistant
@@ -47,6 +49,8 @@ class HarmonyParser {
   void open_message(ToolParseDelta& out);
   void close_message(ToolParseDelta& out, std::string_view end_marker);
   void emit_text(ToolParseDelta& out, std::string_view t, bool final);
+  void add_arguments(ToolParseDelta& out, std::string_view t);
+  void append_arguments(ToolParseDelta& out, std::string piece);
 
   std::function<std::string()> make_id_;
   Mode mode_ = Mode::start;
@@ -55,8 +59,10 @@ class HarmonyParser {
   std::string pending_ws_;   // whitespace between messages, dropped unless text follows
   bool stray_text_ = false;  // this stretch between messages had text other than whitespace
   Route route_ = Route::content;
-  std::string name_;  // the called function
-  std::string body_;  // a call's arguments, or a raw message's text, so far
+  std::string name_;           // the called function
+  std::string body_;           // a raw message's text so far
+  bool args_started_ = false;  // the current call's arguments have a non-space character
+  std::string args_ws_;        // whitespace after its arguments so far (dropped at the end)
   size_t calls_ = 0;
 };
 

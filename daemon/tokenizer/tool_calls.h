@@ -14,12 +14,16 @@
 
 namespace spark::tok {
 
-/// One parsed call; arguments is JSON text (what OpenAI's function.arguments holds).
+/// One parsed call; arguments is JSON text (what OpenAI's function.arguments holds). A
+/// streaming parser (HarmonyParser) may send a call in parts: first its index, id and name
+/// with the arguments so far, then fragments (fragment = true: only index and more
+/// arguments), as OpenAI's stream deltas carry them.
 struct ParsedToolCall {
   size_t index = 0;  // position among this response's calls
   std::string id;
   std::string name;
   std::string arguments;
+  bool fragment = false;
 };
 
 /// What one push()/finish() makes final: content text, reasoning text (harmony's analysis

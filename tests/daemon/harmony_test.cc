@@ -15,10 +15,20 @@ std::function<std::string()> counter_ids() {
   return [n] { return "call_" + std::to_string((*n)++); };
 }
 
+// Merges a delta; a call's argument fragments go to the call (sent first, with its name).
 void merge(ToolParseDelta& all, ToolParseDelta d) {
   all.content += d.content;
   all.reasoning += d.reasoning;
-  for (auto& c : d.calls) all.calls.push_back(std::move(c));
+  for (auto& c : d.calls) {
+    if (c.fragment) {
+      REQUIRE(!all.calls.empty());
+      REQUIRE(all.calls.back().index == c.index);
+      all.calls.back().arguments += c.arguments;
+    } else {
+      CHECK(c.index == all.calls.size());
+      all.calls.push_back(std::move(c));
+    }
+  }
 }
 
 void same(const ToolParseDelta& a, const ToolParseDelta& b, const std::string& how) {
@@ -38,6 +48,7 @@ void same(const ToolParseDelta& a, const ToolParseDelta& b, const std::string& h
 // every size up to 16 bytes.
 ToolParseDelta parse_all_ways(const std::string& text) {
   ToolParseDelta whole = HarmonyParser::parse(text, counter_ids());
+  for (const auto& c : whole.calls) CHECK_FALSE(c.fragment);  // whole text: whole calls
   for (size_t cut = 0; cut <= text.size(); ++cut) {
     HarmonyParser p(counter_ids());
     ToolParseDelta all;
@@ -195,4 +206,10 @@ TEST_CASE("harmony: any mix of markers and text parses the same however it is sp
     INFO(text);
     parse_all_ways(text);
   }
+}
+
+TEST_CASE("harmony: a call cut off after a marker's first bytes keeps them as arguments") {
+  auto r = parse_all_ways("<|channel|>commentary to=functions.f json<|message|>{\"a\": 1}<|");
+  REQUIRE(r.calls.size() == 1);
+  CHECK(r.calls[0].arguments == "{\"a\": 1}<|");
 }

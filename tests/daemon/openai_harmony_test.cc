@@ -61,6 +61,7 @@ std::string run(const std::string& body, const std::string& output, const char* 
 struct Merged {
   std::string content, reasoning, reasoning_alias, finish;
   Json calls = Json::array();
+  int argument_deltas = 0;  // deltas that only add arguments
   bool reasoning_before_calls = true;
 };
 Merged merge_stream(const std::string& sse) {
@@ -81,7 +82,21 @@ Merged merge_stream(const std::string& sse) {
       m.reasoning_alias += d["reasoning"].get<std::string>();
     }
     if (d.contains("tool_calls"))
-      for (const auto& tc : d["tool_calls"]) m.calls.push_back(tc);
+      for (const auto& tc : d["tool_calls"]) {
+        // The first delta of a call has its id and name, later ones more arguments only.
+        if (tc.contains("id")) {
+          CHECK(tc["index"] == m.calls.size());
+          m.calls.push_back(tc);
+        } else {
+          REQUIRE(!m.calls.empty());
+          CHECK(tc["index"] == m.calls.size() - 1);
+          CHECK_FALSE(tc["function"].contains("name"));
+          m.calls.back()["function"]["arguments"] =
+              m.calls.back()["function"]["arguments"].get<std::string>() +
+              tc["function"]["arguments"].get<std::string>();
+          ++m.argument_deltas;
+        }
+      }
     if (!c["finish_reason"].is_null()) m.finish = c["finish_reason"].get<std::string>();
   }
   return m;
@@ -192,6 +207,7 @@ TEST_CASE("harmony: a tool call comes back as tool_calls with reasoning, finish 
   CHECK(s.calls[0]["index"] == 0);
   CHECK(s.calls[0]["function"]["name"] == "get_weather");
   CHECK(s.calls[0]["function"]["arguments"] == "{\"city\": \"Paris\"}");
+  CHECK(s.argument_deltas > 0);  // the arguments streamed after the name
   CHECK(s.finish == "tool_calls");
 }
 

@@ -530,7 +530,15 @@ TEST_CASE("e2e api: gpt-oss: harmony prompt with reasoning_effort; answers in Op
     const json& delta = ch["delta"];
     s_content += delta.value("content", "");
     s_reasoning += delta.value("reasoning_content", "");
-    for (const auto& tc : delta.value("tool_calls", json::array())) s_calls.push_back(tc);
+    for (const auto& tc : delta.value("tool_calls", json::array())) {
+      if (tc.contains("id")) {
+        s_calls.push_back(tc);
+      } else {  // more arguments of the last call
+        REQUIRE(!s_calls.empty());
+        auto& args = s_calls.back()["function"]["arguments"];
+        args = args.get<std::string>() + tc["function"].value("arguments", "");
+      }
+    }
     if (!ch["finish_reason"].is_null()) s_finish = ch["finish_reason"].get<std::string>();
   }
   CHECK(s_content == content);

@@ -67,7 +67,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto merge = [&](tok::ToolParseDelta d) {
     all.content += d.content;
     all.reasoning += d.reasoning;
-    for (auto& c : d.calls) all.calls.push_back(std::move(c));
+    for (auto& c : d.calls) {
+      if (!c.fragment) {
+        all.calls.push_back(std::move(c));
+        continue;
+      }
+      require(!all.calls.empty() && all.calls.back().index == c.index);
+      all.calls.back().arguments += c.arguments;
+    }
   };
   for (size_t i = 0; i < body.size(); i += 3) merge(h.push(body.substr(i, 3)));
   merge(h.finish());
