@@ -319,8 +319,7 @@ void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const Ap
     if (exceeds_context(m->tokenizer, texts, m->max_context, &counted))
       return http.send(api_error(context_exceeded(m->max_context, counted, bytes, "messages")));
   }
-  if (m->escape_special)
-    for (auto& msg : req.messages) msg.content = m->tokenizer.escape_special(msg.content);
+  if (m->escape_special) tok::escape_special_tokens(req.messages, m->tokenizer);
   // The render stops when its client has gone (a closed connection, also what shutdown does
   // to requests past the grace).
   auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context,
@@ -376,8 +375,7 @@ Response tokenize(const ApiModel& m, const std::string& body, const Responder& h
   } else {
     // What the model would see: message content escaped as a chat completion escapes it.
     auto messages = r.value->messages;
-    if (m.escape_special)
-      for (auto& msg : messages) msg.content = m.tokenizer.escape_special(msg.content);
+    if (m.escape_special) tok::escape_special_tokens(messages, m.tokenizer);
     auto text = tok::render_chat(m.chat_format, messages, tok::Json::array(),
                                  r.value->add_generation_prompt, r.value->chat_template_kwargs,
                                  [http] { return http.closed(); });

@@ -303,14 +303,27 @@ Sampling parse_sampling(const Json& j, const Limits& limits, bool chat) {
 // chat_template_kwargs: extra template variables (enable_thinking, ...), as vLLM takes them.
 // The names the server itself passes cannot be overridden.
 Json parse_template_kwargs(const Json& j) {
-  if (!present(j, "chat_template_kwargs")) return Json::object();
-  const Json& k = j["chat_template_kwargs"];
-  if (!k.is_object()) fail("'chat_template_kwargs' must be an object.", "chat_template_kwargs");
-  for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"})
-    if (k.contains(reserved))
-      fail(fmt::format("'chat_template_kwargs' cannot set '{}'; use the request field.", reserved),
-           "chat_template_kwargs");
-  return k;
+  Json out = Json::object();
+  if (present(j, "chat_template_kwargs")) {
+    const Json& k = j["chat_template_kwargs"];
+    if (!k.is_object()) fail("'chat_template_kwargs' must be an object.", "chat_template_kwargs");
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"})
+      if (k.contains(reserved))
+        fail(
+            fmt::format("'chat_template_kwargs' cannot set '{}'; use the request field.", reserved),
+            "chat_template_kwargs");
+    out = k;
+  }
+  // reasoning_effort reaches the template as a variable of that name (gpt-oss's template
+  // writes "Reasoning: <effort>" into its system message), as vLLM passes it; the request
+  // field wins over a chat_template_kwargs entry.
+  if (present(j, "reasoning_effort")) {
+    const Json& e = j["reasoning_effort"];
+    if (!e.is_string() || (e != "low" && e != "medium" && e != "high"))
+      fail("'reasoning_effort' must be one of \"low\", \"medium\", \"high\".", "reasoning_effort");
+    out["reasoning_effort"] = e;
+  }
+  return out;
 }
 
 ResponseFormat parse_response_format(const Json& j) {

@@ -70,7 +70,8 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool add_generation_prompt = true;
-  Json chat_template_kwargs = Json::object();  // extra chat template variables
+  Json chat_template_kwargs =
+      Json::object();  // extra chat template variables (reasoning_effort too)
 };
 
 struct CompletionRequest {

@@ -81,6 +81,11 @@ Json tool_calls_json(const std::vector<tok::ParsedToolCall>& calls, bool delta) 
   for (const auto& c : calls) {
     Json t = Json::object();
     if (delta) t["index"] = c.index;
+    if (delta && c.fragment) {  // more arguments of a call sent before
+      t["function"] = Json{{"arguments", c.arguments}};
+      arr.push_back(std::move(t));
+      continue;
+    }
     t["id"] = c.id;
     t["type"] = "function";
     Json fn = Json::object();
@@ -106,6 +111,8 @@ Json chat_completion(const ResponseMeta& m, const std::vector<Choice>& choices, 
     // OpenAI sends null content when the answer is only tool calls.
     msg["content"] = c.text.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.text);
     if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, false);
+    // vLLM's names: reasoning_content, and reasoning in its newer servers.
+    if (!c.reasoning.empty()) msg["reasoning_content"] = msg["reasoning"] = c.reasoning;
     Json cj = Json::object();
     cj["index"] = c.index;
     cj["message"] = std::move(msg);
@@ -149,6 +156,7 @@ Json chat_chunk(const ResponseMeta& m, const ChatDelta& d, bool include_usage,
   Json delta = Json::object();
   if (d.role) delta["role"] = "assistant";
   if (d.content) delta["content"] = *d.content;
+  if (d.reasoning) delta["reasoning_content"] = delta["reasoning"] = *d.reasoning;
   if (!d.tool_calls.empty()) delta["tool_calls"] = tool_calls_json(d.tool_calls, true);
   Json c = Json::object();
   c["index"] = d.index;

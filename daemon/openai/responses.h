@@ -35,6 +35,9 @@ struct Usage {
 struct Choice {
   int index = 0;
   std::string text;  // content (chat) or text (completions)
+  /// Chat: the model's reasoning (harmony's analysis channel), sent as the message's
+  /// reasoning_content and reasoning when not empty.
+  std::string reasoning;
   std::vector<tok::ParsedToolCall> tool_calls;
   std::string finish_reason = "stop";  // stop, length, tool_calls
   std::optional<std::vector<TokenLogprobs>> logprobs;
@@ -72,6 +75,7 @@ struct ChatDelta {
   int index = 0;
   bool role = false;  // first chunk: "role": "assistant"
   std::optional<std::string> content;
+  std::optional<std::string> reasoning;  // sent as reasoning_content and reasoning
   std::vector<tok::ParsedToolCall> tool_calls;
   std::optional<std::string> finish_reason;
   std::optional<std::vector<TokenLogprobs>> logprobs;

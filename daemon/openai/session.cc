@@ -1,5 +1,6 @@
 #include "daemon/openai/session.h"
 
+#include <algorithm>
 #include <ctime>
 
 namespace spark::openai {
@@ -181,12 +182,21 @@ std::string CompletionWriter::emit(int choice, const ChoiceStream::Step& s,
                                    std::optional<std::vector<TokenLogprobs>> lp) {
   ChoiceState& c = choices_[static_cast<size_t>(choice)];
   c.result.text += s.content;
-  for (const auto& call : s.calls) c.result.tool_calls.push_back(call);
-  if (!stream_ || (s.content.empty() && s.calls.empty() && !lp)) return {};
+  c.result.reasoning += s.reasoning;
+  for (const auto& call : s.calls) {
+    auto it = std::find_if(c.result.tool_calls.rbegin(), c.result.tool_calls.rend(),
+                           [&](const tok::ParsedToolCall& t) { return t.index == call.index; });
+    if (call.fragment && it != c.result.tool_calls.rend())
+      it->arguments += call.arguments;
+    else
+      c.result.tool_calls.push_back(call);
+  }
+  if (!stream_ || (s.content.empty() && s.reasoning.empty() && s.calls.empty() && !lp)) return {};
   if (chat_) {
     ChatDelta d;
     d.index = c.result.index;
     if (!s.content.empty()) d.content = s.content;
+    if (!s.reasoning.empty()) d.reasoning = s.reasoning;
     d.tool_calls = s.calls;
     d.logprobs = std::move(lp);
     return sse_event(chat_chunk(meta_, d, include_usage_, *tok_));

@@ -46,28 +46,32 @@ std::string StopMatcher::finish() {
 }
 
 ChoiceStream::ChoiceStream(const tok::Tokenizer& tok, ChoiceStreamOptions opt)
-    : dec_(tok, opt.skip_special_tokens &&
+    : dec_(tok, opt.skip_special_tokens && opt.family != tok::ChatFamily::harmony &&
                     !(opt.parse_tool_calls && (opt.family == tok::ChatFamily::mistral ||
                                                opt.family == tok::ChatFamily::deepseek))),
       stop_(std::move(opt.stop)) {
   // "other" families have no tool-call syntax we know: their output stays content.
-  if (opt.parse_tool_calls && opt.family != tok::ChatFamily::other)
+  if (opt.family == tok::ChatFamily::harmony)
+    harmony_ = std::make_unique<tok::HarmonyParser>();
+  else if (opt.parse_tool_calls && opt.family != tok::ChatFamily::other)
     parser_ = std::make_unique<tok::ToolCallParser>(opt.family);
 }
 
 ChoiceStream::Step ChoiceStream::through_parser(std::string text, bool final) {
   Step s;
-  if (!parser_) {
+  if (!parser_ && !harmony_) {
     s.content = std::move(text);
     return s;
   }
-  tok::ToolParseDelta d = parser_->push(text);
+  tok::ToolParseDelta d = parser_ ? parser_->push(text) : harmony_->push(text);
   if (final) {
-    tok::ToolParseDelta f = parser_->finish();
+    tok::ToolParseDelta f = parser_ ? parser_->finish() : harmony_->finish();
     d.content += f.content;
+    d.reasoning += f.reasoning;
     for (auto& c : f.calls) d.calls.push_back(std::move(c));
   }
   s.content = std::move(d.content);
+  s.reasoning = std::move(d.reasoning);
   s.calls = std::move(d.calls);
   return s;
 }

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/tokenizer/harmony.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "daemon/tokenizer/tool_calls.h"
 
@@ -38,15 +39,22 @@ struct ChoiceStreamOptions {
   std::vector<std::string> stop;
   bool skip_special_tokens = true;
   bool parse_tool_calls = false;  // chat requests with tools
+  /// harmony: every chat response is parsed (channels), tools or not.
   tok::ChatFamily family = tok::ChatFamily::chatml;
 };
 
-/// One choice's pipeline: tokens -> text -> stop strings -> tool calls.
+/// One choice's pipeline: tokens -> text -> stop strings -> tool calls (and, for harmony,
+/// reasoning).
+/// For a chat response in the harmony family, special tokens are always kept in the decoded
+/// text: the parser needs the channel headers, and only output that does not follow the
+/// format reaches the client with them (verbatim, as content). Stop strings match that
+/// decoded text, reasoning and special tokens included.
 class ChoiceStream {
  public:
   ChoiceStream(const tok::Tokenizer& tok, ChoiceStreamOptions opt);
   struct Step {
     std::string content;
+    std::string reasoning;  // harmony's analysis channel
     std::vector<tok::ParsedToolCall> calls;
     bool stopped = false;  // a stop string matched: end the choice with finish_reason "stop"
   };
@@ -56,13 +64,16 @@ class ChoiceStream {
   Step finish();
   /// "tool_calls" when calls were produced and the model stopped on its own, else `reason`.
   std::string finish_reason(const std::string& reason) const;
-  size_t tool_calls() const { return parser_ ? parser_->calls() : 0; }
+  size_t tool_calls() const {
+    return parser_ ? parser_->calls() : harmony_ ? harmony_->calls() : 0;
+  }
 
  private:
   Step through_parser(std::string text, bool final);
   tok::StreamDecoder dec_;
   StopMatcher stop_;
   std::unique_ptr<tok::ToolCallParser> parser_;
+  std::unique_ptr<tok::HarmonyParser> harmony_;
   bool done_ = false;
 };
 

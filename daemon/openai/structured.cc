@@ -66,6 +66,7 @@ ApiResult<std::vector<grammar::Grammar::Wrapped>> tool_alternatives(const ChatRe
         w.after = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
         break;
       case tok::ChatFamily::chatml:
+      case tok::ChatFamily::harmony:  // refused by output_constraint before this
       case tok::ChatFamily::other:
         props["name"] = Json{{"const", name}};
         props["arguments"] = params;
@@ -109,6 +110,16 @@ ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
   const std::string param = forced ? "tool_choice" : "response_format";
   if (!forced && req.response_format.kind == ResponseFormat::Kind::text) {
     r.value = nullptr;  // no constraint
+    return r;
+  }
+  if (fmt.family == tok::ChatFamily::harmony) {
+    // Harmony output opens with a channel header, which a constraint from the first token
+    // would forbid.
+    r.error = invalid_request(
+        fmt::format("'{}' needs constrained decoding, which is not served for gpt-oss's harmony "
+                    "format; use tool_choice \"auto\" and a text response_format.",
+                    param),
+        param);
     return r;
   }
   const auto& trie = forced ? tool_trie : response_trie;

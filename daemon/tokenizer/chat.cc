@@ -325,6 +325,8 @@ std::string_view chat_family_name(ChatFamily f) {
       return "mistral";
     case ChatFamily::deepseek:
       return "deepseek";
+    case ChatFamily::harmony:
+      return "harmony";
     case ChatFamily::other:
       return "other";
   }
@@ -349,6 +351,10 @@ std::vector<std::string> ChatFormat::stop_tokens() const {
       break;
     case ChatFamily::mistral:
       out = {eos_token.empty() ? "</s>" : eos_token};
+      break;
+    case ChatFamily::harmony:
+      // <|return|> ends the answer, <|call|> a tool call; <|end|> only ends one message.
+      out = {"<|return|>", "<|call|>", "<|endoftext|>"};
       break;
     case ChatFamily::deepseek:
     case ChatFamily::other:
@@ -375,6 +381,7 @@ std::optional<std::string> token_string(const Json& cfg, const char* k) {
 
 // The family whose tool-call syntax and stop tokens a template's output follows.
 ChatFamily template_family(const std::string& t) {
+  if (t.find("<|channel|>") != std::string::npos) return ChatFamily::harmony;
   if (t.find("<｜tool▁calls▁begin｜>") != std::string::npos) return ChatFamily::deepseek;
   if (t.find("[TOOL_CALLS]") != std::string::npos) return ChatFamily::mistral;
   if (t.find("<tool_call>") != std::string::npos) return ChatFamily::chatml;
@@ -390,7 +397,8 @@ Json template_context(const ChatTemplate& ct, const std::vector<ChatMessage>& me
   for (const auto& [k, v] : ct.special_tokens.items()) ctx[k] = v;
   if (kwargs.is_object())
     for (const auto& [k, v] : kwargs.items()) ctx[k] = v;
-  ctx["messages"] = template_messages(messages, ct.object_arguments, ct.null_content);
+  ctx["messages"] =
+      template_messages(messages, ct.object_arguments, ct.null_content, ct.reasoning_as_thinking);
   ctx["tools"] = tools.is_array() && !tools.empty() ? tools : Json();
   ctx["documents"] = Json();
   ctx["add_generation_prompt"] = add_generation_prompt;
@@ -490,20 +498,29 @@ Result<std::shared_ptr<ChatTemplate>> compile_template(const Json& cfg,
         extra.push_back(e["content"]);
     ct->special_tokens["additional_special_tokens"] = extra;
   }
+  ct->reasoning_as_thinking = template_text(cfg).find("message.thinking") != std::string::npos;
   SPARK_TRY(probe_conventions(*ct));
   return ct;
 }
 
 }  // namespace
 
+void escape_special_tokens(std::vector<ChatMessage>& messages, const Tokenizer& tok) {
+  for (auto& m : messages) {
+    m.content = tok.escape_special(m.content);
+    if (m.reasoning_content) m.reasoning_content = tok.escape_special(*m.reasoning_content);
+  }
+}
+
 Json template_messages(const std::vector<ChatMessage>& messages, bool object_arguments,
-                       bool null_content) {
+                       bool null_content, bool reasoning_as_thinking) {
   Json out = Json::array();
   for (const auto& m : messages) {
     Json j = Json::object();
     j["role"] = m.role == "ipython" ? "tool" : m.role;
     j["content"] = m.content_null && null_content ? Json() : Json(m.content);
     if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
+    if (m.reasoning_content && reasoning_as_thinking) j["thinking"] = *m.reasoning_content;
     if (!m.tool_calls.empty()) {
       Json calls = Json::array();
       for (const auto& tc : m.tool_calls) {
@@ -577,7 +594,7 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
     auto ct = compile_template(cfg, limits);
     if (!ct) return ct.error();
     ChatFormat f;
-    f.family = template_family(tmpl);
+    f.family = arch == "GptOssForCausalLM" ? ChatFamily::harmony : template_family(tmpl);
     f.bos_token = token_string(cfg, "bos_token").value_or("");
     f.eos_token = token_string(cfg, "eos_token").value_or("");
     f.chat_template = *ct;
@@ -589,6 +606,13 @@ Result<ChatFormat> choose_chat_format(std::string_view key, const Json& cfg, std
                       "CHAT_FORMAT=template but the checkpoint has no chat_template (neither in "
                       "tokenizer_config.json nor a chat_template.jinja); set CHAT_FORMAT=auto or "
                       "a built-in format (llama3, chatml, mistral)");
+  if (arch == "GptOssForCausalLM" || (tok && tok->token_to_id("<|channel|>")))
+    return make_error(Errc::unsupported,
+                      fmt::format("gpt-oss's harmony chat format ({}) has no built-in renderer: "
+                                  "the checkpoint needs its chat_template (chat_template.jinja or "
+                                  "tokenizer_config.json)",
+                                  arch == "GptOssForCausalLM" ? "architecture GptOssForCausalLM"
+                                                              : "vocabulary has <|channel|>"));
   if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM")
     return finish(ChatFamily::chatml, fmt::format("architecture {}", arch));
   if (arch == "MistralForCausalLM")
@@ -632,6 +656,7 @@ Result<std::string> render_chat(const ChatFormat& f, const std::vector<ChatMessa
     case ChatFamily::mistral:
       return render_mistral(f, std::move(m), tools);
     case ChatFamily::deepseek:
+    case ChatFamily::harmony:
     case ChatFamily::other:
       break;
   }

@@ -5,8 +5,9 @@
 // without a template and the CHAT_FORMAT override: Llama 3 (3.0 and the 3.1+ "Cutting
 // Knowledge Date" variant with JSON tool calls), ChatML (Qwen2, Qwen2.5, Qwen3, with Qwen's
 // <tools>/<tool_call>/<tool_response> format) and Mistral ([INST], [AVAILABLE_TOOLS],
-// [TOOL_CALLS], [TOOL_RESULTS]; tekken/Nemo, v0.3, v0.1 styles). How a format is chosen:
-// choose_chat_format().
+// [TOOL_CALLS], [TOOL_RESULTS]; tekken/Nemo, v0.3, v0.1 styles). gpt-oss's harmony format
+// (channels, <|call|>) is rendered by the checkpoint's own template only. How a format is
+// chosen: choose_chat_format().
 #include <functional>
 #include <memory>
 #include <optional>
@@ -23,11 +24,12 @@ namespace spark::tok {
 class Tokenizer;
 
 /// A family's prompt and tool-call conventions. llama3, chatml and mistral have built-in
-/// formats; deepseek (DeepSeek-V3's <｜tool▁calls▁begin｜> calls) and other (no tool-call
-/// syntax we parse, e.g. Gemma 3) exist only with the checkpoint's own template.
-enum class ChatFamily { llama3, chatml, mistral, deepseek, other };
+/// formats; deepseek (DeepSeek-V3's <｜tool▁calls▁begin｜> calls), harmony (gpt-oss: analysis
+/// and final channels, calls to functions.NAME; see harmony.h) and other (no tool-call syntax
+/// we parse, e.g. Gemma 3) exist only with the checkpoint's own template.
+enum class ChatFamily { llama3, chatml, mistral, deepseek, harmony, other };
 
-/// Stable lower-case name ("llama3", "chatml", "mistral", "deepseek", "other").
+/// Stable lower-case name ("llama3", "chatml", "mistral", "deepseek", "harmony", "other").
 std::string_view chat_family_name(ChatFamily f);
 /// Parses a CHAT_FORMAT built-in format name; nullopt when unknown.
 std::optional<ChatFamily> parse_chat_family(std::string_view s);
@@ -61,6 +63,9 @@ struct ChatTemplate {
   bool object_arguments = true;
   /// A null content reaches the template as None (else as ""), probed likewise.
   bool null_content = true;
+  /// An assistant turn's reasoning also reaches the template as `thinking` (gpt-oss's
+  /// template reads message.thinking; set when the template text does).
+  bool reasoning_as_thinking = false;
   std::string origin;  // "tokenizer_config.json" or "chat_template.jinja"
   /// The budget of every render (TEMPLATE_MAX_STEPS, TEMPLATE_TIMEOUT), the load's probes
   /// included.
@@ -118,10 +123,16 @@ Result<std::string> render_chat(const ChatFormat& fmt, const std::vector<ChatMes
                                 const Json& template_kwargs = Json::object(),
                                 const std::function<bool()>& stop = {});
 
+/// Escapes special-token spellings (Tokenizer::escape_special) in what clients write into
+/// the prompt: every message's content and an assistant turn's reasoning_content, so that a
+/// typed "<|start|>" or "<|channel|>" cannot open a turn or a channel.
+void escape_special_tokens(std::vector<ChatMessage>& messages, const Tokenizer& tok);
+
 /// The messages as a chat template sees them (OpenAI shape; tool-call arguments as a dict
 /// or as text per `object_arguments`, a null content as None or "" per `null_content`;
-/// tool_calls, tool_call_id and reasoning_content only where the request had them).
+/// tool_calls, tool_call_id and reasoning_content (also as `thinking` with
+/// `reasoning_as_thinking`) only where the request had them).
 Json template_messages(const std::vector<ChatMessage>& messages, bool object_arguments,
-                       bool null_content);
+                       bool null_content, bool reasoning_as_thinking = false);
 
 }  // namespace spark::tok

@@ -14,19 +14,25 @@
 
 namespace spark::tok {
 
-/// One parsed call; arguments is JSON text (what OpenAI's function.arguments holds).
+/// One parsed call; arguments is JSON text (what OpenAI's function.arguments holds). A
+/// streaming parser (HarmonyParser) may send a call in parts: first its index, id and name
+/// with the arguments so far, then fragments (fragment = true: only index and more
+/// arguments), as OpenAI's stream deltas carry them.
 struct ParsedToolCall {
   size_t index = 0;  // position among this response's calls
   std::string id;
   std::string name;
   std::string arguments;
+  bool fragment = false;
 };
 
-/// What one push()/finish() makes final: content text and completed calls.
+/// What one push()/finish() makes final: content text, reasoning text (harmony's analysis
+/// channel, see harmony.h) and completed calls.
 struct ToolParseDelta {
   std::string content;
+  std::string reasoning;
   std::vector<ParsedToolCall> calls;
-  bool empty() const { return content.empty() && calls.empty(); }
+  bool empty() const { return content.empty() && reasoning.empty() && calls.empty(); }
 };
 
 /// Incremental parser for one response (one choice).

