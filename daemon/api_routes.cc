@@ -73,8 +73,9 @@ struct Pending {
   Responder http;
   bool streaming = false;
   int n = 1;
-  bool logprobs = false;        // asked for: a token of probability 1 has logprob 0 and counts
-  std::vector<int32_t> prompt;  // echo with logprobs: the prompt ids its scores are for
+  std::optional<int> max_tokens;  // as the client set it, for /metrics
+  bool logprobs = false;          // asked for: a token of probability 1 has logprob 0 and counts
+  std::vector<int32_t> prompt;    // echo with logprobs: the prompt ids its scores are for
   engine::RequestId id = 0;
   bool engine_done = false;  // the engine sent request_done
   bool replied = false;      // the response is complete (or abandoned)
@@ -103,6 +104,9 @@ struct Pending {
     auto now = Clock::now();
     m->inc("sparkd_request_success_total", 1, {{"finished_reason", outcome}});
     m->observe("sparkd_e2e_request_latency_seconds", secs(now - t0));
+    // The request's parameters, as vLLM records a finished request's.
+    m->observe("sparkd_request_params_n", n);
+    if (max_tokens) m->observe("sparkd_request_params_max_tokens", *max_tokens);
   }
   void on_token() {
     auto now = Clock::now();
@@ -282,6 +286,7 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   pend->state = state;
   pend->streaming = resp->streaming();
   pend->n = req.sampling.n;
+  pend->max_tokens = req.sampling.max_tokens;
   pend->logprobs = req.sampling.logprobs;
   pend->what = what;
   pend->resp = std::move(resp);

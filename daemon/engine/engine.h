@@ -99,8 +99,9 @@ struct EngineOptions {
   /// steps (see Engine::step_queued). SPARK_OVERLAP_DECODE=0 in the environment turns it
   /// off as well.
   bool overlap_decode = true;
-  /// Test seam: called on the engine thread after every step with what it computed; it
-  /// may block, which holds the engine between two steps (tests order events by it).
+  /// Called on the engine thread after every step with what it computed (sparkd counts
+  /// tokens per step for /metrics by it); it may block, which holds the engine between two
+  /// steps (tests order events by it).
   std::function<void(const StepTrace&)> on_step;
 };
 

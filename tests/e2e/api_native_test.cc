@@ -787,6 +787,19 @@ TEST_CASE("e2e api: /metrics twins mean what vLLM's mean (batch, prefix cache, p
     CHECK_MESSAGE(sample(m, h + v) == seqs, h);
   CHECK(sample(m, "vllm:request_prompt_tokens_sum" + v) == 2 * P);  // hits included
   CHECK(sample(m, "vllm:request_generation_tokens_sum" + v) == 8);
+  // The requests' parameters, once per finished request: n 1, max_tokens 4 each.
+  CHECK(sample(m, "vllm:request_params_n_count" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_n_sum" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_max_tokens_count" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_max_tokens_sum" + v) == 8);
+  // Tokens per engine step: every computed token is in one step (the probe's too), none
+  // twice. The second request's last step may land after its response, hence the bounds.
+  const double steps = sample(m, "vllm:iteration_tokens_total_count" + v);
+  const double step_tokens = sample(m, "vllm:iteration_tokens_total_sum" + v);
+  CHECK(steps >= 2);
+  CHECK(step_tokens >= P + 3);  // the first request's prompt and decodes at least
+  CHECK(step_tokens <= computed + sample(m, "vllm:generation_tokens_total" + v));
+  CHECK(sample(m, "sparkd_iteration_tokens_count") == steps);
   CHECK(m.find("vllm:cache_config_info{model_name=\"demo\",engine=\"0\",block_size=\"16\"") !=
         std::string::npos);
   CHECK(sample(m, "vllm:kv_cache_usage_perc" + v) == 0);
