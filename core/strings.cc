@@ -273,7 +273,10 @@ std::optional<std::pair<unsigned, unsigned>> non_root_owner(const std::string& p
 void adopt_dir_owner(const std::string& path) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   if (auto o = non_root_owner(parent.empty() ? "." : parent))
-    (void)::lchown(path.c_str(), o->first, o->second);
+    if (::lchown(path.c_str(), o->first, o->second) != 0) {
+      // Best effort: a path left root's still works for root; only the owner's later
+      // writes to it would fail, and they report that themselves.
+    }
 }
 
 std::error_code make_dirs(const std::string& dir) {

@@ -58,6 +58,7 @@ engine::SamplingParams to_engine(const openai::Sampling& s, int max_tokens,
   p.n = s.n;
   p.logprobs = s.logprobs;
   p.top_logprobs = s.top_logprobs;
+  p.prompt_logprobs = s.prompt_logprobs;
   p.stop_token_ids.assign(stop_ids.begin(), stop_ids.end());
   for (auto id : s.stop_token_ids) p.stop_token_ids.push_back(id);
   p.ignore_eos = s.ignore_eos;
@@ -72,7 +73,9 @@ struct Pending {
   Responder http;
   bool streaming = false;
   int n = 1;
-  bool logprobs = false;  // asked for: a token of probability 1 has logprob 0 and counts
+  std::optional<int> max_tokens;  // as the client set it, for /metrics
+  bool logprobs = false;          // asked for: a token of probability 1 has logprob 0 and counts
+  std::vector<int32_t> prompt;    // echo with logprobs: the prompt ids its scores are for
   engine::RequestId id = 0;
   bool engine_done = false;  // the engine sent request_done
   bool replied = false;      // the response is complete (or abandoned)
@@ -101,6 +104,9 @@ struct Pending {
     auto now = Clock::now();
     m->inc("sparkd_request_success_total", 1, {{"finished_reason", outcome}});
     m->observe("sparkd_e2e_request_latency_seconds", secs(now - t0));
+    // The request's parameters, as vLLM records a finished request's.
+    m->observe("sparkd_request_params_n", n);
+    if (max_tokens) m->observe("sparkd_request_params_max_tokens", *max_tokens);
   }
   void on_token() {
     auto now = Clock::now();
@@ -214,6 +220,15 @@ struct Pending {
     }
     ct.prompt = ev.prompt_tokens;
     if (c == 0) resp->cached_tokens(ev.cached_prompt_tokens);
+    if (ev.has_prompt_logprobs) {
+      std::vector<openai::TokenLogprobs> scored;
+      for (const auto& smp : ev.prompt_logprobs) {
+        openai::TokenLogprobs t{smp.token, smp.logprob, {}};
+        for (const auto& a : smp.top) t.top.emplace_back(a.token, a.logprob);
+        scored.push_back(std::move(t));
+      }
+      out += resp->prompt_logprobs(c, prompt, scored);
+    }
     if (ev.token >= 0 && !resp->finished(c)) {
       if (c == 0) on_token();
       const auto now = Clock::now();
@@ -271,12 +286,14 @@ void run_generation(const std::shared_ptr<ApiState>& state,
   pend->state = state;
   pend->streaming = resp->streaming();
   pend->n = req.sampling.n;
+  pend->max_tokens = req.sampling.max_tokens;
   pend->logprobs = req.sampling.logprobs;
   pend->what = what;
   pend->resp = std::move(resp);
   engine::GenerateRequest g;
   g.prompt = p.ids;
   g.params = to_engine(req.sampling, p.max_tokens, m->stop_token_ids);
+  if (g.params.prompt_logprobs >= 0) pend->prompt = p.ids;
   g.params.constraint = std::move(constraint);
   g.on_event = [pend](const engine::TokenEvent& ev) { pend->on_event(ev); };
   std::lock_guard lk(pend->mu);  // events wait until the id is known

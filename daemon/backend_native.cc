@@ -190,6 +190,12 @@ class NativeBackend final : public Backend {
     o.share = ctx.share;
     o.progress = ctx.progress;
     o.engine = *eo;
+    if (Metrics* m = ctx.metrics)  // tokens per step, as vLLM's iteration_tokens_total
+      o.engine.on_step = [m](const engine::StepTrace& t) {
+        int tokens = 0;
+        for (const auto& c : t.chunks) tokens += c.tokens;
+        m->observe("sparkd_iteration_tokens", tokens);
+      };
     o.missing_ranks = ctx.missing_ranks;
     if (ctx.store_set && ctx.store_get)
       o.store = std::make_shared<engine::FunctionStore>(ctx.store_set, ctx.store_get);

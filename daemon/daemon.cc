@@ -22,6 +22,7 @@
 #include "daemon/metrics.h"
 #include "daemon/probe.h"
 #include "daemon/rendezvous.h"
+#include "daemon/sd_notify.h"
 #include "spark/version.h"
 
 namespace spark::daemon {
@@ -167,6 +168,7 @@ struct Daemon::Impl {
   std::string stop_reason;
   std::atomic<bool> engine_started{false};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> ready_notified{false};  // systemd told READY=1 (sd_notify.h)
 
   // Rendezvous (world > 1): the store on rank 0, a client per rank, heartbeats on followers.
   std::unique_ptr<RendezvousServer> rdzv_server;
@@ -490,6 +492,10 @@ void Daemon::Impl::on_watchdog() {
                                                     : "readiness probe: " + probe.reason);
   } else if (es.ready) {
     health.set(State::ready, "");
+    // Type=notify: systemd holds the unit "activating" until /health first says ready.
+    if (!ready_notified.exchange(true))
+      if (Status st = notify_systemd("READY=1\nSTATUS=ready"); !st.ok())
+        log::warn(kComp, "systemd readiness: {}", st.message());
   } else {
     health.set(State::loading, es.reason.empty() ? "engine loading" : es.reason);
   }
@@ -789,6 +795,8 @@ int Daemon::wait() {
   if (I.stopping.exchange(true)) return I.exit_code;
   log::info(kComp, "stopping ({}); grace {} ms", I.stop_reason, I.timing.shutdown_grace.count());
   I.health.set(State::stopping, "stopping: " + I.stop_reason);
+  if (Status st = notify_systemd("STOPPING=1\nSTATUS=stopping: " + I.stop_reason); !st.ok())
+    log::warn(kComp, "systemd stop notice: {}", st.message());
   if (I.http) {
     int cut = I.http->shutdown(I.timing.shutdown_grace);
     if (cut > 0) log::warn(kComp, "{} request(s) cut off at shutdown", cut);

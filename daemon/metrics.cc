@@ -24,6 +24,12 @@ const std::vector<double> kRequestBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2
                                              5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                              60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+// vLLM's request_params_n and iteration_tokens_total buckets (the latter as vLLM has them
+// when it captures no CUDA graphs: a fixed list, not the capture sizes).
+const std::vector<double> kChoiceBuckets = {1, 2, 5, 10, 20};
+const std::vector<double> kStepTokenBuckets = {1,   8,    16,   32,   64,   128,  256,
+                                               512, 1024, 2048, 4096, 8192, 16384};
+
 // 1, 2, 5, 10, 20, 50, ... while <= max (vLLM's token-count buckets).
 std::vector<double> one_two_five(int max) {
   std::vector<double> b;
@@ -163,6 +169,15 @@ const std::vector<MetricSpec>& Metrics::specs() {
        "vllm:request_prompt_tokens", nullptr, B::tokens},
       {"sparkd_request_generation_tokens", T::histogram, "Per finished sequence: tokens generated.",
        "vllm:request_generation_tokens", nullptr, B::tokens},
+      {"sparkd_request_params_n", T::histogram,
+       "Per finished request: the number of choices it asked for (n).", "vllm:request_params_n",
+       nullptr, B::choices},
+      {"sparkd_request_params_max_tokens", T::histogram,
+       "Per finished request that set it: its max_tokens.", "vllm:request_params_max_tokens",
+       nullptr, B::tokens},
+      {"sparkd_iteration_tokens", T::histogram,
+       "Per engine step: tokens it computed (prompt tokens prefilled and tokens decoded).",
+       "vllm:iteration_tokens_total", nullptr, B::step_tokens},
       {"sparkd_mem_available_bytes", T::gauge, "MemAvailable of this node (/proc/meminfo).",
        nullptr},
       {"sparkd_mem_guard_waits_total", T::counter,
@@ -202,6 +217,12 @@ Metrics::Metrics(std::string model_name, int max_context) : model_(std::move(mod
         break;
       case Buckets::tokens:
         b = one_two_five(max_context);
+        break;
+      case Buckets::choices:
+        b = kChoiceBuckets;
+        break;
+      case Buckets::step_tokens:
+        b = kStepTokenBuckets;
         break;
     }
     hists_[s.name] = Hist{b, std::vector<uint64_t>(b.size() + 1, 0)};

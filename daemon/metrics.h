@@ -23,6 +23,8 @@ enum class Buckets {
   token_gap,        // time between two tokens, 10 ms .. 80 s
   request_latency,  // whole phases of a request, 0.3 s .. 7680 s
   tokens,           // token counts: 1, 2, 5, 10, ... up to the context length
+  choices,          // a request's n: 1, 2, 5, 10, 20
+  step_tokens,      // tokens one engine step computes: 1, 8, 16, 32, ... 16384
 };
 
 /// One metric family.

@@ -51,6 +51,9 @@ struct SeqState {
   SamplingParams params;  // seed fixed at admission
   std::unique_ptr<Sampler> sampler;
   int generated = 0;
+  /// params.prompt_logprobs >= 0: the scores of prompt positions 1.. computed so far (rank 0;
+  /// handed to the request when the prompt is done).
+  std::vector<Sample> prompt_scores;
 };
 
 // What one step did, for the caller's bookkeeping.
@@ -95,8 +98,10 @@ void plan_step(const std::vector<SeqState*>& running, int budget, StepRun* out) 
     SeqState& s = *running[i];
     const int n = take[i];
     if (n <= 0) continue;
+    // Prompt logprobs: the logits of every prompt token of the chunk, for this sequence alone.
+    const bool all = s.params.prompt_logprobs >= 0 && s.computed < s.prompt_len;
     out->chunks.push_back(
-        {s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending_of(i)});
+        {s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending_of(i), all});
     out->chunk_seq.push_back(i);
     if (n != 1 || s.computed < s.prompt_len) out->decode_only = false;
   }
@@ -139,12 +144,14 @@ void draw_params(const std::vector<SeqState*>& running, const StepRun& run,
 // What the step drew, applied to its sequences: tokens, stop decisions (EOS, stop ids,
 // max_tokens) into out->done. Draws come from the device (`drawn`, with `params`) or from
 // the host samplers over `logits`. A chunk whose chunk_seq is kGone (its sequence left while
-// a queued step ran) only skips its row.
+// a queued step ran) only skips its row. A chunk with all_logits has a row per token: with
+// `score_prompt`, each prompt token after the first gets its logprob from the row before it.
+// A sequence already at its length (max_tokens 0) ends its prefill drawing nothing.
 constexpr size_t kGone = static_cast<size_t>(-1);
 void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, StepRun* out,
                  const std::vector<kernels::SampleResult>* drawn,
                  const std::vector<kernels::SampleParams>* params, std::vector<float>* logits,
-                 const FaultFn& fault) {
+                 const FaultFn& fault, bool score_prompt = false) {
   const auto& chunks = out->chunks;
   const bool on_device = drawn != nullptr;
   const size_t V = static_cast<size_t>(cfg.vocab_size);
@@ -153,22 +160,39 @@ void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, 
   for (size_t k = 0; k < chunks.size(); ++k) {
     Sample& smp = out->samples[k];
     smp.token = -1;
+    const auto& ch = chunks[k];
+    const size_t rows = ch.all_logits ? static_cast<size_t>(ch.n) : ch.want_logits ? 1 : 0;
     if (out->chunk_seq[k] == kGone) {
-      if (chunks[k].want_logits) ++row;
+      row += rows;
       continue;
     }
     SeqState& s = *running[out->chunk_seq[k]];
-    s.computed += chunks[k].n;
-    if (!chunks[k].want_logits) continue;
+    s.computed += ch.n;
+    const size_t first = row;
+    row += rows;
+    if (ch.all_logits && score_prompt && !on_device)
+      for (int j = 0; j < ch.n; ++j) {
+        const int next = ch.start_pos + j + 1;  // the prompt token row j predicts
+        if (next >= s.prompt_len) break;
+        s.prompt_scores.push_back(score_token(logits->data() + (first + static_cast<size_t>(j)) * V,
+                                              cfg.vocab_size, s.tokens[static_cast<size_t>(next)],
+                                              s.params.prompt_logprobs));
+      }
+    if (!ch.want_logits) continue;
+    const size_t last = row - 1;  // the chunk's last token's row: the one a draw reads
+    if (static_cast<int>(s.tokens.size()) >= s.max_total) {
+      out->done.emplace_back(out->chunk_seq[k], FinishReason::length);
+      continue;
+    }
     if (on_device) {
-      const kernels::SampleResult& d = (*drawn)[row++];
+      const kernels::SampleResult& d = (*drawn)[last];
       smp.token = d.token;
-      if ((*params)[row - 1].logprobs) smp.logprob = d.logprob;
+      if ((*params)[last].logprobs) smp.logprob = d.logprob;
       for (int i = 0; i < d.n_top; ++i) smp.top.push_back({d.top_ids[i], d.top_logprobs[i]});
       if (fault) fault(s.id, &smp.token);
       s.sampler->record(smp.token);
     } else {
-      smp = s.sampler->sample(logits->data() + row++ * V);
+      smp = s.sampler->sample(logits->data() + last * V);
       if (fault) fault(s.id, &smp.token);
     }
     s.tokens.push_back(smp.token);
@@ -200,7 +224,7 @@ void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, 
 // slot decoding.
 Status run_step(Model& model, KVCache& cache, Collective& comm,
                 const std::vector<SeqState*>& running, int budget, std::vector<float>* logits,
-                StepRun* out, const FaultFn& fault = {}) {
+                StepRun* out, const FaultFn& fault = {}, bool score_prompt = false) {
   plan_step(running, budget, out);
   if (out->chunks.empty()) return Status::Ok();
   // On a device that samples, draw there (one small copy back per step instead of the
@@ -214,8 +238,16 @@ Status run_step(Model& model, KVCache& cache, Collective& comm,
     SPARK_TRY(model.forward_sample(out->chunks, cache, comm, params, &drawn, history));
   } else {
     SPARK_TRY(model.forward(out->chunks, cache, comm, logits));
+    size_t rows = 0;
+    for (const auto& ch : out->chunks)
+      rows += ch.all_logits ? static_cast<size_t>(ch.n) : ch.want_logits ? 1 : 0;
+    if (logits->size() != rows * static_cast<size_t>(model.config().vocab_size))
+      return make_error(Errc::internal,
+                        fmt::format("engine step: the model gave {} logits for {} rows of {}",
+                                    logits->size(), rows, model.config().vocab_size));
   }
-  apply_draws(model.config(), running, out, on_device ? &drawn : nullptr, &params, logits, fault);
+  apply_draws(model.config(), running, out, on_device ? &drawn : nullptr, &params, logits, fault,
+              score_prompt);
   return Status::Ok();
 }
 
@@ -402,6 +434,12 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                     "lower max_tokens or raise the KV cache size",
                     need, total, opts_.num_blocks));
   if (!req.on_event) return make_error(Errc::usage, "the request has no event callback");
+  if (req.params.prompt_logprobs >= 0 && model_->device().samples_on_device())
+    return make_error(Errc::unsupported,
+                      fmt::format("prompt logprobs (echo with logprobs) need the logits of every "
+                                  "prompt position, which this engine computes on the CPU device "
+                                  "only; this model runs on {}",
+                                  model_->device().info().name));
   if (req.params.constraint && comm_->world_size() > 1)
     return make_error(Errc::unsupported,
                       "structured outputs (response_format json_object/json_schema, a forced "
@@ -520,9 +558,10 @@ void Engine::admit() {
     s->prompt_len = static_cast<int>(s->tokens.size());
     s->max_total = static_cast<int>(std::min<int64_t>(
         static_cast<int64_t>(s->prompt_len) + r.r.params.max_tokens, max_context_));
-    // Reuse cached full blocks, but always compute at least the last prompt token.
-    const int matched =
-        blocks_->match_prefix(s->tokens, (s->prompt_len - 1) / bs, &s->blocks, &s->hashes);
+    // Reuse cached full blocks, but always compute at least the last prompt token; a request
+    // for prompt logprobs computes its whole prompt (a cached block has no logits).
+    const int reusable = r.r.params.prompt_logprobs >= 0 ? 0 : (s->prompt_len - 1) / bs;
+    const int matched = blocks_->match_prefix(s->tokens, reusable, &s->blocks, &s->hashes);
     const int need = (s->max_total + bs - 1) / bs - matched;
     if (!blocks_->allocate(need, &s->blocks)) {
       blocks_->release(s->blocks);
@@ -617,7 +656,8 @@ Status Engine::step() {
   for (auto& s : running_) view.push_back(s.get());
   step_detail::StepRun run;
   SPARK_TRY(step_detail::run_step(*model_, *cache_, *comm_, view,
-                                  std::max(opts_.max_batch_tokens, opts_.slots), &logits_, &run));
+                                  std::max(opts_.max_batch_tokens, opts_.slots), &logits_, &run, {},
+                                  true));
   if (run.chunks.empty()) return Status::Ok();
   finish_run(run);
   return Status::Ok();
@@ -713,9 +753,18 @@ void Engine::finish_run(StepRun& run) {
       blocks_->register_block(s.blocks[static_cast<size_t>(idx)], h, s.tokens, idx);
       s.hashes.push_back(h);
     }
+    auto it = reqs_.find(s.req);
+    if (run.chunks[k].all_logits && s.computed >= s.prompt_len && it != reqs_.end()) {
+      TokenEvent pe;  // the prompt's logprobs, before the choice's first token
+      pe.choice = s.choice;
+      pe.has_prompt_logprobs = true;
+      pe.prompt_logprobs = std::move(s.prompt_scores);
+      pe.cached_prompt_tokens = s.cached;
+      pe.scheduled = s.scheduled;
+      emit(*it->second, std::move(pe));
+    }
     Sample& smp = run.samples[k];
     if (smp.token < 0) continue;
-    auto it = reqs_.find(s.req);
     if (it == reqs_.end()) continue;  // cancelled: it leaves with the next plan
     TokenEvent ev;
     ev.choice = s.choice;
@@ -1011,6 +1060,7 @@ Result<BlockingResult> generate_blocking(Engine& engine, std::vector<int32_t> pr
   sh->res.tokens.resize(static_cast<size_t>(n));
   sh->res.finish.resize(static_cast<size_t>(n), FinishReason::none);
   sh->res.logprobs.resize(static_cast<size_t>(n));
+  sh->res.prompt_logprobs.resize(static_cast<size_t>(n));
   GenerateRequest req{std::move(prompt), params, [sh](const TokenEvent& e) {
                         std::lock_guard<std::mutex> lk(sh->mu);
                         const size_t c = static_cast<size_t>(e.choice);
@@ -1019,6 +1069,7 @@ Result<BlockingResult> generate_blocking(Engine& engine, std::vector<int32_t> pr
                           sh->res.logprobs[c].push_back(e.logprob);
                         }
                         if (e.choice == 0) sh->res.cached_prompt_tokens = e.cached_prompt_tokens;
+                        if (e.has_prompt_logprobs) sh->res.prompt_logprobs[c] = e.prompt_logprobs;
                         if (e.finish != FinishReason::none) {
                           sh->res.finish[c] = e.finish;
                           if (!e.error.empty()) sh->error = e.error;

@@ -99,8 +99,9 @@ struct EngineOptions {
   /// steps (see Engine::step_queued). SPARK_OVERLAP_DECODE=0 in the environment turns it
   /// off as well.
   bool overlap_decode = true;
-  /// Test seam: called on the engine thread after every step with what it computed; it
-  /// may block, which holds the engine between two steps (tests order events by it).
+  /// Called on the engine thread after every step with what it computed (sparkd counts
+  /// tokens per step for /metrics by it); it may block, which holds the engine between two
+  /// steps (tests order events by it).
   std::function<void(const StepTrace&)> on_step;
 };
 
@@ -116,6 +117,11 @@ struct TokenEvent {
   int32_t token = -1;  // -1: this event carries no token (cancel, error)
   float logprob = 0;
   std::vector<TokenLogprob> top_logprobs;
+  /// With SamplingParams::prompt_logprobs, one event per choice (token -1) before its first
+  /// token carries the prompt's scores: prompt tokens 1.. (the first has none), each with
+  /// its logprob after the ones before it and its prompt_logprobs alternatives.
+  bool has_prompt_logprobs = false;
+  std::vector<Sample> prompt_logprobs;
   FinishReason finish = FinishReason::none;
   bool request_done = false;
   std::string error;  // with FinishReason::error
@@ -303,10 +309,11 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& opts
 /// Blocks until `req` finishes (or `timeout_ms` passes, then cancels it) and returns the
 /// tokens of each choice. For tests, benchmarks and simple callers.
 struct BlockingResult {
-  std::vector<std::vector<int32_t>> tokens;  // per choice
-  std::vector<FinishReason> finish;          // per choice
-  std::vector<std::vector<float>> logprobs;  // per choice (when asked)
-  int cached_prompt_tokens = 0;              // choice 0
+  std::vector<std::vector<int32_t>> tokens;          // per choice
+  std::vector<FinishReason> finish;                  // per choice
+  std::vector<std::vector<float>> logprobs;          // per choice (when asked)
+  std::vector<std::vector<Sample>> prompt_logprobs;  // per choice (with prompt_logprobs)
+  int cached_prompt_tokens = 0;                      // choice 0
 };
 Result<BlockingResult> generate_blocking(Engine& engine, std::vector<int32_t> prompt,
                                          SamplingParams params, int timeout_ms = 60000);

@@ -741,11 +741,12 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
         return make_error(Errc::usage,
                           fmt::format("position {} is beyond max_position_embeddings {}",
                                       ch.start_pos + i, c.max_position));
-      if (all_logits) st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()));
+      if (all_logits || ch.all_logits)
+        st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()));
       st.tokens.push_back(tok);
       st.positions.push_back(ch.start_pos + i);
     }
-    if (!all_logits && ch.want_logits)
+    if (!all_logits && !ch.all_logits && ch.want_logits)
       st.logit_rows.push_back(static_cast<int32_t>(st.tokens.size()) - 1);
     st.chunk_begin.push_back(static_cast<int32_t>(st.tokens.size()));
     st.chunk_len.push_back(ch.start_pos + ch.n);

@@ -59,6 +59,7 @@ struct SeqChunk {
   int start_pos = 0;
   const int32_t* block_table = nullptr;  // covers positions [0, start_pos + n)
   bool want_logits = false;              // logits of the chunk's last token
+  bool all_logits = false;  // logits of every token of the chunk (prompt logprobs), in order
 };
 
 class Model {
@@ -95,8 +96,9 @@ class Model {
   uint64_t kv_block_bytes(ElemType type, int block_size) const;
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
-  /// want_logits the vocab_size logits of its last token into `logits` (in chunk order).
-  /// With `all_logits`, instead writes the logits of every token of every chunk. With
+  /// want_logits the vocab_size logits of its last token into `logits` (in chunk order); a
+  /// chunk with all_logits gives the logits of each of its tokens there instead (its last
+  /// token's among them). With `all_logits`, every chunk is taken as having all_logits. With
   /// logits == nullptr (tensor-parallel workers) the final norm and lm_head are skipped.
   Status forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Collective& comm,
                  std::vector<float>* logits, bool all_logits = false);

@@ -24,7 +24,10 @@ Status validate(const SamplingParams& p, int vocab_size) {
     return bad(fmt::format("presence_penalty {} must be in [-2, 2]", p.presence_penalty));
   if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2))
     return bad(fmt::format("frequency_penalty {} must be in [-2, 2]", p.frequency_penalty));
-  if (p.max_tokens < 1) return bad(fmt::format("max_tokens {} must be at least 1", p.max_tokens));
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxTopLogprobs)
+    return bad(fmt::format("prompt_logprobs {} must be -1 (off) or in [0, {}]", p.prompt_logprobs,
+                           kMaxTopLogprobs));
+  if (p.max_tokens < 0) return bad(fmt::format("max_tokens {} must not be negative", p.max_tokens));
   if (p.n < 1 || p.n > kMaxChoices)
     return bad(fmt::format("n {} must be in [1, {}]", p.n, kMaxChoices));
   if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs)
@@ -39,6 +42,30 @@ Status validate(const SamplingParams& p, int vocab_size) {
         "({} ids)",
         p.constraint && p.constraint->trie ? p.constraint->trie->vocab() : 0, vocab_size));
   return Status::Ok();
+}
+
+Sample score_token(const float* logits, int vocab_size, int32_t token, int top) {
+  double mx = -INFINITY;
+  for (int i = 0; i < vocab_size; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  Sample s;
+  s.token = token;
+  s.logprob = static_cast<float>(static_cast<double>(logits[token]) - lse);
+  top = std::clamp(top, 0, vocab_size);
+  if (top > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab_size));
+    for (int i = 0; i < vocab_size; ++i) ids[static_cast<size_t>(i)] = i;
+    std::partial_sort(ids.begin(), ids.begin() + top, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < top; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      s.top.push_back({id, static_cast<float>(static_cast<double>(logits[id]) - lse)});
+    }
+  }
+  return s;
 }
 
 namespace {

@@ -28,10 +28,14 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // [-2, 2]; minus this once for tokens already generated
   float frequency_penalty = 0.0f;   // [-2, 2]; minus this times the count of each generated token
   std::optional<uint64_t> seed;     // same seed + prompt -> same tokens
-  int max_tokens = 16;              // >= 1; capped by the context length
-  int n = 1;                        // choices, 1..kMaxChoices
-  bool logprobs = false;            // report the chosen token's logprob
-  int top_logprobs = 0;             // 0..20 alternatives per token
+  int max_tokens = 16;    // capped by the context; 0: prefill the prompt only (finish "length")
+  int n = 1;              // choices, 1..kMaxChoices
+  bool logprobs = false;  // report the chosen token's logprob
+  int top_logprobs = 0;   // 0..20 alternatives per token
+  /// >= 0: the log-probability of every prompt token after the ones before it (the first
+  /// has none), with this many (0..20) alternatives each: the engine then computes the
+  /// logits of every prompt position, for this request alone. -1: off.
+  int prompt_logprobs = -1;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  // do not stop at the model's EOS ids
   /// Structured outputs: each draw takes only the tokens this grammar allows next (its end
@@ -54,6 +58,10 @@ struct Sample {
   float logprob = 0;              // log-softmax of the model's logits (before any processing)
   std::vector<TokenLogprob> top;  // top_logprobs alternatives, most likely first
 };
+
+/// `token`'s log-softmax in `logits` (vocab_size floats) and the `top` most likely ids
+/// (ties: lowest id first), as sample() reports a drawn token's: how a prompt token is scored.
+Sample score_token(const float* logits, int vocab_size, int32_t token, int top);
 
 class Sampler {
  public:

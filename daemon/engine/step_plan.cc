@@ -14,7 +14,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr uint32_t kMagic = 0x4e4c5053;  // "SPLN"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;         // 2: prompt_logprobs in the parameters
 // Bounds a damaged plan cannot exceed (a prompt is at most the context, which is far less).
 constexpr uint32_t kMaxItems = 1u << 24;
 
@@ -89,11 +89,12 @@ void put_params(Writer& w, const SamplingParams& p) {
   w.put(static_cast<uint8_t>(p.logprobs));
   w.put(static_cast<uint8_t>(p.ignore_eos));
   w.put(static_cast<int32_t>(p.top_logprobs));
+  w.put(static_cast<int32_t>(p.prompt_logprobs));
   w.ints(p.stop_token_ids);
 }
 
 Status get_params(Reader& r, SamplingParams* p) {
-  int32_t top_k = 0, max_tokens = 0, n = 0, top_logprobs = 0;
+  int32_t top_k = 0, max_tokens = 0, n = 0, top_logprobs = 0, prompt_logprobs = -1;
   uint64_t seed = 0;
   uint8_t logprobs = 0, ignore_eos = 0;
   SPARK_TRY(r.get(&p->temperature, "temperature"));
@@ -109,6 +110,7 @@ Status get_params(Reader& r, SamplingParams* p) {
   SPARK_TRY(r.get(&logprobs, "logprobs"));
   SPARK_TRY(r.get(&ignore_eos, "ignore_eos"));
   SPARK_TRY(r.get(&top_logprobs, "top_logprobs"));
+  SPARK_TRY(r.get(&prompt_logprobs, "prompt_logprobs"));
   SPARK_TRY(r.ints(&p->stop_token_ids, "stop_token_ids"));
   p->top_k = top_k;
   p->seed = seed;
@@ -117,6 +119,7 @@ Status get_params(Reader& r, SamplingParams* p) {
   p->logprobs = logprobs != 0;
   p->ignore_eos = ignore_eos != 0;
   p->top_logprobs = top_logprobs;
+  p->prompt_logprobs = prompt_logprobs;
   return Status::Ok();
 }
 

@@ -273,7 +273,9 @@ Sampling parse_sampling(const Json& j, const Limits& limits, bool chat) {
   int64_t cap = limits.max_tokens_cap > 0 ? limits.max_tokens_cap : (1 << 30);
   const char* mt_key =
       chat && present(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (present(j, mt_key)) s.max_tokens = static_cast<int>(integer(j, mt_key, 1, cap, 16));
+  // Completions take max_tokens 0 with echo (checked there): the prompt and its logprobs.
+  if (present(j, mt_key))
+    s.max_tokens = static_cast<int>(integer(j, mt_key, chat ? 1 : 0, cap, 16));
   if (!chat && !s.max_tokens) s.max_tokens = 16;  // OpenAI's default for /v1/completions
   s.stop = parse_stop(j, limits);
   if (present(j, "stop_token_ids")) {
@@ -455,6 +457,10 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body, con
     refuse_unsupported(j, false);
     parse_stream(j, &r.stream, &r.include_usage);
     r.echo = boolean(j, "echo", false);
+    if (r.sampling.max_tokens == 0 && !r.echo)
+      fail("'max_tokens' 0 is only accepted with 'echo': true (the prompt and its logprobs).",
+           "max_tokens");
+    if (r.echo && r.sampling.logprobs) r.sampling.prompt_logprobs = r.sampling.top_logprobs;
     return r;
   });
 }
@@ -512,7 +518,10 @@ ApiResult<int> resolve_max_tokens(const Sampling& s, int prompt_tokens, int max_
                                   const std::string& param) {
   ApiResult<int> r;
   int want = s.max_tokens.value_or(max_context - prompt_tokens);
-  if (prompt_tokens + (s.max_tokens ? want : 1) > max_context || want < 1) {
+  // An explicit 0 (completions with echo) asks for the prompt alone, which still must fit.
+  const bool prompt_only = s.max_tokens && *s.max_tokens == 0;
+  if (prompt_tokens + (s.max_tokens && !prompt_only ? want : 1) > max_context ||
+      (want < 1 && !prompt_only)) {
     int shown = s.max_tokens ? want : 1;
     r.error = invalid_request(
         fmt::format("This model's maximum context length is {} tokens. However, you requested {} "

@@ -43,6 +43,9 @@ struct Sampling {
   bool ignore_eos = false;
   bool logprobs = false;
   int top_logprobs = 0;  // 0..20 (completions: the integer `logprobs`)
+  /// Completions with echo and logprobs: the prompt tokens' logprobs too, with this many
+  /// alternatives (the integer `logprobs`); -1: not asked for.
+  int prompt_logprobs = -1;
   bool skip_special_tokens = true;
 };
 
@@ -80,7 +83,7 @@ struct CompletionRequest {
   Sampling sampling;
   bool stream = false;
   bool include_usage = false;
-  bool echo = false;
+  bool echo = false;  // the prompt first (with logprobs: its tokens' too); max_tokens may be 0
 };
 
 /// /tokenize: text ("prompt") or chat ("messages").

@@ -55,18 +55,30 @@ Json chat_logprobs_json(const std::vector<TokenLogprobs>& lp, const tok::Tokeniz
   return j;
 }
 
+size_t utf8_chars(std::string_view bytes) {
+  size_t n = 0;
+  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 Json completion_logprobs_json(const std::vector<TokenLogprobs>& lp, const tok::Tokenizer& tok,
                               size_t off) {
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offs = Json::array();
   for (const auto& t : lp) {
-    std::string s = tok::utf8_lossy(tok.token_bytes(t.token));
-    tokens.push_back(s);
-    lps.push_back(t.logprob);
-    Json top = Json::object();
-    for (auto [id, l] : t.top) top[tok::utf8_lossy(tok.token_bytes(id))] = l;
-    tops.push_back(std::move(top));
+    std::string_view bytes = tok.token_bytes(t.token);
+    tokens.push_back(tok::utf8_lossy(bytes));
+    if (t.unscored) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(t.logprob);
+      Json top = Json::object();
+      for (auto [id, l] : t.top) top[tok::utf8_lossy(tok.token_bytes(id))] = l;
+      tops.push_back(std::move(top));
+    }
+    if (t.text_offset >= 0) off = static_cast<size_t>(t.text_offset);
     offs.push_back(off);
-    off += s.size();
+    off += utf8_chars(bytes);
   }
   Json j = Json::object();
   j["tokens"] = std::move(tokens);

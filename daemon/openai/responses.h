@@ -23,7 +23,15 @@ struct TokenLogprobs {
   int32_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;  // most likely first
+  bool unscored = false;  // the first prompt token: logprob and top_logprobs are null
+  /// Completions: the token's offset in the returned text, in characters (code points);
+  /// -1: the running sum of the tokens' characters from completion_logprobs_json's start.
+  int64_t text_offset = -1;
 };
+
+/// Characters (code points) in `bytes` of UTF-8: the bytes that do not continue a sequence,
+/// so a character split across two tokens counts once, in the token that begins it.
+size_t utf8_chars(std::string_view bytes);
 
 struct Usage {
   int prompt_tokens = 0;
@@ -57,7 +65,8 @@ std::string make_response_id(std::string_view prefix);
 Json usage_json(const Usage& u);
 /// Chat logprobs {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
 Json chat_logprobs_json(const std::vector<TokenLogprobs>& lp, const tok::Tokenizer& tok);
-/// Legacy completions logprobs {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+/// Legacy completions logprobs {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+/// text_offset counts characters (as a client indexes the returned text), from text_offset0.
 Json completion_logprobs_json(const std::vector<TokenLogprobs>& lp, const tok::Tokenizer& tok,
                               size_t text_offset0);
 /// OpenAI tool_calls array for a message (full) or a delta (with "index").

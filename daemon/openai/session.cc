@@ -142,6 +142,7 @@ CompletionWriter::CompletionWriter(const CompletionRequest& req, const tok::Toke
   meta_ = {make_response_id("cmpl-"), static_cast<int64_t>(std::time(nullptr)), std::move(model)};
   usage_.prompt_tokens = prompt_tokens;
   if (req.echo) echo_ = std::move(prompt_text);
+  prompt_logprobs_ = req.echo && req.sampling.prompt_logprobs >= 0;
   for (int i = 0; i < req.sampling.n; ++i) {
     ChoiceStreamOptions o;
     o.stop = req.sampling.stop;
@@ -150,7 +151,7 @@ CompletionWriter::CompletionWriter(const CompletionRequest& req, const tok::Toke
     c.stream = std::make_unique<ChoiceStream>(tok, o);
     c.result.index = i;
     c.result.text = echo_;
-    c.text_offset = echo_.size();
+    c.text_offset = utf8_chars(echo_);
     choices_.push_back(std::move(c));
   }
 }
@@ -170,7 +171,7 @@ std::string CompletionWriter::start() {
       d.content = "";
       out += sse_event(chat_chunk(meta_, d, include_usage_, *tok_));
       c.role_sent = true;
-    } else if (!echo_.empty()) {
+    } else if (!echo_.empty() && !prompt_logprobs_) {  // else with its logprobs
       out += sse_event(completion_chunk(meta_, c.result.index, echo_, std::nullopt, include_usage_,
                                         std::nullopt, 0, *tok_));
     }
@@ -201,10 +202,45 @@ std::string CompletionWriter::emit(int choice, const ChoiceStream::Step& s,
     d.logprobs = std::move(lp);
     return sse_event(chat_chunk(meta_, d, include_usage_, *tok_));
   }
-  size_t off = c.text_offset;
-  c.text_offset += s.content.size();
   return sse_event(completion_chunk(meta_, c.result.index, s.content, std::nullopt, include_usage_,
-                                    lp, off, *tok_));
+                                    lp, c.text_offset, *tok_));
+}
+
+std::string CompletionWriter::prompt_logprobs(int choice, const std::vector<int32_t>& prompt,
+                                              const std::vector<TokenLogprobs>& scored) {
+  if (!prompt_logprobs_ || choice < 0 || static_cast<size_t>(choice) >= choices_.size() ||
+      prompt.empty())
+    return {};
+  ChoiceState& c = choices_[static_cast<size_t>(choice)];
+  // Each token's offset in the echoed text: where its bytes are found next; a token whose
+  // bytes are not there (BOS and other special tokens the text does not spell) takes no room.
+  std::vector<TokenLogprobs> lps;
+  size_t pos = 0, chars = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    TokenLogprobs t;
+    if (i == 0) {
+      t.token = prompt[0];
+      t.unscored = true;
+    } else if (i - 1 < scored.size()) {
+      t = scored[i - 1];
+    } else {
+      t.token = prompt[i];
+      t.unscored = true;  // not scored (the engine gave fewer scores than prompt tokens)
+    }
+    t.text_offset = static_cast<int64_t>(chars);
+    const std::string_view b = tok_->token_bytes(prompt[i]);
+    const bool here = !b.empty() && echo_.compare(pos, b.size(), b) == 0;
+    if (here || !tok_->is_special(prompt[i])) {
+      const size_t n = std::min(b.size(), echo_.size() - pos);
+      chars += utf8_chars(std::string_view(echo_).substr(pos, n));
+      pos += n;
+    }
+    lps.push_back(std::move(t));
+  }
+  c.lps.insert(c.lps.begin(), lps.begin(), lps.end());
+  if (!stream_) return {};
+  return sse_event(
+      completion_chunk(meta_, c.result.index, echo_, std::nullopt, include_usage_, lps, 0, *tok_));
 }
 
 std::string CompletionWriter::token(int choice, int32_t id, std::optional<TokenLogprobs> lp) {
@@ -215,6 +251,10 @@ std::string CompletionWriter::token(int choice, int32_t id, std::optional<TokenL
   if (stop_ids_.count(id)) return end_choice(choice, "stop", c.stream->finish());
   std::optional<std::vector<TokenLogprobs>> one;
   if (want_logprobs_ && lp) {
+    if (!chat_) {
+      lp->text_offset = static_cast<int64_t>(c.text_offset);
+      c.text_offset += utf8_chars(tok_->token_bytes(id));
+    }
     c.lps.push_back(*lp);
     one = std::vector<TokenLogprobs>{*lp};
   }

@@ -63,6 +63,11 @@ class CompletionWriter {
   const char* content_type() const;
   /// Streaming: the first bytes (chat: each choice's role delta). Empty otherwise.
   std::string start();
+  /// Echo with logprobs: the prompt's tokens (`prompt`) and the engine's scores of tokens
+  /// 1.. (`scored`), which lead `choice`'s logprobs (the first token's logprob null).
+  /// Streaming, the echoed prompt goes out here with them. Returns bytes to write now.
+  std::string prompt_logprobs(int choice, const std::vector<int32_t>& prompt,
+                              const std::vector<TokenLogprobs>& scored);
   /// One generated token of `choice`. Returns bytes to write now (streaming) or "".
   std::string token(int choice, int32_t id, std::optional<TokenLogprobs> lp = std::nullopt);
   /// True once `choice` has ended (stop string or stop token): the engine can drop it.
@@ -82,7 +87,7 @@ class CompletionWriter {
     bool role_sent = false;
     bool ended = false;
     std::vector<TokenLogprobs> lps;
-    size_t text_offset = 0;  // completions logprobs
+    size_t text_offset = 0;  // completions logprobs: the next token's, in characters
   };
   std::string end_choice(int choice, const std::string& reason, ChoiceStream::Step tail);
   std::string emit(int choice, const ChoiceStream::Step& s,
@@ -90,6 +95,7 @@ class CompletionWriter {
 
   const tok::Tokenizer* tok_;
   bool chat_, stream_, include_usage_, want_logprobs_;
+  bool prompt_logprobs_ = false;  // echo with logprobs
   std::set<int32_t> stop_ids_;
   ResponseMeta meta_;
   Usage usage_;

@@ -166,7 +166,10 @@ void BpeModel::merge_word(std::string_view w, std::vector<TokenId>& out) const {
     if (n > 0) sym.back().next = n;
     sym.push_back(Symbol{id, n - 1, -1, len});
   };
-  std::optional<std::pair<TokenId, size_t>> unk;
+  // A pending unknown run: id and byte length (has_unk: one is pending). Not a
+  // std::optional: GCC's -O2 maybe-uninitialized misreads one here.
+  bool has_unk = false;
+  std::pair<TokenId, size_t> unk{0, 0};
   bool plain = prefix_.empty() && suffix_.empty();
   for (size_t i = 0; i < w.size();) {
     char32_t cp = 0;
@@ -184,7 +187,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<TokenId>& out) const {
       if (it != vocab_.end()) id = it->second;
     }
     if (id >= 0) {
-      if (unk) add(unk->first, unk->second), unk.reset();
+      if (has_unk) add(unk.first, unk.second), has_unk = false;
       add(id, n);
       i += n;
       continue;
@@ -205,16 +208,17 @@ void BpeModel::merge_word(std::string_view w, std::vector<TokenId>& out) const {
     }
     if (unk_token_) {
       TokenId uid = vocab_.at(*unk_token_);
-      if (unk && fuse_unk_) {
-        unk->second += n;
+      if (has_unk && fuse_unk_) {
+        unk.second += n;
       } else {
-        if (unk) add(unk->first, unk->second);
+        if (has_unk) add(unk.first, unk.second);
         unk = std::make_pair(uid, n);
+        has_unk = true;
       }
     }
     i += n;
   }
-  if (unk) add(unk->first, unk->second);
+  if (has_unk) add(unk.first, unk.second);
 
   std::priority_queue<QueueItem, std::vector<QueueItem>, std::greater<QueueItem>> q;
   auto lookup = [&](TokenId a, TokenId b) -> const Merge* {

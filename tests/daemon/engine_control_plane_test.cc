@@ -533,3 +533,60 @@ TEST_CASE(
   REQUIRE(two.workers.size() == 1);
   CHECK(two.workers[0].plan_bytes > 16u * 500u * 4u);  // the 16 prompts travelled once each
 }
+
+TEST_CASE(
+    "engine TP: prompt logprobs at TP=2 (vocab-parallel lm_head) equal TP=1's, chunked beside "
+    "a decode, and max_tokens 0 draws nothing on either rank") {
+  test::TempDir dir;
+  REQUIRE(write_random_checkpoint(dir / "m", {tp_config(), DType::bf16, 19, 2}).ok());
+  struct Got {
+    std::vector<Sample> scores, none_scores;
+    std::vector<int32_t> tokens, none_tokens;
+    FinishReason none_finish = FinishReason::none;
+  };
+  auto run = [&](int W) {
+    Got g;
+    auto ring = run_ring(dir / "m", W, small_options(), [&](Engine& e) {
+      const int V = e.config().vocab_size;
+      SamplingParams busy;
+      busy.temperature = 0;
+      busy.max_tokens = 30;
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = 5;
+      p.logprobs = true;
+      p.prompt_logprobs = 4;
+      GenerateRequest bg{prompt_of(5, 7, V), busy, [](const TokenEvent&) {}};
+      REQUIRE(e.submit(std::move(bg)).ok());  // decodes while the scored prompt prefills
+      auto r = generate_blocking(e, prompt_of(29, 4, V), p);
+      REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+      g.scores = r->prompt_logprobs[0];
+      g.tokens = r->tokens[0];
+      p.max_tokens = 0;
+      auto z = generate_blocking(e, prompt_of(11, 5, V), p);
+      REQUIRE_MESSAGE(z.ok(), (z.ok() ? std::string() : z.error().message));
+      g.none_scores = z->prompt_logprobs[0];
+      g.none_tokens = z->tokens[0];
+      g.none_finish = z->finish[0];
+    });
+    for (int r = 0; r < W; ++r)
+      CHECK_MESSAGE(ring.errors[static_cast<size_t>(r)].empty(),
+                    "rank " << r << ": " << ring.errors[static_cast<size_t>(r)]);
+    return g;
+  };
+  const Got one = run(1), two = run(2);
+  REQUIRE(one.scores.size() == 28);
+  REQUIRE(two.scores.size() == 28);
+  for (size_t i = 0; i < one.scores.size(); ++i) {
+    CAPTURE(i);
+    CHECK(two.scores[i].token == one.scores[i].token);
+    CHECK(two.scores[i].logprob == doctest::Approx(one.scores[i].logprob).epsilon(1e-3));
+    REQUIRE(two.scores[i].top.size() == 4);
+    CHECK(two.scores[i].top[0].token == one.scores[i].top[0].token);
+  }
+  CHECK(two.tokens == one.tokens);
+  CHECK(one.none_tokens.empty());
+  CHECK(two.none_tokens.empty());
+  CHECK(two.none_finish == FinishReason::length);
+  CHECK(two.none_scores.size() == 10);
+}

@@ -496,6 +496,83 @@ TEST_CASE("CompletionWriter completions with echo") {
   CHECK(body["choices"][0]["finish_reason"] == "length");
 }
 
+TEST_CASE(
+    "completion request: echo with logprobs asks for prompt logprobs; max_tokens 0 needs echo") {
+  auto r = parse_completion_request(
+      R"({"prompt": "Once", "echo": true, "logprobs": 2, "max_tokens": 0})", {});
+  REQUIRE(r.ok());
+  CHECK(r.value->sampling.prompt_logprobs == 2);
+  CHECK(*r.value->sampling.max_tokens == 0);
+  CHECK(*resolve_max_tokens(r.value->sampling, 5, 16, "prompt").value == 0);
+  CHECK_FALSE(resolve_max_tokens(r.value->sampling, 16, 16, "prompt").ok());  // no room at all
+  auto plain = parse_completion_request(R"({"prompt": "Once", "echo": true})", {});
+  REQUIRE(plain.ok());
+  CHECK(plain.value->sampling.prompt_logprobs == -1);  // echo alone computes no prompt logits
+  auto lp = parse_completion_request(R"({"prompt": "Once", "logprobs": 1})", {});
+  REQUIRE(lp.ok());
+  CHECK(lp.value->sampling.prompt_logprobs == -1);
+  CHECK(parse_completion_request(R"({"prompt": "x", "max_tokens": 0})", {}).error.param ==
+        "max_tokens");
+  CHECK(chat_error(with(R"("max_tokens": 0)")).param == "max_tokens");
+}
+
+TEST_CASE("CompletionWriter echo with logprobs: prompt tokens first, first null, text offsets") {
+  const tok::Tokenizer& t = fixture();
+  const int32_t bos = *t.token_to_id("<|endoftext|>");  // a special token the text does not spell
+  const std::string prompt = "caf\xc3\xa9 au lait";     // 'é': two bytes, one character
+  std::vector<int32_t> ids = {bos};
+  for (auto id : t.encode(prompt, false)) ids.push_back(id);
+  const std::vector<int32_t> gen = t.encode(" ok", false);
+  std::vector<TokenLogprobs> scored;
+  for (size_t i = 1; i < ids.size(); ++i)
+    scored.push_back({ids[i], -0.5f * static_cast<float>(i), {{ids[i], -0.1f}}});
+  for (bool stream : {false, true}) {
+    CAPTURE(stream);
+    auto req = parse_completion_request(
+        std::string(R"({"prompt": "x", "echo": true, "logprobs": 1, "max_tokens": 4, "stream": )") +
+            (stream ? "true" : "false") + "}",
+        {});
+    REQUIRE(req.ok());
+    CompletionWriter r(*req.value, t, "demo", static_cast<int>(ids.size()), {}, prompt);
+    CHECK(r.start().empty());  // the echo waits for its logprobs
+    std::string out = r.prompt_logprobs(0, ids, scored);
+    for (auto id : gen) out += r.token(0, id, TokenLogprobs{id, -1.0f, {}});
+    out += r.finish(0, "length");
+    out += r.done();
+    Json lp;
+    std::string text;
+    if (stream) {
+      // The first chunk is the echoed prompt with its logprobs; then one chunk per token.
+      auto first = Json::parse(out.substr(6, out.find("\n\n") - 6));
+      CHECK(first["choices"][0]["text"] == prompt);
+      CHECK(first["choices"][0]["logprobs"]["tokens"].size() == ids.size());
+      lp = first["choices"][0]["logprobs"];
+      text = prompt;
+    } else {
+      Json body = Json::parse(out);
+      text = body["choices"][0]["text"];
+      CHECK(text == prompt + " ok");
+      lp = body["choices"][0]["logprobs"];
+      REQUIRE(lp["tokens"].size() == ids.size() + gen.size());
+    }
+    CHECK(lp["token_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][0].is_null());
+    CHECK(lp["token_logprobs"][1] == -0.5);
+    CHECK(lp["top_logprobs"][1].size() == 1);
+    // Offsets count characters of the returned text: the special token takes no room, 'é'
+    // one character.
+    CHECK(lp["text_offset"][0] == 0);
+    CHECK(lp["text_offset"][1] == 0);
+    size_t chars = 0;
+    for (size_t i = 1; i < ids.size(); ++i) {
+      CHECK(lp["text_offset"][i] == chars);
+      chars += utf8_chars(t.token_bytes(ids[i]));
+    }
+    CHECK(chars == 12);  // "café au lait"
+    if (!stream) CHECK(lp["text_offset"][ids.size()] == 12);
+  }
+}
+
 TEST_CASE("toolkit errors map to OpenAI statuses and types") {
   CHECK(from_error(make_error(Errc::usage, "x")).status == 400);
   auto nf = from_error(make_error(Errc::not_found, "gone"), "model");

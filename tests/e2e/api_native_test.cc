@@ -331,6 +331,94 @@ TEST_CASE("e2e api: n=2, seeds reproduce, logprobs match greedy choices") {
   }
 }
 
+TEST_CASE(
+    "e2e api: completions echo + logprobs score the prompt (first null), max_tokens 0 and "
+    "text_offset, as evaluation harnesses use them") {
+  auto& s = server();
+  const std::string prompt = "Once upon a time there was a fox";
+  auto ids = s.post("/tokenize", {{"prompt", prompt}})["tokens"].get<std::vector<int>>();
+  REQUIRE(ids.size() >= 4);
+  const size_t P = ids.size();
+  // The tokens' texts sit at their offsets in the returned text (a special token the text
+  // does not spell, such as a BOS, takes no room).
+  auto check_offsets = [](const json& lp, const std::string& text) {
+    size_t last = 0;
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      CAPTURE(i);
+      const auto tok = lp["tokens"][i].get<std::string>();
+      const auto off = lp["text_offset"][i].get<size_t>();
+      CHECK(off >= last);
+      CHECK((text.compare(off, tok.size(), tok) == 0 || (i == 0 && off == 0)));
+      last = off;
+    }
+  };
+
+  auto z = s.post(
+      "/v1/completions",
+      {{"prompt", prompt}, {"echo", true}, {"logprobs", 3}, {"max_tokens", 0}, {"temperature", 0}});
+  const json& zc = z["choices"][0];
+  CHECK(zc["text"] == prompt);
+  CHECK(zc["finish_reason"] == "length");
+  CHECK(z["usage"]["completion_tokens"] == 0);
+  CHECK(z["usage"]["prompt_tokens"] == P);
+  const json& zl = zc["logprobs"];
+  REQUIRE(zl["tokens"].size() == P);
+  CHECK(zl["token_logprobs"][0].is_null());
+  CHECK(zl["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < P; ++i) {
+    CHECK(zl["token_logprobs"][i].get<double>() <= 0.0);
+    CHECK(zl["top_logprobs"][i].size() >= 1);
+  }
+  check_offsets(zl, zc["text"]);
+
+  // A prompt token's alternatives are what a generation after the tokens before it reports.
+  const size_t k = P - 2;
+  std::vector<int> prefix(ids.begin(), ids.begin() + static_cast<long>(k));
+  auto g = s.post("/v1/completions", {{"prompt", prefix},
+                                      {"max_tokens", 1},
+                                      {"temperature", 0},
+                                      {"logprobs", 3},
+                                      {"ignore_eos", true}});
+  const json& want = g["choices"][0]["logprobs"]["top_logprobs"][0];
+  const json& got = zl["top_logprobs"][k];
+  REQUIRE(want.size() == got.size());
+  for (auto it = want.begin(); it != want.end(); ++it) {
+    CAPTURE(it.key());
+    REQUIRE(got.contains(it.key()));
+    CHECK(got[it.key()].get<double>() == doctest::Approx(it.value().get<double>()).epsilon(1e-3));
+  }
+
+  // With generated tokens: they follow the prompt's, their offsets after the prompt's text.
+  auto e = s.post("/v1/completions", {{"prompt", prompt},
+                                      {"echo", true},
+                                      {"logprobs", 1},
+                                      {"max_tokens", 3},
+                                      {"temperature", 0},
+                                      {"ignore_eos", true}});
+  const json& ec = e["choices"][0];
+  const std::string etext = ec["text"];
+  CHECK(etext.rfind(prompt, 0) == 0);
+  REQUIRE(ec["logprobs"]["tokens"].size() == P + 3);
+  CHECK(ec["logprobs"]["text_offset"][P] == prompt.size());
+  check_offsets(ec["logprobs"], etext);
+
+  // Streaming: the first chunk is the echoed prompt with its logprobs.
+  auto st = s.call(
+      "POST", "/v1/completions",
+      json{{"prompt", prompt}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 2}, {"stream", true}}
+          .dump());
+  REQUIRE(st.status == 200);
+  auto events = sse_events(st.body);
+  REQUIRE(events.size() >= 2);
+  auto first = json::parse(events[0]);
+  CHECK(first["choices"][0]["text"] == prompt);
+  CHECK(first["choices"][0]["logprobs"]["tokens"].size() == P);
+  CHECK(first["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+
+  auto bad = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}}, 400);
+  CHECK(bad["error"]["param"] == "max_tokens");
+}
+
 TEST_CASE("e2e api: a stop string cuts the text before it; finish_reason stop") {
   auto& s = server();
   json req = {{"prompt", "The capital of France is"},
@@ -790,6 +878,19 @@ TEST_CASE("e2e api: /metrics twins mean what vLLM's mean (batch, prefix cache, p
     CHECK_MESSAGE(sample(m, h + v) == seqs, h);
   CHECK(sample(m, "vllm:request_prompt_tokens_sum" + v) == 2 * P);  // hits included
   CHECK(sample(m, "vllm:request_generation_tokens_sum" + v) == 8);
+  // The requests' parameters, once per finished request: n 1, max_tokens 4 each.
+  CHECK(sample(m, "vllm:request_params_n_count" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_n_sum" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_max_tokens_count" + v) == 2);
+  CHECK(sample(m, "vllm:request_params_max_tokens_sum" + v) == 8);
+  // Tokens per engine step: every computed token is in one step (the probe's too), none
+  // twice. The second request's last step may land after its response, hence the bounds.
+  const double steps = sample(m, "vllm:iteration_tokens_total_count" + v);
+  const double step_tokens = sample(m, "vllm:iteration_tokens_total_sum" + v);
+  CHECK(steps >= 2);
+  CHECK(step_tokens >= P + 3);  // the first request's prompt and decodes at least
+  CHECK(step_tokens <= computed + sample(m, "vllm:generation_tokens_total" + v));
+  CHECK(sample(m, "sparkd_iteration_tokens_count") == steps);
   CHECK(m.find("vllm:cache_config_info{model_name=\"demo\",engine=\"0\",block_size=\"16\"") !=
         std::string::npos);
   CHECK(sample(m, "vllm:kv_cache_usage_perc" + v) == 0);

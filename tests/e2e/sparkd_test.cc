@@ -2,11 +2,16 @@
 // /health, stopped with SIGTERM (also in the middle of a slowed weight load); a bad cluster
 // file fails cleanly with file:line.
 #include <doctest/doctest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -157,6 +162,92 @@ TEST_CASE(
   // Lines after the rotation go to the new file, none to the old.
   CHECK(slurp(logfile).find("SIGTERM") != std::string::npos);
   CHECK(slurp(logfile + ".1").find("SIGTERM") == std::string::npos);
+}
+
+namespace {
+// The receiving end of systemd's notify protocol: a datagram socket bound at a path, as
+// systemd binds the one it names in NOTIFY_SOCKET.
+struct NotifySocket {
+  int fd = -1;
+  explicit NotifySocket(const std::string& path) {
+    fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    REQUIRE(path.size() < sizeof(a.sun_path));
+    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~NotifySocket() { ::close(fd); }
+  // The next datagram, or "" when none comes within `limit`.
+  std::string next(std::chrono::milliseconds limit) const {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(limit.count())) != 1) return {};
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
+};
+
+bool has_line(const std::string& msg, const std::string& line) {
+  return ("\n" + msg + "\n").find("\n" + line + "\n") != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE(
+    "e2e sparkd: systemd's notify protocol: READY=1 once /health says ready (never before), "
+    "STOPPING=1 at SIGTERM") {
+  test::TempDir dir("sparkd-notify");
+  const std::string sock = dir / "notify.sock";
+  NotifySocket ns(sock);
+  {
+    // No model: never ready, so no READY=1, only STOPPING=1 when it stops.
+    int port = test::free_port();
+    test::Child d(
+        {SPARKD_BIN, "--config", kLocalEnv, "--rank", "0", "--port", std::to_string(port),
+         "--log-file", dir / "none.log"},
+        {{"STATE_DIR", dir / "none"}, {"MODEL_PATH", dir / "no-model"}, {"NOTIFY_SOCKET", sock}},
+        dir / "none.out");
+    auto end = std::chrono::steady_clock::now() + 20s;
+    std::string reason;
+    while (std::chrono::steady_clock::now() < end &&
+           reason.find("native engine") == std::string::npos) {
+      auto h = poll_health(port, 2s);
+      if (h) reason = nlohmann::json::parse(h->body, nullptr, false).value("reason", "");
+    }
+    REQUIRE_MESSAGE(reason.find("native engine") != std::string::npos, slurp(dir / "none.log"));
+    d.signal(SIGTERM);
+    REQUIRE(d.wait_for(10s).has_value());
+    std::string all;
+    for (std::string m; !(m = ns.next(200ms)).empty();) all += m + "\n";
+    CHECK_FALSE(has_line(all, "READY=1"));
+    CHECK(has_line(all, "STOPPING=1"));
+  }
+  auto [st, out] = test::run_capture({SPARKCTL_BIN, "demo-model", dir / "model"}, {}, 60s);
+  REQUIRE_MESSAGE(st == 0, out);
+  int port = test::free_port();
+  test::Child d({SPARKD_BIN, "--config", kLocalEnv, "--rank", "0", "--port", std::to_string(port),
+                 "--log-file", dir / "sparkd.log"},
+                {{"STATE_DIR", dir / "state"},
+                 {"MODEL_PATH", dir / "model"},
+                 {"PROBE_PROMPT", "a"},
+                 {"NOTIFY_SOCKET", sock}},
+                dir / "out.txt");
+  std::string msg;
+  auto end = std::chrono::steady_clock::now() + 90s;
+  while (std::chrono::steady_clock::now() < end && !has_line(msg, "READY=1")) msg = ns.next(1000ms);
+  REQUIRE_MESSAGE(has_line(msg, "READY=1"), slurp(dir / "sparkd.log") << slurp(dir / "out.txt"));
+  // Sent after /health turned ready: it says so now.
+  auto h = poll_health(port, 5s);
+  REQUIRE(h.has_value());
+  CHECK(h->status == 200);
+  CHECK(nlohmann::json::parse(h->body)["ready"] == true);
+  d.signal(SIGTERM);
+  REQUIRE(d.wait_for(20s).has_value());
+  std::string rest;
+  for (std::string m; !(m = ns.next(200ms)).empty();) rest += m + "\n";
+  CHECK_FALSE(has_line(rest, "READY=1"));  // once
+  CHECK(has_line(rest, "STOPPING=1"));
 }
 
 TEST_CASE("e2e sparkd: a bad cluster file exits non-zero with file:line, no crash") {

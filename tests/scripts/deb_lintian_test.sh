@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The .deb that `cpack -G DEB` makes is clean of lintian errors: a copyright file, a
 # compressed changelog and man pages, an extended description, a well-formed maintainer
-# field. Warnings are printed, not failed on (some, like no-manual-page for a helper, are
-# choices). Skips (exit 77) with the reason when lintian is not installed.
+# field; and lintian notes no missing hardening (fortify, stack protector, relro, bindnow),
+# which needs the optimised build a package is made from. So the .deb is made from a build
+# of the default type (RelWithDebInfo): BUILD_DIR when it is one, else BUILD_DIR/deb-relwithdebinfo,
+# configured here like BUILD_DIR but without a build type and without the tests, and built
+# (incrementally on later runs). Warnings are printed, not failed on (some, like
+# no-manual-page for a helper, are choices). Skips (exit 77) with the reason when lintian
+# is not installed.
 # Usage: deb_lintian_test.sh SRC_DIR BUILD_DIR
 set -euo pipefail
 SRC=${1:?usage: deb_lintian_test.sh SRC_DIR BUILD_DIR}
@@ -16,6 +21,25 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 err() { echo "deb_lintian_test: FAIL: $*"; fail=1; }
 
+cache_get() { sed -n "s/^$1:[A-Z]*=//p" "$2/CMakeCache.txt" | head -n 1; }
+type=$(cache_get CMAKE_BUILD_TYPE "$BUILD")
+if [[ $type != RelWithDebInfo && $type != Release ]]; then
+  PKG=$BUILD/deb-relwithdebinfo
+  echo "deb_lintian_test: $BUILD is a '${type:-no type}' build; packaging the default (RelWithDebInfo) build in $PKG"
+  args=(-S "$SRC" -B "$PKG" -DSPARK_TESTS=OFF -DSPARK_WERROR=ON)
+  [[ -f $BUILD/build.ninja ]] && args+=(-G Ninja)
+  for k in CMAKE_C_COMPILER_LAUNCHER CMAKE_CXX_COMPILER_LAUNCHER CMAKE_CUDA_COMPILER_LAUNCHER \
+    CMAKE_CUDA_ARCHITECTURES; do
+    v=$(cache_get "$k" "$BUILD"); [[ -n $v ]] && args+=("-D$k=$v")
+  done
+  (unset CMAKE_BUILD_TYPE; cmake "${args[@]}" >"$tmp/configure.log" 2>&1) ||
+    { err "configuring $PKG failed:"; tail -n 20 "$tmp/configure.log"; exit 1; }
+  [[ $(cache_get CMAKE_BUILD_TYPE "$PKG") == RelWithDebInfo ]] ||
+    { err "$PKG configured without a build type is '$(cache_get CMAKE_BUILD_TYPE "$PKG")', not RelWithDebInfo"; exit 1; }
+  cmake --build "$PKG" >"$tmp/build.log" 2>&1 || { err "building $PKG failed:"; tail -n 30 "$tmp/build.log"; exit 1; }
+  BUILD=$PKG
+fi
+
 # The compressed pages are build outputs; make sure they are current before packaging.
 cmake --build "$BUILD" --target spark_compressed_docs >/dev/null
 (cd "$tmp" && cpack -G DEB --config "$BUILD/CPackConfig.cmake" -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1) ||
@@ -28,7 +52,7 @@ allow=()
 ((EUID == 0)) && allow=(--allow-root)
 # Exit 1 means it found errors (counted below); anything else is lintian failing to run.
 rc=0
-lintian "${allow[@]}" --tag-display-limit 0 "$deb" >"$tmp/lintian.out" 2>&1 || rc=$?
+lintian "${allow[@]}" --display-info --tag-display-limit 0 "$deb" >"$tmp/lintian.out" 2>&1 || rc=$?
 ((rc <= 1)) || { err "lintian exited $rc:"; cat "$tmp/lintian.out"; exit 1; }
 errors=$(grep -c '^E: ' "$tmp/lintian.out" || true)
 warnings=$(grep -c '^W: ' "$tmp/lintian.out" || true)
@@ -37,6 +61,11 @@ if ((errors > 0)); then
   grep '^E: ' "$tmp/lintian.out"
 fi
 grep '^W: ' "$tmp/lintian.out" || true
+# Hardening notes (lintian gives them as information, I:): none.
+if grep -q '^[EWI]: .*hardening-' "$tmp/lintian.out"; then
+  err "lintian notes missing hardening in $(basename "$deb"):"
+  grep '^[EWI]: .*hardening-' "$tmp/lintian.out"
+fi
 
 # What the package must carry, whatever lintian's version checks.
 dpkg-deb -c "$deb" | awk '{print $NF}' >"$tmp/contents"
