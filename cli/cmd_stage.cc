@@ -274,6 +274,9 @@ int cmd_stage_recv(Context& ctx, const std::vector<std::string>& args) {
   ro.token = token;
   ro.idle_timeout = std::chrono::milliseconds(*idle);
   ro.node = vm["node"].as<std::string>();
+  // Fault injection for tests (named as such; never set in production).
+  if (auto it = ctx.env.vars.find("SPARK_STAGE_FAULT_TRUST_JOURNAL"); it != ctx.env.vars.end())
+    ro.fault_trust_journal = it->second == "1";
   auto r = stage::Receiver::create(ro);
   if (!r) return ctx.fail(r.error());
   std::string ports, addrs;
@@ -490,9 +493,14 @@ int verify_only(Context& ctx, const RingConfig& cfg, const StagePlan& plan, cons
 // Starts a receiver on every target with its own one-time token (on stdin, never in argv)
 // and reads back where each listens. On any failure the receivers that did start are
 // released.
-Result<std::vector<stage::TargetSpec>> start_receivers(const RingConfig& cfg,
+Result<std::vector<stage::TargetSpec>> start_receivers(const Context& ctx, const RingConfig& cfg,
                                                        const std::vector<const NodeConfig*>& dst,
                                                        const std::string& bin) {
+  // Fault injection for tests (named as such; never set in production): the receivers'
+  // switches travel with their command line.
+  std::string faults;
+  if (auto it = ctx.env.vars.find("SPARK_STAGE_FAULT_TRUST_JOURNAL"); it != ctx.env.vars.end())
+    faults = "SPARK_STAGE_FAULT_TRUST_JOURNAL=" + shell_quote(it->second) + " ";
   std::vector<NodeJob> jobs;
   std::vector<std::string> tokens;
   const auto idle_s = cfg.get_duration_ms("STAGE_TIMEOUT") / 1000;
@@ -502,7 +510,7 @@ Result<std::vector<stage::TargetSpec>> start_receivers(const RingConfig& cfg,
     tokens.push_back(*tok);
     jobs.push_back(
         {n->index,
-         fmt::format("{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}",
+         fmt::format("{}{} stage-recv --dir {} --bind {} --node {} --idle-timeout {}s{}", faults,
                      shell_quote(bin), shell_quote(n->model_path), n->fabric_ip,
                      shell_quote(n->name), std::max<uint64_t>(idle_s, 5),
                      n->netdevs.size() > 1 ? " --netdevs " + shell_quote(join(n->netdevs, ","))
@@ -620,7 +628,7 @@ int cmd_stage_weights(Context& ctx, const std::vector<std::string>& args) {
   const std::string bin = sparkctl_on(*cfg, ctx);
   const uint64_t chunk = cfg->get_size("STAGE_CHUNK_SIZE");
   if (vm.count("verify-only")) return verify_only(ctx, *cfg, *plan, bin, vm.count("deep") > 0);
-  auto targets = start_receivers(*cfg, plan->dst, bin);
+  auto targets = start_receivers(ctx, *cfg, plan->dst, bin);
   if (!targets) return ctx.fail(targets.error());
   stage::SendOptions so;
   so.streams = vm.count("streams") ? vm["streams"].as<int>()

@@ -23,6 +23,10 @@ struct ReceiverOptions {
   std::string token;                               // the one-time token
   std::chrono::milliseconds idle_timeout{120000};  // no traffic this long: give up
   std::string node = "receiver";                   // for messages
+  // FAULT INJECTION ONLY (tests): take journaled chunks as verified at plan time without
+  // hashing them again, as resume did before it checked them, so that a test can show
+  // that the hash before the final rename still keeps a changed chunk from a final name.
+  bool fault_trust_journal = false;
 };
 
 /// One receiving session.

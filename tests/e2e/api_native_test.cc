@@ -191,6 +191,51 @@ std::vector<std::string> sse_events(const std::string& body) {
 
 }  // namespace
 
+TEST_CASE(
+    "e2e api: an allocation that fails inside a chat template render is a 400 naming the "
+    "template and its limits; the daemon goes on serving") {
+  // A fault-injection shim (tests/fault/fault_inject_alloc.cc) makes every allocation of
+  // 16 MiB or more throw std::bad_alloc, as on a machine whose memory is spent. Two-message
+  // chats build a 40 MB string (within the render's 64 MiB limit, so the budget lets it
+  // grow) and meet it; everything else sparkd does stays far below.
+  test::TempDir logdir("api-e2e-alloc");
+  const std::string refused = logdir / "refused.log";
+  Server s("",
+           {{"LD_PRELOAD", FAULT_INJECT_ALLOC},
+            {"SPARK_FAULT_ALLOC_OVER", std::to_string(16u << 20)},
+            {"SPARK_FAULT_ALLOC_LOG", refused}},
+           "{% for m in messages %}{{ m.content }}{% endfor %}{% if messages | length == 2 %}\n"
+           "{{ ('ab' * 20000000) | length }}{% endif %}");
+  REQUIRE_MESSAGE(s.error.empty(), s.error);
+  REQUIRE_MESSAGE(slurp(refused).empty(), "an allocation was refused before any request");
+  json two = {{"model", "demo"},
+              {"max_tokens", 2},
+              {"messages", json::array({{{"role", "user"}, {"content", "a"}},
+                                        {{"role", "assistant"}, {"content", "b"}}})}};
+  json one = {{"model", "demo"},
+              {"max_tokens", 2},
+              {"messages", json::array({{{"role", "user"}, {"content", "a"}}})}};
+  for (int round = 0; round < 2; ++round) {
+    auto r = s.call("POST", "/v1/chat/completions", two.dump());
+    INFO("round " << round << ": " << r.status << " " << r.body);
+    CHECK(r.status == 400);
+    auto j = json::parse(r.body, nullptr, false);
+    REQUIRE(j.is_object());
+    const std::string msg = j["error"]["message"].get<std::string>();
+    // The render itself caught it: the template and its line, and the limits it stayed in.
+    CHECK(msg.find("chat_template line 2: the render ran out of memory") != std::string::npos);
+    CHECK(msg.find("64 MiB per string") != std::string::npos);
+    // The fault fired inside that render (not elsewhere), once per round at least.
+    const std::string log = slurp(refused);
+    CHECK(std::count(log.begin(), log.end(), '\n') >= round + 1);
+    // The daemon goes on: a chat that renders small is answered, /health stays ready.
+    auto ok = s.post("/v1/chat/completions", one);
+    CHECK(ok["choices"].size() == 1);
+    CHECK(s.health().value("state", "") == "ready");
+  }
+  CHECK(s.child->running());
+}
+
 TEST_CASE("e2e api: GET /v1/models lists the served model with its context length") {
   auto& s = server();
   auto r = s.call("GET", "/v1/models");

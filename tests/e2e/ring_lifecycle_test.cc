@@ -213,10 +213,12 @@ TEST_CASE(
     if (st["step"] == "launch") launch_s = st["seconds"].get<double>();
     if (st["step"] == "teardown") teardown = st["ok"] == true;
   }
-  // The launch notices the exit; it does not wait out its 10 s bound for a pidfile that
-  // will never come.
+  // The launch notices the exit; it does not wait out its bound for a pidfile that will
+  // never come. Waiting it out is 100 sleeps of 100 ms, at least 10 s however idle or
+  // loaded the machine: the comparison is with that floor, not with a guess of how fast
+  // this machine is.
   CHECK(launch_s >= 0);
-  CHECK_MESSAGE(launch_s < 5, s.all());
+  CHECK_MESSAGE(launch_s < 10, s.all());
   CHECK(teardown);
   CHECK_FALSE(std::filesystem::exists(ring.state("run/sparkd-0.pid")));
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -322,6 +323,114 @@ TEST_CASE(
     CHECK(ring.identical(i));
     CHECK(verify_manifest(ring.path(i), *m, true).ok);
   }
+}
+
+TEST_CASE(
+    "stage-weights e2e: a journaled chunk changed after a receiver kill is sent again; the "
+    "file never takes its final name while it differs") {
+  Ring ring;
+  if (auto why = ring.setup(2); !why.empty()) {
+    MESSAGE("SKIP: " << why);
+    return;
+  }
+  ManifestOptions mo;
+  mo.chunk_size = kChunk;
+  auto m = build_manifest(ring.path(0), mo);
+  REQUIRE(m.ok());
+  REQUIRE(write_manifest(ring.path(0), *m).ok());
+  // Journaled chunk lines (index -> hash matching the manifest) of a file on target 1.
+  auto journaled = [&](const ManifestEntry& f) {
+    std::set<uint64_t> idx;
+    auto j = read_file(ring.path(1) + "/" + f.path + kJournalSuffix);
+    if (!j) return idx;
+    for (const auto& line : split_list(*j, '\n')) {
+      auto sp = split_list(line, ' ');
+      auto c = parse_u64(sp[0]);
+      if (sp.size() == 2 && c && *c < f.chunks.size() && f.chunks[*c] == sp[1]) idx.insert(*c);
+    }
+    return idx;
+  };
+
+  // 1. The receiver is killed (-9) once a weight file has journaled chunks (the sender is
+  // slowed by fault injection so that the file is far from complete then).
+  const ManifestEntry* big = nullptr;
+  for (const auto& f : m->files)
+    if (f.path == "model-00001-of-00002.safetensors") big = &f;
+  REQUIRE(big);
+  REQUIRE(big->chunks.size() >= 16);
+  auto killer = std::thread([&] {
+    for (int k = 0; k < 1000 && journaled(*big).size() < 2; ++k)  // bounded: 20 s
+      std::this_thread::sleep_for(20ms);
+    (void)run_shell(fmt::format("pkill -9 -f 'stage-[r]ecv.*{}'", ring.path(1)), 5s);
+  });
+  auto first = ring.sparkctl("--json stage-weights", "SPARK_STAGE_FAULT_DELAY_MS=200");
+  killer.join();
+  CHECK(first.exit_status != 0);
+  REQUIRE(ring.receivers_gone(1));
+  const std::string final_path = ring.path(1) + "/" + big->path;
+  const std::string partial = final_path + kPartialSuffix, journal = final_path + kJournalSuffix;
+  REQUIRE_FALSE(std::filesystem::exists(final_path));
+  auto done = journaled(*big);
+  REQUIRE_MESSAGE(done.size() >= 2, "the kill left no journaled chunk of " << big->path);
+
+  // 2. A byte of an already journaled chunk changes on disk (in place, as a disk error or
+  // a hand would change it).
+  const uint64_t bad = *done.begin();
+  {
+    std::fstream io(partial, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(io.good());
+    io.seekg(static_cast<std::streamoff>(bad * kChunk + 100));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    io.seekp(static_cast<std::streamoff>(bad * kChunk + 100));
+    io.write(&c, 1);
+    REQUIRE(io.good());
+  }
+  auto damaged_partial = read_file(partial), damaged_journal = read_file(journal);
+  REQUIRE(damaged_partial);
+  REQUIRE(damaged_journal);
+
+  // 3. With the resume's first hash switched off by fault injection (the journal trusted as
+  // written), the damaged chunk is not sent again, and the hash just before the final
+  // rename is what stands between it and the final name: the file fails, it is not named.
+  auto trusted = ring.sparkctl("--json stage-weights", "SPARK_STAGE_FAULT_TRUST_JOURNAL=1");
+  CHECK(trusted.exit_status != 0);
+  {
+    auto t = by_node(parse_json(trusted))["n1"];
+    INFO(t.dump());
+    CHECK_FALSE(t["ok"].get<bool>());
+    CHECK(t.value("resume_mismatch_chunks", uint64_t{99}) == 0);  // the double took effect
+    CHECK(t.value("error", std::string()).find(fmt::format("chunk {} of {}", bad, partial)) !=
+          std::string::npos);
+    CHECK(t.value("error", std::string()).find("no longer matches the manifest") !=
+          std::string::npos);
+  }
+  REQUIRE(ring.receivers_gone(1));
+  CHECK_FALSE(std::filesystem::exists(final_path));
+
+  // 4. The same damaged partial and journal, resumed for real: the damaged chunk is hashed
+  // again, found wrong and sent again with what was never received; the final file matches
+  // the manifest.
+  REQUIRE(write_file_atomic(partial, *damaged_partial, nullptr));
+  REQUIRE(write_file_atomic(journal, *damaged_journal, nullptr));
+  const uint64_t expect = m->total_bytes() - ring.preserved(1, *m) + m->chunk_len(big->size, bad);
+  auto resumed = ring.sparkctl("--json stage-weights");
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.exit_status == 0);
+  auto t = by_node(parse_json(resumed))["n1"];
+  CHECK(t["ok"].get<bool>());
+  CHECK(t["resume_mismatch_chunks"].get<uint64_t>() == 1);
+  CHECK(t["bytes_sent"].get<uint64_t>() == expect);  // the damaged chunk and the missing ones
+  CHECK(ring.identical(1));
+  auto v =
+      run_shell(fmt::format("{} --json manifest {} --verify", SPARKCTL_BIN, ring.path(1)), 60s);
+  REQUIRE(v.ok());
+  INFO(v->out << v->err);
+  CHECK(v->exit_status == 0);
+  CHECK(json::parse(v->out, nullptr, false).value("ok", false));
+  CHECK_FALSE(std::filesystem::exists(partial));
+  CHECK_FALSE(std::filesystem::exists(journal));
 }
 
 TEST_CASE("stage-weights e2e: a target filesystem too small fails before anything is sent") {

@@ -8,28 +8,50 @@
 
 namespace {
 std::atomic<int> g_mode{0};
-constexpr int kNoDevice = 100;    // CUDA_ERROR_NO_DEVICE
-constexpr int kInvalidValue = 1;  // CUDA_ERROR_INVALID_VALUE
+std::atomic<bool> g_release{false};   // mode 1: cuInit returns once this is set
+std::atomic<int> g_init_returned{0};  // cuInit calls that returned since the mode was set
+constexpr int kNoDevice = 100;        // CUDA_ERROR_NO_DEVICE
+constexpr int kInvalidValue = 1;      // CUDA_ERROR_INVALID_VALUE
 }  // namespace
 
 extern "C" {
 
-/// Selects the fault: 0 cuInit fails (no device), 1 cuInit hangs for 2 s, 2 one device
-/// whose MAX_SHARED_MEMORY_PER_BLOCK_OPTIN query fails.
+/// Selects the fault: 0 cuInit fails (no device), 1 cuInit hangs until
+/// spark_fault_release() (at most 30 s: nothing waits forever), 2 one device whose
+/// MAX_SHARED_MEMORY_PER_BLOCK_OPTIN query fails.
 void spark_fault_set_mode(int mode) {
+  g_release = false;
+  g_init_returned = 0;
   g_mode = mode;
+}
+/// Ends a hang of mode 1.
+void spark_fault_release() {
+  g_release = true;
+}
+/// How many cuInit calls returned since the mode was set (a test asserts that the probe
+/// gave up on a hung call that is still hung).
+int spark_fault_init_returned() {
+  return g_init_returned.load();
 }
 
 int cuInit(unsigned) {
+  int rc = 0;
   switch (g_mode.load()) {
     case 0:
-      return kNoDevice;
-    case 1:
-      std::this_thread::sleep_for(std::chrono::seconds(2));  // bounded: nothing waits forever
-      return kNoDevice;
+      rc = kNoDevice;
+      break;
+    case 1: {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!g_release.load() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      rc = kNoDevice;
+      break;
+    }
     default:
-      return 0;
+      rc = 0;
   }
+  ++g_init_returned;
+  return rc;
 }
 int cuDriverGetVersion(int* v) {
   *v = 13000;

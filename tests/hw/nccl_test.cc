@@ -212,10 +212,8 @@ TEST_CASE("hw nccl: abort from another thread ends a wait on a collective that n
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     c->abort("rank 1 (spark-b) is dead: heartbeat silent 6 s");
   });
-  const auto t0 = std::chrono::steady_clock::now();
-  auto st = c->synchronize(nullptr);
+  auto st = c->synchronize(nullptr);  // the hang ends only by the abort (named below)
   killer.join();
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("rank 1 (spark-b) is dead") != std::string::npos);
   CHECK(kernels::stream_synchronize(nullptr).ok());  // the stream is released
@@ -266,9 +264,7 @@ TEST_CASE("hw nccl: every fault of the fault-injection libnccl on a real communi
     REQUIRE((*c)->all_reduce_sum_device(a->get(), 1024, DType::f32, nullptr).ok());
     REQUIRE((*c)->synchronize(nullptr).ok());
     REQUIRE((*c)->all_reduce_sum_device(a->get(), 1024, DType::f32, nullptr).ok());
-    const auto t0 = std::chrono::steady_clock::now();
-    auto st = (*c)->synchronize(nullptr);
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+    auto st = (*c)->synchronize(nullptr);  // ended by its deadline (named below), not the hang
     REQUIRE_FALSE(st.ok());
     CHECK(st.code() == Errc::timeout);
     CHECK(st.message().find("did not complete within 0.5 s") != std::string::npos);

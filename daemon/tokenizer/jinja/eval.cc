@@ -1865,12 +1865,19 @@ Result<std::string> Template::render(const Json& context, const RenderLimits& li
                                                      : Errc::usage;
     return make_error(code, fmt::format("{} line {}: {}", name_, line, e.what()));
   } catch (const std::bad_alloc&) {
+    // Every value was within the render's limits when it was built: the machine itself
+    // had no memory left for it. The request is refused; the daemon goes on.
     return make_error(Errc::unsupported,
-                      fmt::format("{} line {}: the render ran out of memory", name_, budget.line));
+                      fmt::format("{} line {}: the render ran out of memory (an allocation "
+                                  "failed within the render's limits of {} MiB per string and "
+                                  "{} items per list); send a shorter conversation or set "
+                                  "CHAT_FORMAT to a built-in format",
+                                  name_, budget.line, kMaxText >> 20, kMaxItems));
   } catch (const std::length_error&) {
-    return make_error(
-        Errc::unsupported,
-        fmt::format("{} line {}: a value grew past what memory can hold", name_, budget.line));
+    return make_error(Errc::unsupported,
+                      fmt::format("{} line {}: a value grew past what memory can hold (the "
+                                  "render's limits are {} MiB per string and {} items per list)",
+                                  name_, budget.line, kMaxText >> 20, kMaxItems));
   }
   return out;
 }
