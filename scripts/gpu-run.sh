@@ -39,6 +39,7 @@
 # their PyTorch peers; MOE_BENCH_SHAPES, MOE_BENCH_ARGS),
 # "engine-trace" (batch-1 decode's kernel timeline; ENGINE_TRACE_ENV, ENGINE_TRACE_ARGS),
 # "sparkctl-bench" (sparkctl bench against sparkd on the GPU), "nccl" (the hw NCCL tests),
+# "tokenizer-ref" (our tokenizer against Python tokenizers on every tokenizer fixture),
 # "tp-cuda" (tensor parallel on CUDA, TP=2/4 ranks sharing this GPU), "tp-bench" (the TP
 # control plane's cost per step, CPU path), "nccl-ring", "multi-gpu"), OUT,
 # NCCL_RING_RANKS, NCCL_TESTS_SRC, GPU_KERNELS_FILTER (doctest -tc for the gpu-kernels
@@ -251,6 +252,20 @@ device() {
       --only "${HUB_FIXTURES:-qwen3_fp8,qwen3_moe_fp8,deepseek_v3,deepseek_v3_qdirect,deepseek_v3_fp8}"
     mkdir -p "$repo/tests/fixtures/models"
     cp -r "$out/fixtures/." "$repo/tests/fixtures/models/" 2>/dev/null || true
+  fi
+  # Our tokenizer against the Python `tokenizers` library (the machine has it; npm's binding
+  # of the same Rust core wrote the committed references): every fixture under
+  # tests/fixtures/tokenizer, the o200k one (gpt-oss's pre-tokenizer) among them.
+  if [[ $want == *" tokenizer-ref "* ]]; then
+    local tdirs=() t
+    for t in "$repo"/tests/fixtures/tokenizer/*/ "$repo"/tests/fixtures/tokenizer/; do
+      local tname; tname=$(basename "$t")
+      [ "$t" = "$repo/tests/fixtures/tokenizer/" ] && tname=chatml
+      python3 "$repo/tools/tokenizer/gen_reference.py" "$t/tokenizer.json" "$out/tokenizer-py/$tname" \
+        >> "$out/tokenizer-py.log" 2>&1 && tdirs+=("$out/tokenizer-py/$tname")
+    done
+    step tokenizer-ref 120 env SPARK_TOKENIZER_REF_DIRS="$(IFS=:; echo "${tdirs[*]}")" \
+      "$dev/bin/spark_unit_tests" -tc='*external references*'
   fi
   # `sparkctl start` of a one-node ring on this machine (NODE0_SSH=local: no sshd needed)
   # with DEVICE=cuda, weights in device memory and then host-mapped: READY, status naming

@@ -113,3 +113,7 @@ TEST_CASE("tokenizer: SentencePiece-style (Prepend/Replace, byte fallback, Strip
 TEST_CASE("tokenizer: Metaspace pre-tokenizer/decoder (prepend_scheme first) equals HF") {
   check_against_reference(fixture("metaspace"));
 }
+
+TEST_CASE("tokenizer: o200k-style (gpt-oss: case-aware split, digits in threes) equals HF") {
+  check_against_reference(fixture("o200k"));
+}

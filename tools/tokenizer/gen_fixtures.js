@@ -4,8 +4,9 @@
 // them as Hugging Face tokenizer.json fixtures, and records what the Hugging Face
 // `tokenizers` library (npm, native Rust core) gives for every test string:
 //   tests/fixtures/tokenizer/{tokenizer.json,tokenizer_config.json,reference.json}
-//   tests/fixtures/tokenizer/{llama3,gpt2,spm,metaspace}/... (spm, metaspace: SentencePiece-style
-//   BPE with byte fallback, as Mistral 7B v0.1-v0.3 ship)
+//   tests/fixtures/tokenizer/{llama3,gpt2,spm,metaspace,o200k}/... (spm, metaspace:
+//   SentencePiece-style BPE with byte fallback, as Mistral 7B v0.1-v0.3 ship; o200k: gpt-oss's
+//   pre-tokenizer and harmony special tokens)
 // Deterministic: same inputs -> byte-identical outputs. Usage: npm ci && node gen_fixtures.js
 'use strict';
 const fs = require('fs');
@@ -17,6 +18,10 @@ const OUT = process.env.SPARK_TOKENIZER_OUT || path.join(ROOT, 'tests/fixtures/t
 const MERGES = 3000;
 
 const QWEN_RE = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// o200k (tiktoken's o200k_base, as gpt-oss's tokenizer.json spells it): case-aware words
+// (CamelCase splits), contractions attached to words, digits in threes, '/' kept with
+// punctuation runs.
+const O200K_RE = "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const LLAMA3_RE = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 // GPT-2's byte -> printable character table.
@@ -210,6 +215,9 @@ function variants(base, spm) {
     added(n + 4, '[SW]', { single_word: true }),
     added(n + 5, '<rs>', { rstrip: true, normalized: false }),
   ];
+  const harmonyNames = ['<|startoftext|>', '<|endoftext|>', '<|return|>', '<|constrain|>',
+    '<|channel|>', '<|start|>', '<|end|>', '<|message|>', '<|call|>'];
+  const harmonyAdded = harmonyNames.map((c, i) => added(n + i, c, { special: true }));
   return [
     {
       dir: '', family: 'chatml',
@@ -278,6 +286,19 @@ function variants(base, spm) {
       post_processor: spmPost,
       decoder: { type: 'Metaspace', replacement: SP, prepend_scheme: 'first', split: false },
       config: mistralConfig,
+    },
+    {
+      dir: 'o200k', family: 'harmony',
+      added: harmonyAdded,
+      normalizer: null,
+      pre_tokenizer: { type: 'Sequence', pretokenizers: [
+        { type: 'Split', pattern: { Regex: O200K_RE }, behavior: 'Isolated', invert: false },
+        { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false }] },
+      post_processor: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+      config: {
+        bos_token: '<|startoftext|>', eos_token: '<|return|>', pad_token: '<|endoftext|>',
+        model_max_length: 131072, tokenizer_class: 'PreTrainedTokenizerFast',
+      },
     },
   ];
 }
