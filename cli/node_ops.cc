@@ -298,14 +298,31 @@ std::vector<LaunchResult> launch_here(const RingConfig& cfg, int node,
       if (read_pid(pidfile_path(d, r)) == 0 && alive(pid)) return false;
     return true;
   };
-  for (int i = 0; i < 100 && !settled(); ++i) std::this_thread::sleep_for(milliseconds(100));
+  bool in_time = settled();
+  for (int i = 0; i < 100 && !in_time; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    in_time = settled();
+  }
   for (auto& lr : out) {
     if (!spawned.count(lr.rank)) continue;
+    const int started = spawned[lr.rank];
     int p = read_pid(pidfile_path(d, lr.rank));
     if (alive(p)) {
       lr.pid = p;
+    } else if (alive(started)) {
+      // Still running with no pidfile after the bound: stopped, so that no half-started
+      // daemon is left behind holding the GPU or the ports.
+      ::kill(-started, SIGKILL);  // its session's process group: the engine it may have begun
+      lr.error = fmt::format(
+          "{}: sparkd rank {} did not start: it wrote no pidfile {} within 10 s and was "
+          "stopped (pid {}): {}",
+          name, lr.rank, pidfile_path(d, lr.rank), started, last_words(d, lr.rank));
     } else {
-      lr.error = fmt::format("{}: sparkd rank {} did not start: {}", name, lr.rank,
+      // How the wait ended is part of the report: a rank that exited is noticed when it
+      // exits, not at the bound.
+      lr.error = fmt::format("{}: sparkd rank {} did not start: it exited {}: {}", name, lr.rank,
+                             in_time ? "before writing its pidfile"
+                                     : "without a pidfile, noticed only at the 10 s bound",
                              last_words(d, lr.rank));
     }
   }

@@ -40,7 +40,7 @@ pf=
 while [ $# -gt 0 ]; do [ "$1" = --pidfile ] && pf=$2; shift; done
 if [ "$MODE" = fail ]; then echo "sparkd: bad cluster file: MODEL_PATH is missing"; exit 3; fi
 if [ "$MODE" = stubborn ]; then trap '' TERM; else trap 'rm -f "$pf"; exit 0' TERM; fi
-echo $$ > "$pf"
+[ "$MODE" = silent ] || echo $$ > "$pf"
 i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done  # gone within a minute even if a test fails
 )");
   ::chmod(path.c_str(), 0755);
@@ -123,6 +123,29 @@ TEST_CASE("node launch: a sparkd that exits at once is reported with its last wo
   CHECK(up[0].pid == 0);
   CHECK(up[0].error.find("did not start") != std::string::npos);
   CHECK(up[0].error.find("MODEL_PATH is missing") != std::string::npos);
+  // Noticed when it exited, not at the wait's bound.
+  CHECK_MESSAGE(up[0].error.find("exited before writing its pidfile") != std::string::npos,
+                up[0].error);
+}
+
+TEST_CASE("node launch: a sparkd that runs without writing its pidfile is stopped and named") {
+  test::TempDir dir;
+  auto cfg = ring_in(dir);
+  const std::string bin = write_double(dir);
+  auto up = launch_here(cfg, 0, "", bin, {{0, {{"MODE", "silent"}}}, {1, {{"MODE", "silent"}}}});
+  REQUIRE(up.size() == 2);
+  for (const auto& lr : up) {
+    CHECK(lr.pid == 0);
+    CHECK_MESSAGE(lr.error.find("wrote no pidfile") != std::string::npos, lr.error);
+    CHECK_MESSAGE(lr.error.find("was stopped") != std::string::npos, lr.error);
+  }
+  // Nothing of it is left running: the probe finds no rank and no process has its mark.
+  auto p = probe_here(cfg, 0);
+  CHECK_FALSE(p.ranks[0].alive);
+  CHECK_FALSE(p.ranks[1].alive);
+  auto ps = run_shell("pgrep -f '" + dir.path() + "/[s]parkd_double'", 5000ms);
+  REQUIRE(ps);
+  CHECK_MESSAGE(ps->out.empty(), ps->out);
 }
 
 TEST_CASE("node stop: SIGKILL after the grace, and strays of this node's cluster file") {
