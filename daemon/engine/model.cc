@@ -579,6 +579,8 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
 // output feeds the router and every expert: it stays a pass).
 Status Model::fold_norms(const std::string& dir) {
   (void)dir;
+  // Latent attention's input norm feeds q_a (or q) and kv_a, products this does not fold.
+  if (cfg_.is_mla()) return Status::Ok();
   Device& dev = *device_;
   for (const auto& L : layers_)
     for (const Buffer* b : {&L.in_norm, &L.wq, &L.wk, &L.wv})
