@@ -207,3 +207,20 @@ TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
   // Ranges forced on a prefill: rows whose prefix ends before a range leave it empty.
   run_case({3, 16, 8, 16, 32, true, 16, {20, 70}, {20, 9}, 3}, rng);
 }
+
+TEST_CASE(
+    "mla splits and workspace: one range for prefill, one per 512 decode positions, 32 at most") {
+  CHECK(mla_splits(100000, false) == 1);
+  CHECK(mla_splits(1, true) == 1);
+  CHECK(mla_splits(512, true) == 1);
+  CHECK(mla_splits(513, true) == 2);
+  CHECK(mla_splits(4100, true) == 9);
+  CHECK(mla_splits(1 << 20, true) == 32);
+  MlaShape s;
+  s.heads = 16, s.latent = 512, s.rope = 64;
+  // Per token and head: the latent query and q_pe (576 floats), and per range max, sum and
+  // the latent context (514 floats).
+  CHECK(mla_workspace_bytes(3, s, 1) == 3 * 16 * (576 + 514) * sizeof(float));
+  CHECK(mla_workspace_bytes(3, s, 4) == 3 * 16 * (576 + 4 * 514) * sizeof(float));
+  CHECK(mla_workspace_bytes(0, s, 4) == 0);
+}
