@@ -53,13 +53,12 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
     refused = true;
   }
   if (refused) f.fixes.push_back(kExecFix);
-  // gpt-oss and latent attention (DeepSeek-V3) have no CUDA kernels yet: only the CPU device
-  // serves them.
-  if (mc && (mc->family == engine::Family::gpt_oss || mc->is_mla()) && get("DEVICE") != "cpu") {
+  // gpt-oss has no CUDA kernels yet: only the CPU device serves it.
+  if (mc && mc->family == engine::Family::gpt_oss && get("DEVICE") != "cpu") {
     f.problems.push_back(fmt::format(
-        "{} runs on the CPU device only in this build (DEVICE={}; its {} no CUDA kernels yet)",
-        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE"),
-        mc->is_mla() ? "latent attention has" : "attention sinks and experts have"));
+        "{} runs on the CPU device only in this build (DEVICE={}; its attention sinks and "
+        "experts have no CUDA kernels yet)",
+        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
     f.fixes.push_back("set DEVICE=cpu (slow), or serve it with ENGINE=exec and vLLM");
   }
 

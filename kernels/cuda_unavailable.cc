@@ -8,6 +8,7 @@
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/matmul.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -139,6 +140,9 @@ Status paged_kv_write_cuda_device(const PagedKVDevice&, const int32_t*, size_t, 
 Status attention_prefill_cuda_device(const AttentionBatch& b, void*) {
   SPARK_TRY(attention_check_args(b, false));
   return no_cuda("attention_prefill_cuda_device");
+}
+Status mla_cuda_device(const MlaCudaArgs&, void*) {
+  return no_cuda("mla_cuda_device");
 }
 Status attention_decode_cuda_device(const AttentionBatch& b, void*) {
   SPARK_TRY(attention_check_args(b, true));

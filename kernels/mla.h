@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/error.h"
 #include "kernels/paged_attention.h"
 
 namespace spark::kernels {
@@ -40,5 +41,46 @@ void mla_kv_write_ref(const PagedKVLayer& kv, const int32_t* block_table, const 
 void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const int32_t* positions,
                        size_t n, float* q, const float* kv_b, const float* inv_freq, float* out,
                        const MlaShape& s);
+
+/// The same on the device, over a step's tokens in the layout of AttentionBatch (chunks of
+/// query tokens, the last of each chunk's seq_lens positions): q, kv_a, kv_norm, kv_b and out
+/// bf16 (q's q_pe and kv_a rotated and normalised in place), the cache bf16 or f32 (kv.k,
+/// n_kv_heads 1, head_dim latent + rope, no V), inv_freq float. Token t's row goes to slot
+/// slots[t] (< 0 or outside the pool: not written), then every token attends over its
+/// chunk's cache positions 0 .. positions[t]. Three launches and a fourth: q_nope into the
+/// latent space (fp32, in the workspace), the rows written, the attention over `splits`
+/// ranges of the context (each a group of heads reading each cache row once), and the
+/// ranges combined and taken out through W_UV. fp32 accumulation throughout.
+struct MlaCudaArgs {
+  MlaShape s;
+  float eps = 0.f;
+  void* q = nullptr;
+  void* kv_a = nullptr;
+  const void* kv_norm = nullptr;
+  const void* kv_b = nullptr;
+  const float* inv_freq = nullptr;
+  void* out = nullptr;
+  PagedKVDevice kv;
+  const int32_t* block_tables = nullptr;  // [n_seqs][max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  const int32_t* positions = nullptr;    // [n_tokens]
+  const int32_t* slots = nullptr;        // [n_tokens]
+  const int32_t* query_start = nullptr;  // [n_seqs + 1]
+  int n_seqs = 0;
+  size_t n_tokens = 0;
+  int max_seq_len = 0;  // a bound on every chunk's context (positions[t] < max_seq_len)
+  int splits = 1;       // ranges of the context per token (mla_splits)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;  // at least mla_workspace_bytes(n_tokens, s, splits)
+};
+
+/// Context ranges per token: one for prefill (many tokens keep the GPU busy), for decode
+/// one per 512 positions of max_seq_len, at most 32.
+int mla_splits(int max_seq_len, bool decode);
+/// Workspace of mla_cuda_device: each token's heads' latent queries and each range's
+/// partial (max, sum, latent context), fp32.
+size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits);
+/// Checks the arguments (shapes, pointers, workspace, shared memory) and launches.
+Status mla_cuda_device(const MlaCudaArgs& a, void* stream);
 
 }  // namespace spark::kernels

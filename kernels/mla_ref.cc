@@ -101,3 +101,20 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 }
 
 }  // namespace spark::kernels
+
+namespace spark::kernels {
+
+int mla_splits(int max_seq_len, bool decode) {
+  if (!decode || max_seq_len <= 512) return 1;
+  return std::min(32, (max_seq_len + 511) / 512);
+}
+
+size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits) {
+  const size_t rows = n_tokens * static_cast<size_t>(std::max(s.heads, 0));
+  const size_t q = rows * static_cast<size_t>(std::max(s.latent + s.rope, 0));
+  const size_t part = rows * static_cast<size_t>(std::max(splits, 1)) *
+                      static_cast<size_t>(std::max(s.latent + 2, 0));
+  return (q + part) * sizeof(float);
+}
+
+}  // namespace spark::kernels

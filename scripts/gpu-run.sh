@@ -245,8 +245,7 @@ device() {
   # Reference fixtures written as publishers store them (tools/gen_reference_hub.py, CPU
   # float32 transformers), into $OUT/fixtures to be committed under tests/fixtures/models;
   # HUB_FIXTURES names them (default the FP8 ones and DeepSeek-V3's). The gpu-engine step
-  # after it in the same run tests the engine against them on the GPU and the CPU (the CPU
-  # alone for DeepSeek-V3, whose latent attention has no CUDA kernels yet).
+  # after it in the same run tests the engine against them on the GPU and the CPU.
   if [[ $want == *" hub-fixtures "* ]]; then
     step hub-fixtures 420 python3 "$dev/engine/gen_reference_hub.py" --out "$out/fixtures" \
       --only "${HUB_FIXTURES:-qwen3_fp8,qwen3_moe_fp8,deepseek_v3,deepseek_v3_qdirect,deepseek_v3_fp8}"

@@ -238,7 +238,7 @@ class Device {
                                const Buffer& out, const MlaArgs& a) {
     (void)kv, (void)q, (void)kv_a, (void)kv_norm, (void)kv_b, (void)inv_freq, (void)out, (void)a;
     return make_error(Errc::unsupported,
-                      "latent attention (DeepSeek-V3) runs on the CPU device only in this build");
+                      "latent attention (DeepSeek-V3) has no kernels on this device");
   }
   /// y[r][i] = silu(gu[r][i]) * gu[r][dim + i].
   virtual Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) = 0;
@@ -399,6 +399,12 @@ class Device {
   virtual Status reserve_step(int tokens, int chunks, int width, int max_seq_len, int heads,
                               int head_dim) {
     (void)tokens, (void)chunks, (void)width, (void)max_seq_len, (void)heads, (void)head_dim;
+    return Status::Ok();
+  }
+  /// The same for latent attention's steps (DeepSeek-V3): its workspace for up to `tokens`
+  /// tokens, decode steps of up to `seqs` sequences over contexts of `max_seq_len`.
+  virtual Status reserve_mla(int tokens, int seqs, int max_seq_len, const MlaArgs& a) {
+    (void)tokens, (void)seqs, (void)max_seq_len, (void)a;
     return Status::Ok();
   }
   /// The longest context a decode step of `seqs` sequences may attend to and still run the

@@ -24,6 +24,7 @@
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/matmul.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -660,6 +661,66 @@ class CudaDevice final : public Device {
     return kernels::attention_decode_cuda_device(b, stream_);
   }
 
+  Status mla_attention(const KVLayerView& kv, const Buffer& q, const Buffer& kv_a,
+                       const Buffer& kv_norm, const Buffer& kv_b, const Buffer& inv_freq,
+                       const Buffer& out, const MlaArgs& a) override {
+    SPARK_TRY(need(q.type(), ElemType::bf16, "latent attention's q"));
+    SPARK_TRY(need(kv_a.type(), ElemType::bf16, "latent attention's kv_a"));
+    SPARK_TRY(need(kv_norm.type(), ElemType::bf16, "kv_a_layernorm"));
+    SPARK_TRY(need(kv_b.type(), ElemType::bf16, "kv_b_proj"));
+    SPARK_TRY(need(out.type(), ElemType::bf16, "latent attention's output"));
+    if (static_cast<int>(inv_freq.numel()) * 2 != a.rope)
+      return make_error(Errc::internal,
+                        fmt::format("cuda device: {} RoPE frequencies for qk_rope_head_dim {}",
+                                    inv_freq.numel(), a.rope));
+    kernels::MlaCudaArgs m;
+    m.s = mla_shape(a);
+    m.eps = a.eps;
+    m.q = q.data();
+    m.kv_a = kv_a.data();
+    m.kv_norm = kv_norm.data();
+    m.kv_b = kv_b.data();
+    m.inv_freq = inv_freq.as<float>();
+    m.out = out.data();
+    m.kv = paged(kv);
+    m.block_tables = dev_i32(meta_.tables);
+    m.max_blocks_per_seq = static_cast<int>(meta_.cap_width);
+    m.positions = dev_i32(meta_.positions);
+    m.slots = dev_i32(meta_.slots);
+    m.query_start = dev_i32(meta_.query_start);
+    m.n_seqs = step_.chunks_n();
+    m.n_tokens = step_.tokens.size();
+    m.max_seq_len = std::max(max_seq_len_, 1);
+    m.splits = kernels::mla_splits(m.max_seq_len, step_.decode_only());
+    SPARK_TRY(grow_mla_ws(kernels::mla_workspace_bytes(m.n_tokens, m.s, m.splits)));
+    m.workspace = mla_ws_.data();
+    m.workspace_bytes = mla_ws_.bytes();
+    return kernels::mla_cuda_device(m, stream_);
+  }
+
+  static kernels::MlaShape mla_shape(const MlaArgs& a) {
+    kernels::MlaShape s;
+    s.heads = a.heads;
+    s.nope = a.nope;
+    s.rope = a.rope;
+    s.v_dim = a.v_dim;
+    s.latent = a.latent;
+    s.interleave = a.interleave;
+    s.rope_factor = a.rope_factor;
+    s.scale = a.scale;
+    return s;
+  }
+
+  Status reserve_mla(int tokens, int seqs, int max_seq_len, const MlaArgs& a) override {
+    const kernels::MlaShape s = mla_shape(a);
+    const size_t T = static_cast<size_t>(std::max(tokens, 0)),
+                 S = static_cast<size_t>(std::max(seqs, 0));
+    // Prefill runs one range per token; decode steps split their contexts.
+    return grow_mla_ws(
+        std::max(kernels::mla_workspace_bytes(T, s, kernels::mla_splits(max_seq_len, false)),
+                 kernels::mla_workspace_bytes(S, s, kernels::mla_splits(max_seq_len, true))));
+  }
+
   Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
     return kernels::swiglu_bf16_cuda_device(gate_up.as<kernels::bf16_bits>(),
                                             y.as<kernels::bf16_bits>(), static_cast<size_t>(rows),
@@ -1037,6 +1098,16 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
+  Status grow_mla_ws(size_t need) {
+    if (mla_ws_.bytes() >= need) return Status::Ok();
+    SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+    graph_clear();
+    auto w = alloc(ElemType::f32, (need + 3) / 4);
+    if (!w) return w.error();
+    mla_ws_ = *w;
+    return Status::Ok();
+  }
+
   Status grow_attn_ws(size_t need) {
     if (attn_ws_.bytes() >= need) return Status::Ok();
     SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
@@ -1072,6 +1143,7 @@ class CudaDevice final : public Device {
   StepLayout step_;
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
+  Buffer mla_ws_;     // latent attention's latent queries and partials
   int moe_form_ = 0;  // SPARK_CUDA_MOE_FORM: 0 automatic, 1 decode form, 2 grouped
   int meta_turn_ = 0;
   std::vector<float> widen_;

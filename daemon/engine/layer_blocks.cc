@@ -39,6 +39,24 @@ Status Model::residual_product(Collective& comm, int T, const Buffer& in, const 
   return Status::Ok();
 }
 
+Device::MlaArgs Model::mla_args() const {
+  const auto& c = cfg_;
+  const auto& m = c.mla;
+  Device::MlaArgs a;
+  a.heads = plan_.heads;
+  a.nope = m.qk_nope;
+  a.rope = m.qk_rope;
+  a.v_dim = m.v_head_dim;
+  a.latent = m.kv_lora_rank;
+  a.interleave = m.rope_interleave;
+  // YaRN scales cos and sin of the rotated part alone; mscale_all_dim scales the softmax.
+  a.rope_factor = static_cast<float>(attn_factor_);
+  a.eps = static_cast<float>(c.rms_eps);
+  a.scale = static_cast<float>(mla_softmax_mscale_sq(c.rope) /
+                               std::sqrt(static_cast<double>(m.qk_head_dim())));
+  return a;
+}
+
 Status Model::mla_attention_block(int l, KVCache& cache, Collective& comm, int T,
                                   Device::PreNorm* pre) {
   const auto& c = cfg_;
@@ -61,19 +79,8 @@ Status Model::mla_attention_block(int l, KVCache& cache, Collective& comm, int T
   }
   const Buffer kv_a = rows_of(mla_kv_, T, static_cast<size_t>(m.cache_width()));
   SPARK_TRY(dev.linear(h, L.wkv_a, sv_.none, kv_a, T, H, m.cache_width()));
-  Device::MlaArgs a;
-  a.heads = nh;
-  a.nope = m.qk_nope;
-  a.rope = m.qk_rope;
-  a.v_dim = m.v_head_dim;
-  a.latent = m.kv_lora_rank;
-  a.interleave = m.rope_interleave;
-  // YaRN scales cos and sin of the rotated part alone; mscale_all_dim scales the softmax.
-  a.rope_factor = static_cast<float>(attn_factor_);
-  a.eps = eps;
-  a.scale = static_cast<float>(mla_softmax_mscale_sq(c.rope) / std::sqrt(static_cast<double>(qk)));
   SPARK_TRY(dev.mla_attention(cache.view(l), sv_.q, kv_a, L.kv_a_norm, L.wkv_b, inv_freq_dev_,
-                              sv_.att, a));
+                              sv_.att, mla_args()));
   return residual_product(comm, T, sv_.att, L.wo, sv_.none, nh * m.v_head_dim, L.post_norm,
                           L.post_folded, pre);
 }

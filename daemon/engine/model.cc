@@ -16,15 +16,8 @@
 namespace spark::engine {
 
 namespace {
-// What a device runs of a family: gpt-oss's sinks and experts, and latent attention
-// (DeepSeek-V3), have no CUDA kernels yet.
+// What a device runs of a family: gpt-oss's sinks and experts have no CUDA kernels yet.
 Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
-  if (c.is_mla() && dev.info().kind != "cpu")
-    return make_error(Errc::unsupported,
-                      fmt::format("{}: {} runs on the CPU device only in this build (its latent "
-                                  "attention has no CUDA kernels yet): set DEVICE=cpu, or serve "
-                                  "it with ENGINE=exec",
-                                  where, c.architecture));
   if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
     return make_error(Errc::unsupported,
                       fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "
@@ -586,6 +579,8 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
 // output feeds the router and every expert: it stays a pass).
 Status Model::fold_norms(const std::string& dir) {
   (void)dir;
+  // Latent attention's input norm feeds q_a (or q) and kv_a, products this does not fold.
+  if (cfg_.is_mla()) return Status::Ok();
   Device& dev = *device_;
   for (const auto& L : layers_)
     for (const Buffer* b : {&L.in_norm, &L.wq, &L.wk, &L.wv})
@@ -852,6 +847,7 @@ Status Model::prepare(int tokens, int seqs, int max_context, int block_size, boo
   SPARK_TRY(reserve(cap, std::max(seqs, bucket)));
   // A step has one chunk per running sequence (at most `seqs`, padded to the bucket).
   SPARK_TRY(device_->reserve_step(cap, bucket, width, max_context, plan_.heads, cfg_.head_dim));
+  if (cfg_.is_mla()) SPARK_TRY(device_->reserve_mla(cap, bucket, max_context, mla_args()));
   if (cfg_.is_moe())
     SPARK_TRY(device_->reserve_moe(cap, cfg_.moe.top_k, cfg_.hidden_size, plan_.expert_inter,
                                    plan_.shared_inter, plan_.experts));

@@ -179,6 +179,7 @@ class Model {
   // the next product's input.
   Status attention_block(int l, KVCache& cache, Collective& comm, int T, Device::PreNorm* pre);
   Status mla_attention_block(int l, KVCache& cache, Collective& comm, int T, Device::PreNorm* pre);
+  Device::MlaArgs mla_args() const;  // latent attention's shape, RoPE and softmax settings
   Status mlp_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,
                    Device::PreNorm* pre);
   Status moe_block(int l, Collective& comm, int T, const Buffer& next_norm, bool next_folded,

@@ -1,0 +1,347 @@
+// Multi-head latent attention (DeepSeek-V3) on the GPU, over a paged latent cache of rows of
+// latent + rope values. Four launches per layer: the heads' q_nope go into the latent space
+// through kv_b_proj's key rows (with q_pe rotated), each token's kv_a row is normalised,
+// rotated and written to the cache, the heads attend over ranges of the context (a block
+// per token, group of heads and range, each cache row read once for the group), and the
+// ranges' partials are combined and taken out through kv_b_proj's value rows. The CPU twin
+// is mla_ref.cc; fp32 accumulation everywhere.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/mla.h"
+
+namespace spark::kernels {
+namespace {
+
+using dev::bf16;
+
+constexpr int kThreads = 256;
+constexpr int kTokGroup = 8;   // tokens per block of the absorbed products
+constexpr int kHeadGroup = 4;  // heads per attention block
+constexpr int kTile = 16;      // cache rows per attention tile
+constexpr size_t kSmemLimit = 48 * 1024;
+
+struct Dims {
+  int heads, nope, rope, v_dim, latent, width, splits;
+};
+
+__device__ __forceinline__ void rotate(float* x, int rope, int pos, const float* inv_freq,
+                                       bool interleave, float factor, int i) {
+  const int half = rope / 2;
+  const float a = static_cast<float>(pos) * inv_freq[i];
+  const float c = cosf(a) * factor, s = sinf(a) * factor;
+  const int i0 = interleave ? 2 * i : i, i1 = interleave ? 2 * i + 1 : i + half;
+  const float a0 = x[i0], a1 = x[i1];
+  x[i0] = a0 * c - a1 * s;
+  x[i1] = a1 * c + a0 * s;
+}
+
+// Block (head, group of kTokGroup tokens): q_lat[t][h] = q_nope W_UK (latent wide, fp32) and
+// q_pe rotated (written back to q in bf16 and, fp32, after the latent in the workspace row).
+__global__ void mla_q_kernel(bf16* __restrict__ q, const bf16* __restrict__ kv_b,
+                             const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
+                             size_t n_tokens, Dims d, bool interleave, float factor,
+                             float* __restrict__ qlat) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ float sm[];  // [kTokGroup][nope + rope]
+  const int h = blockIdx.x, qk = d.nope + d.rope;
+  const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
+  const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
+  for (int k = 0; k < nt; ++k) {
+    const bf16* src = q + ((t0 + k) * d.heads + h) * static_cast<size_t>(qk);
+    for (int i = threadIdx.x; i < qk; i += blockDim.x) sm[k * qk + i] = __bfloat162float(src[i]);
+  }
+  __syncthreads();
+  for (int k = 0; k < nt; ++k)
+    for (int i = threadIdx.x; i < d.rope / 2; i += blockDim.x)
+      rotate(sm + k * qk + d.nope, d.rope, pos[t0 + k], inv_freq, interleave, factor, i);
+  __syncthreads();
+  for (int k = 0; k < nt; ++k) {
+    const size_t row = (t0 + k) * d.heads + h;
+    bf16* dst = q + row * static_cast<size_t>(qk) + d.nope;
+    float* ql = qlat + row * static_cast<size_t>(d.width) + d.latent;
+    for (int i = threadIdx.x; i < d.rope; i += blockDim.x) {
+      const float v = sm[k * qk + d.nope + i];
+      dst[i] = __float2bfloat16_rn(v);
+      ql[i] = v;
+    }
+  }
+  const bf16* wk = kv_b + static_cast<size_t>(h) * (d.nope + d.v_dim) * d.latent;
+  for (int c = threadIdx.x; c < d.latent; c += blockDim.x) {
+    float acc[kTokGroup] = {};
+    for (int i = 0; i < d.nope; ++i) {
+      const float w = __bfloat162float(wk[static_cast<size_t>(i) * d.latent + c]);
+#pragma unroll
+      for (int k = 0; k < kTokGroup; ++k) acc[k] += sm[k * qk + i] * w;
+    }
+    for (int k = 0; k < nt; ++k)
+      qlat[((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + c] = acc[k];
+  }
+}
+
+// Block per token: kv_a's latent RMS-normalised times the norm, k_pe rotated, both back into
+// kv_a and into the cache row at slots[t].
+template <typename C>
+__global__ void mla_kv_kernel(bf16* __restrict__ kv_a, const bf16* __restrict__ norm, float eps,
+                              const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
+                              const int32_t* __restrict__ slots, long long pool_slots,
+                              size_t n_tokens, Dims d, bool interleave, float factor,
+                              C* __restrict__ cache) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ float sm[];  // [width] + 33 scratch
+  float* scratch = sm + d.width;
+  for (size_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    bf16* r = kv_a + t * static_cast<size_t>(d.width);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d.width; i += blockDim.x) {
+      const float v = __bfloat162float(r[i]);
+      sm[i] = v;
+      if (i < d.latent) ss += v * v;
+    }
+    ss = dev::block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(d.latent) + eps);
+    for (int i = threadIdx.x; i < d.latent; i += blockDim.x)
+      sm[i] = sm[i] * inv * __bfloat162float(norm[i]);
+    for (int i = threadIdx.x; i < d.rope / 2; i += blockDim.x)
+      rotate(sm + d.latent, d.rope, pos[t], inv_freq, interleave, factor, i);
+    __syncthreads();
+    const int32_t slot = slots[t];
+    const bool keep = slot >= 0 && slot < pool_slots;
+    for (int i = threadIdx.x; i < d.width; i += blockDim.x) {
+      r[i] = __float2bfloat16_rn(sm[i]);
+      if (keep) cache[static_cast<size_t>(slot) * d.width + i] = dev::from_f<C>(sm[i]);
+    }
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ int seq_of(const int32_t* qs, int n_seqs, int t) {
+  int lo = 0, hi = n_seqs - 1;  // the last s with qs[s] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (qs[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Block (token, group of kHeadGroup heads, range): online softmax over the range's cache
+// rows, a tile of kTile rows in shared memory at a time, shared by the group's heads. Writes
+// the range's partial (max, sum, unnormalised latent context) per head.
+template <typename C>
+__global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __restrict__ cache,
+                                  const int32_t* __restrict__ tables, int table_w, int block_size,
+                                  const int32_t* __restrict__ pos, const int32_t* __restrict__ qs,
+                                  int n_seqs, int max_seq_len, float scale, Dims d,
+                                  float* __restrict__ part) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ float sm[];
+  const int W = d.width, L = d.latent;
+  float* qsm = sm;                                      // [kHeadGroup][W]
+  float* osm = qsm + kHeadGroup * W;                    // [kHeadGroup][L]
+  float* sc = osm + kHeadGroup * L;                     // [kHeadGroup][kTile]
+  float* ml = sc + kHeadGroup * kTile;                  // m, l, alpha per head: [3][kHeadGroup]
+  C* tile = reinterpret_cast<C*>(ml + 3 * kHeadGroup);  // [kTile][W]
+  const int t = blockIdx.x, h0 = blockIdx.y * kHeadGroup, s = blockIdx.z;
+  const int hn = min(kHeadGroup, d.heads - h0);
+  const int seq = seq_of(qs, n_seqs, t);
+  const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
+  const int n_ctx = pos[t] + 1;
+  int j0 = 0, j1 = n_ctx;
+  if (d.splits > 1) {
+    const int len = (max_seq_len + d.splits - 1) / d.splits;
+    j0 = min(s * len, n_ctx);
+    j1 = s == d.splits - 1 ? n_ctx : min(j0 + len, n_ctx);
+  }
+  for (int i = threadIdx.x; i < hn * W; i += blockDim.x)
+    qsm[i] = qlat[(static_cast<size_t>(t) * d.heads + h0) * W + i];
+  for (int i = threadIdx.x; i < hn * L; i += blockDim.x) osm[i] = 0.f;
+  if (threadIdx.x < kHeadGroup) {
+    ml[threadIdx.x] = -INFINITY;
+    ml[kHeadGroup + threadIdx.x] = 0.f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int jt = j0; jt < j1; jt += kTile) {
+    const int nr = min(kTile, j1 - jt);
+    for (int i = threadIdx.x; i < nr * W; i += blockDim.x) {
+      const int r = i / W, c = i - r * W, p = jt + r;
+      const size_t slot = static_cast<size_t>(table[p / block_size]) * block_size + p % block_size;
+      tile[i] = cache[slot * W + c];
+    }
+    __syncthreads();
+    for (int pr = warp; pr < hn * nr; pr += nw) {
+      const int hh = pr / nr, r = pr - hh * nr;
+      const float* qh = qsm + hh * W;
+      const C* row = tile + r * W;
+      float dot = 0.f;
+      for (int c = lane; c < W; c += 32) dot += qh[c] * dev::to_f(row[c]);
+      dot = dev::warp_sum(dot);
+      if (lane == 0) sc[hh * kTile + r] = dot * scale;
+    }
+    __syncthreads();
+    if (threadIdx.x < hn) {
+      const int hh = threadIdx.x;
+      float mt = ml[hh];
+      for (int r = 0; r < nr; ++r) mt = fmaxf(mt, sc[hh * kTile + r]);
+      const float alpha = expf(ml[hh] - mt);
+      float sum = 0.f;
+      for (int r = 0; r < nr; ++r) {
+        const float p = expf(sc[hh * kTile + r] - mt);
+        sc[hh * kTile + r] = p;
+        sum += p;
+      }
+      ml[hh] = mt;
+      ml[kHeadGroup + hh] = ml[kHeadGroup + hh] * alpha + sum;
+      ml[2 * kHeadGroup + hh] = alpha;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hn * L; i += blockDim.x) {
+      const int hh = i / L, c = i - hh * L;
+      float acc = osm[i] * ml[2 * kHeadGroup + hh];
+      for (int r = 0; r < nr; ++r) acc += sc[hh * kTile + r] * dev::to_f(tile[r * W + c]);
+      osm[i] = acc;
+    }
+    __syncthreads();
+  }
+  const size_t P = static_cast<size_t>(L) + 2;
+  for (int hh = 0; hh < hn; ++hh) {
+    float* o = part + ((static_cast<size_t>(t) * d.heads + h0 + hh) * d.splits + s) * P;
+    if (threadIdx.x == 0) {
+      o[0] = ml[hh];
+      o[1] = ml[kHeadGroup + hh];
+    }
+    for (int c = threadIdx.x; c < L; c += blockDim.x) o[2 + c] = osm[hh * L + c];
+  }
+}
+
+// Block (head, group of kTokGroup tokens): the ranges' partials combined into the latent
+// context, then out = ctx W_UV^T (a warp per value row, the group's tokens together).
+__global__ void mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b,
+                               size_t n_tokens, Dims d, bf16* __restrict__ out) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ float sm[];  // [kTokGroup][latent]
+  const int h = blockIdx.x, L = d.latent;
+  const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
+  const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
+  const size_t P = static_cast<size_t>(L) + 2;
+  for (int k = 0; k < nt; ++k) {
+    const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P;
+    float M = -INFINITY;
+    for (int s = 0; s < d.splits; ++s) M = fmaxf(M, pr[s * P]);
+    float den = 0.f;
+    for (int s = 0; s < d.splits; ++s)
+      if (pr[s * P + 1] > 0.f) den += expf(pr[s * P] - M) * pr[s * P + 1];
+    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+      float acc = 0.f;
+      for (int s = 0; s < d.splits; ++s)
+        if (pr[s * P + 1] > 0.f) acc += expf(pr[s * P] - M) * pr[s * P + 2 + c];
+      sm[k * L + c] = acc / den;
+    }
+  }
+  for (int k = nt; k < kTokGroup; ++k)
+    for (int c = threadIdx.x; c < L; c += blockDim.x) sm[k * L + c] = 0.f;
+  __syncthreads();
+  const bf16* wv = kv_b + (static_cast<size_t>(h) * (d.nope + d.v_dim) + d.nope) * L;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int v = warp; v < d.v_dim; v += nw) {
+    float acc[kTokGroup] = {};
+    for (int c = lane; c < L; c += 32) {
+      const float w = __bfloat162float(wv[static_cast<size_t>(v) * L + c]);
+#pragma unroll
+      for (int k = 0; k < kTokGroup; ++k) acc[k] += sm[k * L + c] * w;
+    }
+#pragma unroll
+    for (int k = 0; k < kTokGroup; ++k) acc[k] = dev::warp_sum(acc[k]);
+    if (lane == 0)
+      for (int k = 0; k < nt; ++k)
+        out[((t0 + k) * d.heads + h) * d.v_dim + v] = __float2bfloat16_rn(acc[k]);
+  }
+}
+
+size_t attend_smem(const Dims& d, DType cache) {
+  return (static_cast<size_t>(kHeadGroup) * (d.width + d.latent + kTile + 3)) * sizeof(float) +
+         static_cast<size_t>(kTile) * d.width * dtype_size(cache);
+}
+
+}  // namespace
+
+Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
+  const MlaShape& s = a.s;
+  if (s.heads <= 0 || s.nope <= 0 || s.rope <= 0 || s.rope % 2 != 0 || s.v_dim <= 0 ||
+      s.latent <= 0)
+    return make_error(Errc::usage,
+                      fmt::format("mla: heads {}, nope {}, rope {} (even), v_dim {} and latent {} "
+                                  "must be > 0",
+                                  s.heads, s.nope, s.rope, s.v_dim, s.latent));
+  const int W = s.latent + s.rope;
+  if (a.kv.k == nullptr || a.kv.v != nullptr || a.kv.n_kv_heads != 1 || a.kv.head_dim != W ||
+      a.kv.block_size <= 0 || a.kv.num_blocks <= 0)
+    return make_error(
+        Errc::usage,
+        fmt::format("mla: the cache must be one pool of rows of latent + rope = {} "
+                    "(got {} x {}{})",
+                    W, a.kv.n_kv_heads, a.kv.head_dim, a.kv.v ? " with a V pool" : ""));
+  if (a.n_tokens == 0) return Status::Ok();
+  if (!a.q || !a.kv_a || !a.kv_norm || !a.kv_b || !a.inv_freq || !a.out || !a.block_tables ||
+      !a.positions || !a.slots || !a.query_start || a.n_seqs <= 0 || a.max_blocks_per_seq <= 0)
+    return make_error(Errc::usage, "mla: a null pointer or empty batch among the arguments");
+  if (a.splits < 1 || a.max_seq_len <= 0 || a.n_tokens > 65535u * kTokGroup)
+    return make_error(Errc::usage, fmt::format("mla: {} splits, max_seq_len {}, {} tokens",
+                                               a.splits, a.max_seq_len, a.n_tokens));
+  const size_t need = mla_workspace_bytes(a.n_tokens, s, a.splits);
+  if (a.workspace == nullptr || a.workspace_bytes < need)
+    return make_error(
+        Errc::usage, fmt::format("mla: workspace of {} bytes, {} needed", a.workspace_bytes, need));
+  const Dims d{s.heads, s.nope, s.rope, s.v_dim, s.latent, W, a.splits};
+  const size_t q_smem = static_cast<size_t>(kTokGroup) * (s.nope + s.rope) * sizeof(float);
+  const size_t kv_smem = (static_cast<size_t>(W) + 33) * sizeof(float);
+  const size_t at_smem = attend_smem(d, a.kv.dtype);
+  const size_t out_smem = static_cast<size_t>(kTokGroup) * s.latent * sizeof(float);
+  if (std::max({q_smem, kv_smem, at_smem, out_smem}) > kSmemLimit)
+    return make_error(Errc::unsupported,
+                      fmt::format("mla: latent {} + rope {} (nope {}) needs more than {} bytes of "
+                                  "shared memory per block",
+                                  s.latent, s.rope, s.nope, kSmemLimit));
+  auto st = static_cast<cudaStream_t>(stream);
+  float* qlat = static_cast<float*>(a.workspace);
+  float* part = qlat + a.n_tokens * static_cast<size_t>(s.heads) * W;
+  auto* q = static_cast<bf16*>(a.q);
+  const auto* kv_b = static_cast<const bf16*>(a.kv_b);
+  const unsigned tok_groups = static_cast<unsigned>((a.n_tokens + kTokGroup - 1) / kTokGroup);
+  SPARK_CUDA_TRY(dev::launch(mla_q_kernel, dim3(static_cast<unsigned>(s.heads), tok_groups),
+                             dim3(kThreads), q_smem, st, q, kv_b, a.inv_freq, a.positions,
+                             a.n_tokens, d, s.interleave, s.rope_factor, qlat));
+  const long long pool_slots = static_cast<long long>(a.kv.num_blocks) * a.kv.block_size;
+  const unsigned kv_blocks = static_cast<unsigned>(std::min<size_t>(a.n_tokens, 65535));
+  const unsigned head_groups = static_cast<unsigned>((s.heads + kHeadGroup - 1) / kHeadGroup);
+  SPARK_DISPATCH_DTYPE(
+      a.kv.dtype, C,
+      SPARK_CUDA_TRY(dev::launch(mla_kv_kernel<C>, dim3(kv_blocks), dim3(kThreads), kv_smem, st,
+                                 static_cast<bf16*>(a.kv_a), static_cast<const bf16*>(a.kv_norm),
+                                 a.eps, a.inv_freq, a.positions, a.slots, pool_slots, a.n_tokens, d,
+                                 s.interleave, s.rope_factor, static_cast<C*>(a.kv.k)));
+      SPARK_CUDA_TRY(dev::launch(
+          mla_attend_kernel<C>,
+          dim3(static_cast<unsigned>(a.n_tokens), head_groups, static_cast<unsigned>(a.splits)),
+          dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
+          static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
+          a.positions, a.query_start, a.n_seqs, a.max_seq_len, s.scale, d, part)));
+  SPARK_CUDA_TRY(dev::launch(mla_out_kernel, dim3(static_cast<unsigned>(s.heads), tok_groups),
+                             dim3(kThreads), out_smem, st, static_cast<const float*>(part), kv_b,
+                             a.n_tokens, d, static_cast<bf16*>(a.out)));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels
