@@ -54,6 +54,9 @@ struct SeqState {
   /// params.prompt_logprobs >= 0: the scores of prompt positions 1.. computed so far (rank 0;
   /// handed to the request when the prompt is done).
   std::vector<Sample> prompt_scores;
+  /// Its tokens are drawn by rank 0 alone and broadcast to the ring each step: it has an
+  /// output constraint, whose grammar only rank 0 holds (set on every rank from the plan).
+  bool rank0_draws = false;
 };
 
 // What one step did, for the caller's bookkeeping.
@@ -151,7 +154,8 @@ constexpr size_t kGone = static_cast<size_t>(-1);
 void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, StepRun* out,
                  const std::vector<kernels::SampleResult>* drawn,
                  const std::vector<kernels::SampleParams>* params, std::vector<float>* logits,
-                 const FaultFn& fault, bool score_prompt = false) {
+                 const FaultFn& fault, bool score_prompt = false,
+                 const std::vector<int32_t>* rank0_tokens = nullptr) {
   const auto& chunks = out->chunks;
   const bool on_device = drawn != nullptr;
   const size_t V = static_cast<size_t>(cfg.vocab_size);
@@ -184,7 +188,13 @@ void apply_draws(const ModelConfig& cfg, const std::vector<SeqState*>& running, 
       out->done.emplace_back(out->chunk_seq[k], FinishReason::length);
       continue;
     }
-    if (on_device) {
+    if (rank0_tokens && s.rank0_draws) {
+      // A worker takes rank 0's token (drawn under the grammar it alone holds); only rank 0
+      // reports tokens, so no logprobs are needed here.
+      smp.token = (*rank0_tokens)[k];
+      if (fault) fault(s.id, &smp.token);
+      s.sampler->record(smp.token);
+    } else if (on_device) {
       const kernels::SampleResult& d = (*drawn)[last];
       smp.token = d.token;
       if ((*params)[last].logprobs) smp.logprob = d.logprob;
@@ -230,7 +240,12 @@ Status run_step(Model& model, KVCache& cache, Collective& comm,
   // On a device that samples, draw there (one small copy back per step instead of the
   // logits).
   std::vector<kernels::SampleResult> drawn;
-  const bool on_device = model.device().samples_on_device();
+  // A step with a chunk that wants the logits of every row (prompt logprobs) brings its
+  // logits to the host and draws there, with the samplers the device sampler twins: every
+  // rank sees that chunk (the plan carries prompt_logprobs), so every rank decides alike.
+  bool every_row = false;
+  for (const auto& ch : out->chunks) every_row = every_row || ch.all_logits;
+  const bool on_device = model.device().samples_on_device() && !every_row;
   std::vector<kernels::SampleParams> params;
   std::vector<Device::PenaltyHistory> history;
   if (on_device) {
@@ -246,8 +261,34 @@ Status run_step(Model& model, KVCache& cache, Collective& comm,
                         fmt::format("engine step: the model gave {} logits for {} rows of {}",
                                     logits->size(), rows, model.config().vocab_size));
   }
+  // On a ring, a sequence with an output constraint is drawn by rank 0 (the one rank holding
+  // its grammar), which broadcasts the step's tokens, one per chunk (-1: no draw); every other
+  // rank records those instead of drawing its own.
+  bool share = false;
+  if (comm.world_size() > 1)
+    for (size_t k = 0; k < out->chunks.size(); ++k)
+      share = share || (out->chunks[k].want_logits && running[out->chunk_seq[k]]->rank0_draws);
+  std::vector<int32_t> tokens;
+  if (share && comm.rank() != 0) {
+    tokens.assign(out->chunks.size(), -1);
+    SPARK_TRY(comm.broadcast(tokens.data(), tokens.size() * sizeof(int32_t), 0));
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      const int32_t t = tokens[k];
+      if (out->chunks[k].want_logits && running[out->chunk_seq[k]]->rank0_draws &&
+          (t < -1 || t >= model.config().vocab_size))
+        return make_error(Errc::integrity,
+                          fmt::format("rank {}: rank 0 sent token {} for chunk {}, outside the "
+                                      "vocabulary [0, {})",
+                                      comm.rank(), t, k, model.config().vocab_size));
+    }
+  }
   apply_draws(model.config(), running, out, on_device ? &drawn : nullptr, &params, logits, fault,
-              score_prompt);
+              score_prompt, share && comm.rank() != 0 ? &tokens : nullptr);
+  if (share && comm.rank() == 0) {
+    tokens.resize(out->chunks.size());
+    for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = out->samples[k].token;
+    SPARK_TRY(comm.broadcast(tokens.data(), tokens.size() * sizeof(int32_t), 0));
+  }
   return Status::Ok();
 }
 
@@ -434,17 +475,6 @@ Result<RequestId> Engine::submit(GenerateRequest req) {
                     "lower max_tokens or raise the KV cache size",
                     need, total, opts_.num_blocks));
   if (!req.on_event) return make_error(Errc::usage, "the request has no event callback");
-  if (req.params.prompt_logprobs >= 0 && model_->device().samples_on_device())
-    return make_error(Errc::unsupported,
-                      fmt::format("prompt logprobs (echo with logprobs) need the logits of every "
-                                  "prompt position, which this engine computes on the CPU device "
-                                  "only; this model runs on {}",
-                                  model_->device().info().name));
-  if (req.params.constraint && comm_->world_size() > 1)
-    return make_error(Errc::unsupported,
-                      "structured outputs (response_format json_object/json_schema, a forced "
-                      "tool_choice) are not served on a tensor-parallel ring yet: every rank "
-                      "draws the tokens itself and the workers have no grammar");
   std::lock_guard<std::mutex> lk(mu_);
   if (stats_.failed) return make_error(Errc::internal, "the engine failed: " + stats_.error);
   if (stopping_) return make_error(Errc::precondition, "the engine is stopping");
@@ -580,6 +610,7 @@ void Engine::admit() {
       s->params.seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
     s->sampler = std::make_unique<Sampler>(s->params, model_->config().vocab_size, r.r.prompt,
                                            static_cast<uint64_t>(s->choice));
+    s->rank0_draws = s->params.constraint != nullptr;
     admitted_.push_back(std::move(s));
     if (++r.admitted == r.r.params.n) waiting_.pop_front();
   }
@@ -600,6 +631,7 @@ StepPlan Engine::take_plan() {
     a.computed = s->computed;
     a.blocks = s->blocks;
     a.params = s->params;
+    a.rank0_draws = s->rank0_draws;
     p.admits.push_back(std::move(a));
   }
   return p;
@@ -650,7 +682,13 @@ Status Engine::keepalive() {
 }
 
 Status Engine::step() {
-  if (overlap_) return step_queued();
+  // A prompt still wanting the logits of every row (prompt logprobs) runs in a step of its
+  // own kind (logits to the host): queued steps draw on the device and are not used until
+  // it is done. A step already queued runs first (it holds no such prompt).
+  bool every_row = false;
+  for (const auto& s : running_)
+    every_row = every_row || (s->params.prompt_logprobs >= 0 && s->computed < s->prompt_len);
+  if (overlap_ && (ahead_ || !every_row)) return step_queued();
   std::vector<SeqState*> view;
   view.reserve(running_.size());
   for (auto& s : running_) view.push_back(s.get());
@@ -1020,6 +1058,7 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) 
                         comm.rank(), plan->serial, s->id, s->blocks.size(), s->max_total)));
       s->params = std::move(a.params);
       s->sampler = std::make_unique<Sampler>(s->params, vocab, s->tokens, a.stream);
+      s->rank0_draws = a.rank0_draws;
       running.push_back(std::move(s));
     }
     if (running.empty()) continue;

@@ -14,7 +14,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr uint32_t kMagic = 0x4e4c5053;  // "SPLN"
-constexpr uint32_t kVersion = 2;         // 2: prompt_logprobs in the parameters
+constexpr uint32_t kVersion = 3;         // 2: prompt_logprobs in the parameters; 3: rank0_draws
 // Bounds a damaged plan cannot exceed (a prompt is at most the context, which is far less).
 constexpr uint32_t kMaxItems = 1u << 24;
 
@@ -146,6 +146,7 @@ std::string encode_plan(const StepPlan& plan) {
     w.ints(a.prompt);
     w.ints(a.blocks);
     put_params(w, a.params);
+    w.put(static_cast<uint8_t>(a.rank0_draws ? 1 : 0));
   }
   return std::move(w.out);
 }
@@ -192,6 +193,14 @@ Result<StepPlan> decode_plan(std::string_view bytes) {
     SPARK_TRY(r.ints(&a.prompt, "admission prompt"));
     SPARK_TRY(r.ints(&a.blocks, "admission blocks"));
     SPARK_TRY(get_params(r, &a.params));
+    uint8_t rank0_draws = 0;
+    SPARK_TRY(r.get(&rank0_draws, "admission rank0_draws"));
+    if (rank0_draws > 1)
+      return make_error(Errc::integrity,
+                        fmt::format("step plan: admission of sequence {} has rank0_draws {} "
+                                    "(0 or 1)",
+                                    a.seq, rank0_draws));
+    a.rank0_draws = rank0_draws != 0;
     if (a.prompt.empty() || a.computed < 0 || a.computed >= static_cast<int32_t>(a.prompt.size()) ||
         a.max_total <= static_cast<int32_t>(a.prompt.size()) - 1)
       return make_error(Errc::integrity,

@@ -5,7 +5,9 @@
 // parameters with a fixed seed, block table, prefix-cache hits). Every rank then schedules
 // the step, runs it, draws each sequence's token from the same gathered logits with the
 // same counter-based sampler, and decides EOS, stop ids and max_tokens itself, so no token
-// travels in a plan: a decode step with nothing new is a plan of kPlanHeaderBytes.
+// travels in a plan: a decode step with nothing new is a plan of kPlanHeaderBytes. The one
+// exception is a sequence with an output constraint (structured outputs): its grammar stays
+// on rank 0, which broadcasts the tokens it drew in each step that draws for one.
 //
 // Each plan also carries the digest of the tokens rank 0 drew in an earlier step; a rank
 // whose own digest of that step differs has diverged and stops the ring (engine.cc).
@@ -35,6 +37,9 @@ struct PlanAdmit {
   int32_t computed = 0;         // leading prompt tokens already in the KV cache (prefix hits)
   std::vector<int32_t> blocks;  // the sequence's whole block table
   SamplingParams params;        // seed always set, so every rank draws alike
+  /// The sequence has an output constraint (its grammar stays on rank 0): rank 0 draws its
+  /// tokens and broadcasts them each step, and the other ranks record those.
+  bool rank0_draws = false;
 };
 
 struct StepPlan {

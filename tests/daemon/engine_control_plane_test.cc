@@ -4,7 +4,9 @@
 // and lock-step, give TP=1's tokens and logprobs for seeded sampling with top-p, n = 2,
 // stop ids, a cancel mid-stream, chunked prefill and prefix-cache hits; a follower finds
 // each decode step's plan already there (counted, not timed); a follower whose tokens
-// diverge stops the ring with an error naming it. The two-process runs are in
+// diverge stops the ring with an error naming it. Structured outputs (a JSON Schema, whose
+// grammar only rank 0 holds: it broadcasts those draws) give TP=1's tokens at TP=2, and
+// they parse and validate. The two-process runs are in
 // tests/e2e/engine_tp_test.cc.
 #include <doctest/doctest.h>
 
@@ -17,11 +19,14 @@
 #include <thread>
 
 #include "daemon/engine/control_channel.h"
+#include "daemon/engine/demo_model.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/gloo_collective.h"
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/step_plan.h"
 #include "daemon/engine/tcp_store.h"
+#include "daemon/openai/structured.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "support/gloo.h"
 #include "support/tempdir.h"
 
@@ -262,6 +267,7 @@ TEST_CASE("step plan: round trip; a decode plan with nothing new is its header a
   a.params.logprobs = true;
   a.params.top_logprobs = 3;
   a.params.stop_token_ids = {17, 18};
+  a.rank0_draws = true;
   p.admits.push_back(a);
   const std::string bytes = encode_plan(p);
   auto back = decode_plan(bytes);
@@ -278,6 +284,7 @@ TEST_CASE("step plan: round trip; a decode plan with nothing new is its header a
   CHECK(b.params.temperature == 0.7f);
   CHECK(b.params.stop_token_ids == a.params.stop_token_ids);
   CHECK(b.params.top_logprobs == 3);
+  CHECK(b.rank0_draws);
   // Damage is an integrity error that says where, never a crash or a wrong plan.
   for (size_t cut : {size_t{3}, size_t{20}, bytes.size() - 1}) {
     auto bad = decode_plan(std::string_view(bytes).substr(0, cut));
@@ -292,6 +299,9 @@ TEST_CASE("step plan: round trip; a decode plan with nothing new is its header a
   const uint32_t lots = 0xffffffffu;
   std::memcpy(huge.data() + 40, &lots, 4);  // the cancel count
   CHECK(decode_plan(huge).error().code == Errc::integrity);
+  std::string odd = bytes;  // rank0_draws is the admission's last byte: 0 or 1
+  odd.back() = 2;
+  CHECK(decode_plan(odd).error().message.find("rank0_draws") != std::string::npos);
 }
 
 TEST_CASE(
@@ -589,4 +599,82 @@ TEST_CASE(
   CHECK(two.none_tokens.empty());
   CHECK(two.none_finish == FinishReason::length);
   CHECK(two.none_scores.size() == 10);
+}
+
+TEST_CASE(
+    "engine TP control plane: structured outputs (a JSON Schema) at TP=2 give TP=1's tokens, "
+    "which parse and validate") {
+  test::TempDir dir;
+  const std::string model = dir / "m";
+  REQUIRE(write_demo_model(model, false).ok());  // 4 heads, 2 KV heads: split by 2
+  auto tok = tok::Tokenizer::from_file(model + "/tokenizer.json");
+  REQUIRE(tok.ok());
+  auto cfg = load_model_config(model);
+  REQUIRE(cfg.ok());
+  std::vector<int32_t> eos(cfg->eos_token_ids.begin(), cfg->eos_token_ids.end());
+  REQUIRE_FALSE(eos.empty());
+  auto trie = openai::make_token_trie(*tok, eos, tok->vocab_size());
+  auto g = grammar::Grammar::from_schema(grammar::Json::parse(R"({
+    "type": "object", "additionalProperties": false,
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                   "count": {"type": "integer"}},
+    "required": ["ok", "color", "count"]})"));
+  REQUIRE(g.ok());
+  auto constraint = std::make_shared<const grammar::Constraint>(grammar::Constraint{*g, trie});
+  const std::vector<int32_t> prompt = tok->encode("Answer in JSON:", false);
+  using Out = std::vector<std::pair<std::vector<int32_t>, FinishReason>>;
+  // Constrained requests (seeded, n = 2) beside an unconstrained one that must not notice.
+  auto body = [&](Engine& e, Out* out) {
+    std::vector<std::thread> ts;
+    std::mutex mu;
+    std::map<int, std::pair<std::vector<int32_t>, FinishReason>> got;
+    for (int i = 0; i < 4; ++i)
+      ts.emplace_back([&, i] {
+        SamplingParams p;
+        p.temperature = 1.0f;
+        p.seed = 7 + static_cast<uint64_t>(i);
+        p.max_tokens = i == 3 ? 24 : 200;
+        p.n = i == 0 ? 2 : 1;
+        if (i != 3) p.constraint = constraint;
+        auto r = generate_blocking(e, prompt, p);
+        std::lock_guard<std::mutex> lk(mu);
+        if (!r) {
+          got[i * 10] = {{}, FinishReason::error};
+          return;
+        }
+        for (size_t c = 0; c < r->tokens.size(); ++c)
+          got[i * 10 + static_cast<int>(c)] = {r->tokens[c], r->finish[c]};
+      });
+    for (auto& t : ts) t.join();
+    for (auto& [k, v] : got) out->push_back(v);
+  };
+  EngineOptions o;
+  o.slots = 8;
+  Out one, two;
+  auto r1 = run_ring(model, 1, o, [&](Engine& e) { body(e, &one); });
+  REQUIRE_MESSAGE(r1.errors[0].empty(), r1.errors[0]);
+  auto r2 = run_ring(model, 2, o, [&](Engine& e) { body(e, &two); });
+  for (const auto& err : r2.errors) CHECK_MESSAGE(err.empty(), err);
+  REQUIRE(one.size() == 5);
+  REQUIRE(two.size() == one.size());
+  int parsed = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(two[i].first == one[i].first);
+    CHECK(two[i].second == one[i].second);
+    if (i == 4 || one[i].second != FinishReason::stop) continue;  // unconstrained, or cut
+    const auto& t = one[i].first;
+    const std::string text = tok->decode(std::vector<int32_t>(t.begin(), t.end() - 1), true);
+    INFO(text);
+    grammar::Json x;
+    REQUIRE_NOTHROW(x = grammar::Json::parse(text));
+    CHECK(x.is_object());
+    CHECK(x["ok"].is_boolean());
+    CHECK(x["count"].is_number_integer());
+    CHECK((x["color"] == "red" || x["color"] == "green" || x["color"] == "blue"));
+    ++parsed;
+  }
+  CHECK(parsed >= 2);
+  REQUIRE(r2.workers.size() == 1);
+  CHECK(r2.workers[0].digests_checked > 0);
 }

@@ -1,7 +1,8 @@
 // Structured outputs through the engine on the CPU: the demo checkpoint (random weights, the
 // project's byte-level BPE tokenizer) emits garbage unconstrained; under a JSON Schema every
 // completion that ends by itself parses and validates, on the host sampler and on the CPU
-// device that draws through the sampler's twin (the device path's mask upload).
+// device that draws through the sampler's twin (the device path's mask upload), and on
+// CUDA ("cuda engine"), whose sampler applies the mask on the GPU.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/openai/structured.h"
 #include "daemon/tokenizer/tokenizer.h"
+#include "support/gpu.h"
 #include "support/tempdir.h"
 
 using namespace spark;
@@ -141,4 +143,38 @@ TEST_CASE("engine structured outputs: json_object cut by max_tokens ends with le
   CHECK(m.accept_bytes(text));  // every byte was one the grammar allowed
   CHECK_FALSE(m.can_end());     // but the object is not complete
   CHECK_THROWS((void)grammar::Json::parse(text).size());
+}
+
+TEST_CASE("cuda engine: structured outputs drawn on the GPU parse and validate") {
+  if (test::skip_without_cuda()) return;
+  auto cuda = make_cuda_device(0);
+  REQUIRE_MESSAGE(cuda.ok(), (cuda.ok() ? std::string() : cuda.error().message));
+  Demo d;
+  auto trie = openai::make_token_trie(d.tok, d.eos, d.tok.vocab_size());
+  auto g = grammar::Grammar::from_schema(grammar::Json::parse(kSchema));
+  REQUIRE(g.ok());
+  auto constraint = std::make_shared<const grammar::Constraint>(grammar::Constraint{*g, trie});
+  const std::vector<int32_t> prompt = d.tok.encode("Answer in JSON:", false);
+  auto eng = d.engine(*cuda);
+  int ended = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    CAPTURE(seed);
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.seed = seed;
+    p.max_tokens = 400;
+    p.constraint = constraint;
+    auto r = generate_blocking(*eng, prompt, p);
+    REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+    const auto& toks = r->tokens[0];
+    if (r->finish[0] != FinishReason::stop) continue;  // cut by max_tokens: may not parse
+    ++ended;
+    REQUIRE(!toks.empty());
+    const std::string text = d.tok.decode(std::vector<int32_t>(toks.begin(), toks.end() - 1), true);
+    INFO(text);
+    grammar::Json x;
+    REQUIRE_NOTHROW(x = grammar::Json::parse(text));
+    CHECK(valid(x));
+  }
+  CHECK(ended >= 3);
 }
