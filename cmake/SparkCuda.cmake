@@ -1,5 +1,6 @@
 # CUDA is enabled when nvcc is found (PATH, CUDACXX, or /usr/local/cuda). Kernels build for
-# sm_90a (H100/H200) and sm_121a (GB10) unless CMAKE_CUDA_ARCHITECTURES says otherwise.
+# sm_80 (A100), sm_86 (A10, RTX 30xx), sm_89 (L40S, RTX 40xx), sm_90a (H100/H200), sm_120
+# (RTX 50xx) and sm_121a (GB10) unless CMAKE_CUDA_ARCHITECTURES says otherwise.
 # The binaries never link libcuda or libnccl: cudart is linked statically (it loads the
 # driver at run time) and NCCL is opened with dlopen, so a machine without a driver runs
 # the CPU path instead of failing to start.
@@ -11,11 +12,12 @@ if(SPARK_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # sm_90a (H100/H200) and sm_121a (GB10): the "a" targets allow the architecture's own
-    # instructions; their code runs only on exactly that compute capability, and
-    # cuda_select_device() refuses any other GPU at start.
+    # The "a" targets allow the architecture's own instructions (clusters, programmatic
+    # launch); their code runs only on exactly that compute capability. The sm_90 paths are
+    # chosen at run time (cuda_hopper_paths()), so the plain targets before it build them as
+    # no-ops never launched. cuda_select_device() refuses a GPU outside the list at start.
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90a 121a)
+      set(CMAKE_CUDA_ARCHITECTURES 80 86 89 90a 120 121a)
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)

@@ -1298,14 +1298,22 @@ void check_gpu(NodeRun& r, const std::optional<GpuReport>& gpu, const std::strin
                                    d->name, d->cc_major, d->cc_minor, format_size(d->total_memory),
                                    d->max_smem_per_block_optin / 1024, driver);
     auto covered = cuda_archs_cover(kCudaArchitectures, d->cc_major, d->cc_minor);
-    if (covered && !*covered)
+    if (d->cc_major > 0 && d->cc_major < 8)
+      r.add("gpu", subject, Verdict::fail,
+            fmt::format("{}; sm_{}{} is older than sm_80, the oldest GPU sparkctl's CUDA "
+                        "kernels run on (this build has kernels for {})",
+                        desc, d->cc_major, d->cc_minor,
+                        *kCudaArchitectures ? kCudaArchitectures : "none"),
+            fmt::format("set DEVICE=cpu to run the ring on the CPU, or take {} out of the ring",
+                        r.node.name));
+    else if (covered && !*covered)
       r.add("gpu", subject, Verdict::fail,
             fmt::format("{}; this build has CUDA kernels for {} only (CMAKE_CUDA_ARCHITECTURES), "
                         "none that sm_{}{} runs: the engine would stop at its first kernel",
                         desc, kCudaArchitectures, d->cc_major, d->cc_minor),
             fmt::format("install a sparkctl built for this GPU as well (configure with "
-                        "-DCMAKE_CUDA_ARCHITECTURES=\"{};{}{}\") on every node, or take {} "
-                        "out of the ring",
+                        "-DCMAKE_CUDA_ARCHITECTURES=\"{};{}{}\") on every node, set "
+                        "DEVICE=cpu, or take {} out of the ring",
                         kCudaArchitectures, d->cc_major, d->cc_minor, r.node.name));
     else if (!d->errors.empty())
       r.add("gpu", subject, Verdict::warn, fmt::format("{}; {}", desc, join(d->errors, "; ")));

@@ -32,6 +32,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
+#include "kernels/launch.h"
 #include "kernels/paged_attention.h"
 
 namespace spark::kernels {
@@ -79,6 +80,9 @@ struct ShortParams {
 
 template <typename C, int HD, int G>
 __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  (void)P;  // clusters need sm_90: attention_decode_short_max() is 0 there, never launched
+#else
   dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
   dev::pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -235,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
       static_cast<float*>(b.out)[at] = res;
   }
   cluster.sync();  // the other blocks read this one's memory until here
+#endif
 }
 
 template <typename Kernel>
@@ -286,7 +291,9 @@ int block_rows(int bound) {
 int attention_decode_short_max(int head_dim, DType kv_dtype) {
   if (head_dim <= 0 || head_dim > 256 || head_dim % 8 != 0) return 0;
   auto lim = cuda_device_limits();
-  if (!lim || !lim->cluster_launch) return 0;
+  // Clusters need sm_90 (the kernel is a no-op built for earlier ones) and are skipped when
+  // the fallbacks are forced.
+  if (!lim || !lim->cluster_launch || !cuda_hopper_paths(lim->cc_major, cuda_fallbacks())) return 0;
   const size_t es = dtype_size(kv_dtype);
   int best = 0;
   for (int bound = 16; bound <= kMaxRows; bound += 16)  // entries: block size 1 at worst

@@ -91,24 +91,6 @@ std::vector<DeviceLimits>& limits_cache() {
   return c;
 }
 
-// "90a,121a" -> {90, 121}; "90-real" -> 90.
-std::vector<int> built_sms() {
-  std::vector<int> out;
-  const std::string s = cuda_architectures();
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    int v = 0;
-    bool digits = false;
-    for (size_t k = i; k < j && s[k] >= '0' && s[k] <= '9'; ++k)
-      v = v * 10 + (s[k] - '0'), digits = true;
-    if (digits) out.push_back(v);
-    i = j + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string describe_device(const DeviceLimits& d) {
@@ -165,16 +147,11 @@ Status cuda_select_device(int device) {
   SPARK_CUDA_TRY(cudaSetDevice(device));
   auto l = cuda_device_limits(device);
   SPARK_TRY(l.status());
-  const int sm = l->cc_major * 10 + l->cc_minor;
-  bool listed = false;
-  for (int b : built_sms()) listed = listed || b == sm;
-  const std::string fix = "rebuild with -DCMAKE_CUDA_ARCHITECTURES=\"" + std::to_string(sm) +
-                          "\" (or add it to the list), or run on a GPU of the list";
-  if (!listed)
-    return make_error(Errc::unsupported,
-                      describe_device(*l) +
-                          " is not among the GPUs this build has kernels for (sm_" +
-                          cuda_architectures() + "): " + fix);
+  const std::string problem = cuda_arch_problem(*l, cuda_architectures());
+  if (!problem.empty()) return make_error(Errc::unsupported, problem);
+  const std::string fix = "rebuild with -DCMAKE_CUDA_ARCHITECTURES=\"" +
+                          std::to_string(l->cc_major * 10 + l->cc_minor) +
+                          "\" (or add it to the list), or set DEVICE=cpu to run on the CPU";
   cudaFuncAttributes attr{};
   cudaError_t e = cudaFuncGetAttributes(&attr, probe_kernel);
   if (e != cudaSuccess) {

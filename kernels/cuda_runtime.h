@@ -4,6 +4,8 @@
 // Errc::unsupported with "built without CUDA".
 #include <cstddef>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -84,6 +86,23 @@ std::string describe_device(const DeviceLimits& d);
 /// unsupported GPU fails at start: Errc::unsupported naming the device, its sm and the
 /// architectures built, with the rebuild to do.
 Status cuda_select_device(int device);
+
+/// The oldest compute capability the kernels run on (x10): sm_80 (cp.async, bf16 math).
+inline constexpr int kCudaMinSm = 80;
+
+/// The architectures of a CMAKE_CUDA_ARCHITECTURES list: "90a,121a" -> {90, 121}, "80-real"
+/// -> {80}; entries without a number ("native") are left out.
+std::vector<int> parse_cuda_architectures(std::string_view list);
+
+/// Why a build with kernels for `compiled` (cuda_architectures()) cannot run on device `d`:
+/// older than sm_80, or its compute capability is not in the list (with the rebuild to do
+/// and DEVICE=cpu); "" when it can, or when the list names no architecture ("native").
+std::string cuda_arch_problem(const DeviceLimits& d, std::string_view compiled);
+
+/// Whether the sm_90 paths (thread-block clusters, programmatic dependent launch) run on a
+/// GPU of compute capability `cc_major`.x: never before sm_90, nor when the fallbacks are
+/// forced (SPARK_CUDA_FALLBACKS=1, set_cuda_fallbacks()).
+bool cuda_hopper_paths(int cc_major, bool fallbacks);
 
 /// Checks a launch against the current device's limits before making it: Errc::resource
 /// "<kernel>: needs <what> <n>, <device> allows <limit>" when `threads` or `smem_bytes`

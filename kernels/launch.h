@@ -14,4 +14,11 @@ namespace spark::kernels {
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
+/// The pre-Hopper paths on any GPU (process-wide, off by default): thread-block clusters
+/// and programmatic dependent launch are not used even where the GPU has them, so an sm_90
+/// GPU runs the code an sm_80 one does (sparkd sets it from SPARK_CUDA_FALLBACKS=1; the
+/// GPU tests set it to compare the two paths).
+void set_cuda_fallbacks(bool on);
+bool cuda_fallbacks();
+
 }  // namespace spark::kernels

@@ -207,7 +207,8 @@ bool attention_decode_short_takes(const AttentionBatch& b);
 
 /// The longest context the short-context kernel takes for `head_dim` and a cache of
 /// `kv_dtype` on the current device: what 8 blocks' shared memory holds, at most 1024
-/// (1024 for head_dim 128 on an H200 and on a GB10); 0 without a device or cluster launch.
+/// (1024 for head_dim 128 on an H200 and on a GB10); 0 without a device or cluster launch,
+/// before sm_90, and with the fallbacks forced (cuda_hopper_paths(), set_cuda_fallbacks()).
 int attention_decode_short_max(int head_dim, DType kv_dtype);
 
 /// CPU twin of the split-K decode of one query (position ctx - 1) for every head: each

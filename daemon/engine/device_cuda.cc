@@ -23,6 +23,7 @@
 #include "kernels/device_copy.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
+#include "kernels/launch.h"
 #include "kernels/matmul.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
@@ -103,6 +104,8 @@ class CudaDevice final : public Device {
     // SPARK_CUDA_PDL=0 turns programmatic dependent launch off (to measure what it saves, or
     // to rule it out); SPARK_CUDA_NORM_IN_PRODUCT=0 runs the layer's norms as their own pass
     // at decode rows too (the same comparison). Each is 0 or 1; anything else is an error.
+    // SPARK_CUDA_FALLBACKS=1 runs the pre-Hopper paths (no thread-block clusters, no
+    // programmatic launch) on any GPU, so an sm_90 GPU shows what an sm_80 one runs.
     bool pdl_on = true, norm_in_products = true;
     for (auto [name, on] : {std::pair<const char*, bool*>{"SPARK_CUDA_PDL", &pdl_on},
                             {"SPARK_CUDA_NORM_IN_PRODUCT", &norm_in_products}}) {
@@ -112,6 +115,14 @@ class CudaDevice final : public Device {
         return make_error(Errc::config,
                           fmt::format("{}={}: must be 0 (off) or 1 (on, the default)", name, v));
       *on = std::string_view(v) == "1";
+    }
+    if (const char* v = std::getenv("SPARK_CUDA_FALLBACKS")) {
+      if (std::string_view(v) != "0" && std::string_view(v) != "1")
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_FALLBACKS={}: must be 0 (the GPU's own paths, "
+                                      "the default) or 1 (the pre-Hopper paths)",
+                                      v));
+      kernels::set_cuda_fallbacks(std::string_view(v) == "1");
     }
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
@@ -157,7 +168,8 @@ class CudaDevice final : public Device {
     auto mm = kernels::Matmul::create();
     if (!mm) return mm.error();
     d->mm_ = std::move(*mm);
-    d->pdl_ = lim->cc_major >= 9 && pdl_on;  // programmatic dependent launch needs sm_90
+    // programmatic dependent launch needs sm_90
+    d->pdl_ = kernels::cuda_hopper_paths(lim->cc_major, kernels::cuda_fallbacks()) && pdl_on;
     d->norm_in_products_ = norm_in_products;
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
@@ -1178,6 +1190,15 @@ Result<std::shared_ptr<Device>> select_device(const std::string& choice, int ord
   if (choice == "cpu") return make_cpu_device();
   if (choice != "cuda" && choice != "auto")
     return make_error(Errc::config, fmt::format("DEVICE={} is not one of auto, cpu, cuda", choice));
+  // A GPU that is there but that this build's kernels do not run on is an error under
+  // DEVICE=auto too: running on the CPU instead would hide a wrong build.
+  if (kernels::cuda_device_count()) {
+    if (auto lim = kernels::cuda_device_limits(ordinal)) {
+      const std::string problem = kernels::cuda_arch_problem(*lim, kernels::cuda_architectures());
+      if (!problem.empty())
+        return make_error(Errc::unsupported, fmt::format("DEVICE={}: {}", choice, problem));
+    }
+  }
   auto d = make_cuda_device(ordinal, opts);
   if (d) return d;
   if (d.error().code == Errc::config) return d.error();  // the user's setting, not the GPU

@@ -320,6 +320,27 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("rings: a node with a GPU older than sm_80 fails gpu, naming it and DEVICE=cpu") {
+  RingTree ring(2);
+  auto f = ring.facts(1);
+  auto& d = f["gpu"]["devices"][0];
+  d["name"] = "Tesla T4";
+  d["compute_capability"] = "7.5";
+  d["integrated"] = false;
+  ring.facts_set(1, f);
+  auto r = replay(ring);
+  const auto* g = row(r, RingTree::name(1), "gpu", "gpu0");
+  REQUIRE_MESSAGE(g, table(r));
+  CHECK(g->verdict == Verdict::fail);
+  CHECK_MESSAGE(has(g->message, "Tesla T4: sm_75"), g->message);
+  CHECK(has(g->message, "older than sm_80"));
+  CHECK(has(g->fix, "DEVICE=cpu"));
+  const auto* h = row(r, RingTree::name(0), "gpu", "gpu0");
+  REQUIRE(h);
+  CHECK(h->message.find("older than sm_80") == std::string::npos);
+  CHECK(r.exit_code() == 1);
+}
+
 TEST_CASE("the build's CUDA architectures: what each form of the list covers") {
   CHECK(cuda_archs_cover("121a", 12, 1) == true);
   CHECK(cuda_archs_cover("121a", 12, 0) == false);

@@ -21,6 +21,7 @@
 #include "kernels/bias.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/embedding.h"
+#include "kernels/launch.h"
 #include "kernels/matmul.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -722,6 +723,42 @@ TEST_CASE("gpu decode attention (short contexts): the whole range in shared memo
   CHECK(cuda_synchronize().ok());
 }
 
+namespace {
+
+// Forces the pre-Hopper paths for one scope (SPARK_CUDA_FALLBACKS=1 in sparkd).
+struct ForcedFallbacks {
+  ForcedFallbacks() { set_cuda_fallbacks(true); }
+  ~ForcedFallbacks() { set_cuda_fallbacks(false); }
+  ForcedFallbacks(const ForcedFallbacks&) = delete;
+  ForcedFallbacks& operator=(const ForcedFallbacks&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("gpu decode attention with the fallbacks forced: no clusters, the twin's results") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode-fallbacks"));
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  const int S = attention_decode_short_max(128, DType::bf16);
+  CHECK((S > 0) == cuda_hopper_paths(lim->cc_major, false));
+  // The GPU's own choice at one sequence (the short kernel on sm_90 and later).
+  for (int ctx : {1, 65, 256})
+    attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {ctx}, {1}, 0, 1);
+  ForcedFallbacks forced;
+  // What an sm_80 GPU sees: no short-context kernel, so the plain and split-K ones run.
+  CHECK(attention_decode_short_max(128, DType::bf16) == 0);
+  CHECK(attention_decode_short_bound(1, 32, 8, 128, DType::bf16) == 0);
+  AttentionBatch pick;
+  pick.n_heads = 32, pick.kv.n_kv_heads = 8, pick.kv.head_dim = 128, pick.kv.dtype = DType::bf16;
+  pick.n_seqs = 1, pick.max_seq_len = 64;
+  CHECK_FALSE(attention_decode_short_takes(pick));
+  for (int ctx : {1, 65, 256})
+    attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {ctx}, {1}, 0, 1);
+  attention_case(rng, true, DType::bf16, DType::bf16, 10, 2, 128, 16, {150, 5}, {1, 1}, 0, 1);
+  attention_case(rng, true, DType::f32, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1);
+}
+
 TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the paged cache") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("decode_partitioned"));
@@ -1011,6 +1048,26 @@ TEST_CASE("gpu sampler: staged kernels draw the twin's tokens over row kinds, mi
     }
   }
   sampler_batch_case(rng, 4099, 9, DType::f32, 4099 + 5, mix0++);  // rows apart in memory
+}
+
+TEST_CASE("gpu sampler with the fallbacks forced and with programmatic launch: the twin's tokens") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("sampler fallbacks"));
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  int mix = 0;
+  // The sm_90 launch (programmatic, kernels waiting with griddepcontrol) where the GPU has it.
+  if (cuda_hopper_paths(lim->cc_major, false)) {
+    set_programmatic_launch(true);
+    for (int rows : {1, 8}) sampler_batch_case(rng, 32000, rows, DType::f32, 32000, mix++);
+    set_programmatic_launch(false);
+  }
+  // The sm_80 launch: what the engine does with SPARK_CUDA_FALLBACKS=1.
+  ForcedFallbacks forced;
+  set_programmatic_launch(cuda_hopper_paths(lim->cc_major, cuda_fallbacks()));
+  CHECK_FALSE(programmatic_launch());
+  for (int rows : {1, 8, 33}) sampler_batch_case(rng, 32000, rows, DType::f32, 32000, mix++);
+  sampler_batch_case(rng, 4099, 8, DType::bf16, 4099, mix++);
 }
 
 TEST_CASE("gpu sampler state reset marks the prompt and clears counts") {
