@@ -37,6 +37,17 @@ struct DecodeParams {
   int splits;
 };
 
+// 1 / softmax denominator for scores whose maximum is m and whose sum of exp(s - m) is l;
+// a head's sink logit joins the denominator only (once per head, at the final normalise).
+__device__ __forceinline__ float sink_inv(const float* sinks, int h, float m, float l) {
+  if (!sinks) return l > 0.f ? 1.f / l : 0.f;
+  const float sk = sinks[h];
+  const float ref = l > 0.f ? fmaxf(m, sk) : sk;
+  const float scaled = l > 0.f ? l * __expf(m - ref) : 0.f;
+  const float den = scaled + __expf(sk - ref);
+  return l > 0.f ? __expf(m - ref) / den : 0.f;
+}
+
 template <typename C, int HD>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DecodeParams P) {
   constexpr int L = HD / 8;    // lanes per row
@@ -197,7 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(DecodeParams P) {
       for (int w = 0; w < kWarps; ++w) s += red[w][d];
       const int h = kvh * P.group + g0 + g;
       if (direct) {
-        const float inv = stat[1][g] > 0.f ? 1.f / stat[1][g] : 0.f;
+        const float inv = sink_inv(b.sinks, h, stat[0][g], stat[1][g]);
         const size_t off = token * b.out_stride + static_cast<size_t>(h) * hd + d;
         if (b.dtype == DType::bf16)
           static_cast<dev::bf16*>(b.out)[off] = __float2bfloat16_rn(s * inv);
@@ -243,7 +254,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(DecodePar
   }
   __syncthreads();  // scratch is read by all before block_sum rewrites it; wsh is complete
   const float Lsum = dev::block_sum(l, scratch);
-  const float inv = Lsum > 0.f ? 1.f / Lsum : 0.f;
+  const float inv = sink_inv(b.sinks, h, M, Lsum);
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.f;
 #pragma unroll 8

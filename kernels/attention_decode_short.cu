@@ -321,6 +321,9 @@ bool attention_decode_short_takes(const AttentionBatch& b) {
 }
 
 Status attention_decode_short_cuda_device(const AttentionBatch& b, void* stream) {
+  if (b.sinks)
+    return make_error(Errc::unsupported,
+                      "attention_decode_short: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, true));
   if (b.n_seqs == 0) return Status::Ok();
   const int limit = attention_decode_short_max(b.kv.head_dim, b.kv.dtype);

@@ -298,6 +298,9 @@ Status launch(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
 }  // namespace
 
 Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
+  if (b.sinks)
+    return make_error(Errc::unsupported,
+                      "attention_decode_split: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, true));
   if (b.n_seqs == 0) return Status::Ok();
   if (attention_decode_short_takes(b)) return attention_decode_short_cuda_device(b, stream);

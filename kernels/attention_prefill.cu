@@ -1011,6 +1011,9 @@ Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
 }  // namespace
 
 Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
+  if (b.sinks)
+    return make_error(Errc::unsupported,
+                      "attention_prefill: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, false));
   if (b.n_seqs == 0 || b.n_tokens == 0) return Status::Ok();
   if (b.n_seqs > 65535 || b.n_heads > 65535)

@@ -85,8 +85,12 @@ struct AttentionBatch {
   // any smaller batch): the longest query run and the longest context in the batch.
   int max_query_len = 0;
   int max_seq_len = 0;
-  float scale = 0;            // softmax scale, usually 1/sqrt(head_dim)
-  int window = 0;             // sliding window (Mistral), 0 = off
+  float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
+  int window = 0;   // sliding window (Mistral), 0 = off
+  // Per query head learned sink logits (gpt-oss, fp32 [n_heads], device memory), joining
+  // the softmax's denominator only; nullptr = none. CUDA: the partitioned decode honours
+  // them, the other CUDA paths refuse them.
+  const float* sinks = nullptr;
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
   // Decode, for the kernel benchmark and the tests: 0 = the engine's choice (the

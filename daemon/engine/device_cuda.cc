@@ -733,6 +733,41 @@ class CudaDevice final : public Device {
                  kernels::mla_workspace_bytes(S, s, kernels::mla_splits(max_seq_len, true))));
   }
 
+  // gpt-oss: decode runs the partitioned kernel, which adds each head's sink to the
+  // softmax denominator; prefill with sinks is not supported on CUDA yet.
+  Status attention_sinks(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                         float scale, int window, const Buffer& sinks) override {
+    if (sinks.empty()) return attention(kv, q, out, heads, scale, window);
+    if (!step_.decode_only())
+      return make_error(Errc::unsupported,
+                        "attention sinks (gpt-oss): prefill runs on the CPU device only in this "
+                        "build");
+    kernels::AttentionBatch b;
+    b.dtype = kernels::DType::bf16;
+    b.q = q.data();
+    b.q_stride = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
+    b.out = out.data();
+    b.out_stride = b.q_stride;
+    b.n_heads = heads;
+    b.kv = paged(kv);
+    b.block_tables = dev_i32(meta_.tables);
+    b.max_blocks_per_seq = static_cast<int>(meta_.cap_width);
+    b.seq_lens = dev_i32(meta_.seq_lens);
+    b.query_start = dev_i32(meta_.query_start);
+    b.n_seqs = step_.chunks_n();
+    b.n_tokens = step_.tokens.size();
+    b.max_query_len = max_query_len_;
+    b.max_seq_len = max_seq_len_;
+    b.scale = scale;
+    b.window = window;
+    b.sinks = sinks.as<float>();
+    SPARK_TRY(grow_attn_ws(kernels::attention_decode_partitioned_workspace_bytes(
+        b.n_seqs, heads, kv.head_dim, max_seq_len_)));
+    b.workspace = attn_ws_.data();
+    b.workspace_bytes = attn_ws_.bytes();
+    return kernels::attention_decode_partitioned_cuda_device(b, stream_);
+  }
+
   Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {
     return kernels::swiglu_bf16_cuda_device(gate_up.as<kernels::bf16_bits>(),
                                             y.as<kernels::bf16_bits>(), static_cast<size_t>(rows),

@@ -463,8 +463,10 @@ namespace {
 void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int nh, int nkv,
                         int hd, int bs, const std::vector<int32_t>& ctx,
                         const std::vector<int32_t>& qlen, int window, size_t max_checked_rows,
-                        bool partitioned, int ctx_bound, int variant) {
+                        bool partitioned, int ctx_bound, int variant,
+                        const std::vector<float>& sinks = {}) {
   CAPTURE(decode);
+  CAPTURE(sinks.size());
   CAPTURE(variant);
   CAPTURE(partitioned);
   CAPTURE(ctx_bound);
@@ -493,6 +495,11 @@ void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, i
   b.max_seq_len = std::max(ctx_bound, *std::max_element(ctx.begin(), ctx.end())),
   b.scale = 1.f / std::sqrt(static_cast<float>(hd));
   b.window = window;
+  DeviceBuf<float> dsinks;
+  if (!sinks.empty()) {
+    dsinks = DeviceBuf<float>::from(sinks);
+    b.sinks = dsinks.get();
+  }
   (decode ? b.decode_variant : b.prefill_variant) = variant;
   // A graph's tables are as wide as the bound; past each context they hold -1, which a
   // kernel that reads beyond its context would follow out of the pool.
@@ -558,7 +565,8 @@ void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, i
                             q.begin() + static_cast<ptrdiff_t>(tok * qstride + qrow));
       std::vector<float> ref(qrow);
       paged_attention_ref(L, P.tables.data() + sq * static_cast<size_t>(P.max_blocks), &pos, 1, nh,
-                          qf.data(), ref.data(), b.scale, window);
+                          qf.data(), ref.data(), b.scale, window,
+                          sinks.empty() ? nullptr : sinks.data());
       for (size_t e = 0; e < qrow; ++e) {
         // Decode: fp32 throughout, one rounding at the end. Prefill: P is rounded to bf16
         // for the tensor cores (relative 2^-9 per weight, so 2^-8 * max|v| after the
@@ -775,6 +783,29 @@ TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the page
   }
   if (large_cases())  // a 32k context
     attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1, true);
+}
+
+// gpt-oss: each head's sink logit joins the softmax denominator once, also when the
+// context is split over partitions (the reduce adds it) and under a sliding window.
+TEST_CASE("gpu decode attention sinks (partitioned) against the twin; other paths refuse them") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode_sinks"));
+  const int nh = 8;
+  std::vector<float> mixed(nh), large(nh, 30.f), tiny(nh, -1e30f);
+  for (int h = 0; h < nh; ++h) mixed[static_cast<size_t>(h)] = static_cast<float>(h) - 3.f;
+  for (const auto* sk : {&mixed, &large, &tiny})
+    for (int window : {0, 100}) {
+      attention_case_run(rng, true, DType::bf16, DType::bf16, nh, 2, 64, 16, {1, 37, 300},
+                         {1, 1, 1}, window, 1, true, 0, 0, *sk);  // one partition: direct
+      attention_case_run(rng, true, DType::bf16, DType::bf16, nh, 2, 64, 16, {4500, 2}, {1, 1},
+                         window, 1, true, 0, 0, *sk);  // split: the reduce adds the sink
+    }
+  auto dsk = DeviceBuf<float>::from(mixed);
+  AttentionBatch b;
+  b.sinks = dsk.get();
+  CHECK(attention_decode_cuda_device(b, nullptr).code() == Errc::unsupported);
+  CHECK(attention_decode_short_cuda_device(b, nullptr).code() == Errc::unsupported);
+  CHECK(attention_prefill_cuda_device(b, nullptr).code() == Errc::unsupported);
 }
 
 // The engine's kernel (variant 0: the tiled kernel, its block size picked from the grid)
