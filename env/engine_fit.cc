@@ -61,6 +61,18 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
         mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
     f.fixes.push_back("set DEVICE=cpu (slow), or serve it with ENGINE=exec and vLLM");
   }
+  // Latent attention's CUDA kernels have not yet run on a GPU: sparkd on a GPU refuses
+  // DeepSeek-V3 unless SPARK_CUDA_UNVERIFIED=1 is in its environment.
+  if (mc && mc->is_mla() && get("DEVICE") != "cpu") {
+    f.warnings.push_back(fmt::format(
+        "{} needs latent attention, whose CUDA kernels in this build have not yet been checked "
+        "on a GPU: a rank on a GPU (DEVICE={}) refuses it unless sparkd's environment has "
+        "SPARK_CUDA_UNVERIFIED=1",
+        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
+    f.fixes.push_back(
+        "set DEVICE=cpu (slow), or SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run the "
+        "unchecked kernels, or serve it with ENGINE=exec and vLLM");
+  }
 
   if (mc) {
     // The shard plan for this ring's ranks: heads, KV heads and experts must divide.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "core/log.h"
@@ -17,7 +18,22 @@ namespace spark::engine {
 
 namespace {
 // What a device runs of a family: gpt-oss's sinks and experts have no CUDA kernels yet.
+// Latent attention (DeepSeek-V3) has CUDA kernels that have not yet run on a GPU against the
+// CPU device: they run only when SPARK_CUDA_UNVERIFIED=1 says so (the GPU tests set it).
 Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
+  if (c.is_mla() && dev.info().kind != "cpu") {
+    const char* v = std::getenv("SPARK_CUDA_UNVERIFIED");
+    const std::string set = v ? v : "";
+    if (!set.empty() && set != "0" && set != "1")
+      return make_error(Errc::config, fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", set));
+    if (set != "1")
+      return make_error(
+          Errc::unsupported,
+          fmt::format("{}: {} needs latent attention, whose CUDA kernels in this build have not "
+                      "yet been checked on a GPU: set DEVICE=cpu, serve it with ENGINE=exec, or "
+                      "set SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run them anyway",
+                      where, c.architecture));
+  }
   if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
     return make_error(Errc::unsupported,
                       fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -77,6 +78,9 @@ double max_diff(const float* a, const nlohmann::json& b) {
 
 std::shared_ptr<Device> cuda_or_skip() {
   if (test::skip_without_cuda()) return nullptr;
+  // Latent attention's CUDA kernels run only when asked for until a GPU run has checked them;
+  // these tests are that check.
+  ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
   auto d = make_cuda_device(0);
   REQUIRE_MESSAGE(d.ok(), (d.ok() ? std::string() : d.error().message));
   return *d;
@@ -562,6 +566,28 @@ TEST_CASE("cuda engine: penalties drawn on the device pick the host sampler's to
   MESSAGE(differ_from_plain << " of " << 12 * seqs.size()
                             << " draws differ from the same draw without penalties");
   CHECK(differ_from_plain > 0);
+}
+
+TEST_CASE("cuda engine: latent attention is refused unless SPARK_CUDA_UNVERIFIED=1") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  test::TempDir dir;
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::deepseek_v3), DType::bf16, 3, 1})
+          .ok());
+  ::unsetenv("SPARK_CUDA_UNVERIFIED");
+  auto off = Model::load(dir.path(), 0, 1, dev);
+  REQUIRE_FALSE(off.ok());
+  CHECK(off.error().code == Errc::unsupported);
+  CHECK_MESSAGE(off.error().message.find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
+                off.error().message);
+  ::setenv("SPARK_CUDA_UNVERIFIED", "yes", 1);
+  auto bad = Model::load(dir.path(), 0, 1, dev);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::config);
+  ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
+  auto on = Model::load(dir.path(), 0, 1, dev);
+  CHECK_MESSAGE(on.ok(), (on.ok() ? std::string() : on.error().message));
 }
 
 TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's logits and tokens") {

@@ -202,7 +202,9 @@ TEST_CASE("plan: says the configured engine cannot serve the model, with the fix
   CHECK(err.str().find("ENGINE=native cannot serve " + dir) != std::string::npos);
 }
 
-TEST_CASE("engine fit: latent attention (DeepSeek-V3) is served on the GPU and on DEVICE=cpu") {
+TEST_CASE(
+    "engine fit: latent attention (DeepSeek-V3) is served on DEVICE=cpu, and on a GPU when "
+    "its unchecked kernels are allowed") {
   test::TempDir d("fit");
   const std::string dir = d / "dsv3";
   REQUIRE(engine::write_random_checkpoint(
@@ -213,7 +215,11 @@ TEST_CASE("engine fit: latent attention (DeepSeek-V3) is served on the GPU and o
   auto f = engine_fit(read_model_files(Sysroot("/"), dir), &gpu, {});
   CHECK(f.checked);
   CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
+  // On a GPU its kernels run only when asked for: said before start.
+  CHECK_MESSAGE(join(f.warnings, "; ").find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
+                join(f.warnings, "; "));
   auto cpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nDEVICE=cpu\n");
   auto c = engine_fit(read_model_files(Sysroot("/"), dir), &cpu, {});
   CHECK_MESSAGE(c.ok(), join(c.problems, "; "));
+  CHECK_MESSAGE(c.warnings.empty(), join(c.warnings, "; "));
 }
