@@ -644,8 +644,9 @@ class CudaDevice final : public Device {
                                                stream_);
   }
 
-  Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
-                   float scale, int window) override {
+  // The attention kernels' view of this step: its queries, the layer's cache and tables.
+  kernels::AttentionBatch attention_batch(const KVLayerView& kv, const Buffer& q, const Buffer& out,
+                                          int heads, float scale, int window) {
     kernels::AttentionBatch b;
     b.dtype = kernels::DType::bf16;
     b.q = q.data();
@@ -664,6 +665,12 @@ class CudaDevice final : public Device {
     b.max_seq_len = max_seq_len_;
     b.scale = scale;
     b.window = window;
+    return b;
+  }
+
+  Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
+                   float scale, int window) override {
+    kernels::AttentionBatch b = attention_batch(kv, q, out, heads, scale, window);
     if (!step_.decode_only()) return kernels::attention_prefill_cuda_device(b, stream_);
     SPARK_TRY(grow_attn_ws(
         kernels::attention_decode_workspace_bytes(b.n_seqs, heads, kv.head_dim, max_seq_len_)));
@@ -742,24 +749,7 @@ class CudaDevice final : public Device {
       return make_error(Errc::unsupported,
                         "attention sinks (gpt-oss): prefill runs on the CPU device only in this "
                         "build");
-    kernels::AttentionBatch b;
-    b.dtype = kernels::DType::bf16;
-    b.q = q.data();
-    b.q_stride = static_cast<size_t>(heads) * static_cast<size_t>(kv.head_dim);
-    b.out = out.data();
-    b.out_stride = b.q_stride;
-    b.n_heads = heads;
-    b.kv = paged(kv);
-    b.block_tables = dev_i32(meta_.tables);
-    b.max_blocks_per_seq = static_cast<int>(meta_.cap_width);
-    b.seq_lens = dev_i32(meta_.seq_lens);
-    b.query_start = dev_i32(meta_.query_start);
-    b.n_seqs = step_.chunks_n();
-    b.n_tokens = step_.tokens.size();
-    b.max_query_len = max_query_len_;
-    b.max_seq_len = max_seq_len_;
-    b.scale = scale;
-    b.window = window;
+    kernels::AttentionBatch b = attention_batch(kv, q, out, heads, scale, window);
     b.sinks = sinks.as<float>();
     SPARK_TRY(grow_attn_ws(kernels::attention_decode_partitioned_workspace_bytes(
         b.n_seqs, heads, kv.head_dim, max_seq_len_)));
