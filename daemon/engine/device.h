@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "daemon/engine/safetensors.h"
+#include "kernels/mla.h"
 #include "kernels/sampler.h"
 
 namespace spark::engine {
@@ -526,5 +527,19 @@ Result<uint64_t> host_mem_available(const std::string& proc_root = "/");
 /// `proc_root`, else `device_free` (the GPU's own free memory).
 Result<uint64_t> device_memory_available(bool unified_memory, uint64_t device_free,
                                          const std::string& proc_root);
+
+/// The latent attention kernels' shape (both devices' kernels take it) of `a`.
+inline kernels::MlaShape mla_shape(const Device::MlaArgs& a) {
+  kernels::MlaShape s;
+  s.heads = a.heads;
+  s.nope = a.nope;
+  s.rope = a.rope;
+  s.v_dim = a.v_dim;
+  s.latent = a.latent;
+  s.interleave = a.interleave;
+  s.rope_factor = a.rope_factor;
+  s.scale = a.scale;
+  return s;
+}
 
 }  // namespace spark::engine

@@ -235,15 +235,7 @@ class CpuDevice final : public Device {
                         fmt::format("cpu device: {} RoPE frequencies for qk_rope_head_dim {}",
                                     inv_freq.numel(), a.rope));
     const auto p = paged(kv);
-    kernels::MlaShape s;
-    s.heads = a.heads;
-    s.nope = a.nope;
-    s.rope = a.rope;
-    s.v_dim = a.v_dim;
-    s.latent = a.latent;
-    s.interleave = a.interleave;
-    s.rope_factor = a.rope_factor;
-    s.scale = a.scale;
+    const kernels::MlaShape s = mla_shape(a);
     const size_t W = static_cast<size_t>(a.latent + a.rope);
     const size_t qw = static_cast<size_t>(a.heads) * static_cast<size_t>(a.nope + a.rope);
     const size_t ow = static_cast<size_t>(a.heads) * static_cast<size_t>(a.v_dim);

@@ -717,19 +717,6 @@ class CudaDevice final : public Device {
     return kernels::mla_cuda_device(m, stream_);
   }
 
-  static kernels::MlaShape mla_shape(const MlaArgs& a) {
-    kernels::MlaShape s;
-    s.heads = a.heads;
-    s.nope = a.nope;
-    s.rope = a.rope;
-    s.v_dim = a.v_dim;
-    s.latent = a.latent;
-    s.interleave = a.interleave;
-    s.rope_factor = a.rope_factor;
-    s.scale = a.scale;
-    return s;
-  }
-
   Status reserve_mla(int tokens, int seqs, int max_seq_len, const MlaArgs& a) override {
     const kernels::MlaShape s = mla_shape(a);
     const size_t T = static_cast<size_t>(std::max(tokens, 0)),
