@@ -1,0 +1,80 @@
+#pragma once
+// Products over FP8 weights kept as the checkpoint stores them: e4m3 (OCP "fn": no
+// infinities, 0x7f/0xff NaN, largest 448) with one fp32 scale per block of 128 columns and
+// `1 << row_shift` rows, so that w[n][k] = fp8(n, k) * scales[(n >> row_shift) * scale_ld +
+// k / 128]. Checkpoints use 128 x 128 blocks (row_shift 7); a weight whose row segments do
+// not start on a 128-row boundary (a small model's fused [gate | up]) is kept with one scale
+// row per weight row (row_shift 0), the same numbers.
+//
+// Decode (up to kFp8GemvMaxRows rows): one pass over the weight's bytes, each value widened
+// in registers, products in fp32, each 128-column block's partial sum multiplied by its
+// scale, the row's sum in fp32, rounded once to the output type. Prefill: the weight
+// dequantized into a bf16 workspace (fp8_dequantize_cuda_device) and multiplied there by the
+// bf16 product (kernels/matmul.h); the difference from the exact product is bf16's rounding
+// of each dequantized weight (none where the scale is a power of two: e4m3's 4 significant
+// bits fit bf16's 8).
+//
+// fp8_matmul_ref / fp8_dequantize_ref are the CPU twins.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/dtype.h"
+
+namespace spark::kernels {
+
+/// Columns a scale covers.
+inline constexpr int kFp8BlockK = 128;
+/// Most rows the decode kernel takes.
+inline constexpr size_t kFp8GemvMaxRows = 8;
+
+/// The e4m3 value of byte `v` (NaN for 0x7f and 0xff).
+float fp8_e4m3_value(uint8_t v);
+
+/// An FP8 weight [n][k] in device (or, for the twins, host) memory.
+struct Fp8Weight {
+  const uint8_t* q = nullptr;     // [n][k] e4m3, row stride ldq bytes
+  size_t ldq = 0;
+  const float* scales = nullptr;  // [(n - 1 >> row_shift) + 1][scale_ld]
+  size_t scale_ld = 0;            // >= ceil(k / 128)
+  int row_shift = 7;              // scale row of weight row r: r >> row_shift (7 or 0)
+};
+
+/// out[m][n] = sum_k a[m][k] * w[n][k] (+ bias[n]) (+ out[m][n] when accumulating).
+struct Fp8MatmulArgs {
+  const void* a = nullptr;  // [m][k] bf16, row stride lda
+  size_t lda = 0;
+  Fp8Weight w;
+  void* out = nullptr;  // [m][n] of out_dtype, row stride ldo
+  DType out_dtype = DType::bf16;
+  size_t ldo = 0;
+  size_t m = 0, n = 0, k = 0;
+  const void* bias = nullptr;  // optional [n] bf16 (2n with swiglu)
+  bool accumulate = false;
+  // A gate/up product with SwiGLU in the epilogue: w holds 2n rows (gate row i, then up
+  // row n + i) and out[m][i] = silu(g) * u, g and u rounded to out_dtype first (what the
+  // product into a [gate | up] buffer followed by swiglu gives). Not with accumulate.
+  bool swiglu = false;
+};
+
+/// Checks Fp8MatmulArgs (non-null pointers, strides >= widths, k a multiple of 16, 16-byte
+/// aligned rows of a and q, scale_ld >= ceil(k / 128), row_shift 0 or 7).
+Status fp8_matmul_check(const Fp8MatmulArgs& a);
+
+/// The decode product (m <= kFp8GemvMaxRows) on `stream`.
+Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream);
+
+/// out[n][k] (bf16, row stride ldo) = the dequantized weight rows [row0, row0 + rows) of
+/// `w` (k columns), rounded to bf16: the prefill's operand.
+Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k,
+                                  void* out, size_t ldo, void* stream);
+
+/// The twin of fp8_gemv_cuda_device on host memory (a and bias bf16 as uint16_t, out of
+/// out_dtype): in double over exactly widened weights, rounded as the device rounds.
+void fp8_matmul_ref(const Fp8MatmulArgs& host_args);
+
+/// The twin of fp8_dequantize_cuda_device on host memory.
+void fp8_dequantize_ref(const Fp8Weight& w, size_t row0, size_t rows, size_t k, uint16_t* out,
+                        size_t ldo);
+
+}  // namespace spark::kernels
