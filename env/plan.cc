@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/strings.h"
+#include "daemon/engine/device.h"
 #include "daemon/engine/model_config.h"
 #include "daemon/engine/shard_plan.h"
 
@@ -62,8 +63,9 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   in.record.layout = kv_layout_of(get("KV_LAYOUT"), get("ENGINE"));
   in.record.dtype = get("KV_DTYPE");
   // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16
-  // matrices and vectors, fp32 where the plan says so): the plan, preflight and the engine
-  // then agree to the byte. A model the engine refuses keeps the estimate from the files.
+  // matrices and vectors, fp32 where the plan says so; an FP8 checkpoint's projections at
+  // a byte a weight plus their block scales where a GPU keeps them so, kCudaKeepsFp8): the
+  // plan, preflight and the engine then agree to the byte. A model the engine refuses keeps the estimate from the files.
   if (get("ENGINE") != "exec") {
     auto mc = engine::model_config_from(mf.config, where);
     if (mc) {
@@ -77,7 +79,7 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
           o.placement = split;
           auto p = engine::make_shard_plan(c, o, where);
           if (!p) return std::nullopt;
-          most = std::max(most, p->held_bytes(2, 2));
+          most = std::max(most, p->held_bytes(2, 2, engine::kCudaKeepsFp8));
         }
         return most;
       };

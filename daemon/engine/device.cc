@@ -17,6 +17,8 @@ size_t elem_size(ElemType t) {
       return 4;
     case ElemType::bf16:
       return 2;
+    case ElemType::fp8_e4m3:
+      return 1;
   }
   return 4;
 }
@@ -29,6 +31,8 @@ const char* elem_name(ElemType t) {
       return "bf16";
     case ElemType::i32:
       return "i32";
+    case ElemType::fp8_e4m3:
+      return "fp8";
   }
   return "?";
 }
@@ -36,7 +40,32 @@ const char* elem_name(ElemType t) {
 Buffer Buffer::view(size_t offset, size_t n) const {
   offset = std::min(offset, numel_);
   n = std::min(n, numel_ - offset);
-  return Buffer(owner_, static_cast<char*>(data_) + offset * elem_size(type_), n, type_);
+  Buffer b(owner_, static_cast<char*>(data_) + offset * elem_size(type_), n, type_);
+  b.scales_ = scales_;
+  return b;
+}
+
+Result<kernels::Fp8Weight> fp8_weight(const Buffer& w) {
+  const BlockScales* s = w.scales();
+  if (w.type() != ElemType::fp8_e4m3 || !s || s->cols == 0)
+    return make_error(Errc::internal,
+                      fmt::format("a {} buffer is not an FP8 matrix with block scales",
+                                  elem_name(w.type())));
+  const size_t off = static_cast<size_t>(static_cast<const char*>(w.data()) -
+                                         static_cast<const char*>(s->base));
+  const size_t row0 = off / s->cols;
+  if (off % s->cols != 0 || (row0 & ((size_t{1} << s->row_shift) - 1)) != 0)
+    return make_error(Errc::internal,
+                      fmt::format("a view of an FP8 matrix starts at element {} of rows of {}, "
+                                  "inside a block of {} rows",
+                                  off, s->cols, size_t{1} << s->row_shift));
+  kernels::Fp8Weight f;
+  f.q = static_cast<const uint8_t*>(w.data());
+  f.ldq = s->cols;
+  f.scales = s->scales.as<float>() + (row0 >> s->row_shift) * s->ld;
+  f.scale_ld = s->ld;
+  f.row_shift = s->row_shift;
+  return f;
 }
 
 Result<uint64_t> host_mem_available(const std::string& proc_root) {

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "daemon/engine/safetensors.h"
+#include "kernels/fp8.h"
 #include "kernels/mla.h"
 #include "kernels/sampler.h"
 
@@ -24,12 +25,19 @@ namespace spark::engine {
 
 class Collective;
 
-/// Element types of device buffers.
-enum class ElemType : uint8_t { f32, bf16, i32 };
+/// Element types of device buffers. fp8_e4m3: an FP8 weight matrix kept as the checkpoint
+/// stores it, its block scales beside (Buffer::scales()).
+enum class ElemType : uint8_t { f32, bf16, i32, fp8_e4m3 };
 /// Bytes per element.
 size_t elem_size(ElemType t);
-/// "fp32", "bf16", "i32".
+/// "fp32", "bf16", "i32", "fp8".
 const char* elem_name(ElemType t);
+
+class Buffer;
+/// The block scales of an FP8 weight matrix (kernels/fp8.h's layout): one fp32 per 128
+/// columns and per `1 << row_shift` rows of the [rows][cols] matrix whose first element is
+/// at `base`.
+struct BlockScales;
 
 /// A view of device memory: shares ownership of the allocation it points into.
 class Buffer {
@@ -46,15 +54,33 @@ class Buffer {
   size_t bytes() const { return numel_ * elem_size(type_); }
   ElemType type() const { return type_; }
   bool empty() const { return numel_ == 0; }
-  /// Elements [offset, offset + n) of this view (clamped to it).
+  /// Elements [offset, offset + n) of this view (clamped to it); a view of an FP8 matrix
+  /// keeps the matrix's scales.
   Buffer view(size_t offset, size_t n) const;
+  /// An FP8 matrix's block scales (null for every other buffer).
+  const BlockScales* scales() const { return scales_.get(); }
+  void set_scales(std::shared_ptr<const BlockScales> s) { scales_ = std::move(s); }
 
  private:
   std::shared_ptr<void> owner_;
   void* data_ = nullptr;
   size_t numel_ = 0;
   ElemType type_ = ElemType::f32;
+  std::shared_ptr<const BlockScales> scales_;
 };
+
+struct BlockScales {
+  Buffer scales;          // f32 [((rows - 1) >> row_shift) + 1][ld]
+  size_t ld = 0;          // ceil(cols / 128)
+  int row_shift = 7;      // 7: 128-row blocks as stored; 0: one scale row per matrix row
+  const void* base = nullptr;  // the matrix's first byte (a view's rows count from here)
+  size_t cols = 0;             // the matrix's row width
+};
+
+/// The FP8 matrix `w` (a view of whole rows of one) as kernels/fp8.h takes it: its bytes, its
+/// scales from its first row on. Errc::internal when `w` is not FP8 or starts inside a
+/// scale block.
+Result<kernels::Fp8Weight> fp8_weight(const Buffer& w);
 
 /// One layer's paged K/V pools: blocks of [block_size][n_kv_heads][head_dim] elements.
 struct KVLayerView {
@@ -87,6 +113,11 @@ struct StepLayout {
   /// True when every chunk is one token (a decode-only step: graph-capturable).
   bool decode_only() const { return tokens_n() == chunks_n(); }
 };
+
+/// Whether a CUDA device keeps FP8 weights as stored without SPARK_CUDA_UNVERIFIED=1: not
+/// until a GPU run has checked the FP8 products against their twins (it widens FP8
+/// checkpoints into bf16 at load meanwhile). The plan counts a GPU's weights by this.
+inline constexpr bool kCudaKeepsFp8 = false;
 
 /// WEIGHTS_PLACEMENT: where a CUDA rank keeps its weights. `device`: device memory, filled
 /// through page-locked staging buffers. `host_mapped`: one page-locked host allocation that
@@ -141,7 +172,8 @@ class Device {
     return nullptr;
   }
   /// Fills `dst` from the host: `src` holds dst.numel() elements of safetensors type
-  /// `src_type` (F32, BF16 or F16), converted to dst's type. The copy may still be running
+  /// `src_type` (F32, BF16 or F16), converted to dst's type; or F8_E4M3 bytes into an FP8
+  /// buffer, as they are. The copy may still be running
   /// on return: write `src` again only after staging_ready(src) or synchronize() (a loader
   /// alternates two staging buffers so that a file read overlaps the other's copy).
   virtual Status upload(const Buffer& dst, const void* src, DType src_type) = 0;
@@ -156,6 +188,9 @@ class Device {
     (void)src;
     return Status::Ok();
   }
+  /// True when the device's products take FP8 weight matrices as stored (ElemType::fp8_e4m3
+  /// with their block scales); a loader widens them into the compute type otherwise.
+  virtual bool keeps_fp8() const { return false; }
   /// Element type of weight vectors (norm weights, biases) on this device.
   virtual ElemType vector_type() const { return compute_type(); }
   /// Sets `dst` to zero.

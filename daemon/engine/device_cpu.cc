@@ -13,6 +13,7 @@
 #include "daemon/engine/collective.h"
 #include "daemon/engine/device.h"
 #include "daemon/engine/model.h"
+#include "daemon/engine/weight_format.h"
 #include "kernels/bf16.h"
 #include "kernels/fill.h"
 #include "kernels/mla.h"
@@ -62,6 +63,7 @@ class CpuDevice final : public Device {
   }
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::f32; }
+  bool keeps_fp8() const override { return true; }
 
   Result<Buffer> alloc(ElemType type, size_t numel) override {
     const size_t bytes = std::max<size_t>(numel * elem_size(type), 1);
@@ -74,6 +76,10 @@ class CpuDevice final : public Device {
 
   Status upload(const Buffer& dst, const void* src, DType src_type) override {
     const size_t n = dst.numel();
+    if (dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3) {
+      std::memcpy(dst.data(), src, n);
+      return Status::Ok();
+    }
     if (dst.type() == ElemType::f32) {
       float* out = f32(dst);
       switch (src_type) {
@@ -167,8 +173,9 @@ class CpuDevice final : public Device {
 
   Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
                 int in, int out) override {
-    SPARK_TRY(need_f32(w, "a weight matrix"));
-    engine::linear(f32(x), f32(w), f32_or_null(b), f32(y), rows, in, out);
+    auto wf = weights_f32(w, static_cast<size_t>(out), static_cast<size_t>(in), &wide_);
+    if (!wf) return wf.error();
+    engine::linear(f32(x), *wf, f32_or_null(b), f32(y), rows, in, out);
     return Status::Ok();
   }
 
@@ -306,15 +313,18 @@ class CpuDevice final : public Device {
       for (int i = 0; i < n; ++i)
         std::memcpy(gather_.data() + static_cast<size_t>(i) * H,
                     f32(x) + static_cast<size_t>(who[static_cast<size_t>(i)]) * H, H * 4);
-      const float* gu = f32(*e.gate_up) + static_cast<size_t>(le) * 2 * I * H;
-      const float* dn = f32(*e.down) + static_cast<size_t>(le) * H * I;
+      auto gu = weights_f32(e.gate_up->view(static_cast<size_t>(le) * 2 * I * H, 2 * I * H),
+                            2 * I, H, &wide_);
+      if (!gu) return gu.error();
+      auto dn = weights_f32(e.down->view(static_cast<size_t>(le) * H * I, H * I), H, I, &wide2_);
+      if (!dn) return dn.error();
       if (e.plain()) {
-        SPARK_TRY(mlp(gather_.data(), gu, dn, n, e.hidden, e.inter));
+        SPARK_TRY(mlp(gather_.data(), *gu, *dn, n, e.hidden, e.inter));
       } else {
         const bool gb = e.gate_up_bias && !e.gate_up_bias->empty();
         const bool db = e.down_bias && !e.down_bias->empty();
-        mlp_gptoss(gather_.data(), gu,
-                   gb ? f32(*e.gate_up_bias) + static_cast<size_t>(le) * 2 * I : nullptr, dn,
+        mlp_gptoss(gather_.data(), *gu,
+                   gb ? f32(*e.gate_up_bias) + static_cast<size_t>(le) * 2 * I : nullptr, *dn,
                    db ? f32(*e.down_bias) + static_cast<size_t>(le) * H : nullptr, n, e);
       }
       for (int i = 0; i < n; ++i) {
@@ -325,8 +335,12 @@ class CpuDevice final : public Device {
       }
     }
     if (e.shared_inter > 0) {
-      SPARK_TRY(
-          mlp(f32(x), f32(*e.shared_gate_up), f32(*e.shared_down), rows, e.hidden, e.shared_inter));
+      const size_t S = static_cast<size_t>(e.shared_inter);
+      auto gu = weights_f32(*e.shared_gate_up, 2 * S, H, &wide_);
+      if (!gu) return gu.error();
+      auto dn = weights_f32(*e.shared_down, H, S, &wide2_);
+      if (!dn) return dn.error();
+      SPARK_TRY(mlp(f32(x), *gu, *dn, rows, e.hidden, e.shared_inter));
       for (size_t i = 0; i < R * H; ++i) o[i] += y_[i];
     }
     float* dst = f32(out);
@@ -494,9 +508,33 @@ class CpuDevice final : public Device {
     engine::linear(act_.data(), dn, db, y_.data(), n, e.inter, e.hidden);
   }
 
+  // The weights of a product as floats: an fp32 matrix as it is; an FP8 matrix ([rows][cols]
+  // of whole rows, kept as stored) widened into `scratch` (exact: each value times its block
+  // scale fits a float), one matrix at a time, so the sums are those of the widened model's.
+  static Result<const float*> weights_f32(const Buffer& w, size_t rows, size_t cols,
+                                          std::vector<float>* scratch) {
+    if (w.type() == ElemType::f32) return static_cast<const float*>(w.as<float>());
+    auto f = fp8_weight(w);
+    if (!f) return f.error();
+    static const std::vector<float> lut = [] {
+      std::vector<float> t(256);
+      for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
+      return t;
+    }();
+    scratch->resize(rows * cols);
+    for (size_t r = 0; r < rows; ++r) {
+      const uint8_t* q = f->q + r * f->ldq;
+      const float* sc = f->scales + (r >> f->row_shift) * f->scale_ld;
+      float* o = scratch->data() + r * cols;
+      for (size_t c = 0; c < cols; ++c) o[c] = lut[q[c]] * sc[c / kernels::kFp8BlockK];
+    }
+    return static_cast<const float*>(scratch->data());
+  }
+
   DeviceInfo info_;
   StepLayout step_;
   std::vector<float> gather_, gu_, act_, y_, sum_;  // moe_experts' scratch
+  std::vector<float> wide_, wide2_;                 // FP8 weights widened for a product
   bool sampling_ = false;
   std::deque<std::vector<kernels::SampleResult>> queued_;
   std::vector<kernels::SampleResult> last_drawn_;

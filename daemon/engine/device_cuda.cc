@@ -24,6 +24,7 @@
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
 #include "kernels/launch.h"
+#include "kernels/fp8.h"
 #include "kernels/matmul.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
@@ -135,6 +136,16 @@ class CudaDevice final : public Device {
         return make_error(Errc::config,
                           fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
     }
+    // FP8 weights stay FP8 on this device (kernels/fp8.h's products, the FP8 experts) only
+    // with SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked those kernels against their
+    // twins; by default the loader widens FP8 checkpoints into bf16 as before.
+    bool keeps_fp8 = kCudaKeepsFp8;
+    if (const char* v = std::getenv("SPARK_CUDA_UNVERIFIED")) {
+      if (std::string_view(v) != "0" && std::string_view(v) != "1")
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", v));
+      keeps_fp8 = keeps_fp8 || std::string_view(v) == "1";
+    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -174,6 +185,7 @@ class CudaDevice final : public Device {
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
     d->moe_form_ = moe_form;
+    d->keeps_fp8_ = keeps_fp8;
     return std::shared_ptr<Device>(d);
   }
 
@@ -190,6 +202,7 @@ class CudaDevice final : public Device {
 
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::bf16; }
+  bool keeps_fp8() const override { return keeps_fp8_; }
   void* stream() const { return stream_; }
 
   // auto: in place where host memory is the device's own (integrated, and the driver maps
@@ -267,7 +280,8 @@ class CudaDevice final : public Device {
     const size_t n = dst.numel();
     if (n == 0) return Status::Ok();
     const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
-                      (dst.type() == ElemType::f32 && src_type == DType::f32);
+                      (dst.type() == ElemType::f32 && src_type == DType::f32) ||
+                      (dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3);
     if (same) {
       // Asynchronous: staging_ready(src) waits for this copy, so the caller's next read
       // (into its other staging buffer) overlaps it.
@@ -431,7 +445,63 @@ class CudaDevice final : public Device {
 
   Status linear(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
                 int in, int out) override {
+    if (w.type() == ElemType::fp8_e4m3) return fp8_product(x, w, b, y, rows, in, out, false, false);
     return mm_->run(product(x, w, b, y, rows, in, out), stream_);
+  }
+
+  // Weight rows an FP8 prefill product dequantizes at a time (bf16, into fp8_ws_): the
+  // products of a tile write its output columns, so the workspace stays 32 MiB whatever
+  // the matrix.
+  static constexpr size_t kFp8TileElems = size_t{16} << 20;
+
+  // y = x * w^T (+ b) (+ y with accumulate) over FP8 weights kept as stored: decode rows in
+  // one pass over the FP8 bytes (kernels/fp8.h), with SwiGLU in its epilogue when asked
+  // (w then holds [gate | up], 2 * out rows); more rows through bf16 tiles of the
+  // dequantized weight and the bf16 product (the tile's rounding to bf16 is the bound on
+  // the difference from the exact product).
+  Status fp8_product(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
+                     int in, int out, bool accumulate, bool swiglu) {
+    auto fw = fp8_weight(w);
+    if (!fw) return fw.error();
+    if (static_cast<size_t>(rows) <= kernels::kFp8GemvMaxRows) {
+      kernels::Fp8MatmulArgs a;
+      a.a = x.data();
+      a.lda = static_cast<size_t>(in);
+      a.w = *fw;
+      a.out = y.data();
+      a.out_dtype = kdt(y.type());
+      a.ldo = static_cast<size_t>(out);
+      a.m = static_cast<size_t>(rows);
+      a.n = static_cast<size_t>(out);
+      a.k = static_cast<size_t>(in);
+      a.bias = b.empty() ? nullptr : b.data();
+      a.accumulate = accumulate;
+      a.swiglu = swiglu;
+      kernels::set_programmatic_launch(false);
+      return kernels::fp8_gemv_cuda_device(a, stream_);
+    }
+    if (swiglu)
+      return make_error(Errc::internal, "cuda device: an FP8 SwiGLU product above decode rows");
+    const size_t K = static_cast<size_t>(in), N = static_cast<size_t>(out);
+    const size_t tile = std::max<size_t>(1, std::min(N, kFp8TileElems / std::max<size_t>(K, 1)));
+    if (fp8_ws_.numel() < tile * K) {
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      auto t = alloc(ElemType::bf16, tile * K);
+      if (!t) return t.error();
+      fp8_ws_ = *t;
+    }
+    kernels::set_programmatic_launch(false);
+    for (size_t n0 = 0; n0 < N; n0 += tile) {
+      const size_t n = std::min(tile, N - n0);
+      SPARK_TRY(kernels::fp8_dequantize_cuda_device(*fw, n0, n, K, fp8_ws_.data(), K, stream_));
+      kernels::MatmulArgs a = product(x, fp8_ws_, b, y, rows, in, out);
+      a.n = n;
+      a.out = static_cast<char*>(y.data()) + n0 * elem_size(y.type());
+      a.bias = b.empty() ? nullptr : static_cast<const char*>(b.data()) + n0 * elem_size(b.type());
+      a.accumulate = accumulate;
+      SPARK_TRY(mm_->run(a, stream_));
+    }
+    return Status::Ok();
   }
 
   static kernels::MatmulArgs product(const Buffer& x, const Buffer& w, const Buffer& b,
@@ -459,7 +529,9 @@ class CudaDevice final : public Device {
     if (n < 1 || n > kernels::kMatmulMaxGroup || in % 8 != 0 || !aligned16(x)) return false;
     size_t total = 0;
     for (int i = 0; i < n; ++i) {
-      if (parts[i].y->type() != ElemType::bf16 || !aligned16(*parts[i].w)) return false;
+      if (parts[i].y->type() != ElemType::bf16 || parts[i].w->type() != ElemType::bf16 ||
+          !aligned16(*parts[i].w))
+        return false;
       total += static_cast<size_t>(parts[i].out) * static_cast<size_t>(in);
     }
     if (!kernels::matmul_group_prefers_own(static_cast<size_t>(rows), total)) return false;
@@ -562,6 +634,13 @@ class CudaDevice final : public Device {
     // a few us faster (28672 x 4096 at 8 rows: 56.6 us against 60.1), but with the norm's
     // pass and SwiGLU beside it the layer's chain is slower (bench/kernels, "layer8": 141.2
     // us a layer against 134.0).
+    if (w.type() == ElemType::fp8_e4m3) {  // the norm's pass, then the FP8 product
+      SPARK_TRY(pre_norm(x, rows, in));
+      if (static_cast<size_t>(rows) <= kernels::kFp8GemvMaxRows && y.type() == ElemType::bf16)
+        return fp8_product(*x.normed, w, b, y, rows, in, inter, false, true);
+      SPARK_TRY(fp8_product(*x.normed, w, b, gate_up, rows, in, 2 * inter, false, false));
+      return swiglu(gate_up, y, rows, inter);
+    }
     const bool own = norm_in_product(x, rows) ||
                      mm_->choose(static_cast<size_t>(rows), 2 * static_cast<size_t>(inter),
                                  static_cast<size_t>(in)) == kernels::MatmulBackend::own;
@@ -579,6 +658,7 @@ class CudaDevice final : public Device {
     // The product's epilogue adds it (and the bias) into y: the own kernel reads y's old
     // values before its product ends, cuBLASLt with beta = 1.
     (void)scratch;
+    if (w.type() == ElemType::fp8_e4m3) return fp8_product(x, w, b, y, rows, in, out, true, false);
     kernels::MatmulArgs a = product(x, w, b, y, rows, in, out);
     a.accumulate = true;
     return mm_->run(a, stream_);
@@ -806,6 +886,26 @@ class CudaDevice final : public Device {
     a.shared_inter = e.shared_inter;
     a.shared_gate_up = e.shared_inter > 0 ? e.shared_gate_up->data() : nullptr;
     a.shared_down = e.shared_inter > 0 ? e.shared_down->data() : nullptr;
+    // FP8 experts kept as stored: their bytes and block scales (kernels/fp8.h's layout over
+    // the stacked matrices).
+    auto fp8 = [](const Buffer* w, kernels::Fp8Weight* f) -> Status {
+      if (!w || w->type() != ElemType::fp8_e4m3) return Status::Ok();
+      auto r = fp8_weight(*w);
+      if (!r) return r.error();
+      *f = *r;
+      return Status::Ok();
+    };
+    SPARK_TRY(fp8(e.gate_up, &a.gate_up_fp8));
+    SPARK_TRY(fp8(e.down, &a.down_fp8));
+    if (e.shared_inter > 0) {
+      SPARK_TRY(fp8(e.shared_gate_up, &a.shared_gate_up_fp8));
+      SPARK_TRY(fp8(e.shared_down, &a.shared_down_fp8));
+    }
+    if ((a.gate_up_fp8.q == nullptr) != (a.down_fp8.q == nullptr) ||
+        (a.shared_gate_up_fp8.q == nullptr) != (a.shared_down_fp8.q == nullptr))
+      return make_error(Errc::unsupported,
+                        "cuda device: an expert's gate/up and down products must both be FP8 "
+                        "or both be bf16");
     a.out = out.data();
     a.accumulate = e.accumulate;
     a.form = moe_form_;
@@ -1111,6 +1211,9 @@ class CudaDevice final : public Device {
     }
     return Status::Ok();
   }
+
+  Buffer fp8_ws_;           // an FP8 prefill product's dequantized weight tile (bf16)
+  bool keeps_fp8_ = false;  // FP8 weights kept as stored (Device::keeps_fp8)
 
   Status grow_moe_ws(size_t need) {
     if (moe_ws_.bytes() >= need) return Status::Ok();

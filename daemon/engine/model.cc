@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "core/log.h"
 #include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
+#include "kernels/fp8.h"
 #include "kernels/rope.h"
 
 namespace spark::engine {
@@ -302,11 +304,34 @@ Status check_stored_format(const Checkpoint& ck, const ShardRead& r, const Tenso
   return Status::Ok();
 }
 
+// The scale rows [sr0, sr1) of FP8 read `r` (scols wide, as stored) are ones the engine
+// can use: a NaN, infinite, zero or negative scale (or, with ue8m0 scales, one that is not
+// a power of two) in the columns the read covers fails the load naming the tensor and block.
+Status check_fp8_scales(const ShardRead& r, const WeightFormat& wf, const std::vector<float>& scales,
+                        int64_t sr0, int64_t sr1, int64_t scols, const std::string& dir) {
+  const int64_t sc0 = r.slice.col0 / wf.block_k,
+                sc1 = (r.slice.col0 + r.cols - 1) / wf.block_k + 1;
+  for (int64_t i = sr0; i < sr1; ++i)
+    for (int64_t j = sc0; j < sc1; ++j) {
+      const float v = scales[static_cast<size_t>((i - sr0) * scols + j)];
+      int e = 0;
+      const bool bad =
+          !std::isfinite(v) || v <= 0.f || (wf.ue8m0_scales && std::frexp(v, &e) != 0.5f);
+      if (bad)
+        return make_error(
+            Errc::integrity,
+            fmt::format("{}: block [{}][{}] of \"{}\" is {}: an FP8 block scale must be a "
+                        "finite positive number{}",
+                        dir, i, j, fp8_scale_name(r.tensor), v,
+                        wf.ue8m0_scales ? " and a power of two (scale_fmt ue8m0)" : ""));
+    }
+  return Status::Ok();
+}
+
 // Reads FP8 slice `r` chunk by chunk with the scale rows each chunk covers, widens it into
 // a staging buffer as floats (exact: every e4m3 value times a float scale fits a float) and
-// uploads that into `dst`, converted there into the device's type. The scales are checked
-// on the way: a NaN, infinite, zero or negative scale (or, with ue8m0 scales, one that is
-// not a power of two) fails the load naming the tensor and the block.
+// uploads that into `dst`, converted there into the device's type (a device that does not
+// keep FP8 as stored, or a matrix it keeps widened). The scales are checked on the way.
 Status load_fp8(const Checkpoint& ck, const ShardRead& r, const WeightFormat& wf, Device& dev,
                 const Buffer& dst, const Buffer* stage, int* turn, const std::string& dir) {
   const std::string sname = fp8_scale_name(r.tensor);
@@ -331,22 +356,7 @@ Status load_fp8(const Checkpoint& ck, const ShardRead& r, const WeightFormat& wf
     const int64_t sr0 = row0 / wf.block_n, sr1 = (row0 + n - 1) / wf.block_n + 1;
     scales.resize(static_cast<size_t>((sr1 - sr0) * scols));
     SPARK_TRY(ck.read(sname, sshape, Slice{sr0, sr1 - sr0, 0, -1}, scales.data()));
-    const int64_t sc0 = r.slice.col0 / wf.block_k,
-                  sc1 = (r.slice.col0 + r.cols - 1) / wf.block_k + 1;
-    for (int64_t i = sr0; i < sr1; ++i)
-      for (int64_t j = sc0; j < sc1; ++j) {
-        const float v = scales[static_cast<size_t>((i - sr0) * scols + j)];
-        int e = 0;
-        const bool bad =
-            !std::isfinite(v) || v <= 0.f || (wf.ue8m0_scales && std::frexp(v, &e) != 0.5f);
-        if (bad)
-          return make_error(
-              Errc::integrity,
-              fmt::format("{}: block [{}][{}] of \"{}\" is {}: an FP8 block scale must be a "
-                          "finite positive number{}",
-                          dir, i, j, sname, v,
-                          wf.ue8m0_scales ? " and a power of two (scale_fmt ue8m0)" : ""));
-      }
+    SPARK_TRY(check_fp8_scales(r, wf, scales, sr0, sr1, scols, dir));
     const Buffer& buf = stage[*turn];
     *turn ^= 1;
     SPARK_TRY(dev.staging_ready(buf.data()));
@@ -356,6 +366,78 @@ Status load_fp8(const Checkpoint& ck, const ShardRead& r, const WeightFormat& wf
     SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::f32));
   }
   return Status::Ok();
+}
+
+// Reads FP8 slice `r` into `dst`, an FP8 matrix kept as stored: its bytes as they are (into
+// place where `in_place` is the host address of its destination, else through the staging
+// buffers), and its block scales, checked, into `scales` (the destination's host copy,
+// f.scale_ld wide, uploaded once the matrix is whole; ShardDest::fp8 says how they are kept).
+Status load_fp8_kept(const Checkpoint& ck, const ShardRead& r, const WeightFormat& wf,
+                     const ShardDest& f, Device& dev, const Buffer& dst, char* in_place,
+                     const Buffer* stage, int* turn, std::vector<float>& scales,
+                     const std::string& dir) {
+  const std::string sname = fp8_scale_name(r.tensor);
+  const auto sshape = fp8_scale_shape(r, wf);
+  const int64_t scols = sshape[1];
+  const int64_t sr0 = r.slice.row0 / wf.block_n,
+                sr1 = (r.slice.row0 + r.rows - 1) / wf.block_n + 1;
+  std::vector<float> src(static_cast<size_t>((sr1 - sr0) * scols));
+  SPARK_TRY(ck.read(sname, sshape, Slice{sr0, sr1 - sr0, 0, -1}, src.data()));
+  SPARK_TRY(check_fp8_scales(r, wf, src, sr0, sr1, scols, dir));
+  const int64_t sc0 = r.slice.col0 / wf.block_k;
+  const int64_t drow0 = static_cast<int64_t>(r.dst_offset) / f.cols;
+  for (int64_t i = 0; i < r.rows; ++i) {  // each destination scale row from its source row
+    const int64_t d = (drow0 + i) >> f.scale_row_shift,
+                  s = (r.slice.row0 + i) / wf.block_n - sr0;
+    for (size_t j = 0; j < f.scale_ld; ++j)
+      scales[static_cast<size_t>(d) * f.scale_ld + j] =
+          src[static_cast<size_t>(s * scols + sc0) + j];
+  }
+  Slice s = r.slice;
+  s.cols = r.cols;
+  if (in_place) return ck.read_raw(r.tensor, r.shape, s, in_place);
+  const int64_t per =
+      std::max<int64_t>(1, static_cast<int64_t>(stage[0].bytes() / static_cast<size_t>(r.cols)));
+  for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+    const int64_t n = std::min(per, r.rows - r0);
+    s.row0 = r.slice.row0 + r0;
+    s.rows = n;
+    const Buffer& buf = stage[*turn];
+    *turn ^= 1;
+    SPARK_TRY(dev.staging_ready(buf.data()));
+    SPARK_TRY(ck.read_raw(r.tensor, r.shape, s, buf.data()));
+    const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+    SPARK_TRY(
+        dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::f8_e4m3));
+  }
+  return Status::Ok();
+}
+
+// Which of the plan's destinations keep FP8 as stored (ShardDest::fp8, on a device that
+// keeps FP8 (Device::keeps_fp8), where the file stores every read of it as F8_E4M3; the
+// rest are widened), and each read's destination.
+Result<std::vector<bool>> fp8_dests(const ShardPlan& plan, const Device& dev,
+                                    const Checkpoint& ck, std::vector<size_t>* read_dest) {
+  std::vector<bool> keep(plan.dests.size());
+  std::map<std::pair<int, WeightRole>, size_t> index;
+  for (size_t i = 0; i < plan.dests.size(); ++i) {
+    index[{plan.dests[i].layer, plan.dests[i].role}] = i;
+    keep[i] = plan.dests[i].fp8 && dev.keeps_fp8();
+  }
+  read_dest->assign(plan.reads.size(), 0);
+  for (size_t i = 0; i < plan.reads.size(); ++i) {
+    const auto& r = plan.reads[i];
+    auto it = index.find({r.layer, r.role});
+    if (it == index.end())
+      return make_error(Errc::internal,
+                        fmt::format("the plan reads {} into no destination", r.tensor));
+    const size_t d = (*read_dest)[i] = it->second;
+    if (!keep[d]) continue;
+    auto t = ck.lookup(r.tensor, r.shape);
+    if (!t) return t.error();
+    if ((*t)->dtype != DType::f8_e4m3) keep[d] = false;
+  }
+  return keep;
 }
 
 // MXFP4's scale tensor beside its blocks ("X_blocks" -> "X_scales").
@@ -445,14 +527,27 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     else
       SPARK_TRY(check_stored_format(*ck, r, **t, c.weights, dir));
   }
+  // FP8 matrices stay FP8 on a device whose products take them (fp8_dests: every read of
+  // the matrix stored F8_E4M3 in whole 128-column blocks); their scales are allocated after
+  // the plan's destinations, in the same allocation.
+  std::vector<size_t> read_dest;
+  auto f8 = fp8_dests(plan_, dev, *ck, &read_dest);
+  if (!f8) return f8.error();
   std::vector<std::pair<ElemType, size_t>> sizes;
-  for (const auto& d : plan_.dests) {
-    sizes.emplace_back(d.kind == DestKind::matrix ? dev.compute_type()
-                       : d.kind == DestKind::f32  ? ElemType::f32
-                                                  : dev.vector_type(),
+  for (size_t i = 0; i < plan_.dests.size(); ++i) {
+    const auto& d = plan_.dests[i];
+    sizes.emplace_back((*f8)[i]                   ? ElemType::fp8_e4m3
+                       : d.kind == DestKind::matrix ? dev.compute_type()
+                       : d.kind == DestKind::f32    ? ElemType::f32
+                                                    : dev.vector_type(),
                        d.numel);
     need += static_cast<uint64_t>(d.numel) * elem_size(sizes.back().first);
   }
+  for (size_t i = 0; i < plan_.dests.size(); ++i)
+    if ((*f8)[i]) {
+      sizes.emplace_back(ElemType::f32, plan_.dests[i].scale_rows * plan_.dests[i].scale_ld);
+      need += plan_.dests[i].scale_bytes();
+    }
   // Host-mapped weights come out of the host's memory, whatever the GPU has free.
   const bool in_host = dev.info().weights == WeightsPlacement::host_mapped;
   if (auto avail = in_host ? host_mem_available() : dev.available_bytes();
@@ -469,11 +564,26 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     if (!bufs)
       return make_error(bufs.error().code, fmt::format("{}: loading weights onto {}: {}", dir,
                                                        dev.info().name, bufs.error().message));
+    size_t next = plan_.dests.size();
     for (size_t i = 0; i < plan_.dests.size(); ++i) {
-      *weight(plan_.dests[i].layer, plan_.dests[i].role) = (*bufs)[i];
-      held += (*bufs)[i].bytes();
+      Buffer& w = *weight(plan_.dests[i].layer, plan_.dests[i].role);
+      w = (*bufs)[i];
+      held += w.bytes();
+      const ShardDest& f = plan_.dests[i];
+      if (!(*f8)[i]) continue;
+      auto bs = std::make_shared<BlockScales>();
+      bs->scales = (*bufs)[next++];
+      bs->ld = f.scale_ld;
+      bs->row_shift = f.scale_row_shift;
+      bs->base = w.data();
+      bs->cols = static_cast<size_t>(f.cols);
+      held += bs->scales.bytes();
+      w.set_scales(std::move(bs));
     }
   }
+  std::vector<std::vector<float>> scales_host(plan_.dests.size());
+  for (size_t i = 0; i < plan_.dests.size(); ++i)
+    if ((*f8)[i]) scales_host[i].assign(plan_.dests[i].scale_rows * plan_.dests[i].scale_ld, 0.f);
   // A slice whose bytes the destination keeps as stored, in memory the host can write
   // (host-mapped weights), is read from the file straight into its place: no staging, no
   // copy. Every other slice goes from the file into a staging buffer as stored, and from
@@ -485,16 +595,17 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const auto& r = plan_.reads[i];
     auto t = ck->lookup(r.tensor, r.shape);
     if (!t) return t.error();
-    const bool fp8 = (*t)->dtype == DType::f8_e4m3;
+    const Buffer* dst = weight(r.layer, r.role);
+    const bool kept = dst->type() == ElemType::fp8_e4m3;
+    const bool fp8 = (*t)->dtype == DType::f8_e4m3 && !kept;
     const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
     total += bytes;
     if (fp8 || r.mxfp4) {  // widened through the staging buffers, as floats
       largest = std::max(largest, bytes * sizeof(float));
       continue;
     }
-    const Buffer* dst = weight(r.layer, r.role);
     const bool same = (dst->type() == ElemType::bf16 && (*t)->dtype == DType::bf16) ||
-                      (dst->type() == ElemType::f32 && (*t)->dtype == DType::f32);
+                      (dst->type() == ElemType::f32 && (*t)->dtype == DType::f32) || kept;
     if (auto* p = same ? static_cast<char*>(dev.host_address(*dst)) : nullptr)
       in_place[i] = p + r.dst_offset * elem_size(dst->type());
     else
@@ -521,6 +632,10 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const uint64_t slice_bytes = static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
     if (r.mxfp4) {
       SPARK_TRY(load_mxfp4(*ck, r, dev, *weight(r.layer, r.role), stage, &turn, dir));
+    } else if (const size_t d = read_dest[i]; (*f8)[d]) {
+      SPARK_TRY(load_fp8_kept(*ck, r, cfg_.weights, plan_.dests[d], dev, *weight(r.layer, r.role),
+                              in_place[i], stage, &turn, scales_host[d], dir));
+      if (in_place[i]) direct += slice_bytes;
     } else if (t->dtype == DType::f8_e4m3) {
       SPARK_TRY(load_fp8(*ck, r, cfg_.weights, dev, *weight(r.layer, r.role), stage, &turn, dir));
     } else if (in_place[i]) {
@@ -559,6 +674,18 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     ck->drop_page_cache(r.tensor);
     done += slice_bytes;
     if (report && report->progress) report->progress(done, total);
+  }
+  // The FP8 matrices' scales, each matrix's at once (one host buffer, reused).
+  std::vector<float> sbuf;
+  size_t most = 0;
+  for (const auto& v : scales_host) most = std::max(most, v.size());
+  sbuf.reserve(most);
+  for (size_t i = 0; i < plan_.dests.size(); ++i) {
+    if (!(*f8)[i]) continue;
+    SPARK_TRY(dev.staging_ready(sbuf.data()));
+    sbuf.assign(scales_host[i].begin(), scales_host[i].end());
+    const Buffer& w = *weight(plan_.dests[i].layer, plan_.dests[i].role);
+    SPARK_TRY(dev.upload(w.scales()->scales, sbuf.data(), DType::f32));
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
@@ -619,6 +746,17 @@ Status Model::fold_norms(const std::string& dir) {
   return Status::Ok();
 }
 
+// How this rank holds its weight matrices: "bf16" (the compute type), "fp8" (FP8 kept as
+// stored), or "fp8+bf16" (FP8 projections, the rest widened or stored plain).
+std::string Model::weights_held() const {
+  const std::string compute = elem_name(device_->compute_type());
+  bool fp8 = false;
+  for (const auto& L : layers_)
+    for (const Buffer* b : {&L.wq, &L.wo, &L.w_gate_up, &L.w_down, &L.experts_gate_up})
+      fp8 = fp8 || b->type() == ElemType::fp8_e4m3;
+  return fp8 ? "fp8+" + compute : compute;
+}
+
 nlohmann::json Model::describe() const {
   const auto& c = cfg_;
   const ParamCount pc = count_params(c);
@@ -628,7 +766,7 @@ nlohmann::json Model::describe() const {
                       {"vocab_size", c.vocab_size},
                       {"parameters", pc.total},
                       {"active_parameters", pc.active},
-                      {"weights", elem_name(device_->compute_type())},
+                      {"weights", weights_held()},
                       {"checkpoint_format", c.weights.fp8()         ? c.weights.describe()
                                             : c.torch_dtype.empty() ? std::string("plain")
                                                                     : c.torch_dtype},

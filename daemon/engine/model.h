@@ -172,6 +172,7 @@ class Model {
   Status load_weights(const std::string& dir, LoadReport* report);
   Status fill_synthetic(uint64_t seed);
   Status fold_norms(const std::string& dir);
+  std::string weights_held() const;
   Status reserve(int tokens, int logit_rows);
   /// The layer recipe over the device for the step already handed to begin_step().
   Status run_layers(const StepLayout& step, KVCache& cache, Collective& comm, bool logits);

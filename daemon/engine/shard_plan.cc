@@ -6,13 +6,15 @@
 
 namespace spark::engine {
 
-uint64_t ShardPlan::held_bytes(int matrix_bytes, int vector_bytes) const {
+uint64_t ShardPlan::held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept) const {
   uint64_t n = 0;
   for (const auto& d : dests) {
-    const int b = d.kind == DestKind::matrix ? matrix_bytes
-                  : d.kind == DestKind::f32  ? 4
-                                             : vector_bytes;
-    n += static_cast<uint64_t>(d.numel) * static_cast<uint64_t>(b);
+    const bool fp8 = d.fp8 && fp8_kept;
+    const int b = fp8                        ? 1
+                  : d.kind == DestKind::matrix ? matrix_bytes
+                  : d.kind == DestKind::f32    ? 4
+                                               : vector_bytes;
+    n += static_cast<uint64_t>(d.numel) * static_cast<uint64_t>(b) + (fp8 ? d.scale_bytes() : 0);
   }
   return n;
 }
@@ -34,7 +36,10 @@ Result<ShardPlan> make_shard_plan(const ModelConfig& c, const PlanOptions& o,
     if (f.family != c.family) continue;
     auto p = f.plan(c, o, where);
     if (!p) return p;
-    if (c.weights.fp8()) SPARK_TRY(check_fp8_blocks(c, *p, where));
+    if (c.weights.fp8()) {
+      SPARK_TRY(check_fp8_blocks(c, *p, where));
+      mark_fp8_dests(c, &*p);
+    }
     return p;
   }
   return make_error(Errc::internal, fmt::format("no shard plan for {}", c.architecture));
@@ -82,6 +87,45 @@ Status check_fp8_blocks(const ModelConfig& c, const ShardPlan& p, const std::str
                     c.is_moe() ? " (or EXPERT_PARALLEL=ep for the experts)" : ""));
   }
   return Status::Ok();
+}
+
+void mark_fp8_dests(const ModelConfig& c, ShardPlan* p) {
+  constexpr int64_t kBlock = 128;
+  std::vector<bool> no(p->dests.size());
+  for (size_t i = 0; i < p->dests.size(); ++i) {
+    auto& d = p->dests[i];
+    d.fp8 = false;
+    d.cols = 0;
+    d.scale_row_shift = 7;
+    no[i] = d.kind != DestKind::matrix || d.role == WeightRole::wkv_b || !is_projection(d.role);
+  }
+  auto dest_of = [&](const ShardRead& r) -> int {
+    for (size_t i = 0; i < p->dests.size(); ++i)
+      if (p->dests[i].layer == r.layer && p->dests[i].role == r.role) return static_cast<int>(i);
+    return -1;
+  };
+  for (const auto& r : p->reads) {
+    const int i = dest_of(r);
+    if (i < 0 || no[static_cast<size_t>(i)]) continue;
+    auto& d = p->dests[static_cast<size_t>(i)];
+    if (r.mxfp4 || r.shape.size() != 2 || c.weights.is_not_converted(r.tensor) || r.cols <= 0 ||
+        r.slice.col0 % kBlock != 0 || r.dst_offset % static_cast<size_t>(r.cols) != 0 ||
+        (d.cols && d.cols != r.cols)) {
+      no[static_cast<size_t>(i)] = true;
+      continue;
+    }
+    d.cols = r.cols;
+    if ((static_cast<int64_t>(r.dst_offset) / r.cols) % kBlock != 0 || r.slice.row0 % kBlock != 0)
+      d.scale_row_shift = 0;
+  }
+  for (size_t i = 0; i < p->dests.size(); ++i) {
+    auto& d = p->dests[i];
+    if (no[i] || d.cols == 0) continue;
+    d.fp8 = true;
+    const size_t rows = d.numel / static_cast<size_t>(d.cols);
+    d.scale_rows = rows == 0 ? 0 : ((rows - 1) >> d.scale_row_shift) + 1;
+    d.scale_ld = static_cast<size_t>((d.cols + kBlock - 1) / kBlock);
+  }
 }
 
 Result<ShardPlan> start_plan(const ModelConfig& c, const PlanOptions& o, const std::string& where) {

@@ -97,6 +97,15 @@ struct ShardDest {
   size_t numel = 0;
   bool matrix = false;  // a weight matrix (kept in the device's compute type)
   DestKind kind = DestKind::vector;
+  /// An FP8 checkpoint's projection that the devices keep as stored (mark_fp8_dests): one
+  /// byte a weight, rows of `cols`, and fp32 block scales of `scale_rows` x `scale_ld`, each
+  /// scale row covering `1 << scale_row_shift` rows (7: the checkpoint's 128-row blocks; 0:
+  /// one per row, where the matrix's row segments do not start on block boundaries).
+  bool fp8 = false;
+  int64_t cols = 0;
+  int scale_row_shift = 7;
+  size_t scale_rows = 0, scale_ld = 0;
+  uint64_t scale_bytes() const { return fp8 ? uint64_t{scale_rows} * scale_ld * 4 : 0; }
 };
 
 struct ShardPlan {
@@ -117,7 +126,9 @@ struct ShardPlan {
   std::vector<std::string> skipped_prefixes;
   /// Bytes of the weights this rank holds at `matrix_bytes` per matrix element and
   /// `vector_bytes` per vector element (fp32 vectors count 4).
-  uint64_t held_bytes(int matrix_bytes, int vector_bytes) const;
+  /// With `fp8_kept`, the FP8 destinations at a byte a weight plus their scales (a device
+  /// that keeps FP8 as stored), else at `matrix_bytes` (one that widens them).
+  uint64_t held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept = true) const;
 };
 
 /// What a plan is made for.
@@ -140,6 +151,11 @@ bool is_projection(WeightRole r);
 /// device keeps a block's scale with its values); Errc::config naming the tensor, the
 /// rank's rows and columns and the fix otherwise.
 Status check_fp8_blocks(const ModelConfig& c, const ShardPlan& p, const std::string& where);
+/// With FP8 weights, marks the destinations kept as stored (ShardDest::fp8): every weight
+/// matrix all of whose reads are projections not listed in modules_to_not_convert, from
+/// whole 128-column blocks; except latent attention's kv_b, which its attention reads in the
+/// compute type (widened at load).
+void mark_fp8_dests(const ModelConfig& c, ShardPlan* p);
 
 /// The builders a family's plan is written with.
 class PlanBuilder {

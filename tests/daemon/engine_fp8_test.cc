@@ -228,6 +228,75 @@ TEST_CASE("fp8: a block-scaled checkpoint gives the logits of its dequantized va
   }
 }
 
+TEST_CASE("fp8: projections stay FP8 as stored, a byte a weight and the scales, as the plan counts") {
+  test::TempDir tmp;
+  for (Family f : {Family::qwen3, Family::qwen3_moe}) {
+    const std::string name = architecture_name(f);
+    CAPTURE(name);
+    const auto cfg = fp8_config(f);
+    RandomCheckpointSpec q{cfg, DType::bf16, 17, 1};
+    q.fp8 = true;
+    RandomCheckpointSpec deq = q;
+    deq.fp8_dequantized = true;
+    REQUIRE(write_random_checkpoint(tmp / (name + "-fp8"), q).ok());
+    REQUIRE(write_random_checkpoint(tmp / (name + "-deq"), deq).ok());
+    LoadReport a, b;
+    auto ma = Model::load(tmp / (name + "-fp8"), 0, 1, &a);
+    REQUIRE_MESSAGE(ma.ok(), ma.error().message);
+    auto mb = Model::load(tmp / (name + "-deq"), 0, 1, &b);
+    REQUIRE_MESSAGE(mb.ok(), mb.error().message);
+    const ShardPlan& p = (*ma)->shard_plan();
+    // What the loader holds is what the plan (and so `sparkctl plan` and preflight) counts.
+    CHECK(a.weight_bytes == p.held_bytes(4, 4));
+    CHECK(b.weight_bytes == (*mb)->shard_plan().held_bytes(4, 4));
+    // Every projection is FP8: a quarter of the fp32 twin's bytes, plus one fp32 scale per
+    // 128 x 128 block; embeddings, norms and the router stay in the compute type.
+    uint64_t proj = 0, scales = 0, fp8_dests = 0;
+    for (const auto& d : p.dests)
+      if (d.fp8) {
+        ++fp8_dests;
+        proj += d.numel;
+        scales += d.scale_bytes();
+        CHECK(d.scale_row_shift == 7);
+        CHECK(d.scale_bytes() * 128 * 128 / 4 >= d.numel);
+      }
+    CHECK(fp8_dests > 0);
+    CHECK(b.weight_bytes - a.weight_bytes == proj * 3 - scales);
+    // A GPU holds the FP8 projections at a byte too: the plan's bf16 count is not the
+    // dequantized model's.
+    CHECK(p.held_bytes(2, 2) + proj <= (*mb)->shard_plan().held_bytes(2, 2));
+  }
+}
+
+TEST_CASE("fp8: a fused gate/up whose halves are not whole blocks keeps a scale row per row") {
+  // Intermediate 192: gate's rows [0, 192) and up's [192, 384) of the fused [gate | up]
+  // matrix, up starting inside the second 128-row block.
+  auto cfg = fp8_config(Family::qwen3);
+  cfg.intermediate_size = 192;
+  test::TempDir tmp;
+  RandomCheckpointSpec q{cfg, DType::f32, 23, 1};
+  q.fp8 = true;
+  RandomCheckpointSpec deq = q;
+  deq.fp8_dequantized = true;
+  REQUIRE(write_random_checkpoint(tmp / "fp8", q).ok());
+  REQUIRE(write_random_checkpoint(tmp / "deq", deq).ok());
+  auto m = Model::load(tmp / "fp8", 0, 1);
+  REQUIRE_MESSAGE(m.ok(), m.error().message);
+  int per_row = 0;
+  for (const auto& d : (*m)->shard_plan().dests)
+    if (d.fp8 && d.role == WeightRole::w_gate_up) {
+      ++per_row;
+      CHECK(d.scale_row_shift == 0);
+      CHECK(d.scale_rows == 384);
+    }
+  CHECK(per_row == cfg.num_layers);
+  auto a = test::run_tp_threads(tmp / "fp8", 1, seqs(), cpu);
+  REQUIRE_MESSAGE(a.error.empty(), a.error);
+  auto b = test::run_tp_threads(tmp / "deq", 1, seqs(), cpu);
+  REQUIRE_MESSAGE(b.error.empty(), b.error);
+  CHECK(test::max_logit_diff(a, b) == 0.0);
+}
+
 TEST_CASE("fp8: a split that would cut a scale block is refused; FP8 experts go expert-parallel") {
   // KV heads of 64: two ranks would hold 64 rows each of k_proj's 128-row blocks.
   auto c = fp8_config(Family::qwen3);
@@ -334,5 +403,7 @@ TEST_CASE("fp8: the model describes its checkpoint's weight format for /health a
   REQUIRE_MESSAGE(m.ok(), m.error().message);
   const auto j = (*m)->describe();
   CHECK(j["checkpoint_format"] == "fp8 e4m3, 128x128 block scales");
-  CHECK(j["weights"] == "fp32");  // the CPU widens them
+  // The projections stay FP8 (the CPU widens each as its product runs); norms, embeddings
+  // and the router are fp32.
+  CHECK(j["weights"] == "fp8+fp32");
 }
