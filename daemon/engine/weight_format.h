@@ -10,10 +10,10 @@
 // method, block size or element format, per-tensor scales, static activation scales) is
 // refused at load naming the field and its value.
 //
-// The loader reads each FP8 slice as stored together with the scale blocks it covers and
-// widens it on the host, chunk by chunk through the staging buffer, into the device's
-// compute type (fp32 on the CPU, bf16 on CUDA): exact, with no full-size float copy of a
-// tensor at any point of the load.
+// The loader reads each FP8 slice as stored together with the scale blocks it covers, and
+// either keeps it so (a device that keeps FP8: Device::keeps_fp8, kernels/fp8.h) or widens
+// it on the host, chunk by chunk through the staging buffer, into the device's compute type:
+// exact, with no full-size float copy of a tensor at any point of the load.
 #include <cstdint>
 #include <string>
 #include <vector>
