@@ -19,6 +19,17 @@
 // cores (mma.sync m16n8k16, 64x64 tiles over each expert's rows, cp.async double-buffered):
 // gate/up with SwiGLU in its epilogue, and down into fp32 rows; a last pass sums each row's
 // pairs in the order above.
+//
+// FP8 experts (MoeExpertsArgs' *_fp8 fields): the kernels are instantiated a second time
+// with FP8 reads, so the bf16 instantiations stay as they were. Decode: each lane widens its
+// 8 bytes of a weight row in registers (exactly: half holds every e4m3 value), sums their
+// products with x in fp32 and adds that partial sum times the block's scale (8 columns never
+// cross a 128-column block). Grouped: the weight tile is dequantized into shared memory as
+// bf16 before the mma, so the grouped form's weights are w * scale rounded to bf16 (exact
+// when the scales are powers of two; otherwise within half a bf16 ulp of each weight).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
 
 #include "kernels/cuda_check.cuh"
@@ -256,6 +267,40 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return s;
 }
 
+// 8 e4m3 bytes (in memory order) widened to float, exactly (the conversion goes through
+// half, which holds every e4m3 value; cuda_fp8.h picks the instruction for the arch).
+__device__ __forceinline__ void e4m3x8(const uint2& u, float* f) {
+  const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * j)) & 0xffffu);
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[4 * i + 2 * j] = v.x;
+      f[4 * i + 2 * j + 1] = v.y;
+    }
+}
+
+// The fp32 dot product of 8 e4m3 weights (unscaled) with 8 bf16 values.
+__device__ __forceinline__ float dot8_fp8(const uint2& w, const uint4& x) {
+  float fw[8], fx[8];
+  e4m3x8(w, fw);
+  bf16x8(x, fx);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s = fmaf(fw[i], fx[i], s);
+  return s;
+}
+
+// Row `row` of an FP8 weight: its bytes and its scale row.
+__device__ __forceinline__ const uint8_t* fp8_row(const Fp8Weight& w, size_t row) {
+  return w.q + row * w.ldq;
+}
+__device__ __forceinline__ const float* fp8_scale_row(const Fp8Weight& w, size_t row) {
+  return w.scales + (row >> w.row_shift) * w.scale_ld;
+}
+
 __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.f + expf(-g)) * u;
 }
@@ -264,7 +309,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 // so a batch-1 step keeps few registers and many blocks resident).
 // gate/up of one distinct expert (blockIdx.y) for the rows that chose it; the shared experts
 // are blockIdx.y == gridDim.y - 1 when present. act: [rows * top_k + rows][act_stride].
-template <int kR>
+// kFp8: some weights are FP8 (each block reads its group's kind).
+template <int kR, bool kFp8>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_gate_up_decode(MoeExpertsArgs a, bf16* act, int act_stride) {
   dev::pdl_wait();
@@ -289,10 +335,10 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   __syncthreads();
   const int inter = shared_block ? a.shared_inter : a.inter;
   const size_t H = static_cast<size_t>(a.hidden);
-  const bf16* W = shared_block ? static_cast<const bf16*>(a.shared_gate_up)
-                               : static_cast<const bf16*>(a.gate_up) +
-                                     static_cast<size_t>(L.expert[u] - a.expert0) * 2 *
-                                         static_cast<size_t>(inter) * H;
+  const size_t le = shared_block ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
+  const bf16* W =
+      shared_block ? static_cast<const bf16*>(a.shared_gate_up)
+                   : static_cast<const bf16*>(a.gate_up) + le * 2 * static_cast<size_t>(inter) * H;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const int i0 = static_cast<int>(blockIdx.x) * kDecTile + static_cast<int>(warp) * kDecRowsPerWarp;
   if (i0 >= inter) return;
@@ -303,24 +349,59 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   for (int t = 0; t < kR; ++t)
 #pragma unroll
     for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
-  const bf16* wr[2 * kDecRowsPerWarp];
+  const Fp8Weight F = shared_block ? a.shared_gate_up_fp8 : a.gate_up_fp8;
+  if (kFp8 && F.q) {
+    // The group's rows of the stacked FP8 matrix: gate row i, up row inter + i.
+    const size_t base = le * 2 * static_cast<size_t>(inter);
+    const uint8_t* qr[2 * kDecRowsPerWarp];
+    const float* sr[2 * kDecRowsPerWarp];
 #pragma unroll
-  for (int q = 0; q < kDecRowsPerWarp; ++q) {
-    const int i = min(i0 + q, inter - 1);
-    wr[2 * q] = W + static_cast<size_t>(i) * H;                                     // gate
-    wr[2 * q + 1] = W + (static_cast<size_t>(inter) + static_cast<size_t>(i)) * H;  // up
-  }
+    for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      const size_t i = static_cast<size_t>(min(i0 + q, inter - 1));
+      qr[2 * q] = fp8_row(F, base + i);
+      sr[2 * q] = fp8_scale_row(F, base + i);
+      qr[2 * q + 1] = fp8_row(F, base + static_cast<size_t>(inter) + i);
+      sr[2 * q + 1] = fp8_scale_row(F, base + static_cast<size_t>(inter) + i);
+    }
 #pragma unroll 2
-  for (size_t c = lane * 8u; c < H; c += 256) {
-    uint4 w[2 * kDecRowsPerWarp];
+    for (size_t c = lane * 8u; c < H; c += 256) {
+      uint2 w[2 * kDecRowsPerWarp];
+      float sc[2 * kDecRowsPerWarp];
 #pragma unroll
-    for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) w[q] = *reinterpret_cast<const uint4*>(wr[q] + c);
+      for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
+        w[q] = *reinterpret_cast<const uint2*>(qr[q] + c);
+        sc[q] = sr[q][c / kFp8BlockK];
+      }
 #pragma unroll
-    for (int t = 0; t < kR; ++t) {
-      if (t >= nrows) break;
-      const uint4 xv = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c);
+      for (int t = 0; t < kR; ++t) {
+        if (t >= nrows) break;
+        const uint4 xv = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c);
 #pragma unroll
-      for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] += dot8(w[q], xv);
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
+          acc[t][q] = fmaf(dot8_fp8(w[q], xv), sc[q], acc[t][q]);
+      }
+    }
+  } else {
+    const bf16* wr[2 * kDecRowsPerWarp];
+#pragma unroll
+    for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      const int i = min(i0 + q, inter - 1);
+      wr[2 * q] = W + static_cast<size_t>(i) * H;                                     // gate
+      wr[2 * q + 1] = W + (static_cast<size_t>(inter) + static_cast<size_t>(i)) * H;  // up
+    }
+#pragma unroll 2
+    for (size_t c = lane * 8u; c < H; c += 256) {
+      uint4 w[2 * kDecRowsPerWarp];
+#pragma unroll
+      for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
+        w[q] = *reinterpret_cast<const uint4*>(wr[q] + c);
+#pragma unroll
+      for (int t = 0; t < kR; ++t) {
+        if (t >= nrows) break;
+        const uint4 xv = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c);
+#pragma unroll
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] += dot8(w[q], xv);
+      }
     }
   }
 #pragma unroll
@@ -343,7 +424,7 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 // timing. Written once (or added into out).
 constexpr int kDownRows = 4;
 
-template <int kR>
+template <int kR, bool kFp8>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_down_decode(MoeExpertsArgs a, const bf16* act, int act_stride) {
   dev::pdl_wait();
@@ -365,10 +446,10 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   for (int u = static_cast<int>(warp); u < groups; u += kDecWarps) {
     const bool sh = u == L.n;
     const int inter = sh ? a.shared_inter : a.inter;
-    const bf16* W =
-        sh ? static_cast<const bf16*>(a.shared_down)
-           : static_cast<const bf16*>(a.down) +
-                 static_cast<size_t>(L.expert[u] - a.expert0) * H * static_cast<size_t>(inter);
+    const size_t le = sh ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
+    const bf16* W = sh ? static_cast<const bf16*>(a.shared_down)
+                       : static_cast<const bf16*>(a.down) + le * H * static_cast<size_t>(inter);
+    const Fp8Weight F = sh ? a.shared_down_fp8 : a.down_fp8;
     float part[kR][kDownRows];
 #pragma unroll
     for (int t = 0; t < kR; ++t)
@@ -388,22 +469,53 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         }
       }
     }
-#pragma unroll 2
-    for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
-      uint4 w[kDownRows];
+    if (kFp8 && F.q) {
+      // The group's rows of the stacked FP8 matrix: output row h is row le * hidden + h.
+      const uint8_t* qr[kDownRows];
+      const float* sr[kDownRows];
 #pragma unroll
       for (int q = 0; q < kDownRows; ++q) {
-        const int h = min(h0 + q, a.hidden - 1);
-        w[q] = *reinterpret_cast<const uint4*>(
-            W + static_cast<size_t>(h) * static_cast<size_t>(inter) + c);
+        const size_t row = le * H + static_cast<size_t>(min(h0 + q, a.hidden - 1));
+        qr[q] = fp8_row(F, row);
+        sr[q] = fp8_scale_row(F, row);
       }
+#pragma unroll 2
+      for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
+        uint2 w[kDownRows];
+        float sc[kDownRows];
 #pragma unroll
-      for (int t = 0; t < kR; ++t) {
-        if (pair_of[t] < 0) continue;
-        const uint4 av = *reinterpret_cast<const uint4*>(
-            act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c);
+        for (int q = 0; q < kDownRows; ++q) {
+          w[q] = *reinterpret_cast<const uint2*>(qr[q] + c);
+          sc[q] = sr[q][c / kFp8BlockK];
+        }
 #pragma unroll
-        for (int q = 0; q < kDownRows; ++q) part[t][q] += dot8(w[q], av);
+        for (int t = 0; t < kR; ++t) {
+          if (pair_of[t] < 0) continue;
+          const uint4 av = *reinterpret_cast<const uint4*>(
+              act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c);
+#pragma unroll
+          for (int q = 0; q < kDownRows; ++q)
+            part[t][q] = fmaf(dot8_fp8(w[q], av), sc[q], part[t][q]);
+        }
+      }
+    } else {
+#pragma unroll 2
+      for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
+        uint4 w[kDownRows];
+#pragma unroll
+        for (int q = 0; q < kDownRows; ++q) {
+          const int h = min(h0 + q, a.hidden - 1);
+          w[q] = *reinterpret_cast<const uint4*>(
+              W + static_cast<size_t>(h) * static_cast<size_t>(inter) + c);
+        }
+#pragma unroll
+        for (int t = 0; t < kR; ++t) {
+          if (pair_of[t] < 0) continue;
+          const uint4 av = *reinterpret_cast<const uint4*>(
+              act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c);
+#pragma unroll
+          for (int q = 0; q < kDownRows; ++q) part[t][q] += dot8(w[q], av);
+        }
       }
     }
 #pragma unroll
@@ -534,7 +646,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
 // tokens' x (through row_src), B the group's [gate | up] rows (32 gate rows i0.. and the 32
 // up rows inter + i0..), the epilogue writes act = silu(g) * u for 32 columns. Else (down):
 // A rows are act (sorted), B the group's down rows h0.., the epilogue writes fp32 y.
-template <bool GATE_UP>
+// kFp8: some weights are FP8; a group of FP8 weights dequantizes its B tile into shared
+// memory as bf16 (w * scale rounded to bf16) with ordinary loads instead of cp.async.
+template <bool GATE_UP, bool kFp8>
 __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs a, GroupedWs w) {
   dev::pdl_wait();
   dev::pdl_trigger();
@@ -561,6 +675,12 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
                           : (sh ? static_cast<const bf16*>(a.shared_down)
                                 : static_cast<const bf16*>(a.down) +
                                       static_cast<size_t>(g) * H * static_cast<size_t>(inter));
+  const Fp8Weight& F =
+      GATE_UP ? (sh ? a.shared_gate_up_fp8 : a.gate_up_fp8) : (sh ? a.shared_down_fp8 : a.down_fp8);
+  const bool bfp8 = kFp8 && F.q != nullptr;
+  // The group's first row in the stacked FP8 matrix.
+  const size_t frow0 =
+      sh ? 0 : static_cast<size_t>(g) * (GATE_UP ? 2 * static_cast<size_t>(inter) : H);
   const int tid = static_cast<int>(threadIdx.x);
   // Tile loads: 64 rows x 32 columns = 256 chunks of 16 bytes each for A and for B.
   auto load = [&](int stage, int k0) {
@@ -594,8 +714,27 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
         bv = brow < n_out;
         if (!bv) brow = 0;
       }
-      const bf16* bsrc = B + static_cast<size_t>(brow) * static_cast<size_t>(K) + k0 + kc;
-      dev::cp_async16(sB + (stage * kGBM + r) * kGLds + kc, bv && kin ? bsrc : B, bv && kin);
+      if (bfp8) {
+        // 8 columns in one 128-column block: one scale. Zeros outside the weight.
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (bv && kin) {
+          const size_t row = frow0 + static_cast<size_t>(brow);
+          const uint2 q = *reinterpret_cast<const uint2*>(fp8_row(F, row) + k0 + kc);
+          const float sc = fp8_scale_row(F, row)[(k0 + kc) / kFp8BlockK];
+          float f[8];
+          e4m3x8(q, f);
+          uint32_t* o = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * j] * sc, f[2 * j + 1] * sc);
+            o[j] = *reinterpret_cast<const uint32_t*>(&p);
+          }
+        }
+        *reinterpret_cast<uint4*>(sB + (stage * kGBM + r) * kGLds + kc) = v;
+      } else {
+        const bf16* bsrc = B + static_cast<size_t>(brow) * static_cast<size_t>(K) + k0 + kc;
+        dev::cp_async16(sB + (stage * kGBM + r) * kGLds + kc, bv && kin ? bsrc : B, bv && kin);
+      }
     }
     dev::cp_async_commit();
   };
@@ -730,6 +869,8 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   SPARK_TRY(moe_experts_check(a));
   if (a.rows == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
+  // Any FP8 weights: the instantiations that read them (the bf16 ones stay as they were).
+  const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
   const bool decode = a.form == 1 || (a.form == 0 && a.rows <= kMoeDecodeMaxRows);
   if (decode) {
     // act rows: pair p = row * top_k + j, then the shared experts' rows.
@@ -739,19 +880,27 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
     const unsigned ys = static_cast<unsigned>(distinct + (a.shared_inter > 0 ? 1 : 0));
     if (ys > 0) {
       const dim3 grid(static_cast<unsigned>((imax + kDecTile - 1) / kDecTile), ys);
-      auto gate_up = a.rows <= 1   ? moe_gate_up_decode<1>
-                     : a.rows <= 2 ? moe_gate_up_decode<2>
-                     : a.rows <= 4 ? moe_gate_up_decode<4>
-                                   : moe_gate_up_decode<kMoeDecodeMaxRows>;
+      auto gate_up = fp8 ? (a.rows <= 1   ? moe_gate_up_decode<1, true>
+                            : a.rows <= 2 ? moe_gate_up_decode<2, true>
+                            : a.rows <= 4 ? moe_gate_up_decode<4, true>
+                                          : moe_gate_up_decode<kMoeDecodeMaxRows, true>)
+                         : (a.rows <= 1   ? moe_gate_up_decode<1, false>
+                            : a.rows <= 2 ? moe_gate_up_decode<2, false>
+                            : a.rows <= 4 ? moe_gate_up_decode<4, false>
+                                          : moe_gate_up_decode<kMoeDecodeMaxRows, false>);
       SPARK_CUDA_TRY(
           dev::launch(gate_up, grid, dim3(kDecWarps * 32), 0, st, a, w.act, w.act_stride));
       SPARK_CUDA_LAUNCHED("moe_gate_up_decode");
     }
     const dim3 grid(static_cast<unsigned>((a.hidden + kDownRows - 1) / kDownRows));
-    auto down = a.rows <= 1   ? moe_down_decode<1>
-                : a.rows <= 2 ? moe_down_decode<2>
-                : a.rows <= 4 ? moe_down_decode<4>
-                              : moe_down_decode<kMoeDecodeMaxRows>;
+    auto down = fp8 ? (a.rows <= 1   ? moe_down_decode<1, true>
+                       : a.rows <= 2 ? moe_down_decode<2, true>
+                       : a.rows <= 4 ? moe_down_decode<4, true>
+                                     : moe_down_decode<kMoeDecodeMaxRows, true>)
+                    : (a.rows <= 1   ? moe_down_decode<1, false>
+                       : a.rows <= 2 ? moe_down_decode<2, false>
+                       : a.rows <= 4 ? moe_down_decode<4, false>
+                                     : moe_down_decode<kMoeDecodeMaxRows, false>);
     SPARK_CUDA_TRY(dev::launch(down, grid, dim3(kDecWarps * 32), 0, st, a,
                                static_cast<const bf16*>(w.act), w.act_stride));
     SPARK_CUDA_LAUNCHED("moe_down_decode");
@@ -765,13 +914,15 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   // Tiles: at most one partial tile per group beyond the pairs' full tiles.
   const unsigned tiles = static_cast<unsigned>((w.pairs + kGBM - 1) / kGBM + w.groups);
   const int imax = std::max(a.inter, a.shared_inter);
-  SPARK_CUDA_TRY(dev::launch(moe_grouped_product<true>,
-                             dim3(tiles, static_cast<unsigned>((imax + kGBN / 2 - 1) / (kGBN / 2))),
-                             dim3(kGThreads), 0, st, a, w));
+  SPARK_CUDA_TRY(
+      dev::launch(fp8 ? moe_grouped_product<true, true> : moe_grouped_product<true, false>,
+                  dim3(tiles, static_cast<unsigned>((imax + kGBN / 2 - 1) / (kGBN / 2))),
+                  dim3(kGThreads), 0, st, a, w));
   SPARK_CUDA_LAUNCHED("moe_grouped_product<gate_up>");
-  SPARK_CUDA_TRY(dev::launch(moe_grouped_product<false>,
-                             dim3(tiles, static_cast<unsigned>((a.hidden + kGBN - 1) / kGBN)),
-                             dim3(kGThreads), 0, st, a, w));
+  SPARK_CUDA_TRY(
+      dev::launch(fp8 ? moe_grouped_product<false, true> : moe_grouped_product<false, false>,
+                  dim3(tiles, static_cast<unsigned>((a.hidden + kGBN - 1) / kGBN)), dim3(kGThreads),
+                  0, st, a, w));
   SPARK_CUDA_LAUNCHED("moe_grouped_product<down>");
   const size_t total = static_cast<size_t>(a.rows) * static_cast<size_t>(a.hidden);
   const unsigned cblocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 4096));

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 
 namespace spark::kernels {
 
@@ -63,7 +64,7 @@ inline constexpr int kMoeDecodeMaxRows = 8;
 /// where each E is a gated SiLU MLP: act = silu(g) * u (g, u the [gate | up] rows' products
 /// in fp32, act rounded to bf16), then down(act) in fp32; the sum in fp32, ascending expert
 /// id then the shared experts, rounded once to bf16 (after adding out when accumulating).
-/// Device pointers; bf16 weights and activations.
+/// Device pointers; bf16 activations, bf16 or FP8 weights (the FP8 fields below).
 struct MoeExpertsArgs {
   const void* x = nullptr;         // [rows][hidden] bf16
   const int32_t* ids = nullptr;    // [rows][top_k]
@@ -82,6 +83,16 @@ struct MoeExpertsArgs {
   /// 0: automatic (the decode form up to kMoeDecodeMaxRows rows, else grouped); 1: the
   /// decode form; 2: the grouped form (the tests run both on the same rows).
   int form = 0;
+  // FP8 experts (kernels/fp8.h's layout): when gate_up_fp8.q is set, the held experts'
+  // weights are e4m3 with block scales and gate_up/down are not read. The scales index
+  // rows of the stacked matrices: gate_up_fp8 covers [experts * 2 * inter][hidden] (scale_ld
+  // >= ceil(hidden / 128)), down_fp8 [experts * hidden][inter] (scale_ld >= ceil(inter/128)),
+  // row r's scale row r >> row_shift. The shared experts likewise (shared_*_fp8.q set: FP8).
+  // Each weight is its e4m3 value times its scale. The decode form widens the bytes in
+  // registers and multiplies each 8-column piece's fp32 partial sum by its scale; the grouped
+  // form dequantizes weight tiles to bf16 (w * scale rounded to bf16, exact where the scale
+  // is a power of two) for the tensor cores. q and ldq multiples of 8 bytes.
+  Fp8Weight gate_up_fp8, down_fp8, shared_gate_up_fp8, shared_down_fp8;
 };
 
 /// Device workspace the expert products of `rows` rows need.
@@ -100,7 +111,7 @@ MoeWorkspaceLayout moe_workspace_layout(int rows, int top_k, int hidden, int int
                                         int shared_inter, int experts);
 
 /// Checks MoeExpertsArgs (sizes; hidden and the intermediate sizes multiples of 8; 16-byte
-/// aligned operands).
+/// aligned bf16 operands; the FP8 weights' strides, scale_ld, row_shift and alignment).
 Status moe_experts_check(const MoeExpertsArgs& a);
 
 /// The expert products on `stream`: no host synchronisation, so a decode step stays one graph.
@@ -108,6 +119,8 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream);
 
 /// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
 /// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
+/// FP8 weights (the *_fp8 fields set: host e4m3 bytes and host scales) are widened exactly
+/// (value times scale in double).
 void moe_experts_ref(const MoeExpertsArgs& host_args);
 
 }  // namespace spark::kernels

@@ -120,31 +120,83 @@ void moe_route_ref(const float* logits, const float* bias, const MoeRouteArgs& a
 
 namespace spark::kernels {
 
+namespace {
+
+// The e4m3 value of byte v (OCP "fn": bias 7, no infinities, 0x7f/0xff NaN), exact.
+double e4m3_value(uint8_t v) {
+  const int e = (v >> 3) & 15, m = v & 7;
+  double f;
+  if (e == 15 && m == 7)
+    f = NAN;
+  else if (e == 0)
+    f = std::ldexp(m, -9);  // subnormal: m / 8 * 2^-6
+  else
+    f = std::ldexp(8 + m, e - 10);  // (1 + m / 8) * 2^(e - 7)
+  return (v & 0x80) ? -f : f;
+}
+
+// A weight matrix of the twin: rows of host floats, or rows `row0 + r` of an FP8 weight
+// (host bytes and scales), widened exactly in double.
+struct RefWeight {
+  const float* f = nullptr;  // [rows][cols], when not FP8
+  const Fp8Weight* q = nullptr;
+  size_t row0 = 0, cols = 0;
+  double at(size_t r, size_t c) const {
+    if (!q) return f[r * cols + c];
+    const size_t row = row0 + r;
+    return e4m3_value(q->q[row * q->ldq + c]) *
+           static_cast<double>(q->scales[(row >> q->row_shift) * q->scale_ld + c / kFp8BlockK]);
+  }
+};
+
+}  // namespace
+
 void moe_experts_ref(const MoeExpertsArgs& a) {
   const size_t H = static_cast<size_t>(a.hidden), R = static_cast<size_t>(a.rows),
                K = static_cast<size_t>(a.top_k);
   const float* x = static_cast<const float*>(a.x);
   float* out = static_cast<float*>(a.out);
   // One gated MLP of row r through weights gu [2n][H] and dn [H][n], added into acc * w.
-  auto mlp = [&](size_t r, const float* gu, const float* dn, size_t n, double w,
+  auto mlp = [&](size_t r, const RefWeight& gu, const RefWeight& dn, size_t n, double w,
                  std::vector<double>* acc) {
     std::vector<float> act(n);
     for (size_t i = 0; i < n; ++i) {
       double g = 0, u = 0;
       for (size_t c = 0; c < H; ++c) {
-        g += static_cast<double>(gu[i * H + c]) * x[r * H + c];
-        u += static_cast<double>(gu[(n + i) * H + c]) * x[r * H + c];
+        g += gu.at(i, c) * x[r * H + c];
+        u += gu.at(n + i, c) * x[r * H + c];
       }
       const double silu = g / (1.0 + std::exp(-g));
       act[i] = round_to(DType::bf16, static_cast<float>(silu * u));
     }
     for (size_t h = 0; h < H; ++h) {
       double s = 0;
-      for (size_t i = 0; i < n; ++i) s += static_cast<double>(dn[h * n + i]) * act[i];
+      for (size_t i = 0; i < n; ++i) s += dn.at(h, i) * act[i];
       (*acc)[h] += w * static_cast<float>(s);
     }
   };
-  const size_t I = static_cast<size_t>(a.inter);
+  const size_t I = static_cast<size_t>(a.inter), S = static_cast<size_t>(a.shared_inter);
+  // Expert le's weights (the stacked FP8 rows or its float matrices).
+  auto weights_of = [&](size_t le) {
+    RefWeight gu, dn;
+    gu.cols = H, dn.cols = I;
+    if (a.gate_up_fp8.q) {
+      gu.q = &a.gate_up_fp8, gu.row0 = le * 2 * I;
+      dn.q = &a.down_fp8, dn.row0 = le * H;
+    } else {
+      gu.f = static_cast<const float*>(a.gate_up) + le * 2 * I * H;
+      dn.f = static_cast<const float*>(a.down) + le * H * I;
+    }
+    return std::pair{gu, dn};
+  };
+  RefWeight sgu, sdn;
+  sgu.cols = H, sdn.cols = S;
+  if (a.shared_gate_up_fp8.q) {
+    sgu.q = &a.shared_gate_up_fp8, sdn.q = &a.shared_down_fp8;
+  } else {
+    sgu.f = static_cast<const float*>(a.shared_gate_up);
+    sdn.f = static_cast<const float*>(a.shared_down);
+  }
   for (size_t r = 0; r < R; ++r) {
     std::vector<double> acc(H, 0.0);
     // Ascending expert id, as the device sums them.
@@ -153,13 +205,10 @@ void moe_experts_ref(const MoeExpertsArgs& a) {
     std::sort(chosen.begin(), chosen.end());
     for (const auto& [e, j] : chosen) {
       if (e < a.expert0 || e >= a.expert0 + a.experts) continue;
-      const size_t le = static_cast<size_t>(e - a.expert0);
-      mlp(r, static_cast<const float*>(a.gate_up) + le * 2 * I * H,
-          static_cast<const float*>(a.down) + le * H * I, I, a.weights[r * K + j], &acc);
+      const auto [gu, dn] = weights_of(static_cast<size_t>(e - a.expert0));
+      mlp(r, gu, dn, I, a.weights[r * K + j], &acc);
     }
-    if (a.shared_inter > 0)
-      mlp(r, static_cast<const float*>(a.shared_gate_up), static_cast<const float*>(a.shared_down),
-          static_cast<size_t>(a.shared_inter), 1.0, &acc);
+    if (a.shared_inter > 0) mlp(r, sgu, sdn, S, 1.0, &acc);
     for (size_t h = 0; h < H; ++h) {
       const double prior = a.accumulate ? out[r * H + h] : 0.0;
       out[r * H + h] = round_to(DType::bf16, static_cast<float>(prior + acc[h]));
@@ -211,8 +260,36 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
   if (a.form == 1 && a.rows > kMoeDecodeMaxRows)
     return bad(
         fmt::format("the decode form takes at most {} rows, not {}", kMoeDecodeMaxRows, a.rows));
-  if (!a.x || !a.ids || !a.weights || !a.out || (a.experts > 0 && (!a.gate_up || !a.down)) ||
-      (a.shared_inter > 0 && (!a.shared_gate_up || !a.shared_down)))
+  // FP8 weights: both matrices of a set FP8, each one's stride, scales and alignment.
+  auto fp8 = [&](const Fp8Weight& w, const char* name, int cols) -> Status {
+    const size_t need_ld = (static_cast<size_t>(cols) + kFp8BlockK - 1) / kFp8BlockK;
+    if (!w.q || !w.scales) return bad(fmt::format("{}: null bytes or scales", name));
+    if (w.ldq < static_cast<size_t>(cols))
+      return bad(fmt::format("{}.ldq {} is less than its {} columns", name, w.ldq, cols));
+    if (w.ldq % 8 != 0 || reinterpret_cast<uintptr_t>(w.q) % 8 != 0)
+      return bad(fmt::format("{}: q and ldq ({}) must be multiples of 8 bytes", name, w.ldq));
+    if (reinterpret_cast<uintptr_t>(w.scales) % alignof(float) != 0)
+      return bad(fmt::format("{}.scales must be 4-byte aligned", name));
+    if (w.scale_ld < need_ld)
+      return bad(fmt::format("{}.scale_ld {} is less than ceil({} / {}) = {}", name, w.scale_ld,
+                             cols, kFp8BlockK, need_ld));
+    if (w.row_shift != 0 && w.row_shift != 7)
+      return bad(fmt::format("{}.row_shift {} must be 0 or 7", name, w.row_shift));
+    return Status::Ok();
+  };
+  const bool routed_fp8 = a.gate_up_fp8.q || a.down_fp8.q;
+  const bool shared_fp8 = a.shared_gate_up_fp8.q || a.shared_down_fp8.q;
+  if (routed_fp8) {
+    SPARK_TRY(fp8(a.gate_up_fp8, "gate_up_fp8", a.hidden));
+    SPARK_TRY(fp8(a.down_fp8, "down_fp8", a.inter));
+  }
+  if (shared_fp8) {
+    SPARK_TRY(fp8(a.shared_gate_up_fp8, "shared_gate_up_fp8", a.hidden));
+    SPARK_TRY(fp8(a.shared_down_fp8, "shared_down_fp8", a.shared_inter));
+  }
+  if (!a.x || !a.ids || !a.weights || !a.out ||
+      (a.experts > 0 && !routed_fp8 && (!a.gate_up || !a.down)) ||
+      (a.shared_inter > 0 && !shared_fp8 && (!a.shared_gate_up || !a.shared_down)))
     return bad("a null operand");
   for (const void* p :
        {a.x, a.gate_up, a.down, a.shared_gate_up, a.shared_down, static_cast<const void*>(a.out)})

@@ -10,6 +10,10 @@
 // and rounds the activation to bf16 as the twin does, so an activation whose fp32 and double
 // values fall on either side of a bf16 rounding boundary differs by one bf16 ulp; each output
 // is allowed two bf16 ulps of itself plus 1% of the row's mean |output| for those flips.
+//
+// FP8 experts (e4m3 bytes with block scales of any float value): the decode form against the
+// twin over the FP8 weights (widened exactly); the grouped form, whose weights are value x
+// scale rounded to bf16 by design, against the twin over those bf16 weights. Same bounds.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include "kernels/moe.h"
 #include "support/gpu.h"
 #include "support/gpu_values.h"
+#include "support/moe_fp8_weights.h"
 
 using namespace spark;
 using namespace spark::kernels;
@@ -195,4 +200,153 @@ TEST_CASE("gpu moe experts: the grouped form (tokens sorted by expert) against t
       {130, 8, 4096, 1408, 128, 0, 128, 1408, false},  // GLM-4.5-Air prefill
   };
   for (const auto& c : cases) check_experts(rng, c, 2);
+}
+
+namespace {
+
+struct Fp8ExpertsCase {
+  int rows, top_k, hidden, inter, experts;
+  int expert0, held;  // the rank's experts
+  int shared;         // shared experts' intermediate (0: none)
+  bool accumulate;
+  int row_shift;
+  bool shared_fp8;  // else bf16 shared experts
+};
+
+// Runs one case with FP8 experts through `form` (1 decode, 2 grouped) against the twin.
+void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
+  CAPTURE(c.rows);
+  CAPTURE(c.top_k);
+  CAPTURE(c.hidden);
+  CAPTURE(c.inter);
+  CAPTURE(c.held);
+  CAPTURE(c.shared);
+  CAPTURE(c.row_shift);
+  CAPTURE(c.shared_fp8);
+  CAPTURE(form);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  const float ws = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+  const float wd = 1.0f / std::sqrt(static_cast<float>(c.inter));
+  const float wsd = 1.f / std::sqrt(std::max<float>(1.f, static_cast<float>(S)));
+  auto x = as_stored(randoms(rng, R * H, -1, 1), DType::bf16);
+  const auto gu = test::make_fp8(rng, E * 2 * I, H, c.row_shift, ws, false);
+  const auto dn = test::make_fp8(rng, E * H, I, c.row_shift, wd, false);
+  const auto sgu = test::make_fp8(rng, 2 * S, H, c.row_shift, ws, false);
+  const auto sdn = test::make_fp8(rng, H, S, c.row_shift, wsd, false);
+  // bf16 shared experts (when not FP8): the FP8 ones widened and rounded to bf16.
+  const auto sgu_b = as_stored(sgu.widened(), DType::bf16);
+  const auto sdn_b = as_stored(sdn.widened(), DType::bf16);
+  auto prior = as_stored(randoms(rng, R * H, -2, 2), DType::bf16);
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> wdist(0.05f, 1.f);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  std::vector<float> ref = prior;
+  MoeExpertsArgs h;
+  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
+  h.hidden = c.hidden, h.expert0 = c.expert0, h.experts = c.held, h.inter = c.inter;
+  h.out = ref.data(), h.accumulate = c.accumulate, h.shared_inter = c.shared;
+  if (c.shared_fp8) {
+    h.shared_gate_up_fp8 = sgu.weight(), h.shared_down_fp8 = sdn.weight();
+  } else {
+    h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
+  }
+  // The grouped form's weights: value x scale rounded to bf16.
+  const auto gu_b = as_stored(gu.widened(), DType::bf16);
+  const auto dn_b = as_stored(dn.widened(), DType::bf16);
+  if (form == 1) {
+    h.gate_up_fp8 = gu.weight(), h.down_fp8 = dn.weight();
+  } else {
+    h.gate_up = gu_b.data(), h.down = dn_b.data();
+    if (c.shared_fp8) {
+      h.shared_gate_up_fp8 = h.shared_down_fp8 = Fp8Weight{};
+      h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
+    }
+  }
+  moe_experts_ref(h);
+
+  auto dx = to_dev(x, DType::bf16);
+  auto dgu = DeviceBuf<uint8_t>::from(gu.q), ddn = DeviceBuf<uint8_t>::from(dn.q);
+  auto dsgu = DeviceBuf<uint8_t>::from(sgu.q), dsdn = DeviceBuf<uint8_t>::from(sdn.q);
+  auto dgus = DeviceBuf<float>::from(gu.scales), ddns = DeviceBuf<float>::from(dn.scales);
+  auto dsgus = DeviceBuf<float>::from(sgu.scales), dsdns = DeviceBuf<float>::from(sdn.scales);
+  auto dsgu_b = to_dev(sgu_b, DType::bf16), dsdn_b = to_dev(sdn_b, DType::bf16);
+  Dev dout = c.accumulate ? to_dev(prior, DType::bf16) : poisoned(R * H, DType::bf16);
+  auto dids = DeviceBuf<int32_t>::from(ids);
+  auto dw = DeviceBuf<float>::from(w);
+  const size_t ws_bytes =
+      moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
+  auto dws = DeviceMemory::allocate(ws_bytes);
+  REQUIRE(dws.ok());
+  auto on_dev = [](const test::Fp8Host& f, const DeviceBuf<uint8_t>& q,
+                   const DeviceBuf<float>& sc) {
+    Fp8Weight d = f.weight();
+    d.q = q.get(), d.scales = sc.get();
+    return d;
+  };
+  MoeExpertsArgs g;
+  g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.rows = c.rows, g.top_k = c.top_k;
+  g.hidden = c.hidden, g.expert0 = c.expert0, g.experts = c.held, g.inter = c.inter;
+  g.gate_up_fp8 = on_dev(gu, dgu, dgus), g.down_fp8 = on_dev(dn, ddn, ddns);
+  g.shared_inter = c.shared, g.out = dout.get(), g.accumulate = c.accumulate;
+  if (S && c.shared_fp8) {
+    g.shared_gate_up_fp8 = on_dev(sgu, dsgu, dsgus), g.shared_down_fp8 = on_dev(sdn, dsdn, dsdns);
+  } else if (S) {
+    g.shared_gate_up = dsgu_b.get(), g.shared_down = dsdn_b.get();
+  }
+  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  auto s = moe_experts_cuda_device(g, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto got = from_dev(dout);
+  std::vector<double> row_mean(R, 0.0);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < H; ++i)
+      row_mean[r] += std::fabs(ref[r * H + i] - (c.accumulate ? prior[r * H + i] : 0.f));
+    row_mean[r] /= static_cast<double>(H);
+  }
+  double err = 0;
+  auto bound = [&](size_t i) { return 2 * bf16_ulp(ref[i]) + 0.01 * row_mean[i / H] + 1e-6; };
+  CHECK(outside(got, ref, bound, &err) == 0);
+  MESSAGE("fp8 experts form " << form << " rows " << c.rows << " k " << c.top_k << " H " << c.hidden
+                              << " I " << c.inter << " E " << c.held << "/" << c.experts
+                              << " shared " << c.shared << " row_shift " << c.row_shift
+                              << ": max err " << err);
+}
+
+}  // namespace
+
+TEST_CASE("gpu moe fp8 experts: the decode form against the twin over the FP8 weights") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe fp8 experts decode"));
+  const Fp8ExpertsCase cases[] = {
+      {1, 2, 256, 128, 8, 0, 8, 0, false, 7, true},      // one row, 128 x 128 blocks
+      {1, 8, 2048, 768, 64, 0, 64, 0, true, 7, true},    // a Qwen3-like row, into the residual
+      {4, 8, 200, 72, 16, 0, 16, 72, true, 0, true},     // partial blocks, a scale row per row
+      {4, 2, 256, 96, 8, 0, 8, 0, false, 7, true},       // experts straddle scale rows
+      {8, 8, 512, 256, 64, 0, 64, 256, false, 7, true},  // 8 rows, FP8 shared experts
+      {8, 2, 256, 128, 32, 8, 16, 128, true, 7, false},  // expert parallel, bf16 shared experts
+  };
+  for (const auto& c : cases) check_fp8_experts(rng, c, 1);
+}
+
+TEST_CASE("gpu moe fp8 experts: the grouped form against the twin over its bf16 weights") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe fp8 experts grouped"));
+  const Fp8ExpertsCase cases[] = {
+      {4, 8, 200, 72, 16, 0, 16, 72, true, 0, true},        // few rows, partial blocks
+      {33, 2, 200, 72, 8, 0, 8, 72, false, 0, true},        // partial tiles and blocks
+      {33, 8, 256, 128, 64, 0, 64, 0, true, 7, true},       // 64 experts, top-8
+      {128, 8, 512, 256, 64, 16, 32, 256, false, 7, true},  // expert parallel, FP8 shared
+      {128, 2, 256, 96, 16, 0, 16, 128, true, 7, false},    // K tail, bf16 shared experts
+      {128, 8, 1024, 384, 64, 0, 64, 0, false, 7, true},    // wider rows
+  };
+  for (const auto& c : cases) check_fp8_experts(rng, c, 2);
 }

@@ -1,13 +1,19 @@
 // The router's twin (kernels/moe.h): each scoring rule on hand-made rows whose answer is known,
-// the tie rule, and the expert products' twin on a row worked out by hand.
+// the tie rule, and the expert products' twin on a row worked out by hand; its FP8 experts
+// against the float twin on the same weights widened, and the FP8 fields' checks.
 #include "kernels/moe.h"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "support/moe_fp8_weights.h"
 
 using namespace spark;
 using namespace spark::kernels;
@@ -130,4 +136,144 @@ TEST_CASE("moe experts twin: a row by hand, held experts only, shared experts, a
                       round_to(DType::bf16, static_cast<float>(1 + 0.75 * act2 * 0.5 + act1 * 2))));
   CHECK(out[1] == doctest::Approx(
                       round_to(DType::bf16, static_cast<float>(2 + 0.75 * act2 * 0.5 + act1 * 0))));
+}
+
+namespace {
+
+struct Fp8TwinCase {
+  int rows, top_k, hidden, inter, experts, expert0, held, shared, row_shift;
+  bool accumulate, shared_fp8;
+};
+
+// The twin over FP8 experts (host bytes and scales) against the twin over the same weights
+// widened to float: the scales keep value x scale exact in float, so the sums are the same
+// numbers in the same order and the outputs equal bit for bit.
+void check_fp8_twin(std::mt19937& rng, const Fp8TwinCase& c) {
+  CAPTURE(c.hidden);
+  CAPTURE(c.inter);
+  CAPTURE(c.row_shift);
+  CAPTURE(c.shared_fp8);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  const float ws = 1.f / std::sqrt(static_cast<float>(H));
+  const float wd = 1.f / std::sqrt(static_cast<float>(I));
+  const auto gu = test::make_fp8(rng, E * 2 * I, H, c.row_shift, ws, true);
+  const auto dn = test::make_fp8(rng, E * H, I, c.row_shift, wd, true);
+  const auto sgu = test::make_fp8(rng, 2 * S, H, c.row_shift, ws, true);
+  const auto sdn = test::make_fp8(rng, H, S, c.row_shift, wd, true);
+  std::uniform_real_distribution<float> u(-1.f, 1.f), wdist(0.05f, 1.f);
+  std::vector<float> x(R * H), prior(R * H);
+  for (auto& v : x) v = round_to(DType::bf16, u(rng));
+  for (auto& v : prior) v = round_to(DType::bf16, 2 * u(rng));
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  const auto gu_f = gu.widened(), dn_f = dn.widened(), sgu_f = sgu.widened(), sdn_f = sdn.widened();
+  MoeExpertsArgs f;
+  f.x = x.data(), f.ids = ids.data(), f.weights = w.data(), f.rows = c.rows, f.top_k = c.top_k;
+  f.hidden = c.hidden, f.gate_up = gu_f.data(), f.down = dn_f.data(), f.expert0 = c.expert0;
+  f.experts = c.held, f.inter = c.inter, f.accumulate = c.accumulate;
+  f.shared_inter = c.shared, f.shared_gate_up = sgu_f.data(), f.shared_down = sdn_f.data();
+  std::vector<float> want = prior, got = prior;
+  f.out = want.data();
+  moe_experts_ref(f);
+  MoeExpertsArgs q = f;
+  q.gate_up = nullptr, q.down = nullptr;  // not read with FP8 experts
+  q.gate_up_fp8 = gu.weight(), q.down_fp8 = dn.weight();
+  if (c.shared_fp8) {
+    q.shared_gate_up = nullptr, q.shared_down = nullptr;
+    q.shared_gate_up_fp8 = sgu.weight(), q.shared_down_fp8 = sdn.weight();
+  }
+  q.out = got.data();
+  moe_experts_ref(q);
+  size_t differ = 0, moved = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    differ += !(got[i] == want[i]);  // NaN (a padding byte or scale read) differs too
+    moved += want[i] != (c.accumulate ? prior[i] : 0.f);
+  }
+  CHECK(differ == 0);
+  CHECK(moved > want.size() / 2);  // the experts did add something
+}
+
+}  // namespace
+
+TEST_CASE("moe experts twin: FP8 experts equal the float twin on the widened weights") {
+  std::mt19937 rng(20261205);
+  const Fp8TwinCase cases[] = {
+      // Partial 128-column blocks (200 = 128 + 72, 72 < 128), a scale row per weight row.
+      {3, 2, 200, 72, 6, 0, 6, 40, 0, false, true},
+      {4, 4, 200, 72, 8, 2, 4, 72, 0, true, true},  // expert parallel, into the residual
+      // 128 x 128 blocks: a scale row per 128 rows of the stacked matrices.
+      {2, 2, 256, 128, 4, 0, 4, 128, 7, true, true},
+      {3, 2, 256, 128, 4, 0, 4, 128, 7, false, false},  // FP8 experts, bf16 shared experts
+  };
+  for (const auto& c : cases) check_fp8_twin(rng, c);
+}
+
+TEST_CASE("moe experts check: bad FP8 fields are refused, naming the field") {
+  alignas(16) static uint8_t bytes[4096];
+  alignas(16) static float scales[64];
+  alignas(16) static uint16_t x[256];
+  alignas(16) static float work[8192];
+  static int32_t ids[4];
+  static float weights[4];
+  MoeExpertsArgs a;
+  a.x = x, a.ids = ids, a.weights = weights, a.out = x, a.rows = 1, a.top_k = 2;
+  a.hidden = 200, a.inter = 72, a.experts = 4, a.shared_inter = 72;
+  a.workspace = work, a.workspace_bytes = sizeof work;
+  Fp8Weight good;
+  good.q = bytes, good.ldq = 208, good.scales = scales, good.scale_ld = 2, good.row_shift = 0;
+  a.gate_up_fp8 = a.down_fp8 = a.shared_gate_up_fp8 = a.shared_down_fp8 = good;
+  REQUIRE_MESSAGE(moe_experts_check(a).ok(), moe_experts_check(a).message());
+  auto refused = [&](MoeExpertsArgs b, const std::string& field) {
+    const auto s = moe_experts_check(b);
+    CHECK_FALSE(s.ok());
+    CHECK_MESSAGE(s.message().find(field) != std::string::npos, s.message());
+  };
+  {
+    auto b = a;
+    b.gate_up_fp8.scale_ld = 1;  // hidden 200 needs 2 blocks
+    refused(b, "gate_up_fp8.scale_ld");
+  }
+  {
+    auto b = a;
+    b.down_fp8.row_shift = 3;
+    refused(b, "down_fp8.row_shift");
+  }
+  {
+    auto b = a;
+    b.shared_gate_up_fp8.ldq = 192;  // fewer than 200 columns
+    refused(b, "shared_gate_up_fp8.ldq");
+  }
+  {
+    auto b = a;
+    b.shared_down_fp8.q = bytes + 4;  // not 8-byte aligned
+    refused(b, "shared_down_fp8");
+  }
+  {
+    auto b = a;
+    b.down_fp8.ldq = 76;  // >= 72 columns, not a multiple of 8
+    refused(b, "down_fp8");
+  }
+  {
+    auto b = a;
+    b.down_fp8.scales = nullptr;
+    refused(b, "down_fp8");
+  }
+  {
+    auto b = a;
+    b.down_fp8 = Fp8Weight{};  // gate/up FP8 without its down
+    refused(b, "down_fp8");
+  }
+  {
+    auto b = a;  // bf16 shared experts need their pointers
+    b.shared_gate_up_fp8 = b.shared_down_fp8 = Fp8Weight{};
+    refused(b, "null operand");
+  }
 }
