@@ -118,7 +118,10 @@ Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank
                                                    static_cast<size_t>(m->plan_.vocab) * H);
   if (report) {
     uint64_t held = 0;
-    for (const auto& d : m->plan_.dests) held += m->weight(d.layer, d.role)->bytes();
+    for (const auto& d : m->plan_.dests) {
+      const Buffer* w = m->weight(d.layer, d.role);
+      held += w->bytes() + (w->scales() ? w->scales()->scales.bytes() : 0);
+    }
     report->weight_bytes = held;
     report->device = m->device_->info().name;
     report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -129,15 +132,30 @@ Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank
 Status Model::fill_synthetic(uint64_t seed) {
   Device& dev = *device_;
   const auto& c = cfg_;
+  // An FP8 config's projections are FP8 as a checkpoint's would be (on a device that keeps
+  // FP8), their scales after the plan's destinations.
+  const auto kept = [&](const ShardDest& d) { return d.fp8 && dev.keeps_fp8(); };
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (const auto& d : plan_.dests)
-    sizes.emplace_back(d.kind == DestKind::matrix ? dev.compute_type()
-                       : d.kind == DestKind::f32  ? ElemType::f32
-                                                  : dev.vector_type(),
+    sizes.emplace_back(kept(d)                      ? ElemType::fp8_e4m3
+                       : d.kind == DestKind::matrix ? dev.compute_type()
+                       : d.kind == DestKind::f32    ? ElemType::f32
+                                                    : dev.vector_type(),
                        d.numel);
+  for (const auto& d : plan_.dests)
+    if (kept(d)) sizes.emplace_back(ElemType::f32, d.scale_rows * d.scale_ld);
   layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
   auto bufs = dev.alloc_weights(sizes);
   if (!bufs) return bufs.error();
+  // FP8 values: 1 MiB of random codes of magnitude [0.5, 2) (e4m3 exponents 6 and 7, either
+  // sign), repeated; each block's scale then sets the weights' range.
+  std::vector<uint8_t> pattern(size_t{1} << 20);
+  uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& b : pattern) {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    b = static_cast<uint8_t>((st & 0x80) | (0x30 + (st >> 8 & 0x0f)));
+  }
+  size_t next_scales = plan_.dests.size();
   // The input width of each matrix (its variance 1/width keeps activations in range).
   auto width = [&](WeightRole r) -> double {
     switch (r) {
@@ -170,7 +188,21 @@ Status Model::fill_synthetic(uint64_t seed) {
              d.role == WeightRole::k_norm || d.role == WeightRole::q_a_norm ||
              d.role == WeightRole::kv_a_norm)
       scale = 0.1f, offset = 1.0f;
-    SPARK_TRY(dev.fill_random((*bufs)[i], seed * 1000003u + i, scale, offset));
+    if (!kept(d)) {
+      SPARK_TRY(dev.fill_random((*bufs)[i], seed * 1000003u + i, scale, offset));
+      continue;
+    }
+    const Buffer& w = (*bufs)[i];
+    for (size_t at = 0; at < w.numel(); at += pattern.size())
+      SPARK_TRY(dev.upload(w.view(at, pattern.size()), pattern.data(), DType::f8_e4m3));
+    auto bs = std::make_shared<BlockScales>();
+    bs->scales = (*bufs)[next_scales++];
+    bs->ld = d.scale_ld;
+    bs->row_shift = d.scale_row_shift;
+    bs->base = w.data();
+    bs->cols = static_cast<size_t>(d.cols);
+    SPARK_TRY(dev.fill_random(bs->scales, seed * 1000003u + i, scale / 2, scale));
+    weight(d.layer, d.role)->set_scales(std::move(bs));
   }
   return dev.synchronize();
 }

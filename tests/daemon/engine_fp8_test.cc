@@ -262,9 +262,10 @@ TEST_CASE("fp8: projections stay FP8 as stored, a byte a weight and the scales, 
       }
     CHECK(fp8_dests > 0);
     CHECK(b.weight_bytes - a.weight_bytes == proj * 3 - scales);
-    // A GPU holds the FP8 projections at a byte too: the plan's bf16 count is not the
-    // dequantized model's.
-    CHECK(p.held_bytes(2, 2) + proj <= (*mb)->shard_plan().held_bytes(2, 2));
+    // A GPU that keeps FP8 holds the projections at a byte plus the scales; one that widens
+    // them, as the dequantized model.
+    CHECK(p.held_bytes(2, 2) + proj - scales == (*mb)->shard_plan().held_bytes(2, 2));
+    CHECK(p.held_bytes(2, 2, false) == (*mb)->shard_plan().held_bytes(2, 2));
   }
 }
 
