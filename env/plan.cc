@@ -65,7 +65,8 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16
   // matrices and vectors, fp32 where the plan says so; an FP8 checkpoint's projections at
   // a byte a weight plus their block scales where a GPU keeps them so, kCudaKeepsFp8): the
-  // plan, preflight and the engine then agree to the byte. A model the engine refuses keeps the estimate from the files.
+  // plan, preflight and the engine then agree to the byte. A model the engine refuses keeps the
+  // estimate from the files.
   if (get("ENGINE") != "exec") {
     auto mc = engine::model_config_from(mf.config, where);
     if (mc) {

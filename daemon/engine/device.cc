@@ -48,11 +48,11 @@ Buffer Buffer::view(size_t offset, size_t n) const {
 Result<kernels::Fp8Weight> fp8_weight(const Buffer& w) {
   const BlockScales* s = w.scales();
   if (w.type() != ElemType::fp8_e4m3 || !s || s->cols == 0)
-    return make_error(Errc::internal,
-                      fmt::format("a {} buffer is not an FP8 matrix with block scales",
-                                  elem_name(w.type())));
-  const size_t off = static_cast<size_t>(static_cast<const char*>(w.data()) -
-                                         static_cast<const char*>(s->base));
+    return make_error(
+        Errc::internal,
+        fmt::format("a {} buffer is not an FP8 matrix with block scales", elem_name(w.type())));
+  const size_t off =
+      static_cast<size_t>(static_cast<const char*>(w.data()) - static_cast<const char*>(s->base));
   const size_t row0 = off / s->cols;
   if (off % s->cols != 0 || (row0 & ((size_t{1} << s->row_shift) - 1)) != 0)
     return make_error(Errc::internal,

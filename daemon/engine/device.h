@@ -70,9 +70,9 @@ class Buffer {
 };
 
 struct BlockScales {
-  Buffer scales;          // f32 [((rows - 1) >> row_shift) + 1][ld]
-  size_t ld = 0;          // ceil(cols / 128)
-  int row_shift = 7;      // 7: 128-row blocks as stored; 0: one scale row per matrix row
+  Buffer scales;               // f32 [((rows - 1) >> row_shift) + 1][ld]
+  size_t ld = 0;               // ceil(cols / 128)
+  int row_shift = 7;           // 7: 128-row blocks as stored; 0: one scale row per matrix row
   const void* base = nullptr;  // the matrix's first byte (a view's rows count from here)
   size_t cols = 0;             // the matrix's row width
 };

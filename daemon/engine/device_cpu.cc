@@ -313,8 +313,8 @@ class CpuDevice final : public Device {
       for (int i = 0; i < n; ++i)
         std::memcpy(gather_.data() + static_cast<size_t>(i) * H,
                     f32(x) + static_cast<size_t>(who[static_cast<size_t>(i)]) * H, H * 4);
-      auto gu = weights_f32(e.gate_up->view(static_cast<size_t>(le) * 2 * I * H, 2 * I * H),
-                            2 * I, H, &wide_);
+      auto gu = weights_f32(e.gate_up->view(static_cast<size_t>(le) * 2 * I * H, 2 * I * H), 2 * I,
+                            H, &wide_);
       if (!gu) return gu.error();
       auto dn = weights_f32(e.down->view(static_cast<size_t>(le) * H * I, H * I), H, I, &wide2_);
       if (!dn) return dn.error();
@@ -518,7 +518,8 @@ class CpuDevice final : public Device {
     if (!f) return f.error();
     static const std::vector<float> lut = [] {
       std::vector<float> t(256);
-      for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
+      for (int i = 0; i < 256; ++i)
+        t[static_cast<size_t>(i)] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
       return t;
     }();
     scratch->resize(rows * cols);

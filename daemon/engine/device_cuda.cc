@@ -23,8 +23,8 @@
 #include "kernels/device_copy.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
-#include "kernels/launch.h"
 #include "kernels/fp8.h"
+#include "kernels/launch.h"
 #include "kernels/matmul.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
@@ -142,8 +142,7 @@ class CudaDevice final : public Device {
     bool keeps_fp8 = kCudaKeepsFp8;
     if (const char* v = std::getenv("SPARK_CUDA_UNVERIFIED")) {
       if (std::string_view(v) != "0" && std::string_view(v) != "1")
-        return make_error(Errc::config,
-                          fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", v));
+        return make_error(Errc::config, fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", v));
       keeps_fp8 = keeps_fp8 || std::string_view(v) == "1";
     }
     SPARK_TRY(kernels::cuda_device_count().status());

@@ -339,10 +339,10 @@ Status check_stored_format(const Checkpoint& ck, const ShardRead& r, const Tenso
 // The scale rows [sr0, sr1) of FP8 read `r` (scols wide, as stored) are ones the engine
 // can use: a NaN, infinite, zero or negative scale (or, with ue8m0 scales, one that is not
 // a power of two) in the columns the read covers fails the load naming the tensor and block.
-Status check_fp8_scales(const ShardRead& r, const WeightFormat& wf, const std::vector<float>& scales,
-                        int64_t sr0, int64_t sr1, int64_t scols, const std::string& dir) {
-  const int64_t sc0 = r.slice.col0 / wf.block_k,
-                sc1 = (r.slice.col0 + r.cols - 1) / wf.block_k + 1;
+Status check_fp8_scales(const ShardRead& r, const WeightFormat& wf,
+                        const std::vector<float>& scales, int64_t sr0, int64_t sr1, int64_t scols,
+                        const std::string& dir) {
+  const int64_t sc0 = r.slice.col0 / wf.block_k, sc1 = (r.slice.col0 + r.cols - 1) / wf.block_k + 1;
   for (int64_t i = sr0; i < sr1; ++i)
     for (int64_t j = sc0; j < sc1; ++j) {
       const float v = scales[static_cast<size_t>((i - sr0) * scols + j)];
@@ -411,16 +411,14 @@ Status load_fp8_kept(const Checkpoint& ck, const ShardRead& r, const WeightForma
   const std::string sname = fp8_scale_name(r.tensor);
   const auto sshape = fp8_scale_shape(r, wf);
   const int64_t scols = sshape[1];
-  const int64_t sr0 = r.slice.row0 / wf.block_n,
-                sr1 = (r.slice.row0 + r.rows - 1) / wf.block_n + 1;
+  const int64_t sr0 = r.slice.row0 / wf.block_n, sr1 = (r.slice.row0 + r.rows - 1) / wf.block_n + 1;
   std::vector<float> src(static_cast<size_t>((sr1 - sr0) * scols));
   SPARK_TRY(ck.read(sname, sshape, Slice{sr0, sr1 - sr0, 0, -1}, src.data()));
   SPARK_TRY(check_fp8_scales(r, wf, src, sr0, sr1, scols, dir));
   const int64_t sc0 = r.slice.col0 / wf.block_k;
   const int64_t drow0 = static_cast<int64_t>(r.dst_offset) / f.cols;
   for (int64_t i = 0; i < r.rows; ++i) {  // each destination scale row from its source row
-    const int64_t d = (drow0 + i) >> f.scale_row_shift,
-                  s = (r.slice.row0 + i) / wf.block_n - sr0;
+    const int64_t d = (drow0 + i) >> f.scale_row_shift, s = (r.slice.row0 + i) / wf.block_n - sr0;
     for (size_t j = 0; j < f.scale_ld; ++j)
       scales[static_cast<size_t>(d) * f.scale_ld + j] =
           src[static_cast<size_t>(s * scols + sc0) + j];
@@ -448,8 +446,8 @@ Status load_fp8_kept(const Checkpoint& ck, const ShardRead& r, const WeightForma
 // Which of the plan's destinations keep FP8 as stored (ShardDest::fp8, on a device that
 // keeps FP8 (Device::keeps_fp8), where the file stores every read of it as F8_E4M3; the
 // rest are widened), and each read's destination.
-Result<std::vector<bool>> fp8_dests(const ShardPlan& plan, const Device& dev,
-                                    const Checkpoint& ck, std::vector<size_t>* read_dest) {
+Result<std::vector<bool>> fp8_dests(const ShardPlan& plan, const Device& dev, const Checkpoint& ck,
+                                    std::vector<size_t>* read_dest) {
   std::vector<bool> keep(plan.dests.size());
   std::map<std::pair<int, WeightRole>, size_t> index;
   for (size_t i = 0; i < plan.dests.size(); ++i) {
@@ -568,7 +566,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (size_t i = 0; i < plan_.dests.size(); ++i) {
     const auto& d = plan_.dests[i];
-    sizes.emplace_back((*f8)[i]                   ? ElemType::fp8_e4m3
+    sizes.emplace_back((*f8)[i]                     ? ElemType::fp8_e4m3
                        : d.kind == DestKind::matrix ? dev.compute_type()
                        : d.kind == DestKind::f32    ? ElemType::f32
                                                     : dev.vector_type(),

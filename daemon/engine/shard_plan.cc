@@ -10,7 +10,7 @@ uint64_t ShardPlan::held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept
   uint64_t n = 0;
   for (const auto& d : dests) {
     const bool fp8 = d.fp8 && fp8_kept;
-    const int b = fp8                        ? 1
+    const int b = fp8                          ? 1
                   : d.kind == DestKind::matrix ? matrix_bytes
                   : d.kind == DestKind::f32    ? 4
                                                : vector_bytes;

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -215,8 +216,10 @@ TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tok
       const size_t V = static_cast<size_t>(c.vocab_size);
       CHECK(rep.device.find("sm_") != std::string::npos);
       // Weights in device memory: the norms' weights are folded into q/k/v and gate/up.
-      // (Not latent attention's: its input norm feeds q_a and kv_a, which stay unfolded.)
-      CHECK(model.norms_folded() == (rep.bytes_in_place == 0 && !c.is_mla()));
+      // (Not latent attention's: its input norm feeds q_a and kv_a, which stay unfolded; nor
+      // into FP8 weights kept as stored.)
+      const bool fp8 = model.describe()["weights"].get<std::string>().rfind("fp8", 0) == 0;
+      CHECK(model.norms_folded() == (rep.bytes_in_place == 0 && !c.is_mla() && !fp8));
       std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = ref["greedy_steps"].get<int>();
       const int bs = 16;
@@ -590,18 +593,18 @@ TEST_CASE("cuda engine: latent attention is refused unless SPARK_CUDA_UNVERIFIED
   CHECK_MESSAGE(on.ok(), (on.ok() ? std::string() : on.error().message));
 }
 
-TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's logits and tokens") {
-  auto dev = cuda_or_skip();
-  if (!dev) return;
-  test::TempDir dir;
-  REQUIRE(
-      write_random_checkpoint(dir.path(), {small_config(Family::deepseek_v3), DType::bf16, 3, 1})
-          .ok());
-  auto h = Model::load(dir.path(), 0, 1);
+// The model in `dir` on the CUDA device against the CPU device, step by step: two sequences
+// with interleaved blocks, A's prompt in two chunks (the second over a cached prefix) next to
+// B's in one, then both decoding together on the CPU's greedy tokens; eager, then through
+// CUDA graphs (whose tokens must be the eager steps'). Logits within the bf16 bound, and
+// only a near-tie (or a router near-tie) may pick another token. `on_gpu_model` checks each
+// CUDA model once loaded.
+static void cuda_matches_cpu(const std::string& dir, const std::string& what,
+                             const std::function<void(Model&)>& on_gpu_model = {}) {
+  auto h = Model::load(dir, 0, 1);
   REQUIRE(h.ok());
   Model& cpu = **h;
   const auto& c = cpu.config();
-  REQUIRE(c.is_mla());
   const size_t V = static_cast<size_t>(c.vocab_size);
   const int bs = 8, blocks = 16;
   LocalCollective one;
@@ -659,9 +662,10 @@ TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's lo
     CAPTURE(graphs);
     auto d = make_cuda_device(0);
     REQUIRE(d.ok());
-    auto g = Model::load(dir.path(), 0, 1, *d);
+    auto g = Model::load(dir, 0, 1, *d);
     REQUIRE_MESSAGE(g.ok(), (g.ok() ? std::string() : g.error().message));
     Model& gpu = **g;
+    if (on_gpu_model) on_gpu_model(gpu);
     REQUIRE(gpu.prepare(32, 2, blocks / 2 * bs, bs, graphs).ok());
     auto gc = gpu.make_kv_cache(blocks, bs, ElemType::bf16);
     REQUIRE(gc.ok());
@@ -696,8 +700,8 @@ TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's lo
                         "step " << i << " sequence " << k << ": greedy " << gt << " vs " << ct);
       }
     }
-    MESSAGE("DeepSeek-V3 on CUDA" << (graphs ? " (graphs)" : "") << " vs the CPU: max |logit diff| "
-                                  << worst << " (bound " << kBf16LogitBound << ")");
+    MESSAGE(what << " on CUDA" << (graphs ? " (graphs)" : "") << " vs the CPU: max |logit diff| "
+                 << worst << " (bound " << kBf16LogitBound << ")");
     if (graphs) {
       CHECK(gpu.graph_captures() >= 1);
       CHECK(gpu.graph_replays() >= 1);
@@ -705,5 +709,49 @@ TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's lo
     } else {
       eager_tokens = tokens;
     }
+  }
+}
+
+TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's logits and tokens") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  test::TempDir dir;
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::deepseek_v3), DType::bf16, 3, 1})
+          .ok());
+  REQUIRE(load_model_config(dir.path())->is_mla());
+  cuda_matches_cpu(dir.path(), "DeepSeek-V3");
+}
+
+TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits and tokens") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  for (Family f : {Family::qwen3, Family::qwen3_moe}) {
+    const std::string name = architecture_name(f);
+    CAPTURE(name);
+    // Every projection whole 128-blocks; prefill chunks above the decode kernel's 8 rows
+    // run the dequantized tiles, decode steps the FP8 kernel (dense) or the FP8 experts.
+    auto c = small_config(f, 384, 256, 2);
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 128;
+    c.rotary_dim = 128;
+    c.intermediate_size = 512;
+    c.eos_token_ids = {};
+    if (c.is_moe()) c.moe.expert_inter = 256;
+    test::TempDir dir;
+    RandomCheckpointSpec spec{c, DType::bf16, 7, 1};
+    spec.fp8 = true;
+    REQUIRE(write_random_checkpoint(dir.path(), spec).ok());
+    cuda_matches_cpu(dir.path(), name + " FP8",
+                     [](Model& m) { CHECK(m.describe()["weights"] == "fp8+bf16"); });
+    // Without SPARK_CUDA_UNVERIFIED=1 the GPU widens them into bf16 at load, as before.
+    ::setenv("SPARK_CUDA_UNVERIFIED", "0", 1);
+    auto d = make_cuda_device(0);
+    REQUIRE(d.ok());
+    auto m = Model::load(dir.path(), 0, 1, *d);
+    ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
+    REQUIRE(m.ok());
+    CHECK((*m)->describe()["weights"] == "bf16");
   }
 }

@@ -228,7 +228,8 @@ TEST_CASE("fp8: a block-scaled checkpoint gives the logits of its dequantized va
   }
 }
 
-TEST_CASE("fp8: projections stay FP8 as stored, a byte a weight and the scales, as the plan counts") {
+TEST_CASE(
+    "fp8: projections stay FP8 as stored, a byte a weight and the scales, as the plan counts") {
   test::TempDir tmp;
   for (Family f : {Family::qwen3, Family::qwen3_moe}) {
     const std::string name = architecture_name(f);
