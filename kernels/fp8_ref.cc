@@ -1,6 +1,7 @@
 // The FP8 products' CPU twins, the e4m3 decoder and the argument check both devices share.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -32,10 +33,21 @@ size_t blocks_of(size_t k) {
   return (k + kFp8BlockK - 1) / kFp8BlockK;
 }
 
+// The 256 codes' values, decoded once (the twins widen every weight of a product).
+const float* e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = fp8_e4m3_value(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
+}
+
 // The weight w[row][col] exactly: e4m3's 4 significant bits times fp32's 24 fit a double.
 double weight_at(const Fp8Weight& w, size_t row, size_t col) {
   const float s = w.scales[(row >> w.row_shift) * w.scale_ld + col / kFp8BlockK];
-  return static_cast<double>(fp8_e4m3_value(w.q[row * w.ldq + col])) * s;
+  return static_cast<double>(e4m3_table()[w.q[row * w.ldq + col]]) * s;
 }
 
 double product(const Fp8MatmulArgs& p, size_t i, size_t row) {
