@@ -7,6 +7,7 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/embedding.h"
 #include "kernels/fill.h"
+#include "kernels/fp8.h"
 #include "kernels/matmul.h"
 #include "kernels/mla.h"
 #include "kernels/moe.h"
@@ -240,6 +241,16 @@ Status row_sumsq_cuda_device(const void*, size_t, size_t, float*, void*) {
 Status rows_rms_scale_cuda_device(void*, const void*, const float*, size_t, size_t, float, float,
                                   void*) {
   return no_cuda("rows_rms_scale_cuda_device");
+}
+
+Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void*) {
+  SPARK_TRY(fp8_matmul_check(a));
+  return no_cuda("fp8_gemv_cuda_device");
+}
+Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k, void* out,
+                                  size_t ldo, void*) {
+  SPARK_TRY(fp8_dequantize_check(w, row0, rows, k, out, ldo));
+  return no_cuda("fp8_dequantize_cuda_device");
 }
 
 Status fill_random_cuda_device(void*, DType, size_t, uint64_t, float, float, void*) {

@@ -69,6 +69,11 @@ Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream);
 Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k,
                                   void* out, size_t ldo, void* stream);
 
+/// Checks fp8_dequantize_cuda_device's arguments (k > 0, non-null pointers, w.ldq and
+/// ldo >= k, scale_ld >= ceil(k / 128), row_shift 0 or 7).
+Status fp8_dequantize_check(const Fp8Weight& w, size_t row0, size_t rows, size_t k,
+                            const void* out, size_t ldo);
+
 /// The twin of fp8_gemv_cuda_device on host memory (a and bias bf16 as uint16_t, out of
 /// out_dtype): in double over exactly widened weights, rounded as the device rounds.
 void fp8_matmul_ref(const Fp8MatmulArgs& host_args);

@@ -11,9 +11,9 @@
 // and over what one multiprocessor reads alone.
 //
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
-// Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), decode, prefill
-// (attention = both), other, sampler; the HBM read and the bf16 product peak are measured in every
-// run, as every row is read against them.
+// Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), fp8 (the FP8 decode
+// product beside the bf16 own kernel), decode, prefill (attention = both), other, sampler; the HBM
+// read and the bf16 product peak are measured in every run, as every row is read against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda_runtime.h"
+#include "kernels/fp8.h"
 #include "kernels/matmul.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -91,6 +92,26 @@ void* random_bf16(size_t n, uint32_t seed, float scale = 1.f) {
   fill_random<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, scale);
   CK(cudaGetLastError());
   return p;
+}
+
+// Random e4m3 codes (never the NaN codes 0x7f, 0xff) and block scales.
+__global__ void fill_fp8(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    uint8_t b = static_cast<uint8_t>(x);
+    if ((b & 0x7f) == 0x7f) b ^= 1;
+    p[i] = b;
+  }
+}
+__global__ void fill_scales(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = (1.f + static_cast<float>(x & 0xffff) / 65536.f) / 8192.f;
+  }
 }
 
 // Median time in microseconds of one call of `body(i)` (i = the rotation index), from
@@ -268,7 +289,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   const std::string sections =
-      ",matmul,forms,fused,layer,layer8,decode,prefill,attention,other,sampler,";
+      ",matmul,forms,fused,layer,layer8,fp8,decode,prefill,attention,other,sampler,";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -283,7 +304,7 @@ int main(int argc, char** argv) {
         if (sections.find("," + sec + ",") == std::string::npos) {
           std::fprintf(stderr,
                        "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
-                       "fused, layer, layer8, decode, prefill, attention, other, sampler)\n",
+                       "fused, layer, layer8, fp8, decode, prefill, attention, other, sampler)\n",
                        sec.c_str());
           return 2;
         }
@@ -503,6 +524,99 @@ int main(int argc, char** argv) {
       for (void* p : ws) CK(cudaFree(p));
     }
     out["own_forms"] = gjs;
+  }
+
+  // ---- the FP8 decode product (weights kept as e4m3 bytes with 128 x 128 block scales) at
+  // 1-8 rows beside the bf16 own kernel on the same shape: each against the bytes it must
+  // read (fp8: the codes, the scales and A; bf16: twice the weight bytes and A), as a share
+  // of the HBM read rate. Llama-3-8B's projections and Qwen3-30B-A3B's (attention and one
+  // expert's gate/up and down).
+  if (want("fp8")) {
+    struct Fp8Shape {
+      const char* name;
+      size_t n, k;
+    } fshapes[] = {{"llama q/o 4096x4096", 4096, 4096},
+                   {"llama gate_up 28672x4096", 28672, 4096},
+                   {"llama down 4096x14336", 4096, 14336},
+                   {"qwen3moe q 4096x2048", 4096, 2048},
+                   {"qwen3moe o 2048x4096", 2048, 4096},
+                   {"qwen3moe expert gate_up 1536x2048", 1536, 2048},
+                   {"qwen3moe expert down 2048x768", 2048, 768}};
+    fmt::print("\n# {:<33} {:>2} | {:>8} {:>7} {:>5} | {:>8} {:>7} {:>5} | {:>6}\n",
+               "fp8 decode (n x k)", "m", "fp8 us", "GB/s", "%HBM", "bf16 us", "GB/s", "%HBM",
+               "bf16/fp8");
+    json f8js = json::array();
+    for (const auto& sh : fshapes) {
+      const size_t blocks = (sh.k + kFp8BlockK - 1) / kFp8BlockK;
+      const size_t srows = (sh.n + 127) / 128;
+      const size_t qbytes = sh.n * sh.k, sbytes = srows * blocks * 4;
+      // Enough copies of each weight to exceed the L2 (and at least 2).
+      const int fcopies =
+          static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / (qbytes + sbytes) + 1));
+      const int bcopies =
+          static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / (2 * qbytes) + 1));
+      std::vector<Fp8Weight> fw;
+      for (int c = 0; c < fcopies; ++c) {
+        auto* q = static_cast<uint8_t*>(dalloc(qbytes));
+        auto* sc = static_cast<float*>(dalloc(sbytes));
+        fill_fp8<<<1024, 256>>>(q, qbytes, 70 + c);
+        fill_scales<<<64, 256>>>(sc, sbytes / 4, 80 + c);
+        CK(cudaGetLastError());
+        Fp8Weight w;
+        w.q = q, w.ldq = sh.k, w.scales = sc, w.scale_ld = blocks, w.row_shift = 7;
+        fw.push_back(w);
+      }
+      std::vector<void*> bw;
+      for (int c = 0; c < bcopies; ++c) bw.push_back(random_bf16(sh.n * sh.k, 90 + c, 0.05f));
+      CK(cudaDeviceSynchronize());
+      for (size_t m : {size_t{1}, size_t{2}, size_t{4}, size_t{8}}) {
+        void* a = random_bf16(m * sh.k, 96);
+        void* o = dalloc(m * sh.n * 2);
+        Fp8MatmulArgs fa;
+        fa.a = a, fa.lda = sh.k, fa.out = o, fa.out_dtype = DType::bf16, fa.ldo = sh.n, fa.m = m,
+        fa.n = sh.n, fa.k = sh.k;
+        const double tf = time_us(st, 20, [&](int i) {
+          fa.w = fw[static_cast<size_t>(i) % fw.size()];
+          ST(fp8_gemv_cuda_device(fa, st));
+        });
+        MatmulArgs ba;
+        ba.a = a, ba.lda = sh.k, ba.ldw = sh.k, ba.out = o, ba.ldo = sh.n, ba.m = m, ba.n = sh.n,
+        ba.k = sh.k;
+        const double tb = time_us(st, 20, [&](int i) {
+          ba.w = bw[static_cast<size_t>(i) % bw.size()];
+          ST(matmul_own_cuda_device(ba, st));
+        });
+        const double abytes = static_cast<double>(m * sh.k * 2);
+        const double fbytes = static_cast<double>(qbytes + sbytes) + abytes;
+        const double bbytes = 2.0 * static_cast<double>(qbytes) + abytes;
+        const double fgbs = fbytes / tf / 1e3, bgbs = bbytes / tb / 1e3;
+        fmt::print(
+            "{:<35} {:>2} | {:>8.1f} {:>7.0f} {:>4.0f}% | {:>8.1f} {:>7.0f} {:>4.0f}% | "
+            "{:>6.2f}x\n",
+            sh.name, m, tf, fgbs, 100 * fgbs / read_gbs, tb, bgbs, 100 * bgbs / read_gbs, tb / tf);
+        f8js.push_back({{"shape", sh.name},
+                        {"n", sh.n},
+                        {"k", sh.k},
+                        {"m", m},
+                        {"fp8_us", tf},
+                        {"fp8_bytes", fbytes},
+                        {"fp8_GBps", fgbs},
+                        {"fp8_hbm_fraction", fgbs / read_gbs},
+                        {"bf16_own_us", tb},
+                        {"bf16_bytes", bbytes},
+                        {"bf16_GBps", bgbs},
+                        {"bf16_hbm_fraction", bgbs / read_gbs},
+                        {"bf16_over_fp8", tb / tf}});
+        CK(cudaFree(a));
+        CK(cudaFree(o));
+      }
+      for (const Fp8Weight& w : fw) {
+        CK(cudaFree(const_cast<uint8_t*>(w.q)));
+        CK(cudaFree(const_cast<float*>(w.scales)));
+      }
+      for (void* p : bw) CK(cudaFree(p));
+    }
+    out["fp8"] = f8js;
   }
 
   // ---- fused decode launches: the engine's choice against what it replaces ----

@@ -1,0 +1,294 @@
+// Products over FP8 weights kept as stored (kernels/fp8.h): the decode GEMV, which reads the
+// e4m3 bytes once and widens them in registers, and the dequantization into a bf16
+// workspace for prefill.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/device_common.cuh"
+#include "kernels/fp8.h"
+
+namespace spark::kernels {
+namespace {
+
+// ---- the decode GEMV (m <= kFp8GemvMaxRows) ----------------------------------------------
+// The streaming form of the bf16 own kernel (kernels/matmul.cu) over one byte a weight: one
+// warp owns R output units (a unit is an output column n: one weight row, or with swiglu the
+// gate row n and the up row p.n + n) and reads them whole. Lane l takes the 16 bytes (16
+// e4m3 values) at l * 16 + 512 * s of each row for steps s, so one load instruction of a
+// warp covers 512 contiguous bytes of a row, four 128-column scale blocks; U steps of every
+// row and their scales are in flight per lane before the first is used, the first U loaded
+// before pdl_wait() (no kernel of a step writes a weight). Each 16 values are widened
+// exactly (e4m3 -> half -> float; one cvt a pair from sm_89 on), their products with A's 16
+// (bf16, read through L1, shared by the block's warps) summed in fp32 and that partial sum
+// multiplied by its block's scale into the row's fp32 sum; the warp's sums meet by xor
+// shuffles and lane r * M + m stores unit r's output for A row m.
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// 16 e4m3 values (byte e of the load is value e) widened exactly to float.
+__device__ __forceinline__ void e4m3x16_to_f(const uint4& v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * h)) & 0xffffu), __NV_E4M3);
+      const float2 x = __half22float2(__half2(r));
+      f[4 * i + 2 * h] = x.x;
+      f[4 * i + 2 * h + 1] = x.y;
+    }
+}
+
+// Output (m, n) of a plain product: bias, then the old output when accumulating, in fp32,
+// rounded once to the output type.
+__device__ __forceinline__ void store_product(const Fp8MatmulArgs& p, size_t m, size_t n, float s) {
+  if (p.bias) s += __bfloat162float(static_cast<const dev::bf16*>(p.bias)[n]);
+  const size_t off = m * p.ldo + n;
+  if (p.out_dtype == DType::bf16) {
+    dev::bf16* o = static_cast<dev::bf16*>(p.out) + off;
+    if (p.accumulate) s += __bfloat162float(*o);
+    *o = __float2bfloat16_rn(s);
+  } else {
+    float* o = static_cast<float*>(p.out) + off;
+    if (p.accumulate) s += *o;
+    *o = s;
+  }
+}
+
+// Output (m, n) of a [gate | up] pair: the two products rounded as a [gate | up] buffer of
+// the output type holds them, then silu(g) * u.
+__device__ __forceinline__ void store_swiglu(const Fp8MatmulArgs& p, size_t m, size_t n, float gt,
+                                             float up) {
+  const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
+  const bool bf16_out = p.out_dtype == DType::bf16;
+  if (bias) gt += __bfloat162float(bias[n]), up += __bfloat162float(bias[p.n + n]);
+  if (bf16_out) {
+    gt = __bfloat162float(__float2bfloat16_rn(gt));
+    up = __bfloat162float(__float2bfloat16_rn(up));
+  }
+  const float y = gt / (1.f + expf(-gt)) * up;
+  const size_t off = m * p.ldo + n;
+  if (bf16_out)
+    static_cast<dev::bf16*>(p.out)[off] = __float2bfloat16_rn(y);
+  else
+    static_cast<float*>(p.out)[off] = y;
+}
+
+template <int M, int R, int U, int NW>
+__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const size_t u0 = (blockIdx.x * size_t{kWarps} + static_cast<size_t>(warp)) * R;
+  const uint4* wrow[R][NW];
+  const float* srow[R][NW];
+  bool ok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    ok[r] = u0 + r < p.n;
+    const size_t unit = ok[r] ? u0 + r : 0;
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+      const size_t row = unit + static_cast<size_t>(j) * p.n;
+      wrow[r][j] = reinterpret_cast<const uint4*>(p.w.q + row * p.w.ldq);
+      srow[r][j] = p.w.scales + (row >> p.w.row_shift) * p.w.scale_ld;
+    }
+  }
+  const uint4* arow[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+    arow[m] = reinterpret_cast<const uint4*>(static_cast<const dev::bf16*>(p.a) +
+                                             static_cast<size_t>(m) * p.lda);
+  const size_t kv = p.k / 16;  // 16-byte pieces per weight row; piece i is in block i / 8
+  const size_t steps = (kv + 31) / 32;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float acc[R][NW][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][j][m] = 0.f;
+
+  uint4 wv[U][R][NW];
+  float sc[U][R][NW];
+  auto load_w = [&](size_t s0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = (s0 + u) * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+          const bool in = i < kv && ok[r];
+          wv[u][r][j] = in ? __ldcs(wrow[r][j] + i) : zero;
+          sc[u][r][j] = in ? __ldg(srow[r][j] + i / 8) : 0.f;
+        }
+    }
+  };
+  load_w(0);
+  dev::pdl_wait();
+  for (size_t s0 = 0;;) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = (s0 + u) * 32 + lane;
+      const bool in = i < kv;
+      float wf[R][NW][16];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) e4m3x16_to_f(wv[u][r][j], wf[r][j]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const uint4 a0 = in ? __ldg(arow[m] + 2 * i) : zero;
+        const uint4 a1 = in ? __ldg(arow[m] + 2 * i + 1) : zero;
+        float af[16];
+        bf16x8_to_f(a0, af);
+        bf16x8_to_f(a1, af + 8);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int j = 0; j < NW; ++j) {
+            float s = 0.f;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) s = fmaf(wf[r][j][e], af[e], s);
+            acc[r][j][m] = fmaf(s, sc[u][r][j], acc[r][j][m]);
+          }
+      }
+    }
+    s0 += U;
+    if (s0 >= steps) break;
+    load_w(s0);
+  }
+  dev::pdl_trigger();
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (lane != r * M + m || !ok[r]) continue;
+      if constexpr (NW == 2)
+        store_swiglu(p, static_cast<size_t>(m), u0 + r, acc[r][0][m], acc[r][1][m]);
+      else
+        store_product(p, static_cast<size_t>(m), u0 + r, acc[r][0][m]);
+    }
+}
+
+// Two output columns a warp for plain products, one [gate | up] pair with swiglu: either
+// way two weight rows a warp with four steps of each in flight per lane (eight 16-byte
+// loads), and A's 16 values loaded once feed both rows.
+template <int M>
+Status launch_gemv(const Fp8MatmulArgs& p, cudaStream_t st) {
+  constexpr int R = 2, U = 4;
+  if (p.swiglu) {
+    const size_t grid = (p.n + kWarps - 1) / kWarps;
+    SPARK_CUDA_TRY(dev::launch(fp8_gemv_kernel<M, 1, U, 2>, dim3(static_cast<unsigned>(grid)),
+                               dim3(kWarps * 32), 0, st, p));
+  } else {
+    const size_t grid = (p.n + kWarps * R - 1) / (kWarps * R);
+    SPARK_CUDA_TRY(dev::launch(fp8_gemv_kernel<M, R, U, 1>, dim3(static_cast<unsigned>(grid)),
+                               dim3(kWarps * 32), 0, st, p));
+  }
+  return Status::Ok();
+}
+
+// ---- dequantization ----------------------------------------------------------------------
+// One thread a weight: w = e4m3 * scale rounded to bf16 once (nearest, ties to even): the
+// float product hi and its exact rest lo (an fma) decide a tie that hi alone would round to
+// even; fp8_dequantize_ref rounds the same way.
+__device__ __forceinline__ uint16_t nearest_bf16(float hi, float lo) {
+  const uint32_t u = __float_as_uint(hi);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    if (u & 0x007fffffu) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN stays NaN
+    return static_cast<uint16_t>(u >> 16);                                   // infinity
+  }
+  if ((u & 0xffffu) == 0x8000u && lo != 0.f) {
+    const bool away = (lo > 0.f) == (hi > 0.f);
+    return static_cast<uint16_t>((u >> 16) + (away ? 1u : 0u));
+  }
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void fp8_dequantize_kernel(Fp8Weight w, size_t row0, size_t rows, size_t k,
+                                      uint16_t* out, size_t ldo) {
+  dev::pdl_wait();  // the workspace may still be read by the kernel ahead
+  const size_t total = rows * k;
+  for (size_t idx = blockIdx.x * size_t{blockDim.x} + threadIdx.x; idx < total;
+       idx += size_t{gridDim.x} * blockDim.x) {
+    const size_t r = idx / k, c = idx % k, row = row0 + r;
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(w.q[row * w.ldq + c], __NV_E4M3);
+    const float q = __half2float(__half(h));
+    const float s = w.scales[(row >> w.row_shift) * w.scale_ld + c / kFp8BlockK];
+    const float hi = __fmul_rn(q, s);
+    const float lo = fmaf(q, s, -hi);
+    out[r * ldo + c] = nearest_bf16(hi, lo);
+  }
+  dev::pdl_trigger();
+}
+
+}  // namespace
+
+Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream) {
+  SPARK_TRY(fp8_matmul_check(a));
+  if (a.m > kFp8GemvMaxRows)
+    return make_error(Errc::usage, "fp8 matmul: the decode kernel takes at most " +
+                                       std::to_string(kFp8GemvMaxRows) + " rows, not " +
+                                       std::to_string(a.m) +
+                                       " (dequantize and use the bf16 product)");
+  if (a.m == 0) return Status::Ok();
+  const size_t units_per_block = a.swiglu ? kWarps : 2 * kWarps;
+  if ((a.n + units_per_block - 1) / units_per_block > 0x7fffffffu)
+    return make_error(Errc::usage, "fp8 matmul: n " + std::to_string(a.n) + " too large");
+  SPARK_TRY(cuda_check_launch("fp8_gemv", kWarps * 32, 0));
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (a.m) {
+    case 1:
+      return launch_gemv<1>(a, st);
+    case 2:
+      return launch_gemv<2>(a, st);
+    case 3:
+      return launch_gemv<3>(a, st);
+    case 4:
+      return launch_gemv<4>(a, st);
+    case 5:
+      return launch_gemv<5>(a, st);
+    case 6:
+      return launch_gemv<6>(a, st);
+    case 7:
+      return launch_gemv<7>(a, st);
+    default:
+      return launch_gemv<8>(a, st);
+  }
+}
+
+Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k, void* out,
+                                  size_t ldo, void* stream) {
+  SPARK_TRY(fp8_dequantize_check(w, row0, rows, k, out, ldo));
+  if (rows == 0) return Status::Ok();
+  constexpr unsigned kThreads = 256;
+  SPARK_TRY(cuda_check_launch("fp8_dequantize", kThreads, 0));
+  const size_t total = rows * k;
+  const size_t grid = std::min<size_t>((total + kThreads - 1) / kThreads, size_t{1} << 20);
+  SPARK_CUDA_TRY(dev::launch(fp8_dequantize_kernel, dim3(static_cast<unsigned>(grid)),
+                             dim3(kThreads), 0, static_cast<cudaStream_t>(stream), w, row0, rows, k,
+                             static_cast<uint16_t*>(out), ldo));
+  return Status::Ok();
+}
+
+}  // namespace spark::kernels

@@ -1,0 +1,165 @@
+// The FP8 products' CPU twins, the e4m3 decoder and the argument check both devices share.
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/bf16.h"
+#include "kernels/fp8.h"
+
+namespace spark::kernels {
+
+float fp8_e4m3_value(uint8_t v) {
+  const int e = (v >> 3) & 0xf, mant = v & 0x7;
+  float x;
+  if (e == 0xf && mant == 0x7)
+    x = std::numeric_limits<float>::quiet_NaN();
+  else if (e == 0)
+    x = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant/8 x 2^-6
+  else
+    x = std::ldexp(static_cast<float>(8 + mant), e - 10);  // (1 + mant/8) x 2^(e-7)
+  return (v & 0x80) ? -x : x;
+}
+
+namespace {
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+size_t blocks_of(size_t k) {
+  return (k + kFp8BlockK - 1) / kFp8BlockK;
+}
+
+// The 256 codes' values, decoded once (the twins widen every weight of a product).
+const float* e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = fp8_e4m3_value(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
+}
+
+// The weight w[row][col] exactly: e4m3's 4 significant bits times fp32's 24 fit a double.
+double weight_at(const Fp8Weight& w, size_t row, size_t col) {
+  const float s = w.scales[(row >> w.row_shift) * w.scale_ld + col / kFp8BlockK];
+  return static_cast<double>(e4m3_table()[w.q[row * w.ldq + col]]) * s;
+}
+
+double product(const Fp8MatmulArgs& p, size_t i, size_t row) {
+  const uint16_t* a = static_cast<const uint16_t*>(p.a) + i * p.lda;
+  double acc = 0;
+  for (size_t t = 0; t < p.k; ++t)
+    acc += static_cast<double>(bf16_to_float(a[t])) * weight_at(p.w, row, t);
+  return acc;
+}
+
+// The bf16 nearest (ties to even) to the exact value hi + lo, where hi is that value rounded
+// to float and lo_sign the sign of the rest: float_to_bf16(hi), but where hi lies exactly
+// halfway between two bf16 values the rest decides the side (a second rounding to even
+// could take the wrong one). fp8_matmul.cu rounds the same way.
+uint16_t nearest_bf16(float hi, int lo_sign) {
+  uint32_t u;
+  std::memcpy(&u, &hi, sizeof u);
+  const bool finite = (u & 0x7f800000u) != 0x7f800000u;
+  if (finite && (u & 0xffffu) == 0x8000u && lo_sign != 0) {
+    const bool away = (lo_sign > 0) == (hi > 0.f);  // bf16 bits grow with the magnitude
+    return static_cast<uint16_t>((u >> 16) + (away ? 1u : 0u));
+  }
+  return float_to_bf16(hi);
+}
+
+}  // namespace
+
+Status fp8_matmul_check(const Fp8MatmulArgs& a) {
+  auto bad = [](const std::string& m) { return make_error(Errc::usage, "fp8 matmul: " + m); };
+  if (a.n == 0 || a.k == 0) return bad(fmt::format("n {} and k {} must be > 0", a.n, a.k));
+  if (a.k % 16 != 0) return bad(fmt::format("k {} must be a multiple of 16", a.k));
+  if (a.w.row_shift != 0 && a.w.row_shift != 7)
+    return bad(fmt::format("w.row_shift {} must be 0 or 7", a.w.row_shift));
+  if (a.w.scale_ld < blocks_of(a.k))
+    return bad(fmt::format("w.scale_ld {} is under ceil(k / {}) = {} scales a row", a.w.scale_ld,
+                           kFp8BlockK, blocks_of(a.k)));
+  if (a.swiglu && a.accumulate) return bad("swiglu with accumulate is not supported");
+  if (a.m == 0) return Status::Ok();
+  if (!a.a) return bad("null a pointer");
+  if (!a.w.q) return bad("null w.q pointer");
+  if (!a.w.scales) return bad("null w.scales pointer");
+  if (!a.out) return bad("null out pointer");
+  if (a.lda < a.k) return bad(fmt::format("lda {} is under k {}", a.lda, a.k));
+  if (a.w.ldq < a.k) return bad(fmt::format("w.ldq {} is under k {}", a.w.ldq, a.k));
+  if (a.ldo < a.n) return bad(fmt::format("ldo {} is under n {}", a.ldo, a.n));
+  if (!aligned16(a.a) || a.lda % 8 != 0)
+    return bad(
+        fmt::format("a's rows must start on 16 bytes (a aligned, lda {} a multiple of 8)", a.lda));
+  if (!aligned16(a.w.q) || a.w.ldq % 16 != 0)
+    return bad(fmt::format(
+        "w.q's rows must start on 16 bytes (w.q aligned, w.ldq {} a multiple of 16)", a.w.ldq));
+  return Status::Ok();
+}
+
+Status fp8_dequantize_check(const Fp8Weight& w, size_t row0, size_t rows, size_t k, const void* out,
+                            size_t ldo) {
+  auto bad = [](const std::string& m) { return make_error(Errc::usage, "fp8 dequantize: " + m); };
+  if (k == 0) return bad("k must be > 0");
+  if (w.row_shift != 0 && w.row_shift != 7)
+    return bad(fmt::format("w.row_shift {} must be 0 or 7", w.row_shift));
+  if (w.scale_ld < blocks_of(k))
+    return bad(fmt::format("w.scale_ld {} is under ceil(k / {}) = {} scales a row", w.scale_ld,
+                           kFp8BlockK, blocks_of(k)));
+  if (rows == 0) return Status::Ok();
+  if (!w.q) return bad("null w.q pointer");
+  if (!w.scales) return bad("null w.scales pointer");
+  if (!out) return bad("null out pointer");
+  if (w.ldq < k) return bad(fmt::format("w.ldq {} is under k {}", w.ldq, k));
+  if (ldo < k) return bad(fmt::format("ldo {} is under k {}", ldo, k));
+  if (row0 > std::numeric_limits<size_t>::max() - rows)
+    return bad(fmt::format("rows {} from row0 {} overflow", rows, row0));
+  return Status::Ok();
+}
+
+void fp8_matmul_ref(const Fp8MatmulArgs& p) {
+  for (size_t i = 0; i < p.m; ++i)
+    for (size_t j = 0; j < p.n; ++j) {
+      const uint16_t* bias = static_cast<const uint16_t*>(p.bias);
+      const size_t off = i * p.ldo + j;
+      float result;
+      if (p.swiglu) {
+        double g = product(p, i, j), u = product(p, i, p.n + j);
+        if (bias) g += bf16_to_float(bias[j]), u += bf16_to_float(bias[p.n + j]);
+        // g and u as a [gate | up] buffer of out_dtype would hold them, then swiglu_ref's
+        // expression.
+        const double gr = round_to(p.out_dtype, static_cast<float>(g));
+        const double ur = round_to(p.out_dtype, static_cast<float>(u));
+        result = static_cast<float>(gr / (1.0 + std::exp(-gr)) * ur);
+      } else {
+        double s = product(p, i, j);
+        if (bias) s += bf16_to_float(bias[j]);
+        if (p.accumulate)
+          s += p.out_dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(p.out)[off])
+                                          : static_cast<const float*>(p.out)[off];
+        result = static_cast<float>(s);
+      }
+      if (p.out_dtype == DType::bf16)
+        static_cast<uint16_t*>(p.out)[off] = float_to_bf16(result);
+      else
+        static_cast<float*>(p.out)[off] = result;
+    }
+}
+
+void fp8_dequantize_ref(const Fp8Weight& w, size_t row0, size_t rows, size_t k, uint16_t* out,
+                        size_t ldo) {
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < k; ++c) {
+      const double x = weight_at(w, row0 + r, c);
+      const float hi = static_cast<float>(x);
+      const double lo = std::isfinite(hi) ? x - static_cast<double>(hi) : 0.0;
+      out[r * ldo + c] = nearest_bf16(hi, (lo > 0) - (lo < 0));
+    }
+}
+
+}  // namespace spark::kernels

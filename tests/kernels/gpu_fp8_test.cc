@@ -1,0 +1,252 @@
+// The FP8 kernels on the GPU against their CPU twins (kernels/fp8.h): the decode GEMV at
+// every row count it takes over partial scale blocks, both scale layouts, both output
+// types, bias, accumulate and SwiGLU (under programmatic launch too), and the
+// dequantization bit for bit.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/fp8.h"
+#include "kernels/launch.h"
+#include "support/gpu.h"
+#include "support/gpu_values.h"
+
+using namespace spark;
+using namespace spark::kernels;
+using spark::test::gpu::bf16_ulp;
+using test::DeviceBuf;
+
+namespace {
+
+struct HostFp8 {
+  std::vector<uint8_t> q;
+  std::vector<float> scales;
+  size_t ldq = 0, scale_ld = 0;
+  int row_shift = 7;
+};
+
+// `rows` x k random e4m3 codes (no NaN) with padded strides and scales around 1/448.
+HostFp8 random_fp8(std::mt19937& rng, size_t rows, size_t k, int row_shift) {
+  HostFp8 h;
+  h.ldq = k + 16, h.scale_ld = (k + 127) / 128 + 1, h.row_shift = row_shift;
+  h.q.resize(rows * h.ldq);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : h.q) {
+    int c;
+    do c = byte(rng);
+    while ((c & 0x7f) == 0x7f);
+    b = static_cast<uint8_t>(c);
+  }
+  std::uniform_real_distribution<float> sd(0.0005f, 0.004f);
+  h.scales.resize((((rows - 1) >> row_shift) + 1) * h.scale_ld);
+  for (auto& s : h.scales) s = sd(rng);
+  return h;
+}
+
+Fp8Weight weight_of(const HostFp8& h, const uint8_t* q, const float* scales) {
+  Fp8Weight w;
+  w.q = q, w.ldq = h.ldq, w.scales = scales, w.scale_ld = h.scale_ld, w.row_shift = h.row_shift;
+  return w;
+}
+
+std::vector<uint16_t> random_bf16(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<uint16_t> v(n);
+  for (auto& b : v) b = float_to_bf16(d(rng));
+  return v;
+}
+
+float widened(const HostFp8& h, size_t row, size_t col) {
+  static const std::vector<float> codes = [] {
+    std::vector<float> t(256);
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = fp8_e4m3_value(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return codes[h.q[row * h.ldq + col]] *
+         h.scales[(row >> h.row_shift) * h.scale_ld + col / kFp8BlockK];
+}
+
+}  // namespace
+
+TEST_CASE("gpu fp8 gemv: m = 1..8 against the twin, bias, accumulate, swiglu, both scale layouts") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("fp8 gemv"));
+  // The kernel sums exact products (e4m3 x bf16 fits fp32) in fp32, scales each block's
+  // partial sum and adds in fp32, in any order: |err| <= (k + 8) 2^-24 sum|a w| (+ |bias|,
+  // |old out|), plus one bf16 ulp of the result for a bf16 output; the twin sums in double
+  // and rounds once. SwiGLU: g and u each within that bound before both round to the output
+  // type, so y differs by at most 1.1 |u| e_g + |silu(g)| e_u plus the result's rounding.
+  struct Shape {
+    size_t n, k;
+  } shapes[] = {{37, 208}, {1024, 4096}, {4096, 4096}, {300, 1040}};
+  const DType types[] = {DType::f32, DType::bf16};
+  size_t cases = 0;
+  for (const Shape& sh : shapes)
+    for (int rs : {7, 0})
+      for (size_t m = 1; m <= kFp8GemvMaxRows; ++m)
+        for (DType ot : types)
+          for (int mode = 0; mode < 4; ++mode) {
+            const bool big = sh.n * sh.k > 2000000;
+            // The large shapes: every m once per layout and type, the modes spread over m.
+            if (big && mode != static_cast<int>(m % 4)) continue;
+            const bool with_bias = mode == 1 || mode == 3, acc = mode == 2, swiglu = mode == 3;
+            const bool pdl = (m + static_cast<size_t>(mode)) % 3 == 0;
+            CAPTURE(sh.n);
+            CAPTURE(sh.k);
+            CAPTURE(rs);
+            CAPTURE(m);
+            CAPTURE(std::string(dtype_name(ot)));
+            CAPTURE(mode);
+            CAPTURE(pdl);
+            const size_t wrows = swiglu ? 2 * sh.n : sh.n, lda = sh.k + 8, ldo = sh.n + 5;
+            HostFp8 h = random_fp8(rng, wrows, sh.k, rs);
+            auto a = random_bf16(rng, m * lda, -1, 1);
+            auto bias = random_bf16(rng, wrows, -0.5f, 0.5f);
+            std::vector<float> out0(m * ldo);
+            for (auto& f : out0)
+              f = round_to(ot, std::uniform_real_distribution<float>(-1, 1)(rng));
+            // The twin's output, in the output type's host layout.
+            std::vector<float> ref32 = out0;
+            std::vector<uint16_t> ref16(m * ldo);
+            for (size_t i = 0; i < ref16.size(); ++i) ref16[i] = float_to_bf16(out0[i]);
+            Fp8MatmulArgs p;
+            p.a = a.data(), p.lda = lda, p.w = weight_of(h, h.q.data(), h.scales.data());
+            p.out_dtype = ot, p.ldo = ldo, p.m = m, p.n = sh.n, p.k = sh.k;
+            p.bias = with_bias ? bias.data() : nullptr, p.accumulate = acc, p.swiglu = swiglu;
+            p.out = ot == DType::bf16 ? static_cast<void*>(ref16.data()) : ref32.data();
+            fp8_matmul_ref(p);
+            std::vector<float> ref(m * ldo);
+            for (size_t i = 0; i < ref.size(); ++i)
+              ref[i] = ot == DType::bf16 ? bf16_to_float(ref16[i]) : ref32[i];
+
+            auto da = DeviceBuf<uint16_t>::from(a);
+            auto dq = DeviceBuf<uint8_t>::from(h.q);
+            auto ds = DeviceBuf<float>::from(h.scales);
+            auto db = DeviceBuf<uint16_t>::from(bias);
+            // The output starts as the old values everywhere (so columns past n can be
+            // checked untouched) and, without accumulate, as NaN in the columns written.
+            std::vector<float> start = out0;
+            if (!acc)
+              for (size_t i = 0; i < m; ++i)
+                for (size_t j = 0; j < sh.n; ++j) start[i * ldo + j] = NAN;
+            test::gpu::Dev dout = test::gpu::to_dev(start, ot);
+            Fp8MatmulArgs d = p;
+            d.a = da.get(), d.w = weight_of(h, dq.get(), ds.get()), d.out = dout.get();
+            d.bias = with_bias ? db.get() : nullptr;
+            set_programmatic_launch(pdl);
+            Status s = fp8_gemv_cuda_device(d, nullptr);
+            set_programmatic_launch(false);
+            REQUIRE_MESSAGE(s.ok(), s.message());
+            REQUIRE(cuda_synchronize().ok());
+            auto got = test::gpu::from_dev(dout);
+
+            auto mag_of = [&](size_t i, size_t row) {
+              double mag = 0;
+              for (size_t t = 0; t < sh.k; ++t)
+                mag += std::fabs(static_cast<double>(bf16_to_float(a[i * lda + t])) *
+                                 widened(h, row, t));
+              if (with_bias) mag += std::fabs(bf16_to_float(bias[row]));
+              return mag;
+            };
+            auto sum_of = [&](size_t i, size_t row) {
+              double s2 = 0;
+              for (size_t t = 0; t < sh.k; ++t)
+                s2 += static_cast<double>(bf16_to_float(a[i * lda + t])) * widened(h, row, t);
+              if (with_bias) s2 += bf16_to_float(bias[row]);
+              return s2;
+            };
+            const double gamma = static_cast<double>(sh.k + 8) * 0x1p-24;
+            size_t bad = 0, unwritten = 0, touched = 0;
+            double max_err = 0;
+            // Large shapes: a sample of the outputs (the bound's magnitudes cost k each).
+            const size_t stride = big ? 7 : 1;
+            for (size_t i = 0; i < m; ++i) {
+              for (size_t j = 0; j < sh.n; j += stride) {
+                const size_t idx = i * ldo + j;
+                double bound;
+                if (swiglu) {
+                  const double g = sum_of(i, j), u = sum_of(i, sh.n + j);
+                  const double eg = gamma * mag_of(i, j) + (ot == DType::bf16 ? bf16_ulp(g) : 0.0);
+                  const double eu =
+                      gamma * mag_of(i, sh.n + j) + (ot == DType::bf16 ? bf16_ulp(u) : 0.0);
+                  const double silu = g / (1 + std::exp(-g));
+                  bound = 1.1 * std::fabs(u) * eg + std::fabs(silu) * eu +
+                          1e-6 * std::fabs(ref[idx]) +
+                          (ot == DType::bf16 ? 2 * bf16_ulp(ref[idx]) : 0.0);
+                } else {
+                  double mag = mag_of(i, j);
+                  if (acc) mag += std::fabs(out0[idx]);
+                  bound = gamma * mag + (ot == DType::bf16 ? bf16_ulp(ref[idx]) : 0.0);
+                }
+                const double e = std::fabs(static_cast<double>(got[idx]) - ref[idx]);
+                if (std::isnan(got[idx])) ++unwritten;
+                if (!(e <= bound)) ++bad;
+                if (!std::isnan(e)) max_err = std::max(max_err, e);
+              }
+              for (size_t j = sh.n; j < ldo; ++j) touched += got[i * ldo + j] != out0[i * ldo + j];
+            }
+            CHECK(bad == 0);
+            CHECK(unwritten == 0);
+            CHECK(touched == 0);
+            if (bad) MESSAGE("max err " << max_err);
+            ++cases;
+          }
+  MESSAGE(cases << " fp8 gemv cases");
+  // More rows than the decode kernel takes: refused, naming the limit.
+  Fp8MatmulArgs nine;
+  auto da = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(9 * 16));
+  auto dq = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(16));
+  auto ds = DeviceBuf<float>::from(std::vector<float>(1, 1.f));
+  auto dout = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(9));
+  nine.a = da.get(), nine.lda = 16, nine.w.q = dq.get(), nine.w.ldq = 16, nine.w.scales = ds.get();
+  nine.w.scale_ld = 1, nine.out = dout.get(), nine.ldo = 1, nine.m = 9, nine.n = 1, nine.k = 16;
+  Status s = fp8_gemv_cuda_device(nine, nullptr);
+  REQUIRE(!s.ok());
+  CHECK(s.error().code == Errc::usage);
+  CHECK(s.message().find("at most 8 rows") != std::string::npos);
+}
+
+TEST_CASE("gpu fp8 dequantize: bit for bit the twin, rows from row0, both scale layouts") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("fp8 dequantize"));
+  struct Shape {
+    size_t rows, k, row0, n;
+  } shapes[] = {{300, 200, 130, 150}, {4096, 4096, 0, 4096}, {1100, 4096, 1024, 76}, {3, 16, 1, 2}};
+  for (const Shape& sh : shapes)
+    for (int rs : {7, 0}) {
+      CAPTURE(sh.rows);
+      CAPTURE(sh.k);
+      CAPTURE(sh.row0);
+      CAPTURE(rs);
+      HostFp8 h = random_fp8(rng, sh.rows, sh.k, rs);
+      // Every code, NaNs included, in the first row.
+      for (size_t c = 0; c < std::min<size_t>(256, sh.k); ++c)
+        h.q[sh.row0 * h.ldq + c] = static_cast<uint8_t>(c);
+      const size_t ldo = sh.k + 24;
+      std::vector<uint16_t> ref(sh.n * ldo, 0x5555);
+      fp8_dequantize_ref(weight_of(h, h.q.data(), h.scales.data()), sh.row0, sh.n, sh.k, ref.data(),
+                         ldo);
+      auto dq = DeviceBuf<uint8_t>::from(h.q);
+      auto ds = DeviceBuf<float>::from(h.scales);
+      auto dout = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(sh.n * ldo, 0x5555));
+      Status s = fp8_dequantize_cuda_device(weight_of(h, dq.get(), ds.get()), sh.row0, sh.n, sh.k,
+                                            dout.get(), ldo, nullptr);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+      REQUIRE(cuda_synchronize().ok());
+      auto got = dout.host();
+      size_t bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const bool both_nan =
+            std::isnan(bf16_to_float(ref[i])) && std::isnan(bf16_to_float(got[i]));
+        if (got[i] != ref[i] && !both_nan) ++bad;
+      }
+      CHECK(bad == 0);
+    }
+}
