@@ -190,22 +190,24 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
     }
 }
 
-// Two output columns a warp for plain products, one [gate | up] pair with swiglu: either
-// way two weight rows a warp with four steps of each in flight per lane (eight 16-byte
-// loads), and A's 16 values loaded once feed both rows.
+// Plain products: two output columns a warp with four steps of each row in flight per lane,
+// or, where that would leave fewer than two blocks a multiprocessor (1024 rows: 64 blocks on
+// 132), one column with eight steps at one row of A (four from two rows on); with swiglu one
+// [gate | up] pair with four steps of each. A's 16 values loaded once feed every weight row
+// of the warp.
 template <int M>
-Status launch_gemv(const Fp8MatmulArgs& p, cudaStream_t st) {
-  constexpr int R = 2, U = 4;
-  if (p.swiglu) {
-    const size_t grid = (p.n + kWarps - 1) / kWarps;
-    SPARK_CUDA_TRY(dev::launch(fp8_gemv_kernel<M, 1, U, 2>, dim3(static_cast<unsigned>(grid)),
-                               dim3(kWarps * 32), 0, st, p));
-  } else {
-    const size_t grid = (p.n + kWarps * R - 1) / (kWarps * R);
-    SPARK_CUDA_TRY(dev::launch(fp8_gemv_kernel<M, R, U, 1>, dim3(static_cast<unsigned>(grid)),
-                               dim3(kWarps * 32), 0, st, p));
-  }
-  return Status::Ok();
+Status launch_gemv(const Fp8MatmulArgs& p, bool one_row, cudaStream_t st) {
+  auto go = [&](auto kernel, size_t units_per_block) -> Status {
+    const size_t grid = (p.n + units_per_block - 1) / units_per_block;
+    SPARK_CUDA_TRY(
+        dev::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), 0, st, p));
+    return Status::Ok();
+  };
+  if (p.swiglu) return go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
+  // (From two rows on, eight steps in flight take 170-190 registers at sm_90, one block a
+  // multiprocessor; four take about 130.)
+  if (one_row) return go(fp8_gemv_kernel < M, 1, M == 1 ? 8 : 4, 1 >, kWarps);
+  return go(fp8_gemv_kernel<M, 2, 4, 1>, 2 * kWarps);
 }
 
 // ---- dequantization ----------------------------------------------------------------------
@@ -256,24 +258,28 @@ Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream) {
   if ((a.n + units_per_block - 1) / units_per_block > 0x7fffffffu)
     return make_error(Errc::usage, "fp8 matmul: n " + std::to_string(a.n) + " too large");
   SPARK_TRY(cuda_check_launch("fp8_gemv", kWarps * 32, 0));
+  auto lim = cuda_device_limits(-1);
+  SPARK_TRY(lim.status());
+  const bool one_row =
+      (a.n + 2 * kWarps - 1) / (2 * kWarps) < 2 * static_cast<size_t>(lim->sm_count);
   auto st = static_cast<cudaStream_t>(stream);
   switch (a.m) {
     case 1:
-      return launch_gemv<1>(a, st);
+      return launch_gemv<1>(a, one_row, st);
     case 2:
-      return launch_gemv<2>(a, st);
+      return launch_gemv<2>(a, one_row, st);
     case 3:
-      return launch_gemv<3>(a, st);
+      return launch_gemv<3>(a, one_row, st);
     case 4:
-      return launch_gemv<4>(a, st);
+      return launch_gemv<4>(a, one_row, st);
     case 5:
-      return launch_gemv<5>(a, st);
+      return launch_gemv<5>(a, one_row, st);
     case 6:
-      return launch_gemv<6>(a, st);
+      return launch_gemv<6>(a, one_row, st);
     case 7:
-      return launch_gemv<7>(a, st);
+      return launch_gemv<7>(a, one_row, st);
     default:
-      return launch_gemv<8>(a, st);
+      return launch_gemv<8>(a, one_row, st);
   }
 }
 

@@ -1,7 +1,8 @@
 // The FP8 kernels on the GPU against their CPU twins (kernels/fp8.h): the decode GEMV at
 // every row count it takes over partial scale blocks, both scale layouts, both output
-// types, bias, accumulate and SwiGLU (under programmatic launch too), and the
-// dequantization bit for bit.
+// types, bias, accumulate and SwiGLU (under programmatic launch too), in both of its shapes
+// (one output column a warp where the grid would be small, two from 6000 columns on a
+// device of up to 187 multiprocessors), and the dequantization bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -85,7 +86,7 @@ TEST_CASE("gpu fp8 gemv: m = 1..8 against the twin, bias, accumulate, swiglu, bo
   // type, so y differs by at most 1.1 |u| e_g + |silu(g)| e_u plus the result's rounding.
   struct Shape {
     size_t n, k;
-  } shapes[] = {{37, 208}, {1024, 4096}, {4096, 4096}, {300, 1040}};
+  } shapes[] = {{37, 208}, {1024, 4096}, {4096, 4096}, {300, 1040}, {6000, 272}};
   const DType types[] = {DType::f32, DType::bf16};
   size_t cases = 0;
   for (const Shape& sh : shapes)
