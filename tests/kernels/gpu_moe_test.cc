@@ -471,13 +471,13 @@ TEST_CASE("gpu moe gptoss experts: the decode form against the twin") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("moe gptoss experts decode"));
   const GptExpertsCase cases[] = {
-      {1, 4, 2880, 2880, 32, 0, 32, 0, true, true, false},  // gpt-oss-20b's shape, batch 1
+      {1, 4, 2880, 720, 16, 0, 16, 0, true, true, false},   // gpt-oss's hidden, a TP=4 share
       {1, 4, 256, 128, 32, 0, 32, 0, false, false, false},  // no down bias
       {4, 4, 256, 128, 32, 0, 32, 0, true, false, false},
-      {4, 4, 256, 96, 32, 8, 16, 0, false, true, false},      // expert parallel, no down bias
-      {8, 4, 512, 256, 32, 0, 32, 64, true, true, false},     // 8 rows, plain shared experts
-      {8, 4, 2880, 1440, 32, 0, 32, 0, false, false, false},  // a TP=2 share, 8 streams
-      {4, 4, 256, 128, 32, 0, 32, 0, true, true, true},       // FP8 weights
+      {4, 4, 256, 96, 32, 8, 16, 0, false, true, false},    // expert parallel, no down bias
+      {8, 4, 512, 256, 32, 0, 32, 64, true, true, false},   // 8 rows, plain shared experts
+      {8, 4, 2880, 720, 32, 8, 8, 0, false, false, false},  // 8 of 32 experts, 8 streams
+      {4, 4, 256, 128, 32, 0, 32, 0, true, true, true},     // FP8 weights
   };
   for (const auto& c : cases) check_gptoss_experts(rng, c, 1);
 }
