@@ -53,11 +53,12 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
     refused = true;
   }
   if (refused) f.fixes.push_back(kExecFix);
-  // gpt-oss has no CUDA kernels yet: only the CPU device serves it.
+  // gpt-oss's attention sinks are not yet in every CUDA attention path: only the CPU device
+  // serves it.
   if (mc && mc->family == engine::Family::gpt_oss && get("DEVICE") != "cpu") {
     f.problems.push_back(fmt::format(
-        "{} runs on the CPU device only in this build (DEVICE={}; its attention sinks and "
-        "experts have no CUDA kernels yet)",
+        "{} runs on the CPU device only in this build (DEVICE={}; its attention sinks are "
+        "not yet in every CUDA attention path)",
         mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
     f.fixes.push_back("set DEVICE=cpu (slow), or serve it with ENGINE=exec and vLLM");
   }

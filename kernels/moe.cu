@@ -27,6 +27,13 @@
 // cross a 128-column block). Grouped: the weight tile is dequantized into shared memory as
 // bf16 before the mma, so the grouped form's weights are w * scale rounded to bf16 (exact
 // when the scales are powers of two; otherwise within half a bf16 ulp of each weight).
+//
+// gpt-oss's routed experts (MoeExpertsArgs' gpt-oss fields): both forms read gate and up
+// from rows 2i and 2i + 1 when interleaved, add the gate/up bias to the fp32 products and
+// apply the clamped activation in the gate/up epilogue, and add the down bias to each
+// expert's fp32 output before the router's weight (decode: in registers; grouped: into y).
+// Runtime flags in the epilogues only: the plain experts' loops and instantiations are
+// unchanged.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -305,6 +312,47 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.f + expf(-g)) * u;
 }
 
+// Any of gpt-oss's fields set (the routed experts take the epilogues below).
+__device__ __forceinline__ bool gptoss(const MoeExpertsArgs& a) {
+  return a.gate_up_bias || a.down_bias || a.interleaved || a.swiglu_limit != 0.f;
+}
+
+// gpt-oss's routed experts: g and u plus their biases (gi, ui: their rows in the expert's
+// gate/up), then the clamped activation when swiglu_limit > 0,
+// else silu(g) * u. The kernels call it only for those experts: the plain epilogue is a
+// uniform branch away and its loops are unchanged.
+__device__ __forceinline__ float gptoss_act(const MoeExpertsArgs& a, size_t le, int gi, int ui,
+                                            float g, float u) {
+  if (a.gate_up_bias) {
+    const bf16* b =
+        static_cast<const bf16*>(a.gate_up_bias) + le * 2 * static_cast<size_t>(a.inter);
+    g += __bfloat162float(b[gi]);
+    u += __bfloat162float(b[ui]);
+  }
+  if (a.swiglu_limit > 0.f) {
+    const float lim = a.swiglu_limit;
+    g = fminf(g, lim);
+    u = fminf(fmaxf(u, -lim), lim);
+    return (u + 1.f) * (g / (1.f + expf(-a.swiglu_alpha * g)));
+  }
+  return silu_mul(g, u);
+}
+
+// The rows of intermediate i's gate and up in an expert's [2 * inter] gate/up rows.
+__device__ __forceinline__ int gate_row(bool interleaved, int i) {
+  return interleaved ? 2 * i : i;
+}
+__device__ __forceinline__ int up_row(bool interleaved, int inter, int i) {
+  return interleaved ? 2 * i + 1 : inter + i;
+}
+
+// Expert le's down bias at output column h (0 when none).
+__device__ __forceinline__ float down_bias_at(const MoeExpertsArgs& a, size_t le, size_t h) {
+  return a.down_bias ? __bfloat162float(static_cast<const bf16*>(
+                           a.down_bias)[le * static_cast<size_t>(a.hidden) + h])
+                     : 0.f;
+}
+
 // kR: the step's rows rounded up to 1, 2, 4 or 8 (the accumulators per thread scale with it,
 // so a batch-1 step keeps few registers and many blocks resident).
 // gate/up of one distinct expert (blockIdx.y) for the rows that chose it; the shared experts
@@ -350,18 +398,23 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
     for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = 0.f;
   const Fp8Weight F = shared_block ? a.shared_gate_up_fp8 : a.gate_up_fp8;
+  // gpt-oss's routed experts: interleaved rows, biases and the clamped activation.
+  const bool gpt = !shared_block && gptoss(a);
+  const bool il = gpt && a.interleaved;
   if (kFp8 && F.q) {
-    // The group's rows of the stacked FP8 matrix: gate row i, up row inter + i.
+    // The group's rows of the stacked FP8 matrix: gate row i, up row inter + i (or 2i, 2i + 1).
     const size_t base = le * 2 * static_cast<size_t>(inter);
     const uint8_t* qr[2 * kDecRowsPerWarp];
     const float* sr[2 * kDecRowsPerWarp];
 #pragma unroll
     for (int q = 0; q < kDecRowsPerWarp; ++q) {
-      const size_t i = static_cast<size_t>(min(i0 + q, inter - 1));
-      qr[2 * q] = fp8_row(F, base + i);
-      sr[2 * q] = fp8_scale_row(F, base + i);
-      qr[2 * q + 1] = fp8_row(F, base + static_cast<size_t>(inter) + i);
-      sr[2 * q + 1] = fp8_scale_row(F, base + static_cast<size_t>(inter) + i);
+      const int i = min(i0 + q, inter - 1);
+      const size_t gr = base + static_cast<size_t>(gate_row(il, i));
+      const size_t ur = base + static_cast<size_t>(up_row(il, inter, i));
+      qr[2 * q] = fp8_row(F, gr);
+      sr[2 * q] = fp8_scale_row(F, gr);
+      qr[2 * q + 1] = fp8_row(F, ur);
+      sr[2 * q + 1] = fp8_scale_row(F, ur);
     }
 #pragma unroll 2
     for (size_t c = lane * 8u; c < H; c += 256) {
@@ -386,8 +439,8 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
     for (int q = 0; q < kDecRowsPerWarp; ++q) {
       const int i = min(i0 + q, inter - 1);
-      wr[2 * q] = W + static_cast<size_t>(i) * H;                                     // gate
-      wr[2 * q + 1] = W + (static_cast<size_t>(inter) + static_cast<size_t>(i)) * H;  // up
+      wr[2 * q] = W + static_cast<size_t>(gate_row(il, i)) * H;           // gate
+      wr[2 * q + 1] = W + static_cast<size_t>(up_row(il, inter, i)) * H;  // up
     }
 #pragma unroll 2
     for (size_t c = lane * 8u; c < H; c += 256) {
@@ -411,9 +464,12 @@ __global__ void __launch_bounds__(kDecWarps * 32)
     for (int q = 0; q < kDecRowsPerWarp; ++q) {
       const float g = dev::warp_sum(acc[t][2 * q]);
       const float up = dev::warp_sum(acc[t][2 * q + 1]);
-      if (lane == 0 && i0 + q < inter)
-        act[static_cast<size_t>(s_pair[t]) * static_cast<size_t>(act_stride) + i0 + q] =
-            __float2bfloat16_rn(silu_mul(g, up));
+      const int i = i0 + q;
+      if (lane == 0 && i < inter)
+        act[static_cast<size_t>(s_pair[t]) * static_cast<size_t>(act_stride) + i] =
+            __float2bfloat16_rn(
+                gpt ? gptoss_act(a, le, gate_row(il, i), up_row(il, inter, i), g, up)
+                    : silu_mul(g, up));
     }
   }
 }
@@ -523,7 +579,13 @@ __global__ void __launch_bounds__(kDecWarps * 32)
       if (pair_of[t] < 0) continue;
       const float wt = sh ? 1.f : a.weights[pair_of[t]];
 #pragma unroll
-      for (int q = 0; q < kDownRows; ++q) acc[t][q] += wt * dev::warp_sum(part[t][q]);
+      for (int q = 0; q < kDownRows; ++q) {
+        float y = dev::warp_sum(part[t][q]);
+        // gpt-oss: the expert's down bias, before the router's weight.
+        if (!sh && a.down_bias)
+          y += down_bias_at(a, le, static_cast<size_t>(min(h0 + q, a.hidden - 1)));
+        acc[t][q] += wt * y;
+      }
     }
   }
   if (lane == 0) {
@@ -682,6 +744,9 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
   const size_t frow0 =
       sh ? 0 : static_cast<size_t>(g) * (GATE_UP ? 2 * static_cast<size_t>(inter) : H);
   const int tid = static_cast<int>(threadIdx.x);
+  // gpt-oss's routed experts: interleaved gate/up rows, biases and the clamped activation.
+  const bool gpt = !sh && gptoss(a);
+  const bool il = gpt && a.interleaved;
   // Tile loads: 64 rows x 32 columns = 256 chunks of 16 bytes each for A and for B.
   auto load = [&](int stage, int k0) {
 #pragma unroll
@@ -708,7 +773,7 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
         const int half = r < kGBN / 2 ? 0 : 1;
         const int i = n0 + (r & (kGBN / 2 - 1));
         bv = i < inter;
-        brow = half * inter + (bv ? i : 0);
+        brow = half ? up_row(il, inter, bv ? i : 0) : gate_row(il, bv ? i : 0);
       } else {
         brow = n0 + r;
         bv = brow < n_out;
@@ -796,15 +861,21 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
       const int r = e / (kGBN / 2), c = e % (kGBN / 2);
       const int srow = m0 + r, i = n0 + c;
       if (srow >= m_end || i >= inter) continue;
+      const float gv = sC[r * kCs + c], uv = sC[r * kCs + c + kGBN / 2];
       w.act[static_cast<size_t>(srow) * static_cast<size_t>(w.act_stride) + i] =
-          __float2bfloat16_rn(silu_mul(sC[r * kCs + c], sC[r * kCs + c + kGBN / 2]));
+          __float2bfloat16_rn(gpt ? gptoss_act(a, static_cast<size_t>(g), gate_row(il, i),
+                                               up_row(il, inter, i), gv, uv)
+                                  : silu_mul(gv, uv));
     }
   } else {
     for (int e = tid; e < kGBM * kGBN; e += kGThreads) {
       const int r = e / kGBN, c = e % kGBN;
       const int srow = m0 + r, h = n0 + c;
       if (srow >= m_end || h >= n_out) continue;
-      w.y[static_cast<size_t>(srow) * H + static_cast<size_t>(h)] = sC[r * kCs + c];
+      // gpt-oss: the expert's down bias joins y, which the router's weight then multiplies.
+      float y = sC[r * kCs + c];
+      if (gpt && a.down_bias) y += down_bias_at(a, static_cast<size_t>(g), static_cast<size_t>(h));
+      w.y[static_cast<size_t>(srow) * H + static_cast<size_t>(h)] = y;
     }
   }
 }

@@ -65,6 +65,13 @@ inline constexpr int kMoeDecodeMaxRows = 8;
 /// in fp32, act rounded to bf16), then down(act) in fp32; the sum in fp32, ascending expert
 /// id then the shared experts, rounded once to bf16 (after adding out when accumulating).
 /// Device pointers; bf16 activations, bf16 or FP8 weights (the FP8 fields below).
+///
+/// gpt-oss's routed experts (the fields after the FP8 ones; the shared experts stay plain):
+/// g and u are the products plus the gate/up bias (fp32), read from rows 2i and 2i + 1 when
+/// interleaved (the bias likewise); with swiglu_limit > 0 the activation is
+/// (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g') with g' = min(g, limit), else
+/// silu(g) * u; act rounded to bf16; each expert's output is weight * (down(act) + down
+/// bias) in fp32 (transformers' GptOssExperts).
 struct MoeExpertsArgs {
   const void* x = nullptr;         // [rows][hidden] bf16
   const int32_t* ids = nullptr;    // [rows][top_k]
@@ -93,6 +100,12 @@ struct MoeExpertsArgs {
   // form dequantizes weight tiles to bf16 (w * scale rounded to bf16, exact where the scale
   // is a power of two) for the tensor cores. q and ldq multiples of 8 bytes.
   Fp8Weight gate_up_fp8, down_fp8, shared_gate_up_fp8, shared_down_fp8;
+  // gpt-oss (routed experts only), indexed by the held expert (id - expert0).
+  const void* gate_up_bias = nullptr;  // [experts][2 * inter] bf16 (null: none), rows' layout
+  const void* down_bias = nullptr;     // [experts][hidden] bf16 (null: none, or another rank's)
+  bool interleaved = false;            // gate/up rows 2i (gate), 2i + 1 (up); else [gate | up]
+  float swiglu_limit = 0.f;            // > 0: the clamped activation; 0: silu(g) * u
+  float swiglu_alpha = 0.f;            // the clamped activation's sigmoid slope (1.702)
 };
 
 /// Device workspace the expert products of `rows` rows need.
@@ -111,7 +124,9 @@ MoeWorkspaceLayout moe_workspace_layout(int rows, int top_k, int hidden, int int
                                         int shared_inter, int experts);
 
 /// Checks MoeExpertsArgs (sizes; hidden and the intermediate sizes multiples of 8; 16-byte
-/// aligned bf16 operands; the FP8 weights' strides, scale_ld, row_shift and alignment).
+/// aligned bf16 operands; the FP8 weights' strides, scale_ld, row_shift and alignment; the
+/// biases 2-byte aligned, swiglu_limit finite and >= 0, swiglu_alpha finite and > 0 with a
+/// limit).
 Status moe_experts_check(const MoeExpertsArgs& a);
 
 /// The expert products on `stream`: no host synchronisation, so a decode step stays one graph.
@@ -120,7 +135,7 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream);
 /// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
 /// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
 /// FP8 weights (the *_fp8 fields set: host e4m3 bytes and host scales) are widened exactly
-/// (value times scale in double).
+/// (value times scale in double). The biases are host float arrays.
 void moe_experts_ref(const MoeExpertsArgs& host_args);
 
 }  // namespace spark::kernels

@@ -157,20 +157,36 @@ void moe_experts_ref(const MoeExpertsArgs& a) {
   const float* x = static_cast<const float*>(a.x);
   float* out = static_cast<float*>(a.out);
   // One gated MLP of row r through weights gu [2n][H] and dn [H][n], added into acc * w.
+  // gpt-oss (routed experts): gub [2n] and db [H] biases (or null), gate/up rows 2i and
+  // 2i + 1 when `inter` (interleaved), the clamped activation when `limit` > 0.
+  struct Gpt {
+    const float* gub = nullptr;
+    const float* db = nullptr;
+    bool inter = false;
+    double limit = 0, alpha = 0;
+  };
   auto mlp = [&](size_t r, const RefWeight& gu, const RefWeight& dn, size_t n, double w,
-                 std::vector<double>* acc) {
+                 const Gpt& o, std::vector<double>* acc) {
     std::vector<float> act(n);
     for (size_t i = 0; i < n; ++i) {
-      double g = 0, u = 0;
+      const size_t gi = o.inter ? 2 * i : i, ui = o.inter ? 2 * i + 1 : n + i;
+      double g = o.gub ? o.gub[gi] : 0.0, u = o.gub ? o.gub[ui] : 0.0;
       for (size_t c = 0; c < H; ++c) {
-        g += gu.at(i, c) * x[r * H + c];
-        u += gu.at(n + i, c) * x[r * H + c];
+        g += gu.at(gi, c) * x[r * H + c];
+        u += gu.at(ui, c) * x[r * H + c];
       }
-      const double silu = g / (1.0 + std::exp(-g));
-      act[i] = round_to(DType::bf16, static_cast<float>(silu * u));
+      double v;
+      if (o.limit > 0) {
+        g = std::min(g, o.limit);
+        u = std::clamp(u, -o.limit, o.limit);
+        v = (u + 1.0) * g / (1.0 + std::exp(-o.alpha * g));
+      } else {
+        v = g / (1.0 + std::exp(-g)) * u;
+      }
+      act[i] = round_to(DType::bf16, static_cast<float>(v));
     }
     for (size_t h = 0; h < H; ++h) {
-      double s = 0;
+      double s = o.db ? o.db[h] : 0.0;
       for (size_t i = 0; i < n; ++i) s += dn.at(h, i) * act[i];
       (*acc)[h] += w * static_cast<float>(s);
     }
@@ -205,10 +221,15 @@ void moe_experts_ref(const MoeExpertsArgs& a) {
     std::sort(chosen.begin(), chosen.end());
     for (const auto& [e, j] : chosen) {
       if (e < a.expert0 || e >= a.expert0 + a.experts) continue;
-      const auto [gu, dn] = weights_of(static_cast<size_t>(e - a.expert0));
-      mlp(r, gu, dn, I, a.weights[r * K + j], &acc);
+      const size_t le = static_cast<size_t>(e - a.expert0);
+      const auto [gu, dn] = weights_of(le);
+      Gpt o;
+      if (a.gate_up_bias) o.gub = static_cast<const float*>(a.gate_up_bias) + le * 2 * I;
+      if (a.down_bias) o.db = static_cast<const float*>(a.down_bias) + le * H;
+      o.inter = a.interleaved, o.limit = a.swiglu_limit, o.alpha = a.swiglu_alpha;
+      mlp(r, gu, dn, I, a.weights[r * K + j], o, &acc);
     }
-    if (a.shared_inter > 0) mlp(r, sgu, sdn, S, 1.0, &acc);
+    if (a.shared_inter > 0) mlp(r, sgu, sdn, S, 1.0, Gpt{}, &acc);
     for (size_t h = 0; h < H; ++h) {
       const double prior = a.accumulate ? out[r * H + h] : 0.0;
       out[r * H + h] = round_to(DType::bf16, static_cast<float>(prior + acc[h]));
@@ -287,6 +308,17 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
     SPARK_TRY(fp8(a.shared_gate_up_fp8, "shared_gate_up_fp8", a.hidden));
     SPARK_TRY(fp8(a.shared_down_fp8, "shared_down_fp8", a.shared_inter));
   }
+  // gpt-oss's fields: the biases read one bf16 at a time, the activation's constants.
+  if (reinterpret_cast<uintptr_t>(a.gate_up_bias) % 2 != 0)
+    return bad("gate_up_bias must be 2-byte aligned");
+  if (reinterpret_cast<uintptr_t>(a.down_bias) % 2 != 0)
+    return bad("down_bias must be 2-byte aligned");
+  if (!std::isfinite(a.swiglu_limit) || a.swiglu_limit < 0.f)
+    return bad(fmt::format("swiglu_limit {} must be finite and >= 0 (0: silu(gate) * up)",
+                           a.swiglu_limit));
+  if (!std::isfinite(a.swiglu_alpha) || (a.swiglu_limit > 0.f && !(a.swiglu_alpha > 0.f)))
+    return bad(
+        fmt::format("swiglu_alpha {} must be finite, and > 0 with a swiglu_limit", a.swiglu_alpha));
   if (!a.x || !a.ids || !a.weights || !a.out ||
       (a.experts > 0 && !routed_fp8 && (!a.gate_up || !a.down)) ||
       (a.shared_inter > 0 && !shared_fp8 && (!a.shared_gate_up || !a.shared_down)))

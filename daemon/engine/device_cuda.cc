@@ -865,10 +865,6 @@ class CudaDevice final : public Device {
 
   Status moe_experts(const Buffer& x, const Buffer& ids, const Buffer& weights, const MoeExperts& e,
                      const Buffer& out, int rows) override {
-    if (!e.plain())
-      return make_error(Errc::unsupported,
-                        "gpt-oss experts (biases, interleaved gate/up, clamped activation) run "
-                        "on the CPU device only in this build");
     SPARK_TRY(need(x.type(), ElemType::bf16, "the experts' input"));
     kernels::MoeExpertsArgs a;
     a.x = x.data();
@@ -905,6 +901,26 @@ class CudaDevice final : public Device {
       return make_error(Errc::unsupported,
                         "cuda device: an expert's gate/up and down products must both be FP8 "
                         "or both be bf16");
+    // gpt-oss's experts: the held experts' biases (bf16, the device's vector type), the
+    // interleaved gate/up and the clamped activation; the kernels check the constants.
+    auto bias = [&](const Buffer* b, size_t per, const char* what, const void** dst) -> Status {
+      if (!b || b->empty()) return Status::Ok();
+      SPARK_TRY(need(b->type(), ElemType::bf16, what));
+      const size_t want = static_cast<size_t>(e.experts) * per;
+      if (b->numel() < want)
+        return make_error(Errc::internal,
+                          fmt::format("cuda device: {} holds {} values, {} experts need {}", what,
+                                      b->numel(), e.experts, want));
+      *dst = b->data();
+      return Status::Ok();
+    };
+    SPARK_TRY(bias(e.gate_up_bias, 2 * static_cast<size_t>(e.inter), "the experts' gate/up bias",
+                   &a.gate_up_bias));
+    SPARK_TRY(
+        bias(e.down_bias, static_cast<size_t>(e.hidden), "the experts' down bias", &a.down_bias));
+    a.interleaved = e.interleaved;
+    a.swiglu_limit = e.swiglu_limit;
+    a.swiglu_alpha = e.swiglu_alpha;
     a.out = out.data();
     a.accumulate = e.accumulate;
     a.form = moe_form_;

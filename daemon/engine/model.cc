@@ -19,7 +19,8 @@
 namespace spark::engine {
 
 namespace {
-// What a device runs of a family: gpt-oss's sinks and experts have no CUDA kernels yet.
+// What a device runs of a family: gpt-oss's attention sinks are not yet in every CUDA
+// attention path (its experts are: kernels/moe.cu).
 // Latent attention (DeepSeek-V3) has CUDA kernels that have not yet run on a GPU against the
 // CPU device: they run only when SPARK_CUDA_UNVERIFIED=1 says so (the GPU tests set it).
 Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
@@ -39,8 +40,8 @@ Status check_device_runs(const ModelConfig& c, const Device& dev, const std::str
   if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
     return make_error(Errc::unsupported,
                       fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "
-                                  "build (its attention sinks and experts have no CUDA kernels "
-                                  "yet): set DEVICE=cpu, or serve it with ENGINE=exec",
+                                  "build (its attention sinks are not yet in every CUDA "
+                                  "attention path): set DEVICE=cpu, or serve it with ENGINE=exec",
                                   where));
   return Status::Ok();
 }

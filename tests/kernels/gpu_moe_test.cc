@@ -350,3 +350,150 @@ TEST_CASE("gpu moe fp8 experts: the grouped form against the twin over its bf16 
   };
   for (const auto& c : cases) check_fp8_experts(rng, c, 2);
 }
+
+namespace {
+
+// gpt-oss's experts: interleaved gate/up with biases, the clamped activation (limit 7,
+// alpha 1.702), the down bias or none (another rank's), optionally FP8 weights.
+struct GptExpertsCase {
+  int rows, top_k, hidden, inter, experts;
+  int expert0, held;  // the rank's experts
+  int shared;         // shared experts' intermediate (0: none; they stay plain)
+  bool down_bias, accumulate, fp8;
+};
+
+// Runs one gpt-oss case through `form` (1 decode, 2 grouped) against the twin. Gate/up
+// products of a few units plus biases of up to 2, so the limit clamps many activations.
+// FP8: the decode form against the twin over the FP8 weights, the grouped form against the
+// twin over its bf16 weights (value x scale rounded), as for the plain experts.
+void check_gptoss_experts(std::mt19937& rng, const GptExpertsCase& c, int form) {
+  CAPTURE(c.rows);
+  CAPTURE(c.top_k);
+  CAPTURE(c.hidden);
+  CAPTURE(c.inter);
+  CAPTURE(c.held);
+  CAPTURE(c.shared);
+  CAPTURE(c.down_bias);
+  CAPTURE(c.fp8);
+  CAPTURE(form);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  const float ws = 12.f / std::sqrt(static_cast<float>(c.hidden));
+  const float wd = 1.f / std::sqrt(static_cast<float>(c.inter));
+  const float wss = 1.f / std::sqrt(static_cast<float>(c.hidden));
+  const float wsd = 1.f / std::sqrt(std::max<float>(1.f, static_cast<float>(S)));
+  auto x = as_stored(randoms(rng, R * H, -1, 1), DType::bf16);
+  // FP8 weights (values within about 3.75 x scale) or bf16 ones.
+  const auto gu8 = test::make_fp8(rng, c.fp8 ? E * 2 * I : 0, H, 7, ws / 3, false);
+  const auto dn8 = test::make_fp8(rng, c.fp8 ? E * H : 0, I, 7, wd / 3, false);
+  auto gu = c.fp8 ? as_stored(gu8.widened(), DType::bf16)
+                  : as_stored(randoms(rng, E * 2 * I * H, -ws, ws), DType::bf16);
+  auto dn = c.fp8 ? as_stored(dn8.widened(), DType::bf16)
+                  : as_stored(randoms(rng, E * H * I, -wd, wd), DType::bf16);
+  auto gub = as_stored(randoms(rng, E * 2 * I, -2, 2), DType::bf16);
+  auto db = as_stored(randoms(rng, E * H, -1, 1), DType::bf16);
+  auto sgu = as_stored(randoms(rng, 2 * S * H, -wss, wss), DType::bf16);
+  auto sdn = as_stored(randoms(rng, H * S, -wsd, wsd), DType::bf16);
+  auto prior = as_stored(randoms(rng, R * H, -2, 2), DType::bf16);
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> wdist(0.05f, 1.f);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  std::vector<float> ref = prior;
+  MoeExpertsArgs h;
+  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
+  h.hidden = c.hidden, h.expert0 = c.expert0, h.experts = c.held, h.inter = c.inter;
+  h.out = ref.data(), h.accumulate = c.accumulate;
+  h.shared_inter = c.shared, h.shared_gate_up = sgu.data(), h.shared_down = sdn.data();
+  h.gate_up_bias = gub.data(), h.down_bias = c.down_bias ? db.data() : nullptr;
+  h.interleaved = true, h.swiglu_limit = 7.f, h.swiglu_alpha = 1.702f;
+  if (c.fp8 && form == 1) {
+    h.gate_up_fp8 = gu8.weight(), h.down_fp8 = dn8.weight();
+  } else {
+    h.gate_up = gu.data(), h.down = dn.data();
+  }
+  moe_experts_ref(h);
+
+  auto dx = to_dev(x, DType::bf16), dgu = to_dev(gu, DType::bf16), ddn = to_dev(dn, DType::bf16);
+  auto dgub = to_dev(gub, DType::bf16), ddb = to_dev(db, DType::bf16);
+  auto dsgu = to_dev(sgu, DType::bf16), dsdn = to_dev(sdn, DType::bf16);
+  auto dgu8 = DeviceBuf<uint8_t>::from(gu8.q), ddn8 = DeviceBuf<uint8_t>::from(dn8.q);
+  auto dgu8s = DeviceBuf<float>::from(gu8.scales), ddn8s = DeviceBuf<float>::from(dn8.scales);
+  Dev dout = c.accumulate ? to_dev(prior, DType::bf16) : poisoned(R * H, DType::bf16);
+  auto dids = DeviceBuf<int32_t>::from(ids);
+  auto dw = DeviceBuf<float>::from(w);
+  const size_t ws_bytes =
+      moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
+  auto dws = DeviceMemory::allocate(ws_bytes);
+  REQUIRE(dws.ok());
+  MoeExpertsArgs g = h;
+  g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.out = dout.get();
+  g.gate_up_fp8 = g.down_fp8 = Fp8Weight{};
+  if (c.fp8) {
+    g.gate_up = g.down = nullptr;
+    g.gate_up_fp8 = gu8.weight(), g.down_fp8 = dn8.weight();
+    g.gate_up_fp8.q = dgu8.get(), g.gate_up_fp8.scales = dgu8s.get();
+    g.down_fp8.q = ddn8.get(), g.down_fp8.scales = ddn8s.get();
+  } else {
+    g.gate_up = dgu.get(), g.down = ddn.get();
+  }
+  g.shared_gate_up = S ? dsgu.get() : nullptr, g.shared_down = S ? dsdn.get() : nullptr;
+  g.gate_up_bias = dgub.get(), g.down_bias = c.down_bias ? ddb.get() : nullptr;
+  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  auto s = moe_experts_cuda_device(g, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto got = from_dev(dout);
+  std::vector<double> row_mean(R, 0.0);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < H; ++i)
+      row_mean[r] += std::fabs(ref[r * H + i] - (c.accumulate ? prior[r * H + i] : 0.f));
+    row_mean[r] /= static_cast<double>(H);
+  }
+  double err = 0;
+  auto bound = [&](size_t i) { return 2 * bf16_ulp(ref[i]) + 0.01 * row_mean[i / H] + 1e-6; };
+  CHECK(outside(got, ref, bound, &err) == 0);
+  MESSAGE("gpt-oss experts form " << form << " rows " << c.rows << " k " << c.top_k << " H "
+                                  << c.hidden << " I " << c.inter << " E " << c.held << "/"
+                                  << c.experts << " down bias " << c.down_bias << " fp8 " << c.fp8
+                                  << ": max err " << err);
+}
+
+}  // namespace
+
+TEST_CASE("gpu moe gptoss experts: the decode form against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe gptoss experts decode"));
+  const GptExpertsCase cases[] = {
+      {1, 4, 2880, 720, 16, 0, 16, 0, true, true, false},   // gpt-oss's hidden, a TP=4 share
+      {1, 4, 256, 128, 32, 0, 32, 0, false, false, false},  // no down bias
+      {4, 4, 256, 128, 32, 0, 32, 0, true, false, false},
+      {4, 4, 256, 96, 32, 8, 16, 0, false, true, false},    // expert parallel, no down bias
+      {8, 4, 512, 256, 32, 0, 32, 64, true, true, false},   // 8 rows, plain shared experts
+      {8, 4, 2880, 720, 32, 8, 8, 0, false, false, false},  // 8 of 32 experts, 8 streams
+      {4, 4, 256, 128, 32, 0, 32, 0, true, true, true},     // FP8 weights
+  };
+  for (const auto& c : cases) check_gptoss_experts(rng, c, 1);
+}
+
+TEST_CASE("gpu moe gptoss experts: the grouped form against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe gptoss experts grouped"));
+  const GptExpertsCase cases[] = {
+      {1, 4, 256, 128, 32, 0, 32, 0, true, false, false},
+      {4, 4, 256, 128, 32, 0, 32, 0, false, true, false},     // no down bias
+      {8, 4, 256, 96, 32, 0, 32, 0, true, false, false},      // a K tail of 32 in down
+      {33, 4, 512, 256, 32, 0, 32, 0, true, true, false},     // partial tiles
+      {33, 4, 256, 128, 32, 16, 8, 64, false, false, false},  // expert parallel, shared
+      {128, 4, 512, 256, 32, 0, 32, 0, true, false, false},
+      {128, 4, 512, 256, 32, 0, 32, 0, false, true, false},  // no down bias
+      {33, 4, 256, 128, 32, 0, 32, 0, true, true, true},     // FP8 weights
+  };
+  for (const auto& c : cases) check_gptoss_experts(rng, c, 2);
+}

@@ -1,6 +1,8 @@
 // The router's twin (kernels/moe.h): each scoring rule on hand-made rows whose answer is known,
 // the tie rule, and the expert products' twin on a row worked out by hand; its FP8 experts
-// against the float twin on the same weights widened, and the FP8 fields' checks.
+// against the float twin on the same weights widened, and the FP8 fields' checks; gpt-oss's
+// experts (biases, interleaved gate/up, clamped activation) against a plain double
+// implementation in this file, and those fields' checks.
 #include "kernels/moe.h"
 
 #include <doctest/doctest.h>
@@ -275,5 +277,222 @@ TEST_CASE("moe experts check: bad FP8 fields are refused, naming the field") {
     auto b = a;  // bf16 shared experts need their pointers
     b.shared_gate_up_fp8 = b.shared_down_fp8 = Fp8Weight{};
     refused(b, "null operand");
+  }
+}
+
+namespace {
+
+struct GptTwinCase {
+  int rows, top_k, hidden, inter, experts, expert0, held, shared;
+  bool interleaved, gate_up_bias, down_bias, accumulate;
+  float limit, alpha;
+};
+
+// gpt-oss's experts written out as transformers' GptOssExperts reads: for each chosen held
+// expert, gate_up = W x + b over all 2I rows, gate = gate_up[0::2] and up = gate_up[1::2]
+// (else the [gate | up] halves), gate clamped above and up both ways by the limit,
+// act = (up + 1) * gate * sigmoid(alpha * gate) (silu(gate) * up without a limit), act rounded
+// to bf16 (the kernels' documented rounding), out += weight * (down act + down bias); the
+// shared experts plain. In double, the sum rounded once to bf16. `clamped` counts the
+// activations the limit changed.
+std::vector<float> gptoss_by_hand(const GptTwinCase& c, const std::vector<float>& x,
+                                  const std::vector<int32_t>& ids, const std::vector<float>& w,
+                                  const std::vector<float>& gu, const std::vector<float>& gub,
+                                  const std::vector<float>& dn, const std::vector<float>& db,
+                                  const std::vector<float>& sgu, const std::vector<float>& sdn,
+                                  const std::vector<float>& prior, size_t* clamped) {
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t S = static_cast<size_t>(c.shared);
+  std::vector<float> out(R * H);
+  for (size_t r = 0; r < R; ++r) {
+    std::vector<double> y(H, 0.0);
+    for (size_t j = 0; j < K; ++j) {
+      const int e = ids[r * K + j];
+      if (e < c.expert0 || e >= c.expert0 + c.held) continue;
+      const size_t le = static_cast<size_t>(e - c.expert0);
+      std::vector<double> z(2 * I);
+      for (size_t o = 0; o < 2 * I; ++o) {
+        double s = 0;
+        for (size_t k = 0; k < H; ++k) s += double{gu[(le * 2 * I + o) * H + k]} * x[r * H + k];
+        z[o] = s + (c.gate_up_bias ? gub[le * 2 * I + o] : 0.0);
+      }
+      std::vector<double> act(I);
+      for (size_t i = 0; i < I; ++i) {
+        double g = c.interleaved ? z[2 * i] : z[i];
+        double u = c.interleaved ? z[2 * i + 1] : z[I + i];
+        double v;
+        if (c.limit > 0) {
+          const double L = c.limit;
+          if (g > L || u > L || u < -L) ++*clamped;
+          g = g > L ? L : g;
+          u = u > L ? L : (u < -L ? -L : u);
+          v = (u + 1) * g * (1 / (1 + std::exp(-double{c.alpha} * g)));
+        } else {
+          v = u * g / (1 + std::exp(-g));
+        }
+        act[i] = round_to(DType::bf16, static_cast<float>(v));
+      }
+      for (size_t h = 0; h < H; ++h) {
+        double s = c.down_bias ? db[le * H + h] : 0.0;
+        for (size_t i = 0; i < I; ++i) s += double{dn[(le * H + h) * I + i]} * act[i];
+        y[h] += w[r * K + j] * s;
+      }
+    }
+    if (S > 0) {
+      std::vector<double> act(S);
+      for (size_t i = 0; i < S; ++i) {
+        double g = 0, u = 0;
+        for (size_t k = 0; k < H; ++k) {
+          g += double{sgu[i * H + k]} * x[r * H + k];
+          u += double{sgu[(S + i) * H + k]} * x[r * H + k];
+        }
+        act[i] = round_to(DType::bf16, static_cast<float>(u * g / (1 + std::exp(-g))));
+      }
+      for (size_t h = 0; h < H; ++h)
+        for (size_t i = 0; i < S; ++i) y[h] += double{sdn[h * S + i]} * act[i];
+    }
+    for (size_t h = 0; h < H; ++h)
+      out[r * H + h] =
+          round_to(DType::bf16, static_cast<float>((c.accumulate ? prior[r * H + h] : 0.0) + y[h]));
+  }
+  return out;
+}
+
+// The twin with gpt-oss's fields against gptoss_by_hand: within two bf16 ulps of each output
+// plus 1% of the row's mean |output| (an activation on a bf16 rounding boundary may round the
+// other way where the two sum in another order).
+void check_gptoss_twin(std::mt19937& rng, const GptTwinCase& c) {
+  CAPTURE(c.rows);
+  CAPTURE(c.interleaved);
+  CAPTURE(c.gate_up_bias);
+  CAPTURE(c.down_bias);
+  CAPTURE(c.limit);
+  CAPTURE(c.expert0);
+  CAPTURE(c.held);
+  CAPTURE(c.shared);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  std::uniform_real_distribution<float> u(-1.f, 1.f), wdist(0.05f, 1.f);
+  auto fill = [&](size_t n, float scale) {
+    std::vector<float> v(n);
+    for (auto& f : v) f = round_to(DType::bf16, scale * u(rng));
+    return v;
+  };
+  // Gate/up products of a few units (the limit of 7 clamps some), biases that matter.
+  const float ws = 12.f / std::sqrt(static_cast<float>(H)), wd = 1.f / std::sqrt(float(I));
+  const auto x = fill(R * H, 1.f), prior = fill(R * H, 2.f);
+  const auto gu = fill(E * 2 * I * H, ws), gub = fill(E * 2 * I, 2.f);
+  const auto dn = fill(E * H * I, wd), db = fill(E * H, 1.f);
+  const auto sgu = fill(2 * S * H, 1.f / std::sqrt(float(H))), sdn = fill(H * S, 0.2f);
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  size_t clamped = 0;
+  const auto want = gptoss_by_hand(c, x, ids, w, gu, gub, dn, db, sgu, sdn, prior, &clamped);
+  if (c.limit > 0) CHECK(clamped > 0);  // the limit was exercised
+  std::vector<float> got = prior;
+  MoeExpertsArgs a;
+  a.x = x.data(), a.ids = ids.data(), a.weights = w.data(), a.rows = c.rows, a.top_k = c.top_k;
+  a.hidden = c.hidden, a.gate_up = gu.data(), a.down = dn.data(), a.expert0 = c.expert0;
+  a.experts = c.held, a.inter = c.inter, a.accumulate = c.accumulate, a.out = got.data();
+  a.shared_inter = c.shared, a.shared_gate_up = sgu.data(), a.shared_down = sdn.data();
+  a.gate_up_bias = c.gate_up_bias ? gub.data() : nullptr;
+  a.down_bias = c.down_bias ? db.data() : nullptr;
+  a.interleaved = c.interleaved, a.swiglu_limit = c.limit, a.swiglu_alpha = c.alpha;
+  moe_experts_ref(a);
+  size_t bad = 0, moved = 0;
+  for (size_t r = 0; r < R; ++r) {
+    double mean = 0;
+    for (size_t h = 0; h < H; ++h)
+      mean += std::fabs(want[r * H + h] - (c.accumulate ? prior[r * H + h] : 0.f));
+    mean /= static_cast<double>(H);
+    for (size_t h = 0; h < H; ++h) {
+      const size_t i = r * H + h;
+      const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want[i]), 1e-30f)) - 7);
+      bad += !(std::fabs(got[i] - want[i]) <= 2 * ulp + 0.01 * mean);
+      moved += want[i] != (c.accumulate ? prior[i] : 0.f);
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(moved > want.size() / 2);  // the experts did add something
+}
+
+}  // namespace
+
+TEST_CASE("moe experts twin: gpt-oss's biases, interleaved gate/up and clamped activation") {
+  std::mt19937 rng(20261206);
+  const GptTwinCase cases[] = {
+      // gpt-oss: interleaved, both biases, limit 7 and alpha 1.702, into the residual.
+      {5, 4, 64, 32, 8, 0, 8, 0, true, true, true, true, 7.f, 1.702f},
+      // No down bias (another rank adds it when experts are split by width).
+      {4, 4, 64, 32, 8, 0, 8, 0, true, true, false, false, 7.f, 1.702f},
+      // Expert parallel: experts [4, 8) of 12 held, the others add nothing here.
+      {6, 4, 64, 24, 12, 4, 4, 0, true, true, true, false, 7.f, 1.702f},
+      // Biases without interleave or limit: silu(gate + b) * (up + b); plain shared experts.
+      {3, 2, 64, 16, 4, 0, 4, 16, false, true, true, true, 0.f, 0.f},
+      // Interleaved and clamped with shared experts (which stay plain).
+      {3, 4, 64, 16, 8, 0, 8, 32, true, true, true, false, 7.f, 1.702f},
+  };
+  for (const auto& c : cases) check_gptoss_twin(rng, c);
+}
+
+TEST_CASE("moe experts check: bad gpt-oss fields are refused, naming the field") {
+  alignas(16) static uint16_t x[256], bias[256];
+  alignas(16) static float work[8192];
+  static int32_t ids[4];
+  static float weights[4];
+  MoeExpertsArgs a;
+  a.x = x, a.ids = ids, a.weights = weights, a.out = x, a.rows = 1, a.top_k = 2;
+  a.hidden = 64, a.inter = 32, a.experts = 4, a.gate_up = x, a.down = x;
+  a.workspace = work, a.workspace_bytes = sizeof work;
+  a.gate_up_bias = bias, a.down_bias = bias, a.interleaved = true;
+  a.swiglu_limit = 7.f, a.swiglu_alpha = 1.702f;
+  REQUIRE_MESSAGE(moe_experts_check(a).ok(), moe_experts_check(a).message());
+  auto refused = [&](MoeExpertsArgs b, const std::string& field) {
+    const auto s = moe_experts_check(b);
+    CHECK_FALSE(s.ok());
+    CHECK_MESSAGE(s.message().find(field) != std::string::npos, s.message());
+  };
+  {
+    auto b = a;
+    b.swiglu_limit = -1.f;
+    refused(b, "swiglu_limit");
+  }
+  {
+    auto b = a;
+    b.swiglu_limit = NAN;
+    refused(b, "swiglu_limit");
+  }
+  {
+    auto b = a;
+    b.swiglu_alpha = 0.f;  // a limit needs a slope
+    refused(b, "swiglu_alpha");
+  }
+  {
+    auto b = a;
+    b.swiglu_alpha = INFINITY;
+    refused(b, "swiglu_alpha");
+  }
+  {
+    auto b = a;
+    b.gate_up_bias = reinterpret_cast<const char*>(bias) + 1;
+    refused(b, "gate_up_bias");
+  }
+  {
+    auto b = a;
+    b.down_bias = reinterpret_cast<const char*>(bias) + 1;
+    refused(b, "down_bias");
+  }
+  {
+    auto b = a;  // no limit: silu(gate) * up, alpha not needed
+    b.swiglu_limit = 0.f, b.swiglu_alpha = 0.f;
+    CHECK(moe_experts_check(b).ok());
   }
 }
