@@ -88,8 +88,9 @@ struct AttentionBatch {
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   int window = 0;   // sliding window (Mistral), 0 = off
   // Per query head learned sink logits (gpt-oss, fp32 [n_heads], device memory), joining
-  // the softmax's denominator only; nullptr = none. CUDA: the partitioned decode honours
-  // them, the other CUDA paths refuse them.
+  // the softmax's denominator only; nullptr = none. Every CUDA path (prefill, split-K,
+  // short-context and partitioned decode) adds exp(sink - m) once per query and head, when
+  // it normalises the merged output (m: the row's maximum over the scores and the sink).
   const float* sinks = nullptr;
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
@@ -134,6 +135,23 @@ Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream);
 #define SPARK_ATTN_HD __host__ __device__ __forceinline__
 #else
 #define SPARK_ATTN_HD inline
+#endif
+
+#if defined(__CUDACC__)
+/// The factor that normalises an output accumulated against the reference m2 in the exp2
+/// domain (l = the sum of exp2(s2 - m2) over the attended scores s2 = score * scale * log2 e):
+/// 1 / l, or with head h's sink logit (natural units) in the denominator
+/// a / (l a + exp2(k2 - r)), k2 = sink * log2 e, r = max(m2, k2), a = exp2(m2 - r).
+/// 0 when l is 0 (no attended position).
+__device__ __forceinline__ float attention_norm_factor(const float* sinks, int h, float m2,
+                                                       float l) {
+  if (!(l > 0.f)) return 0.f;
+  if (!sinks) return 1.f / l;
+  const float k2 = sinks[h] * 1.4426950408889634f;
+  const float r = fmaxf(m2, k2);
+  const float a = exp2f(m2 - r);
+  return a / fmaf(l, a, exp2f(k2 - r));
+}
 #endif
 
 /// Positions of one split are a multiple of this (one pass of every lane of a block).
