@@ -235,10 +235,11 @@ int attention_decode_short_max(int head_dim, DType kv_dtype);
 
 /// CPU twin of the split-K decode of one query (position ctx - 1) for every head: each
 /// split's softmax and weighted sum in fp32 over its chunk, merged by log-sum-exp as the
-/// kernel does. q and out are [n_heads][head_dim].
+/// kernel does; each head's sink (`sinks`, [n_heads] or null) joins the merged denominator
+/// once. q and out are [n_heads][head_dim].
 void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_table, int ctx,
                                 int n_heads, const float* q, float* out, float scale, int window,
-                                int cap);
+                                int cap, const float* sinks = nullptr);
 
 // ---- decode: the previous kernel (fixed partitions and a second merge launch) ----------
 // Kept for comparison in the kernel benchmark: its grid, and so its cost, follows the
