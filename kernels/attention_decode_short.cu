@@ -231,7 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
       sum += lc[r] * w;
       o += oc[r] * w;
     }
-    const float res = sum > 0.f ? o / sum : 0.f;  // sum >= 1 when the context is not empty
+    // sum >= 1 when the context is not empty; the head's sink joins the merged denominator.
+    const float res = o * attention_norm_factor(b.sinks, kvh * P.group + g0 + g, M, sum);
     const size_t at = token * b.out_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d);
     if (b.dtype == DType::bf16)
       static_cast<dev::bf16*>(b.out)[at] = __float2bfloat16_rn(res);
@@ -321,9 +322,6 @@ bool attention_decode_short_takes(const AttentionBatch& b) {
 }
 
 Status attention_decode_short_cuda_device(const AttentionBatch& b, void* stream) {
-  if (b.sinks)
-    return make_error(Errc::unsupported,
-                      "attention_decode_short: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, true));
   if (b.n_seqs == 0) return Status::Ok();
   const int limit = attention_decode_short_max(b.kv.head_dim, b.kv.dtype);

@@ -216,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
     if (direct) {
       const size_t at =
           token * b.out_stride + static_cast<size_t>((kvh * P.group + g0 + g) * hd + d);
-      const float r = o / sum;  // sum >= 1: the row holding the max contributes exp2(0)
+      // sum >= 1: the row holding the max contributes exp2(0); the sink joins it here.
+      const float r = o * attention_norm_factor(b.sinks, kvh * P.group + g0 + g, M, sum);
       if (b.dtype == DType::bf16)
         static_cast<dev::bf16*>(b.out)[at] = __float2bfloat16_rn(r);
       else
@@ -250,7 +251,8 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
     for (int sp = 0; sp < used; ++sp) M = fmaxf(M, pm_s[g][sp]);
     float sum = 0.f;
     for (int sp = 0; sp < used; ++sp) sum += w_s[g][sp] * exp2f(pm_s[g][sp] - M);
-    const float inv = 1.f / sum;  // >= 1 before the inverse: some split holds the max
+    // sum >= 1: some split holds the max. The sink joins the merged denominator, once.
+    const float inv = attention_norm_factor(b.sinks, kvh * P.group + g0 + g, M, sum);
     for (int sp = 0; sp < used; ++sp) w_s[g][sp] = exp2f(pm_s[g][sp] - M) * inv;
   }
   __syncthreads();
@@ -298,9 +300,6 @@ Status launch(const SplitParams& P, int gmax, dim3 grid, cudaStream_t st) {
 }  // namespace
 
 Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
-  if (b.sinks)
-    return make_error(Errc::unsupported,
-                      "attention_decode_split: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, true));
   if (b.n_seqs == 0) return Status::Ok();
   if (attention_decode_short_takes(b)) return attention_decode_short_cuda_device(b, stream);

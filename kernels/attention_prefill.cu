@@ -291,7 +291,9 @@ __global__ void __launch_bounds__(kWarpsP * 32) prefill_v1_kernel(AttentionBatch
     lA += __shfl_xor_sync(0xffffffffu, lA, o2);
     lB += __shfl_xor_sync(0xffffffffu, lB, o2);
   }
-  const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+  // The head's sink (if any) joins each row's denominator here, once.
+  const float iA = attention_norm_factor(b.sinks, h, mA, lA),
+              iB = attention_norm_factor(b.sinks, h, mB, lB);
 #pragma unroll
   for (int j = 0; j < HD / 8; ++j) {
     const int d = j * 8 + cq * 2;
@@ -644,7 +646,9 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
       lA += __shfl_xor_sync(0xffffffffu, lA, o2);
       lB += __shfl_xor_sync(0xffffffffu, lB, o2);
     }
-    const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+    // Row maxima are in raw score units; the sink (if any) joins each row's denominator.
+    const float iA = attention_norm_factor(b.sinks, h, mrow[mt][0] * sl2, lA),
+                iB = attention_norm_factor(b.sinks, h, mrow[mt][1] * sl2, lB);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wr + mt * 16 + g + half * 8;
@@ -924,7 +928,9 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
       lA += __shfl_xor_sync(0xffffffffu, lA, o2);
       lB += __shfl_xor_sync(0xffffffffu, lB, o2);
     }
-    const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+    // Row maxima are in raw score units; the sink (if any) joins each row's denominator.
+    const float iA = attention_norm_factor(b.sinks, h, mrow[mt][0] * sl2, lA),
+                iB = attention_norm_factor(b.sinks, h, mrow[mt][1] * sl2, lB);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wr + mt * 16 + g + half * 8;
@@ -1011,9 +1017,6 @@ Status dispatch_prefill_tiled(const AttentionBatch& b, cudaStream_t st) {
 }  // namespace
 
 Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
-  if (b.sinks)
-    return make_error(Errc::unsupported,
-                      "attention_prefill: attention sinks are not supported on this path");
   SPARK_TRY(attention_check_args(b, false));
   if (b.n_seqs == 0 || b.n_tokens == 0) return Status::Ok();
   if (b.n_seqs > 65535 || b.n_heads > 65535)

@@ -88,8 +88,9 @@ struct AttentionBatch {
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   int window = 0;   // sliding window (Mistral), 0 = off
   // Per query head learned sink logits (gpt-oss, fp32 [n_heads], device memory), joining
-  // the softmax's denominator only; nullptr = none. CUDA: the partitioned decode honours
-  // them, the other CUDA paths refuse them.
+  // the softmax's denominator only; nullptr = none. Every CUDA path (prefill, split-K,
+  // short-context and partitioned decode) adds exp(sink - m) once per query and head, when
+  // it normalises the merged output (m: the row's maximum over the scores and the sink).
   const float* sinks = nullptr;
   void* workspace = nullptr;  // decode: split partials, attention_decode_workspace_bytes
   size_t workspace_bytes = 0;
@@ -134,6 +135,23 @@ Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream);
 #define SPARK_ATTN_HD __host__ __device__ __forceinline__
 #else
 #define SPARK_ATTN_HD inline
+#endif
+
+#if defined(__CUDACC__)
+/// The factor that normalises an output accumulated against the reference m2 in the exp2
+/// domain (l = the sum of exp2(s2 - m2) over the attended scores s2 = score * scale * log2 e):
+/// 1 / l, or with head h's sink logit (natural units) in the denominator
+/// a / (l a + exp2(k2 - r)), k2 = sink * log2 e, r = max(m2, k2), a = exp2(m2 - r).
+/// 0 when l is 0 (no attended position).
+__device__ __forceinline__ float attention_norm_factor(const float* sinks, int h, float m2,
+                                                       float l) {
+  if (!(l > 0.f)) return 0.f;
+  if (!sinks) return 1.f / l;
+  const float k2 = sinks[h] * 1.4426950408889634f;
+  const float r = fmaxf(m2, k2);
+  const float a = exp2f(m2 - r);
+  return a / fmaf(l, a, exp2f(k2 - r));
+}
 #endif
 
 /// Positions of one split are a multiple of this (one pass of every lane of a block).
@@ -217,10 +235,11 @@ int attention_decode_short_max(int head_dim, DType kv_dtype);
 
 /// CPU twin of the split-K decode of one query (position ctx - 1) for every head: each
 /// split's softmax and weighted sum in fp32 over its chunk, merged by log-sum-exp as the
-/// kernel does. q and out are [n_heads][head_dim].
+/// kernel does; each head's sink (`sinks`, [n_heads] or null) joins the merged denominator
+/// once. q and out are [n_heads][head_dim].
 void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_table, int ctx,
                                 int n_heads, const float* q, float* out, float scale, int window,
-                                int cap);
+                                int cap, const float* sinks = nullptr);
 
 // ---- decode: the previous kernel (fixed partitions and a second merge launch) ----------
 // Kept for comparison in the kernel benchmark: its grid, and so its cost, follows the

@@ -109,7 +109,7 @@ size_t attention_decode_workspace_bytes(int n_seqs, int n_heads, int head_dim, i
 
 void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_table, int ctx,
                                 int n_heads, const float* q, float* out, float scale, int window,
-                                int cap) {
+                                int cap, const float* sinks) {
   const int hd = kv.head_dim;
   const int group = n_heads / kv.n_kv_heads;
   const size_t HD = static_cast<size_t>(hd);
@@ -150,13 +150,20 @@ void attention_decode_split_ref(const PagedKVLayer& kv, const int32_t* block_tab
     float L = 0;
     for (int sp = 0; sp < plan.used; ++sp)
       L += l[static_cast<size_t>(sp)] * std::exp2(m[static_cast<size_t>(sp)] - M);
+    // The merged denominator gets the head's sink once (attention_norm_factor's formula).
+    float norm = 1.f / L;
+    if (sinks) {
+      const float k2 = sinks[h] * 1.4426950408889634f, r = std::max(M, k2);
+      const float a = std::exp2(M - r);
+      norm = a / (L * a + std::exp2(k2 - r));
+    }
     float* oh = out + static_cast<size_t>(h) * HD;
     for (int i = 0; i < hd; ++i) {
       float acc = 0;
       for (int sp = 0; sp < plan.used; ++sp)
         acc += o[static_cast<size_t>(sp) * HD + static_cast<size_t>(i)] *
-               (std::exp2(m[static_cast<size_t>(sp)] - M) / L);
-      oh[i] = acc;
+               std::exp2(m[static_cast<size_t>(sp)] - M);
+      oh[i] = acc * norm;
     }
   }
 }

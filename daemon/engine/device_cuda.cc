@@ -749,10 +749,15 @@ class CudaDevice final : public Device {
 
   Status attention(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
                    float scale, int window) override {
-    kernels::AttentionBatch b = attention_batch(kv, q, out, heads, scale, window);
+    return run_attention(attention_batch(kv, q, out, heads, scale, window));
+  }
+
+  // Prefill and mixed steps run the prefill kernel; decode-only steps the short-context
+  // kernel or split-K, as their bounds choose. Every path honours b.sinks.
+  Status run_attention(kernels::AttentionBatch b) {
     if (!step_.decode_only()) return kernels::attention_prefill_cuda_device(b, stream_);
-    SPARK_TRY(grow_attn_ws(
-        kernels::attention_decode_workspace_bytes(b.n_seqs, heads, kv.head_dim, max_seq_len_)));
+    SPARK_TRY(grow_attn_ws(kernels::attention_decode_workspace_bytes(b.n_seqs, b.n_heads,
+                                                                     b.kv.head_dim, max_seq_len_)));
     b.workspace = attn_ws_.data();
     b.workspace_bytes = attn_ws_.bytes();
     if (short_cap_ >= 0 && max_seq_len_ > short_cap_) b.decode_variant = 2;  // split-K only
@@ -806,22 +811,20 @@ class CudaDevice final : public Device {
                  kernels::mla_workspace_bytes(S, s, kernels::mla_splits(max_seq_len, true))));
   }
 
-  // gpt-oss: decode runs the partitioned kernel, which adds each head's sink to the
-  // softmax denominator; prefill with sinks is not supported on CUDA yet.
+  // gpt-oss: each head's learned sink joins the softmax's denominator, on every path
+  // attention() takes (prefill, mixed, short-context and split-K decode).
   Status attention_sinks(const KVLayerView& kv, const Buffer& q, const Buffer& out, int heads,
                          float scale, int window, const Buffer& sinks) override {
-    if (sinks.empty()) return attention(kv, q, out, heads, scale, window);
-    if (!step_.decode_only())
-      return make_error(Errc::unsupported,
-                        "attention sinks (gpt-oss): prefill runs on the CPU device only in this "
-                        "build");
     kernels::AttentionBatch b = attention_batch(kv, q, out, heads, scale, window);
-    b.sinks = sinks.as<float>();
-    SPARK_TRY(grow_attn_ws(kernels::attention_decode_partitioned_workspace_bytes(
-        b.n_seqs, heads, kv.head_dim, max_seq_len_)));
-    b.workspace = attn_ws_.data();
-    b.workspace_bytes = attn_ws_.bytes();
-    return kernels::attention_decode_partitioned_cuda_device(b, stream_);
+    if (!sinks.empty()) {
+      SPARK_TRY(need(sinks.type(), ElemType::f32, "attention sinks"));
+      if (sinks.numel() != static_cast<size_t>(heads))
+        return make_error(
+            Errc::internal,
+            fmt::format("cuda device: {} attention sinks for {} heads", sinks.numel(), heads));
+      b.sinks = sinks.as<float>();
+    }
+    return run_attention(b);
   }
 
   Status swiglu(const Buffer& gate_up, const Buffer& y, int rows, int dim) override {

@@ -164,14 +164,33 @@ TEST_CASE("decode split twin: split-K with log-sum-exp merge equals plain attent
     for (auto& f : q) f = U(rng);
     const float scale = 1.f / std::sqrt(static_cast<float>(sh.hd));
     const int32_t pos = sh.ctx - 1;
-    paged_attention_ref(kv, table.data(), &pos, 1, sh.nh, q.data(), ref.data(), scale, sh.window);
-    attention_decode_split_ref(kv, table.data(), sh.ctx, sh.nh, q.data(), got.data(), scale,
-                               sh.window, sh.cap);
-    // fp32 sums of up to a few thousand terms of |v| <= 2 against a double reference.
-    double max_err = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      max_err =
-          std::isnan(got[i]) ? INFINITY : std::max(max_err, std::fabs(double(got[i]) - ref[i]));
-    CHECK(max_err <= 2e-5 * 2);
+    // Without sinks, then with gpt-oss's sinks (each head's logit joins the merged
+    // denominator once, whatever the number of splits): some heads barely touched, some
+    // dominated, one weighing nothing.
+    std::vector<float> sinks(static_cast<size_t>(sh.nh));
+    for (int h = 0; h < sh.nh; ++h) sinks[static_cast<size_t>(h)] = static_cast<float>(h % 8) - 2.f;
+    sinks[0] = 6.f;
+    sinks.back() = -1e30f;
+    const float* const cases[] = {nullptr, sinks.data()};
+    for (const float* sk : cases) {
+      CAPTURE(sk != nullptr);
+      paged_attention_ref(kv, table.data(), &pos, 1, sh.nh, q.data(), ref.data(), scale, sh.window,
+                          sk);
+      attention_decode_split_ref(kv, table.data(), sh.ctx, sh.nh, q.data(), got.data(), scale,
+                                 sh.window, sh.cap, sk);
+      // fp32 sums of up to a few thousand terms of |v| <= 2 against a double reference.
+      double max_err = 0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        max_err =
+            std::isnan(got[i]) ? INFINITY : std::max(max_err, std::fabs(double(got[i]) - ref[i]));
+      CHECK(max_err <= 2e-5 * 2);
+    }
+    // The sinks change head 0's output (sink 6, well above a typical row maximum).
+    std::vector<float> plain(q.size());
+    paged_attention_ref(kv, table.data(), &pos, 1, sh.nh, q.data(), plain.data(), scale, sh.window);
+    double diff = 0;
+    for (int i = 0; i < sh.hd; ++i)
+      diff = std::max(diff, std::fabs(double(plain[static_cast<size_t>(i)]) - got[i]));
+    CHECK(diff > 1e-3);
   }
 }
