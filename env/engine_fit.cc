@@ -53,23 +53,16 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
     refused = true;
   }
   if (refused) f.fixes.push_back(kExecFix);
-  // gpt-oss's attention sinks are not yet in every CUDA attention path: only the CPU device
-  // serves it.
-  if (mc && mc->family == engine::Family::gpt_oss && get("DEVICE") != "cpu") {
-    f.problems.push_back(fmt::format(
-        "{} runs on the CPU device only in this build (DEVICE={}; its attention sinks are "
-        "not yet in every CUDA attention path)",
-        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
-    f.fixes.push_back("set DEVICE=cpu (slow), or serve it with ENGINE=exec and vLLM");
-  }
-  // Latent attention's CUDA kernels have not yet run on a GPU: sparkd on a GPU refuses
-  // DeepSeek-V3 unless SPARK_CUDA_UNVERIFIED=1 is in its environment.
-  if (mc && mc->is_mla() && get("DEVICE") != "cpu") {
+  // Latent attention's and gpt-oss's CUDA kernels have not yet run on a GPU: sparkd on a GPU
+  // refuses DeepSeek-V3 and gpt-oss unless SPARK_CUDA_UNVERIFIED=1 is in its environment.
+  if (mc && (mc->is_mla() || mc->family == engine::Family::gpt_oss) && get("DEVICE") != "cpu") {
     f.warnings.push_back(fmt::format(
-        "{} needs latent attention, whose CUDA kernels in this build have not yet been checked "
-        "on a GPU: a rank on a GPU (DEVICE={}) refuses it unless sparkd's environment has "
+        "{} needs {}, whose CUDA kernels in this build have not yet been checked on a GPU: a "
+        "rank on a GPU (DEVICE={}) refuses it unless sparkd's environment has "
         "SPARK_CUDA_UNVERIFIED=1",
-        mc->architecture, get("DEVICE").empty() ? "auto" : get("DEVICE")));
+        mc->architecture,
+        mc->is_mla() ? "latent attention" : "attention sinks and gpt-oss's experts",
+        get("DEVICE").empty() ? "auto" : get("DEVICE")));
     f.fixes.push_back(
         "set DEVICE=cpu (slow), or SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run the "
         "unchecked kernels, or serve it with ENGINE=exec and vLLM");

@@ -19,12 +19,13 @@
 namespace spark::engine {
 
 namespace {
-// What a device runs of a family: gpt-oss's attention sinks are not yet in every CUDA
-// attention path (its experts are: kernels/moe.cu).
-// Latent attention (DeepSeek-V3) has CUDA kernels that have not yet run on a GPU against the
-// CPU device: they run only when SPARK_CUDA_UNVERIFIED=1 says so (the GPU tests set it).
+// What a device runs of a family. Latent attention (DeepSeek-V3) and gpt-oss (its attention
+// sinks on every attention path, its experts' biases, interleave and clamped activation)
+// have CUDA kernels that have not yet run on a GPU against the CPU device: they run only
+// when SPARK_CUDA_UNVERIFIED=1 says so (the GPU tests set it).
 Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
-  if (c.is_mla() && dev.info().kind != "cpu") {
+  const bool unverified = c.is_mla() || c.family == Family::gpt_oss;
+  if (unverified && dev.info().kind != "cpu") {
     const char* v = std::getenv("SPARK_CUDA_UNVERIFIED");
     const std::string set = v ? v : "";
     if (!set.empty() && set != "0" && set != "1")
@@ -32,17 +33,12 @@ Status check_device_runs(const ModelConfig& c, const Device& dev, const std::str
     if (set != "1")
       return make_error(
           Errc::unsupported,
-          fmt::format("{}: {} needs latent attention, whose CUDA kernels in this build have not "
-                      "yet been checked on a GPU: set DEVICE=cpu, serve it with ENGINE=exec, or "
-                      "set SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run them anyway",
-                      where, c.architecture));
+          fmt::format("{}: {} needs {}, whose CUDA kernels in this build have not yet been "
+                      "checked on a GPU: set DEVICE=cpu, serve it with ENGINE=exec, or set "
+                      "SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run them anyway",
+                      where, c.architecture,
+                      c.is_mla() ? "latent attention" : "attention sinks and gpt-oss's experts"));
   }
-  if (c.family == Family::gpt_oss && dev.info().kind != "cpu")
-    return make_error(Errc::unsupported,
-                      fmt::format("{}: GptOssForCausalLM runs on the CPU device only in this "
-                                  "build (its attention sinks are not yet in every CUDA "
-                                  "attention path): set DEVICE=cpu, or serve it with ENGINE=exec",
-                                  where));
   return Status::Ok();
 }
 }  // namespace

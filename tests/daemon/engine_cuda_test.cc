@@ -59,14 +59,6 @@ std::vector<std::string> fixture_dirs() {
   if (!std::filesystem::is_directory(kFixtures, ec)) return out;
   for (const auto& e : std::filesystem::directory_iterator(kFixtures, ec)) {
     if (!std::filesystem::exists(e.path() / "reference.json")) continue;
-    // gpt-oss's attention sinks are not yet in every CUDA attention path: tested on the CPU
-    // (engine_reference_test.cc) and left out here, said once.
-    auto cfg = spark::engine::load_model_config(e.path().string());
-    if (cfg && cfg->family == spark::engine::Family::gpt_oss) {
-      std::cout << "SKIP (CUDA): " << e.path().filename().string()
-                << ": gpt-oss runs on the CPU device only in this build\n";
-      continue;
-    }
     out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
@@ -724,6 +716,17 @@ TEST_CASE("cuda engine: latent attention (DeepSeek-V3) gives the CPU device's lo
           .ok());
   REQUIRE(load_model_config(dir.path())->is_mla());
   cuda_matches_cpu(dir.path(), "DeepSeek-V3");
+}
+
+TEST_CASE(
+    "cuda engine: gpt-oss (sinks, sliding windows, its experts) gives the CPU device's logits") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  test::TempDir dir;
+  REQUIRE(
+      write_random_checkpoint(dir.path(), {small_config(Family::gpt_oss), DType::bf16, 5, 1}).ok());
+  REQUIRE(load_model_config(dir.path())->family == Family::gpt_oss);
+  cuda_matches_cpu(dir.path(), "gpt-oss");
 }
 
 TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits and tokens") {
