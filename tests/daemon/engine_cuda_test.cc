@@ -41,6 +41,7 @@
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/sampler.h"
 #include "kernels/dtype.h"
+#include "support/fp8_config.h"
 #include "support/gpu.h"
 #include "support/tempdir.h"
 
@@ -177,7 +178,8 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
   CHECK(select_device("auto", 0, &why).error().code == Errc::config);
   unsetenv("SPARK_CUDA_SHORT_ATTENTION");
   // The on/off switches take 0 or 1 only: "off" or "no" is not silently on.
-  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT"}) {
+  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS",
+                          "SPARK_CUDA_UNVERIFIED"}) {
     for (const char* value : {"off", "", "2"}) {
       CAPTURE(var);
       CAPTURE(value);
@@ -737,14 +739,7 @@ TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits 
     CAPTURE(name);
     // Every projection whole 128-blocks; prefill chunks above the decode kernel's 8 rows
     // run the dequantized tiles, decode steps the FP8 kernel (dense) or the FP8 experts.
-    auto c = small_config(f, 384, 256, 2);
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 128;
-    c.rotary_dim = 128;
-    c.intermediate_size = 512;
-    c.eos_token_ids = {};
-    if (c.is_moe()) c.moe.expert_inter = 256;
+    const auto c = test::fp8_config(f);
     test::TempDir dir;
     RandomCheckpointSpec spec{c, DType::bf16, 7, 1};
     spec.fp8 = true;

@@ -203,23 +203,26 @@ TEST_CASE("plan: says the configured engine cannot serve the model, with the fix
 }
 
 TEST_CASE(
-    "engine fit: latent attention (DeepSeek-V3) is served on DEVICE=cpu, and on a GPU when "
-    "its unchecked kernels are allowed") {
-  test::TempDir d("fit");
-  const std::string dir = d / "dsv3";
-  REQUIRE(engine::write_random_checkpoint(
-              dir, {engine::small_config(engine::Family::deepseek_v3), engine::DType::bf16, 7, 1})
-              .ok());
-  d.write("dsv3/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
-  auto gpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n");
-  auto f = engine_fit(read_model_files(Sysroot("/"), dir), &gpu, {});
-  CHECK(f.checked);
-  CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
-  // On a GPU its kernels run only when asked for: said before start.
-  CHECK_MESSAGE(join(f.warnings, "; ").find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
-                join(f.warnings, "; "));
-  auto cpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nDEVICE=cpu\n");
-  auto c = engine_fit(read_model_files(Sysroot("/"), dir), &cpu, {});
-  CHECK_MESSAGE(c.ok(), join(c.problems, "; "));
-  CHECK_MESSAGE(c.warnings.empty(), join(c.warnings, "; "));
+    "engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on DEVICE=cpu, and on a "
+    "GPU when their unchecked kernels are allowed") {
+  for (auto family : {engine::Family::deepseek_v3, engine::Family::gpt_oss}) {
+    CAPTURE(engine::architecture_name(family));
+    test::TempDir d("fit");
+    const std::string dir = d / "model";
+    REQUIRE(engine::write_random_checkpoint(
+                dir, {engine::small_config(family), engine::DType::bf16, 7, 1})
+                .ok());
+    d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+    auto gpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n");
+    auto f = engine_fit(read_model_files(Sysroot("/"), dir), &gpu, {});
+    CHECK(f.checked);
+    CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
+    // On a GPU its kernels run only when asked for: said before start.
+    CHECK_MESSAGE(join(f.warnings, "; ").find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
+                  join(f.warnings, "; "));
+    auto cpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nDEVICE=cpu\n");
+    auto c = engine_fit(read_model_files(Sysroot("/"), dir), &cpu, {});
+    CHECK_MESSAGE(c.ok(), join(c.problems, "; "));
+    CHECK_MESSAGE(c.warnings.empty(), join(c.warnings, "; "));
+  }
 }
