@@ -17,6 +17,7 @@
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/safetensors.h"
 #include "daemon/engine/weight_format.h"
+#include "support/fp8_config.h"
 #include "support/tempdir.h"
 #include "support/tp_threads.h"
 
@@ -25,18 +26,18 @@ using namespace spark::engine;
 
 namespace {
 
-// Dense Qwen3 and Qwen3-MoE with every projection a whole number of 128-blocks at one and
-// two ranks: 4 heads and 2 KV heads of 128, intermediate 512, 8 experts of 256.
-ModelConfig fp8_config(Family f) {
-  auto c = small_config(f, 384, 256, 2);
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 128;
-  c.rotary_dim = 128;
-  c.intermediate_size = 512;
-  c.eos_token_ids = {};
-  if (c.is_moe()) c.moe.expert_inter = 256;
-  return c;
+using test::fp8_config;
+
+// Writes `cfg` as an FP8 checkpoint into `fp8_dir` and the same model with the values its FP8
+// form dequantizes to into `deq_dir`.
+void write_fp8_pair(const std::string& fp8_dir, const std::string& deq_dir, const ModelConfig& cfg,
+                    DType dtype, uint64_t seed) {
+  RandomCheckpointSpec q{cfg, dtype, seed, 1};
+  q.fp8 = true;
+  RandomCheckpointSpec deq = q;
+  deq.fp8_dequantized = true;
+  REQUIRE(write_random_checkpoint(fp8_dir, q).ok());
+  REQUIRE(write_random_checkpoint(deq_dir, deq).ok());
 }
 
 std::vector<test::TpSeq> seqs() {
@@ -235,12 +236,7 @@ TEST_CASE(
     const std::string name = architecture_name(f);
     CAPTURE(name);
     const auto cfg = fp8_config(f);
-    RandomCheckpointSpec q{cfg, DType::bf16, 17, 1};
-    q.fp8 = true;
-    RandomCheckpointSpec deq = q;
-    deq.fp8_dequantized = true;
-    REQUIRE(write_random_checkpoint(tmp / (name + "-fp8"), q).ok());
-    REQUIRE(write_random_checkpoint(tmp / (name + "-deq"), deq).ok());
+    write_fp8_pair(tmp / (name + "-fp8"), tmp / (name + "-deq"), cfg, DType::bf16, 17);
     LoadReport a, b;
     auto ma = Model::load(tmp / (name + "-fp8"), 0, 1, &a);
     REQUIRE_MESSAGE(ma.ok(), ma.error().message);
@@ -276,12 +272,7 @@ TEST_CASE("fp8: a fused gate/up whose halves are not whole blocks keeps a scale 
   auto cfg = fp8_config(Family::qwen3);
   cfg.intermediate_size = 192;
   test::TempDir tmp;
-  RandomCheckpointSpec q{cfg, DType::f32, 23, 1};
-  q.fp8 = true;
-  RandomCheckpointSpec deq = q;
-  deq.fp8_dequantized = true;
-  REQUIRE(write_random_checkpoint(tmp / "fp8", q).ok());
-  REQUIRE(write_random_checkpoint(tmp / "deq", deq).ok());
+  write_fp8_pair(tmp / "fp8", tmp / "deq", cfg, DType::f32, 23);
   auto m = Model::load(tmp / "fp8", 0, 1);
   REQUIRE_MESSAGE(m.ok(), m.error().message);
   int per_row = 0;
