@@ -64,7 +64,8 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   in.record.dtype = get("KV_DTYPE");
   // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16
   // matrices and vectors, fp32 where the plan says so; an FP8 checkpoint's projections at
-  // a byte a weight plus their block scales where a GPU keeps them so, kCudaKeepsFp8): the
+  // a byte a weight plus their block scales where a GPU keeps them so, kCudaKeepsFp8; MXFP4
+  // experts at half a byte plus a scale byte per 32 where it keeps those, kCudaKeepsMxfp4): the
   // plan, preflight and the engine then agree to the byte. A model the engine refuses keeps the
   // estimate from the files.
   if (get("ENGINE") != "exec") {
@@ -80,7 +81,8 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
           o.placement = split;
           auto p = engine::make_shard_plan(c, o, where);
           if (!p) return std::nullopt;
-          most = std::max(most, p->held_bytes(2, 2, engine::kCudaKeepsFp8));
+          most = std::max(most,
+                          p->held_bytes(2, 2, engine::kCudaKeepsFp8, engine::kCudaKeepsMxfp4));
         }
         return most;
       };

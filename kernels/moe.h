@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "kernels/dtype.h"
 #include "kernels/fp8.h"
+#include "kernels/mxfp4.h"
 
 namespace spark::kernels {
 
@@ -100,6 +101,8 @@ struct MoeExpertsArgs {
   // form dequantizes weight tiles to bf16 (w * scale rounded to bf16, exact where the scale
   // is a power of two) for the tensor cores. q and ldq multiples of 8 bytes.
   Fp8Weight gate_up_fp8, down_fp8, shared_gate_up_fp8, shared_down_fp8;
+  // MXFP4 routed experts (kernels/mxfp4.h), over the stacked matrices.
+  Mxfp4Weight gate_up_mx4, down_mx4;
   // gpt-oss (routed experts only), indexed by the held expert (id - expert0).
   const void* gate_up_bias = nullptr;  // [experts][2 * inter] bf16 (null: none), rows' layout
   const void* down_bias = nullptr;     // [experts][hidden] bf16 (null: none, or another rank's)

@@ -350,16 +350,18 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   const int gen = num["max-tokens"];
   const double kv_per_pos = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
   const double avg_ctx = prompt + gen / 2.0;
-  // One expert's bytes as held: bf16, or FP8 (a byte a weight) plus its block scales.
-  const bool fp8 = (*dev)->keeps_fp8();
+  // One expert's bytes as held: bf16, FP8 (a byte a weight) plus its block scales, or MXFP4
+  // (half a byte) plus its e8m0 scales.
+  const bool fp8 = (*dev)->keeps_fp8(), mx4 = (*dev)->keeps_mxfp4();
   double expert_bytes = 3.0 * cfg.hidden_size * splan.expert_inter * 2;
   for (const auto& d : splan.dests)
-    if (d.fp8 && fp8 && d.role == WeightRole::experts_gate_up && splan.experts > 0) {
+    if (((d.fp8 && fp8) || (d.mxfp4 && mx4)) && d.role == WeightRole::experts_gate_up &&
+        splan.experts > 0) {
       expert_bytes = 0;
       for (const auto& e : splan.dests)
         if (e.layer == d.layer &&
             (e.role == WeightRole::experts_gate_up || e.role == WeightRole::experts_down))
-          expert_bytes += static_cast<double>(e.numel + e.scale_bytes()) / splan.experts;
+          expert_bytes += static_cast<double>(e.packed_bytes()) / splan.experts;
       break;
     }
   const int moe_layers = cfg.moe.moe_layers();

@@ -18,9 +18,16 @@ size_t elem_size(ElemType t) {
     case ElemType::bf16:
       return 2;
     case ElemType::fp8_e4m3:
+    case ElemType::u8:
       return 1;
+    case ElemType::mxfp4_e2m1:
+      return 0;
   }
   return 4;
+}
+
+size_t elem_bytes(ElemType t, size_t numel) {
+  return t == ElemType::mxfp4_e2m1 ? numel / 2 : numel * elem_size(t);
 }
 
 const char* elem_name(ElemType t) {
@@ -33,6 +40,10 @@ const char* elem_name(ElemType t) {
       return "i32";
     case ElemType::fp8_e4m3:
       return "fp8";
+    case ElemType::mxfp4_e2m1:
+      return "mxfp4";
+    case ElemType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -40,7 +51,7 @@ const char* elem_name(ElemType t) {
 Buffer Buffer::view(size_t offset, size_t n) const {
   offset = std::min(offset, numel_);
   n = std::min(n, numel_ - offset);
-  Buffer b(owner_, static_cast<char*>(data_) + offset * elem_size(type_), n, type_);
+  Buffer b(owner_, static_cast<char*>(data_) + elem_bytes(type_, offset), n, type_);
   b.scales_ = scales_;
   return b;
 }
@@ -65,6 +76,29 @@ Result<kernels::Fp8Weight> fp8_weight(const Buffer& w) {
   f.scales = s->scales.as<float>() + (row0 >> s->row_shift) * s->ld;
   f.scale_ld = s->ld;
   f.row_shift = s->row_shift;
+  return f;
+}
+
+Result<kernels::Mxfp4Weight> mxfp4_weight(const Buffer& w) {
+  const BlockScales* s = w.scales();
+  if (w.type() != ElemType::mxfp4_e2m1 || !s || s->cols == 0 ||
+      s->scales.type() != ElemType::u8)
+    return make_error(
+        Errc::internal,
+        fmt::format("a {} buffer is not an MXFP4 matrix with its scales", elem_name(w.type())));
+  const size_t off =
+      static_cast<size_t>(static_cast<const char*>(w.data()) - static_cast<const char*>(s->base));
+  const size_t row_bytes = s->cols / 2;
+  if (off % row_bytes != 0)
+    return make_error(Errc::internal,
+                      fmt::format("a view of an MXFP4 matrix starts at byte {} of rows of {} "
+                                  "bytes, inside a row",
+                                  off, row_bytes));
+  kernels::Mxfp4Weight f;
+  f.blocks = static_cast<const uint8_t*>(w.data());
+  f.ldb = row_bytes;
+  f.scales = s->scales.as<uint8_t>() + (off / row_bytes) * s->ld;
+  f.lds = s->ld;
   return f;
 }
 

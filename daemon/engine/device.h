@@ -19,6 +19,7 @@
 #include "daemon/engine/safetensors.h"
 #include "kernels/fp8.h"
 #include "kernels/mla.h"
+#include "kernels/mxfp4.h"
 #include "kernels/sampler.h"
 
 namespace spark::engine {
@@ -26,17 +27,22 @@ namespace spark::engine {
 class Collective;
 
 /// Element types of device buffers. fp8_e4m3: an FP8 weight matrix kept as the checkpoint
-/// stores it, its block scales beside (Buffer::scales()).
-enum class ElemType : uint8_t { f32, bf16, i32, fp8_e4m3 };
-/// Bytes per element.
+/// stores it, its block scales beside (Buffer::scales()). mxfp4_e2m1: an MXFP4 weight matrix
+/// kept packed as stored (two e2m1 values a byte, the even column in the low nibble; half a
+/// byte an element), its e8m0 scales beside (Buffer::scales(), u8). u8: raw bytes (those
+/// scales).
+enum class ElemType : uint8_t { f32, bf16, i32, fp8_e4m3, mxfp4_e2m1, u8 };
+/// Bytes per element (MXFP4: 0, it has half a byte an element: use elem_bytes).
 size_t elem_size(ElemType t);
-/// "fp32", "bf16", "i32", "fp8".
+/// Bytes of `numel` elements (MXFP4: numel / 2, numel even).
+size_t elem_bytes(ElemType t, size_t numel);
+/// "fp32", "bf16", "i32", "fp8", "mxfp4", "u8".
 const char* elem_name(ElemType t);
 
 class Buffer;
-/// The block scales of an FP8 weight matrix (kernels/fp8.h's layout): one fp32 per 128
-/// columns and per `1 << row_shift` rows of the [rows][cols] matrix whose first element is
-/// at `base`.
+/// The block scales of a weight matrix kept as stored: FP8 (kernels/fp8.h's layout: one fp32
+/// per 128 columns and per `1 << row_shift` rows) or MXFP4 (kernels/mxfp4.h's: one e8m0 byte
+/// per 32 columns of each row) of the [rows][cols] matrix whose first element is at `base`.
 struct BlockScales;
 
 /// A view of device memory: shares ownership of the allocation it points into.
@@ -51,13 +57,13 @@ class Buffer {
     return static_cast<T*>(data_);
   }
   size_t numel() const { return numel_; }
-  size_t bytes() const { return numel_ * elem_size(type_); }
+  size_t bytes() const { return elem_bytes(type_, numel_); }
   ElemType type() const { return type_; }
   bool empty() const { return numel_ == 0; }
-  /// Elements [offset, offset + n) of this view (clamped to it); a view of an FP8 matrix
-  /// keeps the matrix's scales.
+  /// Elements [offset, offset + n) of this view (clamped to it); a view of an FP8 or MXFP4
+  /// matrix keeps the matrix's scales (an MXFP4 view starts at an even element).
   Buffer view(size_t offset, size_t n) const;
-  /// An FP8 matrix's block scales (null for every other buffer).
+  /// An FP8 or MXFP4 matrix's block scales (null for every other buffer).
   const BlockScales* scales() const { return scales_.get(); }
   void set_scales(std::shared_ptr<const BlockScales> s) { scales_ = std::move(s); }
 
@@ -70,9 +76,9 @@ class Buffer {
 };
 
 struct BlockScales {
-  Buffer scales;               // f32 [((rows - 1) >> row_shift) + 1][ld]
-  size_t ld = 0;               // ceil(cols / 128)
-  int row_shift = 7;           // 7: 128-row blocks as stored; 0: one scale row per matrix row
+  Buffer scales;               // FP8: f32 [((rows - 1) >> row_shift) + 1][ld]; MXFP4: u8 [rows][ld]
+  size_t ld = 0;               // FP8: ceil(cols / 128); MXFP4: cols / 32
+  int row_shift = 7;           // FP8 7: 128-row blocks as stored; 0: one scale row per matrix row
   const void* base = nullptr;  // the matrix's first byte (a view's rows count from here)
   size_t cols = 0;             // the matrix's row width
 };
@@ -81,6 +87,10 @@ struct BlockScales {
 /// scales from its first row on. Errc::internal when `w` is not FP8 or starts inside a
 /// scale block.
 Result<kernels::Fp8Weight> fp8_weight(const Buffer& w);
+/// The MXFP4 matrix `w` (a view of whole rows of one) as kernels/mxfp4.h takes it: its packed
+/// bytes and its scales from its first row on. Errc::internal when `w` is not MXFP4 or does
+/// not start on a row.
+Result<kernels::Mxfp4Weight> mxfp4_weight(const Buffer& w);
 
 /// One layer's paged K/V pools: blocks of [block_size][n_kv_heads][head_dim] elements.
 struct KVLayerView {
@@ -118,6 +128,9 @@ struct StepLayout {
 /// until a GPU run has checked the FP8 products against their twins (it widens FP8
 /// checkpoints into bf16 at load meanwhile). The plan counts a GPU's weights by this.
 inline constexpr bool kCudaKeepsFp8 = false;
+/// The same for MXFP4 experts (gpt-oss): kept packed on a CUDA device only with
+/// SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked the expert launch's MXFP4 forms.
+inline constexpr bool kCudaKeepsMxfp4 = false;
 
 /// WEIGHTS_PLACEMENT: where a CUDA rank keeps its weights. `device`: device memory, filled
 /// through page-locked staging buffers. `host_mapped`: one page-locked host allocation that
@@ -191,6 +204,9 @@ class Device {
   /// True when the device's products take FP8 weight matrices as stored (ElemType::fp8_e4m3
   /// with their block scales); a loader widens them into the compute type otherwise.
   virtual bool keeps_fp8() const { return false; }
+  /// True when the device's expert products take MXFP4 experts packed as stored
+  /// (ElemType::mxfp4_e2m1 with their e8m0 scales); a loader widens them otherwise.
+  virtual bool keeps_mxfp4() const { return false; }
   /// Element type of weight vectors (norm weights, biases) on this device.
   virtual ElemType vector_type() const { return compute_type(); }
   /// Sets `dst` to zero.

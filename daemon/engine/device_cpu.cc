@@ -64,9 +64,10 @@ class CpuDevice final : public Device {
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::f32; }
   bool keeps_fp8() const override { return true; }
+  bool keeps_mxfp4() const override { return true; }
 
   Result<Buffer> alloc(ElemType type, size_t numel) override {
-    const size_t bytes = std::max<size_t>(numel * elem_size(type), 1);
+    const size_t bytes = std::max<size_t>(elem_bytes(type, numel), 1);
     void* p = std::malloc(bytes);
     if (!p)
       return make_error(Errc::resource,
@@ -76,8 +77,10 @@ class CpuDevice final : public Device {
 
   Status upload(const Buffer& dst, const void* src, DType src_type) override {
     const size_t n = dst.numel();
-    if (dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3) {
-      std::memcpy(dst.data(), src, n);
+    if ((dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3) ||
+        ((dst.type() == ElemType::mxfp4_e2m1 || dst.type() == ElemType::u8) &&
+         src_type == DType::u8)) {
+      std::memcpy(dst.data(), src, dst.bytes());
       return Status::Ok();
     }
     if (dst.type() == ElemType::f32) {
@@ -508,12 +511,23 @@ class CpuDevice final : public Device {
     engine::linear(act_.data(), dn, db, y_.data(), n, e.inter, e.hidden);
   }
 
-  // The weights of a product as floats: an fp32 matrix as it is; an FP8 matrix ([rows][cols]
-  // of whole rows, kept as stored) widened into `scratch` (exact: each value times its block
-  // scale fits a float), one matrix at a time, so the sums are those of the widened model's.
+  // The weights of a product as floats: an fp32 matrix as it is; an FP8 or MXFP4 matrix
+  // ([rows][cols] of whole rows, kept as stored) widened into `scratch` (exact: each value
+  // times its block scale fits a float), one matrix at a time, so the sums are those of the
+  // widened model's.
   static Result<const float*> weights_f32(const Buffer& w, size_t rows, size_t cols,
                                           std::vector<float>* scratch) {
     if (w.type() == ElemType::f32) return static_cast<const float*>(w.as<float>());
+    if (w.type() == ElemType::mxfp4_e2m1) {  // MXFP4 experts: exact in float too
+      auto m = mxfp4_weight(w);
+      if (!m) return m.error();
+      scratch->resize(rows * cols);
+      if (!widen_mxfp4(m->blocks, static_cast<int64_t>(m->ldb), m->scales,
+                       static_cast<int64_t>(m->lds), static_cast<int64_t>(rows), 0,
+                       static_cast<int64_t>(cols), scratch->data()))
+        return make_error(Errc::integrity, "an MXFP4 expert holds a NaN scale (0xff)");
+      return static_cast<const float*>(scratch->data());
+    }
     auto f = fp8_weight(w);
     if (!f) return f.error();
     static const std::vector<float> lut = [] {

@@ -136,14 +136,16 @@ class CudaDevice final : public Device {
         return make_error(Errc::config,
                           fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
     }
-    // FP8 weights stay FP8 on this device (kernels/fp8.h's products, the FP8 experts) only
-    // with SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked those kernels against their
-    // twins; by default the loader widens FP8 checkpoints into bf16 as before.
-    bool keeps_fp8 = kCudaKeepsFp8;
+    // FP8 weights stay FP8 on this device (kernels/fp8.h's products, the FP8 experts), and
+    // MXFP4 experts packed (the expert launch's MXFP4 forms), only with
+    // SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked those kernels against their twins;
+    // by default the loader widens them into bf16 as before.
+    bool keeps_fp8 = kCudaKeepsFp8, keeps_mxfp4 = kCudaKeepsMxfp4;
     if (const char* v = std::getenv("SPARK_CUDA_UNVERIFIED")) {
       if (std::string_view(v) != "0" && std::string_view(v) != "1")
         return make_error(Errc::config, fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", v));
       keeps_fp8 = keeps_fp8 || std::string_view(v) == "1";
+      keeps_mxfp4 = keeps_mxfp4 || std::string_view(v) == "1";
     }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
@@ -185,6 +187,7 @@ class CudaDevice final : public Device {
     d->short_cap_ = short_cap;
     d->moe_form_ = moe_form;
     d->keeps_fp8_ = keeps_fp8;
+    d->keeps_mxfp4_ = keeps_mxfp4;
     return std::shared_ptr<Device>(d);
   }
 
@@ -202,6 +205,7 @@ class CudaDevice final : public Device {
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::bf16; }
   bool keeps_fp8() const override { return keeps_fp8_; }
+  bool keeps_mxfp4() const override { return keeps_mxfp4_; }
   void* stream() const { return stream_; }
 
   // auto: in place where host memory is the device's own (integrated, and the driver maps
@@ -235,7 +239,7 @@ class CudaDevice final : public Device {
     constexpr size_t kAlign = 256;  // as cudaMalloc's, so products pick the same algorithms
     size_t total = 0;
     for (const auto& [type, numel] : sizes)
-      total += (numel * elem_size(type) + kAlign - 1) / kAlign * kAlign;
+      total += (elem_bytes(type, numel) + kAlign - 1) / kAlign * kAlign;
     auto m = kernels::cuda_host_alloc_mapped(total);
     if (!m)
       return make_error(m.error().code,
@@ -251,7 +255,7 @@ class CudaDevice final : public Device {
     size_t at = 0;
     for (const auto& [type, numel] : sizes) {
       out.emplace_back(arena, static_cast<char*>(arena->m.device) + at, numel, type);
-      at += (numel * elem_size(type) + kAlign - 1) / kAlign * kAlign;
+      at += (elem_bytes(type, numel) + kAlign - 1) / kAlign * kAlign;
     }
     return out;
   }
@@ -269,7 +273,7 @@ class CudaDevice final : public Device {
   }
 
   Result<Buffer> alloc(ElemType type, size_t numel) override {
-    auto p = kernels::cuda_malloc(numel * elem_size(type));
+    auto p = kernels::cuda_malloc(std::max<size_t>(elem_bytes(type, numel), 1));
     if (!p) return make_error(p.error().code, fmt::format("{}: {}", info_.name, p.error().message));
     return Buffer(std::shared_ptr<void>(*p, kernels::cuda_free), *p, numel, type);
   }
@@ -280,7 +284,9 @@ class CudaDevice final : public Device {
     if (n == 0) return Status::Ok();
     const bool same = (dst.type() == ElemType::bf16 && src_type == DType::bf16) ||
                       (dst.type() == ElemType::f32 && src_type == DType::f32) ||
-                      (dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3);
+                      (dst.type() == ElemType::fp8_e4m3 && src_type == DType::f8_e4m3) ||
+                      ((dst.type() == ElemType::mxfp4_e2m1 || dst.type() == ElemType::u8) &&
+                       src_type == DType::u8);
     if (same) {
       // Asynchronous: staging_ready(src) waits for this copy, so the caller's next read
       // (into its other staging buffer) overlaps it.
@@ -899,6 +905,16 @@ class CudaDevice final : public Device {
       SPARK_TRY(fp8(e.shared_gate_up, &a.shared_gate_up_fp8));
       SPARK_TRY(fp8(e.shared_down, &a.shared_down_fp8));
     }
+    // MXFP4 experts kept packed: their bytes and e8m0 scales (kernels/mxfp4.h's layout over
+    // the stacked matrices).
+    if (e.gate_up->type() == ElemType::mxfp4_e2m1 || e.down->type() == ElemType::mxfp4_e2m1) {
+      auto gu = mxfp4_weight(*e.gate_up);
+      if (!gu) return gu.error();
+      auto dn = mxfp4_weight(*e.down);
+      if (!dn) return dn.error();
+      a.gate_up_mx4 = *gu;
+      a.down_mx4 = *dn;
+    }
     if ((a.gate_up_fp8.q == nullptr) != (a.down_fp8.q == nullptr) ||
         (a.shared_gate_up_fp8.q == nullptr) != (a.shared_down_fp8.q == nullptr))
       return make_error(Errc::unsupported,
@@ -1231,7 +1247,8 @@ class CudaDevice final : public Device {
   }
 
   Buffer fp8_ws_;           // an FP8 prefill product's dequantized weight tile (bf16)
-  bool keeps_fp8_ = false;  // FP8 weights kept as stored (Device::keeps_fp8)
+  bool keeps_fp8_ = false;    // FP8 weights kept as stored (Device::keeps_fp8)
+  bool keeps_mxfp4_ = false;  // MXFP4 experts kept packed (Device::keeps_mxfp4)
 
   Status grow_moe_ws(size_t need) {
     if (moe_ws_.bytes() >= need) return Status::Ok();

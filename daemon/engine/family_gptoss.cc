@@ -4,7 +4,8 @@
 // experts whose router has a bias (top-k over the logits, softmax over the k) and whose
 // experts carry biases, hold gate and up interleaved (row 2i gate, 2i + 1 up) and use the
 // clamped activation (up + 1) * g * sigmoid(1.702 g). The experts are read as OpenAI publishes
-// them, in MXFP4 (`*_blocks`, `*_scales`), and widened at load; attention, router, embedding
+// them, in MXFP4 (`*_blocks`, `*_scales`): kept packed on a device whose expert products
+// take them (Device::keeps_mxfp4), widened at load elsewhere; attention, router, embedding
 // and lm_head are bf16.
 #include <fmt/format.h>
 
@@ -19,6 +20,16 @@ using cfgjson::get_int;
 using cfgjson::unsupported;
 
 constexpr float kGptOssAlpha = 1.702f;  // GptOssExperts.alpha, not in config.json
+
+// Marks an experts destination MXFP4 (ShardDest::mxfp4): rows of `cols` values, one e8m0
+// scale per 32 of them.
+void mark_mxfp4(ShardDest* d, int64_t cols) {
+  d->mxfp4 = true;
+  d->cols = cols;
+  d->scale_row_shift = 0;
+  d->scale_rows = d->numel / static_cast<size_t>(cols);
+  d->scale_ld = static_cast<size_t>(cols / 32);
+}
 
 }  // namespace
 
@@ -115,7 +126,9 @@ Result<ShardPlan> plan_gptoss_family(const ModelConfig& c, const PlanOptions& o,
     const size_t held = static_cast<size_t>(p.experts);
     const size_t per_gu = static_cast<size_t>(2 * n * H), per_down = static_cast<size_t>(H * n);
     b.dest(l, WeightRole::experts_gate_up, per_gu * held, DestKind::matrix);
+    mark_mxfp4(&p.dests.back(), H);
     b.dest(l, WeightRole::experts_down, per_down * held, DestKind::matrix);
+    mark_mxfp4(&p.dests.back(), n);
     b.dest(l, WeightRole::experts_gate_up_b, static_cast<size_t>(2 * n) * held, DestKind::vector);
     b.read(mlp + "experts.gate_up_proj_bias", {E, 2 * I},
            Slice{p.expert0, p.experts, 2 * i0, 2 * n}, l, WeightRole::experts_gate_up_b);

@@ -131,26 +131,33 @@ Status Model::fill_synthetic(uint64_t seed) {
   const auto& c = cfg_;
   // An FP8 config's projections are FP8 as a checkpoint's would be (on a device that keeps
   // FP8), their scales after the plan's destinations.
-  const auto kept = [&](const ShardDest& d) { return d.fp8 && dev.keeps_fp8(); };
+  // MXFP4 experts likewise packed (on a device that keeps MXFP4), their scales as bytes.
+  const auto fp8 = [&](const ShardDest& d) { return d.fp8 && dev.keeps_fp8(); };
+  const auto mx = [&](const ShardDest& d) { return d.mxfp4 && dev.keeps_mxfp4(); };
+  const auto kept = [&](const ShardDest& d) { return fp8(d) || mx(d); };
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (const auto& d : plan_.dests)
-    sizes.emplace_back(kept(d)                      ? ElemType::fp8_e4m3
+    sizes.emplace_back(fp8(d)                       ? ElemType::fp8_e4m3
+                       : mx(d)                      ? ElemType::mxfp4_e2m1
                        : d.kind == DestKind::matrix ? dev.compute_type()
                        : d.kind == DestKind::f32    ? ElemType::f32
                                                     : dev.vector_type(),
                        d.numel);
   for (const auto& d : plan_.dests)
-    if (kept(d)) sizes.emplace_back(ElemType::f32, d.scale_rows * d.scale_ld);
+    if (kept(d)) sizes.emplace_back(mx(d) ? ElemType::u8 : ElemType::f32, d.scale_rows * d.scale_ld);
   layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
   auto bufs = dev.alloc_weights(sizes);
   if (!bufs) return bufs.error();
   // FP8 values: 1 MiB of random codes of magnitude [0.5, 2) (e4m3 exponents 6 and 7, either
-  // sign), repeated; each block's scale then sets the weights' range.
-  std::vector<uint8_t> pattern(size_t{1} << 20);
+  // sign), repeated; each block's scale then sets the weights' range. MXFP4: 1 MiB of random
+  // bytes (any two e2m1 codes: root mean square about 2.9), the scales a power of two near
+  // the range a bf16 matrix of that width gets.
+  std::vector<uint8_t> pattern(size_t{1} << 20), packed(pattern.size());
   uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (auto& b : pattern) {
+  for (size_t k = 0; k < pattern.size(); ++k) {
     st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-    b = static_cast<uint8_t>((st & 0x80) | (0x30 + (st >> 8 & 0x0f)));
+    pattern[k] = static_cast<uint8_t>((st & 0x80) | (0x30 + (st >> 8 & 0x0f)));
+    packed[k] = static_cast<uint8_t>(st >> 24);
   }
   size_t next_scales = plan_.dests.size();
   // The input width of each matrix (its variance 1/width keeps activations in range).
@@ -190,15 +197,29 @@ Status Model::fill_synthetic(uint64_t seed) {
       continue;
     }
     const Buffer& w = (*bufs)[i];
-    for (size_t at = 0; at < w.numel(); at += pattern.size())
-      SPARK_TRY(dev.upload(w.view(at, pattern.size()), pattern.data(), DType::f8_e4m3));
     auto bs = std::make_shared<BlockScales>();
     bs->scales = (*bufs)[next_scales++];
     bs->ld = d.scale_ld;
     bs->row_shift = d.scale_row_shift;
     bs->base = w.data();
     bs->cols = static_cast<size_t>(d.cols);
-    SPARK_TRY(dev.fill_random(bs->scales, seed * 1000003u + i, scale / 2, scale));
+    if (mx(d)) {
+      const size_t per = 2 * packed.size();  // values a pattern holds
+      for (size_t at = 0; at < w.numel(); at += per)
+        SPARK_TRY(dev.upload(w.view(at, per), packed.data(), DType::u8));
+      // uniform(-scale, scale) has root mean square scale / sqrt(3).
+      const int e = static_cast<int>(std::lround(std::log2(scale / std::sqrt(3.0) / 2.93)));
+      std::vector<uint8_t> sc(bs->scales.numel());
+      for (size_t k = 0; k < sc.size(); ++k)
+        sc[k] = static_cast<uint8_t>(std::clamp(127 + e - static_cast<int>(pattern[k % pattern.size()] & 1),
+                                                0, 254));
+      SPARK_TRY(dev.upload(bs->scales, sc.data(), DType::u8));
+      SPARK_TRY(dev.synchronize());  // sc leaves scope
+    } else {
+      for (size_t at = 0; at < w.numel(); at += pattern.size())
+        SPARK_TRY(dev.upload(w.view(at, pattern.size()), pattern.data(), DType::f8_e4m3));
+      SPARK_TRY(dev.fill_random(bs->scales, seed * 1000003u + i, scale / 2, scale));
+    }
     weight(d.layer, d.role)->set_scales(std::move(bs));
   }
   return dev.synchronize();
@@ -529,6 +550,80 @@ Status load_mxfp4(const Checkpoint& ck, const ShardRead& r, Device& dev, const B
   return Status::Ok();
 }
 
+// Reads MXFP4 read `r` (one expert's rows [mx_row0, mx_row0 + rows), value columns [mx_col0,
+// mx_col0 + cols)) into `dst`, an MXFP4 matrix kept packed: its bytes as stored (straight
+// into place where `in_place` is the host address of its destination and the read is of
+// whole rows, else through the staging buffers) and its e8m0 scales, checked, into `scales`
+// (the destination's host copy, f.scale_ld a row, uploaded once the matrix is whole).
+Status load_mxfp4_kept(const Checkpoint& ck, const ShardRead& r, const ShardDest& f, Device& dev,
+                       const Buffer& dst, char* in_place, const Buffer* stage, int* turn,
+                       std::vector<uint8_t>& scales, const std::string& dir) {
+  const std::string sname = mxfp4_scale_name(r.tensor);
+  const int64_t C = r.mx_cols, row_bytes = C / 2, row_scales = C / 32;
+  const std::vector<int64_t> sshape = {r.shape[0], r.shape[1], row_scales};
+  const int64_t c0 = r.mx_col0 / 32, nc = r.cols / 32, out_row = r.cols / 2;
+  if (r.mx_col0 % 32 != 0 || r.cols % 32 != 0 || f.cols != r.cols ||
+      r.dst_offset % static_cast<size_t>(r.cols) != 0)
+    return make_error(Errc::internal,
+                      fmt::format("{}: columns [{}, +{}) of \"{}\" are not whole 32-value blocks "
+                                  "of rows of {}",
+                                  dir, r.mx_col0, r.cols, r.tensor, f.cols));
+  std::vector<uint8_t> sc(static_cast<size_t>(r.rows * row_scales));
+  SPARK_TRY(ck.read_raw(sname, sshape,
+                        Slice{r.mx_expert, 1, r.mx_row0 * row_scales, r.rows * row_scales},
+                        sc.data()));
+  const int64_t drow0 = static_cast<int64_t>(r.dst_offset) / r.cols;
+  for (int64_t i = 0; i < r.rows; ++i)
+    for (int64_t j = 0; j < nc; ++j) {
+      const uint8_t v = sc[static_cast<size_t>(i * row_scales + c0 + j)];
+      if (v == 0xff)
+        return make_error(Errc::integrity,
+                          fmt::format("{}: \"{}\" holds 0xff (NaN) for expert {}, row {}, block "
+                                      "{}: an MXFP4 scale must be a power of two",
+                                      dir, sname, r.mx_expert, r.mx_row0 + i, c0 + j));
+      scales[static_cast<size_t>((drow0 + i) * nc + j)] = v;
+    }
+  const bool whole = r.mx_col0 == 0 && r.cols == C;
+  if (in_place && whole)
+    return ck.read_raw(r.tensor, r.shape,
+                       Slice{r.mx_expert, 1, r.mx_row0 * row_bytes, r.rows * row_bytes}, in_place);
+  if (static_cast<size_t>(row_bytes) > stage[0].bytes())
+    return make_error(Errc::internal, fmt::format("a row of {} ({} bytes) exceeds the {}-byte "
+                                                  "staging buffer",
+                                                  r.tensor, row_bytes, stage[0].bytes()));
+  // Whole rows are read; a rank's share of the columns is then copied out of them.
+  const int64_t per =
+      std::max<int64_t>(1, static_cast<int64_t>(stage[0].bytes() / static_cast<size_t>(row_bytes)));
+  std::vector<uint8_t> raw(whole ? 0 : static_cast<size_t>(std::min(per, r.rows) * row_bytes));
+  for (int64_t r0 = 0; r0 < r.rows; r0 += per) {
+    const int64_t n = std::min(per, r.rows - r0);
+    const Slice s{r.mx_expert, 1, (r.mx_row0 + r0) * row_bytes, n * row_bytes};
+    const size_t off = r.dst_offset + static_cast<size_t>(r0 * r.cols);
+    if (whole) {
+      const Buffer& buf = stage[*turn];
+      *turn ^= 1;
+      SPARK_TRY(dev.staging_ready(buf.data()));
+      SPARK_TRY(ck.read_raw(r.tensor, r.shape, s, buf.data()));
+      SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::u8));
+      continue;
+    }
+    SPARK_TRY(ck.read_raw(r.tensor, r.shape, s, raw.data()));
+    char* out = in_place ? in_place + r0 * out_row : nullptr;
+    const Buffer& buf = stage[*turn];
+    if (!out) {
+      *turn ^= 1;
+      SPARK_TRY(dev.staging_ready(buf.data()));
+      out = static_cast<char*>(buf.data());
+    }
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out + i * out_row, raw.data() + i * row_bytes + r.mx_col0 / 2,
+                  static_cast<size_t>(out_row));
+    if (!in_place)
+      SPARK_TRY(dev.upload(dst.view(off, static_cast<size_t>(n * r.cols)), buf.data(), DType::u8));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Model::load_weights(const std::string& dir, LoadReport* report) {
@@ -560,19 +655,25 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
   std::vector<size_t> read_dest;
   auto f8 = fp8_dests(plan_, dev, *ck, &read_dest);
   if (!f8) return f8.error();
+  // MXFP4 experts stay packed on a device whose expert products take them (their tensors
+  // are U8, checked above), their scales likewise after the destinations.
+  std::vector<bool> mx(plan_.dests.size());
+  for (size_t i = 0; i < plan_.dests.size(); ++i) mx[i] = plan_.dests[i].mxfp4 && dev.keeps_mxfp4();
   std::vector<std::pair<ElemType, size_t>> sizes;
   for (size_t i = 0; i < plan_.dests.size(); ++i) {
     const auto& d = plan_.dests[i];
     sizes.emplace_back((*f8)[i]                     ? ElemType::fp8_e4m3
+                       : mx[i]                      ? ElemType::mxfp4_e2m1
                        : d.kind == DestKind::matrix ? dev.compute_type()
                        : d.kind == DestKind::f32    ? ElemType::f32
                                                     : dev.vector_type(),
                        d.numel);
-    need += static_cast<uint64_t>(d.numel) * elem_size(sizes.back().first);
+    need += elem_bytes(sizes.back().first, d.numel);
   }
   for (size_t i = 0; i < plan_.dests.size(); ++i)
-    if ((*f8)[i]) {
-      sizes.emplace_back(ElemType::f32, plan_.dests[i].scale_rows * plan_.dests[i].scale_ld);
+    if ((*f8)[i] || mx[i]) {
+      sizes.emplace_back(mx[i] ? ElemType::u8 : ElemType::f32,
+                         plan_.dests[i].scale_rows * plan_.dests[i].scale_ld);
       need += plan_.dests[i].scale_bytes();
     }
   // Host-mapped weights come out of the host's memory, whatever the GPU has free.
@@ -597,7 +698,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       w = (*bufs)[i];
       held += w.bytes();
       const ShardDest& f = plan_.dests[i];
-      if (!(*f8)[i]) continue;
+      if (!(*f8)[i] && !mx[i]) continue;
       auto bs = std::make_shared<BlockScales>();
       bs->scales = (*bufs)[next++];
       bs->ld = f.scale_ld;
@@ -609,8 +710,11 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     }
   }
   std::vector<std::vector<float>> scales_host(plan_.dests.size());
-  for (size_t i = 0; i < plan_.dests.size(); ++i)
+  std::vector<std::vector<uint8_t>> mx_scales_host(plan_.dests.size());
+  for (size_t i = 0; i < plan_.dests.size(); ++i) {
     if ((*f8)[i]) scales_host[i].assign(plan_.dests[i].scale_rows * plan_.dests[i].scale_ld, 0.f);
+    if (mx[i]) mx_scales_host[i].assign(plan_.dests[i].scale_rows * plan_.dests[i].scale_ld, 0);
+  }
   // A slice whose bytes the destination keeps as stored, in memory the host can write
   // (host-mapped weights), is read from the file straight into its place: no staging, no
   // copy. Every other slice goes from the file into a staging buffer as stored, and from
@@ -627,6 +731,13 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const bool fp8 = (*t)->dtype == DType::f8_e4m3 && !kept;
     const size_t bytes = static_cast<size_t>(r.rows * r.cols) * dtype_size((*t)->dtype);
     total += bytes;
+    if (r.mxfp4 && dst->type() == ElemType::mxfp4_e2m1) {  // packed, as stored
+      if (auto* p = static_cast<char*>(dev.host_address(*dst)))
+        in_place[i] = p + elem_bytes(ElemType::mxfp4_e2m1, r.dst_offset);
+      if (!in_place[i] || r.mx_col0 != 0 || r.cols != r.mx_cols)
+        largest = std::max(largest, bytes / 2);
+      continue;
+    }
     if (fp8 || r.mxfp4) {  // widened through the staging buffers, as floats
       largest = std::max(largest, bytes * sizeof(float));
       continue;
@@ -634,7 +745,7 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const bool same = (dst->type() == ElemType::bf16 && (*t)->dtype == DType::bf16) ||
                       (dst->type() == ElemType::f32 && (*t)->dtype == DType::f32) || kept;
     if (auto* p = same ? static_cast<char*>(dev.host_address(*dst)) : nullptr)
-      in_place[i] = p + r.dst_offset * elem_size(dst->type());
+      in_place[i] = p + elem_bytes(dst->type(), r.dst_offset);
     else
       largest = std::max(largest, bytes);
   }
@@ -657,7 +768,11 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
       return make_error(Errc::precondition, "loading stopped: sparkd is shutting down");
     const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
     const uint64_t slice_bytes = static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
-    if (r.mxfp4) {
+    if (const size_t md = read_dest[i]; r.mxfp4 && mx[md]) {
+      SPARK_TRY(load_mxfp4_kept(*ck, r, plan_.dests[md], dev, *weight(r.layer, r.role),
+                                in_place[i], stage, &turn, mx_scales_host[md], dir));
+      if (in_place[i]) direct += slice_bytes / 2;
+    } else if (r.mxfp4) {
       SPARK_TRY(load_mxfp4(*ck, r, dev, *weight(r.layer, r.role), stage, &turn, dir));
     } else if (const size_t d = read_dest[i]; (*f8)[d]) {
       SPARK_TRY(load_fp8_kept(*ck, r, cfg_.weights, plan_.dests[d], dev, *weight(r.layer, r.role),
@@ -713,6 +828,15 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     sbuf.assign(scales_host[i].begin(), scales_host[i].end());
     const Buffer& w = *weight(plan_.dests[i].layer, plan_.dests[i].role);
     SPARK_TRY(dev.upload(w.scales()->scales, sbuf.data(), DType::f32));
+  }
+  // The MXFP4 experts' scales likewise.
+  std::vector<uint8_t> mbuf;
+  for (size_t i = 0; i < plan_.dests.size(); ++i) {
+    if (!mx[i]) continue;
+    SPARK_TRY(dev.staging_ready(mbuf.data()));
+    mbuf = mx_scales_host[i];
+    const Buffer& w = *weight(plan_.dests[i].layer, plan_.dests[i].role);
+    SPARK_TRY(dev.upload(w.scales()->scales, mbuf.data(), DType::u8));
   }
   SPARK_TRY(dev.synchronize());
   ck->drop_page_cache();
@@ -773,15 +897,18 @@ Status Model::fold_norms(const std::string& dir) {
   return Status::Ok();
 }
 
-// How this rank holds its weight matrices: "bf16" (the compute type), "fp8" (FP8 kept as
-// stored), or "fp8+bf16" (FP8 projections, the rest widened or stored plain).
+// How this rank holds its weight matrices: "bf16" (the compute type), "fp8+bf16" (FP8
+// projections kept as stored, the rest widened or stored plain), or "mxfp4+bf16" (MXFP4
+// experts kept packed, the rest in the compute type).
 std::string Model::weights_held() const {
   const std::string compute = elem_name(device_->compute_type());
-  bool fp8 = false;
-  for (const auto& L : layers_)
+  bool fp8 = false, mx = false;
+  for (const auto& L : layers_) {
     for (const Buffer* b : {&L.wq, &L.wo, &L.w_gate_up, &L.w_down, &L.experts_gate_up})
       fp8 = fp8 || b->type() == ElemType::fp8_e4m3;
-  return fp8 ? "fp8+" + compute : compute;
+    mx = mx || L.experts_gate_up.type() == ElemType::mxfp4_e2m1;
+  }
+  return fp8 ? "fp8+" + compute : mx ? "mxfp4+" + compute : compute;
 }
 
 nlohmann::json Model::describe() const {

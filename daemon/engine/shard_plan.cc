@@ -6,15 +6,18 @@
 
 namespace spark::engine {
 
-uint64_t ShardPlan::held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept) const {
+uint64_t ShardPlan::held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept,
+                               bool mxfp4_kept) const {
   uint64_t n = 0;
   for (const auto& d : dests) {
-    const bool fp8 = d.fp8 && fp8_kept;
-    const int b = fp8                          ? 1
-                  : d.kind == DestKind::matrix ? matrix_bytes
-                  : d.kind == DestKind::f32    ? 4
-                                               : vector_bytes;
-    n += static_cast<uint64_t>(d.numel) * static_cast<uint64_t>(b) + (fp8 ? d.scale_bytes() : 0);
+    if ((d.fp8 && fp8_kept) || (d.mxfp4 && mxfp4_kept)) {
+      n += d.packed_bytes();
+      continue;
+    }
+    const int b = d.kind == DestKind::matrix ? matrix_bytes
+                  : d.kind == DestKind::f32  ? 4
+                                             : vector_bytes;
+    n += static_cast<uint64_t>(d.numel) * static_cast<uint64_t>(b);
   }
   return n;
 }

@@ -102,10 +102,20 @@ struct ShardDest {
   /// scale row covering `1 << scale_row_shift` rows (7: the checkpoint's 128-row blocks; 0:
   /// one per row, where the matrix's row segments do not start on block boundaries).
   bool fp8 = false;
+  /// MXFP4 experts (gpt-oss) that a device keeping MXFP4 holds packed as stored: half a byte
+  /// a weight, rows of `cols`, and one e8m0 byte per 32 columns of each row (scale_rows =
+  /// rows, scale_ld = cols / 32, scale_row_shift 0).
+  bool mxfp4 = false;
   int64_t cols = 0;
   int scale_row_shift = 7;
   size_t scale_rows = 0, scale_ld = 0;
-  uint64_t scale_bytes() const { return fp8 ? uint64_t{scale_rows} * scale_ld * 4 : 0; }
+  uint64_t scale_bytes() const {
+    return fp8 ? uint64_t{scale_rows} * scale_ld * 4 : mxfp4 ? uint64_t{scale_rows} * scale_ld : 0;
+  }
+  /// Bytes held where FP8 / MXFP4 stay as stored (else `matrix_bytes` a weight).
+  uint64_t packed_bytes() const {
+    return fp8 ? numel + scale_bytes() : mxfp4 ? numel / 2 + scale_bytes() : 0;
+  }
 };
 
 struct ShardPlan {
@@ -127,8 +137,10 @@ struct ShardPlan {
   /// Bytes of the weights this rank holds at `matrix_bytes` per matrix element and
   /// `vector_bytes` per vector element (fp32 vectors count 4).
   /// With `fp8_kept`, the FP8 destinations at a byte a weight plus their scales (a device
-  /// that keeps FP8 as stored), else at `matrix_bytes` (one that widens them).
-  uint64_t held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept = true) const;
+  /// that keeps FP8 as stored), else at `matrix_bytes` (one that widens them); with
+  /// `mxfp4_kept`, the MXFP4 experts at half a byte a weight plus a byte per 32.
+  uint64_t held_bytes(int matrix_bytes, int vector_bytes, bool fp8_kept = true,
+                      bool mxfp4_kept = true) const;
 };
 
 /// What a plan is made for.

@@ -353,3 +353,122 @@ TEST_CASE("gpt-oss: config.json and files it cannot run are refused by name") {
   CHECK(contains(m.error().message, "model.layers.1.mlp.experts.down_proj_scales"));
   CHECK(contains(m.error().message, "expert 3"));
 }
+
+TEST_CASE("gpt-oss: MXFP4 experts are held packed, half a byte a weight and a scale per 32") {
+  test::TempDir dir;
+  REQUIRE(write_random_checkpoint(dir.path(), {config(), DType::bf16, 31, 1}).ok());
+  // One rank (every row whole) and two ranks with the experts split by width (each rank's
+  // down rows are a column share of the stored rows).
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    PlanOptions po;
+    po.world = world;
+    po.rank = world - 1;  // at two ranks, rank 1: columns from the middle of stored rows
+    auto mc = load_model_config(dir.path());
+    REQUIRE(mc.ok());
+    auto p = make_shard_plan(*mc, po, dir.path());
+    REQUIRE_MESSAGE(p.ok(), p.error().message);
+    CHECK(p->placement == plan::MoeSplit::tensor);
+    uint64_t packed = 0, values = 0;
+    int mx = 0;
+    for (const auto& d : p->dests)
+      if (d.mxfp4) {
+        ++mx;
+        values += d.numel;
+        packed += d.numel / 2 + d.numel / 32;
+        CHECK(d.scale_bytes() * 32 == d.numel);
+      }
+    CHECK(mx == 2 * mc->num_layers);
+    // A device that widens them holds 4 (CPU) or 2 (GPU) bytes a weight instead.
+    CHECK(p->held_bytes(4, 4, true, false) - p->held_bytes(4, 4) == values * 4 - packed);
+    CHECK(p->held_bytes(2, 2, true, false) - p->held_bytes(2, 2) == values * 2 - packed);
+    LoadReport rep;
+    auto m = Model::load(dir.path(), world - 1, world, &rep);
+    REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+    CHECK(rep.weight_bytes == p->held_bytes(4, 4));
+    CHECK((*m)->describe()["weights"] == "mxfp4+fp32");
+  }
+  // Synthetic weights of the shape (the benchmarks') are packed the same way and run.
+  LoadReport rep;
+  auto s = Model::synthetic(config(), 0, 1, make_cpu_device(), 5, &rep);
+  REQUIRE_MESSAGE(s.ok(), (s.ok() ? std::string() : s.error().message));
+  CHECK(rep.weight_bytes == (*s)->shard_plan().held_bytes(4, 4));
+  const auto& c = (*s)->config();
+  const auto tok = prompt(5);
+  KVCache cache(c.num_layers, 8, 4, (*s)->local_kv_heads(), c.head_dim);
+  std::vector<int32_t> table = {1, 2};
+  LocalCollective one;
+  std::vector<float> logits;
+  SeqChunk ch{tok.data(), static_cast<int>(tok.size()), 0, table.data(), true};
+  REQUIRE((*s)->forward({ch}, cache, one, &logits, true).ok());
+  REQUIRE(logits.size() == 5u * static_cast<size_t>(c.vocab_size));
+  double mag = 0;
+  for (float v : logits) {
+    REQUIRE(std::isfinite(v));
+    mag = std::max(mag, static_cast<double>(std::abs(v)));
+  }
+  CHECK(mag > 0.0);
+}
+
+TEST_CASE("gpt-oss: a NaN MXFP4 scale is refused naming the tensor, expert and row") {
+  test::TempDir dir;
+  REQUIRE(write_random_checkpoint(dir.path(), {config(), DType::bf16, 37, 1}).ok());
+  // Expert 3's row 5 of layer 1's down scales: set one e8m0 byte to 0xff in place.
+  auto ck = Checkpoint::open(dir.path());
+  REQUIRE(ck.ok());
+  const std::string name = "model.layers.1.mlp.experts.down_proj_scales";
+  const auto files = ck->files();
+  const auto& c = config();
+  const int64_t per_row = c.moe.expert_inter / 32;
+  bool done = false;
+  for (const auto& f : files) {
+    auto st = SafetensorsFile::open(f);
+    REQUIRE(st.ok());
+    if (const TensorInfo* t = st->find(name)) {
+      const uint64_t at = t->begin + static_cast<uint64_t>((3 * c.hidden_size + 5) * per_row);
+      FILE* fp = std::fopen(f.c_str(), "r+b");
+      REQUIRE(fp);
+      REQUIRE(std::fseek(fp, static_cast<long>(at), SEEK_SET) == 0);
+      REQUIRE(std::fputc(0xff, fp) == 0xff);
+      std::fclose(fp);
+      done = true;
+    }
+  }
+  REQUIRE(done);
+  auto m = Model::load(dir.path(), 0, 1);
+  REQUIRE_FALSE(m.ok());
+  const std::string e = m.error().message;
+  CAPTURE(e);
+  CHECK(contains(e, name));
+  CHECK(contains(e, "expert 3"));
+  CHECK(contains(e, "row 5"));
+}
+
+TEST_CASE("gpt-oss: the benchmark shapes of gpt-oss-120b and -20b plan with packed experts") {
+  // bench/engine/shapes: the real configs. 120b holds about 65 GB at one rank with its
+  // experts packed (about 4x that widened to bf16, more than any one GPU or Spark has).
+  struct Want {
+    const char* file;
+    double lo_gb, hi_gb;
+  };
+  for (const Want& w : {Want{"gpt-oss-120b.json", 60, 68}, Want{"gpt-oss-20b.json", 12, 15}}) {
+    CAPTURE(w.file);
+    test::TempDir dir;
+    const std::string src = std::string(SPARK_SOURCE_DIR) + "/bench/engine/shapes/" + w.file;
+    auto text = read_file(src);
+    REQUIRE_MESSAGE(text.has_value(), src);
+    dir.write("config.json", *text);
+    auto mc = load_model_config(dir.path());
+    REQUIRE_MESSAGE(mc.ok(), (mc.ok() ? std::string() : mc.error().message));
+    CHECK(mc->family == Family::gpt_oss);
+    CHECK(mc->weights.mxfp4());
+    auto p = make_shard_plan(*mc, 0, 1, dir.path());
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? std::string() : p.error().message));
+    const double gb = static_cast<double>(p->held_bytes(2, 2)) / 1e9;
+    const double wide = static_cast<double>(p->held_bytes(2, 2, true, false)) / 1e9;
+    MESSAGE(std::string(w.file) << ": " << gb << " GB packed, " << wide << " GB widened");
+    CHECK(gb > w.lo_gb);
+    CHECK(gb < w.hi_gb);
+    CHECK(wide > 3 * gb);
+  }
+}
