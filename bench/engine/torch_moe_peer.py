@@ -8,6 +8,13 @@ one grouped product over the experts' weights (torch._grouped_mm: the rows sorte
 no copy of the weights), greedy argmax on the device. Prints one JSON line: tokens/s and the
 path the experts took.
 
+gpt-oss (GptOssForCausalLM): its experts are random MXFP4 as published (packed e2m1 pairs and
+e8m0 scales per 32: gpt-oss-120b in bf16 would not fit one GPU), and each step gathers the
+chosen experts' packed bytes, widens them to bf16 with a lookup table and multiplies (what
+PyTorch without a fused MXFP4 kernel does); attention adds each head's sink to the softmax
+and the sliding layers mask all but their window; q/k/v/o, router and experts carry biases;
+the clamped activation. RoPE is the plain rotation (YaRN's tables change no cost).
+
   torch_moe_peer.py CONFIG.json [--layers N] [--prompt 128] [--tokens 256] [--json-out FILE]
 """
 import argparse
@@ -32,14 +39,19 @@ NH, NKV = c["num_attention_heads"], c["num_key_value_heads"]
 HD = c.get("head_dim") or H // NH
 EPS = c.get("rms_norm_eps", 1e-6)
 glm = arch == "Glm4MoeForCausalLM"
-E = c.get("n_routed_experts") or c.get("num_experts")
+gptoss = arch == "GptOssForCausalLM"
+E = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts")
 K = c["num_experts_per_tok"]
-EI = c["moe_intermediate_size"]
+EI = c.get("moe_intermediate_size") or c["intermediate_size"]
 I = c["intermediate_size"]
+WINDOW = c.get("sliding_window") or 0
+LAYER_TYPES = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                       for i in range(c["num_hidden_layers"])]
+LIMIT = c.get("swiglu_limit", 7.0)
 SI = EI * c.get("n_shared_experts", 0) if glm else 0
 dense_layers = set(range(c.get("first_k_dense_replace", 0))) if glm else set(c.get("mlp_only_layers", []))
 ROT = int(HD * c.get("partial_rotary_factor", 1.0))
-qk_norm = (not glm) or c.get("use_qk_norm", False)
+qk_norm = (not glm and not gptoss) or c.get("use_qk_norm", False)
 bias = c.get("attention_bias", False)
 scaling = c.get("routed_scaling_factor", 1.0)
 dev, dt = "cuda", torch.bfloat16
@@ -56,6 +68,26 @@ def ones(n):
     return torch.ones(n, device=dev, dtype=dt)
 
 
+def mxfp4(rows, cols):
+    """Random packed MXFP4 [E][rows][cols]: bytes of two e2m1 codes, one e8m0 scale per 32
+    (a power of two that gives the weights about 1 / sqrt(cols) root mean square)."""
+    blk = torch.randint(0, 256, (E, rows, cols // 2), device=dev, dtype=torch.uint8)
+    e = round(math.log2(1 / math.sqrt(cols) / 2.93))
+    sc = torch.full((E, rows, cols // 32), 127 + e, device=dev, dtype=torch.uint8)
+    return blk, sc
+
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device=dev,
+                    dtype=dt)
+
+
+def widen(blk, sc):
+    """[n][rows][cols / 2] packed + [n][rows][cols / 32] scales -> [n][rows][cols] bf16."""
+    v = torch.stack([E2M1[(blk & 0xF).long()], E2M1[(blk >> 4).long()]], -1).flatten(-2)
+    s = torch.exp2(sc.float() - 127).to(dt)
+    return (v.unflatten(-1, (-1, 32)) * s[..., None]).flatten(-2)
+
+
 emb = w(V, H, fan=1)
 lm_head = w(V, H)
 final_norm = ones(H)
@@ -66,7 +98,15 @@ for li in range(L):
         Lw["qkv_b"] = w((NH + 2 * NKV) * HD, fan=100)
     if qk_norm:
         Lw["qn"], Lw["kn"] = ones(HD), ones(HD)
-    if li in dense_layers:
+    if gptoss:
+        Lw["o_b"] = w(H, fan=100)
+        Lw["sinks"] = torch.randn(NH, device=dev)
+        Lw["router"], Lw["router_b"] = w(E, H), w(E, fan=100)
+        Lw["gu_blk"], Lw["gu_sc"] = mxfp4(2 * EI, H)
+        Lw["dn_blk"], Lw["dn_sc"] = mxfp4(H, EI)
+        Lw["gu_b"], Lw["dn_b"] = w(E, 2 * EI, fan=100), w(E, H, fan=100)
+        Lw["window"] = WINDOW if LAYER_TYPES[li] == "sliding_attention" else 0
+    elif li in dense_layers:
         Lw["gu"], Lw["down"] = w(2 * I, H), w(H, I)
     else:
         Lw["router"] = w(E, H)
@@ -124,6 +164,33 @@ def experts(h, Lw):
     return (y.float() * wts[:, None]).sum(0, keepdim=True).to(dt)
 
 
+def experts_gptoss(h, Lw):
+    lg = (h @ Lw["router"].t() + Lw["router_b"]).float()
+    top, ids = lg.topk(K, -1)
+    wts, ids = top.softmax(-1)[0], ids[0]
+    gu = torch.bmm(widen(Lw["gu_blk"][ids], Lw["gu_sc"][ids]), h.expand(K, H)[:, :, None])[..., 0]
+    gu = gu + Lw["gu_b"][ids]
+    g, u = gu[:, 0::2].clamp(max=LIMIT), gu[:, 1::2].clamp(-LIMIT, LIMIT)
+    act = ((u + 1) * g * torch.sigmoid(1.702 * g)).to(dt)
+    y = torch.bmm(widen(Lw["dn_blk"][ids], Lw["dn_sc"][ids]), act[:, :, None])[..., 0]
+    y = y + Lw["dn_b"][ids]
+    return (y.float() * wts[:, None]).sum(0, keepdim=True).to(dt)
+
+
+def attend_sinks(q, li, pos, Lw):
+    """One query row over the cache with each head's sink in the softmax (and the window)."""
+    k = kcache[li][0].repeat_interleave(NH // NKV, 0)
+    v = vcache[li][0].repeat_interleave(NH // NKV, 0)
+    s = torch.einsum("hd,hsd->hs", q[0].float(), k.float()) * HD ** -0.5
+    ar = torch.arange(S, device=dev)
+    ok = ar <= pos
+    if Lw["window"]:
+        ok = ok & (ar > pos - Lw["window"])
+    s = s.masked_fill(~ok[None, :], float("-inf"))
+    p = torch.cat([s, Lw["sinks"][:, None]], -1).softmax(-1)[:, :-1]
+    return torch.einsum("hs,hsd->hd", p.to(dt), v)
+
+
 def mlp(h, gu_w, down_w, n):
     gu = h @ gu_w.t()
     return (F.silu(gu[:, :n]) * gu[:, n:]) @ down_w.t()
@@ -146,6 +213,11 @@ def step(tok, pos):
         q, k = rot(q, cc, ss), rot(k, cc, ss)
         kcache[li].index_copy_(2, pos, k[:, :, None, :])
         vcache[li].index_copy_(2, pos, v[:, :, None, :])
+        if gptoss:
+            att = attend_sinks(q, li, pos, Lw)
+            x = x + att.reshape(1, NH * HD) @ Lw["o"].t() + Lw["o_b"]
+            x = x + experts_gptoss(rms(x, Lw["ln2"]), Lw)
+            continue
         att = F.scaled_dot_product_attention(q[:, :, None, :], kcache[li], vcache[li],
                                              attn_mask=mask, enable_gqa=True)
         x = x + att.reshape(1, NH * HD) @ Lw["o"].t()
@@ -193,7 +265,9 @@ with torch.no_grad():
     torch.cuda.synchronize()
     ms = e0.elapsed_time(e1)
 res = {"peer": "pytorch static KV cache + CUDA graph, experts by "
-               + ("torch._grouped_mm" if grouped else "gathering the chosen experts' weights"),
+               + ("gathering the chosen experts' packed MXFP4 and widening them to bf16" if gptoss
+                  else "torch._grouped_mm" if grouped
+                  else "gathering the chosen experts' weights"),
        "torch": torch.__version__, "device": torch.cuda.get_device_name(), "config": a.config,
        "layers": L, "tokens": a.tokens, "tok_s": a.tokens / (ms / 1e3)}
 print(json.dumps(res))
