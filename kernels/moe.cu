@@ -30,8 +30,8 @@
 //
 // MXFP4 experts (MoeExpertsArgs' *_mx4 fields, gpt-oss's routed experts): a third
 // instantiation. Decode: each lane reads 16 bytes of a weight row (32 columns, one scale
-// block), widens the e2m1 codes in registers (exactly, built as float bits), sums their
-// products with x in fp32 and adds that partial sum times the block's power-of-two scale.
+// block) and widens the e2m1 codes in registers to value * scale in fp32 (exactly: the codes
+// built as float bits, times a power of two), then sums their products with x in fp32.
 // Grouped: the weight tile is widened into shared memory as bf16 (value * scale, exact in
 // bf16) before the mma. The shared experts stay bf16.
 //
@@ -347,16 +347,9 @@ __device__ __forceinline__ const uint8_t* mx4_scale_row(const Mxfp4Weight& w, si
   return w.scales + row * w.lds;
 }
 
-// The fp32 dot product of 8 e2m1 weights (unscaled; one 32-bit word of codes) with 8 bf16
-// values.
-__device__ __forceinline__ float dot8_mx4(uint32_t w, const uint4& x) {
-  float fw[8], fx[8];
-  e2m1x8(w, fw);
-  bf16x8(x, fx);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(fw[i], fx[i], s);
-  return s;
+// Word j (0-3) of 16 bytes: 8 e2m1 codes, columns 8j .. 8j + 7.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
@@ -477,22 +470,28 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
         sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
       }
+      // Word j of the 16 bytes (columns c + 8j .. c + 8j + 7) of every row, widened once
+      // (value * scale, exact) and used by each row of x.
 #pragma unroll
-      for (int t = 0; t < kR; ++t) {
-        if (t >= nrows) break;
-        const bf16* xr = x + static_cast<size_t>(s_row[t]) * H + c;
-        float part[2 * kDecRowsPerWarp] = {};
+      for (int j = 0; j < 4; ++j) {
+        float fw[2 * kDecRowsPerWarp][8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {  // word j of the 16 bytes: columns 8j .. 8j + 7
-          const uint4 xv = *reinterpret_cast<const uint4*>(xr + 8 * j);
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
+          e2m1x8(word_of(w[q], j), fw[q]);
 #pragma unroll
-          for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
-            const uint32_t wj = j == 0 ? w[q].x : j == 1 ? w[q].y : j == 2 ? w[q].z : w[q].w;
-            part[q] += dot8_mx4(wj, xv);
-          }
+          for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
         }
 #pragma unroll
-        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = fmaf(part[q], sc[q], acc[t][q]);
+        for (int t = 0; t < kR; ++t) {
+          if (t >= nrows) break;
+          float fx[8];
+          bf16x8(*reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c + 8 * j),
+                 fx);
+#pragma unroll
+          for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[t][q] = fmaf(fw[q][i], fx[i], acc[t][q]);
+        }
       }
     }
   } else if (kW == kWFp8 && F.q) {
@@ -639,23 +638,30 @@ __global__ void __launch_bounds__(kDecWarps * 32)
           w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
           sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
         }
+        // Word j (columns c + 8j .. c + 8j + 7) of every row, widened once (value * scale,
+        // exact) and used by each pair's act.
 #pragma unroll
-        for (int t = 0; t < kR; ++t) {
-          if (pair_of[t] < 0) continue;
-          const bf16* ar =
-              act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c;
-          float pp[kDownRows] = {};
+        for (int j = 0; j < 4; ++j) {
+          float fw[kDownRows][8];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {  // word j: columns 8j .. 8j + 7
-            const uint4 av = *reinterpret_cast<const uint4*>(ar + 8 * j);
+          for (int q = 0; q < kDownRows; ++q) {
+            e2m1x8(word_of(w[q], j), fw[q]);
 #pragma unroll
-            for (int q = 0; q < kDownRows; ++q) {
-              const uint32_t wj = j == 0 ? w[q].x : j == 1 ? w[q].y : j == 2 ? w[q].z : w[q].w;
-              pp[q] += dot8_mx4(wj, av);
-            }
+            for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
           }
 #pragma unroll
-          for (int q = 0; q < kDownRows; ++q) part[t][q] = fmaf(pp[q], sc[q], part[t][q]);
+          for (int t = 0; t < kR; ++t) {
+            if (pair_of[t] < 0) continue;
+            float fa[8];
+            bf16x8(*reinterpret_cast<const uint4*>(
+                       act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c +
+                       8 * j),
+                   fa);
+#pragma unroll
+            for (int q = 0; q < kDownRows; ++q)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) part[t][q] = fmaf(fw[q][i], fa[i], part[t][q]);
+          }
         }
       }
     } else if (kW == kWFp8 && F.q) {

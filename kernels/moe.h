@@ -109,10 +109,10 @@ struct MoeExpertsArgs {
   // lds >= k / 32 (k: the matrix's columns), blocks and ldb multiples of 16 bytes; not with
   // FP8 weights (routed or shared); the shared experts stay bf16. Each weight is its e2m1
   // value times 2^(scale - 127). The decode form widens a lane's 16 bytes (32 columns, one
-  // scale) in registers and multiplies the block's fp32 partial sum by its scale; the
-  // grouped form widens weight tiles to bf16 for the tensor cores, which is exact (two
-  // significant bits times a power of two; +-inf only past bf16's range, scale bytes 253
-  // and 254). The biases, interleaved rows and clamped activation apply as for bf16.
+  // scale) in registers to value * scale in fp32 and sums the products in fp32; the grouped
+  // form widens weight tiles to bf16 for the tensor cores. Both widenings are exact (two
+  // significant bits times a power of two; +-inf only past fp32's and bf16's range, scale
+  // bytes 253 and 254). The biases, interleaved rows and clamped activation apply as for bf16.
   Mxfp4Weight gate_up_mx4, down_mx4;
   // gpt-oss (routed experts only), indexed by the held expert (id - expert0).
   const void* gate_up_bias = nullptr;  // [experts][2 * inter] bf16 (null: none), rows' layout

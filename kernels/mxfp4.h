@@ -17,9 +17,9 @@
 // codes pass 2^128 and become +-inf (no checkpoint comes near: scales sit around 2^-10 to 2^0).
 //
 // The MoE expert kernels (kernels/moe.h) read such weights packed: the decode form widens a
-// lane's 16 bytes (32 columns, one scale block) in registers and multiplies the block's fp32
-// partial sum by its scale; the grouped form widens weight tiles into bf16 (exact, above)
-// for the tensor cores. mxfp4_widen_ref is the CPU twin of that widening.
+// lane's 16 bytes (32 columns, one scale block) in registers to value * scale in fp32
+// (exact, above) and sums the products in fp32; the grouped form widens weight tiles into bf16
+// (exact, above) for the tensor cores. mxfp4_widen_ref is the CPU twin of that widening.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
