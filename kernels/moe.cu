@@ -28,6 +28,13 @@
 // bf16 before the mma, so the grouped form's weights are w * scale rounded to bf16 (exact
 // when the scales are powers of two; otherwise within half a bf16 ulp of each weight).
 //
+// MXFP4 experts (MoeExpertsArgs' *_mx4 fields, gpt-oss's routed experts): a third
+// instantiation. Decode: each lane reads 16 bytes of a weight row (32 columns, one scale
+// block) and widens the e2m1 codes in registers to value * scale in fp32 (exactly: the codes
+// built as float bits, times a power of two), then sums their products with x in fp32.
+// Grouped: the weight tile is widened into shared memory as bf16 (value * scale, exact in
+// bf16) before the mma. The shared experts stay bf16.
+//
 // gpt-oss's routed experts (MoeExpertsArgs' gpt-oss fields): both forms read gate and up
 // from rows 2i and 2i + 1 when interleaved, add the gate/up bias to the fp32 products and
 // apply the clamped activation in the gate/up epilogue, and add the down bias to each
@@ -42,6 +49,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/moe.h"
+#include "kernels/mxfp4.h"
 
 namespace spark::kernels {
 namespace {
@@ -308,6 +316,42 @@ __device__ __forceinline__ const float* fp8_scale_row(const Fp8Weight& w, size_t
   return w.scales + (row >> w.row_shift) * w.scale_ld;
 }
 
+// The weights an instantiation reads: bf16 only, some FP8, or MXFP4 routed experts (with
+// bf16 shared experts).
+enum WKind : int { kWBf16 = 0, kWFp8 = 1, kWMx4 = 2 };
+
+// e2m1 codes: the 8 nibbles of `w` (nibble n: column n, low nibble first) widened to float,
+// exactly: magnitude (1 + m / 2) * 2^(e - 1) built as a float's bits, e = 0 the subnormal
+// m * 0.5, then the sign bit.
+__device__ __forceinline__ void e2m1x8(uint32_t w, float* f) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const uint32_t c = (w >> (4 * n)) & 0xfu;
+    const uint32_t e = (c >> 1) & 3u, m = c & 1u;
+    const uint32_t mag = e == 0 ? (m ? 0x3f000000u : 0u) : ((e + 126u) << 23) | (m << 22);
+    f[n] = __uint_as_float(mag | ((c & 8u) << 28));
+  }
+}
+
+// An e8m0 scale byte's value 2^(s - 127) as a float (s = 0: the subnormal 2^-127; 0xff NaN).
+__device__ __forceinline__ float e8m0_value(uint32_t s) {
+  return s == 0xffu ? __uint_as_float(0x7fc00000u)
+                    : (s == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(s << 23));
+}
+
+// Row `row` of an MXFP4 weight: its codes and its scale bytes.
+__device__ __forceinline__ const uint8_t* mx4_row(const Mxfp4Weight& w, size_t row) {
+  return w.blocks + row * w.ldb;
+}
+__device__ __forceinline__ const uint8_t* mx4_scale_row(const Mxfp4Weight& w, size_t row) {
+  return w.scales + row * w.lds;
+}
+
+// Word j (0-3) of 16 bytes: 8 e2m1 codes, columns 8j .. 8j + 7.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
 __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.f + expf(-g)) * u;
 }
@@ -357,8 +401,8 @@ __device__ __forceinline__ float down_bias_at(const MoeExpertsArgs& a, size_t le
 // so a batch-1 step keeps few registers and many blocks resident).
 // gate/up of one distinct expert (blockIdx.y) for the rows that chose it; the shared experts
 // are blockIdx.y == gridDim.y - 1 when present. act: [rows * top_k + rows][act_stride].
-// kFp8: some weights are FP8 (each block reads its group's kind).
-template <int kR, bool kFp8>
+// kW: the weights' kind (each block reads its group's kind).
+template <int kR, int kW>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_gate_up_decode(MoeExpertsArgs a, bf16* act, int act_stride) {
   dev::pdl_wait();
@@ -401,7 +445,56 @@ __global__ void __launch_bounds__(kDecWarps * 32)
   // gpt-oss's routed experts: interleaved rows, biases and the clamped activation.
   const bool gpt = !shared_block && gptoss(a);
   const bool il = gpt && a.interleaved;
-  if (kFp8 && F.q) {
+  const Mxfp4Weight M = a.gate_up_mx4;
+  if (kW == kWMx4 && !shared_block && M.blocks) {
+    // The group's rows of the stacked MXFP4 matrix (as for FP8 below). A lane reads 16 bytes
+    // of each row: 32 columns, one scale block; 32 lanes cover 1024 columns a step.
+    const size_t base = le * 2 * static_cast<size_t>(inter);
+    const uint8_t* qr[2 * kDecRowsPerWarp];
+    const uint8_t* sr[2 * kDecRowsPerWarp];
+#pragma unroll
+    for (int q = 0; q < kDecRowsPerWarp; ++q) {
+      const int i = min(i0 + q, inter - 1);
+      const size_t gr = base + static_cast<size_t>(gate_row(il, i));
+      const size_t ur = base + static_cast<size_t>(up_row(il, inter, i));
+      qr[2 * q] = mx4_row(M, gr);
+      sr[2 * q] = mx4_scale_row(M, gr);
+      qr[2 * q + 1] = mx4_row(M, ur);
+      sr[2 * q + 1] = mx4_scale_row(M, ur);
+    }
+    for (size_t c = lane * 32u; c < H; c += 1024) {
+      uint4 w[2 * kDecRowsPerWarp];
+      float sc[2 * kDecRowsPerWarp];
+#pragma unroll
+      for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
+        w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
+        sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
+      }
+      // Word j of the 16 bytes (columns c + 8j .. c + 8j + 7) of every row, widened once
+      // (value * scale, exact) and used by each row of x.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float fw[2 * kDecRowsPerWarp][8];
+#pragma unroll
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
+          e2m1x8(word_of(w[q], j), fw[q]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
+        }
+#pragma unroll
+        for (int t = 0; t < kR; ++t) {
+          if (t >= nrows) break;
+          float fx[8];
+          bf16x8(*reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c + 8 * j),
+                 fx);
+#pragma unroll
+          for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[t][q] = fmaf(fw[q][i], fx[i], acc[t][q]);
+        }
+      }
+    }
+  } else if (kW == kWFp8 && F.q) {
     // The group's rows of the stacked FP8 matrix: gate row i, up row inter + i (or 2i, 2i + 1).
     const size_t base = le * 2 * static_cast<size_t>(inter);
     const uint8_t* qr[2 * kDecRowsPerWarp];
@@ -480,7 +573,7 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 // timing. Written once (or added into out).
 constexpr int kDownRows = 4;
 
-template <int kR, bool kFp8>
+template <int kR, int kW>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_down_decode(MoeExpertsArgs a, const bf16* act, int act_stride) {
   dev::pdl_wait();
@@ -525,7 +618,53 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         }
       }
     }
-    if (kFp8 && F.q) {
+    const Mxfp4Weight M = a.down_mx4;
+    if (kW == kWMx4 && !sh && M.blocks) {
+      // The group's rows of the stacked MXFP4 matrix: output row h is row le * hidden + h; a
+      // lane reads 16 bytes (32 columns, one scale) of each.
+      const uint8_t* qr[kDownRows];
+      const uint8_t* sr[kDownRows];
+#pragma unroll
+      for (int q = 0; q < kDownRows; ++q) {
+        const size_t row = le * H + static_cast<size_t>(min(h0 + q, a.hidden - 1));
+        qr[q] = mx4_row(M, row);
+        sr[q] = mx4_scale_row(M, row);
+      }
+      for (int c = static_cast<int>(lane) * 32; c < inter; c += 1024) {
+        uint4 w[kDownRows];
+        float sc[kDownRows];
+#pragma unroll
+        for (int q = 0; q < kDownRows; ++q) {
+          w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
+          sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
+        }
+        // Word j (columns c + 8j .. c + 8j + 7) of every row, widened once (value * scale,
+        // exact) and used by each pair's act.
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float fw[kDownRows][8];
+#pragma unroll
+          for (int q = 0; q < kDownRows; ++q) {
+            e2m1x8(word_of(w[q], j), fw[q]);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
+          }
+#pragma unroll
+          for (int t = 0; t < kR; ++t) {
+            if (pair_of[t] < 0) continue;
+            float fa[8];
+            bf16x8(*reinterpret_cast<const uint4*>(
+                       act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c +
+                       8 * j),
+                   fa);
+#pragma unroll
+            for (int q = 0; q < kDownRows; ++q)
+#pragma unroll
+              for (int i = 0; i < 8; ++i) part[t][q] = fmaf(fw[q][i], fa[i], part[t][q]);
+          }
+        }
+      }
+    } else if (kW == kWFp8 && F.q) {
       // The group's rows of the stacked FP8 matrix: output row h is row le * hidden + h.
       const uint8_t* qr[kDownRows];
       const float* sr[kDownRows];
@@ -708,9 +847,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
 // tokens' x (through row_src), B the group's [gate | up] rows (32 gate rows i0.. and the 32
 // up rows inter + i0..), the epilogue writes act = silu(g) * u for 32 columns. Else (down):
 // A rows are act (sorted), B the group's down rows h0.., the epilogue writes fp32 y.
-// kFp8: some weights are FP8; a group of FP8 weights dequantizes its B tile into shared
-// memory as bf16 (w * scale rounded to bf16) with ordinary loads instead of cp.async.
-template <bool GATE_UP, bool kFp8>
+// kW: the weights' kind; a group of FP8 weights dequantizes its B tile into shared memory
+// as bf16 (w * scale rounded to bf16) with ordinary loads instead of cp.async, a group of
+// MXFP4 weights likewise (e2m1 value * 2^(scale - 127), exact in bf16).
+template <bool GATE_UP, int kW>
 __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs a, GroupedWs w) {
   dev::pdl_wait();
   dev::pdl_trigger();
@@ -739,7 +879,9 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
                                       static_cast<size_t>(g) * H * static_cast<size_t>(inter));
   const Fp8Weight& F =
       GATE_UP ? (sh ? a.shared_gate_up_fp8 : a.gate_up_fp8) : (sh ? a.shared_down_fp8 : a.down_fp8);
-  const bool bfp8 = kFp8 && F.q != nullptr;
+  const bool bfp8 = kW == kWFp8 && F.q != nullptr;
+  const Mxfp4Weight& M = GATE_UP ? a.gate_up_mx4 : a.down_mx4;
+  const bool bmx4 = kW == kWMx4 && !sh && M.blocks != nullptr;
   // The group's first row in the stacked FP8 matrix.
   const size_t frow0 =
       sh ? 0 : static_cast<size_t>(g) * (GATE_UP ? 2 * static_cast<size_t>(inter) : H);
@@ -779,7 +921,25 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
         bv = brow < n_out;
         if (!bv) brow = 0;
       }
-      if (bfp8) {
+      if (bmx4) {
+        // 8 columns (4 bytes of codes) in one 32-column block: one scale. K is a multiple
+        // of 32, so a chunk is wholly inside or past it; zeros outside the weight.
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (bv && kin) {
+          const size_t row = frow0 + static_cast<size_t>(brow);
+          const uint32_t q = *reinterpret_cast<const uint32_t*>(mx4_row(M, row) + (k0 + kc) / 2);
+          const float sc = e8m0_value(mx4_scale_row(M, row)[(k0 + kc) / kMxfp4BlockK]);
+          float f[8];
+          e2m1x8(q, f);
+          uint32_t* o = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * j] * sc, f[2 * j + 1] * sc);
+            o[j] = *reinterpret_cast<const uint32_t*>(&p);
+          }
+        }
+        *reinterpret_cast<uint4*>(sB + (stage * kGBM + r) * kGLds + kc) = v;
+      } else if (bfp8) {
         // 8 columns in one 128-column block: one scale. Zeros outside the weight.
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (bv && kin) {
@@ -913,6 +1073,23 @@ __global__ void moe_combine_grouped(MoeExpertsArgs a, GroupedWs w) {
   }
 }
 
+// The decode kernels' instantiation for the weights' kind and the step's rows (1, 2, 4 or
+// kMoeDecodeMaxRows accumulators a thread).
+template <int kW>
+auto gate_up_decode_for(int rows) {
+  return rows <= 1   ? moe_gate_up_decode<1, kW>
+         : rows <= 2 ? moe_gate_up_decode<2, kW>
+         : rows <= 4 ? moe_gate_up_decode<4, kW>
+                     : moe_gate_up_decode<kMoeDecodeMaxRows, kW>;
+}
+template <int kW>
+auto down_decode_for(int rows) {
+  return rows <= 1   ? moe_down_decode<1, kW>
+         : rows <= 2 ? moe_down_decode<2, kW>
+         : rows <= 4 ? moe_down_decode<4, kW>
+                     : moe_down_decode<kMoeDecodeMaxRows, kW>;
+}
+
 }  // namespace
 
 Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRouteArgs& a,
@@ -940,8 +1117,10 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   SPARK_TRY(moe_experts_check(a));
   if (a.rows == 0) return Status::Ok();
   auto st = static_cast<cudaStream_t>(stream);
-  // Any FP8 weights: the instantiations that read them (the bf16 ones stay as they were).
+  // Any FP8 or MXFP4 weights: the instantiations that read them (the bf16 ones stay as they
+  // were; moe_experts_check refuses FP8 beside MXFP4).
   const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
+  const int kind = a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
   const bool decode = a.form == 1 || (a.form == 0 && a.rows <= kMoeDecodeMaxRows);
   if (decode) {
     // act rows: pair p = row * top_k + j, then the shared experts' rows.
@@ -951,27 +1130,17 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
     const unsigned ys = static_cast<unsigned>(distinct + (a.shared_inter > 0 ? 1 : 0));
     if (ys > 0) {
       const dim3 grid(static_cast<unsigned>((imax + kDecTile - 1) / kDecTile), ys);
-      auto gate_up = fp8 ? (a.rows <= 1   ? moe_gate_up_decode<1, true>
-                            : a.rows <= 2 ? moe_gate_up_decode<2, true>
-                            : a.rows <= 4 ? moe_gate_up_decode<4, true>
-                                          : moe_gate_up_decode<kMoeDecodeMaxRows, true>)
-                         : (a.rows <= 1   ? moe_gate_up_decode<1, false>
-                            : a.rows <= 2 ? moe_gate_up_decode<2, false>
-                            : a.rows <= 4 ? moe_gate_up_decode<4, false>
-                                          : moe_gate_up_decode<kMoeDecodeMaxRows, false>);
+      auto gate_up = kind == kWMx4   ? gate_up_decode_for<kWMx4>(a.rows)
+                     : kind == kWFp8 ? gate_up_decode_for<kWFp8>(a.rows)
+                                     : gate_up_decode_for<kWBf16>(a.rows);
       SPARK_CUDA_TRY(
           dev::launch(gate_up, grid, dim3(kDecWarps * 32), 0, st, a, w.act, w.act_stride));
       SPARK_CUDA_LAUNCHED("moe_gate_up_decode");
     }
     const dim3 grid(static_cast<unsigned>((a.hidden + kDownRows - 1) / kDownRows));
-    auto down = fp8 ? (a.rows <= 1   ? moe_down_decode<1, true>
-                       : a.rows <= 2 ? moe_down_decode<2, true>
-                       : a.rows <= 4 ? moe_down_decode<4, true>
-                                     : moe_down_decode<kMoeDecodeMaxRows, true>)
-                    : (a.rows <= 1   ? moe_down_decode<1, false>
-                       : a.rows <= 2 ? moe_down_decode<2, false>
-                       : a.rows <= 4 ? moe_down_decode<4, false>
-                                     : moe_down_decode<kMoeDecodeMaxRows, false>);
+    auto down = kind == kWMx4   ? down_decode_for<kWMx4>(a.rows)
+                : kind == kWFp8 ? down_decode_for<kWFp8>(a.rows)
+                                : down_decode_for<kWBf16>(a.rows);
     SPARK_CUDA_TRY(dev::launch(down, grid, dim3(kDecWarps * 32), 0, st, a,
                                static_cast<const bf16*>(w.act), w.act_stride));
     SPARK_CUDA_LAUNCHED("moe_down_decode");
@@ -985,15 +1154,17 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   // Tiles: at most one partial tile per group beyond the pairs' full tiles.
   const unsigned tiles = static_cast<unsigned>((w.pairs + kGBM - 1) / kGBM + w.groups);
   const int imax = std::max(a.inter, a.shared_inter);
-  SPARK_CUDA_TRY(
-      dev::launch(fp8 ? moe_grouped_product<true, true> : moe_grouped_product<true, false>,
-                  dim3(tiles, static_cast<unsigned>((imax + kGBN / 2 - 1) / (kGBN / 2))),
-                  dim3(kGThreads), 0, st, a, w));
+  SPARK_CUDA_TRY(dev::launch(kind == kWMx4   ? moe_grouped_product<true, kWMx4>
+                             : kind == kWFp8 ? moe_grouped_product<true, kWFp8>
+                                             : moe_grouped_product<true, kWBf16>,
+                             dim3(tiles, static_cast<unsigned>((imax + kGBN / 2 - 1) / (kGBN / 2))),
+                             dim3(kGThreads), 0, st, a, w));
   SPARK_CUDA_LAUNCHED("moe_grouped_product<gate_up>");
-  SPARK_CUDA_TRY(
-      dev::launch(fp8 ? moe_grouped_product<false, true> : moe_grouped_product<false, false>,
-                  dim3(tiles, static_cast<unsigned>((a.hidden + kGBN - 1) / kGBN)), dim3(kGThreads),
-                  0, st, a, w));
+  SPARK_CUDA_TRY(dev::launch(kind == kWMx4   ? moe_grouped_product<false, kWMx4>
+                             : kind == kWFp8 ? moe_grouped_product<false, kWFp8>
+                                             : moe_grouped_product<false, kWBf16>,
+                             dim3(tiles, static_cast<unsigned>((a.hidden + kGBN - 1) / kGBN)),
+                             dim3(kGThreads), 0, st, a, w));
   SPARK_CUDA_LAUNCHED("moe_grouped_product<down>");
   const size_t total = static_cast<size_t>(a.rows) * static_cast<size_t>(a.hidden);
   const unsigned cblocks = static_cast<unsigned>(std::min<size_t>((total + 255) / 256, 4096));

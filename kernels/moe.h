@@ -65,7 +65,7 @@ inline constexpr int kMoeDecodeMaxRows = 8;
 /// where each E is a gated SiLU MLP: act = silu(g) * u (g, u the [gate | up] rows' products
 /// in fp32, act rounded to bf16), then down(act) in fp32; the sum in fp32, ascending expert
 /// id then the shared experts, rounded once to bf16 (after adding out when accumulating).
-/// Device pointers; bf16 activations, bf16 or FP8 weights (the FP8 fields below).
+/// Device pointers; bf16 activations, bf16, FP8 or MXFP4 weights (the fields below).
 ///
 /// gpt-oss's routed experts (the fields after the FP8 ones; the shared experts stay plain):
 /// g and u are the products plus the gate/up bias (fp32), read from rows 2i and 2i + 1 when
@@ -101,7 +101,18 @@ struct MoeExpertsArgs {
   // form dequantizes weight tiles to bf16 (w * scale rounded to bf16, exact where the scale
   // is a power of two) for the tensor cores. q and ldq multiples of 8 bytes.
   Fp8Weight gate_up_fp8, down_fp8, shared_gate_up_fp8, shared_down_fp8;
-  // MXFP4 routed experts (kernels/mxfp4.h), over the stacked matrices.
+  // MXFP4 experts (kernels/mxfp4.h's layout; gpt-oss's routed experts): when
+  // gate_up_mx4.blocks is set, the held experts' weights are e2m1 codes with e8m0 scales per
+  // 32 columns and gate_up/down (and the *_fp8 fields) are not read. gate_up_mx4 covers the
+  // stacked [experts * 2 * inter][hidden] (rows as gate_up's: [gate | up] or interleaved),
+  // down_mx4 [experts * hidden][inter]. hidden and inter multiples of 32, ldb >= k / 2 and
+  // lds >= k / 32 (k: the matrix's columns), blocks and ldb multiples of 16 bytes; not with
+  // FP8 weights (routed or shared); the shared experts stay bf16. Each weight is its e2m1
+  // value times 2^(scale - 127). The decode form widens a lane's 16 bytes (32 columns, one
+  // scale) in registers to value * scale in fp32 and sums the products in fp32; the grouped
+  // form widens weight tiles to bf16 for the tensor cores. Both widenings are exact (two
+  // significant bits times a power of two; +-inf only past fp32's and bf16's range, scale
+  // bytes 253 and 254). The biases, interleaved rows and clamped activation apply as for bf16.
   Mxfp4Weight gate_up_mx4, down_mx4;
   // gpt-oss (routed experts only), indexed by the held expert (id - expert0).
   const void* gate_up_bias = nullptr;  // [experts][2 * inter] bf16 (null: none), rows' layout
@@ -128,6 +139,7 @@ MoeWorkspaceLayout moe_workspace_layout(int rows, int top_k, int hidden, int int
 
 /// Checks MoeExpertsArgs (sizes; hidden and the intermediate sizes multiples of 8; 16-byte
 /// aligned bf16 operands; the FP8 weights' strides, scale_ld, row_shift and alignment; the
+/// MXFP4 weights' (mxfp4_weight_check; hidden and inter multiples of 32; not with FP8); the
 /// biases 2-byte aligned, swiglu_limit finite and >= 0, swiglu_alpha finite and > 0 with a
 /// limit).
 Status moe_experts_check(const MoeExpertsArgs& a);
@@ -138,7 +150,9 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream);
 /// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
 /// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
 /// FP8 weights (the *_fp8 fields set: host e4m3 bytes and host scales) are widened exactly
-/// (value times scale in double). The biases are host float arrays.
+/// (value times scale in double), MXFP4 weights (gate_up_mx4.blocks set: host codes and
+/// scale bytes) likewise (e2m1 value times 2^(scale - 127) in double). The biases are host
+/// float arrays.
 void moe_experts_ref(const MoeExpertsArgs& host_args);
 
 }  // namespace spark::kernels

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -137,11 +138,20 @@ double e4m3_value(uint8_t v) {
 
 // A weight matrix of the twin: rows of host floats, or rows `row0 + r` of an FP8 weight
 // (host bytes and scales), widened exactly in double.
+// Or rows `row0 + r` of an MXFP4 weight (host codes and scale bytes), likewise exact.
 struct RefWeight {
-  const float* f = nullptr;  // [rows][cols], when not FP8
+  const float* f = nullptr;  // [rows][cols], when not FP8 or MXFP4
   const Fp8Weight* q = nullptr;
+  const Mxfp4Weight* m = nullptr;
   size_t row0 = 0, cols = 0;
   double at(size_t r, size_t c) const {
+    if (m) {
+      const size_t row = row0 + r;
+      const uint8_t byte = m->blocks[row * m->ldb + c / 2];
+      const uint8_t code = (c % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      return static_cast<double>(mxfp4_e2m1_value(code)) *
+             mxfp4_scale_value(m->scales[row * m->lds + c / kMxfp4BlockK]);
+    }
     if (!q) return f[r * cols + c];
     const size_t row = row0 + r;
     return e4m3_value(q->q[row * q->ldq + c]) *
@@ -192,11 +202,14 @@ void moe_experts_ref(const MoeExpertsArgs& a) {
     }
   };
   const size_t I = static_cast<size_t>(a.inter), S = static_cast<size_t>(a.shared_inter);
-  // Expert le's weights (the stacked FP8 rows or its float matrices).
+  // Expert le's weights (the stacked MXFP4 or FP8 rows, or its float matrices).
   auto weights_of = [&](size_t le) {
     RefWeight gu, dn;
     gu.cols = H, dn.cols = I;
-    if (a.gate_up_fp8.q) {
+    if (a.gate_up_mx4.blocks) {
+      gu.m = &a.gate_up_mx4, gu.row0 = le * 2 * I;
+      dn.m = &a.down_mx4, dn.row0 = le * H;
+    } else if (a.gate_up_fp8.q) {
       gu.q = &a.gate_up_fp8, gu.row0 = le * 2 * I;
       dn.q = &a.down_fp8, dn.row0 = le * H;
     } else {
@@ -308,6 +321,20 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
     SPARK_TRY(fp8(a.shared_gate_up_fp8, "shared_gate_up_fp8", a.hidden));
     SPARK_TRY(fp8(a.shared_down_fp8, "shared_down_fp8", a.shared_inter));
   }
+  // MXFP4 experts: both matrices, 32-column blocks, 16-byte rows; no FP8 beside them.
+  const bool routed_mx4 = a.gate_up_mx4.blocks || a.down_mx4.blocks;
+  if (routed_mx4) {
+    if (routed_fp8 || shared_fp8)
+      return bad("MXFP4 experts (gate_up_mx4/down_mx4) with FP8 weights (*_fp8): one format");
+    if (a.hidden % kMxfp4BlockK != 0 || a.inter % kMxfp4BlockK != 0)
+      return bad(fmt::format("MXFP4 experts need hidden {} and inter {} multiples of {}", a.hidden,
+                             a.inter, kMxfp4BlockK));
+    for (const auto& [w, name, k] : {std::tuple{&a.gate_up_mx4, "gate_up_mx4", a.hidden},
+                                     std::tuple{&a.down_mx4, "down_mx4", a.inter}}) {
+      const Status s = mxfp4_weight_check(*w, static_cast<size_t>(k), name);
+      if (!s.ok()) return bad(s.message());
+    }
+  }
   // gpt-oss's fields: the biases read one bf16 at a time, the activation's constants.
   if (reinterpret_cast<uintptr_t>(a.gate_up_bias) % 2 != 0)
     return bad("gate_up_bias must be 2-byte aligned");
@@ -320,7 +347,7 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
     return bad(
         fmt::format("swiglu_alpha {} must be finite, and > 0 with a swiglu_limit", a.swiglu_alpha));
   if (!a.x || !a.ids || !a.weights || !a.out ||
-      (a.experts > 0 && !routed_fp8 && (!a.gate_up || !a.down)) ||
+      (a.experts > 0 && !routed_fp8 && !routed_mx4 && (!a.gate_up || !a.down)) ||
       (a.shared_inter > 0 && !shared_fp8 && (!a.shared_gate_up || !a.shared_down)))
     return bad("a null operand");
   for (const void* p :

@@ -1,19 +1,67 @@
 #pragma once
-// MXFP4 weights kept packed as stored (provisional: the layout only).
+// Weights in MXFP4 (OCP microscaling FP4), as gpt-oss stores its routed experts: a matrix
+// [n][k] of 4-bit e2m1 codes, two a byte, with one e8m0 scale per 32 consecutive columns.
+//
+// Layout: row r's codes are the k / 2 bytes at blocks + r * ldb; column c is byte c / 2's low
+// nibble when c is even, its high nibble when c is odd. Row r's scales are the k / 32 bytes at
+// scales + r * lds; column c's scale is byte c / 32. (A checkpoint's X_blocks
+// [experts][rows][k / 32][16] and X_scales [experts][rows][k / 32] are this layout with
+// ldb = k / 2 and lds = k / 32.)
+//
+// Numerics: an e2m1 code is sign (bit 3), a 2-bit exponent (bits 2-1, bias 1) and a 1-bit
+// mantissa (bit 0): the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (exponent 0: 0 and the
+// subnormal 0.5). An e8m0 scale byte s is 2^(s - 127); 0xff is NaN (the loader refuses it).
+// weight[r][c] = e2m1(code) * 2^(scale - 127): at most two significant bits times a power of
+// two, so it is exact in fp32 and in bf16 (down to the smallest, 0.5 * 2^-127 = 2^-128, a
+// subnormal of both) unless it exceeds their range: with scale bytes 253 and 254 the largest
+// codes pass 2^128 and become +-inf (no checkpoint comes near: scales sit around 2^-10 to 2^0).
+//
+// The MoE expert kernels (kernels/moe.h) read such weights packed: the decode form widens a
+// lane's 16 bytes (32 columns, one scale block) in registers to value * scale in fp32
+// (exact, above) and sums the products in fp32; the grouped form widens weight tiles into bf16
+// (exact, above) for the tensor cores. mxfp4_widen_ref is the CPU twin of that widening.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+
+#include "core/error.h"
 
 namespace spark::kernels {
 
+/// Columns one scale covers (16 bytes of codes).
 inline constexpr int kMxfp4BlockK = 32;
 
-/// An MXFP4 weight [n][k]: row r's packed bytes at blocks + r * ldb (k / 2 bytes, column 2j
-/// in byte j's low nibble), its e8m0 scales at scales + r * lds (k / 32 bytes).
+/// An MXFP4 weight [n][k] in device (or, for the twins, host) memory.
 struct Mxfp4Weight {
-  const uint8_t* blocks = nullptr;
-  size_t ldb = 0;
-  const uint8_t* scales = nullptr;
-  size_t lds = 0;
+  const uint8_t* blocks = nullptr;  // row r's codes at blocks + r * ldb
+  size_t ldb = 0;                   // bytes per row, >= k / 2
+  const uint8_t* scales = nullptr;  // row r's e8m0 scales at scales + r * lds
+  size_t lds = 0;                   // scale bytes per row, >= k / 32
 };
+
+/// The value of e2m1 code `code` (its low 4 bits): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+inline float mxfp4_e2m1_value(uint8_t code) {
+  const int e = (code >> 1) & 3, m = code & 1;
+  // Exponent 0: the subnormal m * 0.5; else (1 + m / 2) * 2^(e - 1).
+  const float mag =
+      e == 0 ? 0.5f * static_cast<float>(m) : std::ldexp(1.f + 0.5f * static_cast<float>(m), e - 1);
+  return (code & 8) ? -mag : mag;
+}
+
+/// The value of e8m0 scale byte `s`: 2^(s - 127), NaN for 0xff.
+inline double mxfp4_scale_value(uint8_t s) {
+  return s == 0xff ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, s - 127);
+}
+
+/// out[r][c] (row stride ldo floats) = the weight's rows [row0, row0 + rows), columns
+/// [0, k), exact in float (see the numerics above; NaN where a scale byte is 0xff).
+void mxfp4_widen_ref(const Mxfp4Weight& w, size_t row0, size_t rows, size_t k, float* out,
+                     size_t ldo);
+
+/// Checks an MXFP4 weight of k columns that the kernels read 16 bytes at a time: blocks and
+/// scales not null, k a multiple of 32, ldb >= k / 2, lds >= k / 32, blocks and ldb multiples
+/// of 16 bytes. `name` names the weight in the message.
+Status mxfp4_weight_check(const Mxfp4Weight& w, size_t k, const char* name);
 
 }  // namespace spark::kernels

@@ -12,7 +12,8 @@
 //
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
 // Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), fp8 (the FP8 decode
-// product beside the bf16 own kernel), decode, prefill (attention = both), other, sampler; the HBM
+// product beside the bf16 own kernel), moe (MXFP4 experts beside bf16 ones), decode, prefill
+// (attention = both), other, sampler; the HBM
 // read and the bf16 product peak are measured in every run, as every row is read against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,6 +34,7 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/fp8.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -103,6 +105,15 @@ __global__ void fill_fp8(uint8_t* p, size_t n, uint32_t seed) {
     uint8_t b = static_cast<uint8_t>(x);
     if ((b & 0x7f) == 0x7f) b ^= 1;
     p[i] = b;
+  }
+}
+// Random e8m0 scale bytes near 2^-7 (never 0xff, the NaN byte).
+__global__ void fill_e8m0(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = static_cast<uint8_t>(118 + (x & 3));
   }
 }
 __global__ void fill_scales(float* p, size_t n, uint32_t seed) {
@@ -289,7 +300,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   const std::string sections =
-      ",matmul,forms,fused,layer,layer8,fp8,decode,prefill,attention,other,sampler,";
+      ",matmul,forms,fused,layer,layer8,fp8,moe,decode,prefill,attention,other,sampler,";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -304,7 +315,8 @@ int main(int argc, char** argv) {
         if (sections.find("," + sec + ",") == std::string::npos) {
           std::fprintf(stderr,
                        "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
-                       "fused, layer, layer8, fp8, decode, prefill, attention, other, sampler)\n",
+                       "fused, layer, layer8, fp8, moe, decode, prefill, attention, other, "
+                       "sampler)\n",
                        sec.c_str());
           return 2;
         }
@@ -617,6 +629,113 @@ int main(int argc, char** argv) {
       for (void* p : bw) CK(cudaFree(p));
     }
     out["fp8"] = f8js;
+  }
+
+  // ---- MoE expert products over MXFP4 experts (gpt-oss's, kept packed: e2m1 codes and e8m0
+  // scales per 32 columns) beside the same launch over bf16 experts, at gpt-oss-20b's shape
+  // (hidden and inter 2880, 32 experts, top-4, interleaved gate/up, biases, limit 7): the
+  // decode form at 1, 4 and 8 rows, the grouped form at 64. Bytes: the distinct chosen
+  // experts' weights (MXFP4: codes and scales; bf16: 2 bytes a weight) plus x and out. The
+  // routing rotates among 16 random choices, so the experts read are not all L2-resident.
+  if (want("moe")) {
+    constexpr int H = 2880, I = 2880, E = 32, K = 4, kSets = 16;
+    const size_t gu_rows = size_t{E} * 2 * I, dn_rows = size_t{E} * H;
+    auto* gub = static_cast<uint8_t*>(dalloc(gu_rows * H / 2));
+    auto* gus = static_cast<uint8_t*>(dalloc(gu_rows * H / 32));
+    auto* dnb = static_cast<uint8_t*>(dalloc(dn_rows * I / 2));
+    auto* dns = static_cast<uint8_t*>(dalloc(dn_rows * I / 32));
+    fill_fp8<<<1024, 256>>>(gub, gu_rows * H / 2, 201);
+    fill_e8m0<<<1024, 256>>>(gus, gu_rows * H / 32, 202);
+    fill_fp8<<<1024, 256>>>(dnb, dn_rows * I / 2, 203);
+    fill_e8m0<<<1024, 256>>>(dns, dn_rows * I / 32, 204);
+    CK(cudaGetLastError());
+    void* gu16 = random_bf16(gu_rows * H, 205, 0.02f);
+    void* dn16 = random_bf16(dn_rows * I, 206, 0.02f);
+    void* gubias = random_bf16(gu_rows, 207, 0.5f);
+    void* dnbias = random_bf16(dn_rows, 208, 0.5f);
+    CK(cudaDeviceSynchronize());
+    const double mx4_expert = 3.0 * H * I / 2 + 3.0 * H * I / 32, bf16_expert = 3.0 * H * I * 2;
+    fmt::print("\n# {:<33} {:>2} | {:>8} {:>7} {:>5} | {:>8} {:>7} {:>5} | {:>6}\n",
+               "moe experts (gpt-oss-20b)", "m", "mxfp4 us", "GB/s", "%HBM", "bf16 us", "GB/s",
+               "%HBM", "bf16/mx4");
+    json mjs = json::array();
+    for (int rows : {1, 4, 8, 64}) {
+      const int form = rows <= kMoeDecodeMaxRows ? 1 : 2;
+      std::mt19937 rng(300u + static_cast<unsigned>(rows));
+      std::vector<int32_t> ids(static_cast<size_t>(kSets * rows * K));
+      std::vector<float> wts(ids.size(), 0.25f);
+      std::vector<int32_t> all(E);
+      double distinct = 0;
+      for (int set = 0; set < kSets; ++set) {
+        std::vector<char> seen(E, 0);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
+          std::shuffle(all.begin(), all.end(), rng);
+          for (int j = 0; j < K; ++j) {
+            const int32_t e = all[static_cast<size_t>(j)];
+            ids[static_cast<size_t>((set * rows + r) * K + j)] = e;
+            distinct += !seen[static_cast<size_t>(e)];
+            seen[static_cast<size_t>(e)] = 1;
+          }
+        }
+      }
+      distinct /= kSets;
+      auto* dids = static_cast<int32_t*>(dalloc(ids.size() * sizeof(int32_t)));
+      auto* dw = static_cast<float*>(dalloc(wts.size() * sizeof(float)));
+      CK(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dw, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice));
+      void* x = random_bf16(static_cast<size_t>(rows) * H, 209);
+      void* o = dalloc(static_cast<size_t>(rows) * H * 2);
+      const size_t wsb = moe_experts_workspace_bytes(rows, K, H, I, 0, E);
+      void* wsp = dalloc(wsb);
+      MoeExpertsArgs a;
+      a.x = x, a.rows = rows, a.top_k = K, a.hidden = H, a.expert0 = 0, a.experts = E;
+      a.inter = I, a.out = o, a.workspace = wsp, a.workspace_bytes = wsb, a.form = form;
+      a.gate_up_bias = gubias, a.down_bias = dnbias, a.interleaved = true;
+      a.swiglu_limit = 7.f, a.swiglu_alpha = 1.702f;
+      auto timed = [&](const MoeExpertsArgs& base) {
+        MoeExpertsArgs b = base;
+        return time_us(st, 20, [&](int i) {
+          const size_t set = static_cast<size_t>(i) % kSets;
+          b.ids = dids + set * static_cast<size_t>(rows * K);
+          b.weights = dw + set * static_cast<size_t>(rows * K);
+          ST(moe_experts_cuda_device(b, st));
+        });
+      };
+      MoeExpertsArgs am = a;
+      am.gate_up_mx4.blocks = gub, am.gate_up_mx4.ldb = H / 2;
+      am.gate_up_mx4.scales = gus, am.gate_up_mx4.lds = H / 32;
+      am.down_mx4.blocks = dnb, am.down_mx4.ldb = I / 2;
+      am.down_mx4.scales = dns, am.down_mx4.lds = I / 32;
+      MoeExpertsArgs ab = a;
+      ab.gate_up = gu16, ab.down = dn16;
+      const double tm = timed(am), tb = timed(ab);
+      const double xo = 2.0 * rows * H * 2;
+      const double mbytes = distinct * mx4_expert + xo, bbytes = distinct * bf16_expert + xo;
+      const double mgbs = mbytes / tm / 1e3, bgbs = bbytes / tb / 1e3;
+      fmt::print(
+          "{:<35} {:>2} | {:>8.1f} {:>7.0f} {:>4.0f}% | {:>8.1f} {:>7.0f} {:>4.0f}% | "
+          "{:>6.2f}x\n",
+          form == 1 ? "decode form" : "grouped form", rows, tm, mgbs, 100 * mgbs / read_gbs, tb,
+          bgbs, 100 * bgbs / read_gbs, tb / tm);
+      mjs.push_back({{"form", form == 1 ? "decode" : "grouped"},
+                     {"rows", rows},
+                     {"distinct_experts", distinct},
+                     {"mxfp4_us", tm},
+                     {"mxfp4_bytes", mbytes},
+                     {"mxfp4_GBps", mgbs},
+                     {"mxfp4_hbm_fraction", mgbs / read_gbs},
+                     {"bf16_us", tb},
+                     {"bf16_bytes", bbytes},
+                     {"bf16_GBps", bgbs},
+                     {"bf16_hbm_fraction", bgbs / read_gbs},
+                     {"bf16_over_mxfp4", tb / tm}});
+      for (void* p : {static_cast<void*>(dids), static_cast<void*>(dw), x, o, wsp}) CK(cudaFree(p));
+    }
+    for (void* p : {static_cast<void*>(gub), static_cast<void*>(gus), static_cast<void*>(dnb),
+                    static_cast<void*>(dns), gu16, dn16, gubias, dnbias})
+      CK(cudaFree(p));
+    out["moe"] = mjs;
   }
 
   // ---- fused decode launches: the engine's choice against what it replaces ----

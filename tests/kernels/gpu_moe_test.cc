@@ -14,6 +14,9 @@
 // FP8 experts (e4m3 bytes with block scales of any float value): the decode form against the
 // twin over the FP8 weights (widened exactly); the grouped form, whose weights are value x
 // scale rounded to bf16 by design, against the twin over those bf16 weights. Same bounds.
+//
+// MXFP4 experts (e2m1 codes with power-of-two scales per 32 columns): both forms against the
+// twin over the packed weights, whose widening is exact in fp32 and in bf16. Same bounds.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include "support/gpu.h"
 #include "support/gpu_values.h"
 #include "support/moe_fp8_weights.h"
+#include "support/moe_mxfp4_weights.h"
 
 using namespace spark;
 using namespace spark::kernels;
@@ -496,4 +500,132 @@ TEST_CASE("gpu moe gptoss experts: the grouped form against the twin") {
       {33, 4, 256, 128, 32, 0, 32, 0, true, true, true},     // FP8 weights
   };
   for (const auto& c : cases) check_gptoss_experts(rng, c, 2);
+}
+
+namespace {
+
+// MXFP4 routed experts, plain or with gpt-oss's options (interleaved gate/up, both biases,
+// limit 7, alpha 1.702); bf16 shared experts beside them.
+struct Mx4ExpertsCase {
+  int rows, top_k, hidden, inter, experts;
+  int expert0, held;  // the rank's experts
+  int shared;         // shared experts' intermediate (0: none; bf16)
+  bool accumulate, gptoss;
+};
+
+// Runs one case with MXFP4 experts through `form` (1 decode, 2 grouped) against the twin over
+// the same packed weights.
+void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
+  CAPTURE(c.rows);
+  CAPTURE(c.top_k);
+  CAPTURE(c.hidden);
+  CAPTURE(c.inter);
+  CAPTURE(c.held);
+  CAPTURE(c.shared);
+  CAPTURE(c.gptoss);
+  CAPTURE(form);
+  const size_t H = static_cast<size_t>(c.hidden), I = static_cast<size_t>(c.inter);
+  const size_t R = static_cast<size_t>(c.rows), K = static_cast<size_t>(c.top_k);
+  const size_t E = static_cast<size_t>(c.held), S = static_cast<size_t>(c.shared);
+  // gpt-oss: gate/up products of a few units plus biases, so the limit clamps many.
+  const float ws = (c.gptoss ? 12.f : 1.f) / std::sqrt(static_cast<float>(c.hidden));
+  const float wd = 1.f / std::sqrt(static_cast<float>(c.inter));
+  const float wss = 1.f / std::sqrt(static_cast<float>(c.hidden));
+  const float wsd = 1.f / std::sqrt(std::max<float>(1.f, static_cast<float>(S)));
+  auto x = as_stored(randoms(rng, R * H, -1, 1), DType::bf16);
+  const auto gu = test::make_mxfp4(rng, E * 2 * I, H, ws / 3);
+  const auto dn = test::make_mxfp4(rng, E * H, I, wd / 3);
+  auto gub = as_stored(randoms(rng, E * 2 * I, -2, 2), DType::bf16);
+  auto db = as_stored(randoms(rng, E * H, -1, 1), DType::bf16);
+  auto sgu = as_stored(randoms(rng, 2 * S * H, -wss, wss), DType::bf16);
+  auto sdn = as_stored(randoms(rng, H * S, -wsd, wsd), DType::bf16);
+  auto prior = as_stored(randoms(rng, R * H, -2, 2), DType::bf16);
+  std::vector<int32_t> ids(R * K);
+  std::vector<float> w(R * K);
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> wdist(0.05f, 1.f);
+  for (size_t r = 0; r < R; ++r) {
+    std::shuffle(all.begin(), all.end(), rng);
+    for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
+  }
+  std::vector<float> ref = prior;
+  MoeExpertsArgs h;
+  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
+  h.hidden = c.hidden, h.expert0 = c.expert0, h.experts = c.held, h.inter = c.inter;
+  h.out = ref.data(), h.accumulate = c.accumulate;
+  h.shared_inter = c.shared, h.shared_gate_up = sgu.data(), h.shared_down = sdn.data();
+  h.gate_up_mx4 = gu.weight(), h.down_mx4 = dn.weight();
+  if (c.gptoss) {
+    h.gate_up_bias = gub.data(), h.down_bias = db.data(), h.interleaved = true;
+    h.swiglu_limit = 7.f, h.swiglu_alpha = 1.702f;
+  }
+  moe_experts_ref(h);
+
+  auto dx = to_dev(x, DType::bf16);
+  auto dgub = to_dev(gub, DType::bf16), ddb = to_dev(db, DType::bf16);
+  auto dsgu = to_dev(sgu, DType::bf16), dsdn = to_dev(sdn, DType::bf16);
+  auto dgu = DeviceBuf<uint8_t>::from(gu.blocks), dgus = DeviceBuf<uint8_t>::from(gu.scales);
+  auto ddn = DeviceBuf<uint8_t>::from(dn.blocks), ddns = DeviceBuf<uint8_t>::from(dn.scales);
+  Dev dout = c.accumulate ? to_dev(prior, DType::bf16) : poisoned(R * H, DType::bf16);
+  auto dids = DeviceBuf<int32_t>::from(ids);
+  auto dw = DeviceBuf<float>::from(w);
+  const size_t ws_bytes =
+      moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
+  auto dws = DeviceMemory::allocate(ws_bytes);
+  REQUIRE(dws.ok());
+  MoeExpertsArgs g = h;
+  g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.out = dout.get();
+  g.gate_up_mx4.blocks = dgu.get(), g.gate_up_mx4.scales = dgus.get();
+  g.down_mx4.blocks = ddn.get(), g.down_mx4.scales = ddns.get();
+  g.shared_gate_up = S ? dsgu.get() : nullptr, g.shared_down = S ? dsdn.get() : nullptr;
+  g.gate_up_bias = c.gptoss ? dgub.get() : nullptr;
+  g.down_bias = c.gptoss ? ddb.get() : nullptr;
+  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  auto s = moe_experts_cuda_device(g, nullptr);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto got = from_dev(dout);
+  std::vector<double> row_mean(R, 0.0);
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < H; ++i)
+      row_mean[r] += std::fabs(ref[r * H + i] - (c.accumulate ? prior[r * H + i] : 0.f));
+    row_mean[r] /= static_cast<double>(H);
+  }
+  double err = 0;
+  auto bound = [&](size_t i) { return 2 * bf16_ulp(ref[i]) + 0.01 * row_mean[i / H] + 1e-6; };
+  CHECK(outside(got, ref, bound, &err) == 0);
+  MESSAGE("mxfp4 experts form " << form << " rows " << c.rows << " k " << c.top_k << " H "
+                                << c.hidden << " I " << c.inter << " E " << c.held << "/"
+                                << c.experts << " shared " << c.shared << " gpt-oss " << c.gptoss
+                                << ": max err " << err);
+}
+
+// The cases both forms run (the decode form those of at most kMoeDecodeMaxRows rows): rows
+// 1, 5 and 40; plain and gpt-oss; gpt-oss's hidden (2880: 90 scale blocks, a partial step of
+// 1024 columns) and inter 1440 (a TP=2 share); a rank's slice of the experts; bf16 shared
+// experts in two cases, the residual add in others.
+const Mx4ExpertsCase kMx4Cases[] = {
+    {1, 4, 2880, 1440, 32, 0, 32, 0, true, true},  // gpt-oss, batch 1, into the residual
+    {1, 2, 256, 128, 8, 0, 8, 0, false, false},    // plain experts, one row
+    {5, 4, 256, 96, 16, 4, 8, 0, false, true},     // gpt-oss, experts [4, 12) of 16
+    {5, 4, 512, 256, 16, 0, 16, 64, true, false},  // plain, bf16 shared experts, residual
+    {40, 4, 512, 256, 32, 0, 32, 0, false, true},  // gpt-oss, 40 rows
+    {40, 4, 2880, 256, 32, 8, 16, 0, true, true},  // gpt-oss's hidden, a rank's experts
+    {40, 2, 256, 160, 8, 0, 8, 32, false, false},  // plain, a K tail of 32, shared experts
+};
+
+}  // namespace
+
+TEST_CASE("gpu moe: MXFP4 experts, the decode form against the twin over the packed weights") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe mxfp4 experts decode"));
+  for (const auto& c : kMx4Cases)
+    if (c.rows <= kMoeDecodeMaxRows) check_mx4_experts(rng, c, 1);
+}
+
+TEST_CASE("gpu moe: MXFP4 experts, the grouped form against the twin over the packed weights") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe mxfp4 experts grouped"));
+  for (const auto& c : kMx4Cases) check_mx4_experts(rng, c, 2);
 }
