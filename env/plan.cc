@@ -71,7 +71,9 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   if (get("ENGINE") != "exec") {
     auto mc = engine::model_config_from(mf.config, where);
     if (mc) {
-      in.engine_weights = [c = std::move(*mc), where](
+      // CUDA_UNVERIFIED=1 lets a GPU keep FP8 weights and MXFP4 experts as stored.
+      const bool unverified = cfg && cfg->get_bool("CUDA_UNVERIFIED");
+      in.engine_weights = [c = std::move(*mc), where, unverified](
                               int ranks, plan::MoeSplit split) -> std::optional<uint64_t> {
         uint64_t most = 0;
         for (int r = 0; r < ranks; ++r) {
@@ -82,7 +84,8 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
           auto p = engine::make_shard_plan(c, o, where);
           if (!p) return std::nullopt;
           most = std::max(most,
-                          p->held_bytes(2, 2, engine::kCudaKeepsFp8, engine::kCudaKeepsMxfp4));
+                          p->held_bytes(2, 2, engine::kCudaKeepsFp8 || unverified,
+                                        engine::kCudaKeepsMxfp4 || unverified));
         }
         return most;
       };
