@@ -5,7 +5,8 @@
 #      reference script test fetches its own packages into tests/e2e/chat_templates)
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, drill, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
-#   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off) and run it
+#   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off, the test sources
+#      compiled a batch at a time: SPARK_UNITY_TESTS) and run it
 #   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
 #      time on its seed corpus (tests/fuzz/corpus/<target>/)
 # It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
@@ -142,10 +143,12 @@ if stage configure quiet cmake -S . -B build-ci -G Ninja -DCMAKE_BUILD_TYPE= -DS
   for label in unit drill e2e script hw; do tier build-ci "$label"; done
 fi
 
-# Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time.
+# Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time, and the test
+# sources compiled eight to a unit (SPARK_UNITY_TESTS), which halves their compile time;
+# the main build above compiles each one alone, so a missing #include still fails there.
 if ((do_asan)); then
   if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
-       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON "${LAUNCHER[@]}" &&
+       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}" &&
      stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \

@@ -117,8 +117,8 @@ TEST_CASE("token lookups and special flags") {
 }
 
 TEST_CASE("loader errors say what is wrong and never crash") {
-  auto bad = [](const std::string& json) {
-    auto r = Tokenizer::from_json(json, "m/tokenizer.json");
+  auto bad = [](const std::string& text) {
+    auto r = Tokenizer::from_json(text, "m/tokenizer.json");
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("m/tokenizer.json") != std::string::npos);
     return r.error();
