@@ -70,10 +70,12 @@ Status Model::mla_attention_block(int l, KVCache& cache, Collective& comm, int T
   const Buffer& h = *pre->normed;
   if (m.q_lora_rank > 0) {
     const int qr = m.q_lora_rank;
-    const Buffer qa = rows_of(mla_qa_, T, static_cast<size_t>(qr));
+    // q_a's rows, then their norm beside them (the CUDA norm refuses to write over its input).
+    const size_t n = static_cast<size_t>(T) * static_cast<size_t>(qr);
+    const Buffer qa = mla_qa_.view(0, n), qn = mla_qa_.view(n, n);
     SPARK_TRY(dev.linear(h, L.wq_a, sv_.none, qa, T, H, qr));
-    SPARK_TRY(dev.rmsnorm(qa, L.q_a_norm, qa, T, qr, eps));
-    SPARK_TRY(dev.linear(qa, L.wq, sv_.none, sv_.q, T, qr, nh * qk));
+    SPARK_TRY(dev.rmsnorm(qa, L.q_a_norm, qn, T, qr, eps));
+    SPARK_TRY(dev.linear(qn, L.wq, sv_.none, sv_.q, T, qr, nh * qk));
   } else {
     SPARK_TRY(dev.linear(h, L.wq, sv_.none, sv_.q, T, H, nh * qk));
   }

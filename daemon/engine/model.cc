@@ -983,7 +983,9 @@ Status Model::reserve(int tokens, int logit_rows) {
                       : qw;
     SPARK_TRY(grow(att_, at, T * std::max(qw, aw)));
     if (cfg_.is_mla()) {
-      SPARK_TRY(grow(mla_qa_, at, T * static_cast<size_t>(std::max(cfg_.mla.q_lora_rank, 1))));
+      // Twice: q_a's rows, then their norm (a CUDA norm does not write over its input).
+      SPARK_TRY(
+          grow(mla_qa_, at, 2 * T * static_cast<size_t>(std::max(cfg_.mla.q_lora_rank, 1))));
       SPARK_TRY(grow(mla_kv_, at, T * static_cast<size_t>(cfg_.mla.cache_width())));
     }
     SPARK_TRY(grow(k_, at, T * kw));
