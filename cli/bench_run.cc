@@ -65,6 +65,9 @@ json error_json(const Error& e) {
 
 // Filler text: ordinary English words (a few tokens each on every tokenizer we know),
 // drawn from a seeded generator so two prompts share nothing but the vocabulary.
+// What every sized prompt ends with (a one-token reply keeps decode out of the timing).
+constexpr const char* kReplyOneWord = "\nReply with one word.";
+
 std::string words(size_t n, uint64_t seed) {
   static const char* w[] = {
       "river",  "mountain", "quiet",   "engine",  "harbor",  "lantern", "garden",   "signal",
@@ -427,10 +430,11 @@ class Bench {
     } else {
       return kw.error();
     }
-    // Calibration: template overhead and tokens per filler word, from usage.
-    auto a = gen(request(user(words(1, 1)), 1, false), "calibration request 1");
+    // Calibration: template overhead and tokens per filler word, from usage, framed like
+    // the sized prompts (salt ahead, instruction behind) so that the overhead counts them.
+    auto a = gen(request(user(salted(1) + kReplyOneWord), 1, false), "calibration request 1");
     if (!a) return a.error();
-    auto b = gen(request(user(words(200, 2)), 1, false), "calibration request 2");
+    auto b = gen(request(user(salted(200) + kReplyOneWord), 1, false), "calibration request 2");
     if (!b) return b.error();
     if (a->prompt_tokens > 0 && b->prompt_tokens > a->prompt_tokens) {
       overhead_ = a->prompt_tokens;
@@ -555,12 +559,18 @@ class Bench {
       }
       std::vector<double> rate, ttft;
       int ptoks = -1;
+      double n_words = static_cast<double>(words_for(size));
       for (int i = 0; i < o_.runs; ++i) {
         // Salted at the start: no two prompts share a prefix, so none is a cache hit.
-        auto g = gen(request(user(salted(words_for(size)) + "\nReply with one word."), 1, false),
+        auto g = gen(request(user(salted(static_cast<size_t>(std::max(1.0, n_words))) +
+                                  kReplyOneWord),
+                             1, false),
                      fmt::format("prefill {} run {}", size, i + 1));
         if (!g) return g.error();
         ptoks = g->prompt_tokens;
+        // Random words tokenize unevenly: steer the next run toward the target from this
+        // run's count, so the sizes reported converge on those asked for.
+        if (ptoks > 0 && per_word_ > 0) n_words += (size - ptoks) / per_word_;
         // Tokens actually computed: the chat template's fixed head (the same in every
         // request) may come from the prefix cache even though the salt follows it.
         double n = ptoks > 0 ? ptoks - std::max(0, g->cached_tokens) : size;
@@ -623,7 +633,7 @@ class Bench {
     int blocked = 0, inconclusive = 0;
     for (int i = 0; i < o_.runs; ++i) {
       std::optional<Result<Generation>> lg;
-      std::string text = salted(words_for(o_.long_tokens)) + "\nReply with one word.";
+      std::string text = salted(words_for(o_.long_tokens)) + kReplyOneWord;
       std::thread th([&] {
         lg = gen(request(user(text), 1, false), fmt::format("long prefill run {}", i + 1));
       });
