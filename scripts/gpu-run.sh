@@ -28,7 +28,8 @@
 # binaries to build and stage, default all of "sparkctl sparkd spark_unit_tests
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
-# a fraction of the tree); for `device` GPU_RUN_STEPS (default
+# a fraction of the tree), STAGE_FIXTURES=1 (pack tests/fixtures too, for a device tree
+# without them); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also
 # "sparkd-gpu" (sparkctl start of a one-node ring on this GPU, both weights placements),
 # "hub-fixtures" (tools/gen_reference_hub.py's fixtures, HUB_FIXTURES; default the FP8 ones),
@@ -115,10 +116,14 @@ stage() {
   cp "$src/scripts/nccl-ring.sh" "$dev/nccl-ring.sh"
   cp "$src/scripts/multi-gpu.sh" "$dev/multi-gpu.sh"
   cp "$src/scripts/gpu-throttle-check.sh" "$dev/gpu-throttle-check.sh"
-  # The engine's GPU checks and benchmark: reference fixtures (the tests read them under
-  # the source path, which device() links here), scripts and the PyTorch peer.
-  mkdir -p "$dev/fixtures" "$dev/engine"
-  cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
+  # The engine's GPU checks and benchmark: scripts and the PyTorch peer. The reference
+  # fixtures travel in the working tree (the tests read them under the source path, which
+  # device() links to the tree); STAGE_FIXTURES=1 packs a copy for a tree without them.
+  mkdir -p "$dev/engine"
+  if [ "${STAGE_FIXTURES:-0}" = 1 ]; then
+    mkdir -p "$dev/fixtures"
+    cp -r "$src/tests/fixtures/models" "$src/tests/fixtures/tokenizer" "$dev/fixtures/"
+  fi
   cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" \
     "$src/tools/gen_reference.py" "$src/tools/gen_reference_hub.py" "$dev/engine/"
   cp -r "$src/bench/engine/shapes" "$dev/engine/"
@@ -161,8 +166,12 @@ EOF
   rm -rf "$pack"
   mkdir -p "$pack"
   tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -9 > "$pack/device.tar.xz"
-  local mib; mib=$(( $(du -sb "$pack" | cut -f1) / 1048576 ))
-  [ "$mib" -lt "$MAX_STAGE_MIB" ] || die "$pack is ${mib} MiB packed, over the ${MAX_STAGE_MIB} MiB limit (du -a $dev | sort -n | tail)"
+  # The working tree travels beside it and counts against the same limit.
+  local mib tree_mib
+  mib=$(( $(du -sb "$pack" | cut -f1) / 1048576 ))
+  tree_mib=$(( $(git -C "$src" ls-files -z 2>/dev/null | (cd "$src" && xargs -0 stat -c %s 2>/dev/null) | awk '{s+=$1} END {print s+0}') / 1048576 ))
+  [ $(( mib + tree_mib )) -lt "$MAX_STAGE_MIB" ] ||
+    die "$pack is ${mib} MiB packed and the tree ${tree_mib} MiB, over the ${MAX_STAGE_MIB} MiB limit together (du -a $dev | sort -n | tail)"
   echo "# staged $(basename "$dev") ($(( $(du -sb "$dev" | cut -f1) / 1048576 )) MiB, ${mib} MiB packed): $(ls "$dev/bin" | tr '\n' ' ')"
   echo "# libraries: ${copied[*]}"
   echo "# device call: command 'tar -xJf .device-pack/device.tar.xz && bash .device/run.sh', carry [\".device-pack\"], kind nvidia-h200"
@@ -233,14 +242,18 @@ device() {
   # chat from the GPU, and the decode/prefill/READY benchmark with its PyTorch peer.
   if [[ $want == *" gpu-engine "* ]]; then
     mkdir -p "$repo/tests/fixtures"
-    [ -e "$repo/tests/fixtures/models" ] || cp -r "$dev/fixtures/models" "$repo/tests/fixtures/"
-    [ -e "$repo/tests/fixtures/tokenizer" ] || cp -r "$dev/fixtures/tokenizer" "$repo/tests/fixtures/"
+    local kind
+    for kind in models tokenizer; do
+      [ -e "$repo/tests/fixtures/$kind" ] && continue
+      [ -e "$dev/fixtures/$kind" ] || die "no tests/fixtures/$kind in the tree and none staged (STAGE_FIXTURES=1)"
+      cp -r "$dev/fixtures/$kind" "$repo/tests/fixtures/"
+    done
     # GPU_ENGINE_FILTER narrows the tests (doctest -tc); GPU_ENGINE_BOUND=0 skips the
     # transformers bf16-vs-fp32 step (minutes of CPU and GPU time, needed only when the
     # bound itself is in question).
     step gpu-engine 240 "$dev/bin/spark_unit_tests" -tc="${GPU_ENGINE_FILTER:-cuda engine*,reference:*,engine:*,native backend:*}"
     [ "${GPU_ENGINE_BOUND:-1}" = 0 ] ||
-      step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$dev/fixtures/models" --json-out "$out/bf16_bound.json"
+      step bf16-bound 180 python3 "$dev/engine/bf16_bound.py" "$repo/tests/fixtures/models" --json-out "$out/bf16_bound.json"
   fi
   # Reference fixtures written as publishers store them (tools/gen_reference_hub.py, CPU
   # float32 transformers), into $OUT/fixtures to be committed under tests/fixtures/models;

@@ -32,6 +32,8 @@ done
 [ -s "$tmp/dev-pack/device.tar.xz" ] || fail "stage did not pack the tree into dev-pack/device.tar.xz"
 tar -tJf "$tmp/dev-pack/device.tar.xz" > "$tmp/pack.list" || fail "the pack does not list"
 grep -q '^dev/bin/sparkd$' "$tmp/pack.list" || fail "the pack lacks dev/bin/sparkd"
+# The fixtures travel in the working tree, not twice.
+! grep -q '^dev/fixtures/' "$tmp/pack.list" || fail "the pack carries tests/fixtures without STAGE_FIXTURES=1"
 grep -q "^source_dir=$src\$" "$tmp/dev/MANIFEST" || fail "MANIFEST lacks source_dir: $(cat "$tmp/dev/MANIFEST")"
 # Every library the staged binaries need resolves with the stage's lib/ first.
 for b in "$tmp/dev/bin"/*; do
