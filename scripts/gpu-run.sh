@@ -319,13 +319,20 @@ device() {
   # decode rows under the CUPTI injection library, then trace_summary.py's table per decode
   # graph (step period, GPU idle between steps, what each kernel adds). ENGINE_TRACE_ENV:
   # assignments for the traced run (e.g. "SPARK_CUDA_NORM_IN_PRODUCT=0").
+  # ENGINE_TRACE_SHAPE: a name under bench/engine/shapes, traced with random weights made on
+  # the GPU, instead of the dense checkpoint.
   if [[ $want == *" engine-trace "* ]]; then
-    local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random}
-    [ -f "$ck/config.json" ] ||
+    local ck=${ENGINE_BENCH_DIR:-/tmp/llama3-8b-random} synth=()
+    if [ -n "${ENGINE_TRACE_SHAPE:-}" ]; then
+      ck="$dev/engine/shapes/${ENGINE_TRACE_SHAPE%.json}.json"
+      [ -f "$ck" ] || die "ENGINE_TRACE_SHAPE: no $ck"
+      synth=(--synthetic 1 --context 4096)
+    elif [ ! -f "$ck/config.json" ]; then
       step bench-ckpt 240 python3 "$dev/engine/make_checkpoint.py" "$ck" --layers "${ENGINE_BENCH_LAYERS:-32}"
+    fi
     # shellcheck disable=SC2086
     step engine-trace 240 env ${ENGINE_TRACE_ENV:-} CUDA_INJECTION64_PATH="$dev/bin/libspark_kernel_trace.so" \
-      SPARK_TRACE_OUT="$out/engine-trace.csv" "$dev/bin/spark-engine" gpubench --model "$ck" \
+      SPARK_TRACE_OUT="$out/engine-trace.csv" "$dev/bin/spark-engine" gpubench --model "$ck" "${synth[@]}" \
       --decode-only 1 --b1-runs 1 ${ENGINE_TRACE_ARGS:-} --json-out "$out/engine_trace_bench.json"
     step trace-summary 120 python3 "$dev/engine/trace_summary.py" "$out/engine-trace.csv" \
       --json "$out/engine_trace.json"
