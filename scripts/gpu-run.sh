@@ -260,6 +260,9 @@ device() {
   # HUB_FIXTURES names them (default the FP8 ones and DeepSeek-V3's). The gpu-engine step
   # after it in the same run tests the engine against them on the GPU and the CPU.
   if [[ $want == *" hub-fixtures "* ]]; then
+    # The generator's manifest keeps the fixtures of earlier runs: start from the tree's.
+    mkdir -p "$out/fixtures"
+    cp "$repo/tests/fixtures/models/manifest-hub.json" "$out/fixtures/" 2>/dev/null || true
     step hub-fixtures 420 python3 "$dev/engine/gen_reference_hub.py" --out "$out/fixtures" \
       --only "${HUB_FIXTURES:-qwen3_fp8,qwen3_moe_fp8,deepseek_v3,deepseek_v3_qdirect,deepseek_v3_fp8}"
     mkdir -p "$repo/tests/fixtures/models"

@@ -655,8 +655,10 @@ def generate_one(spec, outroot):
 
     all_logits = logits_of(model, prompt)
     prompt_logits = all_logits[-PROMPT_LOGIT_POSITIONS:]
+    # A model without a router has no margin: null in the JSON (Infinity is not JSON).
     stats = {"max_abs_prompt_logit": float(all_logits.abs().max()),
-             "min_greedy_top2_gap": min(gaps), "min_router_margin": margin}
+             "min_greedy_top2_gap": min(gaps),
+             "min_router_margin": margin if math.isfinite(margin) else None}
     # Reference noise: float64 (experts eager).
     try:
         import copy
@@ -678,8 +680,19 @@ def generate_one(spec, outroot):
             d = float((logits_of(mq, prompt) - all_logits).abs().max())
             stats["transformers_dequantize_max_abs_logit_diff"] = d
             if d > 1e-4:
-                failures.append(f"{spec['name']}: transformers' dequantizing loader differs from "
-                                f"the exact dequantized reference by {d:.3e}")
+                partial = partial_block_differences(mq, model) if spec["quant"] == "fp8" else None
+                if partial:
+                    # transformers' dequantizing loader spreads a tensor's rows evenly over its
+                    # scale rows when the last 128-block is partial (kv_a_proj_with_mqa's 576
+                    # rows in DeepSeek-V3), so some rows take the next block's scale. The
+                    # publishers' own kernels use whole 128-row blocks, as the reference does.
+                    notes["transformers_dequantize"] = (
+                        f"differs by {d:.3e} only in tensors whose last 128-block is partial "
+                        f"({', '.join(partial)}): transformers' loader does not keep 128-row "
+                        "blocks there; the reference is the exact block dequantization")
+                else:
+                    failures.append(f"{spec['name']}: transformers' dequantizing loader differs "
+                                    f"from the exact dequantized reference by {d:.3e}")
         except Exception as e:  # noqa: BLE001
             stats["transformers_dequantize_max_abs_logit_diff"] = None
             notes["transformers_dequantize"] = f"failed: {e!r}"
@@ -709,6 +722,23 @@ def generate_one(spec, outroot):
     return failures, size
 
 
+def partial_block_differences(mq, model, block=128):
+    """Names of the 2-D weights where two loads differ, when every such weight has a partial
+    128-block (rows or columns not a multiple of it); None when any other weight differs."""
+    sa, sb = mq.state_dict(), model.state_dict()
+    names = []
+    for k, y in sb.items():
+        x = sa.get(k)
+        if x is None or x.shape != y.shape:
+            return None
+        if torch.equal(x.float(), y.float()):
+            continue
+        if y.dim() != 2 or (y.shape[0] % block == 0 and y.shape[1] % block == 0):
+            return None
+        names.append(k)
+    return names or None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -732,10 +762,20 @@ def main():
         failures += f
         total += size
         done.append(spec["name"])
-    with open(os.path.join(args.out, "manifest-hub.json"), "w") as fh:
+    # The manifest lists every fixture in the directory: those of earlier runs with --only
+    # stay, and their failures with them unless regenerated now.
+    manifest = os.path.join(args.out, "manifest-hub.json")
+    models, old_failures = [], []
+    if os.path.exists(manifest):
+        with open(manifest) as fh:
+            prev = json.load(fh)
+        models = [m for m in prev.get("models", []) if m not in done]
+        old_failures = [f for f in prev.get("failures", []) if f.split(":")[0] not in done]
+    with open(manifest + ".tmp", "w") as fh:
         json.dump({"generator": "tools/gen_reference_hub.py", "torch_version": torch.__version__,
-                   "transformers_version": transformers.__version__, "models": done,
-                   "failures": failures}, fh, indent=1)
+                   "transformers_version": transformers.__version__, "models": models + done,
+                   "failures": old_failures + failures}, fh, indent=1)
+    os.replace(manifest + ".tmp", manifest)
     print(f"# total bytes {total}")
     for f in failures:
         print(f"FAIL: {f}", file=sys.stderr)
