@@ -100,7 +100,6 @@ const std::vector<KeySpec>& ring_keys() {
       {"BENCH_MEM_MIN", KeyType::size, "2GiB", nullptr, "sparkctl bench cancels its run when a node's MemAvailable stays under this for 3 samples 5 s apart."},
       {"MEM_GUARD_MAX_WAIT", KeyType::duration, "30s", nullptr, "How long a held-back request waits for memory before it fails."},
       {"COLLECTIVE", KeyType::choice, "auto", "auto|gloo|nccl", "How the native engine's ranks talk: nccl (device data plane over NCCL, control plane over Gloo), gloo (everything over Gloo on the CPU), or auto (nccl when the ring has several ranks, a GPU and libnccl)."},
-      {"CUDA_UNVERIFIED", KeyType::boolean, "false", nullptr, "Let the native engine run its CUDA kernels that have not yet been checked on a GPU (latent attention, gpt-oss, FP8 weights and MXFP4 experts kept as stored): SPARK_CUDA_UNVERIFIED=1 in every rank's environment, and plan and preflight count the weights as those kernels hold them."},
       {"NVLS_ENABLE", KeyType::boolean, "false", nullptr, "Let NCCL use NVLink multicast (NCCL_NVLS_ENABLE); off by default."},
       {"FABRIC_TEST", KeyType::boolean, "true", nullptr, "Run the fabric self-test (NCCL all-reduce and all-gather sweep) before READY."},
       {"FABRIC_MIN_BUSBW", KeyType::string, "0", nullptr, "Least bus bandwidth in GB/s the fabric self-test accepts at its largest size (0: no floor)."},

@@ -53,23 +53,6 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
     refused = true;
   }
   if (refused) f.fixes.push_back(kExecFix);
-  // Latent attention's and gpt-oss's CUDA kernels have not yet run on a GPU: sparkd on a GPU
-  // refuses DeepSeek-V3 and gpt-oss unless SPARK_CUDA_UNVERIFIED=1 is in its environment
-  // (which CUDA_UNVERIFIED=true in the cluster file puts there).
-  const bool unverified = cfg && cfg->get_bool("CUDA_UNVERIFIED");
-  if (mc && (mc->is_mla() || mc->family == engine::Family::gpt_oss) && get("DEVICE") != "cpu" &&
-      !unverified) {
-    f.warnings.push_back(fmt::format(
-        "{} needs {}, whose CUDA kernels in this build have not yet been checked on a GPU: a "
-        "rank on a GPU (DEVICE={}) refuses it unless CUDA_UNVERIFIED=true (or sparkd's "
-        "environment has SPARK_CUDA_UNVERIFIED=1)",
-        mc->architecture,
-        mc->is_mla() ? "latent attention" : "attention sinks and gpt-oss's experts",
-        get("DEVICE").empty() ? "auto" : get("DEVICE")));
-    f.fixes.push_back(
-        "set DEVICE=cpu (slow), or CUDA_UNVERIFIED=true in the cluster file to run the "
-        "unchecked kernels, or serve it with ENGINE=exec and vLLM");
-  }
 
   if (mc) {
     // The shard plan for this ring's ranks: heads, KV heads and experts must divide.

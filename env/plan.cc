@@ -64,16 +64,13 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   in.record.dtype = get("KV_DTYPE");
   // Our engine's weights per rank are its own shard plan's, as a GPU holds them (bf16
   // matrices and vectors, fp32 where the plan says so; an FP8 checkpoint's projections at
-  // a byte a weight plus their block scales where a GPU keeps them so, kCudaKeepsFp8; MXFP4
-  // experts at half a byte plus a scale byte per 32 where it keeps those, kCudaKeepsMxfp4): the
-  // plan, preflight and the engine then agree to the byte. A model the engine refuses keeps the
-  // estimate from the files.
+  // a byte a weight plus their block scales; MXFP4 experts at half a byte plus a scale byte
+  // per 32): the plan, preflight and the engine then agree to the byte. A model the engine
+  // refuses keeps the estimate from the files.
   if (get("ENGINE") != "exec") {
     auto mc = engine::model_config_from(mf.config, where);
     if (mc) {
-      // CUDA_UNVERIFIED=1 lets a GPU keep FP8 weights and MXFP4 experts as stored.
-      const bool unverified = cfg && cfg->get_bool("CUDA_UNVERIFIED");
-      in.engine_weights = [c = std::move(*mc), where, unverified](
+      in.engine_weights = [c = std::move(*mc), where](
                               int ranks, plan::MoeSplit split) -> std::optional<uint64_t> {
         uint64_t most = 0;
         for (int r = 0; r < ranks; ++r) {
@@ -83,9 +80,7 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
           o.placement = split;
           auto p = engine::make_shard_plan(c, o, where);
           if (!p) return std::nullopt;
-          most = std::max(most,
-                          p->held_bytes(2, 2, engine::kCudaKeepsFp8 || unverified,
-                                        engine::kCudaKeepsMxfp4 || unverified));
+          most = std::max(most, p->held_bytes(2, 2, /*fp8_kept=*/true, /*mxfp4_kept=*/true));
         }
         return most;
       };

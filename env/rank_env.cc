@@ -122,9 +122,6 @@ Result<RankEnv> render_rank_env(const RingConfig& cfg, int rank, const NodeRepor
   const bool nvls = cfg.get_bool("NVLS_ENABLE") && node.gpus.size() > 1 &&
                     report.gpu_name.find("GB10") == std::string::npos;
   set("NCCL_NVLS_ENABLE", nvls ? "1" : "0");
-  // The native engine's CUDA kernels not yet checked on a GPU, when the cluster file allows
-  // them (otherwise sparkd's own environment decides, as before).
-  if (cfg.get_bool("CUDA_UNVERIFIED")) set("SPARK_CUDA_UNVERIFIED", "1");
   set("SPARK_NODE", node.name);
   set("SPARK_CONFIG_DIGEST", cfg.digest());
   return e;

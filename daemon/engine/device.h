@@ -124,14 +124,6 @@ struct StepLayout {
   bool decode_only() const { return tokens_n() == chunks_n(); }
 };
 
-/// Whether a CUDA device keeps FP8 weights as stored without SPARK_CUDA_UNVERIFIED=1: not
-/// until a GPU run has checked the FP8 products against their twins (it widens FP8
-/// checkpoints into bf16 at load meanwhile). The plan counts a GPU's weights by this.
-inline constexpr bool kCudaKeepsFp8 = false;
-/// The same for MXFP4 experts (gpt-oss): kept packed on a CUDA device only with
-/// SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked the expert launch's MXFP4 forms.
-inline constexpr bool kCudaKeepsMxfp4 = false;
-
 /// WEIGHTS_PLACEMENT: where a CUDA rank keeps its weights. `device`: device memory, filled
 /// through page-locked staging buffers. `host_mapped`: one page-locked host allocation that
 /// the GPU reads in place, filled by reading the files straight into it (no staging, no

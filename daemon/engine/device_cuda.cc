@@ -136,17 +136,6 @@ class CudaDevice final : public Device {
         return make_error(Errc::config,
                           fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
     }
-    // FP8 weights stay FP8 on this device (kernels/fp8.h's products, the FP8 experts), and
-    // MXFP4 experts packed (the expert launch's MXFP4 forms), only with
-    // SPARK_CUDA_UNVERIFIED=1 until a GPU run has checked those kernels against their twins;
-    // by default the loader widens them into bf16 as before.
-    bool keeps_fp8 = kCudaKeepsFp8, keeps_mxfp4 = kCudaKeepsMxfp4;
-    if (const char* v = std::getenv("SPARK_CUDA_UNVERIFIED")) {
-      if (std::string_view(v) != "0" && std::string_view(v) != "1")
-        return make_error(Errc::config, fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", v));
-      keeps_fp8 = keeps_fp8 || std::string_view(v) == "1";
-      keeps_mxfp4 = keeps_mxfp4 || std::string_view(v) == "1";
-    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -186,8 +175,6 @@ class CudaDevice final : public Device {
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
     d->moe_form_ = moe_form;
-    d->keeps_fp8_ = keeps_fp8;
-    d->keeps_mxfp4_ = keeps_mxfp4;
     return std::shared_ptr<Device>(d);
   }
 
@@ -204,8 +191,10 @@ class CudaDevice final : public Device {
 
   const DeviceInfo& info() const override { return info_; }
   ElemType compute_type() const override { return ElemType::bf16; }
-  bool keeps_fp8() const override { return keeps_fp8_; }
-  bool keeps_mxfp4() const override { return keeps_mxfp4_; }
+  // FP8 weights stay FP8 (kernels/fp8.h's products, the FP8 experts) and MXFP4 experts
+  // packed (the expert launch's MXFP4 forms).
+  bool keeps_fp8() const override { return true; }
+  bool keeps_mxfp4() const override { return true; }
   void* stream() const { return stream_; }
 
   // auto: in place where host memory is the device's own (integrated, and the driver maps
@@ -1247,8 +1236,6 @@ class CudaDevice final : public Device {
   }
 
   Buffer fp8_ws_;           // an FP8 prefill product's dequantized weight tile (bf16)
-  bool keeps_fp8_ = false;    // FP8 weights kept as stored (Device::keeps_fp8)
-  bool keeps_mxfp4_ = false;  // MXFP4 experts kept packed (Device::keeps_mxfp4)
 
   Status grow_moe_ws(size_t need) {
     if (moe_ws_.bytes() >= need) return Status::Ok();

@@ -18,31 +18,6 @@
 
 namespace spark::engine {
 
-namespace {
-// What a device runs of a family. Latent attention (DeepSeek-V3) and gpt-oss (its attention
-// sinks on every attention path, its experts' biases, interleave and clamped activation)
-// have CUDA kernels that have not yet run on a GPU against the CPU device: they run only
-// when SPARK_CUDA_UNVERIFIED=1 says so (the GPU tests set it).
-Status check_device_runs(const ModelConfig& c, const Device& dev, const std::string& where) {
-  const bool unverified = c.is_mla() || c.family == Family::gpt_oss;
-  if (unverified && dev.info().kind != "cpu") {
-    const char* v = std::getenv("SPARK_CUDA_UNVERIFIED");
-    const std::string set = v ? v : "";
-    if (!set.empty() && set != "0" && set != "1")
-      return make_error(Errc::config, fmt::format("SPARK_CUDA_UNVERIFIED={}: must be 0 or 1", set));
-    if (set != "1")
-      return make_error(
-          Errc::unsupported,
-          fmt::format("{}: {} needs {}, whose CUDA kernels in this build have not yet been "
-                      "checked on a GPU: set DEVICE=cpu, serve it with ENGINE=exec, or set "
-                      "SPARK_CUDA_UNVERIFIED=1 in sparkd's environment to run them anyway",
-                      where, c.architecture,
-                      c.is_mla() ? "latent attention" : "attention sinks and gpt-oss's experts"));
-  }
-  return Status::Ok();
-}
-}  // namespace
-
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int world,
                                            LoadReport* report) {
   return load(dir, rank, world, make_cpu_device(), report);
@@ -65,7 +40,6 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, int rank, int
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
   const auto& c = m->cfg_;
-  SPARK_TRY(check_device_runs(c, *m->device_, dir));
   const double af = hf::rope_attention_factor(c.rope);
   m->attn_factor_sq_ = af * af;
   m->attn_factor_ = af;
@@ -98,7 +72,6 @@ Result<std::unique_ptr<Model>> Model::synthetic(const ModelConfig& cfg, int rank
   auto plan = make_shard_plan(cfg, po, "synthetic " + cfg.architecture);
   if (!plan) return plan.error();
   m->plan_ = std::move(*plan);
-  SPARK_TRY(check_device_runs(cfg, *m->device_, "synthetic " + cfg.architecture));
   const double af = hf::rope_attention_factor(cfg.rope);
   m->attn_factor_sq_ = af * af;
   m->attn_factor_ = af;

@@ -75,9 +75,6 @@ double max_diff(const float* a, const nlohmann::json& b) {
 
 std::shared_ptr<Device> cuda_or_skip() {
   if (test::skip_without_cuda()) return nullptr;
-  // Latent attention's CUDA kernels run only when asked for until a GPU run has checked them;
-  // these tests are that check.
-  ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
   auto d = make_cuda_device(0);
   REQUIRE_MESSAGE(d.ok(), (d.ok() ? std::string() : d.error().message));
   return *d;
@@ -178,8 +175,7 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
   CHECK(select_device("auto", 0, &why).error().code == Errc::config);
   unsetenv("SPARK_CUDA_SHORT_ATTENTION");
   // The on/off switches take 0 or 1 only: "off" or "no" is not silently on.
-  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS",
-                          "SPARK_CUDA_UNVERIFIED"}) {
+  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS"}) {
     for (const char* value : {"off", "", "2"}) {
       CAPTURE(var);
       CAPTURE(value);
@@ -568,28 +564,6 @@ TEST_CASE("cuda engine: penalties drawn on the device pick the host sampler's to
   CHECK(differ_from_plain > 0);
 }
 
-TEST_CASE("cuda engine: latent attention is refused unless SPARK_CUDA_UNVERIFIED=1") {
-  auto dev = cuda_or_skip();
-  if (!dev) return;
-  test::TempDir dir;
-  REQUIRE(
-      write_random_checkpoint(dir.path(), {small_config(Family::deepseek_v3), DType::bf16, 3, 1})
-          .ok());
-  ::unsetenv("SPARK_CUDA_UNVERIFIED");
-  auto off = Model::load(dir.path(), 0, 1, dev);
-  REQUIRE_FALSE(off.ok());
-  CHECK(off.error().code == Errc::unsupported);
-  CHECK_MESSAGE(off.error().message.find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
-                off.error().message);
-  ::setenv("SPARK_CUDA_UNVERIFIED", "yes", 1);
-  auto bad = Model::load(dir.path(), 0, 1, dev);
-  REQUIRE_FALSE(bad.ok());
-  CHECK(bad.error().code == Errc::config);
-  ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
-  auto on = Model::load(dir.path(), 0, 1, dev);
-  CHECK_MESSAGE(on.ok(), (on.ok() ? std::string() : on.error().message));
-}
-
 // The model in `dir` on the CUDA device against the CPU device, step by step: two sequences
 // with interleaved blocks, A's prompt in two chunks (the second over a cached prefix) next to
 // B's in one, then both decoding together on the CPU's greedy tokens; eager, then through
@@ -748,14 +722,6 @@ TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits 
     REQUIRE(write_random_checkpoint(dir.path(), spec).ok());
     cuda_matches_cpu(dir.path(), name + " FP8",
                      [](Model& m) { CHECK(m.describe()["weights"] == "fp8+bf16"); });
-    // Without SPARK_CUDA_UNVERIFIED=1 the GPU widens them into bf16 at load, as before.
-    ::setenv("SPARK_CUDA_UNVERIFIED", "0", 1);
-    auto d = make_cuda_device(0);
-    REQUIRE(d.ok());
-    auto m = Model::load(dir.path(), 0, 1, *d);
-    ::setenv("SPARK_CUDA_UNVERIFIED", "1", 1);
-    REQUIRE(m.ok());
-    CHECK((*m)->describe()["weights"] == "bf16");
   }
 }
 
@@ -764,8 +730,7 @@ TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits 
 // device's router picks from logits a unit apart (no near-ties): the decode form (3 rows)
 // and the grouped form (40 rows), with the down bias and without. The CPU keeps the
 // activation in fp32 where the GPU rounds it to bf16: each output within two bf16 ulps plus
-// 2% of its row's mean |output|. The model itself is refused on CUDA until every attention
-// path takes the sinks, so this is the engine's experts call as the MoE block makes it.
+// 2% of its row's mean |output|. This is the engine's experts call as the MoE block makes it.
 TEST_CASE("cuda engine: gpt-oss's experts on the CUDA device give the CPU device's sums") {
   auto cuda = cuda_or_skip();
   if (!cuda) return;

@@ -13,7 +13,6 @@
 #include "cli/cli.h"
 #include "core/strings.h"
 #include "daemon/engine/random_checkpoint.h"
-#include "daemon/engine/device.h"
 #include "daemon/engine/model_config.h"
 #include "daemon/engine/shard_plan.h"
 #include "env/plan.h"
@@ -207,9 +206,7 @@ TEST_CASE("plan: says the configured engine cannot serve the model, with the fix
   CHECK(err.str().find("ENGINE=native cannot serve " + dir) != std::string::npos);
 }
 
-TEST_CASE(
-    "engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on DEVICE=cpu, and on a "
-    "GPU when their unchecked kernels are allowed") {
+TEST_CASE("engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on a GPU and on the CPU") {
   for (auto family : {engine::Family::deepseek_v3, engine::Family::gpt_oss}) {
     CAPTURE(engine::architecture_name(family));
     test::TempDir d("fit");
@@ -218,40 +215,21 @@ TEST_CASE(
                 dir, {engine::small_config(family), engine::DType::bf16, 7, 1})
                 .ok());
     d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
-    auto gpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n");
-    auto f = engine_fit(read_model_files(Sysroot("/"), dir), &gpu, {});
-    CHECK(f.checked);
-    CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
-    // On a GPU its kernels run only when asked for: said before start.
-    CHECK_MESSAGE(join(f.warnings, "; ").find("SPARK_CUDA_UNVERIFIED=1") != std::string::npos,
-                  join(f.warnings, "; "));
-    // CUDA_UNVERIFIED=true in the cluster file allows them: no warning.
-    auto allowed = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nCUDA_UNVERIFIED=true\n");
-    auto a = engine_fit(read_model_files(Sysroot("/"), dir), &allowed, {});
-    CHECK_MESSAGE(a.ok(), join(a.problems, "; "));
-    CHECK_MESSAGE(a.warnings.empty(), join(a.warnings, "; "));
-    auto cpu = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nDEVICE=cpu\n");
-    auto c = engine_fit(read_model_files(Sysroot("/"), dir), &cpu, {});
-    CHECK_MESSAGE(c.ok(), join(c.problems, "; "));
-    CHECK_MESSAGE(c.warnings.empty(), join(c.warnings, "; "));
+    for (const char* device : {"", "DEVICE=cpu\n", "DEVICE=cuda\n"}) {
+      CAPTURE(device);
+      auto r = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n" + device);
+      auto f = engine_fit(read_model_files(Sysroot("/"), dir), &r, {});
+      CHECK(f.checked);
+      CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
+      CHECK_MESSAGE(f.warnings.empty(), join(f.warnings, "; "));
+    }
   }
 }
 
-TEST_CASE(
-    "CUDA_UNVERIFIED: every rank's environment gets SPARK_CUDA_UNVERIFIED=1, and plan counts "
-    "gpt-oss-120b's experts packed") {
-  NodeReport n0;
-  n0.node = "node0";
-  auto off = render_rank_env(ring(""), 0, n0);
-  REQUIRE(off.ok());
-  CHECK(off->get("SPARK_CUDA_UNVERIFIED").empty());  // sparkd's own environment decides
-  auto on = render_rank_env(ring("CUDA_UNVERIFIED=true\n"), 0, n0);
-  REQUIRE(on.ok());
-  CHECK(on->get("SPARK_CUDA_UNVERIFIED") == "1");
-
-  // gpt-oss-120b's config (bench/engine/shapes): a GPU that widens its MXFP4 experts holds
-  // about 234 GB, one that keeps them packed (what CUDA_UNVERIFIED=true allows) about 65.
-  test::TempDir d("unverified");
+TEST_CASE("plan: gpt-oss-120b's experts are counted packed, as the engine holds them") {
+  // gpt-oss-120b's config (bench/engine/shapes): MXFP4 experts kept packed come to about 65
+  // GB on one rank; widened into bf16 they would be about 234.
+  test::TempDir d("packed");
   auto text = read_file(std::string(SPARK_SOURCE_DIR) + "/bench/engine/shapes/gpt-oss-120b.json");
   REQUIRE(text.has_value());
   d.write("model/config.json", *text);
@@ -260,20 +238,13 @@ TEST_CASE(
   REQUIRE_MESSAGE(mc.ok(), (mc.ok() ? std::string() : mc.error().message));
   auto sp = engine::make_shard_plan(*mc, 0, 1, dir);
   REQUIRE(sp.ok());
-  auto widened = ring("MODEL_PATH=" + dir + "\n");
-  auto packed = ring("MODEL_PATH=" + dir + "\nCUDA_UNVERIFIED=true\n");
-  auto wi = plan_input(read_model_files(Sysroot("/"), dir), &widened);
-  auto pi = plan_input(read_model_files(Sysroot("/"), dir), &packed);
-  REQUIRE_MESSAGE(wi.ok(), (wi.ok() ? std::string() : wi.error().message));
+  auto r = ring("MODEL_PATH=" + dir + "\n");
+  auto pi = plan_input(read_model_files(Sysroot("/"), dir), &r);
   REQUIRE_MESSAGE(pi.ok(), (pi.ok() ? std::string() : pi.error().message));
-  REQUIRE(wi->engine_weights);
   REQUIRE(pi->engine_weights);
-  const auto w = wi->engine_weights(1, plan::MoeSplit::automatic);
   const auto p = pi->engine_weights(1, plan::MoeSplit::automatic);
-  REQUIRE(w.has_value());
   REQUIRE(p.has_value());
   CHECK(*p == sp->held_bytes(2, 2, true, true));
-  CHECK(*w == sp->held_bytes(2, 2, engine::kCudaKeepsFp8, engine::kCudaKeepsMxfp4));
-  if (!engine::kCudaKeepsMxfp4) CHECK(*w > 3 * *p);
+  CHECK(sp->held_bytes(2, 2, true, false) > 3 * *p);
   CHECK(*p < 68'000'000'000ull);
 }
