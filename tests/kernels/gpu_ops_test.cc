@@ -1523,6 +1523,77 @@ TEST_CASE("gpu own kernel: RMSNorm inside the products (both forms), against the
   REQUIRE(cuda_synchronize().ok());
 }
 
+TEST_CASE("gpu own kernel: the normalised row beside the normed product, as add_rmsnorm writes it") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("matmul normed_out"));
+  // An MoE router's product (n = the experts) normalises its input inside and writes the
+  // normalised row (normed_out) for the experts: each element within one bf16 ulp of the
+  // norm's twin (the rms in fp32 against double), in every streaming form, at the rows the
+  // streaming form takes, with a row stride wider than k; the product is unchanged.
+  struct Shape {
+    size_t m, n, k;
+  } shapes[] = {{1, 128, 2048}, {2, 64, 896}, {1, 32, 8}, {3, 129, 2056}, {4, 7, 4096}};
+  const OwnVariant forms[] = {OwnVariant::automatic, OwnVariant::gemv_r1_u8,
+                              OwnVariant::gemv_r1_u4, OwnVariant::gemv_r2_u4};
+  for (auto sh : shapes)
+    for (OwnVariant v : forms)
+      for (bool pdl : {false, true}) {
+        CAPTURE(sh.m);
+        CAPTURE(sh.n);
+        CAPTURE(sh.k);
+        CAPTURE(std::string(own_variant_name(v)));
+        CAPTURE(pdl);
+        const size_t ld = sh.k + 16;
+        auto a = as_stored(randoms(rng, sh.m * sh.k, -8, 8), DType::bf16);
+        auto nw = as_stored(randoms(rng, sh.k, 0.5f, 1.5f), DType::bf16);
+        auto w = as_stored(randoms(rng, sh.n * sh.k, -1, 1), DType::bf16);
+        const float eps = 1e-6f;
+        auto h = a;
+        std::vector<float> href(sh.m * sh.k);
+        add_rmsnorm_ref(h.data(), nullptr, nw.data(), href.data(), sh.m, sh.k, eps, DType::bf16);
+        std::vector<float> ref(sh.m * sh.n, 0.f);
+        matmul_norm_ref(a.data(), nw.data(), eps, w.data(), ref.data(), sh.m, sh.n, sh.k, nullptr,
+                        false, DType::f32);
+        auto da = to_dev(a, DType::bf16), dnw = to_dev(nw, DType::bf16),
+             dw = to_dev(w, DType::bf16);
+        auto dout = poisoned(sh.m * sh.n, DType::f32);
+        auto dh = poisoned(sh.m * ld, DType::bf16);
+        MatmulArgs args;
+        args.a = da.get(), args.lda = sh.k, args.w = dw.get(), args.ldw = sh.k;
+        args.out = dout.get(), args.out_dtype = DType::f32, args.ldo = sh.n, args.m = sh.m;
+        args.n = sh.n, args.k = sh.k, args.norm_w = dnw.get(), args.norm_eps = eps;
+        args.normed_out = dh.get(), args.ld_normed = ld;
+        set_programmatic_launch(pdl);
+        auto s = matmul_own_group_cuda_device(&args, 1, nullptr, v);
+        set_programmatic_launch(false);
+        REQUIRE_MESSAGE(s.ok(), s.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto got_h = from_dev(dh);
+        std::vector<float> got(sh.m * sh.k), want(sh.m * sh.k);
+        for (size_t i = 0; i < sh.m; ++i)
+          for (size_t t = 0; t < sh.k; ++t) got[i * sh.k + t] = got_h[i * ld + t];
+        double err = 0;
+        CHECK(outside(got, href, [&](size_t i) { return bf16_ulp(href[i]); }, &err) == 0);
+        // Past k in each row: untouched (still the poison, 0xffff: NaN).
+        for (size_t i = 0; i < sh.m; ++i)
+          for (size_t t = sh.k; t < ld; ++t) CHECK(std::isnan(got_h[i * ld + t]));
+        auto got_out = from_dev(dout);
+        CHECK(outside(got_out, ref, [&](size_t i) { return 1e-3 * (1 + std::fabs(ref[i])); }, &err) ==
+              0);
+      }
+  // normed_out needs norm_w (a folded weight has no norm weight to write the row with).
+  auto da = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(64, 0));
+  auto dw = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(64 * 64, 0));
+  auto dh = DeviceBuf<bf16_bits>::poisoned(64);
+  auto dy = DeviceBuf<bf16_bits>::poisoned(64);
+  MatmulArgs m;
+  m.a = da.get(), m.lda = 64, m.w = dw.get(), m.ldw = 64, m.out = dy.get(), m.ldo = 64;
+  m.m = 1, m.n = 64, m.k = 64, m.norm_unit = true, m.norm_eps = 1e-5f;
+  m.normed_out = dh.get(), m.ld_normed = 64;
+  CHECK(matmul_own_group_cuda_device(&m, 1, nullptr).message().find("normed_out needs norm_w") !=
+        std::string::npos);
+}
+
 TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit for bit") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("qkv rope"));
