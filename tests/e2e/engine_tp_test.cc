@@ -165,7 +165,7 @@ TEST_CASE(
     return;
   }
   test::TempDir tmp;
-  int checked = 0;
+  int checked = 0, refused = 0;
   for (const auto& e : std::filesystem::directory_iterator(fixtures)) {
     if (!std::filesystem::exists(e.path() / "reference.json")) continue;
     const std::string name = e.path().filename().string();
@@ -186,14 +186,28 @@ TEST_CASE(
     auto r0 = spawn(args(0), tmp / (name + ".r0.out"), tmp / (name + ".r0.err"));
     const int rc0 = wait_for(r0, std::chrono::seconds(90));
     const int rc1 = wait_for(r1, std::chrono::seconds(30));
-    INFO("rank 0 stderr: " << read_file(tmp / (name + ".r0.err")).value_or(""));
+    const std::string err0 = read_file(tmp / (name + ".r0.err")).value_or("");
+    INFO("rank 0 stderr: " << err0);
+    if (rc0 != 0 && err0.find("would cut FP8 scale blocks") != std::string::npos) {
+      // A tiny FP8 fixture whose heads or widths are one 128-block: two ranks would split
+      // its blocks, which the plan refuses on every rank before any weight is read, naming
+      // the tensor and the rank's rows.
+      CHECK(rc1 != 0);
+      CHECK(err0.find("rank 0 holds rows") != std::string::npos);
+      CHECK(err0.find(".weight") != std::string::npos);
+      MESSAGE(name << ": not split over 2 ranks (its FP8 blocks would be cut), refused as it should be");
+      ++refused;
+      continue;
+    }
     REQUIRE(rc0 == 0);
     REQUIRE(rc1 == 0);
     auto out = last_json(tmp / (name + ".r0.out"));
     CHECK(out["tokens"][0] == ref["greedy_ids"]);
     ++checked;
   }
+  MESSAGE(checked << " fixtures reproduced over 2 ranks, " << refused << " refused");
   CHECK(checked >= 4);
+  CHECK(refused <= 2);  // the two tiny FP8 Qwen3 fixtures, no more
 }
 
 TEST_CASE("engine TP: a worker killed mid-generation fails rank 0 with a Gloo error, not a hang") {
