@@ -63,11 +63,11 @@ json error_json(const Error& e) {
   return {{"kind", std::string(errc_name(e.code))}, {"message", e.message}};
 }
 
-// Filler text: ordinary English words (a few tokens each on every tokenizer we know),
-// drawn from a seeded generator so two prompts share nothing but the vocabulary.
 // What every sized prompt ends with (a one-token reply keeps decode out of the timing).
 constexpr const char* kReplyOneWord = "\nReply with one word.";
 
+// Filler text: ordinary English words (a few tokens each on every tokenizer we know),
+// drawn from a seeded generator so two prompts share nothing but the vocabulary.
 std::string words(size_t n, uint64_t seed) {
   static const char* w[] = {
       "river",  "mountain", "quiet",   "engine",  "harbor",  "lantern", "garden",   "signal",

@@ -293,27 +293,6 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int j = 0; j < NW; ++j) acc[r][j][m] *= inv;
-      // The normalised row itself (MatmulArgs::normed_out), spread over the product's warps
-      // (every warp knows the row's rms): warp g of the product writes 16-byte pieces g * 32
-      // + lane, g * 32 + lane + 32 W, ... of each row from A and the norm's weight again
-      // (L1/L2), each element as the norm pass rounds it. One piece a lane for a router's
-      // product (128 warps, 256 pieces); no warp's tail writes a whole row.
-      if constexpr (NORM == 1) {
-        const size_t W = (p.n + R - 1) / R, g = blk * kGemvWarps + static_cast<size_t>(warp);
-        if (p.normed_out != nullptr && g < W && m < static_cast<int>(p.m)) {
-          uint4* o = reinterpret_cast<uint4*>(static_cast<dev::bf16*>(p.normed_out) +
-                                              static_cast<size_t>(m) * p.ld_normed);
-          for (size_t i = g * 32 + lane; i < kv; i += W * 32) {
-            float af[8], nf[8];
-            bf16x8_to_f(__ldg(arow[m] + i), af);
-            bf16x8_to_f(__ldg(nrow + i), nf);
-            __align__(16) dev::bf16 h[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) h[e] = dev::from_f<dev::bf16>(af[e] * inv * nf[e]);
-            o[i] = *reinterpret_cast<const uint4*>(h);
-          }
-        }
-      }
     }
   }
 
@@ -805,11 +784,6 @@ Status own_group(const MatmulArgs* parts, int n_parts, void* stream, OwnVariant 
                         "matmul (own kernel): a group mixes folded and unfolded norm weights");
     if (a.norm_w && !aligned16(a.norm_w))
       return make_error(Errc::usage, "matmul (own kernel): norm_w must be 16-byte aligned");
-    if (a.normed_out && (!a.norm_w || !aligned16(a.normed_out) || a.ld_normed % 8 != 0 ||
-                         a.ld_normed < a.k))
-      return make_error(Errc::usage,
-                        "matmul (own kernel): normed_out needs norm_w, 16-byte alignment and a "
-                        "row stride of at least k, a multiple of 8");
     swiglu = a.swiglu;
     G.part[i] = a;
   }

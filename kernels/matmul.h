@@ -55,13 +55,6 @@ struct MatmulArgs {
   // streaming form, and the tensor-core form up to kMatmulQkvRopeMaxRows rows (its block's
   // warps split k, each sums the squares of its share and the sums meet with the products').
   bool norm_unit = false;
-  // With norm_w: the normalised rows themselves also go to normed_out ([m][k] bf16, row
-  // stride ld_normed), each element bf16(a * rsqrt(mean_k(a^2) + norm_eps) * norm_w) as the
-  // separate norm pass writes it, by the first block's first warp after its product. For
-  // readers after the product: an MoE block's experts read the row its router's product
-  // normalised inside, and the norm's own launch is gone.
-  void* normed_out = nullptr;
-  size_t ld_normed = 0;
 };
 
 /// Whether a product runs over RMSNorm of its input (norm_w, or norm_unit).

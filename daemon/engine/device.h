@@ -331,15 +331,6 @@ class Device {
   Status pre_norm(const PreNorm& in, int rows, int dim) {
     return add_rmsnorm(*in.x, *in.delta, *in.bias, *in.w, *in.normed, rows, dim, in.eps);
   }
-  /// y = normalised(x) * W^T (+ b), the normalised row also left in x.normed for the
-  /// products after this one (an MoE block's router, then its experts). A device may
-  /// normalise inside the product and write x.normed from it. By default pre_norm(), then
-  /// linear().
-  virtual Status linear_normed(const PreNorm& x, const Buffer& w, const Buffer& b,
-                               const Buffer& y, int rows, int in, int out) {
-    SPARK_TRY(pre_norm(x, rows, in));
-    return linear(*x.normed, w, b, y, rows, in, out);
-  }
   /// The q, k, v products over the normalised input (parts: q, k, v), then rope_kv_write()
   /// on their outputs, what a layer does before attention. A device may normalise inside
   /// the products and rotate and write the cache in their epilogue. By default pre_norm(),

@@ -443,23 +443,6 @@ class CudaDevice final : public Device {
     return mm_->run(product(x, w, b, y, rows, in, out), stream_);
   }
 
-  // Decode rows: the norm inside the product (an MoE router's, a few hundred KiB of weight),
-  // which also writes the normalised row for the experts after it: the norm's own launch,
-  // and its boundary in the layer's chain, are gone.
-  Status linear_normed(const PreNorm& x, const Buffer& w, const Buffer& b, const Buffer& y,
-                       int rows, int in, int out) override {
-    if (w.type() != ElemType::bf16 || x.folded || !norm_in_product(x, rows) ||
-        x.x->type() != ElemType::bf16 || x.normed->type() != ElemType::bf16 ||
-        !aligned16(*x.normed) || !aligned16(w) || in % 8 != 0 ||
-        (!b.empty() && b.type() != ElemType::bf16))
-      return Device::linear_normed(x, w, b, y, rows, in, out);
-    kernels::MatmulArgs a = product(*x.x, w, b, y, rows, in, out);
-    SPARK_TRY(product_input(x, rows, in, &a, 1).status());
-    a.normed_out = x.normed->data();
-    a.ld_normed = static_cast<size_t>(in);
-    return kernels::matmul_own_cuda_device(a, stream_);
-  }
-
   // Weight rows an FP8 prefill product dequantizes at a time (bf16, into fp8_ws_): the
   // products of a tile write its output columns, so the workspace stays 32 MiB whatever
   // the matrix.

@@ -136,14 +136,13 @@ Status Model::moe_block(int l, Collective& comm, int T, const Buffer& next_norm,
   Device& dev = *device_;
   const auto& L = layers_[static_cast<size_t>(l)];
   const int H = c.hidden_size, E = m.experts, K = m.top_k;
-  // The normalised row feeds the router, every chosen expert and the shared experts: the
-  // router's product leaves it in pre->normed.
+  // The normalised row feeds the router, every chosen expert and the shared experts.
+  SPARK_TRY(dev.pre_norm(*pre, T, H));
   const Buffer& h = *pre->normed;
   const Buffer logits = rows_of(router_logits_, T, static_cast<size_t>(E));
   const Buffer ids = rows_of(moe_ids_, T, static_cast<size_t>(K));
   const Buffer wts = rows_of(moe_weights_, T, static_cast<size_t>(K));
-  SPARK_TRY(dev.linear_normed(*pre, L.router, m.router_bias ? L.router_b : sv_.none, logits, T,
-                              H, E));
+  SPARK_TRY(dev.linear(h, L.router, m.router_bias ? L.router_b : sv_.none, logits, T, H, E));
   Device::MoeRoute r;
   r.experts = E;
   r.top_k = K;
