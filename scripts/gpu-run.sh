@@ -166,10 +166,11 @@ EOF
   rm -rf "$pack"
   mkdir -p "$pack"
   tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -9 > "$pack/device.tar.xz"
-  # The working tree travels beside it and counts against the same limit.
+  # The working tree travels beside it and counts against the same limit (its tracked files
+  # that are there: one moved aside for a call does not travel).
   local mib tree_mib
   mib=$(( $(du -sb "$pack" | cut -f1) / 1048576 ))
-  tree_mib=$(( $(git -C "$src" ls-files -z 2>/dev/null | (cd "$src" && xargs -0 stat -c %s 2>/dev/null) | awk '{s+=$1} END {print s+0}') / 1048576 ))
+  tree_mib=$(( $(git -C "$src" ls-files -z 2>/dev/null | (cd "$src" && xargs -0 stat -c %s 2>/dev/null || true) | awk '{s+=$1} END {print s+0}') / 1048576 ))
   [ $(( mib + tree_mib )) -lt "$MAX_STAGE_MIB" ] ||
     die "$pack is ${mib} MiB packed and the tree ${tree_mib} MiB, over the ${MAX_STAGE_MIB} MiB limit together (du -a $dev | sort -n | tail)"
   echo "# staged $(basename "$dev") ($(( $(du -sb "$dev" | cut -f1) / 1048576 )) MiB, ${mib} MiB packed): $(ls "$dev/bin" | tr '\n' ' ')"
