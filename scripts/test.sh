@@ -6,9 +6,10 @@
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, drill, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
 #   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off, the test sources
-#      compiled a batch at a time: SPARK_UNITY_TESTS) and run it
+#      compiled a batch at a time: SPARK_UNITY_TESTS) and run them (the unit tier's ctest
+#      shards, JOBS at a time)
 #   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
-#      time on its seed corpus (tests/fuzz/corpus/<target>/)
+#      time on its seed corpus (tests/fuzz/corpus/<target>/), JOBS targets at a time
 # It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
 # nothing failed.
 #
@@ -109,6 +110,13 @@ tier() {
   rm -f "$log"
 }
 
+# fuzz_result PREFIX: what a background run_fuzz printed (PREFIX.out) and its status
+# (PREFIX.rc; missing: it never finished).
+fuzz_result() {
+  cat "$1.out" 2>/dev/null
+  return "$(cat "$1.rc" 2>/dev/null || echo 1)"
+}
+
 # run_fuzz TARGET CORPUS_DIR: bounded libFuzzer run; prints the tail of its log.
 run_fuzz() {
   local t=$1 work=$2 log rc
@@ -150,9 +158,10 @@ if ((do_asan)); then
   if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
        -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}" &&
      stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
+    # The unit tier's ctest entries (tests/CMakeLists.txt: three shards, -j side by side).
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-      stage asan-unit build-asan/tests/spark_unit_tests
+      stage asan-unit ctest --test-dir build-asan -L '^unit$' --output-on-failure --timeout 900 -j "$JOBS"
   fi
 fi
 
@@ -182,12 +191,25 @@ if ((do_fuzz)); then
     mapfile -t targets < <(grep -v '^$' build-fuzz/tests/fuzz/fuzz_targets.txt)
     if stage fuzz-build ninja -C build-fuzz -j "$JOBS" "${targets[@]}"; then
       mkdir -p build-fuzz/artifacts
-      for t in "${targets[@]}"; do
-        work=$(mktemp -d)
-        [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
-        stage "fuzz:$t" run_fuzz "$t" "$work"
-        rm -rf "$work"
+      # JOBS targets at a time (each is one process on one core), then each one's result
+      # as a stage of its own, in the list's order.
+      fuzz_out=$(mktemp -d)
+      for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
+        for t in "${targets[@]:i:JOBS}"; do
+          (
+            work=$(mktemp -d)
+            [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
+            run_fuzz "$t" "$work" >"$fuzz_out/$t.out" 2>&1
+            echo $? >"$fuzz_out/$t.rc"
+            rm -rf "$work"
+          ) &
+        done
+        wait
       done
+      for t in "${targets[@]}"; do
+        stage "fuzz:$t" fuzz_result "$fuzz_out/$t"
+      done
+      rm -rf "$fuzz_out"
     fi
   fi
 fi
