@@ -6,8 +6,7 @@
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, drill, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
 #   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off, the test sources
-#      compiled a batch at a time: SPARK_UNITY_TESTS) and run them (the unit tier's ctest
-#      shards, JOBS at a time)
+#      compiled a batch at a time: SPARK_UNITY_TESTS) and run it
 #   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
 #      time on its seed corpus (tests/fuzz/corpus/<target>/), JOBS targets at a time
 # It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
@@ -158,10 +157,9 @@ if ((do_asan)); then
   if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
        -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}" &&
      stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
-    # The unit tier's ctest entries (tests/CMakeLists.txt: three shards, -j side by side).
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-      stage asan-unit ctest --test-dir build-asan -L '^unit$' --output-on-failure --timeout 900 -j "$JOBS"
+      stage asan-unit build-asan/tests/spark_unit_tests
   fi
 fi
 

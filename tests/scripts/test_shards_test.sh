@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The unit and e2e tiers are split into several ctest entries (doctest filters in
-# tests/CMakeLists.txt) that run side by side: every test case of the binary must be in
-# exactly one entry of its tier, so that a filter that drops or repeats cases fails here.
+# The e2e tier is split into several ctest entries (doctest filters in tests/CMakeLists.txt)
+# that run side by side: every test case of the binary must be in exactly one entry, so that a filter that drops or repeats cases fails here.
 # Usage: test_shards_test.sh SRC_DIR BUILD_DIR
 set -euo pipefail
 BUILD=${2:?usage: test_shards_test.sh SRC_DIR BUILD_DIR}
@@ -14,7 +13,7 @@ def cases(argv):
     out = subprocess.run(argv + ["-ltc"], capture_output=True, text=True, check=True).stdout
     return [l for l in out.splitlines() if l and not l.startswith(("[doctest]", "==="))]
 bad = 0
-for label in ("unit", "e2e"):
+for label in ("e2e",):
     entries = [t for t in tests
                if any(p["name"] == "LABELS" and label in p["value"] for p in t.get("properties", []))]
     if len(entries) < 2:
