@@ -24,7 +24,8 @@
 # version.json, nvidia-smi.txt. The run exits non-zero when any step failed.
 #
 # Environment: for `stage` BUILD_DIR (build-gpu), CUDA_ARCHS (90a), JOBS (2), STAGE_DIR
-# (.device), STAGE_FROM (stage an existing build instead of building), GPU_TARGETS (the
+# (.device), STAGE_FROM (stage an existing build instead of building), STAGE_XZ_LEVEL (the
+# pack's xz level, 9: the smallest pack; the script test, whose pack never travels, uses 0), GPU_TARGETS (the
 # binaries to build and stage, default all of "sparkctl sparkd spark_unit_tests
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
@@ -163,9 +164,10 @@ EOF
 
   # What travels is the xz-packed tree (the device tool carries at most 64 MiB).
   local pack="${dev}-pack"
+  [[ ${STAGE_XZ_LEVEL:-9} =~ ^[0-9]$ ]] || die "STAGE_XZ_LEVEL=${STAGE_XZ_LEVEL}: want an xz level, 0 to 9"
   rm -rf "$pack"
   mkdir -p "$pack"
-  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 -9 > "$pack/device.tar.xz"
+  tar -C "$(dirname "$dev")" -cf - "$(basename "$dev")" | xz -T2 "-${STAGE_XZ_LEVEL:-9}" > "$pack/device.tar.xz"
   # The working tree travels beside it and counts against the same limit (its tracked files
   # that are there: one moved aside for a call does not travel).
   local mib tree_mib
