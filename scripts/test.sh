@@ -63,15 +63,28 @@ stage() {
 }
 fail_logs=()
 
-# why_failed: for each failed stage, the lines of its log that say why (test case, file:line,
-# sanitizer report), so that they are at the end of a long CI log.
+# doctest_failures LOG: each failed check of a doctest run (file:line: ERROR or FATAL ERROR)
+# under the name of its test case, with the values and the first lines of what it logged.
+# A passing case's MESSAGE output can run to thousands of lines, so these are what the end
+# of the CI log must repeat.
+doctest_failures() {
+  awk '/^TEST CASE:/ {tc = $0}
+       /^[^ ]+:[0-9]+: (FATAL )?ERROR: / {if (tc != last) print tc; last = tc; print; n = 4; next}
+       n > 0 {print; n--}' "$1" | head -n 80
+}
+
+# why_failed: for each failed stage or ctest tier, the lines of its log that say why (test
+# case, file:line, sanitizer report), so that they are at the end of a long CI log.
 why_failed() {
   local entry name log
   for entry in "${fail_logs[@]}"; do
     name=${entry%%=*} log=${entry#*=}
     echo "=== why $name failed:"
-    grep -E -B2 -A8 'ERROR|FATAL|FAILED|error:|Error:|^E: |runtime error|Sanitizer|Assertion|what\(\)' "$log" |
-      grep -v '^SKIP: ' | head -n 80
+    if grep -qE '^[^ ]+:[0-9]+: (FATAL )?ERROR: ' "$log"; then
+      doctest_failures "$log"
+    fi
+    grep -E -B2 -A8 'FAILED|error:|Error:|^E: |runtime error|Sanitizer|Assertion|what\(\)|^FAIL: ' "$log" |
+      grep -vE '^SKIP: |^[^ ]+:[0-9]+: (FATAL )?ERROR: ' | head -n 40
   done
 }
 
@@ -91,22 +104,28 @@ tier() {
   log=$(mktemp)
   echo "=== ctest -L $label ($dir)"
   ctest --test-dir "$dir" -L "^${label}\$" --output-on-failure --timeout 900 -j "$JOBS" 2>&1 | tee "$log"
-  local total fail
+  local total fail bad=0
   read -r fail total < <(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1 \2/p' "$log" | tail -1)
   if [[ -z "${total:-}" ]]; then
     if grep -q "No tests were found" "$log"; then
       echo "=== ctest -L $label: no tests in this tier yet"
     else
-      failed=$((failed + 1)); failures+=("ctest-$label(no result)")
+      failed=$((failed + 1)); failures+=("ctest-$label(no result)"); bad=1
     fi
   else
     local skip
     skip=$(grep -c '(Skipped)' "$log" || true)
     passed=$((passed + total - fail - skip)); failed=$((failed + fail)); skipped=$((skipped + skip))
-    ((fail > 0)) && failures+=($(grep -v "(Skipped)" "$log" | sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p"))
+    ((fail > 0)) && failures+=($(grep -v "(Skipped)" "$log" | sed -n "s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/${label}:\1/p")) && bad=1
   fi
   echo "=== ctest -L $label: done ($((SECONDS - t0)) s)"
-  rm -f "$log"
+  # A failed tier's log stays for why_failed at the end.
+  if ((bad)); then
+    mv "$log" "$STAGE_LOGS/ctest-$label.log"
+    fail_logs+=("ctest-$label=$STAGE_LOGS/ctest-$label.log")
+  else
+    rm -f "$log"
+  fi
 }
 
 # fuzz_result PREFIX: what a background run_fuzz printed (PREFIX.out) and its status
@@ -127,6 +146,10 @@ run_fuzz() {
   grep -Ev '^(#[0-9]|"|[[:space:]]+NEW_FUNC|###### )' "$log" | tail -n 25
   return $rc
 }
+
+# SPARK_TEST_SH_FUNCTIONS=1 with `source`: only the functions above, for
+# tests/scripts/test_summary_test.sh.
+if [[ -n ${SPARK_TEST_SH_FUNCTIONS:-} ]]; then return 0; fi
 
 if ((do_deps)); then stage deps bash scripts/install-deps.sh; fi
 # The official OpenAI Node client the e2e tier runs against sparkd (tests/e2e/openai_client;
