@@ -30,8 +30,10 @@
 //
 // MXFP4 experts (MoeExpertsArgs' *_mx4 fields, gpt-oss's routed experts): a third
 // instantiation. Decode: each lane reads 16 bytes of a weight row (32 columns, one scale
-// block) and widens the e2m1 codes in registers to value * scale in fp32 (exactly: the codes
-// built as float bits, times a power of two), then sums their products with x in fp32.
+// block) and widens the e2m1 codes in registers two at a time to code * 2^-14 (an fp16 built
+// from the code's bits, exact, kernels/mxfp4.h), sums the block's products with x in fp32 and
+// multiplies that sum once by 2^14 * scale (a power of two, so only the order of the fp32
+// sums differs from widening value * scale first).
 // Grouped: the weight tile is widened into shared memory as bf16 (value * scale, exact in
 // bf16) before the mma. The shared experts stay bf16.
 //
@@ -333,6 +335,13 @@ __device__ __forceinline__ void e2m1x8(uint32_t w, float* f) {
   }
 }
 
+// Codes k and k + 4 of `w` widened to fp32 through fp16 (kernels/mxfp4.h): each is the
+// code's value * 2^-14, exactly.
+__device__ __forceinline__ float2 e2m1_pair(uint32_t w, int k) {
+  const uint32_t h = mxfp4_e2m1_pair_fp16(w, k);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
 // An e8m0 scale byte's value 2^(s - 127) as a float (s = 0: the subnormal 2^-127; 0xff NaN).
 __device__ __forceinline__ float e8m0_value(uint32_t s) {
   return s == 0xffu ? __uint_as_float(0x7fc00000u)
@@ -468,19 +477,24 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
       for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
         w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
-        sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
+        sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]) * kMxfp4Fp16Unscale;
       }
+      // The block's 32 products per row of x and row of the weight, summed unscaled (codes
+      // * 2^-14, exact) and multiplied once by the block's scale.
+      float bs[kR][2 * kDecRowsPerWarp];
+#pragma unroll
+      for (int t = 0; t < kR; ++t)
+#pragma unroll
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) bs[t][q] = 0.f;
       // Word j of the 16 bytes (columns c + 8j .. c + 8j + 7) of every row, widened once
-      // (value * scale, exact) and used by each row of x.
+      // and used by each row of x.
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        float fw[2 * kDecRowsPerWarp][8];
+        float2 fw[2 * kDecRowsPerWarp][4];
 #pragma unroll
-        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) {
-          e2m1x8(word_of(w[q], j), fw[q]);
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
 #pragma unroll
-          for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
-        }
+          for (int k = 0; k < 4; ++k) fw[q][k] = e2m1_pair(word_of(w[q], j), k);
 #pragma unroll
         for (int t = 0; t < kR; ++t) {
           if (t >= nrows) break;
@@ -490,9 +504,16 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
           for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) acc[t][q] = fmaf(fw[q][i], fx[i], acc[t][q]);
+            for (int k = 0; k < 4; ++k) {
+              bs[t][q] = fmaf(fw[q][k].x, fx[k], bs[t][q]);
+              bs[t][q] = fmaf(fw[q][k].y, fx[k + 4], bs[t][q]);
+            }
         }
       }
+#pragma unroll
+      for (int t = 0; t < kR; ++t)
+#pragma unroll
+        for (int q = 0; q < 2 * kDecRowsPerWarp; ++q) acc[t][q] = fmaf(bs[t][q], sc[q], acc[t][q]);
     }
   } else if (kW == kWFp8 && F.q) {
     // The group's rows of the stacked FP8 matrix: gate row i, up row inter + i (or 2i, 2i + 1).
@@ -568,9 +589,10 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 }
 
 // down: output rows [h0, h0 + kDownRows) of every row. The block's warps split the distinct
-// experts (and the shared experts, last): warp w takes experts w, w + 8, ...; their weighted
-// sums meet in shared memory and are added in warp order, so the result does not depend on
-// timing. Written once (or added into out).
+// experts (and the shared experts, last): warp w takes experts w, w + 8, ...; with fewer
+// experts than warps, 8 / experts warps take each, a slice of its columns apiece. Their
+// weighted sums meet in shared memory and are added in warp order, so the result does not
+// depend on timing. Written once (or added into out).
 constexpr int kDownRows = 4;
 
 template <int kR, int kW>
@@ -592,7 +614,12 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
     for (int q = 0; q < kDownRows; ++q) acc[t][q] = 0.f;
   const int groups = L.n + (a.shared_inter > 0 ? 1 : 0);
-  for (int u = static_cast<int>(warp); u < groups; u += kDecWarps) {
+  // With fewer groups than warps (a batch-1 step of a top-4 model: 4 of 8), each group takes
+  // wpg warps, each a slice of its columns, so no warp idles; else one warp a group.
+  const int wpg = groups > 0 && groups < kDecWarps ? kDecWarps / groups : 1;
+  const int slice = static_cast<int>(warp) % wpg;
+  const int lane_col = slice * 32 + static_cast<int>(lane);
+  for (int u = static_cast<int>(warp) / wpg; u < groups; u += kDecWarps / wpg) {
     const bool sh = u == L.n;
     const int inter = sh ? a.shared_inter : a.inter;
     const size_t le = sh ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
@@ -630,25 +657,30 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         qr[q] = mx4_row(M, row);
         sr[q] = mx4_scale_row(M, row);
       }
-      for (int c = static_cast<int>(lane) * 32; c < inter; c += 1024) {
+      for (int c = lane_col * 32; c < inter; c += 1024 * wpg) {
         uint4 w[kDownRows];
         float sc[kDownRows];
 #pragma unroll
         for (int q = 0; q < kDownRows; ++q) {
           w[q] = *reinterpret_cast<const uint4*>(qr[q] + c / 2);
-          sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]);
+          sc[q] = e8m0_value(sr[q][c / kMxfp4BlockK]) * kMxfp4Fp16Unscale;
         }
-        // Word j (columns c + 8j .. c + 8j + 7) of every row, widened once (value * scale,
-        // exact) and used by each pair's act.
+        // The block's 32 products per pair and output row, summed unscaled (codes * 2^-14,
+        // exact) and multiplied once by the block's scale.
+        float bs[kR][kDownRows];
+#pragma unroll
+        for (int t = 0; t < kR; ++t)
+#pragma unroll
+          for (int q = 0; q < kDownRows; ++q) bs[t][q] = 0.f;
+        // Word j (columns c + 8j .. c + 8j + 7) of every row, widened once and used by each
+        // pair's act.
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          float fw[kDownRows][8];
+          float2 fw[kDownRows][4];
 #pragma unroll
-          for (int q = 0; q < kDownRows; ++q) {
-            e2m1x8(word_of(w[q], j), fw[q]);
+          for (int q = 0; q < kDownRows; ++q)
 #pragma unroll
-            for (int i = 0; i < 8; ++i) fw[q][i] *= sc[q];
-          }
+            for (int k = 0; k < 4; ++k) fw[q][k] = e2m1_pair(word_of(w[q], j), k);
 #pragma unroll
           for (int t = 0; t < kR; ++t) {
             if (pair_of[t] < 0) continue;
@@ -660,9 +692,16 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
             for (int q = 0; q < kDownRows; ++q)
 #pragma unroll
-              for (int i = 0; i < 8; ++i) part[t][q] = fmaf(fw[q][i], fa[i], part[t][q]);
+              for (int k = 0; k < 4; ++k) {
+                bs[t][q] = fmaf(fw[q][k].x, fa[k], bs[t][q]);
+                bs[t][q] = fmaf(fw[q][k].y, fa[k + 4], bs[t][q]);
+              }
           }
         }
+#pragma unroll
+        for (int t = 0; t < kR; ++t)
+#pragma unroll
+          for (int q = 0; q < kDownRows; ++q) part[t][q] = fmaf(bs[t][q], sc[q], part[t][q]);
       }
     } else if (kW == kWFp8 && F.q) {
       // The group's rows of the stacked FP8 matrix: output row h is row le * hidden + h.
@@ -675,7 +714,7 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         sr[q] = fp8_scale_row(F, row);
       }
 #pragma unroll 2
-      for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
+      for (int c = lane_col * 8; c < inter; c += 256 * wpg) {
         uint2 w[kDownRows];
         float sc[kDownRows];
 #pragma unroll
@@ -695,7 +734,7 @@ __global__ void __launch_bounds__(kDecWarps * 32)
       }
     } else {
 #pragma unroll 2
-      for (int c = static_cast<int>(lane) * 8; c < inter; c += 256) {
+      for (int c = lane_col * 8; c < inter; c += 256 * wpg) {
         uint4 w[kDownRows];
 #pragma unroll
         for (int q = 0; q < kDownRows; ++q) {
@@ -720,8 +759,8 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 #pragma unroll
       for (int q = 0; q < kDownRows; ++q) {
         float y = dev::warp_sum(part[t][q]);
-        // gpt-oss: the expert's down bias, before the router's weight.
-        if (!sh && a.down_bias)
+        // gpt-oss: the expert's down bias, before the router's weight (once: slice 0's).
+        if (!sh && a.down_bias && slice == 0)
           y += down_bias_at(a, le, static_cast<size_t>(min(h0 + q, a.hidden - 1)));
         acc[t][q] += wt * y;
       }

@@ -17,15 +17,23 @@
 // codes pass 2^128 and become +-inf (no checkpoint comes near: scales sit around 2^-10 to 2^0).
 //
 // The MoE expert kernels (kernels/moe.h) read such weights packed: the decode form widens a
-// lane's 16 bytes (32 columns, one scale block) in registers to value * scale in fp32
-// (exact, above) and sums the products in fp32; the grouped form widens weight tiles into bf16
-// (exact, above) for the tensor cores. mxfp4_widen_ref is the CPU twin of that widening.
+// lane's 16 bytes (32 columns, one scale block) in registers two codes at a time
+// (mxfp4_e2m1_pair_fp16: code * 2^-14 as fp16, exact, then to fp32), sums the block's 32
+// products in fp32 and multiplies the sum once by 2^14 * scale; the grouped form widens weight
+// tiles into bf16 (exact, above) for the tensor cores. mxfp4_widen_ref is the CPU twin of that
+// widening.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 
 #include "core/error.h"
+
+#if defined(__CUDACC__)
+#define SPARK_MXFP4_HD __host__ __device__ __forceinline__
+#else
+#define SPARK_MXFP4_HD inline
+#endif
 
 namespace spark::kernels {
 
@@ -48,6 +56,21 @@ inline float mxfp4_e2m1_value(uint8_t code) {
       e == 0 ? 0.5f * static_cast<float>(m) : std::ldexp(1.f + 0.5f * static_cast<float>(m), e - 1);
   return (code & 8) ? -mag : mag;
 }
+
+/// Two e2m1 codes of the 8 in `w` (code n in bits 4n .. 4n + 3), codes k and k + 4 for k in
+/// 0 .. 3, as two fp16 values (code k in the low 16 bits, code k + 4 in the high): each is
+/// exactly the code's value times 2^-14. The code's exponent and mantissa bits land on the
+/// fp16's two lowest exponent bits and its highest mantissa bit, so exponent 0 is the fp16
+/// subnormal 0.5 * 2^-14 and exponent e > 0 is (1 + m / 2) * 2^(e - 1) * 2^-14; bit 3 lands
+/// on the sign. Five integer operations widen two codes; the sum of a block's products is
+/// multiplied back by kMxfp4Fp16Unscale.
+SPARK_MXFP4_HD uint32_t mxfp4_e2m1_pair_fp16(uint32_t w, int k) {
+  const uint32_t mag = (k < 3 ? w << (9 - 4 * k) : w >> 3) & 0x0e000e00u;
+  return mag | ((w << (12 - 4 * k)) & 0x80008000u);
+}
+
+/// What mxfp4_e2m1_pair_fp16's values are multiplied by to give the codes' values: 2^14.
+inline constexpr float kMxfp4Fp16Unscale = 16384.f;
 
 /// The value of e8m0 scale byte `s`: 2^(s - 127), NaN for 0xff.
 inline double mxfp4_scale_value(uint8_t s) {

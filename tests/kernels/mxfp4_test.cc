@@ -83,6 +83,46 @@ TEST_CASE("mxfp4 widen twin: codes packed low nibble first, times 2^(scale - 127
 
 namespace {
 
+// An IEEE fp16's value from its 16 bits, by the format's definition.
+double fp16_value(uint32_t h) {
+  const int e = static_cast<int>((h >> 10) & 0x1f), m = static_cast<int>(h & 0x3ff);
+  const double mag = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000u) ? -mag : mag;
+}
+
+}  // namespace
+
+TEST_CASE("mxfp4 pair widening: codes k and k + 4 of a word as fp16, each the code's value * 2^-14") {
+  // Every code in every position: word i holds codes (i + n) % 16 at nibble n, so each nibble
+  // sees all sixteen; words with one code repeated and random words besides.
+  std::vector<uint32_t> words;
+  for (uint32_t i = 0; i < 16; ++i) {
+    uint32_t w = 0, same = 0;
+    for (uint32_t n = 0; n < 8; ++n) w |= ((i + n) % 16) << (4 * n), same |= i << (4 * n);
+    words.push_back(w);
+    words.push_back(same);
+  }
+  std::mt19937 rng(20261205);
+  for (int i = 0; i < 256; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  size_t bad = 0;
+  for (const uint32_t w : words)
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t h = mxfp4_e2m1_pair_fp16(w, k);
+      const auto code = [&](int n) { return static_cast<uint8_t>((w >> (4 * n)) & 0xf); };
+      const double lo = fp16_value(h & 0xffff), hi = fp16_value(h >> 16);
+      const double want_lo = std::ldexp(static_cast<double>(mxfp4_e2m1_value(code(k))), -14);
+      const double want_hi = std::ldexp(static_cast<double>(mxfp4_e2m1_value(code(k + 4))), -14);
+      bad += lo != want_lo || hi != want_hi;
+      // The sign of -0 too: the kernels' products keep it as the float twin does.
+      bad += std::signbit(lo) != ((code(k) & 8) != 0) || std::signbit(hi) != ((code(k + 4) & 8) != 0);
+    }
+  CHECK(bad == 0);
+  CHECK(words.size() > 250);
+  CHECK(kMxfp4Fp16Unscale == std::ldexp(1.f, 14));
+}
+
+namespace {
+
 struct Mx4TwinCase {
   int rows, top_k, hidden, inter, experts, expert0, held, shared;
   bool accumulate, gptoss;
