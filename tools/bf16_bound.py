@@ -2,7 +2,9 @@
 """How far transformers itself moves in bf16: for each reference fixture
 (tests/fixtures/models/<name>/), the logits of prompt + greedy path computed by
 transformers on the GPU in bfloat16 against the same in float32 (eager attention, one
-forward over the whole sequence). The engine's bf16 bound on the GPU
+forward over the whole sequence). A quantized fixture (FP8 blocks, MXFP4) is loaded through
+transformers' dequantizing loader, so both runs see the same dequantized weights and no
+quantized kernel package is needed. The engine's bf16 bound on the GPU
 (tests/daemon/engine_cuda_test.cc) is justified against these numbers.
 
     python3 tools/bf16_bound.py [FIXTURES_DIR] [--json-out FILE]
@@ -12,6 +14,7 @@ import json
 import os
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 p = argparse.ArgumentParser()
@@ -28,10 +31,20 @@ for name in sorted(os.listdir(a.fixtures)):
         continue
     ref = json.load(open(os.path.join(d, "reference.json")))
     ids = torch.tensor([ref["prompt_ids"] + ref["greedy_ids"]], device=dev)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    extra = {}
+    if quant == "fp8":
+        extra["quantization_config"] = transformers.FineGrainedFP8Config(dequantize=True)
+    elif quant == "mxfp4":
+        extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    elif quant is not None:
+        raise SystemExit(f"{d}/config.json: quantization_config.quant_method {quant!r} "
+                         "has no dequantizing loader here")
     logits = {}
     for dt in (torch.float32, torch.bfloat16):
-        m = AutoModelForCausalLM.from_pretrained(d, torch_dtype=dt,
-                                                 attn_implementation="eager").to(dev)
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=dt, attn_implementation="eager",
+                                                 **extra).to(dev)
         with torch.no_grad():
             logits[dt] = m(ids).logits[0].float()
         del m

@@ -20,6 +20,7 @@
 #include "core/strings.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/kv_cache.h"
 #include "kernels/cuda_stream.h"
 #include "kernels/matmul.h"
 
@@ -348,7 +349,10 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   // ones count, plus the KV of the context so far. The embedding reads one row a token.
   const int prompt = num["prompt-tokens"];
   const int gen = num["max-tokens"];
-  const double kv_per_pos = 2.0 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2;
+  // The cache reads per position, bf16: K and V of every KV head, or latent attention's one
+  // row of the normalised latent and the RoPE key per layer.
+  const KVShape kvs = kv_shape(cfg, cfg.num_kv_heads);
+  const double kv_per_pos = 2.0 * cfg.num_layers * kvs.pools * kvs.n_kv_heads * kvs.head_dim;
   const double avg_ctx = prompt + gen / 2.0;
   // One expert's bytes as held: bf16, FP8 (a byte a weight) plus its block scales, or MXFP4
   // (half a byte) plus its e8m0 scales.
@@ -436,13 +440,17 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   // parameters a token multiplies (an MoE layer's chosen and shared experts; no embedding).
   const double params = static_cast<double>(count_params(cfg).active) -
                         static_cast<double>(cfg.vocab_size) * cfg.hidden_size;
+  // Causal attention's products per layer and head: n^2 / 2 query-key pairs, each a dot
+  // product over the key width and a sum over the value width (2 FLOPs a multiply-add).
+  const double attn_width =
+      cfg.is_mla() ? cfg.mla.qk_head_dim() + cfg.mla.v_head_dim : 2.0 * cfg.head_dim;
   nlohmann::json pf = nlohmann::json::array();
   for (int n : {1024, 8192, 32768}) {
     if (decode_only || n + 1 >= ctx) continue;
     auto r = run_streams(**eng, 1, n, 1);
     const double s = r.ttft_ms / 1e3;
-    const double flops = 2.0 * params * n + 2.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim *
-                                                static_cast<double>(n) * n;
+    const double flops =
+        2.0 * params * n + cfg.num_layers * cfg.num_heads * attn_width * static_cast<double>(n) * n;
     pf.push_back({{"tokens", n},
                   {"seconds", s},
                   {"tok_s", n / s},

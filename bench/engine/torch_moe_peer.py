@@ -15,6 +15,16 @@ PyTorch without a fused MXFP4 kernel does); attention adds each head's sink to t
 and the sliding layers mask all but their window; q/k/v/o, router and experts carry biases;
 the clamped activation. RoPE is the plain rotation (YaRN's tables change no cost).
 
+DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention decoded with kv_b_proj
+absorbed (each head's q_nope taken into the latent space, scores over a static cache of the
+normalised latent and the rotated RoPE key, the weighted latents taken out through the value
+rows), the query through q_a/q_a_layernorm/q_b, grouped sigmoid routing with the correction
+bias, a shared expert, dense first layers. The routed experts are random FP8 (e4m3 with a
+float scale per 128x128 block, as published: the model's experts in bf16 would not fit one
+GPU) and each step gathers the chosen experts' bytes and widens them to bf16 with their
+scales before the products; the other matrices are bf16 (the peer has no block-scaled FP8
+product), so it reads more bytes a token than the engine, which keeps them FP8.
+
   torch_moe_peer.py CONFIG.json [--layers N] [--prompt 128] [--tokens 256] [--json-out FILE]
 """
 import argparse
@@ -40,6 +50,7 @@ HD = c.get("head_dim") or H // NH
 EPS = c.get("rms_norm_eps", 1e-6)
 glm = arch == "Glm4MoeForCausalLM"
 gptoss = arch == "GptOssForCausalLM"
+ds = arch == "DeepseekV3ForCausalLM"
 E = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts")
 K = c["num_experts_per_tok"]
 EI = c.get("moe_intermediate_size") or c["intermediate_size"]
@@ -48,8 +59,18 @@ WINDOW = c.get("sliding_window") or 0
 LAYER_TYPES = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                        for i in range(c["num_hidden_layers"])]
 LIMIT = c.get("swiglu_limit", 7.0)
-SI = EI * c.get("n_shared_experts", 0) if glm else 0
-dense_layers = set(range(c.get("first_k_dense_replace", 0))) if glm else set(c.get("mlp_only_layers", []))
+SI = EI * c.get("n_shared_experts", 0) if glm or ds else 0
+dense_layers = (set(range(c.get("first_k_dense_replace", 0))) if glm or ds
+                else set(c.get("mlp_only_layers", [])))
+if ds:
+    R, NOPE, PE, VD = c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    QR = c.get("q_lora_rank") or 0
+    NG, TG = c.get("n_group", 1), c.get("topk_group", 1)
+    rs = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    MS = 1.0
+    if rs.get("factor", 1) > 1 and rs.get("mscale_all_dim"):
+        MS = 0.1 * rs["mscale_all_dim"] * math.log(rs["factor"]) + 1.0
+    DS_SCALE = (NOPE + PE) ** -0.5 * MS * MS
 ROT = int(HD * c.get("partial_rotary_factor", 1.0))
 qk_norm = (not glm and not gptoss) or c.get("use_qk_norm", False)
 bias = c.get("attention_bias", False)
@@ -62,6 +83,24 @@ S = a.prompt + a.tokens + 1
 def w(*shape, fan=None):
     fan = fan or shape[-1]
     return (torch.randn(*shape, device=dev) / math.sqrt(fan)).to(dt)
+
+
+def fp8_experts(rows, cols):
+    """Random FP8 experts [E][rows][cols] (e4m3, about 1 / sqrt(cols) root mean square with
+    scale 1) and their float scales [E][rows / 128][cols / 128], made an expert at a time."""
+    q = torch.empty(E, rows, cols, device=dev, dtype=torch.uint8)  # gathered as any bytes
+    for e in range(E):
+        q[e] = (torch.randn(rows, cols, device=dev) * (cols ** -0.5)).to(
+            torch.float8_e4m3fn).view(torch.uint8)
+    sc = torch.ones(E, rows // 128, cols // 128, device=dev)
+    return q, sc
+
+
+def widen8(q, sc):
+    """[n][rows][cols] e4m3 bytes + [n][rows / 128][cols / 128] scales -> [n][rows][cols] bf16."""
+    n, rows, cols = q.shape
+    v = q.view(torch.float8_e4m3fn).to(dt).view(n, rows // 128, 128, cols // 128, 128)
+    return (v * sc.to(dt)[:, :, None, :, None]).view(n, rows, cols)
 
 
 def ones(n):
@@ -93,6 +132,23 @@ lm_head = w(V, H)
 final_norm = ones(H)
 layers = []
 for li in range(L):
+    if ds:
+        Lw = dict(ln1=ones(H), ln2=ones(H), o=w(H, NH * VD), kva=w(R + PE, H), kvn=ones(R),
+                  wuk=w(NH, NOPE, R), wuv=w(NH, VD, R))
+        if QR:
+            Lw["qa"], Lw["qan"], Lw["qb"] = w(QR, H), ones(QR), w(NH * (NOPE + PE), QR)
+        else:
+            Lw["q"] = w(NH * (NOPE + PE), H)
+        if li in dense_layers:
+            Lw["gu"], Lw["down"] = w(2 * I, H), w(H, I)
+        else:
+            Lw["router"] = w(E, H).float()
+            Lw["bias_e"] = 0.01 * torch.randn(E, device=dev)
+            Lw["gu8"], Lw["gus"] = fp8_experts(2 * EI, H)
+            Lw["dn8"], Lw["dns"] = fp8_experts(H, EI)
+            Lw["gu"], Lw["down"] = w(2 * SI, H), w(H, SI)
+        layers.append(Lw)
+        continue
     Lw = dict(ln1=ones(H), qkv=w((NH + 2 * NKV) * HD, H), o=w(H, NH * HD), ln2=ones(H))
     if bias:
         Lw["qkv_b"] = w((NH + 2 * NKV) * HD, fan=100)
@@ -117,8 +173,15 @@ for li in range(L):
         if SI:
             Lw["gu"], Lw["down"] = w(2 * SI, H), w(H, SI)
     layers.append(Lw)
-kcache = torch.zeros(L, 1, NKV, S, HD, device=dev, dtype=dt)
-vcache = torch.zeros_like(kcache)
+if ds:
+    ckv = torch.zeros(L, S, R, device=dev, dtype=dt)  # the normalised latents
+    kpe = torch.zeros(L, S, PE, device=dev, dtype=dt)  # the rotated RoPE keys
+    inv_pe = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, PE, 2, device=dev).float() / PE))
+    ang_pe = torch.arange(S, device=dev).float()[:, None] * inv_pe[None, :]
+    cos_pe, sin_pe = ang_pe.cos().to(dt), ang_pe.sin().to(dt)
+else:
+    kcache = torch.zeros(L, 1, NKV, S, HD, device=dev, dtype=dt)
+    vcache = torch.zeros_like(kcache)
 inv = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, ROT, 2, device=dev).float() / ROT))
 ang = torch.arange(S, device=dev).float()[:, None] * inv[None, :]
 cos, sin = torch.cat([ang.cos()] * 2, -1).to(dt), torch.cat([ang.sin()] * 2, -1).to(dt)
@@ -177,6 +240,44 @@ def experts_gptoss(h, Lw):
     return (y.float() * wts[:, None]).sum(0, keepdim=True).to(dt)
 
 
+def rot_pairs(x, cc, ss):
+    """RoPE over the interleaved pairs (2i, 2i + 1), DeepSeek's layout."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * cc - x1 * ss, x0 * ss + x1 * cc], -1).flatten(-2)
+
+
+def experts_ds(h, Lw):
+    s = (h.float() @ Lw["router"].t()).sigmoid()
+    sb = s + Lw["bias_e"]
+    gs = sb.view(1, NG, E // NG).topk(2, -1)[0].sum(-1)
+    keep = torch.zeros_like(gs).scatter_(1, gs.topk(TG, -1)[1], 1.0).bool()
+    ids = sb.masked_fill(~keep.repeat_interleave(E // NG, 1), 0.0).topk(K, -1)[1]
+    wts = s.gather(1, ids)
+    wts = wts / (wts.sum(-1, keepdim=True) + 1e-20) * scaling
+    ids, wts = ids[0], wts[0]
+    gu = torch.bmm(widen8(Lw["gu8"][ids], Lw["gus"][ids]), h.expand(K, H)[:, :, None])[..., 0]
+    act = F.silu(gu[:, :EI]) * gu[:, EI:]
+    y = torch.bmm(widen8(Lw["dn8"][ids], Lw["dns"][ids]), act[:, :, None])[..., 0]
+    return (y.float() * wts[:, None]).sum(0, keepdim=True).to(dt)
+
+
+def attend_mla(h, li, pos, Lw):
+    """Latent attention of one token with kv_b_proj absorbed; returns the o_proj input."""
+    q = rms(h @ Lw["qa"].t(), Lw["qan"]) @ Lw["qb"].t() if QR else h @ Lw["q"].t()
+    q = q.view(NH, NOPE + PE)
+    cc, ss = cos_pe[pos], sin_pe[pos]
+    kv = h @ Lw["kva"].t()
+    ckv[li].index_copy_(0, pos, rms(kv[:, :R], Lw["kvn"]))
+    kpe[li].index_copy_(0, pos, rot_pairs(kv[:, R:], cc, ss))
+    ql = torch.bmm(q[:, None, :NOPE], Lw["wuk"])[:, 0]  # [NH][R]
+    qp = rot_pairs(q[:, NOPE:], cc, ss)
+    sc = (ql @ ckv[li].t() + qp @ kpe[li].t()).float() * DS_SCALE
+    ok = torch.arange(S, device=dev) <= pos
+    p = sc.masked_fill(~ok[None, :], float("-inf")).softmax(-1).to(dt)
+    lat = p @ ckv[li]  # [NH][R]
+    return torch.bmm(Lw["wuv"], lat[:, :, None])[..., 0].reshape(1, NH * VD)
+
+
 def attend_sinks(q, li, pos, Lw):
     """One query row over the cache with each head's sink in the softmax (and the window)."""
     k = kcache[li][0].repeat_interleave(NH // NKV, 0)
@@ -202,6 +303,14 @@ def step(tok, pos):
     mask = (torch.arange(S, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
     for li, Lw in enumerate(layers):
         h = rms(x, Lw["ln1"])
+        if ds:
+            x = x + attend_mla(h, li, pos, Lw) @ Lw["o"].t()
+            h = rms(x, Lw["ln2"])
+            if "gu8" in Lw:
+                x = x + experts_ds(h, Lw) + mlp(h, Lw["gu"], Lw["down"], SI)
+            else:
+                x = x + mlp(h, Lw["gu"], Lw["down"], I)
+            continue
         qkv = h @ Lw["qkv"].t()
         if bias:
             qkv = qkv + Lw["qkv_b"]
@@ -266,6 +375,8 @@ with torch.no_grad():
     ms = e0.elapsed_time(e1)
 res = {"peer": "pytorch static KV cache + CUDA graph, experts by "
                + ("gathering the chosen experts' packed MXFP4 and widening them to bf16" if gptoss
+                  else "gathering the chosen experts' FP8 and widening them to bf16 (latent "
+                       "attention absorbed, other matrices bf16)" if ds
                   else "torch._grouped_mm" if grouped
                   else "gathering the chosen experts' weights"),
        "torch": torch.__version__, "device": torch.cuda.get_device_name(), "config": a.config,
