@@ -13,8 +13,9 @@
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
 // Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), fp8 (the FP8 decode
 // product beside the bf16 own kernel), moe (MXFP4 experts beside bf16 ones), decode, prefill
-// (attention = both), other, sampler; the HBM
-// read and the bf16 product peak are measured in every run, as every row is read against them.
+// (attention = both), mla (DeepSeek-V3's latent attention decode at batch 1), other, sampler;
+// the HBM read and the bf16 product peak are measured in every run, as every row is read
+// against them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -34,6 +35,7 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/fp8.h"
 #include "kernels/matmul.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rmsnorm.h"
@@ -300,7 +302,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   const std::string sections =
-      ",matmul,forms,fused,layer,layer8,fp8,moe,decode,prefill,attention,other,sampler,";
+      ",matmul,forms,fused,layer,layer8,fp8,moe,decode,prefill,attention,mla,other,sampler,";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -315,8 +317,8 @@ int main(int argc, char** argv) {
         if (sections.find("," + sec + ",") == std::string::npos) {
           std::fprintf(stderr,
                        "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
-                       "fused, layer, layer8, fp8, moe, decode, prefill, attention, other, "
-                       "sampler)\n",
+                       "fused, layer, layer8, fp8, moe, decode, prefill, attention, mla, "
+                       "other, sampler)\n",
                        sec.c_str());
           return 2;
         }
@@ -1409,6 +1411,126 @@ int main(int argc, char** argv) {
     }
   }
   out["attention"] = ajs;
+
+  // ---- latent attention decode (DeepSeek-V3 widths at one rank), batch 1 ----
+  // mla_cuda_device as the engine calls it for one decoding sequence: q_nope into the latent
+  // space through W_UK, the new token's kv_a row normalised, rotated and written, the heads
+  // over the paged latent cache in mla_splits' ranges, the ranges combined and taken out
+  // through W_UV. What it must read: the context's cache rows and all of kv_b (W_UK and
+  // W_UV), plus q, kv_a, the norm and out; the fp32 workspace (latent queries, the ranges'
+  // partials) is the kernel's own traffic and not counted.
+  json lajs = json::array();
+  if (want("mla")) {
+    fmt::print("\n# {:<34} {:>7} {:>8} {:>9} {:>8} {:>6} {:>7}\n", "mla decode (ctx, bound, heads)",
+               "splits", "MB", "us", "GB/s", "%HBM", "%cache");
+    MlaShape s;
+    s.nope = 128, s.rope = 64, s.v_dim = 128, s.latent = 512, s.interleave = true;
+    s.rope_factor = 1.f;
+    // DeepSeek-V3's softmax scale: 1/sqrt(qk_head_dim) times the square of YaRN's mscale
+    // (factor 40, mscale_all_dim 1), as the engine computes it.
+    const double mscale = 0.1 * std::log(40.0) + 1.0;
+    s.scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
+    const int W = s.latent + s.rope, blk = 16;  // the engine's default KV block size
+    auto inv = rope_inv_freq(s.rope, 10000.0, {});
+    void* dinv = dalloc(inv.size() * 4);
+    CK(cudaMemcpy(dinv, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+    // kv_a_layernorm's weights all 1: the kernel normalises kv_a in place on every call, with
+    // unit weights idempotently (and rotates its k_pe, norm kept), so the row stays finite
+    // over the replays.
+    std::vector<uint16_t> ones(static_cast<size_t>(s.latent), 0x3f80);
+    void* dnorm = dalloc(ones.size() * 2);
+    CK(cudaMemcpy(dnorm, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+    // {context, bound}: the bound is max_seq_len, which sets the ranges (mla_splits) and
+    // their length. An uncaptured step's bound is its context; the engine's decode graphs
+    // are captured with the context limit as bound (max_seq_len_bound), so the last rows
+    // are short contexts under a 131072 bound, where only the first ranges hold positions.
+    std::vector<std::array<int, 2>> mla_shapes = {
+        {4096, 4096}, {32768, 32768}, {131072, 131072}, {4096, 131072}, {32768, 131072}};
+    if (quick) mla_shapes = {{4096, 4096}, {32768, 32768}, {4096, 131072}};
+    // 128 heads: DeepSeek-V3 on one rank; 16: one rank of an 8-way split (or a smaller model).
+    for (int heads : {128, 16})
+      for (const auto& sh : mla_shapes) {
+        const int ctx = sh[0], bound = sh[1];
+        s.heads = heads;
+        const int nblocks = ctx / blk;
+        const size_t pool = static_cast<size_t>(nblocks) * blk * W;
+        const size_t kvb = static_cast<size_t>(heads) * (s.nope + s.v_dim) * s.latent;
+        // Enough copies of the cache and kv_b together to exceed the L2 (and at least 2).
+        const size_t per_copy = (pool + kvb) * 2;
+        const int copies =
+            static_cast<int>(std::max<size_t>(2, (3 * lim->l2_bytes) / per_copy + 1));
+        std::vector<void*> pools, kvbs;
+        for (int c = 0; c < copies; ++c) {
+          pools.push_back(random_bf16(pool, 200 + c));
+          kvbs.push_back(random_bf16(kvb, 300 + c, 0.05f));
+        }
+        // One block table for every copy (each copy is its own pool of nblocks blocks),
+        // blocks shuffled so the context is not one contiguous stretch.
+        std::vector<int32_t> table(static_cast<size_t>(nblocks));
+        for (int i = 0; i < nblocks; ++i) table[static_cast<size_t>(i)] = i;
+        std::shuffle(table.begin(), table.end(), std::mt19937(11));
+        const int32_t last = ctx - 1;
+        const int32_t ints[] = {last, table[static_cast<size_t>(last / blk)] * blk + last % blk, 0,
+                                1};
+        void *dt = dalloc(table.size() * 4), *di = dalloc(sizeof(ints));
+        CK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(di, ints, sizeof(ints), cudaMemcpyHostToDevice));
+        const size_t qn = static_cast<size_t>(heads) * (s.nope + s.rope);
+        // q's q_pe is rotated in place on every call, at rope_factor 1 a rotation (its norm
+        // kept up to bf16 rounding), so q needs no restoring between replays.
+        void *q = random_bf16(qn, 400), *kv_a = random_bf16(static_cast<size_t>(W), 401),
+             *o = dalloc(static_cast<size_t>(heads) * s.v_dim * 2);
+        MlaCudaArgs m;
+        m.s = s;
+        m.eps = 1e-6f;
+        m.q = q, m.kv_a = kv_a, m.kv_norm = dnorm, m.kv_b = kvbs[0];
+        m.inv_freq = static_cast<const float*>(dinv);
+        m.out = o;
+        m.kv.k = pools[0], m.kv.dtype = DType::bf16, m.kv.block_size = blk, m.kv.n_kv_heads = 1;
+        m.kv.head_dim = W, m.kv.num_blocks = nblocks;
+        m.block_tables = static_cast<const int32_t*>(dt), m.max_blocks_per_seq = nblocks;
+        const int32_t* dints = static_cast<const int32_t*>(di);
+        m.positions = dints, m.slots = dints + 1, m.query_start = dints + 2;
+        m.n_seqs = 1, m.n_tokens = 1;
+        m.max_seq_len = bound;
+        m.splits = mla_splits(m.max_seq_len, true);
+        m.workspace_bytes = mla_workspace_bytes(m.n_tokens, s, m.splits);
+        void* ws = dalloc(m.workspace_bytes);
+        m.workspace = ws;
+        ST(mla_cuda_device(m, st));  // a bad argument fails here, before any capture
+        CK(cudaStreamSynchronize(st));
+        const double t = time_us(st, 20, [&](int i) {
+          m.kv.k = pools[static_cast<size_t>(i) % pools.size()];
+          m.kv_b = kvbs[static_cast<size_t>(i) % kvbs.size()];
+          ST(mla_cuda_device(m, st));
+        });
+        const double cache_bytes = static_cast<double>(ctx) * W * 2;
+        const double bytes = cache_bytes + static_cast<double>(kvb) * 2 + qn * 2.0 + W * 2.0 +
+                             s.latent * 2.0 + static_cast<double>(heads) * s.v_dim * 2;
+        const double gbs = bytes / t / 1e3;
+        fmt::print("{:<36} {:>7} {:>8.1f} {:>9.1f} {:>8.0f} {:>5.0f}% {:>6.0f}%\n",
+                   fmt::format("mla ctx {}{} heads {}", ctx,
+                               bound != ctx ? fmt::format(" bound {}", bound) : "", heads),
+                   m.splits, bytes / 1e6, t, gbs, 100 * gbs / read_gbs,
+                   100 * cache_bytes / t / 1e3 / read_gbs);
+        lajs.push_back({{"context", ctx},
+                        {"bound", bound},
+                        {"heads", heads},
+                        {"splits", m.splits},
+                        {"us", t},
+                        {"bytes", bytes},
+                        {"cache_bytes", cache_bytes},
+                        {"GBps", gbs},
+                        {"vs_hbm", gbs / read_gbs},
+                        {"cache_vs_hbm", cache_bytes / t / 1e3 / read_gbs},
+                        {"copies", copies}});
+        for (void* p : pools) CK(cudaFree(p));
+        for (void* p : kvbs) CK(cudaFree(p));
+        for (void* p : {dt, di, q, kv_a, o, ws}) CK(cudaFree(p));
+      }
+    for (void* p : {dinv, dnorm}) CK(cudaFree(p));
+  }
+  out["mla"] = lajs;
 
   // ---- norms, RoPE, sampler ----
   json ojs = json::array();
