@@ -5,6 +5,14 @@
 // per token, group of heads and range, each cache row read once for the group), and the
 // ranges' partials are combined and taken out through kv_b_proj's value rows. The CPU twin
 // is mla_ref.cc; fp32 accumulation everywhere.
+//
+// The attention has two kernels writing the same partials. For a bf16 cache of latent 512
+// (DeepSeek-V3's 576-value rows) the tensor-core one: groups of up to 64 heads are the M
+// dimension of mma.sync m16n8k16 (bf16 in, fp32 accumulation), S = Q K^T over the whole row
+// and O += P V over its first 512 values, with the latent query and the softmax weights
+// rounded to bf16 (at 128 heads a decode token does about 280 KFLOP a cache position, which
+// the scalar kernel could not keep up with the row's bytes). Otherwise (an f32 cache, other
+// widths, MlaCudaArgs::scalar_attention) the scalar fp32 kernel, groups of 4 heads.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -224,6 +232,232 @@ __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __res
   }
 }
 
+// ---- the tensor-core attention (bf16 cache) ------------------------------------------
+
+constexpr int kTcLatent = 512;          // the latent width it is built for (DeepSeek-V3's)
+constexpr int kTcRows = 32;             // cache rows per tile
+constexpr int kTcPPitch = kTcRows + 8;  // P's row pitch (bf16): 80 bytes, ldmatrix conflict-free
+
+// Shared memory of the tensor-core kernel with MT tiles of 16 heads: the heads' queries and
+// two tiles of cache rows (bf16, rows W + 8 apart: 16 bytes past a multiple of 128, so the
+// eight rows an ldmatrix reads fall in distinct banks), the softmax weights P, and one float
+// per head and half (the tile's half maxima, at the end the half sums).
+size_t attend_tc_smem(int mt, int W) {
+  const size_t P = static_cast<size_t>(W) + 8, heads = static_cast<size_t>(16 * mt);
+  return (heads * P + 2 * kTcRows * P + heads * kTcPPitch) * sizeof(bf16) +
+         2 * heads * sizeof(float);
+}
+
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dev::smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(dev::smem_u32(p)));
+}
+
+// Block (token, group of 16 MT heads, range), 2 MT warps: the same partials as
+// mla_attend_kernel, the products on the tensor cores (mma.sync m16n8k16, bf16 in, fp32
+// accumulation). The heads' latent queries are rounded to bf16 into shared memory once; tiles
+// of kTcRows cache rows come in through the block table by cp.async, double-buffered (rows
+// past the range zero-filled). Warp w takes the 16 heads of tile w % MT and half w / MT: S =
+// Q K^T for its half of the tile's rows (K = latent + rope, fragments by ldmatrix), the two
+// halves' row maxima meet in shared memory, each writes its weights P = exp(S - max) as bf16
+// there, and O += P V for its half of the latent columns (V the same rows' first 512 values,
+// by ldmatrix.trans) over all the tile's rows: 128 fp32 accumulators a lane. Heads past the
+// shape's are zero queries whose partials are not written.
+template <int MT>
+__global__ void __launch_bounds__(64 * MT)
+    mla_attend_tc_kernel(const float* __restrict__ qlat, const bf16* __restrict__ cache,
+                         const int32_t* __restrict__ tables, int table_w, int block_size,
+                         const int32_t* __restrict__ pos, const int32_t* __restrict__ qs,
+                         int n_seqs, int max_seq_len, float scale, Dims d,
+                         float* __restrict__ part) {
+  constexpr int HG = 16 * MT, NT = 64 * MT, L = kTcLatent, BN = kTcRows, PP = kTcPPitch;
+  constexpr int NJ = L / 2 / 8;  // n-tiles of O a warp owns
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  extern __shared__ __align__(16) unsigned char tc_sm[];
+  const int W = d.width, P = W + 8;
+  bf16* q_s = reinterpret_cast<bf16*>(tc_sm);            // [HG][P]
+  bf16* kv_s = q_s + HG * P;                             // [2][BN][P]
+  bf16* p_s = kv_s + 2 * BN * P;                         // [HG][PP]
+  float* red = reinterpret_cast<float*>(p_s + HG * PP);  // [2][HG]
+  const int t = blockIdx.x, h0 = blockIdx.y * HG, s = blockIdx.z;
+  const int hn = min(HG, d.heads - h0);
+  const int seq = seq_of(qs, n_seqs, t);
+  const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
+  const int n_ctx = pos[t] + 1;
+  int j0 = 0, j1 = n_ctx;
+  if (d.splits > 1) {
+    const int len = (max_seq_len + d.splits - 1) / d.splits;
+    j0 = min(s * len, n_ctx);
+    j1 = s == d.splits - 1 ? n_ctx : min(j0 + len, n_ctx);
+  }
+  const int chunks = W / 8;  // 16-byte pieces of a row
+  auto issue_tile = [&](int jt, int buf) {
+    bf16* dst = kv_s + buf * BN * P;
+    for (int i = threadIdx.x; i < BN * chunks; i += NT) {
+      const int r = i / chunks, c = i - r * chunks, p = jt + r;
+      const bool ok = p < j1;
+      const bf16* src = cache;
+      if (ok)
+        src = cache +
+              (static_cast<size_t>(table[p / block_size]) * block_size + p % block_size) *
+                  static_cast<size_t>(W) +
+              c * 8;
+      dev::cp_async16(dst + r * P + c * 8, src, ok);
+    }
+    dev::cp_async_commit();
+  };
+  if (j0 < j1) issue_tile(j0, 0);
+  const float* qsrc = qlat + (static_cast<size_t>(t) * d.heads + h0) * W;
+  for (int i = threadIdx.x; i < HG * W; i += NT) {
+    const int hh = i / W;
+    q_s[hh * P + (i - hh * W)] = __float2bfloat16_rn(hh < hn ? qsrc[i] : 0.f);
+  }
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mt = warp % MT, hf = warp / MT;
+  const int g = lane >> 2, tg = lane & 3;  // fragment row (head) and column pair
+  // ldmatrix row addresses: A (Q, P) rows mt*16 + lane % 16, columns + 8 for lanes 16..31;
+  // K rows (B of S, n-tile pairs) and V rows (B of P V, transposed).
+  const bf16* qa = q_s + (mt * 16 + (lane & 15)) * P + (lane >> 4) * 8;
+  const bf16* pa = p_s + (mt * 16 + (lane & 15)) * PP + (lane >> 4) * 8;
+  const int krow = hf * 16 + (lane >> 4) * 8 + (lane & 7), kcol = ((lane >> 3) & 1) * 8;
+  const int vrow = ((lane >> 3) & 1) * 8 + (lane & 7), vcol = hf * (L / 2) + (lane >> 4) * 8;
+  float o[NJ][4];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;  // heads g and g + 8 of the tile
+
+  int buf = 0;
+  for (int jt = j0; jt < j1; jt += BN, buf ^= 1) {
+    if (jt + BN < j1) {
+      issue_tile(jt + BN, buf ^ 1);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile `buf` (and the queries, the first time) in shared memory
+    const bf16* kv = kv_s + buf * BN * P;
+
+    // S = Q K^T, 16 heads x this half's 16 rows.
+    float sc[2][4] = {};
+    const bf16* kb = kv + krow * P + kcol;
+#pragma unroll 4
+    for (int kk = 0; kk < W / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, qa + kk * 16);
+      ldsm_x4(b, kb + kk * 16);
+      mma_bf16(sc[0], a, b[0], b[1]);
+      mma_bf16(sc[1], a, b[2], b[3]);
+    }
+    // Scale, mask the rows past the range, this half's maxima.
+    const int r0 = jt + hf * 16 + tg * 2;
+    float xA = -INFINITY, xB = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool ok = r0 + j * 8 + e < j1;
+        sc[j][e] = ok ? sc[j][e] * scale : -INFINITY;
+        sc[j][2 + e] = ok ? sc[j][2 + e] * scale : -INFINITY;
+        xA = fmaxf(xA, sc[j][e]);
+        xB = fmaxf(xB, sc[j][2 + e]);
+      }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+      xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
+      xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
+    }
+    if (tg == 0) {
+      red[hf * HG + mt * 16 + g] = xA;
+      red[hf * HG + mt * 16 + g + 8] = xB;
+    }
+    __syncthreads();
+    // Both halves take the same maximum (the tile's first row is in range: finite), so the
+    // same rescale; each keeps the sum of its own rows' weights.
+    const float nA = fmaxf(mA, fmaxf(red[mt * 16 + g], red[HG + mt * 16 + g]));
+    const float nB = fmaxf(mB, fmaxf(red[mt * 16 + g + 8], red[HG + mt * 16 + g + 8]));
+    const float alA = __expf(mA - nA), alB = __expf(mB - nB);
+    mA = nA, mB = nB;
+    float sumA = 0.f, sumB = 0.f;
+    bf16* pw = p_s + (mt * 16 + g) * PP + hf * 16 + tg * 2;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // The weights as the product takes them (bf16), summed as rounded, so the output is
+      // their exact convex combination.
+      const __nv_bfloat162 wa = __floats2bfloat162_rn(__expf(sc[j][0] - nA), __expf(sc[j][1] - nA));
+      const __nv_bfloat162 wb = __floats2bfloat162_rn(__expf(sc[j][2] - nB), __expf(sc[j][3] - nB));
+      *reinterpret_cast<__nv_bfloat162*>(pw + j * 8) = wa;
+      *reinterpret_cast<__nv_bfloat162*>(pw + 8 * PP + j * 8) = wb;
+      sumA += __low2float(wa) + __high2float(wa);
+      sumB += __low2float(wb) + __high2float(wb);
+    }
+    lA = lA * alA + sumA;
+    lB = lB * alB + sumB;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) o[j][0] *= alA, o[j][1] *= alA, o[j][2] *= alB, o[j][3] *= alB;
+    __syncthreads();  // both halves' P in shared memory
+
+    // O += P V over the tile's rows, this half's columns.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, pa + kk * 16);
+      const bf16* vb = kv + (kk * 16 + vrow) * P + vcol;
+#pragma unroll
+      for (int j = 0; j < NJ; j += 2) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, vb + j * 8);
+        mma_bf16(o[j], a, b[0], b[1]);
+        mma_bf16(o[j + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp done with tile `buf`, P and the maxima before reuse
+  }
+
+  // The sums over the quad, then the two halves'.
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    lA += __shfl_xor_sync(0xffffffffu, lA, o2);
+    lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+  }
+  if (tg == 0) {
+    red[hf * HG + mt * 16 + g] = lA;
+    red[hf * HG + mt * 16 + g + 8] = lB;
+  }
+  __syncthreads();
+  const size_t PW = static_cast<size_t>(L) + 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int hh = mt * 16 + g + 8 * half;
+    if (hh >= hn) continue;
+    float* out = part + ((static_cast<size_t>(t) * d.heads + h0 + hh) * d.splits + s) * PW;
+    if (hf == 0 && tg == 0) {
+      out[0] = half == 0 ? mA : mB;
+      out[1] = red[hh] + red[HG + hh];
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int c = hf * (L / 2) + j * 8 + tg * 2;
+      out[2 + c] = o[j][2 * half];
+      out[3 + c] = o[j][2 * half + 1];
+    }
+  }
+}
+
 // Block (head, group of kTokGroup tokens): the ranges' partials combined into the latent
 // context, then out = ctx W_UV^T (a warp per value row, the group's tokens together).
 __global__ void mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b,
@@ -274,6 +508,43 @@ size_t attend_smem(const Dims& d, DType cache) {
          static_cast<size_t>(kTile) * d.width * dtype_size(cache);
 }
 
+template <int MT>
+Status launch_attend_tc(const MlaCudaArgs& a, const Dims& d, const float* qlat, float* part,
+                        cudaStream_t st) {
+  const size_t smem = attend_tc_smem(MT, d.width);
+  auto* k = mla_attend_tc_kernel<MT>;
+  SPARK_TRY(detail::prepare_launch(k, "mla_attend_tc", 64 * MT, smem));
+  const unsigned groups = static_cast<unsigned>((a.s.heads + 16 * MT - 1) / (16 * MT));
+  SPARK_CUDA_TRY(dev::launch(
+      k, dim3(static_cast<unsigned>(a.n_tokens), groups, static_cast<unsigned>(a.splits)),
+      dim3(64 * MT), smem, st, qlat, static_cast<const bf16*>(a.kv.k), a.block_tables,
+      a.max_blocks_per_seq, a.kv.block_size, a.positions, a.query_start, a.n_seqs, a.max_seq_len,
+      a.s.scale, d, part));
+  return Status::Ok();
+}
+
+// Tiles of 16 heads per block of the tensor-core attention, 0 for the scalar kernel: the
+// tensor-core one takes a bf16 cache of latent 512 and a rope of a multiple of 16 (whole
+// k-steps, 16-byte rows; the pool 16-byte aligned for cp.async), as many tiles as the heads need up
+// to 4 (the cache rows read once for 64 heads), fewer where the device's shared memory is smaller
+// (GB10: one) or where the grid would leave more than half the SMs idle (a split of few tokens'
+// heads over fewer blocks; a smaller group reads the rows again, mostly from L2).
+int attend_tc_tiles(const MlaCudaArgs& a, int W) {
+  if (a.scalar_attention || a.kv.dtype != DType::bf16 || a.s.latent != kTcLatent || W % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.kv.k) % 16 != 0)
+    return 0;
+  auto lim = cuda_device_limits();
+  if (!lim || attend_tc_smem(1, W) > lim->smem_per_block_optin) return 0;
+  int mt = a.s.heads > 32 ? 4 : a.s.heads > 16 ? 2 : 1;
+  while (mt > 1 && attend_tc_smem(mt, W) > lim->smem_per_block_optin) mt /= 2;
+  const auto blocks = [&](int m) {
+    return a.n_tokens * static_cast<size_t>((a.s.heads + 16 * m - 1) / (16 * m)) *
+           static_cast<size_t>(a.splits);
+  };
+  while (mt > 1 && 2 * blocks(mt) < static_cast<size_t>(lim->sm_count)) mt /= 2;
+  return mt;
+}
+
 }  // namespace
 
 Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
@@ -306,7 +577,9 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   const Dims d{s.heads, s.nope, s.rope, s.v_dim, s.latent, W, a.splits};
   const size_t q_smem = static_cast<size_t>(kTokGroup) * (s.nope + s.rope) * sizeof(float);
   const size_t kv_smem = (static_cast<size_t>(W) + 33) * sizeof(float);
-  const size_t at_smem = attend_smem(d, a.kv.dtype);
+  const int tc_tiles = attend_tc_tiles(a, W);
+  // The tensor-core attention's shared memory was checked against the device's limit.
+  const size_t at_smem = tc_tiles > 0 ? 0 : attend_smem(d, a.kv.dtype);
   const size_t out_smem = static_cast<size_t>(kTokGroup) * s.latent * sizeof(float);
   if (std::max({q_smem, kv_smem, at_smem, out_smem}) > kSmemLimit)
     return make_error(Errc::unsupported,
@@ -330,13 +603,22 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
       SPARK_CUDA_TRY(dev::launch(mla_kv_kernel<C>, dim3(kv_blocks), dim3(kThreads), kv_smem, st,
                                  static_cast<bf16*>(a.kv_a), static_cast<const bf16*>(a.kv_norm),
                                  a.eps, a.inv_freq, a.positions, a.slots, pool_slots, a.n_tokens, d,
-                                 s.interleave, s.rope_factor, static_cast<C*>(a.kv.k)));
-      SPARK_CUDA_TRY(dev::launch(
-          mla_attend_kernel<C>,
-          dim3(static_cast<unsigned>(a.n_tokens), head_groups, static_cast<unsigned>(a.splits)),
-          dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
-          static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
-          a.positions, a.query_start, a.n_seqs, a.max_seq_len, s.scale, d, part)));
+                                 s.interleave, s.rope_factor, static_cast<C*>(a.kv.k))));
+  if (tc_tiles == 4)
+    SPARK_TRY(launch_attend_tc<4>(a, d, qlat, part, st));
+  else if (tc_tiles == 2)
+    SPARK_TRY(launch_attend_tc<2>(a, d, qlat, part, st));
+  else if (tc_tiles == 1)
+    SPARK_TRY(launch_attend_tc<1>(a, d, qlat, part, st));
+  else
+    SPARK_DISPATCH_DTYPE(
+        a.kv.dtype, C,
+        SPARK_CUDA_TRY(dev::launch(
+            mla_attend_kernel<C>,
+            dim3(static_cast<unsigned>(a.n_tokens), head_groups, static_cast<unsigned>(a.splits)),
+            dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
+            static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
+            a.positions, a.query_start, a.n_seqs, a.max_seq_len, s.scale, d, part)));
   SPARK_CUDA_TRY(dev::launch(mla_out_kernel, dim3(static_cast<unsigned>(s.heads), tok_groups),
                              dim3(kThreads), out_smem, st, static_cast<const float*>(part), kv_b,
                              a.n_tokens, d, static_cast<bf16*>(a.out)));

@@ -50,7 +50,11 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 /// chunk's cache positions 0 .. positions[t]. Three launches and a fourth: q_nope into the
 /// latent space (fp32, in the workspace), the rows written, the attention over `splits`
 /// ranges of the context (each a group of heads reading each cache row once), and the
-/// ranges combined and taken out through W_UV. fp32 accumulation throughout.
+/// ranges combined and taken out through W_UV. fp32 accumulation throughout. The attention
+/// runs on the tensor cores (mma.sync, bf16 products, fp32 sums; the latent query and the
+/// softmax weights rounded to bf16 for them) for a bf16 cache of latent 512 and a rope of a
+/// multiple of 16, groups of up to 64 heads; otherwise (an f32 cache, other widths, or
+/// scalar_attention) the scalar fp32 kernel, groups of 4 heads.
 struct MlaCudaArgs {
   MlaShape s;
   float eps = 0.f;
@@ -71,7 +75,8 @@ struct MlaCudaArgs {
   int max_seq_len = 0;  // a bound on every chunk's context (positions[t] < max_seq_len)
   int splits = 1;       // ranges of the context per token (mla_splits)
   void* workspace = nullptr;
-  size_t workspace_bytes = 0;  // at least mla_workspace_bytes(n_tokens, s, splits)
+  size_t workspace_bytes = 0;     // at least mla_workspace_bytes(n_tokens, s, splits)
+  bool scalar_attention = false;  // the scalar attention kernel where the tensor-core one fits
 };
 
 /// Context ranges per token: one for prefill (many tokens keep the GPU busy), for decode

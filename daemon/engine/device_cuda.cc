@@ -136,6 +136,18 @@ class CudaDevice final : public Device {
         return make_error(Errc::config,
                           fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
     }
+    // SPARK_CUDA_MLA_SCALAR=1 runs latent attention's scalar fp32 kernel where the tensor-core
+    // one would run (a bf16 cache at DeepSeek-V3's widths), to compare the two or rule it out.
+    bool mla_scalar = false;
+    if (const char* v = std::getenv("SPARK_CUDA_MLA_SCALAR")) {
+      if (std::string_view(v) != "0" && std::string_view(v) != "1")
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_MLA_SCALAR={}: must be 0 (the tensor-core "
+                                      "attention where it fits, the default) or 1 (the scalar "
+                                      "kernel)",
+                                      v));
+      mla_scalar = std::string_view(v) == "1";
+    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -175,6 +187,7 @@ class CudaDevice final : public Device {
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
     d->moe_form_ = moe_form;
+    d->mla_scalar_ = mla_scalar;
     return std::shared_ptr<Device>(d);
   }
 
@@ -793,6 +806,7 @@ class CudaDevice final : public Device {
     SPARK_TRY(grow_mla_ws(kernels::mla_workspace_bytes(m.n_tokens, m.s, m.splits)));
     m.workspace = mla_ws_.data();
     m.workspace_bytes = mla_ws_.bytes();
+    m.scalar_attention = mla_scalar_;
     return kernels::mla_cuda_device(m, stream_);
   }
 
@@ -1235,7 +1249,7 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
-  Buffer fp8_ws_;           // an FP8 prefill product's dequantized weight tile (bf16)
+  Buffer fp8_ws_;  // an FP8 prefill product's dequantized weight tile (bf16)
 
   Status grow_moe_ws(size_t need) {
     if (moe_ws_.bytes() >= need) return Status::Ok();
@@ -1292,8 +1306,9 @@ class CudaDevice final : public Device {
   StepLayout step_;
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
-  Buffer mla_ws_;     // latent attention's latent queries and partials
-  int moe_form_ = 0;  // SPARK_CUDA_MOE_FORM: 0 automatic, 1 decode form, 2 grouped
+  Buffer mla_ws_;            // latent attention's latent queries and partials
+  int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 automatic, 1 decode form, 2 grouped
+  bool mla_scalar_ = false;  // SPARK_CUDA_MLA_SCALAR: latent attention's scalar kernel only
   int meta_turn_ = 0;
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;

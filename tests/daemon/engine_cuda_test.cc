@@ -179,7 +179,8 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
   CHECK(select_device("auto", 0, &why).error().code == Errc::config);
   unsetenv("SPARK_CUDA_SHORT_ATTENTION");
   // The on/off switches take 0 or 1 only: "off" or "no" is not silently on.
-  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS"}) {
+  for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS",
+                          "SPARK_CUDA_MLA_SCALAR"}) {
     for (const char* value : {"off", "", "2"}) {
       CAPTURE(var);
       CAPTURE(value);
