@@ -1421,7 +1421,7 @@ int main(int argc, char** argv) {
   // partials) is the kernel's own traffic and not counted.
   json lajs = json::array();
   if (want("mla")) {
-    fmt::print("\n# {:<34} {:>7} {:>8} {:>9} {:>8} {:>6} {:>7}\n", "mla decode (ctx, bound, heads)",
+    fmt::print("\n# {:<42} {:>7} {:>8} {:>9} {:>8} {:>6} {:>7}\n", "mla decode (ctx, bound, heads)",
                "splits", "MB", "us", "GB/s", "%HBM", "%cache");
     MlaShape s;
     s.nope = 128, s.rope = 64, s.v_dim = 128, s.latent = 512, s.interleave = true;
@@ -1497,33 +1497,39 @@ int main(int argc, char** argv) {
         m.workspace_bytes = mla_workspace_bytes(m.n_tokens, s, m.splits);
         void* ws = dalloc(m.workspace_bytes);
         m.workspace = ws;
-        ST(mla_cuda_device(m, st));  // a bad argument fails here, before any capture
-        CK(cudaStreamSynchronize(st));
-        const double t = time_us(st, 20, [&](int i) {
-          m.kv.k = pools[static_cast<size_t>(i) % pools.size()];
-          m.kv_b = kvbs[static_cast<size_t>(i) % kvbs.size()];
-          ST(mla_cuda_device(m, st));
-        });
-        const double cache_bytes = static_cast<double>(ctx) * W * 2;
-        const double bytes = cache_bytes + static_cast<double>(kvb) * 2 + qn * 2.0 + W * 2.0 +
-                             s.latent * 2.0 + static_cast<double>(heads) * s.v_dim * 2;
-        const double gbs = bytes / t / 1e3;
-        fmt::print("{:<36} {:>7} {:>8.1f} {:>9.1f} {:>8.0f} {:>5.0f}% {:>6.0f}%\n",
-                   fmt::format("mla ctx {}{} heads {}", ctx,
-                               bound != ctx ? fmt::format(" bound {}", bound) : "", heads),
-                   m.splits, bytes / 1e6, t, gbs, 100 * gbs / read_gbs,
-                   100 * cache_bytes / t / 1e3 / read_gbs);
-        lajs.push_back({{"context", ctx},
-                        {"bound", bound},
-                        {"heads", heads},
-                        {"splits", m.splits},
-                        {"us", t},
-                        {"bytes", bytes},
-                        {"cache_bytes", cache_bytes},
-                        {"GBps", gbs},
-                        {"vs_hbm", gbs / read_gbs},
-                        {"cache_vs_hbm", cache_bytes / t / 1e3 / read_gbs},
-                        {"copies", copies}});
+        // Each shape on the tensor-core attention (where mla_cuda_device takes it) and on the
+        // scalar one (MlaCudaArgs::scalar_attention), side by side.
+        for (const bool scalar : {false, true}) {
+          m.scalar_attention = scalar;
+          ST(mla_cuda_device(m, st));  // a bad argument fails here, before any capture
+          CK(cudaStreamSynchronize(st));
+          const double t = time_us(st, 20, [&](int i) {
+            m.kv.k = pools[static_cast<size_t>(i) % pools.size()];
+            m.kv_b = kvbs[static_cast<size_t>(i) % kvbs.size()];
+            ST(mla_cuda_device(m, st));
+          });
+          const double cache_bytes = static_cast<double>(ctx) * W * 2;
+          const double bytes = cache_bytes + static_cast<double>(kvb) * 2 + qn * 2.0 + W * 2.0 +
+                               s.latent * 2.0 + static_cast<double>(heads) * s.v_dim * 2;
+          const double gbs = bytes / t / 1e3;
+          fmt::print("{:<44} {:>7} {:>8.1f} {:>9.1f} {:>8.0f} {:>5.0f}% {:>6.0f}%\n",
+                     fmt::format("mla{} ctx {}{} heads {}", scalar ? " scalar" : "", ctx,
+                                 bound != ctx ? fmt::format(" bound {}", bound) : "", heads),
+                     m.splits, bytes / 1e6, t, gbs, 100 * gbs / read_gbs,
+                     100 * cache_bytes / t / 1e3 / read_gbs);
+          lajs.push_back({{"context", ctx},
+                          {"bound", bound},
+                          {"heads", heads},
+                          {"attention", scalar ? "scalar" : "default"},
+                          {"splits", m.splits},
+                          {"us", t},
+                          {"bytes", bytes},
+                          {"cache_bytes", cache_bytes},
+                          {"GBps", gbs},
+                          {"vs_hbm", gbs / read_gbs},
+                          {"cache_vs_hbm", cache_bytes / t / 1e3 / read_gbs},
+                          {"copies", copies}});
+        }
         for (void* p : pools) CK(cudaFree(p));
         for (void* p : kvbs) CK(cudaFree(p));
         for (void* p : {dt, di, q, kv_a, o, ws}) CK(cudaFree(p));

@@ -331,9 +331,11 @@ TEST_CASE("gpu moe fp8 experts: the decode form against the twin over the FP8 we
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("moe fp8 experts decode"));
   const Fp8ExpertsCase cases[] = {
-      {1, 2, 256, 128, 8, 0, 8, 0, false, 7, true},      // one row, 128 x 128 blocks
-      {1, 8, 2048, 768, 64, 0, 64, 0, true, 7, true},    // a Qwen3-like row, into the residual
-      {4, 8, 200, 72, 16, 0, 16, 72, true, 0, true},     // partial blocks, a scale row per row
+      {1, 2, 256, 128, 8, 0, 8, 0, false, 7, true},    // one row, 128 x 128 blocks
+      {1, 8, 2048, 768, 64, 0, 64, 0, true, 7, true},  // a Qwen3-like row, into the residual
+      // partial blocks, a scale row per row; rows not a multiple of 16 bytes (200, 72): the
+      // 8-byte loops (the others take the 16-byte ones)
+      {4, 8, 200, 72, 16, 0, 16, 72, true, 0, true},
       {4, 2, 256, 96, 8, 0, 8, 0, false, 7, true},       // experts straddle scale rows
       {8, 8, 512, 256, 64, 0, 64, 256, false, 7, true},  // 8 rows, FP8 shared experts
       {8, 2, 256, 128, 32, 8, 16, 128, true, 7, false},  // expert parallel, bf16 shared experts
