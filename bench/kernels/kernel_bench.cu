@@ -1280,7 +1280,8 @@ int main(int argc, char** argv) {
 
   // ---- attention (Llama-3-8B: 32 query heads, 8 KV heads, head_dim 128, bf16 cache) ----
   json ajs = json::array();
-  fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
+  if (want("decode") || want("prefill"))
+    fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
   const int nh = 32, nkv = 8, hd = 128, bs = 16;
   // Decode runs the split-K kernel the engine uses and the previous (partitioned) kernel on
   // the same inputs; `bound` > 0 sizes the launch for contexts up to it, as the engine's
