@@ -38,14 +38,6 @@ namespace {
 constexpr int kBM = 64;  // queries per block
 constexpr int kWarpsP = 4;
 
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -220,8 +212,8 @@ __global__ void __launch_bounds__(kWarpsP * 32) prefill_v1_kernel(AttentionBatch
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                      : "r"(smem_u32(krow)));
-        mma_bf16(s[j], a, b0, b1);
-        mma_bf16(s[j + 1], a, b2, b3);
+        dev::mma_bf16_16816(s[j], a, b0, b1);
+        dev::mma_bf16_16816(s[j + 1], a, b2, b3);
       }
     }
 
@@ -279,8 +271,8 @@ __global__ void __launch_bounds__(kWarpsP * 32) prefill_v1_kernel(AttentionBatch
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
                      : "r"(smem_u32(vrow)));
-        mma_bf16(o[j], a, b0, b1);
-        mma_bf16(o[j + 1], a, b2, b3);
+        dev::mma_bf16_16816(o[j], a, b0, b1);
+        dev::mma_bf16_16816(o[j + 1], a, b2, b3);
       }
     }
     __syncthreads();  // every warp is done with tile `stage` before it is refilled
@@ -354,16 +346,6 @@ struct TiledSmem {
 // A key with no row in the tile (past the attended range).
 constexpr uint32_t kNoRow = 0xffffffffu;
 
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
 // 2^x on the special-function unit; -inf gives +0, which is what masked scores need.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -536,8 +518,8 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < kKK; ++kk)
-        ldsm_x4(qf[mt * kKK + kk],
-                q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+        dev::ldsm_x4(qf[mt * kKK + kk],
+                     q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
   }
 
   float o[MT][HD / 8][4];
@@ -576,18 +558,19 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
 #pragma unroll
             for (int i = 0; i < 4; ++i) a[mt][i] = qf[mt * kKK + kk][i];
           } else {
-            ldsm_x4(a[mt], q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+            dev::ldsm_x4(a[mt],
+                         q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
           }
         }
 #pragma unroll
         for (int j = 0; j < BN / 8; j += 2) {
           uint32_t kb[4];
-          ldsm_x4(kb, k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * kP + kk * 16 +
-                          ((lane >> 3) & 1) * 8);
+          dev::ldsm_x4(kb, k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * kP + kk * 16 +
+                               ((lane >> 3) & 1) * 8);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16(s[mt][j], a[mt], kb[0], kb[1]);
-            mma_bf16(s[mt][j + 1], a[mt], kb[2], kb[3]);
+            dev::mma_bf16_16816(s[mt][j], a[mt], kb[0], kb[1]);
+            dev::mma_bf16_16816(s[mt][j + 1], a[mt], kb[2], kb[3]);
           }
         }
       }
@@ -626,12 +609,12 @@ __global__ void __launch_bounds__(W * 32, 8 / W) prefill_tiled_kernel(AttentionB
 #pragma unroll
       for (int j = 0; j < HD / 8; j += 2) {
         uint32_t vb[4];
-        ldsm_x4_trans(
+        dev::ldsm_x4_trans(
             vb, v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kP + (j + (lane >> 4)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][j], a[mt], vb[0], vb[1]);
-          mma_bf16(o[mt][j + 1], a[mt], vb[2], vb[3]);
+          dev::mma_bf16_16816(o[mt][j], a[mt], vb[0], vb[1]);
+          dev::mma_bf16_16816(o[mt][j + 1], a[mt], vb[2], vb[3]);
         }
       }
     }
@@ -812,8 +795,8 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < kKK; ++kk)
-        ldsm_x4(qf[mt * kKK + kk],
-                q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+        dev::ldsm_x4(qf[mt * kKK + kk],
+                     q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
   }
 
   float o[MT][HD / 8][4];
@@ -835,12 +818,12 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
 #pragma unroll
       for (int j = 0; j < HD / 8; j += 2) {
         uint32_t vb[4];
-        ldsm_x4_trans(
+        dev::ldsm_x4_trans(
             vb, v_s + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kP + (j + (lane >> 4)) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][j], pp[mt][kk], vb[0], vb[1]);
-          mma_bf16(o[mt][j + 1], pp[mt][kk], vb[2], vb[3]);
+          dev::mma_bf16_16816(o[mt][j], pp[mt][kk], vb[0], vb[1]);
+          dev::mma_bf16_16816(o[mt][j + 1], pp[mt][kk], vb[2], vb[3]);
         }
       }
   };
@@ -874,18 +857,18 @@ __global__ void __launch_bounds__(256, 1) prefill_skew_kernel(AttentionBatch b) 
 #pragma unroll
           for (int i = 0; i < 4; ++i) a[mt][i] = qf[mt * kKK + kk][i];
         } else {
-          ldsm_x4(a[mt], q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
+          dev::ldsm_x4(a[mt], q_s + (wr + mt * 16 + (lane & 15)) * kP + kk * 16 + (lane >> 4) * 8);
         }
       }
 #pragma unroll
       for (int j = 0; j < BN / 8; j += 2) {
         uint32_t kb[4];
-        ldsm_x4(kb,
-                k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * kP + kk * 16 + ((lane >> 3) & 1) * 8);
+        dev::ldsm_x4(
+            kb, k_s + ((j + (lane >> 4)) * 8 + (lane & 7)) * kP + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(s[mt][j], a[mt], kb[0], kb[1]);
-          mma_bf16(s[mt][j + 1], a[mt], kb[2], kb[3]);
+          dev::mma_bf16_16816(s[mt][j], a[mt], kb[0], kb[1]);
+          dev::mma_bf16_16816(s[mt][j + 1], a[mt], kb[2], kb[3]);
         }
       }
     }

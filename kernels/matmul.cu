@@ -21,14 +21,6 @@
 namespace spark::kernels {
 namespace {
 
-__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The products of one launch: block b of the grid computes rows of part[i] where
 // first_block[i] <= b < first_block[i + 1].
 // The q/k/v products' RoPE and KV write (matmul_qkv_rope_cuda_device); unused elsewhere.
@@ -489,8 +481,8 @@ __device__ __forceinline__ void tc_block(const MatmulArgs& p, size_t blk, const 
         const uint32_t a2[4] = {wv[u][t][0].z, wv[u][t][1].z, wv[u][t][0].w, wv[u][t][1].w};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          mma16816(acc[t][j], a1, av[u][j].x, av[u][j].y);
-          mma16816(acc[t][j], a2, av[u][j].z, av[u][j].w);
+          dev::mma_bf16_16816(acc[t][j], a1, av[u][j].x, av[u][j].y);
+          dev::mma_bf16_16816(acc[t][j], a2, av[u][j].z, av[u][j].w);
         }
       }
     }

@@ -129,6 +129,18 @@ __global__ void mla_kv_kernel(bf16* __restrict__ kv_a, const bf16* __restrict__ 
   }
 }
 
+// The positions [*j0, *j1) of range s of a token's n_ctx ones: the bound max_seq_len cut
+// into `splits` equal ranges, the last taking the rest (one range: all of them).
+__device__ __forceinline__ void context_range(int n_ctx, int s, int splits, int max_seq_len,
+                                              int* j0, int* j1) {
+  *j0 = 0, *j1 = n_ctx;
+  if (splits > 1) {
+    const int len = (max_seq_len + splits - 1) / splits;
+    *j0 = min(s * len, n_ctx);
+    *j1 = s == splits - 1 ? n_ctx : min(*j0 + len, n_ctx);
+  }
+}
+
 __device__ __forceinline__ int seq_of(const int32_t* qs, int n_seqs, int t) {
   int lo = 0, hi = n_seqs - 1;  // the last s with qs[s] <= t
   while (lo < hi) {
@@ -163,13 +175,8 @@ __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __res
   const int hn = min(kHeadGroup, d.heads - h0);
   const int seq = seq_of(qs, n_seqs, t);
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
-  const int n_ctx = pos[t] + 1;
-  int j0 = 0, j1 = n_ctx;
-  if (d.splits > 1) {
-    const int len = (max_seq_len + d.splits - 1) / d.splits;
-    j0 = min(s * len, n_ctx);
-    j1 = s == d.splits - 1 ? n_ctx : min(j0 + len, n_ctx);
-  }
+  int j0, j1;
+  context_range(pos[t] + 1, s, d.splits, max_seq_len, &j0, &j1);
   for (int i = threadIdx.x; i < hn * W; i += blockDim.x)
     qsm[i] = qlat[(static_cast<size_t>(t) * d.heads + h0) * W + i];
   for (int i = threadIdx.x; i < hn * L; i += blockDim.x) osm[i] = 0.f;
@@ -248,24 +255,6 @@ size_t attend_tc_smem(int mt, int W) {
          2 * heads * sizeof(float);
 }
 
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(dev::smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(dev::smem_u32(p)));
-}
-
 // Block (token, group of 16 MT heads, range), 2 MT warps: the same partials as
 // mla_attend_kernel, the products on the tensor cores (mma.sync m16n8k16, bf16 in, fp32
 // accumulation). The heads' latent queries are rounded to bf16 into shared memory once; tiles
@@ -297,13 +286,8 @@ __global__ void __launch_bounds__(64 * MT)
   const int hn = min(HG, d.heads - h0);
   const int seq = seq_of(qs, n_seqs, t);
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
-  const int n_ctx = pos[t] + 1;
-  int j0 = 0, j1 = n_ctx;
-  if (d.splits > 1) {
-    const int len = (max_seq_len + d.splits - 1) / d.splits;
-    j0 = min(s * len, n_ctx);
-    j1 = s == d.splits - 1 ? n_ctx : min(j0 + len, n_ctx);
-  }
+  int j0, j1;
+  context_range(pos[t] + 1, s, d.splits, max_seq_len, &j0, &j1);
   const int chunks = W / 8;  // 16-byte pieces of a row
   auto issue_tile = [&](int jt, int buf) {
     bf16* dst = kv_s + buf * BN * P;
@@ -358,10 +342,10 @@ __global__ void __launch_bounds__(64 * MT)
 #pragma unroll 4
     for (int kk = 0; kk < W / 16; ++kk) {
       uint32_t a[4], b[4];
-      ldsm_x4(a, qa + kk * 16);
-      ldsm_x4(b, kb + kk * 16);
-      mma_bf16(sc[0], a, b[0], b[1]);
-      mma_bf16(sc[1], a, b[2], b[3]);
+      dev::ldsm_x4(a, qa + kk * 16);
+      dev::ldsm_x4(b, kb + kk * 16);
+      dev::mma_bf16_16816(sc[0], a, b[0], b[1]);
+      dev::mma_bf16_16816(sc[1], a, b[2], b[3]);
     }
     // Scale, mask the rows past the range, this half's maxima.
     const int r0 = jt + hf * 16 + tg * 2;
@@ -415,14 +399,14 @@ __global__ void __launch_bounds__(64 * MT)
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t a[4];
-      ldsm_x4(a, pa + kk * 16);
+      dev::ldsm_x4(a, pa + kk * 16);
       const bf16* vb = kv + (kk * 16 + vrow) * P + vcol;
 #pragma unroll
       for (int j = 0; j < NJ; j += 2) {
         uint32_t b[4];
-        ldsm_x4_trans(b, vb + j * 8);
-        mma_bf16(o[j], a, b[0], b[1]);
-        mma_bf16(o[j + 1], a, b[2], b[3]);
+        dev::ldsm_x4_trans(b, vb + j * 8);
+        dev::mma_bf16_16816(o[j], a, b[0], b[1]);
+        dev::mma_bf16_16816(o[j + 1], a, b[2], b[3]);
       }
     }
     __syncthreads();  // every warp done with tile `buf`, P and the maxima before reuse

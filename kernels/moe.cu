@@ -939,20 +939,6 @@ __global__ void __launch_bounds__(1024) moe_plan_grouped(MoeExpertsArgs a, Group
   }
 }
 
-__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(dev::smem_u32(p)));
-}
-
 // The grouped product of one (group, 64-row tile, 64-column tile). GATE_UP: A rows are the
 // tokens' x (through row_src), B the group's [gate | up] rows (32 gate rows i0.. and the 32
 // up rows inter + i0..), the epilogue writes act = silu(g) * u for 32 columns. Else (down):
@@ -1094,19 +1080,20 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
       for (int mi = 0; mi < 2; ++mi) {
         const int r = wm * 32 + mi * 16 + (lane & 15);
         const int c = kk + (lane >> 4) * 8;
-        ldmatrix_x4(af[mi], sA + (st * kGBM + r) * kGLds + c);
+        dev::ldsm_x4(af[mi], sA + (st * kGBM + r) * kGLds + c);
       }
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {
         const int r = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
         const int c = kk + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4(bfr[nj], sB + (st * kGBM + r) * kGLds + c);
+        dev::ldsm_x4(bfr[nj], sB + (st * kGBM + r) * kGLds + c);
       }
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
-          mma16816(acc[mi][ni], af[mi], bfr[ni >> 1][(ni & 1) * 2], bfr[ni >> 1][(ni & 1) * 2 + 1]);
+          dev::mma_bf16_16816(acc[mi][ni], af[mi], bfr[ni >> 1][(ni & 1) * 2],
+                              bfr[ni >> 1][(ni & 1) * 2 + 1]);
     }
     __syncthreads();
   }
