@@ -601,14 +601,26 @@ void finish_target(TargetRun* t, const SendOptions& o) {
 
 // Each file's cache was dropped when its last chunk was acked, but pages that TCP still
 // held then (sendfile lends them to the socket until the peer's TCP acks) stay: drop the
-// cache of every file read once more, now that every target has reported, and check it
-// (bounded: a few retries while the last acks are processed).
+// cache of every file read once more, now that every target has reported, and drop again
+// what is still resident while the last acks are processed. The retries share one bound
+// (2 s for the whole model, not per file): pages that stay because another process maps
+// the file cannot cost a pause per file.
 void drop_read_cache(const std::vector<std::string>& read_paths) {
-  for (const auto& path : read_paths) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) continue;
-    (void)evict_fd_settled(fd, false, 10);
-    ::close(fd);
+  std::vector<std::string> left = read_paths;
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (int k = 0; !left.empty(); ++k) {
+    std::vector<std::string> still;
+    for (const auto& path : left) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) continue;
+      (void)evict_fd(fd, false);
+      ::close(fd);
+      auto r = file_residency(path);
+      if (r && r->resident_bytes() > 0) still.push_back(path);
+    }
+    left.swap(still);
+    if (left.empty() || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 * (k + 1), 200)));
   }
 }
 

@@ -69,7 +69,7 @@ fail_logs=()
 # of the CI log must repeat.
 doctest_failures() {
   awk '/^TEST CASE:/ {tc = $0}
-       /^[^ ]+:[0-9]+: (FATAL )?ERROR: / {if (tc != last) print tc; last = tc; print; n = 4; next}
+       /^[^ ]+:[0-9]+: (FATAL )?ERROR: / {if (tc != last) print tc; last = tc; print; n = 12; next}
        n > 0 {print; n--}' "$1" | head -n 80
 }
 

@@ -31,7 +31,9 @@ using nlohmann::json;
 
 namespace {
 
-// The fault server of rank R listens on 4<R><suffix>; the suffix differs per ring.
+// The fault server of rank R listens on 2<R><suffix> (20100-23989): below the kernel's
+// ephemeral range, so no outgoing connection of another process can hold it when the engine
+// binds. The suffix differs per ring.
 int next_suffix() {
   static int n = 0;
   return 100 + (static_cast<int>(::getpid()) * 7 + 37 * n++) % 890;
@@ -48,17 +50,19 @@ struct LocalRing {
   std::string cfg;
   std::map<std::string, std::string> env;  // overrides for sparkctl (the environment wins)
 
+  // HEARTBEAT_TIMEOUT is long: no case here tests how fast a lost rank is noticed, and on a
+  // loaded machine a heartbeat can come a second late, which would fail a start as fatal.
   explicit LocalRing(int n = 2, const std::string& extra = "") : nodes(n) {
     std::string text = fmt::format(
         "RING_NAME=e2e\nMODEL=demo\nENGINE=exec\n"
         "ENGINE_EXEC='m=healthy; a=0s; if [ -f {dir}/once-$SPARK_RANK ]; then "
         "read m a < {dir}/once-$SPARK_RANK; rm -f {dir}/once-$SPARK_RANK; fi; "
-        "exec {fault} --port 4${{SPARK_RANK}}{suf} --mode $m --after $a --watch-pid $SPARKD_PID'\n"
-        "ENGINE_HEALTH_URL='http://127.0.0.1:4{{rank}}{suf}/health'\n"
-        "ENGINE_API_URL='http://127.0.0.1:4{{rank}}{suf}'\nPROBE_EXPECT=Paris\n"
+        "exec {fault} --port 2${{SPARK_RANK}}{suf} --mode $m --after $a --watch-pid $SPARKD_PID'\n"
+        "ENGINE_HEALTH_URL='http://127.0.0.1:2{{rank}}{suf}/health'\n"
+        "ENGINE_API_URL='http://127.0.0.1:2{{rank}}{suf}'\nPROBE_EXPECT=Paris\n"
         "API_PORT={api}\nRDZV_PORT={rdzv}\nSTATE_DIR={dir}/state\n"
         "SPARKD_BIN={sparkd}\nSPARKCTL_BIN={sparkctl}\n"
-        "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=1s\nSTALL_TIMEOUT=2s\nJOIN_TIMEOUT=10s\n"
+        "HEARTBEAT_INTERVAL=200ms\nHEARTBEAT_TIMEOUT=10s\nSTALL_TIMEOUT=2s\nJOIN_TIMEOUT=10s\n"
         "SHUTDOWN_GRACE=2s\nSTOP_GRACE=6s\nREADY_TIMEOUT=20s\nMEM_FREE_MIN=1MiB\nMEM_WAIT=2s\n"
         "WATCH_GRACE=0s\nWATCH_FAILURES=3\nWATCH_BACKOFF=0s\nSTART_CHECKS=port.free\n"
         "WATCH_ALERT_CMD='echo \"$SPARK_EVENT $SPARK_REASON\" >> {dir}/alerts'\n",

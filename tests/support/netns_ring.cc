@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "core/strings.h"
 #include "core/http_client.h"
+#include "core/strings.h"
 
 namespace spark::test {
 
@@ -23,7 +23,12 @@ bool pid_alive(int pid) {
 }
 
 std::string CtlRun::all() const {
-  return fmt::format("rc {}\nstdout:\n{}\nstderr:\n{}", rc, out, err);
+  // The reason first: a failed check's log keeps only its first lines.
+  std::string why;
+  if (j.is_object() && j.contains("error") && j["error"].is_object())
+    why = j["error"].value("message", "");
+  return fmt::format("rc {}{}{}\nstderr:\n{}\nstdout:\n{}", rc, why.empty() ? "" : ": ", why, err,
+                     out);
 }
 
 std::string NetnsRing::node_name(int rank) {
