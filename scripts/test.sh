@@ -5,10 +5,12 @@
 #      reference script test fetches its own packages into tests/e2e/chat_templates)
 #   2. build with warnings as errors (build-ci/, ccache) and run every ctest tier:
 #      unit, drill, e2e, script, hw (hw tests skip with a printed reason without a GPU/HCA)
-#   3. an ASan+UBSan build of the unit tests (build-asan/, CUDA off, the test sources
-#      compiled a batch at a time: SPARK_UNITY_TESTS) and run it
-#   4. the libFuzzer build with clang (build-fuzz/) and run each fuzz target for a bounded
-#      time on its seed corpus (tests/fuzz/corpus/<target>/), JOBS targets at a time
+#   3. one sanitizer build (build-san/: clang at -O0, ASan + UBSan + libFuzzer's coverage,
+#      CUDA off, the test sources compiled a batch at a time: SPARK_UNITY_TESTS) that makes
+#      both the unit tests, run under the sanitizers, and the fuzz targets, each run for a
+#      bounded time on its seed corpus (tests/fuzz/corpus/<target>/), JOBS at a time.
+#      Without clang's fuzzer runtime: gcc's ASan build of the unit tests (build-asan/)
+#      and the fuzz targets skipped with the reason
 # It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
 # nothing failed.
 #
@@ -27,7 +29,7 @@ for a in "$@"; do
     --no-asan) do_asan=0 ;;
     --no-fuzz) do_fuzz=0 ;;
     --no-deps) do_deps=0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $a (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -138,10 +140,11 @@ fuzz_result() {
 # run_fuzz TARGET CORPUS_DIR: bounded libFuzzer run; prints the tail of its log.
 run_fuzz() {
   local t=$1 work=$2 log rc
-  log=build-fuzz/artifacts/$t.log
-  timeout $((FUZZ_SECONDS + 120)) build-fuzz/tests/fuzz/"$t" -max_total_time="$FUZZ_SECONDS" \
+  log=build-san/artifacts/$t.log
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  timeout $((FUZZ_SECONDS + 120)) build-san/tests/fuzz/"$t" -max_total_time="$FUZZ_SECONDS" \
     -max_len=8192 -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$SRC/build-fuzz/artifacts/$t-" "$work" >"$log" 2>&1
+    -artifact_prefix="$SRC/build-san/artifacts/$t-" "$work" >"$log" 2>&1
   rc=$?
   grep -Ev '^(#[0-9]|"|[[:space:]]+NEW_FUNC|###### )' "$log" | tail -n 25
   return $rc
@@ -173,19 +176,6 @@ if stage configure quiet cmake -S . -B build-ci -G Ninja -DCMAKE_BUILD_TYPE= -DS
   for label in unit drill e2e script hw; do tier build-ci "$label"; done
 fi
 
-# Sanitizers: the unit tier under ASan+UBSan (gcc), CUDA off to save time, and the test
-# sources compiled eight to a unit (SPARK_UNITY_TESTS), which halves their compile time;
-# the main build above compiles each one alone, so a missing #include still fails there.
-if ((do_asan)); then
-  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
-       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}" &&
-     stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
-    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
-    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-      stage asan-unit build-asan/tests/spark_unit_tests
-  fi
-fi
-
 # libFuzzer needs clang and its fuzzer runtime (libclang-rt-N-dev, which install-deps.sh
 # installs where apt offers it): without them the tier is skipped with the reason.
 fuzz_missing() {
@@ -198,41 +188,87 @@ fuzz_missing() {
   rm -rf "$d"
   ((rc != 0))
 }
-if ((do_fuzz)) && fuzz_why=$(fuzz_missing); then
-  echo "=== fuzz: SKIP: $fuzz_why (install the fuzzer runtime: scripts/install-deps.sh names it)"
-  do_fuzz=0 skipped=$((skipped + 1))
+have_fuzz=1
+if ((do_asan || do_fuzz)) && fuzz_why=$(fuzz_missing); then
+  have_fuzz=0
+  if ((do_fuzz)); then
+    echo "=== fuzz: SKIP: $fuzz_why (install the fuzzer runtime: scripts/install-deps.sh names it)"
+    do_fuzz=0 skipped=$((skipped + 1))
+  fi
 fi
 
-# libFuzzer: clang, every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its
-# seed corpus. A crash leaves its input in build-fuzz/artifacts/.
-if ((do_fuzz)); then
-  if stage fuzz-configure quiet cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang \
-       -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARK_FUZZ=ON \
-       -DSPARK_TESTS=OFF -DSPARK_CUDA=OFF "${LAUNCHER[@]}"; then
-    mapfile -t targets < <(grep -v '^$' build-fuzz/tests/fuzz/fuzz_targets.txt)
-    if stage fuzz-build ninja -C build-fuzz -j "$JOBS" "${targets[@]}"; then
-      mkdir -p build-fuzz/artifacts
-      # JOBS targets at a time (each is one process on one core), then each one's result
-      # as a stage of its own, in the list's order.
-      fuzz_out=$(mktemp -d)
-      for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
-        for t in "${targets[@]:i:JOBS}"; do
-          (
-            work=$(mktemp -d)
-            [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
-            run_fuzz "$t" "$work" >"$fuzz_out/$t.out" 2>&1
-            echo $? >"$fuzz_out/$t.rc"
-            rm -rf "$work"
-          ) &
-        done
-        wait
-      done
-      for t in "${targets[@]}"; do
-        stage "fuzz:$t" fuzz_result "$fuzz_out/$t"
-      done
-      rm -rf "$fuzz_out"
+
+# The unit tier under ASan+UBSan (UBSan's checks abort: a finding fails the run), with a
+# 64 MiB stack: at -O0 with the sanitizers a frame of the template evaluator is several
+# times its optimised size, and the cases that recurse to the evaluator's depth limits
+# (256 macro calls) overflow the usual 8 MiB.
+san_unit() {
+  (
+    ulimit -s 65536 2>/dev/null || true
+    ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
+    UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+      "$1"/tests/spark_unit_tests
+  )
+}
+
+# Sanitizers and fuzzing from ONE build where clang can (SPARK_SANITIZE + SPARK_FUZZ):
+# ASan and UBSan everywhere, libFuzzer's coverage only in the libraries the fuzz targets
+# link, -O0 but for the engine and the kernels' C++ twins (-O1, spark_hot_code). It
+# compiles the libraries once for the unit tests and the fuzz targets: from an empty cache
+# build and unit run took 955 s, against 1562 s for gcc's ASan build, its run and clang's
+# fuzz build (docs/DEVELOPING.md, CI time). CUDA off; the test sources eight to a unit
+# (SPARK_UNITY_TESTS): the main build above compiles each one alone, so a missing #include
+# still fails there.
+fuzz_targets=()
+if ((have_fuzz && (do_asan || do_fuzz))); then
+  san_targets=()
+  if stage san-configure quiet cmake -S . -B build-san -G Ninja -DCMAKE_C_COMPILER=clang \
+       -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON -DSPARK_FUZZ=ON \
+       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}"; then
+    mapfile -t fuzz_targets < <(grep -v '^$' build-san/tests/fuzz/fuzz_targets.txt)
+    ((do_asan)) && san_targets+=(spark_unit_tests)
+    ((do_fuzz)) && san_targets+=("${fuzz_targets[@]}")
+    if stage san-build ninja -C build-san -j "$JOBS" "${san_targets[@]}"; then
+      ((do_asan)) && stage asan-unit san_unit build-san
+    else
+      do_fuzz=0
     fi
+  else
+    do_fuzz=0
   fi
+elif ((do_asan)); then
+  # No clang fuzzer runtime: gcc's ASan build of the unit tests.
+  if stage asan-configure quiet cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_SANITIZE=ON \
+       -DSPARK_CUDA=OFF -DSPARK_TESTS=ON -DSPARK_UNITY_TESTS=ON "${LAUNCHER[@]}" &&
+     stage asan-build ninja -C build-asan -j "$JOBS" spark_unit_tests; then
+    stage asan-unit san_unit build-asan
+  fi
+fi
+
+# libFuzzer: every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its seed
+# corpus. A crash leaves its input in build-san/artifacts/.
+if ((do_fuzz)); then
+  targets=("${fuzz_targets[@]}")
+  mkdir -p build-san/artifacts
+  # JOBS targets at a time (each is one process on one core), then each one's result
+  # as a stage of its own, in the list's order.
+  fuzz_out=$(mktemp -d)
+  for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
+    for t in "${targets[@]:i:JOBS}"; do
+      (
+        work=$(mktemp -d)
+        [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
+        run_fuzz "$t" "$work" >"$fuzz_out/$t.out" 2>&1
+        echo $? >"$fuzz_out/$t.rc"
+        rm -rf "$work"
+      ) &
+    done
+    wait
+  done
+  for t in "${targets[@]}"; do
+    stage "fuzz:$t" fuzz_result "$fuzz_out/$t"
+  done
+  rm -rf "$fuzz_out"
 fi
 
 echo

@@ -27,7 +27,8 @@ TEST_CASE("examples: every env/examples/*.env validates without warnings") {
     if (auto it = expect_nodes.find(name); it != expect_nodes.end())
       CHECK(cfg->nodes.size() == it->second);
   }
-  for (const auto& [name, n] : expect_nodes) {
+  for (const auto& e : expect_nodes) {
+    const std::string& name = e.first;
     INFO(name);
     CHECK(std::find(seen.begin(), seen.end(), name) != seen.end());
   }

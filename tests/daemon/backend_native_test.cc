@@ -67,8 +67,10 @@ TEST_CASE("native backend: serves the demo model; SLOTS and CONTEXT_LEN; the pro
 TEST_CASE("native backend: CHAT_FORMAT overrides the detected chat format") {
   test::TempDir dir("native-chatfmt");
   REQUIRE(engine::write_demo_model(dir / "model", false).ok());
-  for (auto [key, want] : {std::pair<std::string, std::string>{"", "chat format chatml"},
-                           {"CHAT_FORMAT=mistral\n", "chat format mistral (from CHAT_FORMAT)"}}) {
+  for (const auto& c : {std::pair<std::string, std::string>{"", "chat format chatml"},
+                        {"CHAT_FORMAT=mistral\n", "chat format mistral (from CHAT_FORMAT)"}}) {
+    const std::string& key = c.first;
+    const std::string& want = c.second;
     RingConfig cfg = ring("MODEL_PATH=" + dir / "model" + "\nSLOTS=1\nCONTEXT_LEN=64\n" + key);
     auto e = make_backend(cfg, 0);
     BackendContext ctx;

@@ -214,7 +214,9 @@ Results scenario(Engine& eng) {
 void check_same(const Results& want, const Results& got, const std::string& what) {
   CAPTURE(what);
   REQUIRE(got.size() == want.size());
-  for (const auto& [name, choices] : want) {
+  for (const auto& w : want) {
+    const auto& name = w.first;
+    const auto& choices = w.second;
     CAPTURE(name);
     if (name == "unseeded") continue;  // a fresh seed each run: compared across ranks only
     const auto& g = got.at(name);

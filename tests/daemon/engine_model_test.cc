@@ -425,7 +425,7 @@ TEST_CASE("model: absurd or nonsense config.json values are refused with the key
     return r.ok() ? std::string() : r.error().message;
   };
   CHECK(err("").empty());
-  for (const auto& [extra, key] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& c : std::vector<std::pair<std::string, std::string>>{
            {R"(,"hidden_size":1000000000)", "hidden_size"},
            {R"(,"vocab_size":1000000000)", "vocab_size"},
            {R"(,"head_dim":1000000000)", "head_dim"},
@@ -435,6 +435,8 @@ TEST_CASE("model: absurd or nonsense config.json values are refused with the key
            {R"(,"rope_theta":0)", "rope_theta"},
            {R"(,"num_hidden_layers":100000)", "num_hidden_layers"},
            {R"(,"bos_token_id":10)", "bos_token_id"}}) {
+    const std::string& extra = c.first;
+    const std::string& key = c.second;
     CAPTURE(extra);
     std::string m = err(extra);
     CHECK(m.find("/m/config.json") != std::string::npos);

@@ -56,7 +56,9 @@ TEST_CASE("shard plan: ranks cover each split tensor exactly once and fill their
         CHECK(filled[{d.layer, static_cast<int>(d.role)}] == d.numel);
       }
     }
-    for (const auto& [name, h] : hits) {
+    for (const auto& hit : hits) {
+      const auto& name = hit.first;
+      const auto& h = hit.second;
       CAPTURE(name);
       const bool replicated = name.find("norm") != std::string::npos ||
                               name.find("embed") != std::string::npos ||

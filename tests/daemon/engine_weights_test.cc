@@ -175,7 +175,9 @@ TEST_CASE("engine: two CPU ranks of one host learn at start that they share its 
   RuntimeOptions o;
   o.model_dir = dir.path();
   o.timeout_ms = 20000;
-  auto [r0, r1] = start_two(o);
+  auto two = start_two(o);
+  auto& r0 = two.first;
+  auto& r1 = two.second;
   REQUIRE_MESSAGE(r0.ok(), (r0.ok() ? std::string() : r0.error().message));
   REQUIRE_MESSAGE(r1.ok(), (r1.ok() ? std::string() : r1.error().message));
   for (auto* r : {&*r0, &*r1}) {
@@ -301,7 +303,9 @@ TEST_CASE("cuda engine: two ranks sharing the GPU split its free memory for thei
   o.engine.kv_cache_bytes = ~0ull;
   o.engine.kv_from_free_memory = true;
   o.engine.mem_reserve = before->free_bytes - room;
-  auto [r0, r1] = start_two(o);
+  auto two = start_two(o);
+  auto& r0 = two.first;
+  auto& r1 = two.second;
   REQUIRE_MESSAGE(r0.ok(), (r0.ok() ? std::string() : r0.error().message));
   REQUIRE_MESSAGE(r1.ok(), (r1.ok() ? std::string() : r1.error().message));
   const auto& plan = (*r0)->kv_memory_plan();

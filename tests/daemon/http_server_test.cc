@@ -373,7 +373,9 @@ TEST_CASE("http: no request leaves the in-flight count wrong; every error is Ope
            "GET /%ff HTTP/1.1\r\nHost: x\r\n" + auth + "\r\nGET /%fe HTTP/1.1\r\n" + auth + "\r\n"},
           {"truncated", "POST /v1/echo HTTP/1.1\r\nContent-Length: 50\r\n\r\nabc"},
       };
-      for (const auto& [name, bytes] : cases) {
+      for (const auto& c : cases) {
+        const auto& name = c.first;
+        const auto& bytes = c.second;
         CAPTURE(name);
         std::string reply = raw_exchange(s.port(), bytes);
         if (name == "pipelined") {

@@ -290,7 +290,8 @@ TEST_CASE("gpu rope with the KV write: bit for bit what rope and then the KV wri
 TEST_CASE("gpu rmsnorm_fold_weight: a norm's weight folded into a product's, bit for bit") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("fold weight"));
-  for (auto [rows, cols] : {std::pair<size_t, size_t>{1, 8}, {3, 4096}, {4099, 64}}) {
+  for (auto shape : {std::pair<size_t, size_t>{1, 8}, {3, 4096}, {4099, 64}}) {
+    const size_t rows = shape.first, cols = shape.second;
     CAPTURE(rows);
     CAPTURE(cols);
     auto w = as_stored(randoms(rng, rows * cols, -2, 2), DType::bf16);
