@@ -28,15 +28,6 @@ namespace {
 // shuffles and lane r * M + m stores unit r's output for A row m.
 constexpr int kWarps = 8;
 
-__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 // 16 e4m3 values (byte e of the load is value e) widened exactly to float.
 __device__ __forceinline__ void e4m3x16_to_f(const uint4& v, float* f) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -154,8 +145,8 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
         const uint4 a0 = in ? __ldg(arow[m] + 2 * i) : zero;
         const uint4 a1 = in ? __ldg(arow[m] + 2 * i + 1) : zero;
         float af[16];
-        bf16x8_to_f(a0, af);
-        bf16x8_to_f(a1, af + 8);
+        dev::bf16x8_to_f(a0, af);
+        dev::bf16x8_to_f(a1, af + 8);
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll

@@ -99,15 +99,6 @@ constexpr int kGemvWarps = 8;
 // multiprocessor: four blocks of eight (the register file's 64 Ki / (58 x 256)).
 constexpr size_t kGemvResidentWarpsPerSm = 32;
 
-__device__ __forceinline__ void bf16x8_to_f(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 // The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
 // of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
 // rope_kernel computes it from the stored values; k's rotated and v's rows also go to the
@@ -237,10 +228,10 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
     for (int u = 0; u < U; ++u) {
       float af[M][8];
 #pragma unroll
-      for (int m = 0; m < M; ++m) bf16x8_to_f(av[u][m], af[m]);
+      for (int m = 0; m < M; ++m) dev::bf16x8_to_f(av[u][m], af[m]);
       if constexpr (NORM == 1) {
         float nf[8];
-        bf16x8_to_f(nv[u], nf);
+        dev::bf16x8_to_f(nv[u], nf);
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -259,7 +250,7 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
           float wf[8];
-          bf16x8_to_f(wv[u][r][j], wf);
+          dev::bf16x8_to_f(wv[u][r][j], wf);
 #pragma unroll
           for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -469,7 +460,7 @@ __device__ __forceinline__ void tc_block(const MatmulArgs& p, size_t blk, const 
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           float f[8];
-          bf16x8_to_f(av[u][j], f);
+          dev::bf16x8_to_f(av[u][j], f);
 #pragma unroll
           for (int e = 0; e < 8; ++e) ss[j] = fmaf(f[e], f[e], ss[j]);
         }

@@ -48,47 +48,96 @@ __device__ __forceinline__ void rotate(float* x, int rope, int pos, const float*
   x[i1] = a1 * c + a0 * s;
 }
 
-// Block (head, group of kTokGroup tokens): q_lat[t][h] = q_nope W_UK (latent wide, fp32) and
-// q_pe rotated (written back to q in bf16 and, fp32, after the latent in the workspace row).
-__global__ void mla_q_kernel(bf16* __restrict__ q, const bf16* __restrict__ kv_b,
-                             const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
-                             size_t n_tokens, Dims d, bool interleave, float factor,
-                             float* __restrict__ qlat) {
+// Latent columns per block of the query's absorbed product: 8 lanes of 8 columns (16 bytes of
+// a W_UK row each), the warp's 4 groups of 8 lanes and the block's 8 warps on 32 rows at a
+// time, so a block reads its slice of every W_UK row once with 16-byte loads.
+constexpr int kQCols = 64;
+
+// Block (head, group of kTokGroup tokens, slice of kQCols latent columns): q_lat[t][h] over
+// the slice = q_nope W_UK (fp32), the rows' partial sums met by shuffles and in shared
+// memory; the slice-0 block also rotates q_pe (written back to q in bf16 and, fp32, after the
+// latent in the workspace row).
+__global__ void __launch_bounds__(kThreads)
+    mla_q_kernel(bf16* __restrict__ q, const bf16* __restrict__ kv_b,
+                 const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
+                 size_t n_tokens, Dims d, bool interleave, float factor, float* __restrict__ qlat) {
   dev::pdl_wait();
   dev::pdl_trigger();
-  extern __shared__ float sm[];  // [kTokGroup][nope + rope]
+  extern __shared__ float sm[];  // [kTokGroup][nope + rope], then [8 warps][kTokGroup][kQCols]
   const int h = blockIdx.x, qk = d.nope + d.rope;
+  const bool first = blockIdx.z == 0;
   const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
   const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
-  for (int k = 0; k < nt; ++k) {
+  // Only the slice-0 block reads (and rewrites) q_pe; the others read q_nope alone.
+  const int width = first ? qk : d.nope;
+  for (int k = 0; k < kTokGroup; ++k) {
     const bf16* src = q + ((t0 + k) * d.heads + h) * static_cast<size_t>(qk);
-    for (int i = threadIdx.x; i < qk; i += blockDim.x) sm[k * qk + i] = __bfloat162float(src[i]);
+    for (int i = threadIdx.x; i < width; i += blockDim.x)
+      sm[k * qk + i] = k < nt ? __bfloat162float(src[i]) : 0.f;
   }
   __syncthreads();
-  for (int k = 0; k < nt; ++k)
-    for (int i = threadIdx.x; i < d.rope / 2; i += blockDim.x)
-      rotate(sm + k * qk + d.nope, d.rope, pos[t0 + k], inv_freq, interleave, factor, i);
-  __syncthreads();
-  for (int k = 0; k < nt; ++k) {
-    const size_t row = (t0 + k) * d.heads + h;
-    bf16* dst = q + row * static_cast<size_t>(qk) + d.nope;
-    float* ql = qlat + row * static_cast<size_t>(d.width) + d.latent;
-    for (int i = threadIdx.x; i < d.rope; i += blockDim.x) {
-      const float v = sm[k * qk + d.nope + i];
-      dst[i] = __float2bfloat16_rn(v);
-      ql[i] = v;
-    }
-  }
-  const bf16* wk = kv_b + static_cast<size_t>(h) * (d.nope + d.v_dim) * d.latent;
-  for (int c = threadIdx.x; c < d.latent; c += blockDim.x) {
-    float acc[kTokGroup] = {};
-    for (int i = 0; i < d.nope; ++i) {
-      const float w = __bfloat162float(wk[static_cast<size_t>(i) * d.latent + c]);
-#pragma unroll
-      for (int k = 0; k < kTokGroup; ++k) acc[k] += sm[k * qk + i] * w;
-    }
+  if (first) {
     for (int k = 0; k < nt; ++k)
-      qlat[((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + c] = acc[k];
+      for (int i = threadIdx.x; i < d.rope / 2; i += blockDim.x)
+        rotate(sm + k * qk + d.nope, d.rope, pos[t0 + k], inv_freq, interleave, factor, i);
+    __syncthreads();
+    for (int k = 0; k < nt; ++k) {
+      const size_t row = (t0 + k) * d.heads + h;
+      bf16* dst = q + row * static_cast<size_t>(qk) + d.nope;
+      float* ql = qlat + row * static_cast<size_t>(d.width) + d.latent;
+      for (int i = threadIdx.x; i < d.rope; i += blockDim.x) {
+        const float v = sm[k * qk + d.nope + i];
+        dst[i] = __float2bfloat16_rn(v);
+        ql[i] = v;
+      }
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col = static_cast<int>(blockIdx.z) * kQCols + (lane & 7) * 8;
+  const int rg = warp * 4 + (lane >> 3);  // row group: rows rg, rg + 32, ...
+  const bool live = col < d.latent;
+  const bf16* wk = kv_b + static_cast<size_t>(h) * (d.nope + d.v_dim) * d.latent;
+  float acc[kTokGroup][8];
+#pragma unroll
+  for (int k = 0; k < kTokGroup; ++k)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[k][e] = 0.f;
+  if (live) {
+#pragma unroll 4
+    for (int i = rg; i < d.nope; i += 32) {
+      float w[8];
+      dev::bf16x8_to_f(
+          __ldg(reinterpret_cast<const uint4*>(wk + static_cast<size_t>(i) * d.latent + col)), w);
+#pragma unroll
+      for (int k = 0; k < kTokGroup; ++k) {
+        const float x = sm[k * qk + i];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(x, w[e], acc[k][e]);
+      }
+    }
+  }
+  // The warp's 4 row groups (lanes 8 apart), then the 8 warps in shared memory.
+#pragma unroll
+  for (int k = 0; k < kTokGroup; ++k)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      acc[k][e] += __shfl_xor_sync(0xffffffffu, acc[k][e], 8);
+      acc[k][e] += __shfl_xor_sync(0xffffffffu, acc[k][e], 16);
+    }
+  float* red = sm + kTokGroup * qk;
+  if (lane < 8)
+#pragma unroll
+    for (int k = 0; k < kTokGroup; ++k)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[(warp * kTokGroup + k) * kQCols + lane * 8 + e] = acc[k][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < nt * kQCols; i += blockDim.x) {
+    const int k = i / kQCols, c = i - k * kQCols;
+    const int gc = static_cast<int>(blockIdx.z) * kQCols + c;
+    if (gc >= d.latent) continue;
+    float v = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) v += red[(w * kTokGroup + k) * kQCols + c];
+    qlat[((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + gc] = v;
   }
 }
 
@@ -129,15 +178,18 @@ __global__ void mla_kv_kernel(bf16* __restrict__ kv_a, const bf16* __restrict__ 
   }
 }
 
-// The positions [*j0, *j1) of range s of a token's n_ctx ones: the bound max_seq_len cut
-// into `splits` equal ranges, the last taking the rest (one range: all of them).
-__device__ __forceinline__ void context_range(int n_ctx, int s, int splits, int max_seq_len,
-                                              int* j0, int* j1) {
+// The positions [*j0, *j1) of range s of a token's n_ctx ones: the context shared out evenly
+// over `splits` ranges (not the bound's max_seq_len, so that a short context in a graph
+// captured for long ones still spreads over every range), each rounded up to whole tiles of
+// `tile` rows (one range: all of them).
+__device__ __forceinline__ void context_range(int n_ctx, int s, int splits, int tile, int* j0,
+                                              int* j1) {
   *j0 = 0, *j1 = n_ctx;
   if (splits > 1) {
-    const int len = (max_seq_len + splits - 1) / splits;
+    int len = (n_ctx + splits - 1) / splits;
+    len = (len + tile - 1) / tile * tile;
     *j0 = min(s * len, n_ctx);
-    *j1 = s == splits - 1 ? n_ctx : min(*j0 + len, n_ctx);
+    *j1 = min(*j0 + len, n_ctx);
   }
 }
 
@@ -160,8 +212,7 @@ template <typename C>
 __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __restrict__ cache,
                                   const int32_t* __restrict__ tables, int table_w, int block_size,
                                   const int32_t* __restrict__ pos, const int32_t* __restrict__ qs,
-                                  int n_seqs, int max_seq_len, float scale, Dims d,
-                                  float* __restrict__ part) {
+                                  int n_seqs, float scale, Dims d, float* __restrict__ part) {
   dev::pdl_wait();
   dev::pdl_trigger();
   extern __shared__ float sm[];
@@ -176,7 +227,7 @@ __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __res
   const int seq = seq_of(qs, n_seqs, t);
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
   int j0, j1;
-  context_range(pos[t] + 1, s, d.splits, max_seq_len, &j0, &j1);
+  context_range(pos[t] + 1, s, d.splits, kTile, &j0, &j1);
   for (int i = threadIdx.x; i < hn * W; i += blockDim.x)
     qsm[i] = qlat[(static_cast<size_t>(t) * d.heads + h0) * W + i];
   for (int i = threadIdx.x; i < hn * L; i += blockDim.x) osm[i] = 0.f;
@@ -270,8 +321,7 @@ __global__ void __launch_bounds__(64 * MT)
     mla_attend_tc_kernel(const float* __restrict__ qlat, const bf16* __restrict__ cache,
                          const int32_t* __restrict__ tables, int table_w, int block_size,
                          const int32_t* __restrict__ pos, const int32_t* __restrict__ qs,
-                         int n_seqs, int max_seq_len, float scale, Dims d,
-                         float* __restrict__ part) {
+                         int n_seqs, float scale, Dims d, float* __restrict__ part) {
   constexpr int HG = 16 * MT, NT = 64 * MT, L = kTcLatent, BN = kTcRows, PP = kTcPPitch;
   constexpr int NJ = L / 2 / 8;  // n-tiles of O a warp owns
   dev::pdl_wait();
@@ -287,7 +337,7 @@ __global__ void __launch_bounds__(64 * MT)
   const int seq = seq_of(qs, n_seqs, t);
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
   int j0, j1;
-  context_range(pos[t] + 1, s, d.splits, max_seq_len, &j0, &j1);
+  context_range(pos[t] + 1, s, d.splits, BN, &j0, &j1);
   const int chunks = W / 8;  // 16-byte pieces of a row
   auto issue_tile = [&](int jt, int buf) {
     bf16* dst = kv_s + buf * BN * P;
@@ -442,13 +492,19 @@ __global__ void __launch_bounds__(64 * MT)
   }
 }
 
-// Block (head, group of kTokGroup tokens): the ranges' partials combined into the latent
-// context, then out = ctx W_UV^T (a warp per value row, the group's tokens together).
-__global__ void mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b,
-                               size_t n_tokens, Dims d, bf16* __restrict__ out) {
+// Value rows per block of the output product.
+constexpr int kOutRows = 64;
+
+// Block (head, group of kTokGroup tokens, kOutRows value rows): the ranges' partials combined
+// into the latent context (each of the head's blocks combines them: the partials are L2-hot
+// and small beside W_UV), then out = ctx W_UV^T over the block's rows: a warp per row at a
+// time, each lane 8 columns (16 bytes) of it per step, the group's tokens together.
+__global__ void __launch_bounds__(kThreads)
+    mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b, size_t n_tokens,
+                   Dims d, bf16* __restrict__ out) {
   dev::pdl_wait();
   dev::pdl_trigger();
-  extern __shared__ float sm[];  // [kTokGroup][latent]
+  extern __shared__ __align__(16) float out_sm[];  // [kTokGroup][latent]
   const int h = blockIdx.x, L = d.latent;
   const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
   const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
@@ -464,20 +520,30 @@ __global__ void mla_out_kernel(const float* __restrict__ part, const bf16* __res
       float acc = 0.f;
       for (int s = 0; s < d.splits; ++s)
         if (pr[s * P + 1] > 0.f) acc += expf(pr[s * P] - M) * pr[s * P + 2 + c];
-      sm[k * L + c] = acc / den;
+      out_sm[k * L + c] = acc / den;
     }
   }
   for (int k = nt; k < kTokGroup; ++k)
-    for (int c = threadIdx.x; c < L; c += blockDim.x) sm[k * L + c] = 0.f;
+    for (int c = threadIdx.x; c < L; c += blockDim.x) out_sm[k * L + c] = 0.f;
   __syncthreads();
   const bf16* wv = kv_b + (static_cast<size_t>(h) * (d.nope + d.v_dim) + d.nope) * L;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int v = warp; v < d.v_dim; v += nw) {
+  const int v0 = static_cast<int>(blockIdx.z) * kOutRows;
+  const int v1 = min(v0 + kOutRows, d.v_dim);
+  for (int v = v0 + warp; v < v1; v += nw) {
     float acc[kTokGroup] = {};
-    for (int c = lane; c < L; c += 32) {
-      const float w = __bfloat162float(wv[static_cast<size_t>(v) * L + c]);
+    for (int c = lane * 8; c < L; c += 256) {
+      float w[8];
+      dev::bf16x8_to_f(__ldg(reinterpret_cast<const uint4*>(wv + static_cast<size_t>(v) * L + c)),
+                       w);
 #pragma unroll
-      for (int k = 0; k < kTokGroup; ++k) acc[k] += sm[k * L + c] * w;
+      for (int k = 0; k < kTokGroup; ++k) {
+        const float4 x0 = *reinterpret_cast<const float4*>(out_sm + k * L + c);
+        const float4 x1 = *reinterpret_cast<const float4*>(out_sm + k * L + c + 4);
+        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[k] = fmaf(x[e], w[e], acc[k]);
+      }
     }
 #pragma unroll
     for (int k = 0; k < kTokGroup; ++k) acc[k] = dev::warp_sum(acc[k]);
@@ -502,8 +568,8 @@ Status launch_attend_tc(const MlaCudaArgs& a, const Dims& d, const float* qlat, 
   SPARK_CUDA_TRY(dev::launch(
       k, dim3(static_cast<unsigned>(a.n_tokens), groups, static_cast<unsigned>(a.splits)),
       dim3(64 * MT), smem, st, qlat, static_cast<const bf16*>(a.kv.k), a.block_tables,
-      a.max_blocks_per_seq, a.kv.block_size, a.positions, a.query_start, a.n_seqs, a.max_seq_len,
-      a.s.scale, d, part));
+      a.max_blocks_per_seq, a.kv.block_size, a.positions, a.query_start, a.n_seqs, a.s.scale, d,
+      part));
   return Status::Ok();
 }
 
@@ -559,7 +625,13 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
     return make_error(
         Errc::usage, fmt::format("mla: workspace of {} bytes, {} needed", a.workspace_bytes, need));
   const Dims d{s.heads, s.nope, s.rope, s.v_dim, s.latent, W, a.splits};
-  const size_t q_smem = static_cast<size_t>(kTokGroup) * (s.nope + s.rope) * sizeof(float);
+  // The absorbed products read kv_b 16 bytes at a time.
+  if (s.latent % 8 != 0 || reinterpret_cast<uintptr_t>(a.kv_b) % 16 != 0)
+    return make_error(
+        Errc::unsupported,
+        fmt::format("mla: latent {} must be a multiple of 8 and kv_b 16-byte aligned", s.latent));
+  const size_t q_smem =
+      static_cast<size_t>(kTokGroup) * (s.nope + s.rope + (kThreads / 32) * kQCols) * sizeof(float);
   const size_t kv_smem = (static_cast<size_t>(W) + 33) * sizeof(float);
   const int tc_tiles = attend_tc_tiles(a, W);
   // The tensor-core attention's shared memory was checked against the device's limit.
@@ -576,7 +648,10 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   auto* q = static_cast<bf16*>(a.q);
   const auto* kv_b = static_cast<const bf16*>(a.kv_b);
   const unsigned tok_groups = static_cast<unsigned>((a.n_tokens + kTokGroup - 1) / kTokGroup);
-  SPARK_CUDA_TRY(dev::launch(mla_q_kernel, dim3(static_cast<unsigned>(s.heads), tok_groups),
+  const unsigned q_slices = static_cast<unsigned>((s.latent + kQCols - 1) / kQCols);
+  const unsigned out_slices = static_cast<unsigned>((s.v_dim + kOutRows - 1) / kOutRows);
+  SPARK_CUDA_TRY(dev::launch(mla_q_kernel,
+                             dim3(static_cast<unsigned>(s.heads), tok_groups, q_slices),
                              dim3(kThreads), q_smem, st, q, kv_b, a.inv_freq, a.positions,
                              a.n_tokens, d, s.interleave, s.rope_factor, qlat));
   const long long pool_slots = static_cast<long long>(a.kv.num_blocks) * a.kv.block_size;
@@ -602,8 +677,9 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
             dim3(static_cast<unsigned>(a.n_tokens), head_groups, static_cast<unsigned>(a.splits)),
             dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
             static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
-            a.positions, a.query_start, a.n_seqs, a.max_seq_len, s.scale, d, part)));
-  SPARK_CUDA_TRY(dev::launch(mla_out_kernel, dim3(static_cast<unsigned>(s.heads), tok_groups),
+            a.positions, a.query_start, a.n_seqs, s.scale, d, part)));
+  SPARK_CUDA_TRY(dev::launch(mla_out_kernel,
+                             dim3(static_cast<unsigned>(s.heads), tok_groups, out_slices),
                              dim3(kThreads), out_smem, st, static_cast<const float*>(part), kv_b,
                              a.n_tokens, d, static_cast<bf16*>(a.out)));
   SPARK_CUDA_TRY(cudaGetLastError());

@@ -265,19 +265,10 @@ __device__ void decode_list(const MoeExpertsArgs& a, DecodeList* L) {
   __syncthreads();
 }
 
-__device__ __forceinline__ void bf16x8(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   float fw[8], fx[8];
-  bf16x8(w, fw);
-  bf16x8(x, fx);
+  dev::bf16x8_to_f(w, fw);
+  dev::bf16x8_to_f(x, fx);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) s = fmaf(fw[i], fx[i], s);
@@ -303,7 +294,7 @@ __device__ __forceinline__ void e4m3x8(const uint2& u, float* f) {
 __device__ __forceinline__ float dot8_fp8(const uint2& w, const uint4& x) {
   float fw[8], fx[8];
   e4m3x8(w, fw);
-  bf16x8(x, fx);
+  dev::bf16x8_to_f(x, fx);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) s = fmaf(fw[i], fx[i], s);
@@ -316,8 +307,8 @@ __device__ __forceinline__ float dot16_fp8(const uint4& w, const uint4& x0, cons
   float fw[16], fx[16];
   e4m3x8(make_uint2(w.x, w.y), fw);
   e4m3x8(make_uint2(w.z, w.w), fw + 8);
-  bf16x8(x0, fx);
-  bf16x8(x1, fx + 8);
+  dev::bf16x8_to_f(x0, fx);
+  dev::bf16x8_to_f(x1, fx + 8);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) s = fmaf(fw[i], fx[i], s);
@@ -520,8 +511,9 @@ __global__ void __launch_bounds__(kDecWarps * 32)
         for (int t = 0; t < kR; ++t) {
           if (t >= nrows) break;
           float fx[8];
-          bf16x8(*reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c + 8 * j),
-                 fx);
+          dev::bf16x8_to_f(
+              *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c + 8 * j),
+              fx);
 #pragma unroll
           for (int q = 0; q < 2 * kDecRowsPerWarp; ++q)
 #pragma unroll
@@ -732,10 +724,11 @@ __global__ void __launch_bounds__(kDecWarps * 32)
           for (int t = 0; t < kR; ++t) {
             if (pair_of[t] < 0) continue;
             float fa[8];
-            bf16x8(*reinterpret_cast<const uint4*>(
-                       act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c +
-                       8 * j),
-                   fa);
+            dev::bf16x8_to_f(
+                *reinterpret_cast<const uint4*>(
+                    act + static_cast<size_t>(pair_of[t]) * static_cast<size_t>(act_stride) + c +
+                    8 * j),
+                fa);
 #pragma unroll
             for (int q = 0; q < kDownRows; ++q)
 #pragma unroll
