@@ -29,9 +29,13 @@ using dev::bf16;
 
 constexpr int kThreads = 256;
 constexpr int kTokGroup = 8;   // tokens per block of the absorbed products
+constexpr int kFewTokens = 4;  // fewer tokens than this: the products a token per block
 constexpr int kHeadGroup = 4;  // heads per attention block
 constexpr int kTile = 16;      // cache rows per attention tile
 constexpr size_t kSmemLimit = 48 * 1024;
+constexpr int kMaxSplits = 64;  // context ranges per token the output's combine takes
+static_assert(kTokGroup <= kThreads / 32, "the combine's weights take a warp per token");
+static_assert(kMaxSplits % 32 == 0, "the combine's weights take a lane per range");
 
 struct Dims {
   int heads, nope, rope, v_dim, latent, width, splits;
@@ -53,24 +57,25 @@ __device__ __forceinline__ void rotate(float* x, int rope, int pos, const float*
 // time, so a block reads its slice of every W_UK row once with 16-byte loads.
 constexpr int kQCols = 64;
 
-// Block (head, group of kTokGroup tokens, slice of kQCols latent columns): q_lat[t][h] over
-// the slice = q_nope W_UK (fp32), the rows' partial sums met by shuffles and in shared
-// memory; the slice-0 block also rotates q_pe (written back to q in bf16 and, fp32, after the
-// latent in the workspace row).
+// Block (head, group of TG tokens (kTokGroup, or 1 for a decode step of few tokens), slice of
+// kQCols latent columns): q_lat[t][h] over the slice = q_nope W_UK (fp32), the rows' partial sums
+// met by shuffles and in shared memory; the slice-0 block also rotates q_pe (written back to q in
+// bf16 and, fp32, after the latent in the workspace row).
+template <int TG>
 __global__ void __launch_bounds__(kThreads)
     mla_q_kernel(bf16* __restrict__ q, const bf16* __restrict__ kv_b,
                  const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
                  size_t n_tokens, Dims d, bool interleave, float factor, float* __restrict__ qlat) {
   dev::pdl_wait();
   dev::pdl_trigger();
-  extern __shared__ float sm[];  // [kTokGroup][nope + rope], then [8 warps][kTokGroup][kQCols]
+  extern __shared__ float sm[];  // [TG][nope + rope], then [8 warps][TG][kQCols]
   const int h = blockIdx.x, qk = d.nope + d.rope;
   const bool first = blockIdx.z == 0;
-  const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
-  const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
+  const size_t t0 = static_cast<size_t>(blockIdx.y) * TG;
+  const int nt = static_cast<int>(min(static_cast<size_t>(TG), n_tokens - t0));
   // Only the slice-0 block reads (and rewrites) q_pe; the others read q_nope alone.
   const int width = first ? qk : d.nope;
-  for (int k = 0; k < kTokGroup; ++k) {
+  for (int k = 0; k < TG; ++k) {
     const bf16* src = q + ((t0 + k) * d.heads + h) * static_cast<size_t>(qk);
     for (int i = threadIdx.x; i < width; i += blockDim.x)
       sm[k * qk + i] = k < nt ? __bfloat162float(src[i]) : 0.f;
@@ -97,9 +102,9 @@ __global__ void __launch_bounds__(kThreads)
   const int rg = warp * 4 + (lane >> 3);  // row group: rows rg, rg + 32, ...
   const bool live = col < d.latent;
   const bf16* wk = kv_b + static_cast<size_t>(h) * (d.nope + d.v_dim) * d.latent;
-  float acc[kTokGroup][8];
+  float acc[TG][8];
 #pragma unroll
-  for (int k = 0; k < kTokGroup; ++k)
+  for (int k = 0; k < TG; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[k][e] = 0.f;
   if (live) {
@@ -109,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
       dev::bf16x8_to_f(
           __ldg(reinterpret_cast<const uint4*>(wk + static_cast<size_t>(i) * d.latent + col)), w);
 #pragma unroll
-      for (int k = 0; k < kTokGroup; ++k) {
+      for (int k = 0; k < TG; ++k) {
         const float x = sm[k * qk + i];
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(x, w[e], acc[k][e]);
@@ -118,25 +123,25 @@ __global__ void __launch_bounds__(kThreads)
   }
   // The warp's 4 row groups (lanes 8 apart), then the 8 warps in shared memory.
 #pragma unroll
-  for (int k = 0; k < kTokGroup; ++k)
+  for (int k = 0; k < TG; ++k)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       acc[k][e] += __shfl_xor_sync(0xffffffffu, acc[k][e], 8);
       acc[k][e] += __shfl_xor_sync(0xffffffffu, acc[k][e], 16);
     }
-  float* red = sm + kTokGroup * qk;
+  float* red = sm + TG * qk;
   if (lane < 8)
 #pragma unroll
-    for (int k = 0; k < kTokGroup; ++k)
+    for (int k = 0; k < TG; ++k)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) red[(warp * kTokGroup + k) * kQCols + lane * 8 + e] = acc[k][e];
+      for (int e = 0; e < 8; ++e) red[(warp * TG + k) * kQCols + lane * 8 + e] = acc[k][e];
   __syncthreads();
   for (int i = threadIdx.x; i < nt * kQCols; i += blockDim.x) {
     const int k = i / kQCols, c = i - k * kQCols;
     const int gc = static_cast<int>(blockIdx.z) * kQCols + c;
     if (gc >= d.latent) continue;
     float v = 0.f;
-    for (int w = 0; w < kThreads / 32; ++w) v += red[(w * kTokGroup + k) * kQCols + c];
+    for (int w = 0; w < kThreads / 32; ++w) v += red[(w * TG + k) * kQCols + c];
     qlat[((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + gc] = v;
   }
 }
@@ -339,29 +344,50 @@ __global__ void __launch_bounds__(64 * MT)
   int j0, j1;
   context_range(pos[t] + 1, s, d.splits, BN, &j0, &j1);
   const int chunks = W / 8;  // 16-byte pieces of a row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // A warp per row at a time (its slot looked up once, not per piece: the index arithmetic
+  // of a piece per thread was most of the kernel's instructions), the lanes its pieces.
   auto issue_tile = [&](int jt, int buf) {
     bf16* dst = kv_s + buf * BN * P;
-    for (int i = threadIdx.x; i < BN * chunks; i += NT) {
-      const int r = i / chunks, c = i - r * chunks, p = jt + r;
+    for (int r = warp; r < BN; r += NT / 32) {
+      const int p = jt + r;
       const bool ok = p < j1;
-      const bf16* src = cache;
+      const bf16* row = cache;
       if (ok)
-        src = cache +
-              (static_cast<size_t>(table[p / block_size]) * block_size + p % block_size) *
-                  static_cast<size_t>(W) +
-              c * 8;
-      dev::cp_async16(dst + r * P + c * 8, src, ok);
+        row = cache + (static_cast<size_t>(table[p / block_size]) * block_size + p % block_size) *
+                          static_cast<size_t>(W);
+      for (int c = lane; c < chunks; c += 32)
+        dev::cp_async16(dst + r * P + c * 8, ok ? row + c * 8 : cache, ok);
     }
     dev::cp_async_commit();
   };
   if (j0 < j1) issue_tile(j0, 0);
-  const float* qsrc = qlat + (static_cast<size_t>(t) * d.heads + h0) * W;
-  for (int i = threadIdx.x; i < HG * W; i += NT) {
-    const int hh = i / W;
-    q_s[hh * P + (i - hh * W)] = __float2bfloat16_rn(hh < hn ? qsrc[i] : 0.f);
+  // The heads' latent queries (rows of W floats, one after another), rounded to bf16: float4
+  // reads, eight in flight per thread before any is stored. (An element per step, each read
+  // waited for in turn, made this prologue most of a range's time at 4k positions.)
+  {
+    const float4* qsrc =
+        reinterpret_cast<const float4*>(qlat + (static_cast<size_t>(t) * d.heads + h0) * W);
+    const int W4 = W / 4, n4 = HG * W4, live4 = hn * W4;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * NT) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * NT;
+        v[u] = i < live4 ? __ldg(qsrc + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * NT;
+        if (i >= n4) break;
+        // Element 4 i is row hh's column 4 i - hh W, at hh P + that = 4 i + 8 hh.
+        auto* dst = reinterpret_cast<__nv_bfloat162*>(q_s + 4 * i + 8 * (i / W4));
+        dst[0] = __floats2bfloat162_rn(v[u].x, v[u].y);
+        dst[1] = __floats2bfloat162_rn(v[u].z, v[u].w);
+      }
+    }
   }
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int mt = warp % MT, hf = warp / MT;
   const int g = lane >> 2, tg = lane & 3;  // fragment row (head) and column pair
   // ldmatrix row addresses: A (Q, P) rows mt*16 + lane % 16, columns + 8 for lanes 16..31;
@@ -387,16 +413,34 @@ __global__ void __launch_bounds__(64 * MT)
     const bf16* kv = kv_s + buf * BN * P;
 
     // S = Q K^T, 16 heads x this half's 16 rows.
-    float sc[2][4] = {};
+    // Two accumulators per n-tile (even and odd k-steps, added at the end): half the chain
+    // of dependent products.
+    float sc[2][4] = {}, sc2[2][4] = {};
     const bf16* kb = kv + krow * P + kcol;
-#pragma unroll 4
-    for (int kk = 0; kk < W / 16; ++kk) {
-      uint32_t a[4], b[4];
+    const int ksteps = W / 16;
+#pragma unroll 2
+    for (int kk = 0; kk + 1 < ksteps; kk += 2) {
+      uint32_t a[4], b[4], a2[4], b2[4];
       dev::ldsm_x4(a, qa + kk * 16);
       dev::ldsm_x4(b, kb + kk * 16);
+      dev::ldsm_x4(a2, qa + kk * 16 + 16);
+      dev::ldsm_x4(b2, kb + kk * 16 + 16);
+      dev::mma_bf16_16816(sc[0], a, b[0], b[1]);
+      dev::mma_bf16_16816(sc[1], a, b[2], b[3]);
+      dev::mma_bf16_16816(sc2[0], a2, b2[0], b2[1]);
+      dev::mma_bf16_16816(sc2[1], a2, b2[2], b2[3]);
+    }
+    if (ksteps % 2 != 0) {
+      uint32_t a[4], b[4];
+      dev::ldsm_x4(a, qa + (ksteps - 1) * 16);
+      dev::ldsm_x4(b, kb + (ksteps - 1) * 16);
       dev::mma_bf16_16816(sc[0], a, b[0], b[1]);
       dev::mma_bf16_16816(sc[1], a, b[2], b[3]);
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] += sc2[j][e];
     // Scale, mask the rows past the range, this half's maxima.
     const int r0 = jt + hf * 16 + tg * 2;
     float xA = -INFINITY, xB = -INFINITY;
@@ -483,74 +527,127 @@ __global__ void __launch_bounds__(64 * MT)
       out[0] = half == 0 ? mA : mB;
       out[1] = red[hh] + red[HG + hh];
     }
+    // (A range's partial row is 514 floats: each pair below starts 8-byte aligned.)
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int c = hf * (L / 2) + j * 8 + tg * 2;
-      out[2 + c] = o[j][2 * half];
-      out[3 + c] = o[j][2 * half + 1];
+      *reinterpret_cast<float2*>(out + 2 + c) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
     }
   }
 }
 
 // Value rows per block of the output product.
 constexpr int kOutRows = 64;
+static_assert(kOutRows % (kThreads / 32) == 0, "the output's rows are shared out evenly by warp");
 
-// Block (head, group of kTokGroup tokens, kOutRows value rows): the ranges' partials combined
+// Block (head, group of TG tokens, kOutRows value rows): the ranges' partials combined
 // into the latent context (each of the head's blocks combines them: the partials are L2-hot
 // and small beside W_UV), then out = ctx W_UV^T over the block's rows: a warp per row at a
-// time, each lane 8 columns (16 bytes) of it per step, the group's tokens together.
+// time, each lane 8 columns (16 bytes) of it per step, the group's tokens together. The
+// combine's weights come first, a warp per token and a lane per range (the ranges' maxima
+// and sums read at once, not one dependent load after another), then each column's sum over
+// the ranges with its loads unrolled.
+template <int TG>
 __global__ void __launch_bounds__(kThreads)
     mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b, size_t n_tokens,
                    Dims d, bf16* __restrict__ out) {
   dev::pdl_wait();
   dev::pdl_trigger();
-  extern __shared__ __align__(16) float out_sm[];  // [kTokGroup][latent]
+  extern __shared__ __align__(16) float out_sm[];  // [TG][latent]
+  __shared__ float wsm[TG][kMaxSplits];            // exp(m_s - M) of each range, 0 if empty
+  __shared__ float dsm[TG];                        // the weights' sum with the ranges' sums
   const int h = blockIdx.x, L = d.latent;
-  const size_t t0 = static_cast<size_t>(blockIdx.y) * kTokGroup;
-  const int nt = static_cast<int>(min(static_cast<size_t>(kTokGroup), n_tokens - t0));
+  const size_t t0 = static_cast<size_t>(blockIdx.y) * TG;
+  const int nt = static_cast<int>(min(static_cast<size_t>(TG), n_tokens - t0));
   const size_t P = static_cast<size_t>(L) + 2;
+  {
+    const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+    if (k < nt) {
+      const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P;
+      float m[kMaxSplits / 32], l[kMaxSplits / 32];
+      float M = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kMaxSplits / 32; ++j) {
+        const int s = lane + 32 * j;
+        m[j] = s < d.splits ? pr[s * P] : -INFINITY;
+        l[j] = s < d.splits ? pr[s * P + 1] : 0.f;
+        if (l[j] > 0.f) M = fmaxf(M, m[j]);
+      }
+      // (A range with no rows has sum 0 and is left out; every token has one row.)
+      M = dev::warp_max(M);
+      float den = 0.f;
+#pragma unroll
+      for (int j = 0; j < kMaxSplits / 32; ++j) {
+        const int s = lane + 32 * j;
+        const float e = l[j] > 0.f ? expf(m[j] - M) : 0.f;
+        den += e * l[j];
+        if (s < d.splits) wsm[k][s] = e;
+      }
+      den = dev::warp_sum(den);
+      if (lane == 0) dsm[k] = den;
+    }
+  }
+  __syncthreads();
   for (int k = 0; k < nt; ++k) {
-    const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P;
-    float M = -INFINITY;
-    for (int s = 0; s < d.splits; ++s) M = fmaxf(M, pr[s * P]);
-    float den = 0.f;
-    for (int s = 0; s < d.splits; ++s)
-      if (pr[s * P + 1] > 0.f) den += expf(pr[s * P] - M) * pr[s * P + 1];
+    const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P + 2;
+    const float den = dsm[k];
     for (int c = threadIdx.x; c < L; c += blockDim.x) {
       float acc = 0.f;
-      for (int s = 0; s < d.splits; ++s)
-        if (pr[s * P + 1] > 0.f) acc += expf(pr[s * P] - M) * pr[s * P + 2 + c];
+#pragma unroll 8
+      for (int s = 0; s < d.splits; ++s) acc = fmaf(wsm[k][s], pr[s * P + c], acc);
       out_sm[k * L + c] = acc / den;
     }
   }
-  for (int k = nt; k < kTokGroup; ++k)
+  for (int k = nt; k < TG; ++k)
     for (int c = threadIdx.x; c < L; c += blockDim.x) out_sm[k * L + c] = 0.f;
   __syncthreads();
   const bf16* wv = kv_b + (static_cast<size_t>(h) * (d.nope + d.v_dim) + d.nope) * L;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int v0 = static_cast<int>(blockIdx.z) * kOutRows;
-  const int v1 = min(v0 + kOutRows, d.v_dim);
-  for (int v = v0 + warp; v < v1; v += nw) {
-    float acc[kTokGroup] = {};
+  // Warp w takes rows v0 + w, v0 + w + 8, ..., RF of them at a time: all their 16 bytes at a
+  // column step are read before any is used (a row at a time left one load in flight per
+  // lane). A group of tokens keeps two rows in flight: its accumulators are TG times more.
+  constexpr int NW = kThreads / 32, RPW = kOutRows / NW, RF = TG == 1 ? RPW : 2;
+  static_assert(RPW % RF == 0, "whole batches of rows per warp");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int rb = 0; rb < RPW; rb += RF) {
+    const int v0 = static_cast<int>(blockIdx.z) * kOutRows + warp + rb * NW;
+    float acc[RF][TG] = {};
     for (int c = lane * 8; c < L; c += 256) {
-      float w[8];
-      dev::bf16x8_to_f(__ldg(reinterpret_cast<const uint4*>(wv + static_cast<size_t>(v) * L + c)),
-                       w);
+      uint4 wr[RF];
 #pragma unroll
-      for (int k = 0; k < kTokGroup; ++k) {
-        const float4 x0 = *reinterpret_cast<const float4*>(out_sm + k * L + c);
-        const float4 x1 = *reinterpret_cast<const float4*>(out_sm + k * L + c + 4);
-        const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      for (int r = 0; r < RF; ++r) {
+        const int v = v0 + r * NW;
+        wr[r] = v < d.v_dim
+                    ? __ldg(reinterpret_cast<const uint4*>(wv + static_cast<size_t>(v) * L + c))
+                    : make_uint4(0u, 0u, 0u, 0u);
+      }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[k] = fmaf(x[e], w[e], acc[k]);
+      for (int r = 0; r < RF; ++r) {
+        float w[8];
+        dev::bf16x8_to_f(wr[r], w);
+#pragma unroll
+        for (int k = 0; k < TG; ++k) {
+          const float4 x0 = *reinterpret_cast<const float4*>(out_sm + k * L + c);
+          const float4 x1 = *reinterpret_cast<const float4*>(out_sm + k * L + c + 4);
+          const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][k] = fmaf(x[e], w[e], acc[r][k]);
+        }
       }
     }
 #pragma unroll
-    for (int k = 0; k < kTokGroup; ++k) acc[k] = dev::warp_sum(acc[k]);
-    if (lane == 0)
-      for (int k = 0; k < nt; ++k)
-        out[((t0 + k) * d.heads + h) * d.v_dim + v] = __float2bfloat16_rn(acc[k]);
+    for (int r = 0; r < RF; ++r) {
+      const int v = v0 + r * NW;
+#pragma unroll
+      for (int k = 0; k < TG; ++k) acc[r][k] = dev::warp_sum(acc[r][k]);
+      if (lane == 0 && v < d.v_dim)
+        for (int k = 0; k < nt; ++k)
+          out[((t0 + k) * d.heads + h) * d.v_dim + v] = __float2bfloat16_rn(acc[r][k]);
+    }
   }
+}
+
+size_t q_smem_of(int tg, const MlaShape& s) {
+  return static_cast<size_t>(tg) * (s.nope + s.rope + (kThreads / 32) * kQCols) * sizeof(float);
 }
 
 size_t attend_smem(const Dims& d, DType cache) {
@@ -617,7 +714,8 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   if (!a.q || !a.kv_a || !a.kv_norm || !a.kv_b || !a.inv_freq || !a.out || !a.block_tables ||
       !a.positions || !a.slots || !a.query_start || a.n_seqs <= 0 || a.max_blocks_per_seq <= 0)
     return make_error(Errc::usage, "mla: a null pointer or empty batch among the arguments");
-  if (a.splits < 1 || a.max_seq_len <= 0 || a.n_tokens > 65535u * kTokGroup)
+  if (a.splits < 1 || a.splits > kMaxSplits || a.max_seq_len <= 0 ||
+      a.n_tokens > 65535u * kTokGroup)
     return make_error(Errc::usage, fmt::format("mla: {} splits, max_seq_len {}, {} tokens",
                                                a.splits, a.max_seq_len, a.n_tokens));
   const size_t need = mla_workspace_bytes(a.n_tokens, s, a.splits);
@@ -630,8 +728,7 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
     return make_error(
         Errc::unsupported,
         fmt::format("mla: latent {} must be a multiple of 8 and kv_b 16-byte aligned", s.latent));
-  const size_t q_smem =
-      static_cast<size_t>(kTokGroup) * (s.nope + s.rope + (kThreads / 32) * kQCols) * sizeof(float);
+  const size_t q_smem = q_smem_of(kTokGroup, s);
   const size_t kv_smem = (static_cast<size_t>(W) + 33) * sizeof(float);
   const int tc_tiles = attend_tc_tiles(a, W);
   // The tensor-core attention's shared memory was checked against the device's limit.
@@ -647,13 +744,22 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   float* part = qlat + a.n_tokens * static_cast<size_t>(s.heads) * W;
   auto* q = static_cast<bf16*>(a.q);
   const auto* kv_b = static_cast<const bf16*>(a.kv_b);
-  const unsigned tok_groups = static_cast<unsigned>((a.n_tokens + kTokGroup - 1) / kTokGroup);
+  // A step of few tokens (batch-1 decode) takes the products a token per block: a group of
+  // kTokGroup would hold and multiply rows of zeros (and its registers halve the blocks an
+  // SM holds).
+  const int tg = a.n_tokens < kFewTokens ? 1 : kTokGroup;
+  const unsigned tok_groups = static_cast<unsigned>((a.n_tokens + tg - 1) / tg);
   const unsigned q_slices = static_cast<unsigned>((s.latent + kQCols - 1) / kQCols);
   const unsigned out_slices = static_cast<unsigned>((s.v_dim + kOutRows - 1) / kOutRows);
-  SPARK_CUDA_TRY(dev::launch(mla_q_kernel,
-                             dim3(static_cast<unsigned>(s.heads), tok_groups, q_slices),
-                             dim3(kThreads), q_smem, st, q, kv_b, a.inv_freq, a.positions,
-                             a.n_tokens, d, s.interleave, s.rope_factor, qlat));
+  const dim3 q_grid(static_cast<unsigned>(s.heads), tok_groups, q_slices);
+  if (tg == 1)
+    SPARK_CUDA_TRY(dev::launch(mla_q_kernel<1>, q_grid, dim3(kThreads), q_smem_of(1, s), st, q,
+                               kv_b, a.inv_freq, a.positions, a.n_tokens, d, s.interleave,
+                               s.rope_factor, qlat));
+  else
+    SPARK_CUDA_TRY(dev::launch(mla_q_kernel<kTokGroup>, q_grid, dim3(kThreads), q_smem, st, q, kv_b,
+                               a.inv_freq, a.positions, a.n_tokens, d, s.interleave, s.rope_factor,
+                               qlat));
   const long long pool_slots = static_cast<long long>(a.kv.num_blocks) * a.kv.block_size;
   const unsigned kv_blocks = static_cast<unsigned>(std::min<size_t>(a.n_tokens, 65535));
   const unsigned head_groups = static_cast<unsigned>((s.heads + kHeadGroup - 1) / kHeadGroup);
@@ -678,10 +784,15 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
             dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
             static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
             a.positions, a.query_start, a.n_seqs, s.scale, d, part)));
-  SPARK_CUDA_TRY(dev::launch(mla_out_kernel,
-                             dim3(static_cast<unsigned>(s.heads), tok_groups, out_slices),
-                             dim3(kThreads), out_smem, st, static_cast<const float*>(part), kv_b,
-                             a.n_tokens, d, static_cast<bf16*>(a.out)));
+  const dim3 out_grid(static_cast<unsigned>(s.heads), tok_groups, out_slices);
+  if (tg == 1)
+    SPARK_CUDA_TRY(dev::launch(
+        mla_out_kernel<1>, out_grid, dim3(kThreads), static_cast<size_t>(s.latent) * sizeof(float),
+        st, static_cast<const float*>(part), kv_b, a.n_tokens, d, static_cast<bf16*>(a.out)));
+  else
+    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup>, out_grid, dim3(kThreads), out_smem, st,
+                               static_cast<const float*>(part), kv_b, a.n_tokens, d,
+                               static_cast<bf16*>(a.out)));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

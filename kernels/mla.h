@@ -79,9 +79,14 @@ struct MlaCudaArgs {
   bool scalar_attention = false;  // the scalar attention kernel where the tensor-core one fits
 };
 
-/// Context ranges per token: one for prefill (many tokens keep the GPU busy), for decode
-/// one per 512 positions of max_seq_len, at most 32.
-int mla_splits(int max_seq_len, bool decode);
+/// Context ranges per token: one for prefill (many tokens keep the GPU busy); for a decode
+/// step of n_tokens, one per 128 positions of max_seq_len (four tiles of rows), at most 32,
+/// and at most 256 / n_tokens (a batch keeps the GPU busy with fewer, and its ranges'
+/// partials, 2 KiB a head and range, stay bounded). A batch-1 decode over 4k positions thus
+/// spreads its 128 heads' attention over 32 ranges: with 8, most SMs idled.
+int mla_splits(int max_seq_len, bool decode, size_t n_tokens = 1);
+/// The workspace every step of up to n_tokens tokens (decode: of any count up to it) needs.
+size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode);
 /// Workspace of mla_cuda_device: each token's heads' latent queries and each range's
 /// partial (max, sum, latent context), fp32.
 size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits);

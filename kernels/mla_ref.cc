@@ -104,9 +104,17 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 
 namespace spark::kernels {
 
-int mla_splits(int max_seq_len, bool decode) {
-  if (!decode || max_seq_len <= 512) return 1;
-  return std::min(32, (max_seq_len + 511) / 512);
+int mla_splits(int max_seq_len, bool decode, size_t n_tokens) {
+  if (!decode || max_seq_len <= 128) return 1;
+  const int by_batch = static_cast<int>(std::max<size_t>(1, 256 / std::max<size_t>(n_tokens, 1)));
+  return std::max(1, std::min({32, (max_seq_len + 127) / 128, by_batch}));
+}
+
+size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode) {
+  size_t most = 0;
+  for (size_t n = decode ? 1 : n_tokens; n <= n_tokens; ++n)
+    most = std::max(most, mla_workspace_bytes(n, s, mla_splits(max_seq_len, decode, n)));
+  return most;
 }
 
 size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits) {

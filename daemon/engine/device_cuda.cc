@@ -802,7 +802,7 @@ class CudaDevice final : public Device {
     m.n_seqs = step_.chunks_n();
     m.n_tokens = step_.tokens.size();
     m.max_seq_len = std::max(max_seq_len_, 1);
-    m.splits = kernels::mla_splits(m.max_seq_len, step_.decode_only());
+    m.splits = kernels::mla_splits(m.max_seq_len, step_.decode_only(), m.n_tokens);
     SPARK_TRY(grow_mla_ws(kernels::mla_workspace_bytes(m.n_tokens, m.s, m.splits)));
     m.workspace = mla_ws_.data();
     m.workspace_bytes = mla_ws_.bytes();
@@ -815,9 +815,8 @@ class CudaDevice final : public Device {
     const size_t T = static_cast<size_t>(std::max(tokens, 0)),
                  S = static_cast<size_t>(std::max(seqs, 0));
     // Prefill runs one range per token; decode steps split their contexts.
-    return grow_mla_ws(
-        std::max(kernels::mla_workspace_bytes(T, s, kernels::mla_splits(max_seq_len, false)),
-                 kernels::mla_workspace_bytes(S, s, kernels::mla_splits(max_seq_len, true))));
+    return grow_mla_ws(std::max(kernels::mla_workspace_reserve(T, s, max_seq_len, false),
+                                kernels::mla_workspace_reserve(S, s, max_seq_len, true)));
   }
 
   // gpt-oss: each head's learned sink joins the softmax's denominator, on every path

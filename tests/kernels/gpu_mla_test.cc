@@ -129,7 +129,7 @@ void run_case(const MlaCase& c, std::mt19937& rng) {
   a.n_seqs = nseq;
   a.n_tokens = T;
   a.max_seq_len = max_ctx;
-  a.splits = c.splits > 0 ? c.splits : mla_splits(max_ctx, decode);
+  a.splits = c.splits > 0 ? c.splits : mla_splits(max_ctx, decode, T);
   if (max_ctx > 4096 && decode) CHECK(a.splits > 1);  // the split path is what this case covers
   Dev ws = poisoned(mla_workspace_bytes(T, s, a.splits) / 4, DType::f32);
   a.workspace = ws.get();
@@ -245,13 +245,19 @@ TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
 }
 
 TEST_CASE(
-    "mla splits and workspace: one range for prefill, one per 512 decode positions, 32 at most") {
+    "mla splits and workspace: one range for prefill, one per 128 decode positions, 32 at most, "
+    "fewer for a batch") {
   CHECK(mla_splits(100000, false) == 1);
   CHECK(mla_splits(1, true) == 1);
-  CHECK(mla_splits(512, true) == 1);
-  CHECK(mla_splits(513, true) == 2);
-  CHECK(mla_splits(4100, true) == 9);
+  CHECK(mla_splits(128, true) == 1);
+  CHECK(mla_splits(129, true) == 2);
+  CHECK(mla_splits(1000, true) == 8);
+  CHECK(mla_splits(4096, true) == 32);
   CHECK(mla_splits(1 << 20, true) == 32);
+  CHECK(mla_splits(1 << 20, true, 8) == 32);
+  CHECK(mla_splits(1 << 20, true, 32) == 8);
+  CHECK(mla_splits(1 << 20, true, 512) == 1);
+  CHECK(mla_splits(1000, true, 64) == 4);
   MlaShape s;
   s.heads = 16, s.latent = 512, s.rope = 64;
   // Per token and head: the latent query and q_pe (576 floats), and per range max, sum and
@@ -259,4 +265,11 @@ TEST_CASE(
   CHECK(mla_workspace_bytes(3, s, 1) == 3 * 16 * (576 + 514) * sizeof(float));
   CHECK(mla_workspace_bytes(3, s, 4) == 3 * 16 * (576 + 4 * 514) * sizeof(float));
   CHECK(mla_workspace_bytes(0, s, 4) == 0);
+  // The reserve covers every decode step up to its tokens, each with its own ranges (here the
+  // most is 32 tokens of 8 ranges; 8 tokens of 32 need less).
+  const size_t r = mla_workspace_reserve(32, s, 1 << 20, true);
+  CHECK(r == mla_workspace_bytes(32, s, 8));
+  for (size_t n = 1; n <= 32; ++n)
+    CHECK(r >= mla_workspace_bytes(n, s, mla_splits(1 << 20, true, n)));
+  CHECK(mla_workspace_reserve(100, s, 1 << 20, false) == mla_workspace_bytes(100, s, 1));
 }
