@@ -86,6 +86,8 @@ json report_json(const std::string& dir, const stage::SendReport& r, bool rebuil
   j["manifest_rebuilt"] = rebuilt;
   j["total_bytes"] = r.total_bytes;
   j["bytes_read"] = r.bytes_read;
+  j["cache_dropped_bytes"] = r.cache_dropped_bytes;
+  j["cache_left_bytes"] = r.cache_left_bytes;
   j["seconds"] = r.seconds;
   uint64_t sent = 0;
   for (const auto& t : r.targets) sent += t.bytes_sent;

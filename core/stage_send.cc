@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -604,24 +605,39 @@ void finish_target(TargetRun* t, const SendOptions& o) {
 // cache of every file read once more, now that every target has reported, and drop again
 // what is still resident while the last acks are processed. The retries share one bound
 // (2 s for the whole model, not per file): pages that stay because another process maps
-// the file cannot cost a pause per file.
-void drop_read_cache(const std::vector<std::string>& read_paths) {
-  std::vector<std::string> left = read_paths;
+// the file cannot cost a pause per file. The report gets the bytes advised out (each file
+// once) and those still resident at the end.
+void drop_read_cache(const std::vector<std::string>& read_paths, SendReport* rep) {
+  std::vector<std::string> left;
   const auto deadline = Clock::now() + std::chrono::seconds(2);
+  std::map<std::string, uint64_t> resident;
+  for (const auto& path : read_paths) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat sb {};
+    if (evict_fd(fd, false) && ::fstat(fd, &sb) == 0)
+      rep->cache_dropped_bytes += static_cast<uint64_t>(sb.st_size);
+    ::close(fd);
+    left.push_back(path);
+  }
   for (int k = 0; !left.empty(); ++k) {
     std::vector<std::string> still;
+    for (const auto& path : left) {
+      auto r = file_residency(path);
+      resident[path] = r ? r->resident_bytes() : 0;
+      if (resident[path] > 0) still.push_back(path);
+    }
+    left.swap(still);
+    if (left.empty() || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 * (k + 1), 200)));
     for (const auto& path : left) {
       int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (fd < 0) continue;
       (void)evict_fd(fd, false);
       ::close(fd);
-      auto r = file_residency(path);
-      if (r && r->resident_bytes() > 0) still.push_back(path);
     }
-    left.swap(still);
-    if (left.empty() || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 * (k + 1), 200)));
   }
+  for (const auto& [path, n] : resident) rep->cache_left_bytes += n;
 }
 
 // The report: per target what was sent (in a chain, what the previous target forwarded).
@@ -711,7 +727,7 @@ Result<SendReport> send_model(const std::string& dir, const Manifest& m,
     for (auto& tp : runs) fin.emplace_back([&, t = tp.get()] { finish_target(t, o); });
   }
   for (auto& x : fin) x.join();
-  if (!o.keep_cache) drop_read_cache(read_paths);
+  if (!o.keep_cache) drop_read_cache(read_paths, &rep);
   done.store(true);
   if (progress.joinable()) progress.join();
 

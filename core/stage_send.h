@@ -78,6 +78,13 @@ struct SendReport {
   std::string digest;
   uint64_t total_bytes = 0;
   uint64_t bytes_read = 0;  // from the source disk (each needed chunk once)
+  /// The page cache of the source after the send (0 and 0 with keep_cache): the bytes of the
+  /// files read that the sender asked the kernel to drop, and those still resident after its
+  /// final drop. Pages the network stack still holds (sendfile lends them to the socket, and
+  /// the kernel may free a sent buffer later, on the CPU that made it) cannot be dropped
+  /// and stay in cache_left_bytes; they are the kernel's to free.
+  uint64_t cache_dropped_bytes = 0;
+  uint64_t cache_left_bytes = 0;
   double seconds = 0;
   std::vector<TargetResult> targets;
 };
