@@ -54,6 +54,24 @@ std::optional<HttpReply> poll_health(int port, std::chrono::milliseconds limit) 
   return std::nullopt;
 }
 
+// Polls /health until the engine has finished trying to load: the reason is then the load's
+// outcome and no longer "loading the model" or "not started". How long the failed load takes
+// depends on the machine's load, so the test waits for the state, not for a time.
+std::optional<HttpReply> poll_health_settled(int port, std::chrono::milliseconds limit) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  std::optional<HttpReply> last;
+  while (std::chrono::steady_clock::now() < end) {
+    last = poll_health(port, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 end - std::chrono::steady_clock::now()));
+    if (!last) return last;
+    auto j = nlohmann::json::parse(last->body, nullptr, false);
+    std::string reason = j.is_object() ? j.value("reason", std::string()) : std::string();
+    if (reason != "loading the model" && reason != "not started") return last;
+    std::this_thread::sleep_for(50ms);
+  }
+  return last;
+}
+
 // Name, size and mtime of every file under `dir`, for "nothing was written there".
 std::map<std::string, std::string> files_of(const std::filesystem::path& dir) {
   std::map<std::string, std::string> out;
@@ -84,7 +102,7 @@ TEST_CASE("e2e sparkd: local ring answers /health, SIGTERM exits 0 and removes i
   test::Child d({SPARKD_BIN, "--config", kLocalEnv, "--rank", "0", "--port", std::to_string(port),
                  "--pidfile", pidfile, "--log-file", logfile},
                 {{"STATE_DIR", dir.path()}, {"MODEL_PATH", dir / "no-model"}}, dir / "out.txt");
-  auto h = poll_health(port, 10s);
+  auto h = poll_health_settled(port, 30s);
   REQUIRE_MESSAGE(h.has_value(), "sparkd never answered; output:\n"
                                      << slurp(dir / "out.txt") << slurp(logfile));
   CHECK(h->status == 200);
