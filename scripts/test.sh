@@ -8,7 +8,8 @@
 #   3. one sanitizer build (build-san/: clang at -O0, ASan + UBSan + libFuzzer's coverage,
 #      CUDA off, the test sources compiled a batch at a time: SPARK_UNITY_TESTS) that makes
 #      both the unit tests, run under the sanitizers, and the fuzz targets, each run for a
-#      bounded time on its seed corpus (tests/fuzz/corpus/<target>/), JOBS at a time.
+#      bounded time on its seed corpus (tests/fuzz/corpus/<target>/), one at a time beside
+#      the sanitized unit run (which keeps one core busy), JOBS at a time without it.
 #      Without clang's fuzzer runtime: gcc's ASan build of the unit tests (build-asan/)
 #      and the fuzz targets skipped with the reason
 # It goes on after a failure and ends with "N passed, N failed"; exit status 0 only when
@@ -100,12 +101,17 @@ quiet() {
   return $rc
 }
 
-# tier BUILD LABEL: runs one ctest label; each test counts as one pass or fail.
+# tier BUILD LABEL...: runs the tests of the ctest labels together, JOBS at a time (a tier
+# of one long test leaves a core to the next label's); each test counts as one pass or fail.
 tier() {
-  local dir=$1 label=$2 t0=$SECONDS log
+  local dir=$1 t0=$SECONDS log
+  shift
+  local label labels
+  label=$(IFS=+; echo "$*")
+  labels=$(IFS='|'; echo "$*")
   log=$(mktemp)
   echo "=== ctest -L $label ($dir)"
-  ctest --test-dir "$dir" -L "^${label}\$" --output-on-failure --timeout 900 -j "$JOBS" 2>&1 | tee "$log"
+  ctest --test-dir "$dir" -L "^(${labels})\$" --output-on-failure --timeout 900 -j "$JOBS" 2>&1 | tee "$log"
   local total fail bad=0
   read -r fail total < <(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1 \2/p' "$log" | tail -1)
   if [[ -z "${total:-}" ]]; then
@@ -173,7 +179,11 @@ command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] &&
 if stage configure quiet cmake -S . -B build-ci -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
      "${CUDA_ARCH_ARGS[@]}" "${LAUNCHER[@]}" &&
    stage build ninja -C build-ci -j "$JOBS"; then
-  for label in unit drill e2e script hw; do tier build-ci "$label"; done
+  # e2e is two tests, one much longer than the other: the script tests share its tier.
+  tier build-ci unit
+  tier build-ci drill
+  tier build-ci e2e script
+  tier build-ci hw
 fi
 
 # libFuzzer needs clang and its fuzzer runtime (libclang-rt-N-dev, which install-deps.sh
@@ -197,6 +207,26 @@ if ((do_asan || do_fuzz)) && fuzz_why=$(fuzz_missing); then
   fi
 fi
 
+
+# fuzz_all N: every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its seed
+# corpus, N at a time (each is one process on one core); what each printed and its status
+# go to $fuzz_out. A crash leaves its input in build-san/artifacts/.
+fuzz_all() {
+  local n=$1 i t
+  mkdir -p build-san/artifacts
+  for ((i = 0; i < ${#fuzz_targets[@]}; i += n)); do
+    for t in "${fuzz_targets[@]:i:n}"; do
+      (
+        work=$(mktemp -d)
+        [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
+        run_fuzz "$t" "$work" >"$fuzz_out/$t.out" 2>&1
+        echo $? >"$fuzz_out/$t.rc"
+        rm -rf "$work"
+      ) &
+    done
+    wait
+  done
+}
 
 # The unit tier under ASan+UBSan (UBSan's checks abort: a finding fails the run), with a
 # 64 MiB stack: at -O0 with the sanitizers a frame of the template evaluator is several
@@ -229,7 +259,21 @@ if ((have_fuzz && (do_asan || do_fuzz))); then
     ((do_asan)) && san_targets+=(spark_unit_tests)
     ((do_fuzz)) && san_targets+=("${fuzz_targets[@]}")
     if stage san-build ninja -C build-san -j "$JOBS" "${san_targets[@]}"; then
+      # The sanitized unit run keeps about one core busy (measured: 371 s of CPU in 359 s):
+      # the fuzz targets run one at a time beside it, on the other, and all JOBS at a time
+      # without it. Their results are reported after it, below.
+      fuzz_out=$(mktemp -d)
+      fuzz_pid=
+      if ((do_fuzz && do_asan && JOBS > 1)); then
+        fuzz_all $((JOBS - 1)) &
+        fuzz_pid=$!
+      fi
       ((do_asan)) && stage asan-unit san_unit build-san
+      if [[ -n $fuzz_pid ]]; then
+        wait "$fuzz_pid"
+      elif ((do_fuzz)); then
+        fuzz_all "$JOBS"
+      fi
     else
       do_fuzz=0
     fi
@@ -245,27 +289,9 @@ elif ((do_asan)); then
   fi
 fi
 
-# libFuzzer: every target in fuzz_targets.txt, FUZZ_SECONDS each on a copy of its seed
-# corpus. A crash leaves its input in build-san/artifacts/.
+# The fuzz targets' results, each a stage of its own in the list's order.
 if ((do_fuzz)); then
-  targets=("${fuzz_targets[@]}")
-  mkdir -p build-san/artifacts
-  # JOBS targets at a time (each is one process on one core), then each one's result
-  # as a stage of its own, in the list's order.
-  fuzz_out=$(mktemp -d)
-  for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
-    for t in "${targets[@]:i:JOBS}"; do
-      (
-        work=$(mktemp -d)
-        [[ -d tests/fuzz/corpus/$t ]] && cp -r "tests/fuzz/corpus/$t/." "$work/"
-        run_fuzz "$t" "$work" >"$fuzz_out/$t.out" 2>&1
-        echo $? >"$fuzz_out/$t.rc"
-        rm -rf "$work"
-      ) &
-    done
-    wait
-  done
-  for t in "${targets[@]}"; do
+  for t in "${fuzz_targets[@]}"; do
     stage "fuzz:$t" fuzz_result "$fuzz_out/$t"
   done
   rm -rf "$fuzz_out"
