@@ -769,6 +769,9 @@ TEST_CASE("gpu decode attention with the fallbacks forced: no clusters, the twin
     attention_case(rng, true, DType::bf16, DType::bf16, 32, 8, 128, 16, {ctx}, {1}, 0, 1);
   attention_case(rng, true, DType::bf16, DType::bf16, 10, 2, 128, 16, {150, 5}, {1, 1}, 0, 1);
   attention_case(rng, true, DType::f32, DType::f32, 2, 1, 24, 8, {100, 3}, {1, 1}, 0, 1);
+  // The GLM-4.5 fixture's heads (4 of head_dim 32 over 2 KV heads, blocks of 8) at n = 8.
+  attention_case(rng, true, DType::bf16, DType::bf16, 4, 2, 32, 8, {40, 47, 56, 63, 71, 80, 88, 96},
+                 {1, 1, 1, 1, 1, 1, 1, 1}, 0, 1);
 }
 
 TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the paged cache") {
