@@ -101,8 +101,9 @@ quiet() {
   return $rc
 }
 
-# tier BUILD LABEL...: runs the tests of the ctest labels together, JOBS at a time (a tier
-# of one long test leaves a core to the next label's); each test counts as one pass or fail.
+# tier BUILD LABEL...: runs the tests of the ctest labels together, JOBS at a time; each test
+# counts as one pass or fail. (The e2e and script tiers run apart: together, the script tests
+# slowed the network-namespace entry more than they filled the core it leaves.)
 tier() {
   local dir=$1 t0=$SECONDS log
   shift
@@ -179,11 +180,7 @@ command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] &&
 if stage configure quiet cmake -S . -B build-ci -G Ninja -DCMAKE_BUILD_TYPE= -DSPARK_WERROR=ON -DSPARK_TESTS=ON \
      "${CUDA_ARCH_ARGS[@]}" "${LAUNCHER[@]}" &&
    stage build ninja -C build-ci -j "$JOBS"; then
-  # e2e is two tests, one much longer than the other: the script tests share its tier.
-  tier build-ci unit
-  tier build-ci drill
-  tier build-ci e2e script
-  tier build-ci hw
+  for label in unit drill e2e script hw; do tier build-ci "$label"; done
 fi
 
 # libFuzzer needs clang and its fuzzer runtime (libclang-rt-N-dev, which install-deps.sh
