@@ -28,6 +28,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -91,15 +92,22 @@ double top2_gap(const nlohmann::json& top) {
 }
 
 // Tokens `got` against the reference greedy ids: -1 when equal, else the step of the first
-// difference, which must be a near-tie of the reference (else the test fails there).
+// difference, which must be a near-tie of the reference (else the test fails there), or come
+// at or after `tie_from`, the first step behind a router near-tie (router_tie_step), where it
+// is reported, not failed, as the bound test below does.
 int check_greedy(const std::vector<int32_t>& got, const nlohmann::json& ref,
-                 const std::string& what) {
+                 const std::string& what, int tie_from = INT_MAX) {
   const auto expect = ref["greedy_ids"].get<std::vector<int32_t>>();
   for (size_t s = 0; s < std::min(got.size(), expect.size()); ++s) {
     if (got[s] == expect[s]) continue;
     const double gap = top2_gap(ref["greedy_top"][s]);
     MESSAGE(what << ": greedy token differs at step " << s << " (got " << got[s] << ", reference "
                  << expect[s] << "); the reference's top-2 gap there is " << gap);
+    if (static_cast<int>(s) >= tie_from) {
+      MESSAGE(what << ": step " << s << " is behind a router near-tie (from step " << tie_from
+                   << "): reported, not failed");
+      return static_cast<int>(s);
+    }
     CHECK_MESSAGE(gap < 2 * kBf16LogitBound,
                   "step " << s << " is not a bf16 near-tie: top-2 gap " << gap);
     return static_cast<int>(s);
@@ -128,6 +136,48 @@ std::unique_ptr<Engine> fixture_engine(const std::string& dir, int slots, int ma
   o.max_batch_tokens = max_batch_tokens;
   o.cuda_graphs = graphs;
   return fixture_engine(dir, o);
+}
+
+// The first greedy step of the reference's path that comes behind a router near-tie on this
+// device (margin below kRouterTie, teacher-forced along the prompt and the reference's
+// tokens, as the bound test below measures it), or INT_MAX: a dense model, or none on the
+// path. Past such a tie the GPU may have picked another expert than transformers did, and
+// its greedy tokens may leave the reference's with no logit near-tie.
+int router_tie_step(const std::string& dir, const nlohmann::json& ref) {
+  auto d = make_cuda_device(0);
+  REQUIRE(d.ok());
+  auto m = Model::load(dir, 0, 1, *d);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  auto& model = **m;
+  if (!model.config().is_moe()) return INT_MAX;
+  model.record_router_margins(true);
+  const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const auto expect = ref["greedy_ids"].get<std::vector<int32_t>>();
+  const int bs = 16;
+  const int blocks = static_cast<int>(prompt.size() + expect.size()) / bs + 2;
+  auto cache = model.make_kv_cache(blocks, bs, ElemType::bf16);
+  REQUIRE(cache.ok());
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = i;
+  LocalCollective one;
+  std::vector<float> logits;
+  auto tied = [&] {
+    for (const auto& mg : model.router_margins())
+      if (static_cast<double>(mg.last_chosen - mg.first_unchosen) < kRouterTie) return true;
+    return false;
+  };
+  // The prompt's forward gives step 0's logits; token s's forward gives step s + 1's.
+  SeqChunk ch{prompt.data(), static_cast<int>(prompt.size()), 0, table.data(), true};
+  REQUIRE(model.forward({ch}, **cache, one, &logits, true).ok());
+  if (tied()) return 0;
+  std::vector<int32_t> seq = prompt;
+  for (size_t s = 0; s + 1 < expect.size(); ++s) {
+    seq.push_back(expect[s]);
+    SeqChunk dch{&seq.back(), 1, static_cast<int>(seq.size()) - 1, table.data(), true};
+    REQUIRE(model.forward({dch}, **cache, one, &logits).ok());
+    if (tied()) return static_cast<int>(s) + 1;
+  }
+  return INT_MAX;
 }
 
 // Greedy sampling for the reference's steps, `n` choices.
@@ -299,6 +349,9 @@ TEST_CASE(
   for (const auto& dir : fixture_dirs()) {
     CAPTURE(dir);
     auto ref = nlohmann::json::parse(*read_file(dir + "/reference.json"));
+    // (GLM-4.5's fixture has a router near-tie in its prompt, margin 2.4e-4: with the
+    // pre-Hopper attention its n = 8 decode leaves the reference at step 36, top-2 gap 0.75.)
+    const int tie = router_tie_step(dir, ref);
     for (bool graphs : {true, false}) {
       CAPTURE(graphs);
       // Batches of 5 tokens: the prompt prefills in uneven chunks next to decodes.
@@ -307,12 +360,12 @@ TEST_CASE(
       const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
       auto r = generate_blocking(*eng, prompt, p);
       REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
-      check_greedy(r->tokens[0], ref, "scheduler choice 0");
-      check_greedy(r->tokens[1], ref, "scheduler choice 1");
+      check_greedy(r->tokens[0], ref, "scheduler choice 0", tie);
+      check_greedy(r->tokens[1], ref, "scheduler choice 1", tie);
       auto again = generate_blocking(*eng, prompt, p);  // now from the prefix cache
       REQUIRE(again.ok());
       CHECK(again->cached_prompt_tokens > 0);
-      check_greedy(again->tokens[0], ref, "prefix-cached");
+      check_greedy(again->tokens[0], ref, "prefix-cached", tie);
       // n = 8: every decode step has 8 rows, which the CUDA device runs through the own
       // kernel's tensor-core form (3 to 8 rows) with RoPE inside and, on the bf16 fixtures
       // (norm weights folded), the norms and SwiGLU too; prefill in chunks of up to 6 tokens
@@ -322,7 +375,7 @@ TEST_CASE(
       REQUIRE_MESSAGE(r8.ok(), (r8.ok() ? std::string() : r8.error().message));
       REQUIRE(r8->tokens.size() == 8);
       for (int c = 0; c < 8; ++c)
-        check_greedy(r8->tokens[c], ref, "n=8 choice " + std::to_string(c));
+        check_greedy(r8->tokens[c], ref, "n=8 choice " + std::to_string(c), tie);
     }
   }
 }
@@ -395,8 +448,9 @@ TEST_CASE("cuda engine: a decode that outgrows the short-context graph goes on i
   const auto cfg = nlohmann::json::parse(*read_file(dir + "/config.json"));
   const int head_dim = cfg["hidden_size"].get<int>() / cfg["num_attention_heads"].get<int>();
   if (kernels::attention_decode_short_max(head_dim, kernels::DType::bf16) == 0) {
-    MESSAGE("SKIP: this GPU has no short-context decode attention (before sm_90, no cluster "
-            "launch, or SPARK_CUDA_FALLBACKS=1): no short-context graph to outgrow");
+    MESSAGE(
+        "SKIP: this GPU has no short-context decode attention (before sm_90, no cluster "
+        "launch, or SPARK_CUDA_FALLBACKS=1): no short-context graph to outgrow");
     return;
   }
   const auto prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
