@@ -21,6 +21,8 @@
 // logits of that position and those after it move by more than the bound. Such a position is
 // not covered by a looser bound: it is named with its margin (the twin's margins of the GPU's
 // own router logits, Model::record_router_margins), and every other position keeps the bound.
+// The scheduler's cases apply the same rule to greedy tokens: a flip behind such a tie on the
+// reference's path (router_tie_step) is reported, any other must be a logit near-tie.
 // transformers shows the same: on an H100 (bench/results/
 // engine_gpu_bf16_bound-2026-12-06-h100.json, quantized fixtures through its dequantizing
 // loader) its own bf16 run of the MoE fixtures moves the logits by up to 2.8 (deepseek_v3),
