@@ -54,9 +54,10 @@ std::optional<HttpReply> poll_health(int port, std::chrono::milliseconds limit) 
   return std::nullopt;
 }
 
-// Polls /health until the engine has finished trying to load: the reason is then the load's
-// outcome and no longer "loading the model" or "not started". How long the failed load takes
-// depends on the machine's load, so the test waits for the state, not for a time.
+// Polls /health until the daemon has left its starting and loading states (each passes through
+// several reasons: "starting", "starting the native engine", "loading the model", ...): the
+// reason is then the load's outcome. How long the failed load takes depends on the machine's
+// load, so the test waits for the state, not for a time.
 std::optional<HttpReply> poll_health_settled(int port, std::chrono::milliseconds limit) {
   auto end = std::chrono::steady_clock::now() + limit;
   std::optional<HttpReply> last;
@@ -65,8 +66,8 @@ std::optional<HttpReply> poll_health_settled(int port, std::chrono::milliseconds
                                  end - std::chrono::steady_clock::now()));
     if (!last) return last;
     auto j = nlohmann::json::parse(last->body, nullptr, false);
-    std::string reason = j.is_object() ? j.value("reason", std::string()) : std::string();
-    if (reason != "loading the model" && reason != "not started") return last;
+    std::string state = j.is_object() ? j.value("state", std::string()) : std::string();
+    if (state != "starting" && state != "loading") return last;
     std::this_thread::sleep_for(50ms);
   }
   return last;
@@ -116,7 +117,8 @@ TEST_CASE("e2e sparkd: local ring answers /health, SIGTERM exits 0 and removes i
   CHECK(j["slots"].contains("total"));
   // No model at MODEL_PATH: never ready, and it says why (api_*_test.cc serve a real one).
   CHECK(j["ready"] == false);
-  CHECK(j["reason"].get<std::string>().find("native engine") != std::string::npos);
+  CHECK_MESSAGE(j["state"] == "fatal", h->body);
+  CHECK_MESSAGE(j["reason"].get<std::string>().find("native engine") != std::string::npos, h->body);
   HttpCall strict;
   strict.port = static_cast<uint16_t>(port);
   strict.target = "/health?strict";
