@@ -124,7 +124,10 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
     in.context_split = vm["context-split"].as<int>();
   }
   if (vm.count("context")) in.context = vm["context"].as<int64_t>();
-  if (vm.count("slots")) in.slots = std::max(1, vm["slots"].as<int>());
+  if (vm.count("slots")) {
+    in.slots = std::max(1, vm["slots"].as<int>());
+    in.record.step_tokens = std::max(in.record.step_tokens, in.slots);
+  }
   if (auto r = size_opt("workspace", &in.workspace)) return *r;
   if (auto r = size_opt("mtp", &in.mtp)) return *r;
   if (auto r = size_opt("vision", &in.vision)) return *r;

@@ -318,8 +318,16 @@ std::vector<KvPart> kv_parts(const ModelShape& s, const KvRecord& r, const KvSpr
     p.bytes_per_state = ceil_div(2 * h * u(s.head_dim) * e, split);
     p.record = fmt::format("2 x {} KV head(s) x {} x {} B{}", h, s.head_dim, e,
                            split > 1 ? fmt::format(" / {} context ranks", split) : "");
-    // Our engine keeps every token of a sliding layer; vLLM frees what left the window.
+    // vLLM frees what left the window. Our engine, where full layers keep the shared blocks,
+    // keeps a sliding layer's window and one step's tokens in a ring of whole blocks;
+    // where every layer slides it keeps every token.
     if (k == LayerKind::sliding_attention && vllm) p.window = s.sliding_window;
+    if (k == LayerKind::sliding_attention && !vllm && s.count(LayerKind::full_attention) > 0) {
+      const int64_t span = int64_t{s.sliding_window} + std::max(r.step_tokens, 1) - 1;
+      p.window = (span + kNativeBlockTokens - 1) / kNativeBlockTokens * kNativeBlockTokens;
+      p.record += fmt::format(", a ring of {} tokens (window {} + a step's {} - 1)", p.window,
+                              s.sliding_window, std::max(r.step_tokens, 1));
+    }
     add(p);
   }
   // Latent attention: one latent + RoPE key per token, whole on every rank.

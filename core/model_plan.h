@@ -90,7 +90,13 @@ const char* kv_layout_name(KvLayout l);
 struct KvRecord {
   KvLayout layout = KvLayout::native;
   std::string dtype = "auto";  // KV_DTYPE: auto (the model's dtype) | bf16 | fp16 | fp8 | fp32
+  /// Native: the most tokens one engine step gives a sequence (PREFILL_CHUNK, at least
+  /// SLOTS). In a model with full and sliding layers, our engine keeps a sliding layer's
+  /// window plus that many tokens less one, in whole blocks of kNativeBlockTokens.
+  int step_tokens = 256;
 };
+/// Tokens in a block of our engine's KV cache.
+inline constexpr int kNativeBlockTokens = 16;
 /// Bytes per element of a KV_DTYPE value; "auto" is the model's dtype.
 int kv_dtype_bytes(const std::string& kv_dtype, const ModelShape& s);
 

@@ -100,6 +100,10 @@ Result<plan::PlanInput> plan_input(const ModelFiles& mf, const RingConfig* cfg,
   auto slots = integer("SLOTS");
   if (!slots) return slots.error();
   in.slots = static_cast<int>(std::max<int64_t>(1, *slots));
+  auto chunk = integer("PREFILL_CHUNK");
+  if (!chunk) return chunk.error();
+  in.record.step_tokens =
+      static_cast<int>(std::clamp<int64_t>(std::max(*chunk, *slots), 1, 1 << 20));
   for (auto [key, out] :
        {std::pair{"MEM_RESERVE", &in.reserve}, std::pair{"MEM_WORKSPACE", &in.workspace},
         std::pair{"MEM_MTP", &in.mtp}, std::pair{"MEM_VISION", &in.vision},

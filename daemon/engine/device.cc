@@ -81,8 +81,7 @@ Result<kernels::Fp8Weight> fp8_weight(const Buffer& w) {
 
 Result<kernels::Mxfp4Weight> mxfp4_weight(const Buffer& w) {
   const BlockScales* s = w.scales();
-  if (w.type() != ElemType::mxfp4_e2m1 || !s || s->cols == 0 ||
-      s->scales.type() != ElemType::u8)
+  if (w.type() != ElemType::mxfp4_e2m1 || !s || s->cols == 0 || s->scales.type() != ElemType::u8)
     return make_error(
         Errc::internal,
         fmt::format("a {} buffer is not an MXFP4 matrix with its scales", elem_name(w.type())));

@@ -101,11 +101,19 @@ struct KVLayerView {
   int n_kv_heads = 0;
   int head_dim = 0;
   ElemType type = ElemType::f32;
+  /// A windowed layer's own pool (KVCache): read through StepLayout's window tables and
+  /// written through its window slots.
+  bool windowed = false;
 };
 
 /// One forward step, flattened. Token row t belongs to chunk c when
 /// chunk_begin[c] <= t < chunk_begin[c + 1]; its position is positions[t]. Chunk c's block
 /// table is block_tables[c * table_width ...] (padded with 0), covering its positions.
+/// Where the cache keeps windowed layers apart, window_tables and window_slots are the same
+/// for those layers' pools: chunk c's logical block i is its ring's block i mod ring size
+/// (the ring holds the window and the step's tokens, so what a query reads is never
+/// overwritten by the step). A token's slot is -1 where it is not written: a prefix-cache
+/// hit recomputes tokens whose full layers' K/V are already in shared blocks.
 struct StepLayout {
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;
@@ -113,7 +121,9 @@ struct StepLayout {
   std::vector<int32_t> chunk_len;    // per chunk: positions[last] + 1 (its context length)
   std::vector<int32_t> block_tables;
   int table_width = 0;
-  std::vector<int32_t> slots;       // per token: its cache slot (block * block_size + offset)
+  std::vector<int32_t> slots;          // per token: its cache slot (block * block_size + offset)
+  std::vector<int32_t> window_tables;  // empty: the cache keeps no layer apart
+  std::vector<int32_t> window_slots;
   std::vector<int32_t> logit_rows;  // token rows whose logits are computed, in order
   int max_seq_len_bound = 0;        // > 0: size attention for contexts up to this (graph capture)
   int tokens_n() const { return static_cast<int>(tokens.size()); }

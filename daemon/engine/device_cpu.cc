@@ -199,14 +199,16 @@ class CpuDevice final : public Device {
 
   Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {
     SPARK_TRY(host_f32_kv(kv));
-    const auto p = paged(kv);
     const size_t kw = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.head_dim);
-    for (int c = 0; c < step_.chunks_n(); ++c) {
-      const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
-      const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
-      kernels::paged_kv_write_ref(p, table(c), step_.positions.data() + t0, n, f32(k) + t0 * kw,
-                                  f32(v) + t0 * kw);
-    }
+    // By slot: a windowed layer's own pool has its own; -1 (a token whose shared blocks hold
+    // its K/V already) is skipped.
+    const auto& slots = kv.windowed ? step_.window_slots : step_.slots;
+    if (slots.size() != step_.tokens.size())
+      return make_error(Errc::internal,
+                        fmt::format("cpu device: {} {}slots for a step of {} tokens", slots.size(),
+                                    kv.windowed ? "window " : "", step_.tokens.size()));
+    kernels::paged_kv_write_slots_ref(paged(kv), slots.data(), slots.size(), f32(k), kw, f32(v), kw,
+                                      kernels::DType::f32);
     return Status::Ok();
   }
 
@@ -223,7 +225,7 @@ class CpuDevice final : public Device {
     for (int c = 0; c < step_.chunks_n(); ++c) {
       const size_t t0 = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c)]);
       const size_t n = static_cast<size_t>(step_.chunk_begin[static_cast<size_t>(c) + 1]) - t0;
-      kernels::paged_attention_ref(p, table(c), step_.positions.data() + t0, n, heads,
+      kernels::paged_attention_ref(p, table(c, kv.windowed), step_.positions.data() + t0, n, heads,
                                    f32(q) + t0 * qw, f32(out) + t0 * qw, scale, window,
                                    sinks.empty() ? nullptr : sinks.as<float>());
     }
@@ -466,8 +468,8 @@ class CpuDevice final : public Device {
     p.head_dim = kv.head_dim;
     return p;
   }
-  const int32_t* table(int c) const {
-    return step_.block_tables.data() +
+  const int32_t* table(int c, bool windowed = false) const {
+    return (windowed ? step_.window_tables : step_.block_tables).data() +
            static_cast<size_t>(c) * static_cast<size_t>(step_.table_width);
   }
 

@@ -62,9 +62,10 @@ Status need(ElemType got, ElemType want, const char* what) {
 struct MetaLayout {
   size_t cap_tokens = 0, cap_chunks = 0, cap_width = 0;
   size_t tokens = 0, positions = 0, slots = 0, query_start = 0, seq_lens = 0, tables = 0, rows = 0,
-         used = 0, total = 0;
-  // The sections for a step of T tokens, C chunks and R logit rows; `used` ints in all.
-  void place(size_t T, size_t C, size_t R) {
+         wslots = 0, wtables = 0, used = 0, total = 0;
+  // The sections for a step of T tokens, C chunks and R logit rows, and with `windows` the
+  // windowed layers' slots and tables (StepLayout); `used` ints in all.
+  void place(size_t T, size_t C, size_t R, bool windows) {
     size_t at = 0;
     auto take = [&](size_t n) {
       size_t o = at;
@@ -78,10 +79,12 @@ struct MetaLayout {
     seq_lens = take(C);
     tables = take(C * cap_width);
     rows = take(R);
+    wslots = windows ? take(T) : 0;
+    wtables = windows ? take(C * cap_width) : 0;
     used = at;
   }
   void compute() {
-    place(cap_tokens, cap_chunks, cap_tokens);
+    place(cap_tokens, cap_chunks, cap_tokens, true);
     total = used;
   }
 };
@@ -391,7 +394,13 @@ class CudaDevice final : public Device {
     const size_t T = static_cast<size_t>(st.tokens_n()), C = static_cast<size_t>(st.chunks_n()),
                  W = static_cast<size_t>(st.table_width);
     SPARK_TRY(grow_meta(T, C, W));
-    meta_.place(T, C, st.logit_rows.size());
+    const bool windows = !st.window_tables.empty();
+    if (windows && (st.window_slots.size() != T || st.window_tables.size() != C * W))
+      return make_error(Errc::internal,
+                        fmt::format("cuda device: a step of {} tokens and {} chunks has {} window "
+                                    "slots and {} window table entries",
+                                    T, C, st.window_slots.size(), st.window_tables.size()));
+    meta_.place(T, C, st.logit_rows.size(), windows);
     // Two host copies, used in turn: the previous step's copy may not have run yet when a
     // step is queued behind it (queues_steps); the one before it has, since at most two
     // steps are in flight.
@@ -409,6 +418,14 @@ class CudaDevice final : public Device {
       std::memset(h + meta_.tables + c * meta_.cap_width + W, 0, (meta_.cap_width - W) * 4);
     }
     std::memcpy(h + meta_.rows, st.logit_rows.data(), st.logit_rows.size() * 4);
+    if (windows) {
+      std::memcpy(h + meta_.wslots, st.window_slots.data(), T * 4);
+      for (size_t c = 0; c < C; ++c) {
+        std::memcpy(h + meta_.wtables + c * meta_.cap_width, st.window_tables.data() + c * W,
+                    W * 4);
+        std::memset(h + meta_.wtables + c * meta_.cap_width + W, 0, (meta_.cap_width - W) * 4);
+      }
+    }
     max_query_len_ = 0;
     max_seq_len_ = 0;
     for (size_t c = 0; c < C; ++c) {
@@ -718,7 +735,7 @@ class CudaDevice final : public Device {
     r.v_cache = p.v;
     r.cache_dtype = p.dtype;
     r.cache_slots = static_cast<long long>(p.num_blocks) * p.block_size;
-    r.slots = dev_i32(meta_.slots);
+    r.slots = slots_for(kv);
     r.v = v.data();
     r.v_stride = static_cast<size_t>(kv_heads) * static_cast<size_t>(head_dim);
     return r;
@@ -726,7 +743,7 @@ class CudaDevice final : public Device {
 
   Status kv_write(const KVLayerView& kv, const Buffer& k, const Buffer& v) override {
     const size_t kw = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.head_dim);
-    return kernels::paged_kv_write_cuda_device(paged(kv), dev_i32(meta_.slots), step_.tokens.size(),
+    return kernels::paged_kv_write_cuda_device(paged(kv), slots_for(kv), step_.tokens.size(),
                                                kernels::DType::bf16, k.data(), kw, v.data(), kw,
                                                stream_);
   }
@@ -742,7 +759,7 @@ class CudaDevice final : public Device {
     b.out_stride = b.q_stride;
     b.n_heads = heads;
     b.kv = paged(kv);
-    b.block_tables = dev_i32(meta_.tables);
+    b.block_tables = tables_for(kv);
     b.max_blocks_per_seq = static_cast<int>(meta_.cap_width);
     b.seq_lens = dev_i32(meta_.seq_lens);
     b.query_start = dev_i32(meta_.query_start);
@@ -1224,6 +1241,13 @@ class CudaDevice final : public Device {
  private:
   CudaDevice() = default;
   const int32_t* dev_i32(size_t off) const { return meta_dev_.as<int32_t>() + off; }
+  // A windowed layer's own pool is read and written through the step's window tables.
+  const int32_t* slots_for(const KVLayerView& kv) const {
+    return dev_i32(kv.windowed ? meta_.wslots : meta_.slots);
+  }
+  const int32_t* tables_for(const KVLayerView& kv) const {
+    return dev_i32(kv.windowed ? meta_.wtables : meta_.tables);
+  }
 
   // Growing a buffer a graph reads would leave the graph pointing at freed memory: every
   // growth drops the graphs (Model::prepare sizes them up front, so steady state never grows).

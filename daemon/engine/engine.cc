@@ -34,7 +34,7 @@ namespace {
 // What rank 0 tells the workers at start: KV blocks, block size, KV type, the arguments of
 // Model::prepare (tokens, sequences, context, graphs), the control plane's deadline and
 // socket buffers.
-constexpr int kWorkerSizes = 9;
+constexpr int kWorkerSizes = 10;
 }  // namespace
 
 namespace step_detail {
@@ -48,6 +48,11 @@ struct SeqState {
   int max_total = 0;  // prompt + max_tokens, capped by the context
   int computed = 0;   // tokens whose K/V are in the cache
   std::vector<int32_t> blocks;
+  /// Its ring in the windowed layers' own pool (empty when the cache keeps none apart).
+  std::vector<int32_t> ring;
+  /// A prefix-cache hit recomputes from `computed` on for the windowed layers; the shared
+  /// blocks below this position already hold the full layers' K/V and are not written.
+  int write_from = 0;
   SamplingParams params;  // seed fixed at admission
   std::unique_ptr<Sampler> sampler;
   int generated = 0;
@@ -105,6 +110,9 @@ void plan_step(const std::vector<SeqState*>& running, int budget, StepRun* out) 
     const bool all = s.params.prompt_logprobs >= 0 && s.computed < s.prompt_len;
     out->chunks.push_back(
         {s.tokens.data() + s.computed, n, s.computed, s.blocks.data(), n == pending_of(i), all});
+    out->chunks.back().ring = s.ring.data();
+    out->chunks.back().ring_n = static_cast<int>(s.ring.size());
+    out->chunks.back().write_from = s.write_from;
     out->chunk_seq.push_back(i);
     if (n != 1 || s.computed < s.prompt_len) out->decode_only = false;
   }
@@ -354,7 +362,16 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
                                   "or fp32)",
                                   opts.kv_dtype));
   }
-  const uint64_t per_block = model->kv_block_bytes(kv_type, opts.block_size);
+  // Windowed layers kept apart: a ring of ring_n blocks per slot, enough for the window and
+  // the most tokens one step gives a sequence; only where that is less than a context.
+  const int prep_tokens = std::max(opts.max_batch_tokens, opts.slots);
+  int ring_n = opts.window_kv ? model->window_ring_blocks(opts.block_size, prep_tokens) : 0;
+  if (ring_n >= per_seq) ring_n = 0;
+  const uint64_t per_block = model->kv_block_bytes(kv_type, opts.block_size, ring_n > 0);
+  const uint64_t window_bytes =
+      ring_n > 0 ? model->kv_window_block_bytes(kv_type, opts.block_size) *
+                       static_cast<uint64_t>(ring_n) * static_cast<uint64_t>(opts.slots)
+                 : 0;
   // The CPU keeps SLOTS full contexts (its memory is the guard's to watch); a GPU sizes
   // from what is free, because there an over-large cache fails at allocation.
   if (opts.kv_from_free_memory && opts.num_blocks <= 0 && dev.info().kind == "cuda") {
@@ -363,9 +380,10 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
     if (!avail) return avail.error();
     const uint64_t share = static_cast<uint64_t>(std::max(opts.kv_memory_share, 1));
     const uint64_t budget = (*avail > opts.mem_reserve ? *avail - opts.mem_reserve : 0) / share;
-    const uint64_t need = static_cast<uint64_t>(per_seq) * per_block;
+    const uint64_t need = static_cast<uint64_t>(per_seq) * per_block + window_bytes;
     if (budget < need) {
-      const uint64_t fits = budget / per_block * static_cast<uint64_t>(opts.block_size);
+      const uint64_t fits = (budget > window_bytes ? budget - window_bytes : 0) / per_block *
+                            static_cast<uint64_t>(opts.block_size);
       const std::string where =
           share > 1 ? fmt::format(" ({}'s memory, shared by {} ranks: each gets a {}th)",
                                   opts.kv_memory_where, share, share)
@@ -382,7 +400,8 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
     opts.kv_cache_bytes = budget;
   }
   if (opts.num_blocks <= 0) {
-    const uint64_t fit = opts.kv_cache_bytes / per_block;
+    const uint64_t fit =
+        (opts.kv_cache_bytes > window_bytes ? opts.kv_cache_bytes - window_bytes : 0) / per_block;
     opts.num_blocks = static_cast<int>(std::min<uint64_t>(
         fit, static_cast<uint64_t>(per_seq) * static_cast<uint64_t>(opts.slots)));
     if (opts.num_blocks < 1)
@@ -394,10 +413,15 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->opts_ = opts;
   e->model_ = std::move(model);
   e->comm_ = std::move(comm);
-  auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type);
+  const int window_blocks = ring_n * opts.slots;
+  auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type, window_blocks);
   if (!cache) return cache.error();
   e->cache_ = std::move(*cache);
-  const int prep_tokens = std::max(opts.max_batch_tokens, opts.slots);
+  if (ring_n > 0) {
+    e->ring_n_ = ring_n;
+    e->recompute_ = e->model_->window_recompute_tokens();
+    for (int r = opts.slots; r-- > 0;) e->free_rings_.push_back(r);
+  }
   SPARK_TRY(e->model_->prepare(prep_tokens, opts.slots, e->max_context_, opts.block_size,
                                opts.cuda_graphs));
   e->blocks_ =
@@ -413,7 +437,8 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
                                    e->max_context_,
                                    opts.cuda_graphs ? 1 : 0,
                                    std::max(1, opts.control_timeout_ms),
-                                   opts.control_socket_buffer};
+                                   opts.control_socket_buffer,
+                                   window_blocks};
     SPARK_TRY(e->comm_->broadcast(sizes, sizeof(sizes), 0));
     auto ctl = ControlChannel::connect(
         *e->comm_, std::chrono::milliseconds(std::max(1, opts.control_timeout_ms)),
@@ -428,10 +453,15 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   e->stats_.blocks_available = opts.num_blocks;
   e->stats_.block_size = opts.block_size;
   e->stats_.prefix_caching = opts.prefix_caching;
+  e->stats_.kv_bytes = e->cache_->bytes();
+  e->stats_.window_ring_blocks = ring_n;
   log::info(
-      "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}",
+      "engine", "{} on {}: {} slots, {} KV blocks of {} tokens ({} MiB {}), context {}, TP {}{}",
       c.architecture, e->model_->device().info().name, opts.slots, opts.num_blocks, opts.block_size,
-      e->cache_->bytes() >> 20, elem_name(kv_type), e->max_context_, e->comm_->world_size());
+      e->cache_->bytes() >> 20, elem_name(kv_type), e->max_context_, e->comm_->world_size(),
+      ring_n > 0 ? fmt::format("; sliding-window layers keep {} blocks a sequence ({} tokens)",
+                               ring_n, ring_n * opts.block_size)
+                 : std::string());
   e->overlap_ = opts.overlap_decode && e->comm_->world_size() == 1 &&
                 e->model_->device().samples_on_device() && e->model_->device().queues_steps();
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
@@ -526,7 +556,7 @@ void Engine::emit(Req& r, TokenEvent ev) {
 void Engine::finish_seq(size_t index, FinishReason why, const std::string& error) {
   auto seq = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<ptrdiff_t>(index));
-  blocks_->release(seq->blocks);
+  release_seq(*seq);
   auto it = reqs_.find(seq->req);
   if (it == reqs_.end()) return;
   Req& r = *it->second;
@@ -544,6 +574,13 @@ void Engine::finish_seq(size_t index, FinishReason why, const std::string& error
   if (r.finished == r.r.params.n) reqs_.erase(it);
 }
 
+void Engine::release_seq(Seq& s) {
+  blocks_->release(s.blocks);
+  s.blocks.clear();
+  if (!s.ring.empty()) free_rings_.push_back(s.ring.front() / ring_n_);
+  s.ring.clear();
+}
+
 void Engine::cancel_req(RequestId id, FinishReason why, const std::string& error) {
   auto it = reqs_.find(id);
   if (it == reqs_.end()) return;
@@ -557,13 +594,13 @@ void Engine::cancel_req(RequestId id, FinishReason why, const std::string& error
         cancelled_.push_back(running_[i]->id);
         running_[i]->req = 0;
       } else {
-        blocks_->release(running_[i]->blocks);
+        release_seq(*running_[i]);
         running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
       }
     }
   for (size_t i = admitted_.size(); i-- > 0;)  // admitted, not yet in a plan: never ran
     if (admitted_[i]->req == id) {
-      blocks_->release(admitted_[i]->blocks);
+      release_seq(*admitted_[i]);
       admitted_.erase(admitted_.begin() + static_cast<ptrdiff_t>(i));
     }
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
@@ -591,18 +628,39 @@ void Engine::admit() {
     // Reuse cached full blocks, but always compute at least the last prompt token; a request
     // for prompt logprobs computes its whole prompt (a cached block has no logits).
     const int reusable = r.r.params.prompt_logprobs >= 0 ? 0 : (s->prompt_len - 1) / bs;
-    const int matched = blocks_->match_prefix(s->tokens, reusable, &s->blocks, &s->hashes);
+    int matched = blocks_->match_prefix(s->tokens, reusable, &s->blocks, &s->hashes);
+    // With windowed layers kept apart, a hit recomputes the tokens whose K/V those layers'
+    // rings need (their stacked windows' reach) without writing the shared blocks; a hit
+    // no longer than that reach saves nothing and is given back.
+    int recompute = 0;
+    if (ring_n_ > 0 && matched > 0) {
+      if (matched * bs <= recompute_) {
+        blocks_->release(s->blocks);
+        s->blocks.clear();
+        s->hashes.clear();
+        matched = 0;
+      } else {
+        recompute = recompute_;
+      }
+    }
     const int need = (s->max_total + bs - 1) / bs - matched;
     if (!blocks_->allocate(need, &s->blocks)) {
       blocks_->release(s->blocks);
       break;  // wait for running sequences to free blocks (submit() made sure it can ever fit)
+    }
+    if (ring_n_ > 0) {  // a free ring always exists: there are as many as slots
+      const int32_t ring = free_rings_.back();
+      free_rings_.pop_back();
+      s->ring.resize(static_cast<size_t>(ring_n_));
+      for (int i = 0; i < ring_n_; ++i) s->ring[static_cast<size_t>(i)] = ring * ring_n_ + i;
     }
     blocks_->note_hits(matched);
     if (opts_.prefix_caching) {
       std::lock_guard<std::mutex> lk(mu_);
       stats_.prefix_queries += static_cast<uint64_t>(s->prompt_len);
     }
-    s->computed = s->cached = matched * bs;
+    s->write_from = matched * bs;
+    s->computed = s->cached = matched * bs - recompute;  // cached: tokens not computed
     s->scheduled = std::chrono::steady_clock::now();
     // Without a seed, a fresh one per sequence, fixed here so that every rank draws alike.
     s->params = r.r.params;
@@ -630,6 +688,8 @@ StepPlan Engine::take_plan() {
     a.max_total = s->max_total;
     a.computed = s->computed;
     a.blocks = s->blocks;
+    a.ring = s->ring;
+    a.write_from = s->write_from;
     a.params = s->params;
     a.rank0_draws = s->rank0_draws;
     p.admits.push_back(std::move(a));
@@ -641,7 +701,7 @@ void Engine::apply_plan(const StepPlan& plan, std::vector<std::unique_ptr<Seq>> 
   for (uint64_t id : plan.cancels)
     for (size_t i = 0; i < running_.size(); ++i)
       if (running_[i]->id == id) {  // absent: it finished in the step before, on every rank
-        blocks_->release(running_[i]->blocks);
+        release_seq(*running_[i]);
         running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
         break;
       }
@@ -738,6 +798,8 @@ Status Engine::step_queued() {
       const auto& ch = cur->run.chunks[k];
       static const int32_t kFed = 0;  // not read: the device feeds the drawn token
       next->run.chunks.push_back({&kFed, 1, ch.start_pos + 1, s.blocks.data(), true});
+      next->run.chunks.back().ring = s.ring.data();
+      next->run.chunks.back().ring_n = static_cast<int>(s.ring.size());
       next->run.chunk_seq.push_back(k);
       next->params.push_back(s.sampler->next_params(1));
     }
@@ -975,7 +1037,7 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) 
   int64_t sizes[kWorkerSizes] = {};
   SPARK_TRY(comm.broadcast(sizes, sizeof(sizes), 0));
   auto made = model.make_kv_cache(static_cast<int>(sizes[0]), static_cast<int>(sizes[1]),
-                                  static_cast<ElemType>(sizes[2]));
+                                  static_cast<ElemType>(sizes[2]), static_cast<int>(sizes[9]));
   if (!made) return made.error();
   KVCache& cache = **made;
   SPARK_TRY(model.prepare(static_cast<int>(sizes[3]), static_cast<int>(sizes[4]),
@@ -1049,6 +1111,16 @@ Status run_tp_worker(Model& model, Collective& comm, const TpWorkerOptions& wo) 
       s->max_total = a.max_total;
       s->computed = a.computed;
       s->blocks = std::move(a.blocks);
+      s->ring = std::move(a.ring);
+      s->write_from = a.write_from;
+      if ((cache.window_blocks() > 0) != !s->ring.empty() ||
+          std::any_of(s->ring.begin(), s->ring.end(),
+                      [&](int32_t b) { return b < 0 || b >= cache.window_blocks(); }))
+        return leave(make_error(
+            Errc::integrity,
+            fmt::format("rank {}: the plan of step {} gives sequence {} a ring of {} blocks "
+                        "outside this rank's {} window blocks",
+                        comm.rank(), plan->serial, s->id, s->ring.size(), cache.window_blocks())));
       const int need = (s->max_total + static_cast<int>(sizes[1]) - 1) / static_cast<int>(sizes[1]);
       if (static_cast<int>(s->blocks.size()) < need)
         return leave(make_error(

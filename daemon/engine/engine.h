@@ -63,6 +63,10 @@ struct EngineOptions {
   int max_batch_tokens = 256;
   int max_context = 0;  // 0: the model's max_position_embeddings
   bool prefix_caching = true;
+  /// A model whose layers mix sliding-window and full attention (gpt-oss) keeps its
+  /// windowed layers' K/V apart, only the window and one step's tokens per sequence, where
+  /// that is less than a full context (KVCache); false: every layer keeps whole contexts.
+  bool window_kv = true;
   int heartbeat_ms = 1000;  // TP: an idle rank 0 tells workers it is alive this often
   /// TP: post the plan of step N+1 while step N computes (the workers find it waiting when
   /// they finish step N); false: after step N ends, the workers waiting for it (lock-step,
@@ -153,6 +157,8 @@ struct EngineStats {
   uint64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache (when it is on)
   int block_size = 0;
   bool prefix_caching = false;
+  uint64_t kv_bytes = 0;       // this rank's KV cache, every pool
+  int window_ring_blocks = 0;  // blocks a sequence's ring holds in the windowed layers' pool
   uint64_t generated_tokens = 0;
   /// Overlapped decode: steps queued behind the one running, fed its draws on the device.
   uint64_t steps_queued_ahead = 0;
@@ -226,6 +232,8 @@ class Engine {
   /// A step's bookkeeping after its draws: prefix blocks, events, stats, finished sequences.
   void finish_run(StepRun& run);
   void finish_seq(size_t index, FinishReason why, const std::string& error = {});
+  /// Gives back a sequence's blocks and its ring.
+  void release_seq(Seq& s);
   void cancel_req(RequestId id, FinishReason why, const std::string& error);
   void emit(Req& r, TokenEvent ev);
   void publish_stats();
@@ -242,6 +250,12 @@ class Engine {
   int max_context_ = 0;
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<BlockManager> blocks_;
+  // The windowed layers' own pool (KVCache::window_blocks()): `ring_n_` blocks a sequence,
+  // ring r being blocks [r * ring_n_, (r + 1) * ring_n_); the free ones; and the tokens a
+  // prefix-cache hit recomputes for them (Model::window_recompute_tokens).
+  int ring_n_ = 0;
+  std::vector<int32_t> free_rings_;
+  int recompute_ = 0;
 
   // Engine-thread state.
   std::vector<std::unique_ptr<Seq>> running_;

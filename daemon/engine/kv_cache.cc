@@ -24,7 +24,9 @@ Result<std::unique_ptr<KVCache>> KVCache::create(Device& device, ElemType type, 
 
 Result<std::unique_ptr<KVCache>> KVCache::create(Device& device, ElemType type, int num_layers,
                                                  int num_blocks, int block_size,
-                                                 const KVShape& shape) {
+                                                 const KVShape& shape,
+                                                 const std::vector<bool>& windowed,
+                                                 int window_blocks) {
   const int n_kv_heads = shape.n_kv_heads, head_dim = shape.head_dim;
   std::unique_ptr<KVCache> c(new KVCache());
   c->num_blocks_ = num_blocks;
@@ -34,9 +36,19 @@ Result<std::unique_ptr<KVCache>> KVCache::create(Device& device, ElemType type, 
   c->pools_ = shape.pools == 1 ? 1 : 2;
   c->type_ = type;
   c->device_kind_ = device.info().kind;
-  c->per_layer_ = static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size) *
-                  static_cast<size_t>(n_kv_heads) * static_cast<size_t>(head_dim);
-  const size_t n = c->per_layer_ * static_cast<size_t>(num_layers);
+  if (window_blocks > 0) {
+    c->window_blocks_ = window_blocks;
+    c->windowed_ = windowed;
+    c->windowed_.resize(static_cast<size_t>(num_layers), false);
+  }
+  const size_t per_block = static_cast<size_t>(block_size) * static_cast<size_t>(n_kv_heads) *
+                           static_cast<size_t>(head_dim);
+  size_t n = 0;
+  c->offset_.resize(static_cast<size_t>(num_layers));
+  for (int l = 0; l < num_layers; ++l) {
+    c->offset_[static_cast<size_t>(l)] = n;
+    n += per_block * static_cast<size_t>(c->windowed(l) ? window_blocks : num_blocks);
+  }
   auto k = device.alloc(type, n);
   if (!k)
     return make_error(k.error().code,
@@ -70,10 +82,11 @@ uint64_t KVCache::block_bytes(ElemType type, int num_layers, int block_size, con
 
 KVLayerView KVCache::view(int l) const {
   KVLayerView p;
-  const size_t off = per_layer_ * static_cast<size_t>(l) * elem_size(type_);
+  const size_t off = offset_[static_cast<size_t>(l)] * elem_size(type_);
   p.k = static_cast<char*>(k_.data()) + off;
   p.v = v_.empty() ? nullptr : static_cast<char*>(v_.data()) + off;
-  p.num_blocks = num_blocks_;
+  p.windowed = windowed(l);
+  p.num_blocks = p.windowed ? window_blocks_ : num_blocks_;
   p.block_size = block_size_;
   p.n_kv_heads = n_kv_heads_;
   p.head_dim = head_dim_;

@@ -5,8 +5,16 @@
 // normalised latent and the rotated RoPE key, kv_lora_rank + qk_rope_head_dim values (576 at
 // DeepSeek-V3's widths), the same on every tensor-parallel rank. Which block belongs to whom is the
 // BlockManager's job (block_manager.h); the model only reads and writes through block tables.
+//
+// A model whose layers mix sliding-window and full attention (gpt-oss) may keep its windowed
+// layers apart: those layers then hold `window_blocks` blocks of their own (a small ring per
+// sequence, a circular buffer of positions big enough for the window and one step's tokens)
+// instead of `num_blocks`, and their
+// views say so (KVLayerView::windowed), so a device reads them through the step's window
+// tables and slots (StepLayout).
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "daemon/engine/device.h"
 #include "daemon/engine/model_config.h"
@@ -32,10 +40,20 @@ class KVCache {
   static Result<std::unique_ptr<KVCache>> create(Device& device, ElemType type, int num_layers,
                                                  int num_blocks, int block_size, int n_kv_heads,
                                                  int head_dim);
-  /// The same for a cache of `shape` (one pool: the view's v is null).
+  /// The same for a cache of `shape` (one pool: the view's v is null). Layers with
+  /// `windowed[l]` (when `window_blocks` > 0) get `window_blocks` blocks of their own.
   static Result<std::unique_ptr<KVCache>> create(Device& device, ElemType type, int num_layers,
                                                  int num_blocks, int block_size,
-                                                 const KVShape& shape);
+                                                 const KVShape& shape,
+                                                 const std::vector<bool>& windowed = {},
+                                                 int window_blocks = 0);
+  /// Blocks of each windowed layer's own pool (0: every layer reads the shared blocks).
+  int window_blocks() const { return window_blocks_; }
+  /// Whether layer `l` keeps its blocks apart.
+  bool windowed(int l) const {
+    return window_blocks_ > 0 && l >= 0 && static_cast<size_t>(l) < windowed_.size() &&
+           windowed_[static_cast<size_t>(l)];
+  }
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   ElemType type() const { return type_; }
@@ -55,7 +73,9 @@ class KVCache {
  private:
   KVCache() = default;
   int num_blocks_ = 0, block_size_ = 0, n_kv_heads_ = 0, head_dim_ = 0, pools_ = 2;
-  size_t per_layer_ = 0;  // elements per layer and pool
+  int window_blocks_ = 0;
+  std::vector<bool> windowed_;
+  std::vector<size_t> offset_;  // per layer: its first element in each pool
   ElemType type_ = ElemType::f32;
   std::string device_kind_;
   Buffer k_, v_;

@@ -117,7 +117,8 @@ Status Model::fill_synthetic(uint64_t seed) {
                                                     : dev.vector_type(),
                        d.numel);
   for (const auto& d : plan_.dests)
-    if (kept(d)) sizes.emplace_back(mx(d) ? ElemType::u8 : ElemType::f32, d.scale_rows * d.scale_ld);
+    if (kept(d))
+      sizes.emplace_back(mx(d) ? ElemType::u8 : ElemType::f32, d.scale_rows * d.scale_ld);
   layers_.assign(static_cast<size_t>(c.num_layers), Layer{});
   auto bufs = dev.alloc_weights(sizes);
   if (!bufs) return bufs.error();
@@ -184,8 +185,8 @@ Status Model::fill_synthetic(uint64_t seed) {
       const int e = static_cast<int>(std::lround(std::log2(scale / std::sqrt(3.0) / 2.93)));
       std::vector<uint8_t> sc(bs->scales.numel());
       for (size_t k = 0; k < sc.size(); ++k)
-        sc[k] = static_cast<uint8_t>(std::clamp(127 + e - static_cast<int>(pattern[k % pattern.size()] & 1),
-                                                0, 254));
+        sc[k] = static_cast<uint8_t>(
+            std::clamp(127 + e - static_cast<int>(pattern[k % pattern.size()] & 1), 0, 254));
       SPARK_TRY(dev.upload(bs->scales, sc.data(), DType::u8));
       SPARK_TRY(dev.synchronize());  // sc leaves scope
     } else {
@@ -742,8 +743,8 @@ Status Model::load_weights(const std::string& dir, LoadReport* report) {
     const TensorInfo* t = *ck->lookup(r.tensor, r.shape);
     const uint64_t slice_bytes = static_cast<uint64_t>(r.rows * r.cols) * dtype_size(t->dtype);
     if (const size_t md = read_dest[i]; r.mxfp4 && mx[md]) {
-      SPARK_TRY(load_mxfp4_kept(*ck, r, plan_.dests[md], dev, *weight(r.layer, r.role),
-                                in_place[i], stage, &turn, mx_scales_host[md], dir));
+      SPARK_TRY(load_mxfp4_kept(*ck, r, plan_.dests[md], dev, *weight(r.layer, r.role), in_place[i],
+                                stage, &turn, mx_scales_host[md], dir));
       if (in_place[i]) direct += slice_bytes / 2;
     } else if (r.mxfp4) {
       SPARK_TRY(load_mxfp4(*ck, r, dev, *weight(r.layer, r.role), stage, &turn, dir));
@@ -922,14 +923,65 @@ nlohmann::json Model::describe() const {
   return j;
 }
 
-Result<std::unique_ptr<KVCache>> Model::make_kv_cache(int num_blocks, int block_size,
-                                                      ElemType type) const {
+namespace {
+// Layers with a window, in a model that also has full-attention layers (those keep the
+// shared blocks that prefix caching reuses); empty when none can be kept apart.
+std::vector<bool> windowed_layers(const ModelConfig& c) {
+  if (c.is_mla()) return {};
+  std::vector<bool> w(static_cast<size_t>(c.num_layers), false);
+  int n = 0;
+  for (int l = 0; l < c.num_layers; ++l)
+    if (c.window_of(l) > 0) {
+      w[static_cast<size_t>(l)] = true;
+      ++n;
+    }
+  if (n == 0 || n == c.num_layers) return {};
+  return w;
+}
+}  // namespace
+
+Result<std::unique_ptr<KVCache>> Model::make_kv_cache(int num_blocks, int block_size, ElemType type,
+                                                      int window_blocks) const {
+  const auto w = window_blocks > 0 ? windowed_layers(cfg_) : std::vector<bool>();
+  if (window_blocks > 0 && w.empty())
+    return make_error(
+        Errc::internal,
+        fmt::format("KV cache: {} has no sliding-window layers to keep apart", cfg_.architecture));
   return KVCache::create(*device_, type, cfg_.num_layers, num_blocks, block_size,
-                         kv_shape(cfg_, plan_.kv_heads));
+                         kv_shape(cfg_, plan_.kv_heads), w, window_blocks);
 }
 
-uint64_t Model::kv_block_bytes(ElemType type, int block_size) const {
-  return KVCache::block_bytes(type, cfg_.num_layers, block_size, kv_shape(cfg_, plan_.kv_heads));
+uint64_t Model::kv_block_bytes(ElemType type, int block_size, bool windowed_apart) const {
+  const auto w = windowed_apart ? windowed_layers(cfg_) : std::vector<bool>();
+  const int layers = cfg_.num_layers - static_cast<int>(std::count(w.begin(), w.end(), true));
+  return KVCache::block_bytes(type, layers, block_size, kv_shape(cfg_, plan_.kv_heads));
+}
+
+uint64_t Model::kv_window_block_bytes(ElemType type, int block_size) const {
+  const auto w = windowed_layers(cfg_);
+  return KVCache::block_bytes(type, static_cast<int>(std::count(w.begin(), w.end(), true)),
+                              block_size, kv_shape(cfg_, plan_.kv_heads));
+}
+
+int Model::window_ring_blocks(int block_size, int step_tokens) const {
+  const auto w = windowed_layers(cfg_);
+  if (w.empty() || block_size < 1) return 0;
+  int window = 0;
+  for (int l = 0; l < cfg_.num_layers; ++l) window = std::max(window, cfg_.window_of(l));
+  // Position p lands in slot p mod (ring blocks x block_size) of the ring (logical block
+  // p / bs is ring entry (p / bs) mod n, offset p mod bs): a circular buffer. A step's first
+  // query reads back to window - 1 positions before it and its last token is step_tokens - 1
+  // after it, so window + step_tokens - 1 consecutive positions must not share a slot.
+  const int64_t span = static_cast<int64_t>(window) + std::max(step_tokens, 1) - 1;
+  return static_cast<int>((span + block_size - 1) / block_size);
+}
+
+int Model::window_recompute_tokens() const {
+  const auto w = windowed_layers(cfg_);
+  int n = 0;
+  for (int l = 0; l < cfg_.num_layers; ++l)
+    if (!w.empty() && w[static_cast<size_t>(l)]) n += cfg_.window_of(l) - 1;
+  return n;
 }
 
 Status Model::reserve(int tokens, int logit_rows) {
@@ -957,8 +1009,7 @@ Status Model::reserve(int tokens, int logit_rows) {
     SPARK_TRY(grow(att_, at, T * std::max(qw, aw)));
     if (cfg_.is_mla()) {
       // Twice: q_a's rows, then their norm (a CUDA norm does not write over its input).
-      SPARK_TRY(
-          grow(mla_qa_, at, 2 * T * static_cast<size_t>(std::max(cfg_.mla.q_lora_rank, 1))));
+      SPARK_TRY(grow(mla_qa_, at, 2 * T * static_cast<size_t>(std::max(cfg_.mla.q_lora_rank, 1))));
       SPARK_TRY(grow(mla_kv_, at, T * static_cast<size_t>(cfg_.mla.cache_width())));
     }
     SPARK_TRY(grow(k_, at, T * kw));
@@ -1003,6 +1054,8 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
   st.block_tables.clear();
   st.logit_rows.clear();
   st.slots.clear();
+  st.window_tables.clear();
+  st.window_slots.clear();
   st.table_width = 0;
   st.max_seq_len_bound = 0;
   for (const auto& ch : chunks)
@@ -1031,11 +1084,22 @@ Status Model::forward(const std::vector<SeqChunk>& chunks, KVCache& cache, Colle
     const int bs = cache.block_size();
     for (int i = 0; i < ch.n; ++i) {
       const int pos = ch.start_pos + i;
-      st.slots.push_back(ch.block_table[pos / bs] * bs + pos % bs);
+      st.slots.push_back(pos < ch.write_from ? -1 : ch.block_table[pos / bs] * bs + pos % bs);
     }
     const int nb = (ch.start_pos + ch.n + bs - 1) / bs;
     st.block_tables.insert(st.block_tables.end(), ch.block_table, ch.block_table + nb);
     st.block_tables.resize(st.block_tables.size() + static_cast<size_t>(st.table_width - nb), 0);
+    if (cache.window_blocks() > 0) {
+      if (!ch.ring || ch.ring_n < 1)
+        return make_error(Errc::internal,
+                          "forward: the cache keeps windowed layers apart but a chunk has no ring");
+      for (int i = 0; i < ch.n; ++i) {
+        const int pos = ch.start_pos + i;
+        st.window_slots.push_back(ch.ring[(pos / bs) % ch.ring_n] * bs + pos % bs);
+      }
+      for (int b = 0; b < st.table_width; ++b)
+        st.window_tables.push_back(b < nb ? ch.ring[b % ch.ring_n] : 0);
+    }
   }
   if (st.tokens.empty()) {
     if (logits) logits->clear();
@@ -1155,6 +1219,14 @@ Status Model::run_graph(KVCache& cache, Collective& comm, bool want) {
     std::copy_n(step_.block_tables.begin() + static_cast<ptrdiff_t>(c) * step_.table_width,
                 step_.table_width, tables.begin() + static_cast<ptrdiff_t>(c) * graph_width_);
   st.block_tables = std::move(tables);
+  if (!step_.window_tables.empty()) {
+    std::vector<int32_t> wt(static_cast<size_t>(B) * static_cast<size_t>(graph_width_), 0);
+    for (int c = 0; c < real; ++c)
+      std::copy_n(step_.window_tables.begin() + static_cast<ptrdiff_t>(c) * step_.table_width,
+                  step_.table_width, wt.begin() + static_cast<ptrdiff_t>(c) * graph_width_);
+    st.window_tables = std::move(wt);
+    st.window_slots.resize(static_cast<size_t>(B), -1);
+  }
   for (int i = real; i < B; ++i) {
     st.tokens.push_back(0);
     st.positions.push_back(0);

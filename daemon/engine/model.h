@@ -60,6 +60,13 @@ struct SeqChunk {
   const int32_t* block_table = nullptr;  // covers positions [0, start_pos + n)
   bool want_logits = false;              // logits of the chunk's last token
   bool all_logits = false;  // logits of every token of the chunk (prompt logprobs), in order
+  /// The sequence's ring in the windowed layers' own pool (KVCache::window_blocks() > 0):
+  /// logical block i is ring[i % ring_n].
+  const int32_t* ring = nullptr;
+  int ring_n = 0;
+  /// Positions below this are not written to the shared blocks (a prefix-cache hit whose
+  /// windowed layers are recomputed; see Model::window_recompute_tokens).
+  int write_from = 0;
 };
 
 class Model {
@@ -90,10 +97,23 @@ class Model {
   Device& device() const { return *device_; }
   /// A KV cache of `num_blocks` blocks on this model's device (kv_shape(): K and V per
   /// local KV head, or latent attention's one row per token).
-  Result<std::unique_ptr<KVCache>> make_kv_cache(int num_blocks, int block_size,
-                                                 ElemType type) const;
-  /// Bytes one block of that cache takes over all layers.
-  uint64_t kv_block_bytes(ElemType type, int block_size) const;
+  /// With `window_blocks` > 0 the windowed layers (sliding-window attention in a model that
+  /// also has full-attention layers: gpt-oss) keep that many blocks of their own instead.
+  Result<std::unique_ptr<KVCache>> make_kv_cache(int num_blocks, int block_size, ElemType type,
+                                                 int window_blocks = 0) const;
+  /// Bytes one block of that cache takes over all layers (with `windowed_apart`, over the
+  /// layers that share the blocks: the full-attention ones).
+  uint64_t kv_block_bytes(ElemType type, int block_size, bool windowed_apart = false) const;
+  /// Bytes one block of the windowed layers' own pool takes over those layers.
+  uint64_t kv_window_block_bytes(ElemType type, int block_size) const;
+  /// The blocks a sequence's ring needs in the windowed layers' own pool when a step writes
+  /// up to `step_tokens` of its tokens: the largest window plus those tokens, less one. 0 when the model cannot keep windowed layers apart (no window, or every
+  /// layer windowed, or latent attention).
+  int window_ring_blocks(int block_size, int step_tokens) const;
+  /// The tokens a prefix-cache hit recomputes before its matched end, so that the windowed
+  /// layers' rings hold exact K/V there again: (window - 1) per windowed layer, the reach of
+  /// the windows stacked through the layers.
+  int window_recompute_tokens() const;
 
   /// Runs one step over `chunks`. Writes their K/V into `cache`, and for each chunk with
   /// want_logits the vocab_size logits of its last token into `logits` (in chunk order); a

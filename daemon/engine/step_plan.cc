@@ -14,7 +14,8 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr uint32_t kMagic = 0x4e4c5053;  // "SPLN"
-constexpr uint32_t kVersion = 3;         // 2: prompt_logprobs in the parameters; 3: rank0_draws
+constexpr uint32_t kVersion =
+    4;  // 2: prompt_logprobs in the parameters; 3: rank0_draws; 4: ring, write_from
 // Bounds a damaged plan cannot exceed (a prompt is at most the context, which is far less).
 constexpr uint32_t kMaxItems = 1u << 24;
 
@@ -145,6 +146,8 @@ std::string encode_plan(const StepPlan& plan) {
     w.put(a.computed);
     w.ints(a.prompt);
     w.ints(a.blocks);
+    w.ints(a.ring);
+    w.put(a.write_from);
     put_params(w, a.params);
     w.put(static_cast<uint8_t>(a.rank0_draws ? 1 : 0));
   }
@@ -192,6 +195,8 @@ Result<StepPlan> decode_plan(std::string_view bytes) {
     SPARK_TRY(r.get(&a.computed, "admission computed"));
     SPARK_TRY(r.ints(&a.prompt, "admission prompt"));
     SPARK_TRY(r.ints(&a.blocks, "admission blocks"));
+    SPARK_TRY(r.ints(&a.ring, "admission ring"));
+    SPARK_TRY(r.get(&a.write_from, "admission write_from"));
     SPARK_TRY(get_params(r, &a.params));
     uint8_t rank0_draws = 0;
     SPARK_TRY(r.get(&rank0_draws, "admission rank0_draws"));
@@ -202,11 +207,12 @@ Result<StepPlan> decode_plan(std::string_view bytes) {
                                     a.seq, rank0_draws));
     a.rank0_draws = rank0_draws != 0;
     if (a.prompt.empty() || a.computed < 0 || a.computed >= static_cast<int32_t>(a.prompt.size()) ||
-        a.max_total <= static_cast<int32_t>(a.prompt.size()) - 1)
+        a.max_total <= static_cast<int32_t>(a.prompt.size()) - 1 || a.write_from < 0 ||
+        a.write_from >= static_cast<int32_t>(a.prompt.size()))
       return make_error(Errc::integrity,
                         fmt::format("step plan: admission of sequence {} is inconsistent "
-                                    "(prompt {}, computed {}, max_total {})",
-                                    a.seq, a.prompt.size(), a.computed, a.max_total));
+                                    "(prompt {}, computed {}, max_total {}, write_from {})",
+                                    a.seq, a.prompt.size(), a.computed, a.max_total, a.write_from));
     p.admits.push_back(std::move(a));
   }
   if (r.at() != r.size())

@@ -36,6 +36,8 @@ struct PlanAdmit {
   int32_t max_total = 0;        // prompt + max_tokens, capped by the context
   int32_t computed = 0;         // leading prompt tokens already in the KV cache (prefix hits)
   std::vector<int32_t> blocks;  // the sequence's whole block table
+  std::vector<int32_t> ring;    // its ring in the windowed layers' own pool (empty: none)
+  int32_t write_from = 0;       // positions below are recomputed but not written (SeqChunk)
   SamplingParams params;        // seed always set, so every rank draws alike
   /// The sequence has an output constraint (its grammar stays on rank 0): rank 0 draws its
   /// tokens and broadcasts them each step, and the other ranks record those.

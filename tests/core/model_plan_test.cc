@@ -191,7 +191,9 @@ TEST_CASE("plan: Qwen3-Next gated delta net state from its head counts and dims"
         12ull * 2 * 1 * 256 * 2);
 }
 
-TEST_CASE("plan: sliding windows cap vLLM's KV per sequence, not ours") {
+TEST_CASE(
+    "plan: sliding windows cap vLLM's KV per sequence, and ours where full layers keep the "
+    "shared blocks (a ring of the window and a step's tokens)") {
   auto s = model_shape(nlohmann::json::parse(
                            R"({"num_hidden_layers":32,"num_attention_heads":32,
                                "num_key_value_heads":8,"head_dim":128,"sliding_window":4096})"),
@@ -215,6 +217,21 @@ TEST_CASE("plan: sliding windows cap vLLM's KV per sequence, not ours") {
   REQUIRE(mixed.ok());
   CHECK(mixed->count(LayerKind::sliding_attention) == 2);
   CHECK(mixed->count(LayerKind::full_attention) == 1);
+  // 8 KV heads (none given: the attention heads) of 64, bf16: 2 x 8 x 64 x 2 bytes a token.
+  const uint64_t layer_token = 2ull * 8 * 64 * 2;
+  // Ours: the sliding layers keep 512 + 256 - 1 positions, in whole blocks of 16: 768.
+  auto ours = kv_parts(*mixed, {KvLayout::native, "auto"}, {1, 1});
+  REQUIRE(find(ours, LayerKind::sliding_attention, "K+V"));
+  CHECK(find(ours, LayerKind::sliding_attention, "K+V")->window == 768);
+  CHECK(find(ours, LayerKind::full_attention, "K+V")->window == 0);
+  CHECK(kv_bytes_per_sequence(ours, 32768) == layer_token * (32768 + 2 * 768));
+  KvRecord chunk64{KvLayout::native, "auto", 64};  // PREFILL_CHUNK 64: 575 -> 576
+  CHECK(kv_bytes_per_sequence(kv_parts(*mixed, chunk64, {1, 1}), 32768) ==
+        layer_token * (32768 + 2 * 576));
+  // A context shorter than the ring keeps what it has.
+  CHECK(kv_bytes_per_sequence(ours, 300) == layer_token * 300 * 3);
+  CHECK(kv_bytes_per_sequence(kv_parts(*mixed, {KvLayout::vllm, "auto"}, {1, 1}), 32768) ==
+        layer_token * (32768 + 2 * 512));
 }
 
 TEST_CASE("plan: an unknown layer type is an error naming it, not a guess") {

@@ -211,7 +211,8 @@ Results scenario(Engine& eng) {
   return live.res;
 }
 
-void check_same(const Results& want, const Results& got, const std::string& what) {
+void check_same(const Results& want, const Results& got, const std::string& what,
+                int cached_less = 0) {
   CAPTURE(what);
   REQUIRE(got.size() == want.size());
   for (const auto& w : want) {
@@ -225,7 +226,8 @@ void check_same(const Results& want, const Results& got, const std::string& what
       CAPTURE(c);
       CHECK(g[c].tokens == choices[c].tokens);
       CHECK(g[c].finish == choices[c].finish);
-      CHECK(g[c].cached == choices[c].cached);
+      // cached_less: a prefix hit that recomputes that many tokens (windowed layers apart).
+      CHECK(g[c].cached == std::max(0, choices[c].cached - (choices[c].cached ? cached_less : 0)));
       REQUIRE(g[c].logprobs.size() == choices[c].logprobs.size());
       double worst = 0;
       for (size_t i = 0; i < g[c].logprobs.size(); ++i)
@@ -247,6 +249,39 @@ EngineOptions small_options() {
 
 }  // namespace
 
+TEST_CASE(
+    "engine: gpt-oss's sliding-window layers keep a ring a sequence, and give whole contexts' "
+    "tokens and logprobs at TP=1 and TP=2, prefix hits recomputing the windows' reach") {
+  // 4 layers, windows of 8 on layers 0 and 2; blocks of 8 and steps of 8 tokens: a ring of
+  // 2 blocks (16 positions, for 8 + 8 - 1) a sequence, which the 40-token prompt and the long
+  // requests wrap several times.
+  test::TempDir dir;
+  auto cfg = small_config(Family::gpt_oss, 384, 64, 4);
+  cfg.eos_token_ids = {};
+  REQUIRE(write_random_checkpoint(dir / "g", {cfg, DType::bf16, 29, 1}).ok());
+  const std::string model = dir / "g";
+  EngineOptions whole = small_options();
+  whole.window_kv = false;
+  Results want;
+  auto r0 = run_ring(model, 1, whole, [&](Engine& e) { want = scenario(e); });
+  REQUIRE_MESSAGE(r0.errors[0].empty(), r0.errors[0]);
+  CHECK(r0.rank0.window_ring_blocks == 0);
+  // The reach of the windows through the layers: (8 - 1) for each of the 2 windowed ones.
+  const int reach = 14;
+  REQUIRE(want.at("stopped")[0].cached == 32);  // 4 blocks of the 40-token prompt
+  Results one;
+  auto r1 = run_ring(model, 1, small_options(), [&](Engine& e) { one = scenario(e); });
+  REQUIRE_MESSAGE(r1.errors[0].empty(), r1.errors[0]);
+  CHECK(r1.rank0.window_ring_blocks == 2);
+  // Two of four layers hold 4 slots x 2 blocks instead of 96 blocks.
+  CHECK(r1.rank0.kv_bytes * 2 == r0.rank0.kv_bytes + r0.rank0.kv_bytes * 8 / 96);
+  check_same(want, one, "TP=1, windowed layers apart", reach);
+  Results two;
+  auto r2 = run_ring(model, 2, small_options(), [&](Engine& e) { two = scenario(e); });
+  for (const auto& e : r2.errors) CHECK_MESSAGE(e.empty(), e);
+  check_same(one, two, "TP=2, windowed layers apart");
+}
+
 TEST_CASE("step plan: round trip; a decode plan with nothing new is its header alone") {
   StepPlan p;
   p.serial = 42;
@@ -262,6 +297,8 @@ TEST_CASE("step plan: round trip; a decode plan with nothing new is its header a
   a.max_total = 21;
   a.computed = 0;
   a.blocks = {3, 4, 5};
+  a.ring = {10, 11};
+  a.write_from = 4;
   a.params.temperature = 0.7f;
   a.params.top_p = 0.9f;
   a.params.seed = 99;
@@ -282,6 +319,8 @@ TEST_CASE("step plan: round trip; a decode plan with nothing new is its header a
   const auto& b = back->admits[0];
   CHECK(b.prompt == a.prompt);
   CHECK(b.blocks == a.blocks);
+  CHECK(b.ring == a.ring);
+  CHECK(b.write_from == 4);
   CHECK(b.params.seed == std::optional<uint64_t>(99));
   CHECK(b.params.temperature == 0.7f);
   CHECK(b.params.stop_token_ids == a.params.stop_token_ids);
