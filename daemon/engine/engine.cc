@@ -644,11 +644,13 @@ void Engine::admit() {
       }
     }
     const int need = (s->max_total + bs - 1) / bs - matched;
-    if (!blocks_->allocate(need, &s->blocks)) {
+    // There are as many rings as slots, so one is free whenever a slot is; the check keeps
+    // a miscount from ever handing out a ring twice.
+    if ((ring_n_ > 0 && free_rings_.empty()) || !blocks_->allocate(need, &s->blocks)) {
       blocks_->release(s->blocks);
       break;  // wait for running sequences to free blocks (submit() made sure it can ever fit)
     }
-    if (ring_n_ > 0) {  // a free ring always exists: there are as many as slots
+    if (ring_n_ > 0) {
       const int32_t ring = free_rings_.back();
       free_rings_.pop_back();
       s->ring.resize(static_cast<size_t>(ring_n_));
