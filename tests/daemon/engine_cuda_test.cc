@@ -783,6 +783,67 @@ TEST_CASE(
                    [](Model& m) { CHECK(m.describe()["weights"] == "mxfp4+bf16"); });
 }
 
+TEST_CASE(
+    "cuda engine: gpt-oss's sliding layers kept apart give whole contexts' tokens and logprobs") {
+  auto dev = cuda_or_skip();
+  if (!dev) return;
+  test::TempDir dir;
+  auto cfg = small_config(Family::gpt_oss);
+  cfg.eos_token_ids = {};
+  REQUIRE(write_random_checkpoint(dir.path(), {cfg, DType::bf16, 41, 1}).ok());
+  // Windows of 8, blocks of 8, steps of up to 8 tokens: a ring of 2 blocks a sequence, which
+  // the 45-token prompt and the 40 tokens after it wrap many times.
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back((i * 53 + 7) % (cfg.vocab_size - 3) + 3);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 40;
+  p.ignore_eos = true;
+  p.logprobs = true;
+  p.n = 2;
+  for (bool graphs : {true, false}) {
+    CAPTURE(graphs);
+    std::optional<BlockingResult> whole;
+    uint64_t whole_bytes = 0;
+    for (bool apart : {false, true}) {
+      CAPTURE(apart);
+      EngineOptions o;
+      o.slots = 2;
+      o.max_batch_tokens = 8;
+      o.cuda_graphs = graphs;
+      o.window_kv = apart;
+      auto eng = fixture_engine(dir.path(), o);
+      CHECK(eng->stats().window_ring_blocks == (apart ? 2 : 0));
+      auto r = generate_blocking(*eng, prompt, p);
+      REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+      if (!apart) {
+        whole = *r;
+        whole_bytes = eng->stats().kv_bytes;
+        continue;
+      }
+      CHECK(eng->stats().kv_bytes < whole_bytes);
+      // The same kernels read the same values: the same tokens and logprobs.
+      for (int c = 0; c < 2; ++c) {
+        CAPTURE(c);
+        CHECK(r->tokens[static_cast<size_t>(c)] == whole->tokens[static_cast<size_t>(c)]);
+        double worst = 0;
+        for (size_t i = 0; i < r->logprobs[static_cast<size_t>(c)].size(); ++i)
+          worst = std::max(
+              worst, static_cast<double>(std::abs(r->logprobs[static_cast<size_t>(c)][i] -
+                                                  whole->logprobs[static_cast<size_t>(c)][i])));
+        CHECK(worst <= 1e-3);
+      }
+      // A prefix hit (5 blocks) recomputes 2 x 7 tokens for the rings: 26 not computed.
+      auto again = generate_blocking(*eng, prompt, p);
+      REQUIRE(again.ok());
+      CHECK(again->cached_prompt_tokens == 40 - 14);
+      for (int c = 0; c < 2; ++c)
+        CHECK(again->tokens[static_cast<size_t>(c)].front() ==
+              whole->tokens[static_cast<size_t>(c)].front());
+    }
+  }
+}
+
 TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits and tokens") {
   auto dev = cuda_or_skip();
   if (!dev) return;
