@@ -342,8 +342,9 @@ void chat(const std::shared_ptr<ApiState>& state, const std::shared_ptr<const Ap
   auto p = openai::prepare_chat(req, m->tokenizer, m->chat_format, m->max_context,
                                 [http] { return http.closed(); });
   if (!p.ok()) return http.send(api_error(p.error));
-  auto constraint =
-      openai::output_constraint(req, m->chat_format, m->token_trie, m->tool_token_trie);
+  auto constraint = openai::output_constraint(
+      req, m->chat_format, m->token_trie, m->tool_token_trie,
+      std::vector<int32_t>(m->stop_token_ids.begin(), m->stop_token_ids.end()));
   if (!constraint.ok()) return http.send(api_error(constraint.error));
   auto resp = std::make_unique<openai::CompletionWriter>(
       req, m->tokenizer, m->chat_format, m->model, static_cast<int>(p.value->ids.size()),

@@ -164,8 +164,20 @@ class NativeBackend final : public Backend {
       if (api->tokenizer.byte_level_decoder()) {
         const std::vector<int32_t> ends(api->stop_token_ids.begin(), api->stop_token_ids.end());
         const auto limit = static_cast<size_t>(mc->vocab_size);
-        api->token_trie = openai::make_token_trie(api->tokenizer, ends, limit);
-        api->tool_token_trie = openai::make_token_trie(api->tokenizer, ends, limit, true);
+        if (fmt->family == tok::ChatFamily::harmony) {
+          // A constrained final message ends at <|return|>, a forced call at <|call|>.
+          auto only = [&](const char* name) {
+            auto id = api->tokenizer.token_to_id(name);
+            return id && *id < mc->vocab_size ? std::vector<int32_t>{*id} : ends;
+          };
+          api->token_trie =
+              openai::make_token_trie(api->tokenizer, only("<|return|>"), limit, false, true);
+          api->tool_token_trie =
+              openai::make_token_trie(api->tokenizer, only("<|call|>"), limit, false, true);
+        } else {
+          api->token_trie = openai::make_token_trie(api->tokenizer, ends, limit);
+          api->tool_token_trie = openai::make_token_trie(api->tokenizer, ends, limit, true);
+        }
       }
       api->escape_special = cfg.get("CHAT_SPECIAL_TOKENS") != "allow";
       api->model = cfg.get("MODEL");

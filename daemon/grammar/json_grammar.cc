@@ -850,16 +850,24 @@ int32_t TokenTrie::build(int32_t lo, int32_t hi, size_t depth) {
 
 struct Matcher::State {
   std::vector<Stack> stacks;
+  bool gated = false;
+  std::string tail;  // before the gate: the output's last bytes, to find the gate in
 };
 
 Matcher::Matcher(Constraint c) : c_(std::move(c)), st_(std::make_unique<State>()) {
   st_->stacks.push_back(Stack{Frame{c_.grammar->impl().root, 0, 0, 0, 0}});
+  st_->gated = !c_.gate.empty();
+}
+
+bool Matcher::gated() const {
+  return st_->gated;
 }
 Matcher::~Matcher() = default;
 Matcher::Matcher(Matcher&&) noexcept = default;
 Matcher& Matcher::operator=(Matcher&&) noexcept = default;
 
 bool Matcher::can_end() const {
+  if (st_->gated) return false;
   for (const auto& s : st_->stacks)
     if (stack_complete(c_.grammar->impl(), s)) return true;
   return false;
@@ -874,6 +882,23 @@ bool Matcher::must_end() const {
 
 bool Matcher::accept_bytes(std::string_view bytes) {
   if (ended_) return false;
+  if (st_->gated) {  // free: any bytes; the grammar starts after the gate's last one
+    const State saved = *st_;
+    std::string& t = st_->tail;
+    const std::string& g = c_.gate;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      t.push_back(bytes[i]);
+      if (t.size() > g.size()) t.erase(0, t.size() - g.size());
+      if (t == g) {
+        st_->gated = false;
+        t.clear();
+        if (accept_bytes(bytes.substr(i + 1))) return true;
+        *st_ = saved;  // the token's bytes after the gate do not suit the grammar
+        return false;
+      }
+    }
+    return true;
+  }
   std::vector<Stack> cur = st_->stacks;
   for (char ch : bytes) {
     cur = advance(c_.grammar->impl(), cur, static_cast<uint8_t>(ch));
@@ -891,8 +916,11 @@ bool Matcher::accept(int32_t token) {
     ended_ = true;
     return true;
   }
+  if (st_->gated && std::find(c_.stops.begin(), c_.stops.end(), token) != c_.stops.end())
+    return false;
   const std::string& b = c_.trie->bytes(token);
-  if (b.empty()) return false;
+  // Before the gate a token with no bytes (a special one the trie leaves out) is free too.
+  if (b.empty()) return st_->gated;
   return accept_bytes(b);
 }
 
@@ -940,6 +968,18 @@ struct MaskWalk {
 int Matcher::fill_mask(uint32_t* words) const {
   const size_t nw = (static_cast<size_t>(c_.trie->vocab()) + 31) / 32;
   std::fill(words, words + nw, 0u);
+  if (st_->gated && !ended_) {  // before the gate: every id but the end ids
+    const int V = c_.trie->vocab();
+    for (int id = 0; id < V; ++id) words[id >> 5] |= 1u << (id & 31);
+    int count = V;
+    for (const auto* ids : {&c_.trie->end_ids(), &c_.stops})
+      for (int32_t id : *ids)
+        if (id >= 0 && id < V && (words[id >> 5] >> (id & 31) & 1u)) {
+          words[id >> 5] &= ~(1u << (id & 31));
+          --count;
+        }
+    return count;
+  }
   MaskWalk w{c_.grammar->impl(), *c_.trie, words};
   if (!ended_) w.walk(0, st_->stacks);
   if (ended_ || w.count == 0 || can_end())

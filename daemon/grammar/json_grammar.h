@@ -102,6 +102,13 @@ class TokenTrie {
 struct Constraint {
   std::shared_ptr<const Grammar> grammar;
   std::shared_ptr<const TokenTrie> trie;
+  /// Delayed start: the grammar applies once the output's bytes (the trie's) end with these;
+  /// until then every token but the end ids is allowed (a reasoning model's free thinking
+  /// before the constrained answer: gpt-oss's analysis channel). Empty: from the first token.
+  std::string gate = {};
+  /// Ids that end generation whatever the grammar says (the model's stop ids): never allowed
+  /// before the gate, so the output cannot end before its constrained part.
+  std::vector<int32_t> stops = {};
 };
 
 /// One sequence's position in its grammar.
@@ -114,7 +121,8 @@ class Matcher {
 
   /// The tokens the grammar allows next, as a bitset of (vocab + 31) / 32 words (bit i of
   /// word i / 32 is id i). Returns how many ids are allowed. When the grammar is stuck
-  /// (no token of this vocabulary continues it) only the end ids are allowed.
+  /// (no token of this vocabulary continues it) only the end ids are allowed. Before the
+  /// gate (Constraint::gate) has passed: every id but the end ids.
   int fill_mask(uint32_t* words) const;
   /// Advances by a token (an end id: accepted when the value is complete). False, and the
   /// state unchanged, when the grammar does not allow it.
@@ -127,6 +135,8 @@ class Matcher {
   bool must_end() const;
   /// The matcher has ended (an end id was accepted).
   bool ended() const { return ended_; }
+  /// The gate has not passed yet: the output is still free.
+  bool gated() const;
 
   struct State;
 

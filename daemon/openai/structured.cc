@@ -16,6 +16,13 @@ const std::vector<std::string>& marker_texts() {
   return m;
 }
 
+// gpt-oss's harmony markers, as the harmony tries spell them (harmony_marker).
+const std::vector<std::string>& harmony_markers() {
+  static const std::vector<std::string> m = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                             "<|constrain|>"};
+  return m;
+}
+
 Json object_schema(Json props, std::vector<std::string> required) {
   Json s = Json::object();
   s["type"] = "object";
@@ -65,8 +72,14 @@ ApiResult<std::vector<grammar::Grammar::Wrapped>> tool_alternatives(const ChatRe
         w.schema = params;
         w.after = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
         break;
+      case tok::ChatFamily::harmony:
+        // A call on the commentary channel, as gpt-oss writes one; <|call|> (the trie's end)
+        // closes it.
+        w.before = harmony_marker("<|channel|>") + "commentary to=functions." + name + " " +
+                   harmony_marker("<|constrain|>") + "json" + harmony_marker("<|message|>");
+        w.schema = params;
+        break;
       case tok::ChatFamily::chatml:
-      case tok::ChatFamily::harmony:  // refused by output_constraint before this
       case tok::ChatFamily::other:
         props["name"] = Json{{"const", name}};
         props["arguments"] = params;
@@ -82,20 +95,33 @@ ApiResult<std::vector<grammar::Grammar::Wrapped>> tool_alternatives(const ChatRe
 }
 }  // namespace
 
+std::string harmony_marker(const std::string& text) {
+  return "\x1b" + text;
+}
+
 std::shared_ptr<const grammar::TokenTrie> make_token_trie(const tok::Tokenizer& tok,
                                                           const std::vector<int32_t>& end_ids,
-                                                          size_t vocab_limit, bool call_markers) {
+                                                          size_t vocab_limit, bool call_markers,
+                                                          bool harmony) {
   std::vector<std::string> bytes(std::min(tok.vocab_size(), vocab_limit));
   const auto& markers = marker_texts();
+  const auto& hm = harmony_markers();
   for (size_t i = 0; i < bytes.size(); ++i) {
     const auto id = static_cast<tok::TokenId>(i);
     if (tok.is_special(id)) {
       auto text = tok.id_to_token(id);
-      if (call_markers && text && std::find(markers.begin(), markers.end(), *text) != markers.end())
+      if (harmony && text && std::find(hm.begin(), hm.end(), *text) != hm.end())
+        bytes[i] = harmony_marker(*text);
+      else if (call_markers && text &&
+               std::find(markers.begin(), markers.end(), *text) != markers.end())
         bytes[i] = *text;
       continue;
     }
     bytes[i] = std::string(tok.token_bytes(id));
+    // Only the markers spell ESC in a harmony trie: a byte token of it (byte-level BPE has
+    // one) cannot start a marker's spelling. Such ids stay free before a gate, and JSON
+    // takes no control byte anyway.
+    if (harmony && bytes[i].find('\x1b') != std::string::npos) bytes[i].clear();
   }
   return std::make_shared<const grammar::TokenTrie>(bytes, end_ids);
 }
@@ -103,23 +129,14 @@ std::shared_ptr<const grammar::TokenTrie> make_token_trie(const tok::Tokenizer& 
 ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     const ChatRequest& req, const tok::ChatFormat& fmt,
     const std::shared_ptr<const grammar::TokenTrie>& response_trie,
-    const std::shared_ptr<const grammar::TokenTrie>& tool_trie) {
+    const std::shared_ptr<const grammar::TokenTrie>& tool_trie,
+    const std::vector<int32_t>& stop_ids) {
   ApiResult<std::shared_ptr<const grammar::Constraint>> r;
   const bool forced = req.tool_choice.kind == ToolChoice::Kind::required ||
                       req.tool_choice.kind == ToolChoice::Kind::named;
   const std::string param = forced ? "tool_choice" : "response_format";
   if (!forced && req.response_format.kind == ResponseFormat::Kind::text) {
     r.value = nullptr;  // no constraint
-    return r;
-  }
-  if (fmt.family == tok::ChatFamily::harmony) {
-    // Harmony output opens with a channel header, which a constraint from the first token
-    // would forbid.
-    r.error = invalid_request(
-        fmt::format("'{}' needs constrained decoding, which is not served for gpt-oss's harmony "
-                    "format; use tool_choice \"auto\" and a text response_format.",
-                    param),
-        param);
     return r;
   }
   const auto& trie = forced ? tool_trie : response_trie;
@@ -147,7 +164,13 @@ ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     r.error = invalid_request(g.error().message + ".", forced ? "tools" : param);
     return r;
   }
-  r.value = std::make_shared<const grammar::Constraint>(grammar::Constraint{*g, trie});
+  grammar::Constraint c{*g, trie, {}, stop_ids};
+  // gpt-oss writes its analysis first, free; a response format applies to its final
+  // message, from the final channel's header on. A forced call starts at once, on the
+  // commentary channel (the analysis channel is not written then).
+  if (fmt.family == tok::ChatFamily::harmony && !forced)
+    c.gate = harmony_marker("<|channel|>") + "final" + harmony_marker("<|message|>");
+  r.value = std::make_shared<const grammar::Constraint>(std::move(c));
   return r;
 }
 

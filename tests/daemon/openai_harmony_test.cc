@@ -4,6 +4,7 @@
 // output turned into reasoning_content / content / tool_calls, streamed and not.
 #include <doctest/doctest.h>
 
+#include "daemon/grammar/json_grammar.h"
 #include "daemon/openai/session.h"
 #include "daemon/openai/structured.h"
 
@@ -238,19 +239,100 @@ TEST_CASE("harmony: a final answer is content, its analysis reasoning; no specia
   CHECK_FALSE(raw["choices"][0]["message"].contains("reasoning_content"));
 }
 
-TEST_CASE("harmony: constrained decoding is refused with a clear 400") {
-  auto trie = make_token_trie(harmony_tok(), {id_of("<|return|>")}, harmony_tok().vocab_size());
-  auto forced = output_constraint(
-      chat(std::string("{") + kWeather +
-           R"(, "tool_choice": "required", "messages": [{"role": "user", "content": "x"}]})"),
-      harmony_fmt(), trie, trie);
-  REQUIRE_FALSE(forced.ok());
-  CHECK(forced.error.param == "tool_choice");
-  auto json = output_constraint(chat(R"({"response_format": {"type": "json_object"},
+TEST_CASE(
+    "harmony: structured outputs: a response format applies from the final channel on, the "
+    "analysis before it free; a forced call is written on the commentary channel") {
+  const auto& tk = harmony_tok();
+  const size_t V = tk.vocab_size();
+  const auto stops = stop_ids();
+  const std::vector<int32_t> ends(stops.begin(), stops.end());
+  auto resp_trie = make_token_trie(tk, {id_of("<|return|>")}, V, false, true);
+  auto tool_trie = make_token_trie(tk, {id_of("<|call|>")}, V, false, true);
+  std::vector<uint32_t> words((V + 31) / 32);
+  auto allowed = [&](const grammar::Matcher& m, int32_t id) {
+    m.fill_mask(words.data());
+    return (words[static_cast<size_t>(id) >> 5] >> (id & 31) & 1u) != 0;
+  };
+  auto feed = [&](grammar::Matcher& m, const std::string& text) {
+    for (int32_t id : tk.encode(text, false)) {
+      CAPTURE(text);
+      CAPTURE(id);
+      CHECK(allowed(m, id));
+      REQUIRE(m.accept(id));
+    }
+  };
+
+  const std::string body = R"({"response_format": {"type": "json_schema", "json_schema":
+      {"name": "w", "schema": {"type": "object", "additionalProperties": false,
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      "messages": [{"role": "user", "content": "Where?"}]})";
+  auto json = output_constraint(chat(body), harmony_fmt(), resp_trie, tool_trie, ends);
+  REQUIRE(json.ok());
+  REQUIRE(*json.value);
+  grammar::Matcher m(**json.value);
+  // The analysis is free (markers and text that is not JSON), but nothing ends the output.
+  CHECK(m.gated());
+  for (const char* s : {"<|return|>", "<|call|>", "<|endoftext|>"})
+    CHECK_FALSE(allowed(m, id_of(s)));
+  const std::string analysis =
+      "<|channel|>analysis<|message|>Think {not JSON} first.<|end|><|start|>assistant";
+  feed(m, analysis);
+  CHECK(m.gated());
+  feed(m, "<|channel|>final<|message|>");
+  CHECK_FALSE(m.gated());
+  // From here JSON only: no marker, no end before the value is complete, not even inside
+  // a string, where any text goes.
+  feed(m, R"({"city": "Pa)");
+  CHECK_FALSE(allowed(m, id_of("<|end|>")));
+  CHECK_FALSE(allowed(m, id_of("<|channel|>")));
+  CHECK_FALSE(allowed(m, id_of("<|return|>")));
+  CHECK_FALSE(m.accept(id_of("<|end|>")));
+  feed(m, R"(ris"})");
+  CHECK(allowed(m, id_of("<|return|>")));
+  CHECK_FALSE(allowed(m, id_of("<|call|>")));
+  CHECK(m.accept(id_of("<|return|>")));
+  // What the writer makes of such an output: the analysis is reasoning, the JSON content.
+  Json out = Json::parse(
+      run(body, analysis + R"(<|channel|>final<|message|>{"city": "Paris"})", "<|return|>"));
+  CHECK(out["choices"][0]["message"]["content"] == R"({"city": "Paris"})");
+  CHECK(out["choices"][0]["message"]["reasoning_content"] == "Think {not JSON} first.");
+
+  // json_object the same way.
+  auto obj = output_constraint(chat(R"({"response_format": {"type": "json_object"},
       "messages": [{"role": "user", "content": "x"}]})"),
-                                harmony_fmt(), trie, trie);
-  REQUIRE_FALSE(json.ok());
-  CHECK(json.error.param == "response_format");
+                               harmony_fmt(), resp_trie, tool_trie, ends);
+  REQUIRE(obj.ok());
+  grammar::Matcher o(**obj.value);
+  feed(o, "<|channel|>final<|message|>");
+  CHECK_FALSE(allowed(o, id_of("<|return|>")));
+  feed(o, "{}");
+  CHECK(o.accept(id_of("<|return|>")));
+
+  // A forced call: the header first (its first token can only be <|channel|>), then the
+  // arguments as the tool's parameters say, then <|call|>.
+  const std::string forced_body =
+      std::string("{") + kWeather +
+      R"(, "tool_choice": "required", "messages": [{"role": "user", "content": "x"}]})";
+  auto forced = output_constraint(chat(forced_body), harmony_fmt(), resp_trie, tool_trie, ends);
+  REQUIRE(forced.ok());
+  REQUIRE(*forced.value);
+  grammar::Matcher f(**forced.value);
+  CHECK_FALSE(f.gated());
+  CHECK(f.fill_mask(words.data()) == 1);  // not the byte token of ESC either
+  CHECK(allowed(f, id_of("<|channel|>")));
+  const std::string call =
+      R"(<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"})";
+  feed(f, call);
+  CHECK(allowed(f, id_of("<|call|>")));
+  CHECK_FALSE(allowed(f, id_of("<|return|>")));
+  CHECK(f.accept(id_of("<|call|>")));
+  Json tc = Json::parse(run(forced_body, call, "<|call|>"));
+  const Json& msg = tc["choices"][0]["message"];
+  REQUIRE(msg["tool_calls"].size() == 1);
+  CHECK(msg["tool_calls"][0]["function"]["name"] == "get_weather");
+  CHECK(Json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>())["city"] ==
+        "Paris");
+  CHECK(tc["choices"][0]["finish_reason"] == "tool_calls");
 }
 
 TEST_CASE("harmony: special tokens typed into content or reasoning open nothing") {

@@ -681,6 +681,57 @@ TEST_CASE("e2e api: gpt-oss: harmony prompt with reasoning_effort; answers in Op
   for (size_t i = 0; i < calls.size(); ++i) CHECK(s_calls[i]["function"] == calls[i]["function"]);
 }
 
+TEST_CASE(
+    "e2e api: gpt-oss: a forced tool call parses and fits; a response format waits for the "
+    "final channel") {
+  // Random weights: the forced call's header and arguments come from the grammar, so the
+  // call parses whatever the weights; a response format leaves the analysis free until the
+  // final channel opens, which random weights do not reach: such a request runs to its
+  // max_tokens, never ending on a stop token first (the format's JSON is checked in
+  // tests/daemon/openai_harmony_test.cc with real harmony output).
+  auto& s = gptoss_server();
+  json tools = json::array(
+      {{{"type", "function"},
+        {"function",
+         {{"name", "set_mode"},
+          {"description", "Sets the mode"},  // gpt-oss's template reads it
+          {"parameters", json::parse(R"({"type": "object", "additionalProperties": false,
+              "properties": {"mode": {"enum": ["fast", "slow"]}, "level": {"type": "integer"}},
+              "required": ["mode", "level"]})")}}}}});
+  json msgs = json::array({{{"role", "user"}, {"content", "Go."}}});
+  int calls = 0;
+  for (int seed = 1; seed <= 4; ++seed) {
+    json req = {{"messages", msgs},
+                {"tools", tools},
+                {"tool_choice",
+                 seed % 2 ? json("required")
+                          : json({{"type", "function"}, {"function", {{"name", "set_mode"}}}})},
+                {"max_tokens", 200},
+                {"seed", seed},
+                {"reasoning_effort", "low"}};
+    auto j = s.post("/v1/chat/completions", req);
+    if (j["choices"][0]["finish_reason"] == "length") continue;
+    INFO(j.dump());
+    CHECK(j["choices"][0]["finish_reason"] == "tool_calls");
+    const auto& m = j["choices"][0]["message"];
+    CHECK(m["content"].is_null());
+    REQUIRE(m["tool_calls"].size() == 1);
+    CHECK(m["tool_calls"][0]["function"]["name"] == "set_mode");
+    json args = json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>());
+    CHECK((args["mode"] == "fast" || args["mode"] == "slow"));
+    CHECK(args["level"].is_number_integer());
+    ++calls;
+  }
+  CHECK(calls >= 2);
+  json fmt_req = {{"messages", msgs},
+                  {"max_tokens", 40},
+                  {"seed", 3},
+                  {"response_format", {{"type", "json_object"}}}};
+  auto f = s.post("/v1/chat/completions", fmt_req);
+  CHECK(f["choices"][0]["finish_reason"] == "length");
+  CHECK(f["usage"]["completion_tokens"] == 40);
+}
+
 TEST_CASE("e2e api: structured outputs: json_schema and forced tool calls parse and fit") {
   // The demo model's random weights write garbage; under response_format json_schema and a
   // forced tool_choice every completion that ends by itself parses and fits the schema (the
