@@ -852,11 +852,27 @@ struct Matcher::State {
   std::vector<Stack> stacks;
   bool gated = false;
   std::string tail;  // before the gate: the output's last bytes, to find the gate in
+  // Constraint::opening: while `opening` is true the output may still become the opening
+  // (open_at of its bytes written); `grammar` whether it may still be the grammar's.
+  bool opening = false, grammar = true;
+  size_t open_at = 0;
 };
 
+namespace {
+Stack root_stack(const Grammar& g) {
+  return Stack{Frame{g.impl().root, 0, 0, 0, 0}};
+}
+// Whether bytes `b` may follow `open_at` bytes of `opening` (within it, or completing it).
+bool opening_takes(const std::string& opening, size_t open_at, std::string_view b) {
+  const std::string_view rest = std::string_view(opening).substr(open_at);
+  return !b.empty() && (rest.substr(0, b.size()) == b.substr(0, rest.size()));
+}
+}  // namespace
+
 Matcher::Matcher(Constraint c) : c_(std::move(c)), st_(std::make_unique<State>()) {
-  st_->stacks.push_back(Stack{Frame{c_.grammar->impl().root, 0, 0, 0, 0}});
-  st_->gated = !c_.gate.empty();
+  st_->stacks.push_back(root_stack(*c_.grammar));
+  st_->opening = !c_.gate.empty() && !c_.opening.empty();
+  st_->gated = !c_.gate.empty() && c_.opening.empty();
 }
 
 bool Matcher::gated() const {
@@ -867,7 +883,7 @@ Matcher::Matcher(Matcher&&) noexcept = default;
 Matcher& Matcher::operator=(Matcher&&) noexcept = default;
 
 bool Matcher::can_end() const {
-  if (st_->gated) return false;
+  if (st_->gated || !st_->grammar) return false;
   for (const auto& s : st_->stacks)
     if (stack_complete(c_.grammar->impl(), s)) return true;
   return false;
@@ -882,6 +898,39 @@ bool Matcher::must_end() const {
 
 bool Matcher::accept_bytes(std::string_view bytes) {
   if (ended_) return false;
+  if (st_->opening) {  // the grammar's start, or the optional free part's opening
+    State next = *st_;
+    if (st_->grammar) {
+      std::vector<Stack> cur = st_->stacks;
+      for (char ch : bytes) {
+        cur = advance(c_.grammar->impl(), cur, static_cast<uint8_t>(ch));
+        if (cur.empty()) break;
+      }
+      next.grammar = !cur.empty();
+      if (next.grammar) next.stacks = std::move(cur);
+    }
+    next.opening = opening_takes(c_.opening, st_->open_at, bytes);
+    if (!next.opening && !next.grammar) return false;
+    if (next.opening) {
+      const size_t rest = c_.opening.size() - st_->open_at;
+      if (bytes.size() >= rest) {  // the opening is complete: free until the gate
+        // (the grammar cannot begin as the opening does and go on alike: its branch ends)
+        const State saved = *st_;
+        st_->opening = false;
+        st_->grammar = true;
+        st_->gated = true;
+        st_->stacks = {root_stack(*c_.grammar)};
+        st_->open_at = 0;
+        st_->tail.clear();
+        if (accept_bytes(bytes.substr(rest))) return true;
+        *st_ = saved;
+        return false;
+      }
+      next.open_at += bytes.size();
+    }
+    *st_ = std::move(next);
+    return true;
+  }
   if (st_->gated) {  // free: any bytes; the grammar starts after the gate's last one
     const State saved = *st_;
     std::string& t = st_->tail;
@@ -981,7 +1030,16 @@ int Matcher::fill_mask(uint32_t* words) const {
     return count;
   }
   MaskWalk w{c_.grammar->impl(), *c_.trie, words};
-  if (!ended_) w.walk(0, st_->stacks);
+  if (!ended_ && st_->grammar) w.walk(0, st_->stacks);
+  if (!ended_ && st_->opening) {  // and the ids that go on with the free part's opening
+    const int V = c_.trie->vocab();
+    for (int id = 0; id < V; ++id)
+      if (!(words[id >> 5] >> (id & 31) & 1u) &&
+          opening_takes(c_.opening, st_->open_at, c_.trie->bytes(id))) {
+        words[id >> 5] |= 1u << (id & 31);
+        ++w.count;
+      }
+  }
   if (ended_ || w.count == 0 || can_end())
     for (int32_t id : c_.trie->end_ids()) {
       words[id >> 5] |= 1u << (id & 31);

@@ -109,6 +109,10 @@ struct Constraint {
   /// Ids that end generation whatever the grammar says (the model's stop ids): never allowed
   /// before the gate, so the output cannot end before its constrained part.
   std::vector<int32_t> stops = {};
+  /// With a gate: the free part is optional and opens with these bytes. The output either
+  /// starts with the grammar or with `opening`, free text and the gate, then the grammar
+  /// (gpt-oss may reason before a forced call). Empty: free from the first token.
+  std::string opening = {};
 };
 
 /// One sequence's position in its grammar.

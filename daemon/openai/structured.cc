@@ -165,11 +165,16 @@ ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     return r;
   }
   grammar::Constraint c{*g, trie, {}, stop_ids};
-  // gpt-oss writes its analysis first, free; a response format applies to its final
-  // message, from the final channel's header on. A forced call starts at once, on the
-  // commentary channel (the analysis channel is not written then).
+  // gpt-oss writes its analysis first, free. A response format applies to its final
+  // message, from the final channel's header on. A forced call may follow an analysis
+  // message (then from the next message's header on) or come first; either way it is
+  // written on the commentary channel.
   if (fmt.family == tok::ChatFamily::harmony && !forced)
     c.gate = harmony_marker("<|channel|>") + "final" + harmony_marker("<|message|>");
+  if (fmt.family == tok::ChatFamily::harmony && forced) {
+    c.opening = harmony_marker("<|channel|>") + "analysis" + harmony_marker("<|message|>");
+    c.gate = harmony_marker("<|end|>") + harmony_marker("<|start|>") + "assistant";
+  }
   r.value = std::make_shared<const grammar::Constraint>(std::move(c));
   return r;
 }

@@ -37,8 +37,9 @@ std::string harmony_marker(const std::string& text);
 /// `trie` serves response_format, `tool_trie` (with the call markers) forced tool calls.
 /// gpt-oss's harmony format (both tries made with `harmony`; `trie` ending at <|return|>,
 /// `tool_trie` at <|call|>): a response format applies from the final channel's header on,
-/// the analysis before it free (Constraint::gate); a forced call is written at once on the
-/// commentary channel to functions.NAME with its JSON arguments.
+/// the analysis before it free (Constraint::gate); a forced call, on the commentary channel
+/// to functions.NAME with its JSON arguments, comes first or after an analysis message
+/// (Constraint::opening).
 /// `stop_ids`: the ids that end generation (none of them is drawn before a gate).
 ApiResult<std::shared_ptr<const grammar::Constraint>> output_constraint(
     const ChatRequest& req, const tok::ChatFormat& fmt,

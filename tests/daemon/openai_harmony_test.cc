@@ -309,7 +309,7 @@ TEST_CASE(
   CHECK(o.accept(id_of("<|return|>")));
 
   // A forced call: the header first (its first token can only be <|channel|>), then the
-  // arguments as the tool's parameters say, then <|call|>.
+  // arguments as the tool's parameters say, then <|call|>; or an analysis message first.
   const std::string forced_body =
       std::string("{") + kWeather +
       R"(, "tool_choice": "required", "messages": [{"role": "user", "content": "x"}]})";
@@ -326,6 +326,25 @@ TEST_CASE(
   CHECK(allowed(f, id_of("<|call|>")));
   CHECK_FALSE(allowed(f, id_of("<|return|>")));
   CHECK(f.accept(id_of("<|call|>")));
+  // With the analysis first: free until the message ends, then the call is forced (a
+  // final answer is not taken), and nothing ends the output before it.
+  grammar::Matcher r(**forced.value);
+  feed(r, "<|channel|>");
+  CHECK_FALSE(r.gated());
+  feed(r, "analysis<|message|>");
+  CHECK(r.gated());
+  for (const char* stop : {"<|call|>", "<|return|>", "<|endoftext|>"})
+    CHECK_FALSE(allowed(r, id_of(stop)));
+  feed(r, "The user wants weather {maybe}.<|end|><|start|>assistant");
+  CHECK_FALSE(r.gated());
+  CHECK(r.fill_mask(words.data()) == 1);
+  CHECK(allowed(r, id_of("<|channel|>")));
+  feed(r, call);
+  CHECK(r.accept(id_of("<|call|>")));
+  // Neither an analysis nor a call: refused from the first text token.
+  grammar::Matcher x(**forced.value);
+  feed(x, "<|channel|>");
+  CHECK_FALSE(allowed(x, tk.encode("final", false).front()));
   Json tc = Json::parse(run(forced_body, call, "<|call|>"));
   const Json& msg = tc["choices"][0]["message"];
   REQUIRE(msg["tool_calls"].size() == 1);
