@@ -217,7 +217,12 @@ TEST_CASE("stage: the page cache of what was read and written is dropped unless 
   CHECK(rep->ok);
   rx.th.join();
   CHECK(rep->cache_dropped_bytes == 0);
-  CHECK(resident(src.path(), m) == before);
+  // The kernel may reclaim a page or two meanwhile on a busy machine (CI saw one page of
+  // 1.3 MB go under the sanitized run); a drop leaves at most the pages sendfile still pins
+  // (up to 512 KiB, above), well under three quarters.
+  const uint64_t after = resident(src.path(), m);
+  INFO("resident before " << before << ", after " << after);
+  CHECK(after * 4 >= before * 3);
   CHECK(same_tree(src.path(), dst / "b", m));
 }
 
