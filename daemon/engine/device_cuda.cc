@@ -130,14 +130,18 @@ class CudaDevice final : public Device {
     }
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
-    // the decode form up to 8 rows.
+    // the decode form up to 8 rows; decode-mma is auto with gpt-oss's MXFP4 experts at
+    // decode on the tensor-core kernels instead of the fp32 ones.
     int moe_form = 0;
     if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
       if (std::string_view(v) == "grouped")
         moe_form = 2;
+      else if (std::string_view(v) == "decode-mma")
+        moe_form = 3;
       else if (std::string_view(v) != "auto")
-        return make_error(Errc::config,
-                          fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto or grouped", v));
+        return make_error(
+            Errc::config,
+            fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto, grouped or decode-mma", v));
     }
     // SPARK_CUDA_MLA_SCALAR=1 runs latent attention's scalar fp32 kernel where the tensor-core
     // one would run (a bf16 cache at DeepSeek-V3's widths), to compare the two or rule it out.
@@ -1330,7 +1334,7 @@ class CudaDevice final : public Device {
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
   Buffer mla_ws_;            // latent attention's latent queries and partials
-  int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 automatic, 1 decode form, 2 grouped
+  int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 automatic, 2 grouped, 3 decode-mma
   bool mla_scalar_ = false;  // SPARK_CUDA_MLA_SCALAR: latent attention's scalar kernel only
   int meta_turn_ = 0;
   std::vector<float> widen_;

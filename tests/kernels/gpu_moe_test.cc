@@ -515,8 +515,8 @@ struct Mx4ExpertsCase {
   bool accumulate, gptoss;
 };
 
-// Runs one case with MXFP4 experts through `form` (1 decode, 2 grouped) against the twin over
-// the same packed weights.
+// Runs one case with MXFP4 experts through `form` (1 decode, 2 grouped, 3 decode on the
+// tensor cores where it applies) against the twin over the same packed weights.
 void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
   CAPTURE(c.rows);
   CAPTURE(c.top_k);
@@ -608,22 +608,30 @@ void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
 // 1024 columns) and inter 1440 (a TP=2 share); a rank's slice of the experts; bf16 shared
 // experts in two cases, the residual add in others.
 const Mx4ExpertsCase kMx4Cases[] = {
-    {1, 4, 2880, 1440, 32, 0, 32, 0, true, true},  // gpt-oss, batch 1, into the residual
-    {1, 2, 256, 128, 8, 0, 8, 0, false, false},    // plain experts, one row
-    {5, 4, 256, 96, 16, 4, 8, 0, false, true},     // gpt-oss, experts [4, 12) of 16
-    {5, 4, 512, 256, 16, 0, 16, 64, true, false},  // plain, bf16 shared experts, residual
-    {40, 4, 512, 256, 32, 0, 32, 0, false, true},  // gpt-oss, 40 rows
-    {40, 4, 2880, 256, 32, 8, 16, 0, true, true},  // gpt-oss's hidden, a rank's experts
-    {40, 2, 256, 160, 8, 0, 8, 32, false, false},  // plain, a K tail of 32, shared experts
+    {1, 4, 2880, 1440, 32, 0, 32, 0, true, true},   // gpt-oss, batch 1, into the residual
+    {1, 2, 256, 128, 8, 0, 8, 0, false, false},     // plain experts, one row
+    {5, 4, 256, 96, 16, 4, 8, 0, false, true},      // gpt-oss, experts [4, 12) of 16
+    {5, 4, 512, 256, 16, 0, 16, 64, true, false},   // plain, bf16 shared experts, residual
+    {40, 4, 512, 256, 32, 0, 32, 0, false, true},   // gpt-oss, 40 rows
+    {40, 4, 2880, 256, 32, 8, 16, 0, true, true},   // gpt-oss's hidden, a rank's experts
+    {40, 2, 256, 160, 8, 0, 8, 32, false, false},   // plain, a K tail of 32, shared experts
+    {8, 4, 2880, 1440, 16, 0, 16, 0, false, true},  // gpt-oss, 8 rows: every mma column
+    {3, 4, 256, 64, 4, 0, 4, 0, true, true},        // gpt-oss, each row chooses every expert
+    {2, 4, 320, 96, 8, 0, 8, 0, false, true},       // gpt-oss, a 10-block K (odd halves)
 };
 
 }  // namespace
 
+// Form 1 takes the fp32 decode kernels; form 3 the tensor-core ones for gpt-oss's experts
+// (clamped activation, no shared experts), the fp32 ones for every other case.
 TEST_CASE("gpu moe: MXFP4 experts, the decode form against the twin over the packed weights") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("moe mxfp4 experts decode"));
   for (const auto& c : kMx4Cases)
-    if (c.rows <= kMoeDecodeMaxRows) check_mx4_experts(rng, c, 1);
+    if (c.rows <= kMoeDecodeMaxRows) {
+      check_mx4_experts(rng, c, 1);
+      check_mx4_experts(rng, c, 3);
+    }
 }
 
 TEST_CASE("gpu moe: MXFP4 experts, the grouped form against the twin over the packed weights") {

@@ -92,7 +92,8 @@ double fp16_value(uint32_t h) {
 
 }  // namespace
 
-TEST_CASE("mxfp4 pair widening: codes k and k + 4 of a word as fp16, each the code's value * 2^-14") {
+TEST_CASE(
+    "mxfp4 pair widening: codes k and k + 4 of a word as fp16, each the code's value * 2^-14") {
   // Every code in every position: word i holds codes (i + n) % 16 at nibble n, so each nibble
   // sees all sixteen; words with one code repeated and random words besides.
   std::vector<uint32_t> words;
@@ -114,11 +115,38 @@ TEST_CASE("mxfp4 pair widening: codes k and k + 4 of a word as fp16, each the co
       const double want_hi = std::ldexp(static_cast<double>(mxfp4_e2m1_value(code(k + 4))), -14);
       bad += lo != want_lo || hi != want_hi;
       // The sign of -0 too: the kernels' products keep it as the float twin does.
-      bad += std::signbit(lo) != ((code(k) & 8) != 0) || std::signbit(hi) != ((code(k + 4) & 8) != 0);
+      bad +=
+          std::signbit(lo) != ((code(k) & 8) != 0) || std::signbit(hi) != ((code(k + 4) & 8) != 0);
     }
   CHECK(bad == 0);
   CHECK(words.size() > 250);
   CHECK(kMxfp4Fp16Unscale == std::ldexp(1.f, 14));
+}
+
+TEST_CASE("mxfp4 eight-code widening: every code of a word as fp16 in the mma's pairs") {
+  std::vector<uint32_t> words;
+  for (uint32_t i = 0; i < 16; ++i) {
+    uint32_t w = 0;
+    for (uint32_t n = 0; n < 8; ++n) w |= ((i + n) % 16) << (4 * n);
+    words.push_back(w);
+  }
+  std::mt19937 rng(20261206);
+  for (int i = 0; i < 256; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  // h[j] holds codes pair[j][0] (low half) and pair[j][1] (high half).
+  const int pair[4][2] = {{0, 2}, {4, 6}, {1, 3}, {5, 7}};
+  size_t bad = 0;
+  for (const uint32_t w : words) {
+    uint32_t h[4];
+    mxfp4_e2m1x8_fp16(w, h);
+    for (int j = 0; j < 4; ++j)
+      for (int half = 0; half < 2; ++half) {
+        const auto code = static_cast<uint8_t>((w >> (4 * pair[j][half])) & 0xf);
+        const double got = fp16_value(half ? h[j] >> 16 : h[j] & 0xffff);
+        bad += got != std::ldexp(static_cast<double>(mxfp4_e2m1_value(code)), -14);
+        bad += std::signbit(got) != ((code & 8) != 0);
+      }
+  }
+  CHECK(bad == 0);
 }
 
 namespace {
