@@ -245,6 +245,16 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
     }
     unsetenv(var);
   }
+  // The experts' form: auto, grouped or decode-mma; a misspelling is an error.
+  for (const char* value : {"decode", "mma", ""}) {
+    CAPTURE(value);
+    setenv("SPARK_CUDA_MOE_FORM", value, 1);
+    auto wrong = select_device("auto", 0, &why);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.error().message.find(std::string("SPARK_CUDA_MOE_FORM=") + value + ":") !=
+          std::string::npos);
+  }
+  unsetenv("SPARK_CUDA_MOE_FORM");
 }
 
 TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tokens agree") {
@@ -833,10 +843,11 @@ TEST_CASE(
                                                   whole->logprobs[static_cast<size_t>(c)][i])));
         CHECK(worst <= 1e-3);
       }
-      // A prefix hit (5 blocks) recomputes 2 x 7 tokens for the rings: 26 not computed.
+      // A prefix hit (5 blocks) recomputes the window's reach for the ring (7 tokens: one
+      // windowed layer of the two), 33 not computed; the whole context keeps all 40.
       auto again = generate_blocking(*eng, prompt, p);
       REQUIRE(again.ok());
-      CHECK(again->cached_prompt_tokens == 40 - 14);
+      CHECK(again->cached_prompt_tokens == 40 - 7);
       for (int c = 0; c < 2; ++c)
         CHECK(again->tokens[static_cast<size_t>(c)].front() ==
               whole->tokens[static_cast<size_t>(c)].front());
