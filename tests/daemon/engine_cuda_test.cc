@@ -254,6 +254,13 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
     CHECK(wrong.error().message.find(std::string("SPARK_CUDA_MOE_FORM=") + value + ":") !=
           std::string::npos);
   }
+  // Each spelled value is taken (with or without a GPU: auto falls back to the CPU).
+  for (const char* value : {"auto", "grouped", "decode-mma"}) {
+    CAPTURE(value);
+    setenv("SPARK_CUDA_MOE_FORM", value, 1);
+    auto fine = select_device("auto", 0, &why);
+    CHECK_MESSAGE(fine.ok(), (fine.ok() ? std::string() : fine.error().message));
+  }
   unsetenv("SPARK_CUDA_MOE_FORM");
 }
 
