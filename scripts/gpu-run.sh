@@ -30,7 +30,8 @@
 # spark_hw_tests spark_fault_server spark_kernel_tests spark_kernel_bench"; e.g.
 # GPU_TARGETS="spark_kernel_tests spark_kernel_bench" for a kernels-only run, which builds
 # a fraction of the tree), STAGE_FIXTURES=1 (pack tests/fixtures too, for a device tree
-# without them); for `device` GPU_RUN_STEPS (default
+# without them), STAGE_NODE=1 (pack node and the official OpenAI client's JavaScript for
+# the gpt-oss check of sparkd-gpu); for `device` GPU_RUN_STEPS (default
 # "libraries version hw gpu-kernels unit"; also
 # "sparkd-gpu" (sparkctl start of a one-node ring on this GPU, both weights placements),
 # "hub-fixtures" (tools/gen_reference_hub.py's fixtures, HUB_FIXTURES; default the FP8 ones),
@@ -128,6 +129,27 @@ stage() {
   cp "$src"/bench/engine/*.py "$src"/bench/engine/*.sh "$src/tools/bf16_bound.py" \
     "$src/tools/gen_reference.py" "$src/tools/gen_reference_hub.py" "$dev/engine/"
   cp -r "$src/bench/engine/shapes" "$dev/engine/"
+  # The gpt-oss serving check (sparkd_gpu_check.sh with DEMO_ARCH=gpt_oss): the official
+  # OpenAI client's script and conversation, the harmony tokenizer and template. With
+  # STAGE_NODE=1 also node itself (tools/node) and the client's runtime JavaScript
+  # (node_modules/openai without its sources, maps and type files): the GPU machine has
+  # neither, and they add about 25 MiB to the pack.
+  mkdir -p "$dev/engine/openai_client" "$dev/engine/harmony"
+  cp "$src/tests/e2e/openai_client/client_test.js" "$src/tests/e2e/openai_client/harmony_live.json" \
+    "$dev/engine/openai_client/"
+  cp "$src/tests/fixtures/harmony/tokenizer.json" "$src/tests/fixtures/harmony/tokenizer_config.json" \
+    "$src/tests/fixtures/harmony/chat_template.jinja" "$dev/engine/harmony/"
+  if [ "${STAGE_NODE:-0}" = 1 ]; then
+    local client_pkg=$src/tests/e2e/openai_client/node_modules/openai
+    command -v node >/dev/null || die "STAGE_NODE=1: node is not installed here"
+    [ -d "$client_pkg" ] || die "STAGE_NODE=1: $client_pkg is missing (npm ci --prefix tests/e2e/openai_client)"
+    cp -L "$(command -v node)" "$dev/tools/node"
+    mkdir -p "$dev/node_modules"
+    cp -r "$client_pkg" "$dev/node_modules/"
+    rm -rf "$dev/node_modules/openai/src"
+    find "$dev/node_modules/openai" \( -name '*.map' -o -name '*.d.ts' -o -name '*.d.mts' \
+      -o -name '*.d.cts' -o -name '*.mjs' -o -name '*.md' \) -delete
+  fi
   # sparkctl bench's known-answer set, where bin/sparkctl looks for it (bin/../share).
   mkdir -p "$dev/share/sparkctl/bench"
   cp "$src/packaging/bench/known-answers.jsonl" "$dev/share/sparkctl/bench/"
@@ -294,6 +316,18 @@ device() {
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu-moe 150 env DEMO_ARCH=glm4_moe bash "$dev/engine/sparkd_gpu_check.sh" \
       "$dev/bin" "$out/sparkd-moe"
+  # gpt-oss (MXFP4 experts, the harmony template) through the official OpenAI client, which
+  # needs the node that STAGE_NODE=1 stages; without it the serving is checked, not the client.
+  if [[ $want == *" sparkd-gpu "* ]]; then
+    if [ -x "$dev/tools/node" ]; then
+      step sparkd-gpu-oss 200 env DEMO_ARCH=gpt_oss bash "$dev/engine/sparkd_gpu_check.sh" \
+        "$dev/bin" "$out/sparkd-oss"
+    else
+      echo "sparkd-gpu-oss: node was not staged (STAGE_NODE=1): the OpenAI client part is left out"
+      step sparkd-gpu-oss 200 env DEMO_ARCH=gpt_oss GPU_CHECK_CLIENT=skip bash \
+        "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd-oss"
+    fi
+  fi
   # And an FP8 checkpoint (Qwen3-MoE's structure, projections and experts in e4m3).
   [[ $want == *" sparkd-gpu "* ]] &&
     step sparkd-gpu-fp8 150 env DEMO_ARCH=qwen3_moe DEMO_WEIGHTS=fp8 bash \

@@ -17,7 +17,15 @@
 # experts the status's /health model_info must name the experts, the active parameters and the
 # experts' split, and `sparkctl plan` must say how the experts split. DEMO_WEIGHTS=fp8 writes
 # the demo's projections in FP8 with block scales (`demo-model --weights fp8`); then status
-# must name that weight format. Logs, cluster files and JSON go to OUT_DIR.
+# must name that weight format. DEMO_ARCH=gpt_oss serves the gpt-oss demo model (MXFP4
+# experts) with gpt-oss's harmony chat template and tokenizer (tests/fixtures/harmony), and
+# after the chat the official OpenAI Node client (client_test.js --harmony-live) sends a
+# conversation with reasoning_effort and a forced tool call, then the tool round with the
+# earlier reasoning; where python3 has transformers, the prompt must be as long as its
+# apply_chat_template renders it. Node is NODE_BIN, else the staged tools/node, else `node`;
+# the openai package is found through NODE_PATH (the staged node_modules, else the source
+# tree's tests/e2e/openai_client/node_modules); without node or the package the client part
+# fails (GPU_CHECK_CLIENT=skip leaves it out). Logs, cluster files and JSON go to OUT_DIR.
 set -euo pipefail
 bin=$(cd "${1:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}" && pwd)
 out=${2:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}
@@ -44,6 +52,29 @@ arch=${DEMO_ARCH:-}
 weights=${DEMO_WEIGHTS:-}
 "$bin/sparkctl" demo-model "$tmp/model" ${arch:+--arch "$arch"} ${weights:+--weights "$weights"} \
   > "$out/demo-model.txt"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+harmony=""
+case $arch in gpt_oss | GptOssForCausalLM) harmony=1 ;; esac
+if [ -n "$harmony" ]; then
+  # The staged copy (.device/engine/openai_client, .device/engine/harmony) or the source tree's.
+  client_dir=$here/openai_client
+  [ -f "$client_dir/client_test.js" ] || client_dir=$here/../../tests/e2e/openai_client
+  fixture=$here/harmony
+  [ -f "$fixture/chat_template.jinja" ] || fixture=$here/../../tests/fixtures/harmony
+  for f in tokenizer.json tokenizer_config.json chat_template.jinja; do
+    cp "$fixture/$f" "$tmp/model/$f" || fail "no harmony tokenizer fixture ($fixture/$f)"
+  done
+  node=${NODE_BIN:-}
+  if [ -z "$node" ] && [ -x "$bin/../tools/node" ]; then node=$bin/../tools/node; fi
+  [ -n "$node" ] || node=$(command -v node || true)
+  node_path=${NODE_PATH:-}
+  [ -d "$bin/../node_modules/openai" ] && node_path=$bin/../node_modules
+  [ -n "$node_path" ] || node_path=$client_dir/node_modules
+  if [ "${GPU_CHECK_CLIENT:-}" != skip ]; then
+    [ -n "$node" ] || fail "gpt_oss: no node to run the official OpenAI client (NODE_BIN; GPU_CHECK_CLIENT=skip leaves it out)"
+    [ -d "$node_path/openai" ] || fail "gpt_oss: the openai npm package is not under $node_path (NODE_PATH)"
+  fi
+fi
 gpu_name=""
 if [ "$device" = cuda ] && command -v nvidia-smi >/dev/null; then
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n 1 || true)
@@ -149,6 +180,35 @@ assert isinstance(c["message"]["content"], str)
 assert c["finish_reason"] in ("stop", "length"), c["finish_reason"]
 assert 0 < j["usage"]["completion_tokens"] <= 24, j["usage"]
 PY
+
+  if [ -n "$harmony" ] && [ "${GPU_CHECK_CLIENT:-}" != skip ]; then
+    grep -rq "chat format harmony" "$tmp/state-$p" ||
+      fail "$p: sparkd did not choose the harmony chat format for the gpt-oss checkpoint"
+    python3 -c "import json,sys; i=json.load(open(sys.argv[1]))['health']['model_info']; f=i['checkpoint_format']; assert f.startswith('mxfp4') and i['weights'].startswith('mxfp4+'), i; print('sparkd_gpu_check: weights', f, 'held as', i['weights'])" "$out/status-$p.json" ||
+      fail "$p: status does not name the MXFP4 experts"
+    # The prompt as transformers renders it with the checkpoint's template (where it is here).
+    want=$(python3 - "$tmp/model" "$client_dir/harmony_live.json" <<'PY' 2>"$out/hf-render-$p.txt" || true
+import json, sys
+from transformers import AutoTokenizer
+conv = json.load(open(sys.argv[2]))
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok.apply_chat_template(conv["messages"], tools=conv["tools"], add_generation_prompt=True,
+                              reasoning_effort=conv["reasoning_effort"], tokenize=True)
+ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+print(len(ids))
+PY
+)
+    if [ -n "$want" ]; then
+      say "$p: transformers renders the client's conversation in $want tokens"
+    else
+      say "$p: no transformers here ($(tail -n 1 "$out/hf-render-$p.txt")): the prompt's length is not compared"
+    fi
+    NODE_PATH=$node_path timeout 300 "$node" "$client_dir/client_test.js" --harmony-live \
+      --base-url "http://127.0.0.1:$api/v1" ${want:+--prompt-tokens "$want"} > "$out/client-$p.txt" 2>&1 ||
+      { cat "$out/client-$p.txt"; fail "$p: the official OpenAI client's gpt-oss checks failed"; }
+    grep '^#   the call' "$out/client-$p.txt" | sed "s/^#  /sparkd_gpu_check: $p: client:/"
+    say "$p: official OpenAI client: $(grep -c '^ok ' "$out/client-$p.txt") checks passed (forced tool call, streamed, tool round with reasoning)"
+  fi
 
   pid=$(cat "$tmp/state-$p/run/sparkd-0.pid" 2>/dev/null || true)
   "$bin/sparkctl" --config "$ring" stop > "$out/stop-$p.txt" 2>&1 || { cat "$out/stop-$p.txt"; fail "$p: sparkctl stop exited non-zero"; }

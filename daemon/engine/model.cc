@@ -888,18 +888,19 @@ std::string Model::weights_held() const {
 nlohmann::json Model::describe() const {
   const auto& c = cfg_;
   const ParamCount pc = count_params(c);
-  nlohmann::json j = {{"architecture", c.architecture},
-                      {"layers", c.num_layers},
-                      {"hidden_size", c.hidden_size},
-                      {"vocab_size", c.vocab_size},
-                      {"parameters", pc.total},
-                      {"active_parameters", pc.active},
-                      {"weights", weights_held()},
-                      {"checkpoint_format", c.weights.fp8()         ? c.weights.describe()
-                                            : c.torch_dtype.empty() ? std::string("plain")
-                                                                    : c.torch_dtype},
-                      {"tensor_parallel", world_},
-                      {"rank", rank_}};
+  nlohmann::json j = {
+      {"architecture", c.architecture},
+      {"layers", c.num_layers},
+      {"hidden_size", c.hidden_size},
+      {"vocab_size", c.vocab_size},
+      {"parameters", pc.total},
+      {"active_parameters", pc.active},
+      {"weights", weights_held()},
+      {"checkpoint_format", c.weights.fp8() || c.weights.mxfp4() ? c.weights.describe()
+                            : c.torch_dtype.empty()              ? std::string("plain")
+                                                                 : c.torch_dtype},
+      {"tensor_parallel", world_},
+      {"rank", rank_}};
   if (c.is_moe()) {
     const auto& m = c.moe;
     j["experts"] = {{"routed", m.experts},

@@ -387,6 +387,7 @@ TEST_CASE("gpt-oss: MXFP4 experts are held packed, half a byte a weight and a sc
     REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
     CHECK(rep.weight_bytes == p->held_bytes(4, 4));
     CHECK((*m)->describe()["weights"] == "mxfp4+fp32");
+    CHECK((*m)->describe()["checkpoint_format"] == "mxfp4 experts (e2m1, e8m0 scales per 32)");
   }
   // Synthetic weights of the shape (the benchmarks') are packed the same way and run.
   LoadReport rep;

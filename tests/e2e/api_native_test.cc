@@ -907,6 +907,34 @@ TEST_CASE("e2e api: the official OpenAI Node client against sparkd") {
   CHECK(out.find("# all checks passed") != std::string::npos);
 }
 
+TEST_CASE(
+    "e2e api: gpt-oss through the official OpenAI Node client: a forced tool call, a tool round") {
+  // The engine itself serves the gpt-oss demo model with the harmony template; the client's
+  // checks (client_test.js --harmony-live) hold for any weights: one call that keeps to the
+  // tool's schema, the same streamed, the tool round with the earlier reasoning served.
+  std::string dir = std::string(SPARK_SOURCE_DIR) + "/tests/e2e/openai_client";
+  if (std::system("command -v node >/dev/null 2>&1") != 0) {
+    MESSAGE("SKIP: node is not installed");
+    std::puts("SKIP: node is not installed");
+    return;
+  }
+  if (!std::filesystem::exists(dir + "/node_modules/openai")) {
+    MESSAGE("SKIP: the openai npm package is not installed (cd " << dir << " && npm ci)");
+    std::puts("SKIP: the openai npm package is not installed (npm ci in tests/e2e/openai_client)");
+    return;
+  }
+  auto& s = gptoss_server();
+  auto [st, out] =
+      test::run_capture({"/usr/bin/env", "node", dir + "/client_test.js", "--harmony-live",
+                         "--base-url", "http://127.0.0.1:" + std::to_string(s.port) + "/v1"},
+                        {}, std::chrono::seconds(180));
+  INFO(out);
+  CHECK(st == 0);
+  CHECK(out.find("ok   harmony live: the forced call is one tool call to get_weather") !=
+        std::string::npos);
+  CHECK(out.find("# all checks passed") != std::string::npos);
+}
+
 TEST_CASE("e2e api: under the memory guard's cancel floor the newest request is cancelled (503)") {
   // A cancel floor above any machine's memory: the guard's next sample cancels what runs.
   Server s("", {{"MEM_GUARD_WAIT", "0"}, {"MEM_GUARD_CANCEL", "100000GiB"}});

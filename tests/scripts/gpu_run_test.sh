@@ -35,6 +35,30 @@ tar -tJf "$tmp/dev-pack/device.tar.xz" > "$tmp/pack.list" || fail "the pack does
 grep -q '^dev/bin/sparkd$' "$tmp/pack.list" || fail "the pack lacks dev/bin/sparkd"
 # The fixtures travel in the working tree, not twice.
 ! grep -q '^dev/fixtures/' "$tmp/pack.list" || fail "the pack carries tests/fixtures without STAGE_FIXTURES=1"
+# The gpt-oss serving check's client script, conversation and harmony template are staged;
+# node is not, unless STAGE_NODE=1 asks for it.
+for f in engine/sparkd_gpu_check.sh engine/openai_client/client_test.js \
+         engine/openai_client/harmony_live.json engine/harmony/chat_template.jinja \
+         engine/harmony/tokenizer.json; do
+  [ -e "$tmp/dev/$f" ] || fail "stage lacks $f"
+done
+! grep -q '^dev/tools/node$' "$tmp/pack.list" || fail "the pack carries node without STAGE_NODE=1"
+if command -v node > /dev/null && [ -d "$src/tests/e2e/openai_client/node_modules/openai" ]; then
+  STAGE_NODE=1 STAGE_XZ_LEVEL=0 STAGE_MAX_MIB=1024 STAGE_FROM="$build" STAGE_DIR="$tmp/devnode" \
+    bash "$src/scripts/gpu-run.sh" stage > "$tmp/stage-node.log" 2>&1 ||
+    { cat "$tmp/stage-node.log"; fail "stage with STAGE_NODE=1 failed"; }
+  [ -x "$tmp/devnode/tools/node" ] || fail "STAGE_NODE=1 staged no tools/node"
+  [ -f "$tmp/devnode/node_modules/openai/package.json" ] || fail "STAGE_NODE=1 staged no openai package"
+  [ -z "$(find "$tmp/devnode/node_modules" -name '*.map' -o -name '*.d.ts' | head -1)" ] ||
+    fail "STAGE_NODE=1 staged the package's maps or type files"
+  # The staged client loads from the staged package with the staged node.
+  NODE_PATH="$tmp/devnode/node_modules" "$tmp/devnode/tools/node" -e \
+    "const O = require('openai'); if (typeof (O.default || O) !== 'function') process.exit(1)" ||
+    fail "the staged node does not load the staged openai package"
+  rm -rf "$tmp/devnode" "$tmp/devnode-pack"
+else
+  echo "SKIP (part): node or the openai npm package is not here: STAGE_NODE=1 not checked"
+fi
 grep -q "^source_dir=$src\$" "$tmp/dev/MANIFEST" || fail "MANIFEST lacks source_dir: $(cat "$tmp/dev/MANIFEST")"
 # Every library the staged binaries need resolves with the stage's lib/ first.
 for b in "$tmp/dev/bin"/*; do

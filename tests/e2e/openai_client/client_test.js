@@ -9,6 +9,11 @@
 //   node client_test.js --harmony --wire BUILD_DIR/tests/openai_wire_double HARMONY_TOKENIZER_JSON
 //       the same with the double serving gpt-oss (tests/fixtures/harmony): reasoning,
 //       content and tool calls as the client sees them, streamed and not.
+//   node client_test.js --harmony-live --base-url URL [--prompt-tokens N]
+//       a running sparkd serving a gpt-oss checkpoint with its harmony chat template: the
+//       conversation of harmony_live.json with reasoning_effort and a forced tool call, then
+//       the tool round with the earlier reasoning (harmonyLive below). N: the prompt's length
+//       as transformers' apply_chat_template renders it, where the caller has transformers.
 // Exits 0 when every check passed; prints one line per check ("ok" / "FAIL").
 'use strict';
 const { execFileSync } = require('child_process');
@@ -49,6 +54,7 @@ async function main() {
   check('models.list returns the served model', ids.length >= 1, ids);
   model = opt('--model') || ids[0];
   if (args.indexOf('--harmony') >= 0) return harmony(client, model);
+  if (args.indexOf('--harmony-live') >= 0) return harmonyLive(client, model);
 
   const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Say hello.' }];
   const chat = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 7 });
@@ -201,6 +207,73 @@ async function harmony(client, model) {
     check('harmony: reasoning_effort max rejected', false);
   } catch (e) {
     check('harmony: reasoning_effort max -> 400, param reasoning_effort', e.status === 400 && e.param === 'reasoning_effort', { status: e.status, param: e.param });
+  }
+  console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
+  process.exit(failures ? 1 : 0);
+}
+
+// gpt-oss (harmony) served by the engine itself. Its weights are random, so the words are
+// whatever they are; what holds for any weights is checked: the forced call (tool_choice
+// naming get_weather: the grammar writes the commentary channel's call, after an analysis
+// message or not) comes back through the client as one tool call whose arguments parse and
+// keep to the tool's schema, with finish_reason tool_calls and no content; streamed, the
+// same call, delta by delta; the tool round (the earlier reasoning, the call and its result
+// go back in) is served; an unknown reasoning_effort is a 400 naming it.
+async function harmonyLive(client, model) {
+  const conv = JSON.parse(require('fs').readFileSync(require('path').join(__dirname, 'harmony_live.json'), 'utf8'));
+  const tool = conv.tools[0].function;
+  const req = { model, messages: conv.messages, tools: conv.tools, reasoning_effort: conv.reasoning_effort,
+    tool_choice: { type: 'function', function: { name: tool.name } }, temperature: 0, max_tokens: 400 };
+  const tc = await client.chat.completions.create(req);
+  const c = tc.choices[0], m = c.message, calls = m.tool_calls || [];
+  let args = null;
+  try { args = JSON.parse(calls.length ? calls[0].function.arguments : 'null'); } catch (e) { args = e.message; }
+  const enumCities = tool.parameters.properties.city.enum;
+  console.log(`#   the call: ${JSON.stringify(calls.map((x) => x.function))}; reasoning ${JSON.stringify(m.reasoning_content || '')}; usage ${JSON.stringify(tc.usage)}`);
+  check('harmony live: the forced call is one tool call to get_weather', calls.length === 1 && calls[0].type === 'function' && calls[0].function.name === tool.name && /^call_/.test(calls[0].id), m);
+  check('harmony live: its arguments are JSON that keeps to the schema', args && typeof args === 'object' && enumCities.includes(args.city) && Object.keys(args).length === 1, args);
+  check('harmony live: finish_reason tool_calls, content null', c.finish_reason === 'tool_calls' && m.content === null, c);
+  check('harmony live: reasoning, where the model wrote an analysis, is a string', m.reasoning_content === undefined || m.reasoning_content === null || typeof m.reasoning_content === 'string', m);
+  const want = opt('--prompt-tokens');
+  if (want !== undefined)
+    check(`harmony live: the prompt is as long as transformers renders it (${want} tokens)`, tc.usage.prompt_tokens === Number(want), tc.usage);
+  check('harmony live: usage adds up', tc.usage.total_tokens === tc.usage.prompt_tokens + tc.usage.completion_tokens && tc.usage.completion_tokens > 0, tc.usage);
+
+  const ts = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  const acc = [];
+  let finish = null, reasoning = '', content = '', usage = null;
+  for await (const k of ts) {
+    if (k.usage) usage = k.usage;
+    for (const ch of k.choices) {
+      for (const d of ch.delta.tool_calls || []) {
+        acc[d.index] = acc[d.index] || { id: '', name: '', args: '' };
+        if (d.id) acc[d.index].id += d.id;
+        if (d.function && d.function.name) acc[d.index].name += d.function.name;
+        if (d.function && d.function.arguments) acc[d.index].args += d.function.arguments;
+      }
+      if (ch.delta.reasoning_content) reasoning += ch.delta.reasoning_content;
+      if (ch.delta.content) content += ch.delta.content;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  check('harmony live: streamed, the same call (greedy)', acc.length === 1 && calls.length === 1 && acc[0].name === calls[0].function.name && acc[0].args === calls[0].function.arguments && /^call_/.test(acc[0].id), [acc, calls]);
+  check('harmony live: streamed finish_reason tool_calls, no content, the same reasoning', finish === 'tool_calls' && content === '' && reasoning === (m.reasoning_content || ''), [finish, content, reasoning]);
+  check('harmony live: streamed usage equals the non-streamed', usage && usage.completion_tokens === tc.usage.completion_tokens && usage.prompt_tokens === tc.usage.prompt_tokens, usage);
+
+  const prior = calls.length ? calls : [{ id: 'call_0', type: 'function', function: { name: tool.name, arguments: '{"city": "Paris"}' } }];
+  const round = await client.chat.completions.create({ model, tools: conv.tools, reasoning_effort: 'low', temperature: 0, max_tokens: 16,
+    messages: [...conv.messages,
+      { role: 'assistant', content: null, reasoning_content: conv.earlier_reasoning, tool_calls: prior },
+      { role: 'tool', tool_call_id: prior[0].id, content: conv.tool_result }] });
+  const rc = round.choices[0];
+  console.log(`#   the tool round: finish ${rc.finish_reason}, usage ${JSON.stringify(round.usage)}`);
+  check('harmony live: the tool round with the earlier reasoning is served', rc.message.role === 'assistant' && ['stop', 'length', 'tool_calls'].includes(rc.finish_reason), rc);
+  check('harmony live: the tool round\'s prompt holds the call and its result', round.usage.prompt_tokens > tc.usage.prompt_tokens + 10, [round.usage, tc.usage]);
+  try {
+    await client.chat.completions.create({ model, messages: conv.messages, reasoning_effort: 'max', max_tokens: 4 });
+    check('harmony live: reasoning_effort max rejected', false);
+  } catch (e) {
+    check('harmony live: reasoning_effort max -> 400, param reasoning_effort', e.status === 400 && e.param === 'reasoning_effort', { status: e.status, param: e.param });
   }
   console.log(failures ? `# ${failures} check(s) failed` : '# all checks passed');
   process.exit(failures ? 1 : 0);
