@@ -857,8 +857,9 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 // row of x on the conversion and the fma; at batch 1 that is as much issue time as the bytes
 // take to arrive, and it grows with the rows. Here the codes are widened to fp16 (code *
 // 2^-14, exact, mxfp4_e2m1x8_fp16: 11 instructions for 8 codes) and the products are mma.sync
-// m16n8k16 (fp16 in, fp32 accumulation), the step's rows (at most 8) the mma's 8 columns, so
-// more rows cost nothing more.
+// m16n8k16 (fp16 in, fp32 accumulation), the step's rows (up to kMmaMaxRows) the mma's
+// columns in tiles of 8 that share the widened codes, so each 8 more rows cost two mma
+// instructions a scale block and no more widening.
 //
 // A warp's tile is 16 weight rows (gate/up: 8 intermediates' gate rows and their up rows;
 // down: 16 output rows). Lane (g = lane / 4, q = lane % 4) reads word q (codes 8q .. 8q + 7)
@@ -877,18 +878,21 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 // down gives each distinct expert kMmaDownWarps / experts warps, each a slice of the columns,
 // and adds the warps' sums in warp order, as the form above: the same bits every run.
 //
-// Form 3 only (SPARK_CUDA_MOE_FORM=decode-mma): on an H100 at batch 1 it is slower than the
-// fp32 kernels (gpt-oss-120b 278 against 296 tokens/s, 20b 396 against 419). It has half as
-// many warps as they do, each with twice the dependent load steps (45 scale blocks in steps of
-// 8), so fewer bytes are in flight; asking L2 for each tile row 16 blocks ahead made it slower
-// still (258 against 297). Its instruction count is lower and flat in the rows, so the next
-// steps are more, shorter column slices (or a cp.async pipeline through shared memory) and a
-// measurement at 8 streams, where the fp32 kernels' cost grows with the rows.
+// Taken from two rows up to kMmaMaxRows (moe_experts_cuda_device): at 8 streams on an H100
+// the step is 1027 tokens/s for gpt-oss-20b against the fp32 kernels' 521 (120b: 563 against
+// 309), at 32 streams 1468 against the grouped form's 1255 (120b: 489 against 410). At batch 1
+// they are slower than the fp32 kernels (gpt-oss-120b 278 against 296 tokens/s, 20b 392
+// against 421): half as many warps, each with twice the
+// dependent load steps (45 scale blocks in steps of 8), so fewer bytes are in flight; asking
+// L2 for each tile row 16 blocks ahead made it slower still (258 against 297). The next steps
+// are more, shorter column slices or a cp.async pipeline through shared memory.
 constexpr int kMmaWarps = 8;   // gate/up: kMmaTiles tiles of kMmaKSplit warps each
 constexpr int kMmaKSplit = 2;  // warps sharing a gate/up tile's columns
 constexpr int kMmaTiles = kMmaWarps / kMmaKSplit;
 constexpr int kMmaDownWarps = 8;  // down
 constexpr int kMmaUnroll = 8;     // scale blocks a lane's loads cover at once (a multiple of 4)
+constexpr int kMmaMaxRows = 32;   // the most step rows: 4 column tiles of 8 in down
+constexpr int kMmaPassRows = 16;  // gate/up: rows of x staged in shared memory at a time
 
 // Where column c is stored in the B operand's fp16 rows: within each 8 columns, the order
 // 0 2 1 3 4 6 5 7 (registers (0, 2), (1, 3), (4, 6), (5, 7): mxfp4_e2m1x8_fp16's pairs).
@@ -909,29 +913,36 @@ __device__ __forceinline__ float exp2i(int k) {
   return __int_as_float((127 + k) << 23);
 }
 
-// One 32-column scale block of a 16-row tile: rows g and g + 8's words (wa, wb) times the
-// B registers (xv), the fp32 result times each row's scale added into acc.
-__device__ __forceinline__ void mx4_block_mma(uint32_t wa, uint32_t wb, const uint4& xv, float sa,
-                                              float sb, float* acc) {
+// One 32-column scale block of a 16-row tile: rows g and g + 8's words (wa, wb), widened once,
+// times the B registers of each of NT column tiles (xv[t]); each fp32 result times each row's
+// scale added into acc[t].
+template <int NT>
+__device__ __forceinline__ void mx4_block_mma(uint32_t wa, uint32_t wb, const uint4* xv, float sa,
+                                              float sb, float (*acc)[4]) {
   uint32_t A[4], B[4];
   mxfp4_e2m1x8_fp16(wa, A);
   mxfp4_e2m1x8_fp16(wb, B);
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
   const uint32_t a0[4] = {A[0], B[0], A[2], B[2]};
-  dev::mma_f16_16816(c, a0, xv.x, xv.y);
   const uint32_t a1[4] = {A[1], B[1], A[3], B[3]};
-  dev::mma_f16_16816(c, a1, xv.z, xv.w);
-  acc[0] = fmaf(c[0], sa, acc[0]);
-  acc[1] = fmaf(c[1], sa, acc[1]);
-  acc[2] = fmaf(c[2], sb, acc[2]);
-  acc[3] = fmaf(c[3], sb, acc[3]);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    dev::mma_f16_16816(c, a0, xv[t].x, xv[t].y);
+    dev::mma_f16_16816(c, a1, xv[t].z, xv[t].w);
+    acc[t][0] = fmaf(c[0], sa, acc[t][0]);
+    acc[t][1] = fmaf(c[1], sa, acc[t][1]);
+    acc[t][2] = fmaf(c[2], sb, acc[t][2]);
+    acc[t][3] = fmaf(c[3], sb, acc[t][3]);
+  }
 }
 
 // Scale blocks [b0, b1) of a 16-row tile: qa/qb the lane's word of rows g and g + 8 (block 0),
-// sa/sb their scale rows, bx the lane's B row (fp16, block 0; null: zeros).
+// sa/sb their scale rows, bx[t] the lane's B row of column tile t (fp16, block 0; null: zeros).
+template <int NT>
 __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* qb,
-                                             const uint8_t* sa, const uint8_t* sb, const __half* bx,
-                                             int b0, int b1, float* acc) {
+                                             const uint8_t* sa, const uint8_t* sb,
+                                             const __half* const* bx, int b0, int b1,
+                                             float (*acc)[4]) {
   const unsigned lane = threadIdx.x & 31u, q = lane & 3u;
   for (int b = b0; b < b1; b += kMmaUnroll) {
     uint32_t wa[kMmaUnroll], wb[kMmaUnroll];
@@ -952,38 +963,64 @@ __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* q
 #pragma unroll
     for (int j = 0; j < kMmaUnroll; ++j) {
       if (b + j >= b1) break;  // the same for every lane
-      uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-      if (bx) xv = *reinterpret_cast<const uint4*>(bx + 32 * (b + j));
+      uint4 xv[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        xv[t] = bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j))
+                      : make_uint4(0u, 0u, 0u, 0u);
       const int src = static_cast<int>((lane & ~3u) | static_cast<unsigned>(j & 3));
       const float s_a = __shfl_sync(0xffffffffu, fa[j / 4], src);
       const float s_b = __shfl_sync(0xffffffffu, fb[j / 4], src);
-      mx4_block_mma(wa[j], wb[j], xv, s_a, s_b, acc);
+      mx4_block_mma<NT>(wa[j], wb[j], xv, s_a, s_b, acc);
     }
   }
 }
 
 // gate/up: block (32 intermediates, distinct expert blockIdx.y); warps 2t and 2t + 1 take
-// tile t's two halves of the columns. Dynamic shared memory: rows x mma_xs_ld(hidden) halves.
+// tile t's two halves of the columns. The rows that chose the expert are staged in shared
+// memory kMmaPassRows at a time (dynamic: min(rows, kMmaPassRows) x mma_xs_ld(hidden)
+// halves), each pass one or two column tiles of 8; more than kMmaPassRows rows (at most
+// kMmaMaxRows) take a second pass over the same weights, then mostly from L2.
+template <int NT>
+__device__ __forceinline__ void gate_up_mma_pass(const MoeExpertsArgs& a, const __half* xs,
+                                                 int xs_ld, int pn, bool active, size_t gr,
+                                                 size_t ur, int kb0, int kb1, float (*acc)[4]) {
+  const unsigned lane = threadIdx.x & 31u;
+  const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
+  const __half* bx[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+    bx[t] = 8 * t + g < pn ? xs + static_cast<size_t>(8 * t + g) * xs_ld + 8 * q : nullptr;
+  if (active) {
+    const Mxfp4Weight& M = a.gate_up_mx4;
+    mx4_tile_mma<NT>(mx4_row(M, gr) + 4 * q, mx4_row(M, ur) + 4 * q, mx4_scale_row(M, gr),
+                     mx4_scale_row(M, ur), bx, kb0, kb1, acc);
+  }
+}
+
+// NTM: the most column tiles of a pass (1 for steps of up to 8 rows, 2 past them).
+template <int NTM>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     moe_mx4_gate_up_mma(MoeExpertsArgs a, bf16* act, int act_stride) {
   dev::pdl_wait();
   dev::pdl_trigger();
   extern __shared__ __align__(16) unsigned char mma_smem[];
   __shared__ DecodeList L;
-  __shared__ int s_pair[kMoeDecodeMaxRows], s_row[kMoeDecodeMaxRows], s_e[kMoeDecodeMaxRows];
-  __shared__ unsigned s_max[kMoeDecodeMaxRows];
+  __shared__ int s_pair[kMmaMaxRows], s_row[kMmaMaxRows], s_e[kMmaMaxRows];
+  __shared__ unsigned s_max[kMmaMaxRows];
   __shared__ int s_n;
-  __shared__ float s_part[kMmaWarps][32][4];
+  __shared__ float s_part[kMmaWarps][32][4 * NTM];
   decode_list(a, &L);
   const int u = static_cast<int>(blockIdx.y);
   if (u >= L.n) return;  // the whole block
   if (threadIdx.x == 0) {
     int n = 0;
+    // A row chooses an expert once (top-k), so at most rows <= kMmaMaxRows of them.
     for (int p = 0; p < a.rows * a.top_k; ++p)
-      if (L.uid[p] == u) s_pair[n] = p, s_row[n] = p / a.top_k, ++n;
+      if (L.uid[p] == u && n < kMmaMaxRows) s_pair[n] = p, s_row[n] = p / a.top_k, ++n;
     s_n = n;
   }
-  if (threadIdx.x < kMoeDecodeMaxRows) s_max[threadIdx.x] = 0u;
+  if (threadIdx.x < kMmaMaxRows) s_max[threadIdx.x] = 0u;
   __syncthreads();
   const int nrows = s_n, H = a.hidden, xs_ld = mma_xs_ld(H), g8 = H / 8;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -994,7 +1031,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const bool active = tile * 8 < inter;
   const bool il = a.interleaved;
   const size_t le = static_cast<size_t>(L.expert[u] - a.expert0);
-  const Mxfp4Weight M = a.gate_up_mx4;
   const size_t base = le * 2 * static_cast<size_t>(inter);
   __half* xs = reinterpret_cast<__half*>(mma_smem);
   const bf16* x = static_cast<const bf16*>(a.x);
@@ -1021,122 +1057,156 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
     s_e[threadIdx.x] = e;
   }
-  __syncthreads();
-  for (int k = static_cast<int>(threadIdx.x); k < nrows * g8; k += blockDim.x) {
-    const int t = k / g8, c = (k % g8) * 8;
-    float f[8];
-    dev::bf16x8_to_f(*reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[t]) * H + c), f);
-    const float sc = exp2i(s_e[t]);
-    __align__(16) __half h[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) h[mma_pos(i)] = __float2half_rn(f[i] * sc);
-    *reinterpret_cast<uint4*>(xs + static_cast<size_t>(t) * xs_ld + c) =
-        *reinterpret_cast<const uint4*>(h);
-  }
-  __syncthreads();
   const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
   const int i = tile * 8 + g;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  if (active) {
-    const int ic = min(i, inter - 1);
-    const size_t gr = base + static_cast<size_t>(gate_row(il, ic));
-    const size_t ur = base + static_cast<size_t>(up_row(il, inter, ic));
-    const __half* bx = g < nrows ? xs + static_cast<size_t>(g) * xs_ld + 8 * q : nullptr;
-    mx4_tile_mma(mx4_row(M, gr) + 4 * q, mx4_row(M, ur) + 4 * q, mx4_scale_row(M, gr),
-                 mx4_scale_row(M, ur), bx, kb0, kb1, acc);
-  }
-  if (part > 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) s_part[warp][lane][k] = acc[k];
-  }
-  __syncthreads();
-  if (part > 0 || !active || i >= inter) return;
-  for (int p = 1; p < kMmaKSplit; ++p)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc[k] += s_part[warp + p][lane][k];
+  const int ic = min(i, inter - 1);
+  const size_t gr = base + static_cast<size_t>(gate_row(il, ic));
+  const size_t ur = base + static_cast<size_t>(up_row(il, inter, ic));
   __half* acth = reinterpret_cast<__half*>(act);
+  for (int p0 = 0; p0 < nrows; p0 += kMmaPassRows) {
+    const int pn = min(kMmaPassRows, nrows - p0);
+    __syncthreads();  // s_e written; the last pass's reads of xs and s_part done
+    for (int k = static_cast<int>(threadIdx.x); k < pn * g8; k += blockDim.x) {
+      const int t = k / g8, c = (k % g8) * 8;
+      float f[8];
+      dev::bf16x8_to_f(
+          *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[p0 + t]) * H + c), f);
+      const float sc = exp2i(s_e[p0 + t]);
+      __align__(16) __half h[8];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int n = 2 * q + r;  // the mma's column: the step row s_row[n]
-    if (n >= nrows) continue;
-    const float f = exp2i(14 - s_e[n]);
-    const float v =
-        gptoss_act(a, le, gate_row(il, i), up_row(il, inter, i), acc[r] * f, acc[2 + r] * f);
-    acth[static_cast<size_t>(s_pair[n]) * static_cast<size_t>(act_stride) + mma_pos(i)] =
-        __float2half_rn(__bfloat162float(__float2bfloat16_rn(v)));
+      for (int j = 0; j < 8; ++j) h[mma_pos(j)] = __float2half_rn(f[j] * sc);
+      *reinterpret_cast<uint4*>(xs + static_cast<size_t>(t) * xs_ld + c) =
+          *reinterpret_cast<const uint4*>(h);
+    }
+    __syncthreads();
+    float acc[NTM][4];
+#pragma unroll
+    for (int t = 0; t < NTM; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    if (NTM > 1 && pn > 8)
+      gate_up_mma_pass<NTM>(a, xs, xs_ld, pn, active, gr, ur, kb0, kb1, acc);
+    else
+      gate_up_mma_pass<1>(a, xs, xs_ld, pn, active, gr, ur, kb0, kb1, acc);
+    if (part > 0) {
+#pragma unroll
+      for (int t = 0; t < NTM; ++t)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s_part[warp][lane][4 * t + k] = acc[t][k];
+    }
+    __syncthreads();
+    if (part == 0 && active && i < inter) {
+      for (int s = 1; s < kMmaKSplit; ++s)
+#pragma unroll
+        for (int t = 0; t < NTM; ++t)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[t][k] += s_part[warp + s][lane][4 * t + k];
+#pragma unroll
+      for (int t = 0; t < NTM; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int n = 8 * t + 2 * q + r;  // the mma's column: the pass's row n
+          if (n >= pn) continue;
+          const float f = exp2i(14 - s_e[p0 + n]);
+          const float v = gptoss_act(a, le, gate_row(il, i), up_row(il, inter, i), acc[t][r] * f,
+                                     acc[t][2 + r] * f);
+          acth[static_cast<size_t>(s_pair[p0 + n]) * static_cast<size_t>(act_stride) + mma_pos(i)] =
+              __float2half_rn(__bfloat162float(__float2bfloat16_rn(v)));
+        }
+    }
   }
 }
 
-// down: block (16 output rows); each distinct expert kMmaWarps / experts warps (at least
-// one), each a slice of its scale blocks; the mma's columns are the step's rows (a row that
-// did not choose the expert reads zeros). act: fp16 in mma_pos order (gate/up's above).
+// down: block (16 output rows); each distinct expert kMmaDownWarps / experts warps (at least
+// one), each a slice of its scale blocks; the mma's columns are the step's rows, NT tiles of
+// 8 (a row that did not choose the expert reads zeros; one kernel per NT, so a step of few
+// rows keeps the registers of one tile). act: fp16 in mma_pos order (gate/up's above).
+template <int NT>
 __global__ void __launch_bounds__(kMmaDownWarps * 32)
     moe_mx4_down_mma(MoeExpertsArgs a, const bf16* act, int act_stride) {
   dev::pdl_wait();
   dev::pdl_trigger();
   __shared__ DecodeList L;
-  __shared__ float red[kMmaDownWarps][16][kMoeDecodeMaxRows];
+  __shared__ float red[kMmaDownWarps][16][8 * NT];
   decode_list(a, &L);
+  const __half* acth = reinterpret_cast<const __half*>(act);
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
   const int H = a.hidden, h0 = static_cast<int>(blockIdx.x) * 16, K = a.top_k;
   const int groups = L.n, nb = a.inter / kMxfp4BlockK;
   const int wpg = groups > 0 && groups < kMmaDownWarps ? kMmaDownWarps / groups : 1;
   const int slice = static_cast<int>(warp) % wpg;
-  const Mxfp4Weight M = a.down_mx4;
-  const __half* acth = reinterpret_cast<const __half*>(act);
+  const Mxfp4Weight& M = a.down_mx4;
   const int ra = min(h0 + g, H - 1), rb = min(h0 + g + 8, H - 1);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
   for (int u = static_cast<int>(warp) / wpg; u < groups; u += kMmaDownWarps / wpg) {
     const size_t le = static_cast<size_t>(L.expert[u] - a.expert0);
-    // The pair of step row g (the B column this lane gives) and of rows 2q, 2q + 1 (the C
-    // columns it holds) with this expert; -1: that row did not choose it.
-    int pb = -1, pc[2] = {-1, -1};
-    for (int j = 0; j < K; ++j) {
-      if (g < a.rows && L.uid[g * K + j] == u) pb = g * K + j;
+    // The pair of step row 8t + g (the B column this lane gives in tile t) and of rows
+    // 8t + 2q, 8t + 2q + 1 (the C columns it holds) with this expert; -1: that row did not
+    // choose it.
+    int pb[NT], pc[NT][2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (2 * q + r < a.rows && L.uid[(2 * q + r) * K + j] == u) pc[r] = (2 * q + r) * K + j;
+    for (int t = 0; t < NT; ++t) pb[t] = pc[t][0] = pc[t][1] = -1;
+    for (int j = 0; j < K; ++j) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int rg = 8 * t + g;
+        if (rg < a.rows && L.uid[rg * K + j] == u) pb[t] = rg * K + j;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int rc = 8 * t + 2 * q + r;
+          if (rc < a.rows && L.uid[rc * K + j] == u) pc[t][r] = rc * K + j;
+        }
+      }
     }
+    const __half* bx[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      bx[t] = pb[t] >= 0
+                  ? acth + static_cast<size_t>(pb[t]) * static_cast<size_t>(act_stride) + 8 * q
+                  : nullptr;
     const size_t rowa = le * static_cast<size_t>(H) + static_cast<size_t>(ra);
     const size_t rowb = le * static_cast<size_t>(H) + static_cast<size_t>(rb);
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-    mx4_tile_mma(mx4_row(M, rowa) + 4 * q, mx4_row(M, rowb) + 4 * q, mx4_scale_row(M, rowa),
-                 mx4_scale_row(M, rowb),
-                 pb >= 0 ? acth + static_cast<size_t>(pb) * static_cast<size_t>(act_stride) + 8 * q
-                         : nullptr,
-                 slice * nb / wpg, (slice + 1) * nb / wpg, part);
+    float part[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.f;
+    mx4_tile_mma<NT>(mx4_row(M, rowa) + 4 * q, mx4_row(M, rowb) + 4 * q, mx4_scale_row(M, rowa),
+                     mx4_scale_row(M, rowb), bx, slice * nb / wpg, (slice + 1) * nb / wpg, part);
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (pc[t][r] < 0) continue;
+        const float wt = a.weights[pc[t][r]];
+        float ya = part[t][r] * kMxfp4Fp16Unscale, yb = part[t][2 + r] * kMxfp4Fp16Unscale;
+        // gpt-oss: the expert's down bias, before the router's weight (once: slice 0's).
+        if (a.down_bias && slice == 0) {
+          ya += down_bias_at(a, le, static_cast<size_t>(ra));
+          yb += down_bias_at(a, le, static_cast<size_t>(rb));
+        }
+        acc[t][r] += wt * ya;
+        acc[t][2 + r] += wt * yb;
+      }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (pc[r] < 0) continue;
-      const float wt = a.weights[pc[r]];
-      float ya = part[r] * kMxfp4Fp16Unscale, yb = part[2 + r] * kMxfp4Fp16Unscale;
-      // gpt-oss: the expert's down bias, before the router's weight (once: slice 0's).
-      if (a.down_bias && slice == 0) {
-        ya += down_bias_at(a, le, static_cast<size_t>(ra));
-        yb += down_bias_at(a, le, static_cast<size_t>(rb));
-      }
-      acc[r] += wt * ya;
-      acc[2 + r] += wt * yb;
+      red[warp][g][8 * t + 2 * q + r] = acc[t][r];
+      red[warp][g + 8][8 * t + 2 * q + r] = acc[t][2 + r];
     }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    red[warp][g][2 * q + r] = acc[r];
-    red[warp][g + 8][2 * q + r] = acc[2 + r];
-  }
   __syncthreads();
-  const int r = static_cast<int>(threadIdx.x) / kMoeDecodeMaxRows,
-            t = static_cast<int>(threadIdx.x) % kMoeDecodeMaxRows;
-  const int h = h0 + r;
-  if (r >= 16 || t >= a.rows || h >= H) return;
-  float sum = 0.f;
-#pragma unroll
-  for (int w = 0; w < kMmaDownWarps; ++w) sum += red[w][r][t];
   bf16* out = static_cast<bf16*>(a.out);
-  const size_t at = static_cast<size_t>(t) * static_cast<size_t>(H) + static_cast<size_t>(h);
-  const float prior = a.accumulate ? __bfloat162float(out[at]) : 0.f;
-  out[at] = __float2bfloat16_rn(prior + sum);
+  for (int k = static_cast<int>(threadIdx.x); k < 16 * a.rows; k += blockDim.x) {
+    const int r = k / a.rows, t = k % a.rows, h = h0 + r;
+    if (h >= H) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaDownWarps; ++w) sum += red[w][r][t];
+    const size_t at = static_cast<size_t>(t) * static_cast<size_t>(H) + static_cast<size_t>(h);
+    const float prior = a.accumulate ? __bfloat162float(out[at]) : 0.f;
+    out[at] = __float2bfloat16_rn(prior + sum);
+  }
 }
 
 // ---- grouped form ----------------------------------------------------------------------
@@ -1500,27 +1570,39 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   // were; moe_experts_check refuses FP8 beside MXFP4).
   const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
   const int kind = a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
-  const bool decode = a.form == 1 || ((a.form == 0 || a.form == 3) && a.rows <= kMoeDecodeMaxRows);
-  // Form 3: gpt-oss's MXFP4 experts at decode on the tensor-core kernels (their act is fp16,
-  // exact for the clamped activation's range); slower than the fp32 kernels below at batch 1
-  // on an H100 so far, so not the default.
-  if (decode && kind == kWMx4 && a.form == 3 && a.shared_inter == 0 && a.swiglu_limit > 0.f &&
+  const bool decode = a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows);
+  // gpt-oss's MXFP4 experts on the tensor-core decode kernels (their act is fp16, exact for the
+  // clamped activation's range) from two rows up to kMmaMaxRows: their cost stays nearly flat
+  // in the rows while the fp32 kernels' grows (8 streams of gpt-oss-20b on an H100: 1027
+  // against 521 tokens/s), and past 8 rows they replace the grouped form's tiles (32 streams:
+  // 1468 against 1255); at one row the fp32 kernels below are faster (421 against 392). Form 3
+  // takes them at every row count up to kMmaMaxRows, form 4 never (nor form 1, the fp32 decode
+  // form, or 2, grouped).
+  const bool mma_rows = (a.form == 3 || (a.form == 0 && a.rows >= 2)) && a.rows <= kMmaMaxRows &&
+                        a.rows * a.top_k <= kDecMaxPairs;
+  if (kind == kWMx4 && mma_rows && a.shared_inter == 0 && a.swiglu_limit > 0.f &&
       a.swiglu_limit < 128.f) {
     const GroupedWs w = grouped_ws(a);
     const unsigned distinct = static_cast<unsigned>(std::min(a.rows * a.top_k, a.experts));
-    const size_t smem =
-        static_cast<size_t>(a.rows) * static_cast<size_t>(mma_xs_ld(a.hidden)) * sizeof(__half);
-    // Past 48 KiB in all (its static arrays take under 8 KiB) the kernel's limit is raised.
-    SPARK_TRY(detail::prepare_launch(moe_mx4_gate_up_mma, "moe_mx4_gate_up_mma", kMmaWarps * 32,
-                                     smem + 8 * 1024));
+    const size_t smem = static_cast<size_t>(std::min(a.rows, kMmaPassRows)) *
+                        static_cast<size_t>(mma_xs_ld(a.hidden)) * sizeof(__half);
+    // Past 48 KiB in all (its static arrays take under 16 KiB) the kernel's limit is raised.
+    auto gate_up = a.rows <= 8 ? moe_mx4_gate_up_mma<1> : moe_mx4_gate_up_mma<2>;
+    SPARK_TRY(
+        detail::prepare_launch(gate_up, "moe_mx4_gate_up_mma", kMmaWarps * 32, smem + 16 * 1024));
     if (distinct > 0) {
       const dim3 grid(static_cast<unsigned>((a.inter + 8 * kMmaTiles - 1) / (8 * kMmaTiles)),
                       distinct);
-      SPARK_CUDA_TRY(dev::launch(moe_mx4_gate_up_mma, grid, dim3(kMmaWarps * 32), smem, st, a,
-                                 w.act, w.act_stride));
+      SPARK_CUDA_TRY(
+          dev::launch(gate_up, grid, dim3(kMmaWarps * 32), smem, st, a, w.act, w.act_stride));
       SPARK_CUDA_LAUNCHED("moe_mx4_gate_up_mma");
     }
-    SPARK_CUDA_TRY(dev::launch(moe_mx4_down_mma, dim3(static_cast<unsigned>((a.hidden + 15) / 16)),
+    const int tiles = (a.rows + 7) / 8;
+    auto down = tiles <= 1   ? moe_mx4_down_mma<1>
+                : tiles == 2 ? moe_mx4_down_mma<2>
+                : tiles == 3 ? moe_mx4_down_mma<3>
+                             : moe_mx4_down_mma<4>;
+    SPARK_CUDA_TRY(dev::launch(down, dim3(static_cast<unsigned>((a.hidden + 15) / 16)),
                                dim3(kMmaDownWarps * 32), 0, st, a, static_cast<const bf16*>(w.act),
                                w.act_stride));
     SPARK_CUDA_LAUNCHED("moe_mx4_down_mma");

@@ -291,7 +291,7 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
                     a.hidden, a.inter, a.shared_inter));
   if (a.experts < 0 || a.expert0 < 0)
     return bad(fmt::format("experts [{}, +{}) out of range", a.expert0, a.experts));
-  if (a.form < 0 || a.form > 3) return bad(fmt::format("form {} is not 0 to 3", a.form));
+  if (a.form < 0 || a.form > 4) return bad(fmt::format("form {} is not 0 to 4", a.form));
   if (a.form == 1 && a.rows > kMoeDecodeMaxRows)
     return bad(
         fmt::format("the decode form takes at most {} rows, not {}", kMoeDecodeMaxRows, a.rows));

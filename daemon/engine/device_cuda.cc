@@ -130,18 +130,22 @@ class CudaDevice final : public Device {
     }
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
-    // the decode form up to 8 rows; decode-mma is auto with gpt-oss's MXFP4 experts at
-    // decode on the tensor-core kernels instead of the fp32 ones.
+    // the decode form up to 8 rows, with gpt-oss's MXFP4 experts on the fp32 kernels at one
+    // row and the tensor-core kernels from two; decode-mma takes the tensor-core kernels at
+    // every decode row count, decode-fp32 the fp32 ones.
     int moe_form = 0;
     if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
       if (std::string_view(v) == "grouped")
         moe_form = 2;
       else if (std::string_view(v) == "decode-mma")
         moe_form = 3;
+      else if (std::string_view(v) == "decode-fp32")
+        moe_form = 4;
       else if (std::string_view(v) != "auto")
-        return make_error(
-            Errc::config,
-            fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto, grouped or decode-mma", v));
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto, grouped, decode-mma "
+                                      "or decode-fp32",
+                                      v));
     }
     // SPARK_CUDA_MLA_SCALAR=1 runs latent attention's scalar fp32 kernel where the tensor-core
     // one would run (a bf16 cache at DeepSeek-V3's widths), to compare the two or rule it out.
@@ -1334,7 +1338,7 @@ class CudaDevice final : public Device {
   MetaLayout meta_;
   Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
   Buffer mla_ws_;            // latent attention's latent queries and partials
-  int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 automatic, 2 grouped, 3 decode-mma
+  int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 auto, 2 grouped, 3 decode-mma, 4 decode-fp32
   bool mla_scalar_ = false;  // SPARK_CUDA_MLA_SCALAR: latent attention's scalar kernel only
   int meta_turn_ = 0;
   std::vector<float> widen_;

@@ -245,8 +245,8 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
     }
     unsetenv(var);
   }
-  // The experts' form: auto, grouped or decode-mma; a misspelling is an error.
-  for (const char* value : {"decode", "mma", ""}) {
+  // The experts' form: auto, grouped, decode-mma or decode-fp32; a misspelling is an error.
+  for (const char* value : {"decode", "mma", "fp32", ""}) {
     CAPTURE(value);
     setenv("SPARK_CUDA_MOE_FORM", value, 1);
     auto wrong = select_device("auto", 0, &why);
@@ -255,7 +255,7 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
           std::string::npos);
   }
   // Each spelled value is taken (with or without a GPU: auto falls back to the CPU).
-  for (const char* value : {"auto", "grouped", "decode-mma"}) {
+  for (const char* value : {"auto", "grouped", "decode-mma", "decode-fp32"}) {
     CAPTURE(value);
     setenv("SPARK_CUDA_MOE_FORM", value, 1);
     auto fine = select_device("auto", 0, &why);

@@ -517,7 +517,8 @@ struct Mx4ExpertsCase {
 
 // Runs one case with MXFP4 experts through `form` (1 decode, 2 grouped, 3 decode on the
 // tensor cores where it applies) against the twin over the same packed weights.
-void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
+void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form,
+                       std::vector<uint8_t>* workspace = nullptr) {
   CAPTURE(c.rows);
   CAPTURE(c.top_k);
   CAPTURE(c.hidden);
@@ -574,8 +575,8 @@ void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
   auto dw = DeviceBuf<float>::from(w);
   const size_t ws_bytes =
       moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
-  auto dws = DeviceMemory::allocate(ws_bytes);
-  REQUIRE(dws.ok());
+  // Zeroed: the kernels' workspace after the call tells which of them ran (the tests below).
+  auto dws = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(ws_bytes, 0));
   MoeExpertsArgs g = h;
   g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.out = dout.get();
   g.gate_up_mx4.blocks = dgu.get(), g.gate_up_mx4.scales = dgus.get();
@@ -583,11 +584,12 @@ void check_mx4_experts(std::mt19937& rng, const Mx4ExpertsCase& c, int form) {
   g.shared_gate_up = S ? dsgu.get() : nullptr, g.shared_down = S ? dsdn.get() : nullptr;
   g.gate_up_bias = c.gptoss ? dgub.get() : nullptr;
   g.down_bias = c.gptoss ? ddb.get() : nullptr;
-  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  g.workspace = dws.get(), g.workspace_bytes = ws_bytes, g.form = form;
   auto s = moe_experts_cuda_device(g, nullptr);
   REQUIRE_MESSAGE(s.ok(), s.message());
   REQUIRE(cuda_synchronize().ok());
   auto got = from_dev(dout);
+  if (workspace) *workspace = dws.host();
   std::vector<double> row_mean(R, 0.0);
   for (size_t r = 0; r < R; ++r) {
     for (size_t i = 0; i < H; ++i)
@@ -632,6 +634,57 @@ TEST_CASE("gpu moe: MXFP4 experts, the decode form against the twin over the pac
       check_mx4_experts(rng, c, 1);
       check_mx4_experts(rng, c, 3);
     }
+}
+
+// The tensor-core decode kernels past 8 rows (up to 32: column tiles of 8; gate/up stages 16
+// rows of x at a time, so an expert chosen by more rows takes a second pass): form 3 and the
+// automatic form against the twin.
+TEST_CASE("gpu moe: MXFP4 experts, the tensor-core decode kernels up to 32 rows") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe mxfp4 experts mma rows"));
+  const Mx4ExpertsCase cases[] = {
+      {12, 4, 2880, 1440, 32, 0, 32, 0, true, true},  // gpt-oss's widths, two column tiles
+      {17, 4, 256, 96, 16, 4, 8, 0, false, true},     // three tiles, a rank's experts
+      {24, 4, 320, 96, 8, 0, 8, 0, true, true},       // every expert chosen by ~12 rows
+      {32, 4, 512, 256, 8, 0, 8, 0, false, true},     // ~16 rows an expert: two passes
+      {32, 4, 2880, 256, 32, 8, 16, 0, true, true},   // four tiles, gpt-oss's hidden
+  };
+  for (const auto& c : cases) {
+    check_mx4_experts(rng, c, 3);
+    check_mx4_experts(rng, c, 0);
+  }
+}
+
+// The automatic form (0) takes the fp32 kernels at one row and the tensor-core kernels from
+// two rows up to 32 (past 8 rows instead of the grouped form). Which kernels ran shows in the
+// workspace they leave (the fp32 kernels' activations are bf16, the tensor-core kernels'
+// fp16 in the mma's column order; the grouped form also sorts the rows there), not in the
+// output, whose bf16 rounding can hide the kernels' different fp32 summation orders.
+TEST_CASE("gpu moe: MXFP4 experts, the automatic form: fp32 kernels at one row, mma from two") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe mxfp4 experts automatic form"));
+  const Mx4ExpertsCase cases[] = {
+      {1, 4, 2880, 1440, 32, 0, 32, 0, true, true},   // gpt-oss, batch 1
+      {2, 4, 320, 96, 8, 0, 8, 0, false, true},       // two rows
+      {5, 4, 256, 96, 16, 4, 8, 0, false, true},      // five rows, a rank's experts
+      {8, 4, 2880, 1440, 16, 0, 16, 0, false, true},  // 8 rows
+      {20, 4, 256, 96, 8, 0, 8, 0, true, true},       // 20 rows: not the grouped form
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.rows);
+    std::vector<uint8_t> other, mma, automatic;
+    const std::mt19937 start = rng;  // the same weights and rows for each form
+    std::mt19937 r1 = start, r3 = start, r0 = start;
+    check_mx4_experts(r1, c, c.rows <= kMoeDecodeMaxRows ? 1 : 2, &other);
+    check_mx4_experts(r3, c, 3, &mma);
+    check_mx4_experts(r0, c, 0, &automatic);
+    rng = r0;
+    REQUIRE(other != mma);
+    if (c.rows == 1)
+      CHECK(automatic == other);
+    else
+      CHECK(automatic == mma);
+  }
 }
 
 TEST_CASE("gpu moe: MXFP4 experts, the grouped form against the twin over the packed weights") {

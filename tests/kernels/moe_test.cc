@@ -243,6 +243,18 @@ TEST_CASE("moe experts check: bad FP8 fields are refused, naming the field") {
     b.gate_up_fp8.scale_ld = 1;  // hidden 200 needs 2 blocks
     refused(b, "gate_up_fp8.scale_ld");
   }
+  // Forms 0 to 4 (4: automatic with the fp32 MXFP4 decode kernels); the decode form (1) at
+  // most kMoeDecodeMaxRows rows.
+  for (int form : {0, 1, 2, 3, 4}) {
+    auto b = a;
+    b.form = form;
+    CHECK_MESSAGE(moe_experts_check(b).ok(), form);
+  }
+  {
+    auto b = a;
+    b.form = 5;
+    refused(b, "form 5");
+  }
   {
     auto b = a;
     b.down_fp8.row_shift = 3;
