@@ -14,9 +14,12 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/http_client.h"
 #include "core/strings.h"
@@ -886,25 +889,36 @@ TEST_CASE("e2e api: a client that disconnects mid-request frees its slot at once
   CHECK(m.find("sparkd_time_to_first_token_seconds_count ") != std::string::npos);
 }
 
-TEST_CASE("e2e api: the official OpenAI Node client against sparkd") {
-  std::string dir = std::string(SPARK_SOURCE_DIR) + "/tests/e2e/openai_client";
+namespace {
+// Runs tests/e2e/openai_client/client_test.js (the official OpenAI Node client) against the
+// server with the extra arguments; empty (after printing why) when node or the client
+// package is not installed, which skips the calling test.
+std::optional<std::pair<int, std::string>> run_openai_client(const Server& s,
+                                                             std::vector<std::string> args) {
+  const std::string dir = std::string(SPARK_SOURCE_DIR) + "/tests/e2e/openai_client";
   if (std::system("command -v node >/dev/null 2>&1") != 0) {
     MESSAGE("SKIP: node is not installed");
     std::puts("SKIP: node is not installed");
-    return;
+    return std::nullopt;
   }
   if (!std::filesystem::exists(dir + "/node_modules/openai")) {
     MESSAGE("SKIP: the openai npm package is not installed (cd " << dir << " && npm ci)");
     std::puts("SKIP: the openai npm package is not installed (npm ci in tests/e2e/openai_client)");
-    return;
+    return std::nullopt;
   }
-  auto& s = server();
-  auto [st, out] = test::run_capture({"/usr/bin/env", "node", dir + "/client_test.js", "--base-url",
-                                      "http://127.0.0.1:" + std::to_string(s.port) + "/v1"},
-                                     {}, std::chrono::seconds(180));
-  INFO(out);
-  CHECK(st == 0);
-  CHECK(out.find("# all checks passed") != std::string::npos);
+  std::vector<std::string> cmd = {"/usr/bin/env", "node", dir + "/client_test.js", "--base-url",
+                                  "http://127.0.0.1:" + std::to_string(s.port) + "/v1"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  return test::run_capture(cmd, {}, std::chrono::seconds(180));
+}
+}  // namespace
+
+TEST_CASE("e2e api: the official OpenAI Node client against sparkd") {
+  auto r = run_openai_client(server(), {});
+  if (!r) return;
+  INFO(r->second);
+  CHECK(r->first == 0);
+  CHECK(r->second.find("# all checks passed") != std::string::npos);
 }
 
 TEST_CASE(
@@ -912,27 +926,13 @@ TEST_CASE(
   // The engine itself serves the gpt-oss demo model with the harmony template; the client's
   // checks (client_test.js --harmony-live) hold for any weights: one call that keeps to the
   // tool's schema, the same streamed, the tool round with the earlier reasoning served.
-  std::string dir = std::string(SPARK_SOURCE_DIR) + "/tests/e2e/openai_client";
-  if (std::system("command -v node >/dev/null 2>&1") != 0) {
-    MESSAGE("SKIP: node is not installed");
-    std::puts("SKIP: node is not installed");
-    return;
-  }
-  if (!std::filesystem::exists(dir + "/node_modules/openai")) {
-    MESSAGE("SKIP: the openai npm package is not installed (cd " << dir << " && npm ci)");
-    std::puts("SKIP: the openai npm package is not installed (npm ci in tests/e2e/openai_client)");
-    return;
-  }
-  auto& s = gptoss_server();
-  auto [st, out] =
-      test::run_capture({"/usr/bin/env", "node", dir + "/client_test.js", "--harmony-live",
-                         "--base-url", "http://127.0.0.1:" + std::to_string(s.port) + "/v1"},
-                        {}, std::chrono::seconds(180));
-  INFO(out);
-  CHECK(st == 0);
-  CHECK(out.find("ok   harmony live: the forced call is one tool call to get_weather") !=
+  auto r = run_openai_client(gptoss_server(), {"--harmony-live"});
+  if (!r) return;
+  INFO(r->second);
+  CHECK(r->first == 0);
+  CHECK(r->second.find("ok   harmony live: the forced call is one tool call to get_weather") !=
         std::string::npos);
-  CHECK(out.find("# all checks passed") != std::string::npos);
+  CHECK(r->second.find("# all checks passed") != std::string::npos);
 }
 
 TEST_CASE("e2e api: under the memory guard's cancel floor the newest request is cancelled (503)") {
