@@ -43,7 +43,7 @@ const std::vector<KeySpec>& ring_keys() {
       {"SLOTS", KeyType::integer, "4", nullptr, "Serving slots (concurrent sequences) per ring."},
       {"CONTEXT_LEN", KeyType::integer, "4096", nullptr, "Context length in tokens per slot."},
       {"PREFILL_CHUNK", KeyType::integer, "256", nullptr, "Tokens one engine step computes (at least SLOTS): every decoding request's next token, the rest shared evenly among prompts being prefilled, so a long prompt prefills in chunks between the others' tokens."},
-      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp16/fp8 are refused)."},
+      {"KV_DTYPE", KeyType::choice, "auto", "auto|bf16|fp16|fp8|fp32", "KV cache element type (native engine: auto = bf16 on a GPU, fp32 on the CPU; fp8 = e4m3, one byte a value on a GPU; fp16 is refused)."},
       {"DEVICE", KeyType::choice, "auto", "auto|cpu|cuda", "What the native engine computes on: auto = the GPU when one is usable, else the CPU (the reason is logged and shown in /health); a GPU this build has no kernels for fails the start instead."},
       {"WEIGHTS_PLACEMENT", KeyType::choice, "auto", "auto|device|host-mapped", "Where a GPU rank keeps its weights: device memory (device), or one page-locked host allocation the GPU reads in place, filled straight from the files (host-mapped: on unified memory the weights then exist once; on a discrete GPU reads cross the bus). auto = host-mapped on an integrated GPU (GB10), device elsewhere."},
       {"KV_LAYOUT", KeyType::choice, "auto", "auto|native|vllm", "Whose KV records plan and preflight size: ours (native), vLLM's, or auto (native with ENGINE=native, vllm with ENGINE=exec)."},

@@ -47,11 +47,11 @@ Result<engine::EngineOptions> engine_options_from(const RingConfig& cfg) {
   o.kv_cache_bytes =
       ~0ull;  // exactly SLOTS full contexts (num_blocks = slots * blocks per context)
   const std::string kv = cfg.get("KV_DTYPE");
-  if (kv != "auto" && kv != "fp32" && kv != "bf16")
+  if (kv != "auto" && kv != "fp32" && kv != "bf16" && kv != "fp8")
     return make_error(Errc::unsupported,
                       fmt::format("KV_DTYPE={} is not available in the native engine, which keeps "
-                                  "the KV cache in bf16 (GPU) or fp32 — set KV_DTYPE=auto, bf16 "
-                                  "or fp32",
+                                  "the KV cache in bf16 (GPU), fp32 or fp8 (e4m3) — set "
+                                  "KV_DTYPE=auto, bf16, fp8 or fp32",
                                   kv));
   o.kv_dtype = kv;
   o.kv_from_free_memory = true;  // on a GPU: at most what is free after the weights
@@ -295,6 +295,11 @@ class NativeBackend final : public Backend {
     s.fatal = r.fatal;
     s.reason = r.reason;
     if (rt_->engine()) {
+      // The KV cache as the engine keeps it (KV_DTYPE resolved: bf16, fp32 or fp8).
+      if (s.model_info.is_object())
+        s.model_info["kv_cache"] = {{"dtype", r.stats.kv_dtype},
+                                    {"block_size", r.stats.block_size},
+                                    {"blocks", r.stats.blocks_total}};
       s.slots_total = r.stats.slots;
       s.slots_busy = r.stats.running;
       s.requests_waiting = r.stats.waiting;

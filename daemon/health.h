@@ -77,7 +77,7 @@ struct HealthSnapshot {
   nlohmann::json fabric_ranks;  // rank 0: every rank's fabric self-test, in rank order
   std::string device;           // what computes on this rank
   std::string device_note;      // why DEVICE=auto chose the CPU
-  nlohmann::json model_info;    // what the engine serves (architecture, experts, split)
+  nlohmann::json model_info;    // what the engine serves (architecture, experts, split, KV cache)
 };
 
 /// The /health JSON body (schema in man/sparkd.8):

@@ -300,7 +300,7 @@ Status attention_decode_partitioned_cuda_device(const AttentionBatch& b, void* s
                   static_cast<unsigned>(b.kv.n_kv_heads * P.chunks),
                   static_cast<unsigned>(b.n_seqs));
   SPARK_TRY(cuda_check_launch("attention_decode", kWarps * 32, 0));
-  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, SPARK_TRY(launch_decode<C>(P, grid, st)));
+  SPARK_DISPATCH_KV(b.kv.dtype, C, SPARK_TRY(launch_decode<C>(P, grid, st)));
   if (P.splits > 1) {
     const size_t smem = (static_cast<size_t>(P.splits) + 33) * sizeof(float);
     SPARK_TRY(detail::prepare_launch(decode_reduce_kernel, "attention_decode (reduce)",

@@ -314,7 +314,16 @@ int attention_decode_short_bound(int n_seqs, int n_heads, int n_kv_heads, int he
   return attention_decode_short_max(head_dim, kv_dtype);
 }
 
+// Whether the kernel's 16-byte copies fit the cache's rows: every head of every row starts
+// on 16 bytes and is whole 16-byte pieces (bf16, fp32: head_dim % 8 == 0 does it; e4m3 rows
+// need head_dim % 16 == 0; otherwise split-K reads them).
+static bool short_rows_fit(const PagedKVDevice& kv) {
+  const size_t es = dtype_size(kv.dtype);
+  return (static_cast<size_t>(kv.head_dim) * es) % 16 == 0;
+}
+
 bool attention_decode_short_takes(const AttentionBatch& b) {
+  if (!short_rows_fit(b.kv)) return false;
   if (b.decode_variant == 3) return true;
   if (b.decode_variant != 0 || b.max_seq_len <= 0) return false;
   return b.max_seq_len <= attention_decode_short_bound(b.n_seqs, b.n_heads, b.kv.n_kv_heads,
@@ -333,6 +342,11 @@ Status attention_decode_short_cuda_device(const AttentionBatch& b, void* stream)
                                        std::to_string(b.kv.head_dim));
   if (b.n_seqs > 65535)
     return make_error(Errc::usage, "attention_decode: more than 65535 sequences in one batch");
+  if (!short_rows_fit(b.kv))
+    return make_error(Errc::usage, "attention_decode (short contexts): head_dim " +
+                                       std::to_string(b.kv.head_dim) + " of a " +
+                                       dtype_name(b.kv.dtype) +
+                                       " cache is not whole 16-byte pieces");
   ShortParams P{b, 0, 0, 0, 0, -1, 0.f, ShortSmem(16, 8, 2, 1)};
   P.group = b.n_heads / b.kv.n_kv_heads;
   P.chunks = (P.group + kGMax - 1) / kGMax;
@@ -348,8 +362,8 @@ Status attention_decode_short_cuda_device(const AttentionBatch& b, void* stream)
   P.qscale = b.scale * kLog2e;
   const int gmax = P.group < kGMax ? P.group : kGMax;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(b.n_seqs));
-  SPARK_DISPATCH_DTYPE(b.kv.dtype, C,
-                       SPARK_TRY(launch<C>(P, gmax, grid, static_cast<cudaStream_t>(stream))));
+  SPARK_DISPATCH_KV(b.kv.dtype, C,
+                    SPARK_TRY(launch<C>(P, gmax, grid, static_cast<cudaStream_t>(stream))));
   return Status::Ok();
 }
 

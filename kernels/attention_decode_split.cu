@@ -329,7 +329,7 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
   const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(P.cap),
                   static_cast<unsigned>(b.n_seqs));
   SPARK_TRY(cuda_check_launch("attention_decode", kThreads, 0));
-  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, SPARK_TRY(launch<C>(P, gmax, grid, st)));
+  SPARK_DISPATCH_KV(b.kv.dtype, C, SPARK_TRY(launch<C>(P, gmax, grid, st)));
   return Status::Ok();
 }
 

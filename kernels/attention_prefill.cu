@@ -43,11 +43,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Eight elements of an fp32 cache row as bf16 (a uint4); zeros where invalid.
+// Eight elements of an fp32 or e4m3 cache row as bf16 (a uint4); zeros where invalid. e4m3
+// values are bf16 values (3 mantissa bits, exponents within bf16's): exact.
 template <typename C>
-__device__ __forceinline__ uint4 load8_bf16(const C* p, bool valid);
-template <>
-__device__ __forceinline__ uint4 load8_bf16<float>(const float* p, bool valid) {
+__device__ __forceinline__ uint4 load8_bf16(const C* p, bool valid) {
   if (!valid) return make_uint4(0, 0, 0, 0);
   float f[8];
   dev::load8(p, f);
@@ -1013,8 +1012,8 @@ Status attention_prefill_cuda_device(const AttentionBatch& b, void* stream) {
                                    static_cast<unsigned long long>(b.kv.n_kv_heads) *
                                    static_cast<unsigned long long>(b.kv.head_dim / 8);
   if (b.prefill_variant == 1 || units == 0 || units >= (1ull << 32))
-    SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_v1<C>(b, st));
-  SPARK_DISPATCH_DTYPE(b.kv.dtype, C, return dispatch_prefill_tiled<C>(b, st));
+    SPARK_DISPATCH_KV(b.kv.dtype, C, return dispatch_prefill_v1<C>(b, st));
+  SPARK_DISPATCH_KV(b.kv.dtype, C, return dispatch_prefill_tiled<C>(b, st));
   return Status::Ok();
 }
 

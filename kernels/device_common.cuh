@@ -1,7 +1,9 @@
 #pragma once
-// For .cu files only: element loads/stores for the two storage types, warp reductions and
-// the DType dispatch the untyped entry points share.
+// For .cu files only: element loads/stores for the storage types (fp32, bf16, and e4m3 for
+// the KV cache), warp reductions and the DType dispatches the untyped entry points share.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,8 +22,18 @@ __device__ __forceinline__ float to_f(float v) {
 __device__ __forceinline__ float to_f(bf16 v) {
   return __bfloat162float(v);
 }
+// The KV cache's FP8 element: e4m3, one byte, widened exactly (through half, which holds
+// every e4m3 value) and stored with round-to-nearest-even, saturating at +-448.
+using e4m3 = __nv_fp8_e4m3;
+__device__ __forceinline__ float to_f(e4m3 v) {
+  return static_cast<float>(v);
+}
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ e4m3 from_f<e4m3>(float v) {
+  return e4m3(v);  // cvt.rn.satfinite: as fp8_e4m3_code (kernels/dtype.h)
+}
 template <>
 __device__ __forceinline__ float from_f<float>(float v) {
   return v;
@@ -217,6 +229,24 @@ __device__ __forceinline__ void load8(const float* p, float* f) {
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
+// 8 e4m3 bytes (value i in byte i) widened to float, exactly.
+__device__ __forceinline__ void e4m3x8_to_f(const uint2& u, float* f) {
+  const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * j)) & 0xffffu);
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[4 * i + 2 * j] = v.x;
+      f[4 * i + 2 * j + 1] = v.y;
+    }
+}
+/// Eight e4m3 elements as floats from an 8-byte aligned address.
+__device__ __forceinline__ void load8(const e4m3* p, float* f) {
+  e4m3x8_to_f(*reinterpret_cast<const uint2*>(p), f);
+}
+
 // Eight cache elements as loaded (16 bytes of bf16, or 32 of fp32), widened on use: the
 // paged-attention kernels issue several rows' loads before they use the first.
 template <typename C>
@@ -229,6 +259,19 @@ template <>
 struct Raw8<float> {
   float4 a, b;
 };
+template <>
+struct Raw8<e4m3> {
+  uint2 v;
+};
+__device__ __forceinline__ void load_raw(const e4m3* p, Raw8<e4m3>& r) {
+  r.v = __ldg(reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ void zero_raw(Raw8<e4m3>& r) {
+  r.v = make_uint2(0, 0);
+}
+__device__ __forceinline__ void to_floats(const Raw8<e4m3>& r, float* f) {
+  e4m3x8_to_f(r.v, f);
+}
 __device__ __forceinline__ void load_raw(const bf16* p, Raw8<bf16>& r) {
   r.v = __ldg(reinterpret_cast<const uint4*>(p));
 }
@@ -255,6 +298,16 @@ __device__ __forceinline__ void to_floats(const Raw8<float>& r, float* f) {
   f[4] = r.b.x, f[5] = r.b.y, f[6] = r.b.z, f[7] = r.b.w;
 }
 
+/// Stores `v` as element `at` of a KV cache pool of type `dt` (f32, bf16 or e4m3).
+__device__ __forceinline__ void store_cache(void* pool, DType dt, size_t at, float v) {
+  if (dt == DType::bf16)
+    static_cast<bf16*>(pool)[at] = from_f<bf16>(v);
+  else if (dt == DType::e4m3)
+    static_cast<e4m3*>(pool)[at] = from_f<e4m3>(v);
+  else
+    static_cast<float*>(pool)[at] = v;
+}
+
 }  // namespace spark::kernels::dev
 
 /// Calls `body` with `T` bound to float or __nv_bfloat16 as `dt` says.
@@ -267,4 +320,16 @@ __device__ __forceinline__ void to_floats(const Raw8<float>& r, float* f) {
       using T = float;                           \
       __VA_ARGS__;                               \
     }                                            \
+  } while (0)
+
+/// Calls `body` with `C` bound to float, __nv_bfloat16 or __nv_fp8_e4m3 as the KV cache
+/// type `dt` says (the attention kernels and the KV writes; activations use the above).
+#define SPARK_DISPATCH_KV(dt, C, ...)                   \
+  do {                                                  \
+    if ((dt) == ::spark::kernels::DType::e4m3) {        \
+      using C = ::spark::kernels::dev::e4m3;            \
+      __VA_ARGS__;                                      \
+    } else {                                            \
+      SPARK_DISPATCH_DTYPE(dt, C, __VA_ARGS__);         \
+    }                                                   \
   } while (0)

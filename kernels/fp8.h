@@ -28,12 +28,9 @@ inline constexpr int kFp8BlockK = 128;
 /// Most rows the decode kernel takes.
 inline constexpr size_t kFp8GemvMaxRows = 8;
 
-/// The e4m3 value of byte `v` (NaN for 0x7f and 0xff).
-float fp8_e4m3_value(uint8_t v);
-
 /// An FP8 weight [n][k] in device (or, for the twins, host) memory.
 struct Fp8Weight {
-  const uint8_t* q = nullptr;     // [n][k] e4m3, row stride ldq bytes
+  const uint8_t* q = nullptr;  // [n][k] e4m3, row stride ldq bytes
   size_t ldq = 0;
   const float* scales = nullptr;  // [(n - 1 >> row_shift) + 1][scale_ld]
   size_t scale_ld = 0;            // >= ceil(k / 128)
@@ -55,24 +52,35 @@ struct Fp8MatmulArgs {
   // row n + i) and out[m][i] = silu(g) * u, g and u rounded to out_dtype first (what the
   // product into a [gate | up] buffer followed by swiglu gives). Not with accumulate.
   bool swiglu = false;
+  // The product's input is RMSNorm of a, row by row, times norm_w ([k] bf16, 16-byte
+  // aligned): out = rsqrt(mean_k(a^2) + norm_eps) * sum_k w[n][k] * a[k] * norm_w[k], in
+  // fp32 with nothing rounded before the output (as MatmulArgs::norm_w for bf16 weights).
+  const void* norm_w = nullptr;
+  float norm_eps = 0.f;
 };
 
+/// The most products fp8_gemv_group_cuda_device takes in one launch.
+inline constexpr size_t kFp8GemvMaxGroup = 3;
+
 /// Checks Fp8MatmulArgs (non-null pointers, strides >= widths, k a multiple of 16, 16-byte
-/// aligned rows of a and q, scale_ld >= ceil(k / 128), row_shift 0 or 7).
+/// aligned rows of a and q and norm_w, scale_ld >= ceil(k / 128), row_shift 0 or 7).
 Status fp8_matmul_check(const Fp8MatmulArgs& a);
 
 /// The decode product (m <= kFp8GemvMaxRows) on `stream`.
 Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream);
+/// Up to kFp8GemvMaxGroup decode products over the same input (a, lda, m, k and the norm
+/// equal; no swiglu) in one launch: the q, k and v projections of a step.
+Status fp8_gemv_group_cuda_device(const Fp8MatmulArgs* parts, int n, void* stream);
 
 /// out[n][k] (bf16, row stride ldo) = the dequantized weight rows [row0, row0 + rows) of
 /// `w` (k columns), rounded to bf16: the prefill's operand.
-Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k,
-                                  void* out, size_t ldo, void* stream);
+Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k, void* out,
+                                  size_t ldo, void* stream);
 
 /// Checks fp8_dequantize_cuda_device's arguments (k > 0, non-null pointers, w.ldq and
 /// ldo >= k, scale_ld >= ceil(k / 128), row_shift 0 or 7).
-Status fp8_dequantize_check(const Fp8Weight& w, size_t row0, size_t rows, size_t k,
-                            const void* out, size_t ldo);
+Status fp8_dequantize_check(const Fp8Weight& w, size_t row0, size_t rows, size_t k, const void* out,
+                            size_t ldo);
 
 /// The twin of fp8_gemv_cuda_device on host memory (a and bias bf16 as uint16_t, out of
 /// out_dtype): in double over exactly widened weights, rounded as the device rounds.

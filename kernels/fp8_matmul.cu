@@ -78,10 +78,14 @@ __device__ __forceinline__ void store_swiglu(const Fp8MatmulArgs& p, size_t m, s
     static_cast<float*>(p.out)[off] = y;
 }
 
+// Block `block` of one product of a group. With p.norm_w the product runs over RMSNorm(A) *
+// norm_w: each lane multiplies its A values by norm_w's and sums their squares as it goes (a
+// warp covers the whole row, so after the shuffles every lane holds the row's sum) and the
+// sums are scaled by 1 / rms at the end; a uniform branch, so the plain loop is unchanged.
 template <int M, int R, int U, int NW>
-__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) {
+__device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t block) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const size_t u0 = (blockIdx.x * size_t{kWarps} + static_cast<size_t>(warp)) * R;
+  const size_t u0 = (block * kWarps + static_cast<size_t>(warp)) * R;
   const uint4* wrow[R][NW];
   const float* srow[R][NW];
   bool ok[R];
@@ -128,6 +132,11 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
         }
     }
   };
+  const uint4* nrow = static_cast<const uint4*>(p.norm_w);
+  const bool norm = nrow != nullptr;
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ss[m] = 0.f;
   load_w(0);
   dev::pdl_wait();
   for (size_t s0 = 0;;) {
@@ -140,6 +149,11 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int j = 0; j < NW; ++j) e4m3x16_to_f(wv[u][r][j], wf[r][j]);
+      float nf[16];
+      if (norm) {
+        dev::bf16x8_to_f(in ? __ldg(nrow + 2 * i) : zero, nf);
+        dev::bf16x8_to_f(in ? __ldg(nrow + 2 * i + 1) : zero, nf + 8);
+      }
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const uint4 a0 = in ? __ldg(arow[m] + 2 * i) : zero;
@@ -147,6 +161,13 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
         float af[16];
         dev::bf16x8_to_f(a0, af);
         dev::bf16x8_to_f(a1, af + 8);
+        if (norm) {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) {
+            ss[m] = fmaf(af[e], af[e], ss[m]);
+            af[e] *= nf[e];
+          }
+        }
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -169,6 +190,16 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
     for (int j = 0; j < NW; ++j)
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][j][m] = dev::warp_sum(acc[r][j][m]);
+  if (norm) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float inv = rsqrtf(dev::warp_sum(ss[m]) / static_cast<float>(p.k) + p.norm_eps);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j) acc[r][j][m] *= inv;
+    }
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -181,20 +212,44 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8MatmulArgs p) 
     }
 }
 
+// Up to three products over the same A in one launch (the q, k and v projections of a decode
+// step): their blocks in order, each block one product's (a uniform branch); a single product
+// is a group of one.
+struct Fp8Group {
+  Fp8MatmulArgs part[kFp8GemvMaxGroup];
+  unsigned first_block[kFp8GemvMaxGroup];
+  int n;
+};
+
+template <int M, int R, int U, int NW>
+__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8Group g) {
+  const unsigned b = blockIdx.x;
+  if (g.n > 2 && b >= g.first_block[2])
+    fp8_gemv_block<M, R, U, NW>(g.part[2], b - g.first_block[2]);
+  else if (g.n > 1 && b >= g.first_block[1])
+    fp8_gemv_block<M, R, U, NW>(g.part[1], b - g.first_block[1]);
+  else
+    fp8_gemv_block<M, R, U, NW>(g.part[0], b);
+}
+
 // Plain products: two output columns a warp with four steps of each row in flight per lane,
 // or, where that would leave fewer than two blocks a multiprocessor (1024 rows: 64 blocks on
-// 132), one column with eight steps at one row of A (four from two rows on); with swiglu one
-// [gate | up] pair with four steps of each. A's 16 values loaded once feed every weight row
-// of the warp.
+// 132) and always at one row of A, one column with eight steps at one row of A (four from
+// two rows on); with swiglu one [gate | up] pair with four steps of each. A's 16 values loaded once
+// feed every weight row of the warp.
 template <int M>
-Status launch_gemv(const Fp8MatmulArgs& p, bool one_row, cudaStream_t st) {
+Status launch_gemv(Fp8Group g, bool one_row, cudaStream_t st) {
   auto go = [&](auto kernel, size_t units_per_block) -> Status {
-    const size_t grid = (p.n + units_per_block - 1) / units_per_block;
+    size_t grid = 0;
+    for (int i = 0; i < g.n; ++i) {
+      g.first_block[i] = static_cast<unsigned>(grid);
+      grid += (g.part[i].n + units_per_block - 1) / units_per_block;
+    }
     SPARK_CUDA_TRY(
-        dev::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), 0, st, p));
+        dev::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), 0, st, g));
     return Status::Ok();
   };
-  if (p.swiglu) return go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
+  if (g.part[0].swiglu) return go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
   // (From two rows on, eight steps in flight take 170-190 registers at sm_90, one block a
   // multiprocessor; four take about 130.)
   if (one_row) return go(fp8_gemv_kernel < M, 1, M == 1 ? 8 : 4, 1 >, kWarps);
@@ -238,7 +293,28 @@ __global__ void fp8_dequantize_kernel(Fp8Weight w, size_t row0, size_t rows, siz
 }  // namespace
 
 Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream) {
-  SPARK_TRY(fp8_matmul_check(a));
+  return fp8_gemv_group_cuda_device(&a, 1, stream);
+}
+
+Status fp8_gemv_group_cuda_device(const Fp8MatmulArgs* parts, int n, void* stream) {
+  if (n < 1 || n > static_cast<int>(kFp8GemvMaxGroup))
+    return make_error(Errc::usage, "fp8 matmul: a group of " + std::to_string(n) +
+                                       " products (1 to " + std::to_string(kFp8GemvMaxGroup) + ")");
+  const Fp8MatmulArgs& a = parts[0];
+  size_t units = 0;
+  Fp8Group g{};
+  g.n = n;
+  for (int i = 0; i < n; ++i) {
+    const Fp8MatmulArgs& p = parts[i];
+    SPARK_TRY(fp8_matmul_check(p));
+    if (i > 0 && (p.a != a.a || p.lda != a.lda || p.m != a.m || p.k != a.k ||
+                  p.norm_w != a.norm_w || p.norm_eps != a.norm_eps || p.swiglu || a.swiglu))
+      return make_error(Errc::usage,
+                        "fp8 matmul: a group's products share a, lda, m, k and the norm, and "
+                        "none is a swiglu product");
+    units += p.n;
+    g.part[i] = p;
+  }
   if (a.m > kFp8GemvMaxRows)
     return make_error(Errc::usage, "fp8 matmul: the decode kernel takes at most " +
                                        std::to_string(kFp8GemvMaxRows) + " rows, not " +
@@ -246,31 +322,33 @@ Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream) {
                                        " (dequantize and use the bf16 product)");
   if (a.m == 0) return Status::Ok();
   const size_t units_per_block = a.swiglu ? kWarps : 2 * kWarps;
-  if ((a.n + units_per_block - 1) / units_per_block > 0x7fffffffu)
-    return make_error(Errc::usage, "fp8 matmul: n " + std::to_string(a.n) + " too large");
+  if ((units + units_per_block - 1) / units_per_block + n > 0x7fffffffu)
+    return make_error(Errc::usage, "fp8 matmul: n " + std::to_string(units) + " too large");
   SPARK_TRY(cuda_check_launch("fp8_gemv", kWarps * 32, 0));
   auto lim = cuda_device_limits(-1);
   SPARK_TRY(lim.status());
+  // One row of A: always one output column a warp with eight steps in flight (128
+  // registers, two blocks a multiprocessor; the two-column form's 145 leave one).
   const bool one_row =
-      (a.n + 2 * kWarps - 1) / (2 * kWarps) < 2 * static_cast<size_t>(lim->sm_count);
+      a.m == 1 || (units + 2 * kWarps - 1) / (2 * kWarps) < 2 * static_cast<size_t>(lim->sm_count);
   auto st = static_cast<cudaStream_t>(stream);
   switch (a.m) {
     case 1:
-      return launch_gemv<1>(a, one_row, st);
+      return launch_gemv<1>(g, one_row, st);
     case 2:
-      return launch_gemv<2>(a, one_row, st);
+      return launch_gemv<2>(g, one_row, st);
     case 3:
-      return launch_gemv<3>(a, one_row, st);
+      return launch_gemv<3>(g, one_row, st);
     case 4:
-      return launch_gemv<4>(a, one_row, st);
+      return launch_gemv<4>(g, one_row, st);
     case 5:
-      return launch_gemv<5>(a, one_row, st);
+      return launch_gemv<5>(g, one_row, st);
     case 6:
-      return launch_gemv<6>(a, one_row, st);
+      return launch_gemv<6>(g, one_row, st);
     case 7:
-      return launch_gemv<7>(a, one_row, st);
+      return launch_gemv<7>(g, one_row, st);
     default:
-      return launch_gemv<8>(a, one_row, st);
+      return launch_gemv<8>(g, one_row, st);
   }
 }
 

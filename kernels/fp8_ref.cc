@@ -11,18 +11,6 @@
 
 namespace spark::kernels {
 
-float fp8_e4m3_value(uint8_t v) {
-  const int e = (v >> 3) & 0xf, mant = v & 0x7;
-  float x;
-  if (e == 0xf && mant == 0x7)
-    x = std::numeric_limits<float>::quiet_NaN();
-  else if (e == 0)
-    x = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant/8 x 2^-6
-  else
-    x = std::ldexp(static_cast<float>(8 + mant), e - 10);  // (1 + mant/8) x 2^(e-7)
-  return (v & 0x80) ? -x : x;
-}
-
 namespace {
 
 bool aligned16(const void* p) {
@@ -52,9 +40,14 @@ double weight_at(const Fp8Weight& w, size_t row, size_t col) {
 
 double product(const Fp8MatmulArgs& p, size_t i, size_t row) {
   const uint16_t* a = static_cast<const uint16_t*>(p.a) + i * p.lda;
-  double acc = 0;
-  for (size_t t = 0; t < p.k; ++t)
-    acc += static_cast<double>(bf16_to_float(a[t])) * weight_at(p.w, row, t);
+  const uint16_t* nw = static_cast<const uint16_t*>(p.norm_w);
+  double acc = 0, ss = 0;
+  for (size_t t = 0; t < p.k; ++t) {
+    const double x = bf16_to_float(a[t]);
+    ss += x * x;
+    acc += x * (nw ? bf16_to_float(nw[t]) : 1.0) * weight_at(p.w, row, t);
+  }
+  if (nw) acc /= std::sqrt(ss / static_cast<double>(p.k) + static_cast<double>(p.norm_eps));
   return acc;
 }
 
@@ -96,6 +89,7 @@ Status fp8_matmul_check(const Fp8MatmulArgs& a) {
   if (!aligned16(a.a) || a.lda % 8 != 0)
     return bad(
         fmt::format("a's rows must start on 16 bytes (a aligned, lda {} a multiple of 8)", a.lda));
+  if (a.norm_w && !aligned16(a.norm_w)) return bad("norm_w must start on 16 bytes");
   if (!aligned16(a.w.q) || a.w.ldq % 16 != 0)
     return bad(fmt::format(
         "w.q's rows must start on 16 bytes (w.q aligned, w.ldq {} a multiple of 16)", a.w.ldq));

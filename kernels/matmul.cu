@@ -122,13 +122,8 @@ __device__ __forceinline__ void store_rope_t(const MatmulArgs& p, const RopeEpil
     if (slot < 0 || slot >= rp.cache_slots) return;
     const size_t at = static_cast<size_t>(slot) * rp.kv_row;
     void* cache = PART == 1 ? rp.k_cache : rp.v_cache;
-    if (rp.cache_dtype == DType::bf16) {
-      dev::bf16* c = static_cast<dev::bf16*>(cache) + at;
-      c[n0] = dev::from_f<dev::bf16>(dev::to_f(t0)), c[n1] = dev::from_f<dev::bf16>(dev::to_f(t1));
-    } else {
-      float* c = static_cast<float*>(cache) + at;
-      c[n0] = dev::to_f(t0), c[n1] = dev::to_f(t1);
-    }
+    dev::store_cache(cache, rp.cache_dtype, at + n0, dev::to_f(t0));
+    dev::store_cache(cache, rp.cache_dtype, at + n1, dev::to_f(t1));
   }
 }
 

@@ -710,6 +710,9 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
         fmt::format("mla: the cache must be one pool of rows of latent + rope = {} "
                     "(got {} x {}{})",
                     W, a.kv.n_kv_heads, a.kv.head_dim, a.kv.v ? " with a V pool" : ""));
+  if (a.kv.dtype == DType::e4m3)
+    return make_error(Errc::unsupported,
+                      "mla: the latent cache is bf16 or fp32 (an fp8 latent cache is not built)");
   if (a.n_tokens == 0) return Status::Ok();
   if (!a.q || !a.kv_a || !a.kv_norm || !a.kv_b || !a.inv_freq || !a.out || !a.block_tables ||
       !a.positions || !a.slots || !a.query_start || a.n_seqs <= 0 || a.max_blocks_per_seq <= 0)

@@ -276,25 +276,10 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return s;
 }
 
-// 8 e4m3 bytes (in memory order) widened to float, exactly (the conversion goes through
-// half, which holds every e4m3 value; cuda_fp8.h picks the instruction for the arch).
-__device__ __forceinline__ void e4m3x8(const uint2& u, float* f) {
-  const uint32_t w[2] = {u.x, u.y};
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * j)) & 0xffffu);
-      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-      f[4 * i + 2 * j] = v.x;
-      f[4 * i + 2 * j + 1] = v.y;
-    }
-}
-
 // The fp32 dot product of 8 e4m3 weights (unscaled) with 8 bf16 values.
 __device__ __forceinline__ float dot8_fp8(const uint2& w, const uint4& x) {
   float fw[8], fx[8];
-  e4m3x8(w, fw);
+  dev::e4m3x8_to_f(w, fw);
   dev::bf16x8_to_f(x, fx);
   float s = 0.f;
 #pragma unroll
@@ -306,8 +291,8 @@ __device__ __forceinline__ float dot8_fp8(const uint2& w, const uint4& x) {
 // (two 16-byte loads), one chain of fmas.
 __device__ __forceinline__ float dot16_fp8(const uint4& w, const uint4& x0, const uint4& x1) {
   float fw[16], fx[16];
-  e4m3x8(make_uint2(w.x, w.y), fw);
-  e4m3x8(make_uint2(w.z, w.w), fw + 8);
+  dev::e4m3x8_to_f(make_uint2(w.x, w.y), fw);
+  dev::e4m3x8_to_f(make_uint2(w.z, w.w), fw + 8);
   dev::bf16x8_to_f(x0, fx);
   dev::bf16x8_to_f(x1, fx + 8);
   float s = 0.f;
@@ -1395,7 +1380,7 @@ __global__ void __launch_bounds__(kGThreads) moe_grouped_product(MoeExpertsArgs 
           const uint2 q = *reinterpret_cast<const uint2*>(fp8_row(F, row) + k0 + kc);
           const float sc = fp8_scale_row(F, row)[(k0 + kc) / kFp8BlockK];
           float f[8];
-          e4m3x8(q, f);
+          dev::e4m3x8_to_f(q, f);
           uint32_t* o = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {

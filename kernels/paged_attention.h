@@ -57,7 +57,8 @@ struct PagedKVDevice {
 
 /// Paged KV write on the device: token t's k/v rows (type `src`, row starts every
 /// k_stride / v_stride elements) go to slot slots[t] of the pools (< 0 = skip; a slot
-/// outside the pool is skipped too). src and cache types may differ (bf16 <-> f32).
+/// outside the pool is skipped too). src and cache types may differ (bf16 <-> f32, and the
+/// cache may be e4m3: rounded to nearest even, saturating at +-448).
 Status paged_kv_write_cuda_device(const PagedKVDevice& kv, const int32_t* slots, size_t n_tokens,
                                   DType src, const void* k, size_t k_stride, const void* v,
                                   size_t v_stride, void* stream);

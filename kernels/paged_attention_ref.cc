@@ -187,6 +187,8 @@ Status attention_check_args(const AttentionBatch& b, bool decode, size_t decode_
     return bad(fmt::format("n_heads {} must be a positive multiple of n_kv_heads {}", b.n_heads,
                            kv.n_kv_heads));
   if (kv.block_size <= 0) return bad(fmt::format("block_size {} must be > 0", kv.block_size));
+  if (b.dtype == DType::e4m3)
+    return bad("q and out must be f32 or bf16 (fp8 is a KV cache type only)");
   if (b.n_seqs < 0) return bad(fmt::format("n_seqs {} must be >= 0", b.n_seqs));
   if (b.n_seqs == 0) return Status::Ok();
   if (!b.q || !b.out || !kv.k || !kv.v || !b.block_tables || !b.seq_lens ||

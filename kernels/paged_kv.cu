@@ -42,6 +42,9 @@ Status paged_kv_write_cuda_device(const PagedKVDevice& kv, const int32_t* slots,
   if (k_stride < row || v_stride < row)
     return make_error(Errc::usage,
                       "paged_kv_write: k_stride/v_stride less than n_kv_heads * head_dim");
+  if (src == DType::e4m3)
+    return make_error(Errc::usage,
+                      "paged_kv_write: k and v must be f32 or bf16 (fp8 is a cache type)");
   if (n_tokens == 0) return Status::Ok();
   if (!kv.k || !kv.v || !slots || !k || !v)
     return make_error(Errc::usage, "paged_kv_write: null pointer among pools, slots, k, v");
@@ -49,14 +52,13 @@ Status paged_kv_write_cuda_device(const PagedKVDevice& kv, const int32_t* slots,
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>(n_tokens, 65535));
   const unsigned threads = static_cast<unsigned>(std::min<size_t>((row + 31) / 32 * 32, 256));
   auto st = static_cast<cudaStream_t>(stream);
-  SPARK_DISPATCH_DTYPE(
-      src, S,
-      SPARK_DISPATCH_DTYPE(
-          kv.dtype, C,
-          SPARK_CUDA_TRY(dev::launch(kv_write_kernel<S, C>, dim3(blocks), dim3(threads), 0, st,
-                                     static_cast<C*>(kv.k), static_cast<C*>(kv.v), row, pool_slots,
-                                     slots, n_tokens, static_cast<const S*>(k), k_stride,
-                                     static_cast<const S*>(v), v_stride))));
+  SPARK_DISPATCH_DTYPE(src, S,
+                       SPARK_DISPATCH_KV(kv.dtype, C,
+                                         SPARK_CUDA_TRY(dev::launch(
+                                             kv_write_kernel<S, C>, dim3(blocks), dim3(threads), 0,
+                                             st, static_cast<C*>(kv.k), static_cast<C*>(kv.v), row,
+                                             pool_slots, slots, n_tokens, static_cast<const S*>(k),
+                                             k_stride, static_cast<const S*>(v), v_stride))));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

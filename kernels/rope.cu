@@ -42,10 +42,7 @@ __global__ void rope_kernel(RopeArgs a) {
       const T* src = static_cast<const T*>(a.v) + t * a.v_stride + vh * a.head_dim;
       const size_t at = static_cast<size_t>(slot) * kv_row + vh * a.head_dim;
       for (int i = static_cast<int>(lane); i < a.head_dim; i += 32) {
-        if (a.cache_dtype == DType::bf16)
-          static_cast<dev::bf16*>(a.v_cache)[at + i] = dev::from_f<dev::bf16>(dev::to_f(src[i]));
-        else
-          static_cast<float*>(a.v_cache)[at + i] = dev::to_f(src[i]);
+        dev::store_cache(a.v_cache, a.cache_dtype, at + i, dev::to_f(src[i]));
       }
       continue;
     }
@@ -109,24 +106,14 @@ __global__ void rope_kernel(RopeArgs a) {
       for (int j = 0; j < kMaxPairsPerLane; ++j) {
         const int i = static_cast<int>(lane) + 32 * j;
         if (i >= half) continue;
-        if (a.cache_dtype == DType::bf16) {
-          dev::bf16* kc = static_cast<dev::bf16*>(a.k_cache) + at;
-          kc[i] = dev::from_f<dev::bf16>(x0[j]);
-          kc[i + half] = dev::from_f<dev::bf16>(x1[j]);
-        } else {
-          float* kc = static_cast<float*>(a.k_cache) + at;
-          kc[i] = x0[j];
-          kc[i + half] = x1[j];
-        }
+        dev::store_cache(a.k_cache, a.cache_dtype, at + i, x0[j]);
+        dev::store_cache(a.k_cache, a.cache_dtype, at + i + half, x1[j]);
       }
 #pragma unroll
       for (int j = 0; j < kMaxPassPerLane; ++j) {
         const int i = static_cast<int>(lane) + 32 * j;
         if (i >= pass) continue;
-        if (a.cache_dtype == DType::bf16)
-          static_cast<dev::bf16*>(a.k_cache)[at + rdim + i] = dev::from_f<dev::bf16>(xp[j]);
-        else
-          static_cast<float*>(a.k_cache)[at + rdim + i] = xp[j];
+        dev::store_cache(a.k_cache, a.cache_dtype, at + rdim + i, xp[j]);
       }
     }
   }

@@ -122,6 +122,7 @@ Status rope_check_args(const RopeArgs& a) {
   if (a.head_dim <= 0 || a.head_dim % 2 != 0 || a.head_dim > 512)
     return bad(fmt::format("head_dim {} must be even and in [2, 512]", a.head_dim));
   if (a.n_heads <= 0) return bad(fmt::format("n_heads {} must be > 0", a.n_heads));
+  if (a.dtype == DType::e4m3) return bad("q, k and v must be f32 or bf16 (fp8 is a cache type)");
   if (a.n_tokens == 0) return Status::Ok();
   if (!a.q || !a.positions || !a.inv_freq)
     return bad(fmt::format("null {} pointer", !a.q           ? "q"

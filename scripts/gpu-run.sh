@@ -328,9 +328,10 @@ device() {
         "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd-oss"
     fi
   fi
-  # And an FP8 checkpoint (Qwen3-MoE's structure, projections and experts in e4m3).
+  # And an FP8 checkpoint (Qwen3-MoE's structure, projections and experts in e4m3) with the
+  # KV cache in fp8 (KV_DTYPE=fp8).
   [[ $want == *" sparkd-gpu "* ]] &&
-    step sparkd-gpu-fp8 150 env DEMO_ARCH=qwen3_moe DEMO_WEIGHTS=fp8 bash \
+    step sparkd-gpu-fp8 150 env DEMO_ARCH=qwen3_moe DEMO_WEIGHTS=fp8 GPU_CHECK_KV_DTYPE=fp8 bash \
       "$dev/engine/sparkd_gpu_check.sh" "$dev/bin" "$out/sparkd-fp8"
   # sparkctl bench (every section and gate) against sparkd on the GPU; not in the default list.
   [[ $want == *" sparkctl-bench "* ]] &&

@@ -324,8 +324,10 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   o.kv_from_free_memory = true;
   o.mem_reserve = 2ull << 30;
   o.cuda_graphs = num["graphs"] == 1;
+  o.kv_dtype = get("kv-dtype", "auto");  // the engine refuses what it does not keep
   auto eng = Engine::start(std::move(*model), std::make_shared<LocalCollective>(), o);
   if (!eng) return eng.error();
+  j["kv_dtype"] = (*eng)->stats().kv_dtype;
   {
     SamplingParams p;
     p.temperature = 0;
@@ -349,10 +351,13 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   // ones count, plus the KV of the context so far. The embedding reads one row a token.
   const int prompt = num["prompt-tokens"];
   const int gen = num["max-tokens"];
-  // The cache reads per position, bf16: K and V of every KV head, or latent attention's one
-  // row of the normalised latent and the RoPE key per layer.
+  // The cache reads per position, in the cache's type (bf16, fp8 or fp32): K and V of every
+  // KV head, or latent attention's one row of the normalised latent and the RoPE key per
+  // layer.
   const KVShape kvs = kv_shape(cfg, cfg.num_kv_heads);
-  const double kv_per_pos = 2.0 * cfg.num_layers * kvs.pools * kvs.n_kv_heads * kvs.head_dim;
+  const std::string kvt = (*eng)->stats().kv_dtype;
+  const double kv_elem = kvt == "fp8" ? 1.0 : kvt == "fp32" ? 4.0 : 2.0;
+  const double kv_per_pos = kv_elem * cfg.num_layers * kvs.pools * kvs.n_kv_heads * kvs.head_dim;
   const double avg_ctx = prompt + gen / 2.0;
   // One expert's bytes as held: bf16, FP8 (a byte a weight) plus its block scales, or MXFP4
   // (half a byte) plus its e8m0 scales.
@@ -476,6 +481,8 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   } else {
     std::printf("  %-34s %12s\n", "weights", "random on the device (--synthetic 1)");
   }
+  std::printf("  %-34s %12s (decode at %d to %d positions)\n", "KV cache", kvt.c_str(), prompt,
+              prompt + gen);
   std::printf("  %-34s %12.1f tok/s (roofline %.1f, %.1f%%)\n", "decode batch 1", b1.decode_tok_s,
               roofline, 100 * b1.decode_tok_s / roofline);
   if (b1s.size() > 1)

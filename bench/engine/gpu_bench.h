@@ -16,7 +16,8 @@ namespace spark::engine {
 /// Options (spark-engine gpubench --key value): model (directory, required), context
 /// (33792), max-batch-tokens (8192), prompt-tokens (128), max-tokens (256), graphs (1),
 /// b1-runs (3: batch 1 is the median of that many runs), decode-only (0; 1 skips the
-/// aggregate and prefill rows), json-out. Returns the exit code (1 when a row produced wrong
+/// aggregate and prefill rows), kv-dtype (auto; bf16, fp8, fp32: the KV cache's type, and
+/// the bytes the roofline counts for it), json-out. Returns the exit code (1 when a row produced wrong
 /// output).
 Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt);
 

@@ -25,7 +25,9 @@
 # apply_chat_template renders it. Node is NODE_BIN, else the staged tools/node, else `node`;
 # the openai package is found through NODE_PATH (the staged node_modules, else the source
 # tree's tests/e2e/openai_client/node_modules); without node or the package the client part
-# fails (GPU_CHECK_CLIENT=skip leaves it out). Logs, cluster files and JSON go to OUT_DIR.
+# fails (GPU_CHECK_CLIENT=skip leaves it out). GPU_CHECK_KV_DTYPE=fp8 (or bf16, fp32) sets
+# KV_DTYPE in the cluster file, and status's model_info must name that KV cache type. Logs,
+# cluster files and JSON go to OUT_DIR.
 set -euo pipefail
 bin=$(cd "${1:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}" && pwd)
 out=${2:?usage: sparkd_gpu_check.sh BIN_DIR OUT_DIR}
@@ -50,6 +52,7 @@ fail() { say "FAIL: $*"; exit 1; }
 
 arch=${DEMO_ARCH:-}
 weights=${DEMO_WEIGHTS:-}
+kv_dtype=${GPU_CHECK_KV_DTYPE:-}
 "$bin/sparkctl" demo-model "$tmp/model" ${arch:+--arch "$arch"} ${weights:+--weights "$weights"} \
   > "$out/demo-model.txt"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -109,6 +112,7 @@ NODE0_NAME=gpu
 NODE0_SSH=local
 NODE0_FABRIC_IP=127.0.0.1
 CFG
+  [ -z "$kv_dtype" ] || echo "KV_DTYPE=$kv_dtype" >> "$ring"
   cp "$ring" "$out/ring-$p.env"
   t0=$(date +%s.%N)
   rc=0
@@ -122,9 +126,10 @@ CFG
 
   "$bin/sparkctl" --config "$ring" --json status > "$out/status-$p.json" 2>&1 ||
     { cat "$out/status-$p.json"; fail "$p: sparkctl status of a READY ring exited non-zero"; }
-  python3 - "$out/status-$p.json" "$device" "$p" "$gpu_name" <<'PY' || fail "$p: status does not show the device"
+  python3 - "$out/status-$p.json" "$device" "$p" "$gpu_name" "$kv_dtype" <<'PY' || fail "$p: status does not show the device"
 import json, sys
 st, device, placement, gpu = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
+kv = sys.argv[5]
 dev = st["ranks"][0]["device"]
 print(f"sparkd_gpu_check: {placement}: sparkctl status: rank 0 state {st['ranks'][0]['state']}, device: {dev}")
 assert st["ranks"][0]["state"] == "ready", st["ranks"][0]
@@ -136,6 +141,11 @@ if device == "cuda":
 info = st.get("health", {}).get("model_info", {})
 print(f"sparkd_gpu_check: {placement}: model_info {json.dumps(info)}")
 assert info.get("architecture"), "status shows no model_info"
+cache = info.get("kv_cache", {})
+print(f"sparkd_gpu_check: {placement}: KV cache {json.dumps(cache)}")
+assert cache.get("blocks", 0) > 0, "model_info names no KV cache"
+if kv:
+    assert cache.get("dtype") == kv, f"KV cache {cache!r} is not the KV_DTYPE={kv} asked for"
 PY
   if [ "$weights" = fp8 ]; then
     python3 -c "import json,sys; i=json.load(open(sys.argv[1]))['health']['model_info']; f=i.get('checkpoint_format',''); assert f.startswith('fp8 e4m3'), i; print('sparkd_gpu_check: weights', f, 'held as', i['weights'])" "$out/status-$p.json" ||

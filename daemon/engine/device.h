@@ -104,6 +104,9 @@ struct KVLayerView {
   /// A windowed layer's own pool (KVCache): read through StepLayout's window tables and
   /// written through its window slots.
   bool windowed = false;
+  /// fp32 pools that hold e4m3 values (KV_DTYPE=fp8 on the CPU): the KV write rounds each
+  /// value as the GPU's e4m3 store does, so both devices attend over the same values.
+  bool fp8_values = false;
 };
 
 /// One forward step, flattened. Token row t belongs to chunk c when

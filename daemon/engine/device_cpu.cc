@@ -207,8 +207,9 @@ class CpuDevice final : public Device {
       return make_error(Errc::internal,
                         fmt::format("cpu device: {} {}slots for a step of {} tokens", slots.size(),
                                     kv.windowed ? "window " : "", step_.tokens.size()));
+    // KV_DTYPE=fp8: each value rounded to e4m3 as the GPU stores it, kept in the fp32 pool.
     kernels::paged_kv_write_slots_ref(paged(kv), slots.data(), slots.size(), f32(k), kw, f32(v), kw,
-                                      kernels::DType::f32);
+                                      kv.fp8_values ? kernels::DType::e4m3 : kernels::DType::f32);
     return Status::Ok();
   }
 

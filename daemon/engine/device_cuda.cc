@@ -39,7 +39,9 @@ namespace spark::engine {
 namespace {
 
 kernels::DType kdt(ElemType t) {
-  return t == ElemType::bf16 ? kernels::DType::bf16 : kernels::DType::f32;
+  return t == ElemType::bf16       ? kernels::DType::bf16
+         : t == ElemType::fp8_e4m3 ? kernels::DType::e4m3
+                                   : kernels::DType::f32;
 }
 
 // The own matrix kernel's 16-byte loads need 16-byte aligned operands.
@@ -486,31 +488,51 @@ class CudaDevice final : public Device {
   // the matrix.
   static constexpr size_t kFp8TileElems = size_t{16} << 20;
 
+  // The decode kernel's arguments for y = x * w^T (+ b) over FP8 w.
+  static Result<kernels::Fp8MatmulArgs> fp8_args(const Buffer& x, const Buffer& w, const Buffer& b,
+                                                 const Buffer& y, int rows, int in, int out) {
+    auto fw = fp8_weight(w);
+    if (!fw) return fw.error();
+    kernels::Fp8MatmulArgs a;
+    a.a = x.data();
+    a.lda = static_cast<size_t>(in);
+    a.w = *fw;
+    a.out = y.data();
+    a.out_dtype = kdt(y.type());
+    a.ldo = static_cast<size_t>(out);
+    a.m = static_cast<size_t>(rows);
+    a.n = static_cast<size_t>(out);
+    a.k = static_cast<size_t>(in);
+    a.bias = b.empty() ? nullptr : b.data();
+    return a;
+  }
+  // Whether an FP8 decode product normalises its input itself (the norm's weight read in
+  // the product, as the own bf16 kernel does: FP8 weights are never folded).
+  bool fp8_norm_in_product(const PreNorm& in, int rows) const {
+    return norm_in_products_ && static_cast<size_t>(rows) <= kernels::kFp8GemvMaxRows &&
+           !in.folded && in.delta->empty() && in.bias->empty() && in.w->type() == ElemType::bf16 &&
+           aligned16(*in.w) && aligned16(*in.x);
+  }
+
   // y = x * w^T (+ b) (+ y with accumulate) over FP8 weights kept as stored: decode rows in
   // one pass over the FP8 bytes (kernels/fp8.h), with SwiGLU in its epilogue when asked
   // (w then holds [gate | up], 2 * out rows); more rows through bf16 tiles of the
   // dequantized weight and the bf16 product (the tile's rounding to bf16 is the bound on
   // the difference from the exact product).
+  // With `norm`, the decode product runs over RMSNorm(x) computed inside. Launched as the
+  // step's other kernels are, with programmatic launch where the step has it: both kernels
+  // wait for the kernel ahead before they read what it writes or write what it reads.
   Status fp8_product(const Buffer& x, const Buffer& w, const Buffer& b, const Buffer& y, int rows,
-                     int in, int out, bool accumulate, bool swiglu) {
+                     int in, int out, bool accumulate, bool swiglu, const PreNorm* norm = nullptr) {
     auto fw = fp8_weight(w);
     if (!fw) return fw.error();
     if (static_cast<size_t>(rows) <= kernels::kFp8GemvMaxRows) {
-      kernels::Fp8MatmulArgs a;
-      a.a = x.data();
-      a.lda = static_cast<size_t>(in);
-      a.w = *fw;
-      a.out = y.data();
-      a.out_dtype = kdt(y.type());
-      a.ldo = static_cast<size_t>(out);
-      a.m = static_cast<size_t>(rows);
-      a.n = static_cast<size_t>(out);
-      a.k = static_cast<size_t>(in);
-      a.bias = b.empty() ? nullptr : b.data();
-      a.accumulate = accumulate;
-      a.swiglu = swiglu;
-      kernels::set_programmatic_launch(false);
-      return kernels::fp8_gemv_cuda_device(a, stream_);
+      auto a = fp8_args(x, w, b, y, rows, in, out);
+      if (!a) return a.error();
+      a->accumulate = accumulate;
+      a->swiglu = swiglu;
+      if (norm) a->norm_w = norm->w->data(), a->norm_eps = norm->eps;
+      return kernels::fp8_gemv_cuda_device(*a, stream_);
     }
     if (swiglu)
       return make_error(Errc::internal, "cuda device: an FP8 SwiGLU product above decode rows");
@@ -522,7 +544,6 @@ class CudaDevice final : public Device {
       if (!t) return t.error();
       fp8_ws_ = *t;
     }
-    kernels::set_programmatic_launch(false);
     for (size_t n0 = 0; n0 < N; n0 += tile) {
       const size_t n = std::min(tile, N - n0);
       SPARK_TRY(kernels::fp8_dequantize_cuda_device(*fw, n0, n, K, fp8_ws_.data(), K, stream_));
@@ -574,7 +595,29 @@ class CudaDevice final : public Device {
     return true;
   }
 
+  // FP8 parts at decode rows: one launch of the FP8 kernel for all of them, over x or (with
+  // `norm`) over RMSNorm(x) computed inside. False where that does not apply.
+  Result<bool> fp8_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                         const PreNorm* norm) {
+    if (n < 1 || static_cast<size_t>(n) > kernels::kFp8GemvMaxGroup ||
+        static_cast<size_t>(rows) > kernels::kFp8GemvMaxRows)
+      return false;
+    kernels::Fp8MatmulArgs a[kernels::kFp8GemvMaxGroup];
+    for (int i = 0; i < n; ++i) {
+      if (parts[i].w->type() != ElemType::fp8_e4m3) return false;
+      auto r = fp8_args(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out);
+      if (!r) return r.error();
+      a[i] = *r;
+      if (norm) a[i].norm_w = norm->w->data(), a[i].norm_eps = norm->eps;
+    }
+    SPARK_TRY(kernels::fp8_gemv_group_cuda_device(a, n, stream_));
+    return true;
+  }
+
   Status linear_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in) override {
+    auto f = fp8_group(x, parts, n, rows, in, nullptr);
+    if (!f) return f.error();
+    if (*f) return Status::Ok();
     // Decode rows: one launch of the own kernel for all parts (the q, k, v projections).
     kernels::MatmulArgs a[kernels::kMatmulMaxGroup];
     if (!own_group(x, parts, n, rows, in, a)) return Device::linear_group(x, parts, n, rows, in);
@@ -636,6 +679,15 @@ class CudaDevice final : public Device {
     // Decode rows (up to 8): the input norm inside the products, and without per-head norms
     // RoPE and the KV write in their epilogue (two launches fewer per layer); otherwise the
     // norm's pass, the products, then rope_kv_write.
+    // FP8 q/k/v: one launch of the FP8 kernel (the norm inside it where it can be), then
+    // RoPE and the KV write.
+    if (qkv[0].w->type() == ElemType::fp8_e4m3 && fp8_norm_in_product(x, rows)) {
+      auto f = fp8_group(*x.x, qkv, 3, rows, in, &x);
+      if (!f) return f.error();
+      if (*f)
+        return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
+                             q_norm, k_norm, eps, kv);
+    }
     kernels::MatmulArgs a[3];
     if (static_cast<size_t>(rows) > kernels::kMatmulQkvRopeMaxRows ||
         !own_group(*x.x, qkv, 3, rows, in, a))
@@ -666,7 +718,11 @@ class CudaDevice final : public Device {
     // a few us faster (28672 x 4096 at 8 rows: 56.6 us against 60.1), but with the norm's
     // pass and SwiGLU beside it the layer's chain is slower (bench/kernels, "layer8": 141.2
     // us a layer against 134.0).
-    if (w.type() == ElemType::fp8_e4m3) {  // the norm's pass, then the FP8 product
+    if (w.type() == ElemType::fp8_e4m3) {
+      // Decode rows: the norm inside the FP8 product, with SwiGLU in its epilogue.
+      if (fp8_norm_in_product(x, rows) && y.type() == ElemType::bf16)
+        return fp8_product(*x.x, w, b, y, rows, in, inter, false, true, &x);
+      // Otherwise the norm's pass, then the FP8 product.
       SPARK_TRY(pre_norm(x, rows, in));
       if (static_cast<size_t>(rows) <= kernels::kFp8GemvMaxRows && y.type() == ElemType::bf16)
         return fp8_product(*x.normed, w, b, y, rows, in, inter, false, true);

@@ -347,6 +347,7 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   const int per_seq = (e->max_context_ + opts.block_size - 1) / opts.block_size;
   Device& dev = model->device();
   ElemType kv_type = dev.compute_type();
+  bool fp8_values = false;
   if (opts.kv_dtype == "fp32") {
     kv_type = ElemType::f32;
   } else if (opts.kv_dtype == "bf16") {
@@ -356,10 +357,20 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
                                     "which keeps the KV cache in fp32 — set KV_DTYPE=auto",
                                     dev.info().name));
     kv_type = ElemType::bf16;
+  } else if (opts.kv_dtype == "fp8") {
+    // e4m3, no scale (values saturate at +-448): one byte a value on a GPU; the CPU keeps
+    // fp32 pools of the same e4m3 values, so its results are the GPU's to compare with.
+    if (c.is_mla())
+      return make_error(Errc::unsupported,
+                        "KV_DTYPE=fp8: this model keeps a latent KV cache (multi-head latent "
+                        "attention), which the engine holds in bf16 or fp32 only — set "
+                        "KV_DTYPE=auto");
+    fp8_values = dev.info().kind != "cuda";
+    kv_type = fp8_values ? ElemType::f32 : ElemType::fp8_e4m3;
   } else if (opts.kv_dtype != "auto") {
     return make_error(Errc::unsupported,
-                      fmt::format("KV_DTYPE={} is not supported by the native engine (auto, bf16 "
-                                  "or fp32)",
+                      fmt::format("KV_DTYPE={} is not supported by the native engine (auto, bf16, "
+                                  "fp8 or fp32)",
                                   opts.kv_dtype));
   }
   // Windowed layers kept apart: a ring of ring_n blocks per slot, enough for the window and
@@ -417,6 +428,7 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   auto cache = e->model_->make_kv_cache(opts.num_blocks, opts.block_size, kv_type, window_blocks);
   if (!cache) return cache.error();
   e->cache_ = std::move(*cache);
+  e->cache_->set_fp8_values(fp8_values);
   if (ring_n > 0) {
     e->ring_n_ = ring_n;
     e->recompute_ = e->model_->window_recompute_tokens();
@@ -448,7 +460,7 @@ Result<std::unique_ptr<Engine>> Engine::start(std::unique_ptr<Model> model,
   }
   e->stats_.slots = opts.slots;
   e->stats_.device = e->model_->device().info().name;
-  e->stats_.kv_dtype = elem_name(kv_type);
+  e->stats_.kv_dtype = fp8_values ? "fp8" : elem_name(kv_type);
   e->stats_.blocks_total = opts.num_blocks;
   e->stats_.blocks_available = opts.num_blocks;
   e->stats_.block_size = opts.block_size;

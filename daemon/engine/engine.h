@@ -79,7 +79,8 @@ struct EngineOptions {
   /// long plan's write partial.
   int control_socket_buffer = 0;
   /// KV element type: "auto" (the device's compute type: fp32 on the CPU, bf16 on CUDA),
-  /// "bf16" (CUDA only) or "fp32".
+  /// "bf16" (CUDA only), "fp32" or "fp8" (e4m3 without a scale: one byte a value on CUDA;
+  /// the CPU keeps fp32 pools of the same e4m3 values; not for latent attention).
   std::string kv_dtype = "auto";
   /// Size the KV cache from the memory the device has free after the weights, less
   /// mem_reserve (a GPU: its free memory; unified memory and the CPU: MemAvailable), capped
@@ -165,7 +166,7 @@ struct EngineStats {
   int64_t step_running_ms =
       0;                 // age of the forward step in progress (0: none), for stall detection
   std::string device;    // what computes (DeviceInfo::name)
-  std::string kv_dtype;  // "fp32" / "bf16"
+  std::string kv_dtype;  // "fp32" / "bf16" / "fp8"
   bool failed = false;   // a step failed (e.g. a TP rank vanished); see error
   std::string error;
   // TP control plane (rank 0).

@@ -91,6 +91,7 @@ KVLayerView KVCache::view(int l) const {
   p.n_kv_heads = n_kv_heads_;
   p.head_dim = head_dim_;
   p.type = type_;
+  p.fp8_values = fp8_values_;
   return p;
 }
 

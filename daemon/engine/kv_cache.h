@@ -1,10 +1,11 @@
 #pragma once
 // Paged KV cache storage: per layer a pool of blocks of `block_size` token slots for K and
-// V (this rank's KV heads only), allocated on the model's device (fp32 on the CPU; bf16 or
-// fp32 on a GPU). Latent attention (DeepSeek-V3) keeps one pool instead: per token the
-// normalised latent and the rotated RoPE key, kv_lora_rank + qk_rope_head_dim values (576 at
-// DeepSeek-V3's widths), the same on every tensor-parallel rank. Which block belongs to whom is the
-// BlockManager's job (block_manager.h); the model only reads and writes through block tables.
+// V (this rank's KV heads only), allocated on the model's device (fp32 on the CPU; bf16, fp32
+// or fp8 e4m3 on a GPU; KV_DTYPE=fp8 on the CPU keeps fp32 pools of e4m3 values). Latent attention
+// (DeepSeek-V3) keeps one pool instead: per token the normalised latent and the rotated RoPE key,
+// kv_lora_rank + qk_rope_head_dim values (576 at DeepSeek-V3's widths), the same on every
+// tensor-parallel rank. Which block belongs to whom is the BlockManager's job (block_manager.h);
+// the model only reads and writes through block tables.
 //
 // A model whose layers mix sliding-window and full attention (gpt-oss) may keep its windowed
 // layers apart: those layers then hold `window_blocks` blocks of their own (a small ring per
@@ -57,6 +58,9 @@ class KVCache {
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   ElemType type() const { return type_; }
+  /// fp32 pools that keep only e4m3 values (KV_DTYPE=fp8 on the CPU, KVLayerView::fp8_values).
+  void set_fp8_values(bool on) { fp8_values_ = on; }
+  bool fp8_values() const { return fp8_values_; }
   /// The device that holds the pools ("cpu", "cuda").
   const std::string& device_kind() const { return device_kind_; }
   /// Layer `l`'s pools.
@@ -77,6 +81,7 @@ class KVCache {
   std::vector<bool> windowed_;
   std::vector<size_t> offset_;  // per layer: its first element in each pool
   ElemType type_ = ElemType::f32;
+  bool fp8_values_ = false;
   std::string device_kind_;
   Buffer k_, v_;
 };

@@ -107,8 +107,9 @@ class Model {
   /// Bytes one block of the windowed layers' own pool takes over those layers.
   uint64_t kv_window_block_bytes(ElemType type, int block_size) const;
   /// The blocks a sequence's ring needs in the windowed layers' own pool when a step writes
-  /// up to `step_tokens` of its tokens: the largest window plus those tokens, less one. 0 when the model cannot keep windowed layers apart (no window, or every
-  /// layer windowed, or latent attention).
+  /// up to `step_tokens` of its tokens: the largest window plus those tokens, less one. 0 when the
+  /// model cannot keep windowed layers apart (no window, or every layer windowed, or latent
+  /// attention).
   int window_ring_blocks(int block_size, int step_tokens) const;
   /// The tokens a prefix-cache hit recomputes before its matched end, so that the windowed
   /// layers' rings hold exact K/V there again: (window - 1) per windowed layer, the reach of

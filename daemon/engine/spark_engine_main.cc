@@ -18,7 +18,7 @@
 //                [--weights auto|device|host-mapped] [--b1-runs 3] [--decode-only 1]
 //                [--streams 8,32] (the aggregate rows; with --decode-only 1 none unless given)
 //                [--synthetic 1] (DIR holds config.json only: random weights on the GPU)
-//                [--slots 32]
+//                [--slots 32] [--prompt-tokens 128] [--kv-dtype auto|bf16|fp8|fp32]
 //                (a CUDA GPU; bench/engine/gpu_bench.h)
 // generate prints one JSON object on rank 0; other ranks serve rank 0's steps and print
 // {"rank": R, "worker": "stopped", "plans": ...} (its control plane's counts) when rank 0 is

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/strings.h"
+#include "kernels/dtype.h"
 
 namespace spark::engine {
 
@@ -19,17 +20,6 @@ Error unsupported_field(const std::string& where, const std::string& key,
   return make_error(Errc::unsupported,
                     fmt::format("{}: quantization_config.{} = {} is not supported ({})", where, key,
                                 dump_json(value), why));
-}
-
-// The 127 non-negative finite e4m3 values, by code (0x00 .. 0x7e), increasing.
-const std::array<float, 127>& positive_codes() {
-  static const std::array<float, 127> t = [] {
-    std::array<float, 127> a{};
-    for (int c = 0; c < 127; ++c)
-      a[static_cast<size_t>(c)] = fp8_e4m3_to_float(static_cast<uint8_t>(c));
-    return a;
-  }();
-  return t;
 }
 
 std::vector<std::string> split_dots(const std::string& s) {
@@ -47,31 +37,11 @@ std::vector<std::string> split_dots(const std::string& s) {
 }  // namespace
 
 float fp8_e4m3_to_float(uint8_t v) {
-  const bool neg = (v & 0x80) != 0;
-  const int e = (v >> 3) & 0xf, m = v & 0x7;
-  float x;
-  if (e == 0xf && m == 0x7)
-    x = std::numeric_limits<float>::quiet_NaN();
-  else if (e == 0)
-    x = std::ldexp(static_cast<float>(m), -9);  // subnormal: m/8 x 2^-6
-  else
-    x = std::ldexp(static_cast<float>(8 + m), e - 10);  // (1 + m/8) x 2^(e-7)
-  return neg ? -x : x;
+  return kernels::fp8_e4m3_value(v);
 }
 
 uint8_t float_to_fp8_e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  const float a = std::fabs(f);
-  const auto& t = positive_codes();
-  if (a >= t.back()) return static_cast<uint8_t>(sign | 0x7e);  // saturate at 448
-  // The first code not below a; the nearest of it and the one before, ties to the even code.
-  const size_t hi = static_cast<size_t>(std::lower_bound(t.begin(), t.end(), a) - t.begin());
-  if (hi == 0) return sign;
-  const size_t lo = hi - 1;
-  const float dl = a - t[lo], dh = t[hi] - a;
-  size_t c = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
-  return static_cast<uint8_t>(sign | c);
+  return kernels::fp8_e4m3_code(f);
 }
 
 std::string fp8_scale_name(const std::string& weight) {

@@ -7,14 +7,17 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/strings.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/model.h"
+#include "support/fp8_kv.h"
 
 using namespace spark;
 using namespace spark::engine;
@@ -220,4 +223,182 @@ TEST_CASE(
     CHECK(again->cached_prompt_tokens > 0);
     CHECK(again->tokens[0] == expect);
   }
+}
+
+// KV_DTYPE=fp8: every K and V value rounded to e4m3 (no scale), as the GPU stores them; on
+// the CPU the fp32 pools hold those values. Its effect on the logits, measured against
+// transformers along the reference's own tokens (teacher-forced, so one early difference
+// does not move every later position) at every recorded position of every fixture: at most
+// kFp8KvLogitBound of the position's largest |logit|. A mixture of experts routes on the
+// attention's output: where the cache's rounding moves a near-tie router choice, the
+// experts differ and so do the logits from that position on, by more than any bound on the
+// rounding. Such positions are found exactly (the same run with an fp32 cache routes every
+// token; the first position whose experts differ in any layer), reported with the count,
+// and not held to the bound; the positions before keep it. Greedy tokens must match the
+// reference's wherever the reference's top two logits are further apart than twice the
+// bound, before such a position.
+TEST_CASE("reference: an fp8 KV cache stays within its stated bound of transformers") {
+  using test::kFp8KvLogitBound;
+  const auto dirs = fixture_dirs();
+  if (dirs.empty()) {
+    std::cout << "SKIP: reference fixtures absent: " << kFixtures << "\n";
+    return;
+  }
+  int checked = 0;
+  for (const auto& dir : dirs) {
+    CAPTURE(dir);
+    auto text = read_file(dir + "/reference.json");
+    REQUIRE(text);
+    auto ref = nlohmann::json::parse(*text);
+    auto m = Model::load(dir, 0, 1);
+    REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+    auto& model = **m;
+    if (model.config().is_mla()) continue;  // a latent cache: KV_DTYPE=fp8 is refused there
+    const size_t V = static_cast<size_t>(model.config().vocab_size);
+    const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> expect = ref["greedy_ids"].get<std::vector<int32_t>>();
+    const int steps = ref["greedy_steps"].get<int>();
+    const int bs = 16;
+    const int blocks = (static_cast<int>(prompt.size()) + steps) / bs + 2;
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = i;
+    LocalCollective one;
+    auto fp8_made = model.make_kv_cache(blocks, bs, ElemType::f32);
+    auto f32_made = model.make_kv_cache(blocks, bs, ElemType::f32);
+    REQUIRE(fp8_made.ok());
+    REQUIRE(f32_made.ok());
+    (*fp8_made)->set_fp8_values(true);
+    // The experts each position chose, layer after layer, in the run now going.
+    std::vector<std::vector<int32_t>>* routes = nullptr;
+    int base = 0;
+    // (Each layer's choice after its index, so the first difference names the layer.)
+    model.set_route_recorder([&](int l, const int32_t* ids, int rows, int k) {
+      for (int r = 0; r < rows; ++r) {
+        auto& v = (*routes)[static_cast<size_t>(base + r)];
+        v.push_back(-1 - l);
+        v.insert(v.end(), ids + static_cast<ptrdiff_t>(r) * k,
+                 ids + static_cast<ptrdiff_t>(r + 1) * k);
+      }
+    });
+    const size_t total = prompt.size() + static_cast<size_t>(steps);
+    std::vector<std::vector<int32_t>> r8(total), r32(total);
+    // The fp32 run's router margins (last chosen less first unchosen) by (layer, position).
+    std::map<std::pair<int, int>, double> margin32;
+    auto forward = [&](const SeqChunk& ch, KVCache& cache, std::vector<std::vector<int32_t>>* into,
+                       std::vector<float>* out, bool all) {
+      routes = into, base = ch.start_pos;
+      model.record_router_margins(into == &r32 && model.config().is_moe());
+      REQUIRE(model.forward({ch}, cache, one, out, all).ok());
+      if (into == &r32)
+        for (const auto& mg : model.router_margins())
+          margin32[{mg.layer, ch.start_pos + mg.row}] = mg.last_chosen - mg.first_unchosen;
+      model.record_router_margins(false);
+    };
+    std::vector<float> lg8, lg32;
+    SeqChunk ch{prompt.data(), static_cast<int>(prompt.size()), 0, table.data(), true};
+    forward(ch, **fp8_made, &r8, &lg8, true);
+    forward(ch, **f32_made, &r32, &lg32, true);
+    // The first position whose experts differ (INT_MAX: none), known once both runs passed it.
+    auto first_flip = [&](size_t upto) {
+      for (size_t p = 0; p <= upto && p < total; ++p)
+        if (r8[p] != r32[p]) return static_cast<int>(p);
+      return INT_MAX;
+    };
+    double worst = 0, worst_after = 0;
+    int held = 0, after_flip = 0, near_ties = 0, mismatches = 0;
+    auto account = [&](const float* got, const nlohmann::json& want, int pos) {
+      double mx = 0;
+      for (const auto& w : want) mx = std::max(mx, std::abs(w.get<double>()));
+      const double d = max_diff(got, want) / std::max(mx, 1.0);
+      if (pos >= first_flip(static_cast<size_t>(pos))) {
+        ++after_flip, worst_after = std::max(worst_after, d);
+      } else {
+        ++held, worst = std::max(worst, d);
+      }
+    };
+    const auto& positions = ref["prompt_logits_positions"];
+    for (size_t r = 0; r < positions.size(); ++r)
+      account(lg8.data() + positions[r].get<size_t>() * V, ref["prompt_logits"][r],
+              positions[r].get<int>());
+    std::vector<int32_t> seq = prompt;
+    std::vector<float> last(lg8.end() - static_cast<ptrdiff_t>(V), lg8.end());
+    std::vector<float> last32(lg32.end() - static_cast<ptrdiff_t>(V), lg32.end());
+    double moved = 0;
+    for (int s = 0; s < steps; ++s) {
+      const int pos = static_cast<int>(seq.size()) - 1;
+      const auto key = std::to_string(s);
+      if (ref["greedy_full_logits"].contains(key))
+        account(last.data(), ref["greedy_full_logits"][key], pos);
+      for (size_t i = 0; i < V; ++i)
+        moved = std::max(moved, static_cast<double>(std::abs(last[i] - last32[i])));
+      const auto& top = ref["greedy_top"][static_cast<size_t>(s)];
+      const int32_t tok =
+          static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+      const double gap = top["logits"].size() > 1
+                             ? top["logits"][0].get<double>() - top["logits"][1].get<double>()
+                             : 1e9;
+      double mx = 0;
+      for (const auto& w : top["logits"]) mx = std::max(mx, std::abs(w.get<double>()));
+      if (tok != expect[static_cast<size_t>(s)] && pos < first_flip(static_cast<size_t>(pos))) {
+        if (gap <= 2 * kFp8KvLogitBound * std::max(mx, 1.0))
+          ++near_ties;
+        else
+          ++mismatches;
+      }
+      seq.push_back(expect[static_cast<size_t>(s)]);  // the reference's token, whatever ours
+      SeqChunk d{&seq.back(), 1, static_cast<int>(seq.size()) - 1, table.data(), true};
+      if (s + 1 < steps) {
+        forward(d, **fp8_made, &r8, &last, false);
+        forward(d, **f32_made, &r32, &last32, false);
+      }
+    }
+    model.set_route_recorder(nullptr);
+    // The pools hold e4m3 values only (K and V of every layer, every written slot).
+    bool only_e4m3 = true;
+    for (int l = 0; l < model.config().num_layers && only_e4m3; ++l) {
+      const auto p = (*fp8_made)->layer(l);
+      const size_t n = static_cast<size_t>(seq.size() - 1) * static_cast<size_t>(p.n_kv_heads) *
+                       static_cast<size_t>(p.head_dim);
+      for (const float* pool : {p.k, p.v})
+        for (size_t i = 0; pool && i < n && only_e4m3; ++i)
+          only_e4m3 = kernels::round_to(kernels::DType::e4m3, pool[i]) == pool[i];
+    }
+    const int flip = first_flip(total);
+    // Where the experts first moved: which layer, and how close its router was to a tie there
+    // in the fp32 run.
+    double flip_margin = 0;
+    int flip_layer = -1;
+    if (flip != INT_MAX) {
+      const auto& a8 = r8[static_cast<size_t>(flip)];
+      const auto& a32 = r32[static_cast<size_t>(flip)];
+      for (size_t i = 0; i < std::min(a8.size(), a32.size()); ++i) {
+        if (a32[i] < 0) flip_layer = -1 - a32[i];
+        if (a8[i] != a32[i]) break;
+      }
+      flip_margin = margin32[{flip_layer, flip}];
+    }
+    MESSAGE(dir << ": fp8 KV, max |logit diff| / max |logit| against transformers " << worst
+                << " over " << held << " positions (bound " << kFp8KvLogitBound << ")"
+                << (flip == INT_MAX
+                        ? std::string(", experts never moved")
+                        : ", experts moved from position " + std::to_string(flip) + " (layer " +
+                              std::to_string(flip_layer) + ", router margin " +
+                              std::to_string(flip_margin) + "): " + std::to_string(after_flip) +
+                              " positions after it, up to " + std::to_string(worst_after))
+                << "; against the fp32 cache " << moved << "; greedy: " << mismatches
+                << " mismatches, " << near_ties << " near-ties");
+    CHECK(only_e4m3);
+    CHECK(moved > 0);  // the rounding happened
+    CHECK(worst <= kFp8KvLogitBound);
+    CHECK(mismatches == 0);
+    if (!model.config().is_moe()) {
+      CHECK(flip == INT_MAX);
+      CHECK(held > 0);
+    } else if (flip != INT_MAX) {
+      CHECK(flip_layer >= 0);
+      CHECK(flip_margin < test::kFp8RouterTie);  // experts move only at a near-tie
+    }
+    ++checked;
+  }
+  CHECK(checked >= 8);
 }

@@ -99,13 +99,20 @@ TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN, PREFILL_CHUNK a
   REQUIRE_FALSE(huge.ok());
   CHECK(huge.error().message.find("huge.env:2") != std::string::npos);
   CHECK(huge.error().message.find("PREFILL_CHUNK must be 1-1048576") != std::string::npos);
+  auto fp16 = load_config(dir.write("fp16.env", "NODE0_SSH=local\nKV_DTYPE=fp16\n"), Environment{},
+                          nullptr);
+  REQUIRE(fp16.ok());
+  auto bad = daemon::engine_options_from(*fp16);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == Errc::unsupported);
+  CHECK(bad.error().message.find("KV_DTYPE=fp16") != std::string::npos);
+  // fp8 reaches the engine: on the CPU its fp32 pools hold e4m3 values, and status says fp8.
   auto fp8 =
       load_config(dir.write("fp8.env", "NODE0_SSH=local\nKV_DTYPE=fp8\n"), Environment{}, nullptr);
   REQUIRE(fp8.ok());
-  auto bad = daemon::engine_options_from(*fp8);
-  REQUIRE_FALSE(bad.ok());
-  CHECK(bad.error().code == Errc::unsupported);
-  CHECK(bad.error().message.find("KV_DTYPE=fp8") != std::string::npos);
+  auto o8 = daemon::engine_options_from(*fp8);
+  REQUIRE_MESSAGE(o8.ok(), (o8.ok() ? std::string() : o8.error().message));
+  CHECK(o8->kv_dtype == "fp8");
   // The sizes reach the engine: 3 slots x 256 tokens of 16-token blocks.
   auto mdir = dir / "m";
   REQUIRE(write_random_checkpoint(mdir, {small_config(Family::llama), DType::f32, 1, 1}).ok());
@@ -116,4 +123,22 @@ TEST_CASE("runtime: engine options come from SLOTS, CONTEXT_LEN, PREFILL_CHUNK a
   REQUIRE(rt.ok());
   CHECK((*rt)->engine()->stats().blocks_total == 3 * 256 / 16);
   CHECK((*rt)->engine()->max_context() == 256);
+  CHECK((*rt)->engine()->stats().kv_dtype == "fp32");
+  (*rt)->stop();
+  ro.engine = *o8;
+  auto rt8 = Runtime::start(ro);
+  REQUIRE_MESSAGE(rt8.ok(), (rt8.ok() ? std::string() : rt8.error().message));
+  CHECK((*rt8)->engine()->stats().kv_dtype == "fp8");
+  (*rt8)->stop();
+  // Latent attention keeps a latent cache, which has no fp8 form: refused at start, naming
+  // the setting.
+  auto ldir = dir / "mla";
+  REQUIRE(
+      write_random_checkpoint(ldir, {small_config(Family::deepseek_v3), DType::f32, 1, 1}).ok());
+  ro.model_dir = ldir;
+  auto rt_mla = Runtime::start(ro);
+  REQUIRE_FALSE(rt_mla.ok());
+  CHECK(rt_mla.error().code == Errc::unsupported);
+  CHECK(rt_mla.error().message.find("KV_DTYPE=fp8") != std::string::npos);
+  CHECK(rt_mla.error().message.find("latent") != std::string::npos);
 }

@@ -183,6 +183,40 @@ TEST_CASE("fp8 matmul twin: the product over plainly widened weights, bias, accu
       }
 }
 
+// RMSNorm inside the product (norm_w): the sum over a[k] * norm_w[k] * w[n][k], scaled by
+// 1 / sqrt(mean(a^2) + eps), in double: the plain twin's sum over the same products, once
+// more by hand.
+TEST_CASE("fp8 matmul twin: RMSNorm of the input inside the product") {
+  std::mt19937 rng(20261);
+  const size_t m = 3, n = 40, k = 272, lda = k + 8;
+  HostFp8 h = random_fp8(rng, n, k, 7);
+  auto a = random_bf16(rng, m * lda, -2, 2);
+  auto nw = random_bf16(rng, k, 0.5f, 1.5f);
+  std::vector<float> out(m * n);
+  Fp8MatmulArgs p;
+  p.a = a.data(), p.lda = lda, p.w = h.w, p.out_dtype = DType::f32, p.out = out.data();
+  p.ldo = n, p.m = m, p.n = n, p.k = k, p.norm_w = nw.data(), p.norm_eps = 1e-6f;
+  fp8_matmul_ref(p);
+  size_t bad = 0;
+  for (size_t i = 0; i < m; ++i) {
+    double ss = 0;
+    for (size_t t = 0; t < k; ++t) ss += std::pow(bf16_to_float(a[i * lda + t]), 2);
+    const double inv = 1 / std::sqrt(ss / k + 1e-6);
+    for (size_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (size_t t = 0; t < k; ++t)
+        s += bf16_to_float(a[i * lda + t]) * bf16_to_float(nw[t]) * plain_weight(h, j, t);
+      bad += std::fabs(out[i * n + j] - s * inv) > 1e-6 * (1 + std::fabs(s * inv));
+    }
+  }
+  CHECK(bad == 0);
+  // The device kernel's 16-byte loads of norm_w: a misaligned one is refused.
+  p.norm_w = nw.data() + 1;
+  auto s = fp8_matmul_check(p);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message().find("norm_w") != std::string::npos);
+}
+
 TEST_CASE("fp8 dequantize twin: e4m3 x scale rounded to bf16 once, rows from row0") {
   std::mt19937 rng(7);
   for (int rs : {0, 7}) {

@@ -1,8 +1,9 @@
 // The FP8 kernels on the GPU against their CPU twins (kernels/fp8.h): the decode GEMV at
 // every row count it takes over partial scale blocks, both scale layouts, both output
 // types, bias, accumulate and SwiGLU (under programmatic launch too), in both of its shapes
-// (one output column a warp where the grid would be small, two from 6000 columns on a
-// device of up to 187 multiprocessors), and the dequantization bit for bit.
+// (one output column a warp where the grid would be small or A has one row, two from 6000
+// columns and two rows on a device of up to 187 multiprocessors), three products in one
+// launch with RMSNorm inside, and the dequantization bit for bit.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -212,6 +213,111 @@ TEST_CASE("gpu fp8 gemv: m = 1..8 against the twin, bias, accumulate, swiglu, bo
   REQUIRE(!s.ok());
   CHECK(s.error().code == Errc::usage);
   CHECK(s.message().find("at most 8 rows") != std::string::npos);
+}
+
+// Three products over one input in one launch (the q, k and v projections), over the input
+// itself or RMSNorm of it computed inside (norm_w), plain or SwiGLU alone with the norm, each
+// part against its twin. Bound: the plain test's (k + 8) 2^-24 sum|a w| on the products
+// before the norm's scale, times that scale (whose rsqrt adds 2^-21 relative), plus a bf16
+// ulp of a bf16 output.
+TEST_CASE("gpu fp8 gemv: three products in one launch, RMSNorm inside, against the twins") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("fp8 gemv group"));
+  const size_t k = 1040;
+  const size_t widths[3] = {300, 64, 72};
+  size_t cases = 0;
+  for (size_t m : {1, 2, 5, 8})
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool norm = mode >= 1, swiglu = mode == 2;
+      const int n = swiglu ? 1 : 3;
+      CAPTURE(m);
+      CAPTURE(mode);
+      const size_t lda = k + 8;
+      auto a = random_bf16(rng, m * lda, -2, 2);
+      auto nw = random_bf16(rng, k, 0.5f, 1.5f);
+      auto da = DeviceBuf<uint16_t>::from(a);
+      auto dnw = DeviceBuf<uint16_t>::from(nw);
+      std::vector<HostFp8> hs;
+      std::vector<DeviceBuf<uint8_t>> dqs;
+      std::vector<DeviceBuf<float>> dss;
+      std::vector<test::gpu::Dev> outs;
+      std::vector<std::vector<uint16_t>> refs;
+      Fp8MatmulArgs parts[3];
+      for (int i = 0; i < n; ++i) {
+        const size_t N = widths[i], wrows = swiglu ? 2 * N : N;
+        hs.push_back(random_fp8(rng, wrows, k, 7));
+      }
+      for (int i = 0; i < n; ++i) {
+        const size_t N = widths[i];
+        Fp8MatmulArgs p;
+        p.a = a.data(), p.lda = lda,
+        p.w = weight_of(hs[static_cast<size_t>(i)], hs[static_cast<size_t>(i)].q.data(),
+                        hs[static_cast<size_t>(i)].scales.data());
+        p.out_dtype = DType::bf16, p.ldo = N, p.m = m, p.n = N, p.k = k, p.swiglu = swiglu;
+        p.norm_w = norm ? nw.data() : nullptr, p.norm_eps = 1e-5f;
+        refs.emplace_back(m * N, 0);
+        p.out = refs.back().data();
+        fp8_matmul_ref(p);
+        dqs.push_back(DeviceBuf<uint8_t>::from(hs[static_cast<size_t>(i)].q));
+        dss.push_back(DeviceBuf<float>::from(hs[static_cast<size_t>(i)].scales));
+        outs.push_back(test::gpu::poisoned(m * N, DType::bf16));
+        parts[i] = p;
+        parts[i].a = da.get(), parts[i].norm_w = norm ? dnw.get() : nullptr;
+        parts[i].w = weight_of(hs[static_cast<size_t>(i)], dqs.back().get(), dss.back().get());
+        parts[i].out = outs.back().get();
+      }
+      set_programmatic_launch(m % 2 == 0);
+      Status s = fp8_gemv_group_cuda_device(parts, n, nullptr);
+      set_programmatic_launch(false);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+      REQUIRE(cuda_synchronize().ok());
+      for (int i = 0; i < n; ++i) {
+        const size_t N = widths[i];
+        auto got = test::gpu::from_dev(outs[static_cast<size_t>(i)]);
+        size_t bad = 0;
+        for (size_t r = 0; r < m; ++r) {
+          double ss = 0;
+          for (size_t t = 0; t < k; ++t) {
+            const double x = bf16_to_float(a[r * lda + t]);
+            ss += x * x;
+          }
+          const double inv = norm ? 1.0 / std::sqrt(ss / static_cast<double>(k) + 1e-5) : 1.0;
+          for (size_t j = 0; j < N; ++j) {
+            auto mag = [&](size_t row) {
+              double g = 0;
+              for (size_t t = 0; t < k; ++t)
+                g += std::fabs(bf16_to_float(a[r * lda + t]) * (norm ? bf16_to_float(nw[t]) : 1.f) *
+                               widened(hs[static_cast<size_t>(i)], row, t));
+              return g * inv * (static_cast<double>(k + 8) * 0x1p-24 + 0x1p-21);
+            };
+            const double ref = bf16_to_float(refs[static_cast<size_t>(i)][r * N + j]);
+            double bound = mag(j) + bf16_ulp(ref);
+            if (swiglu)
+              bound = 8 * (mag(j) + mag(N + j)) * (1 + std::fabs(ref)) + 2 * bf16_ulp(ref);
+            const double e = std::fabs(static_cast<double>(got[r * N + j]) - ref);
+            if (!(e <= bound)) ++bad;
+          }
+        }
+        CAPTURE(i);
+        CHECK(bad == 0);
+        ++cases;
+      }
+    }
+  MESSAGE(cases << " grouped fp8 gemv parts");
+  // A group whose parts do not share the input is refused.
+  Fp8MatmulArgs two[2];
+  auto da = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(32));
+  auto dq = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(16));
+  auto ds = DeviceBuf<float>::from(std::vector<float>(1, 1.f));
+  auto dout = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(2));
+  for (auto& t : two) {
+    t.a = da.get(), t.lda = 16, t.w.q = dq.get(), t.w.ldq = 16, t.w.scales = ds.get();
+    t.w.scale_ld = 1, t.out = dout.get(), t.ldo = 1, t.m = 1, t.n = 1, t.k = 16;
+  }
+  two[1].a = static_cast<uint16_t*>(da.get()) + 16;
+  Status s = fp8_gemv_group_cuda_device(two, 2, nullptr);
+  REQUIRE(!s.ok());
+  CHECK(s.message().find("share a") != std::string::npos);
 }
 
 TEST_CASE("gpu fp8 dequantize: bit for bit the twin, rows from row0, both scale layouts") {

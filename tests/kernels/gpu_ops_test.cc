@@ -41,6 +41,8 @@ using namespace spark::test::gpu;
 namespace {
 
 const DType kTypes[] = {DType::f32, DType::bf16};
+// KV cache types: the above and e4m3 (KV_DTYPE=fp8).
+const DType kKvTypes[] = {DType::f32, DType::bf16, DType::e4m3};
 
 // A product's outputs against the twin within bound(i) (every element; of the largest
 // outputs, where checking each costs seconds, every 97th), and none left unwritten.
@@ -215,7 +217,7 @@ TEST_CASE("gpu rope with the KV write: bit for bit what rope and then the KV wri
   } cases[] = {{32, 8, 128, 1, false}, {28, 4, 128, 3, true}, {4, 2, 16, 5, false},
                {8, 8, 64, 33, true},   {2, 1, 256, 2, false}, {3, 1, 512, 2, true}};
   for (auto t : kTypes)
-    for (auto ct : kTypes)
+    for (auto ct : kKvTypes)
       for (const auto& c : cases) {
         CAPTURE(std::string(dtype_name(t)));
         CAPTURE(std::string(dtype_name(ct)));
@@ -442,10 +444,11 @@ void check_pools(const PagedSetup& P) {
 
 }  // namespace
 
-TEST_CASE("gpu paged KV write: bf16 and f32 caches from bf16 and f32 rows, through block tables") {
+TEST_CASE(
+    "gpu paged KV write: bf16, f32 and fp8 caches from bf16 and f32 rows, through block tables") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("kv_write"));
-  for (auto kv_t : kTypes)
+  for (auto kv_t : kKvTypes)
     for (auto src_t : kTypes) {
       CAPTURE(std::string(dtype_name(kv_t)));
       CAPTURE(std::string(dtype_name(src_t)));
@@ -619,7 +622,7 @@ void attention_case(std::mt19937& rng, bool decode, DType kv_t, DType q_t, int n
 TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, windows, bounds") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("decode"));
-  for (auto kv_t : kTypes) {
+  for (auto kv_t : kKvTypes) {
     // Chunk edges (63, 64, 65 positions), a bound far above the contexts (a graph's), one
     // split slot per sequence (many sequences), group 5 (G rounded up), head_dim 24 and 256.
     attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 63, 64, 65, 129, 300},
@@ -777,7 +780,7 @@ TEST_CASE("gpu decode attention with the fallbacks forced: no clusters, the twin
 TEST_CASE("gpu decode attention (partitioned, the previous kernel) over the paged cache") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("decode_partitioned"));
-  for (auto kv_t : kTypes) {
+  for (auto kv_t : kKvTypes) {
     attention_case(rng, true, kv_t, DType::bf16, 32, 8, 128, 16, {1, 7, 300, 1000}, {1, 1, 1, 1}, 0,
                    1, true);
     attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1, true);
@@ -907,7 +910,7 @@ TEST_CASE("gpu prefill attention: causal, GQA, cached prefixes, ragged batches, 
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("prefill"));
   for (int variant : {0, 1}) {
-    for (auto kv_t : kTypes) {
+    for (auto kv_t : kKvTypes) {
       attention_case(rng, false, kv_t, DType::bf16, 8, 2, 128, 16, {1, 65, 200}, {1, 65, 200}, 0,
                      1000, false, 0, variant);
       attention_case(rng, false, kv_t, DType::bf16, 4, 2, 16, 16, {300, 77}, {100, 77}, 0, 1000,
@@ -955,7 +958,7 @@ TEST_CASE("gpu prefill attention (tiled kernel): tiles, head sizes, GQA groups, 
     MESSAGE("variant 6 not run: " << lim->smem_per_block_optin
                                   << " bytes of shared memory a block, 174848 needed");
   for (int variant : variants)
-    for (auto kv_t : kTypes) {
+    for (auto kv_t : kKvTypes) {
       // Group 1; one-row, tile-edge and ragged prompts in one batch.
       attention_case(rng, false, kv_t, DType::bf16, 8, 8, 64, 16, {1, 63, 64, 127, 128, 129, 300},
                      {1, 63, 64, 127, 128, 129, 300}, 0, 1000, false, 0, variant);
@@ -1548,7 +1551,10 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
         const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3 || mode == 5,
                    norm = mode == 4 || mode == 5, unit = mode >= 6;
         if (norm && c.m > kMatmulGemvMaxRows) continue;  // the streaming form's alone
-        const DType ct = f32_cache ? DType::f32 : DType::bf16;
+        // Modes 0 and 6 write an fp8 (e4m3) cache; the others bf16 (1, 4, 5) or fp32.
+        const DType ct = mode == 0 || mode == 6 ? DType::e4m3
+                         : f32_cache            ? DType::f32
+                                                : DType::bf16;
         // The reference group runs the form the epilogue's launch runs: the streaming form
         // at 1-2 rows and for a norm with its weight, else the tensor-core form, whose
         // automatic shape is the same for the group and for the RoPE launch (one tile is 16

@@ -32,7 +32,7 @@ inline std::vector<float> randoms(std::mt19937& rng, size_t n, float lo, float h
   return v;
 }
 
-// Host values as stored in `t` (bf16: rounded) and their device bit patterns.
+// Host values as stored in `t` (bf16, e4m3: rounded) and their device bit patterns.
 inline std::vector<float> as_stored(std::vector<float> v, DType t) {
   for (auto& f : v) f = round_to(t, f);
   return v;
@@ -55,6 +55,10 @@ inline Dev to_dev(const std::vector<float>& v, DType t) {
     std::vector<bf16_bits> b(v.size());
     for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
     if (!b.empty()) REQUIRE(d.mem.copy_from_host(b.data(), b.size() * 2).ok());
+  } else if (t == DType::e4m3) {
+    std::vector<uint8_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = fp8_e4m3_code(v[i]);
+    if (!b.empty()) REQUIRE(d.mem.copy_from_host(b.data(), b.size()).ok());
   } else if (!v.empty()) {
     REQUIRE(d.mem.copy_from_host(v.data(), v.size() * 4).ok());
   }
@@ -78,6 +82,10 @@ inline std::vector<float> from_dev(const Dev& d) {
     std::vector<bf16_bits> b(d.n);
     REQUIRE(d.mem.copy_to_host(b.data(), b.size() * 2).ok());
     for (size_t i = 0; i < d.n; ++i) v[i] = bf16_to_float(b[i]);
+  } else if (d.t == DType::e4m3) {  // poison (0xff) reads back as NaN
+    std::vector<uint8_t> b(d.n);
+    REQUIRE(d.mem.copy_to_host(b.data(), b.size()).ok());
+    for (size_t i = 0; i < d.n; ++i) v[i] = fp8_e4m3_value(b[i]);
   } else {
     REQUIRE(d.mem.copy_to_host(v.data(), v.size() * 4).ok());
   }
