@@ -65,6 +65,18 @@ EngineFit engine_fit(const ModelFiles& mf, const RingConfig* cfg, const EngineFi
           "run it on a number of ranks the model divides into (NODE<i>_GPUS, nodes), or "
           "set EXPERT_PARALLEL");
     }
+    // KV_DTYPE as the engine keeps it: fp16 it has no cache of; fp8 not for latent
+    // attention, whose latent cache is bf16 or fp32 (the engine refuses both at start).
+    const std::string kv = get("KV_DTYPE");
+    if (kv == "fp16" || (kv == "fp8" && mc->is_mla())) {
+      f.problems.push_back(
+          kv == "fp16" ? std::string("KV_DTYPE=fp16: the native engine keeps its KV cache in "
+                                     "bf16 (GPU), fp32 or fp8 (e4m3)")
+                       : fmt::format("KV_DTYPE=fp8: {} keeps a latent KV cache (multi-head latent "
+                                     "attention), which the native engine holds in bf16 or fp32",
+                                     mc->architecture));
+      f.fixes.push_back("set KV_DTYPE=auto (bf16 on a GPU, fp32 on the CPU)");
+    }
     // CONTEXT_LEN against what the model was trained for.
     int64_t ctx = o.context ? *o.context : parse_i64(get("CONTEXT_LEN")).value_or(0);
     bool set = o.context.has_value() || (cfg && cfg->settings.count("CONTEXT_LEN") &&

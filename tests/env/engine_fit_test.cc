@@ -12,8 +12,8 @@
 
 #include "cli/cli.h"
 #include "core/strings.h"
-#include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/model_config.h"
+#include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/shard_plan.h"
 #include "env/plan.h"
 #include "env/preflight.h"
@@ -206,7 +206,8 @@ TEST_CASE("plan: says the configured engine cannot serve the model, with the fix
   CHECK(err.str().find("ENGINE=native cannot serve " + dir) != std::string::npos);
 }
 
-TEST_CASE("engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on a GPU and on the CPU") {
+TEST_CASE(
+    "engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on a GPU and on the CPU") {
   for (auto family : {engine::Family::deepseek_v3, engine::Family::gpt_oss}) {
     CAPTURE(engine::architecture_name(family));
     test::TempDir d("fit");
@@ -222,6 +223,33 @@ TEST_CASE("engine fit: latent attention (DeepSeek-V3) and gpt-oss are served on 
       CHECK(f.checked);
       CHECK_MESSAGE(f.ok(), join(f.problems, "; "));
       CHECK_MESSAGE(f.warnings.empty(), join(f.warnings, "; "));
+    }
+  }
+}
+
+// KV_DTYPE the native engine has no cache of: refused before start, with the fix; fp8 is
+// served except for latent attention.
+TEST_CASE("engine fit: KV_DTYPE=fp16, and fp8 for latent attention, are refused before start") {
+  for (auto family : {engine::Family::qwen3, engine::Family::deepseek_v3}) {
+    CAPTURE(engine::architecture_name(family));
+    test::TempDir d("fit");
+    const std::string dir = d / "model";
+    REQUIRE(engine::write_random_checkpoint(
+                dir, {engine::small_config(family), engine::DType::bf16, 7, 1})
+                .ok());
+    d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+    const bool mla = family == engine::Family::deepseek_v3;
+    for (const char* kv : {"auto", "fp8", "fp16"}) {
+      CAPTURE(kv);
+      auto r = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\nKV_DTYPE=" + kv + "\n");
+      auto f = engine_fit(read_model_files(Sysroot("/"), dir), &r, {});
+      CHECK(f.checked);
+      const bool refused = std::string(kv) == "fp16" || (std::string(kv) == "fp8" && mla);
+      CHECK_MESSAGE(f.ok() == !refused, join(f.problems, "; "));
+      if (refused) {
+        CHECK(has(f.problems, std::string("KV_DTYPE=") + kv));
+        CHECK(has(f.fixes, "KV_DTYPE=auto"));
+      }
     }
   }
 }
