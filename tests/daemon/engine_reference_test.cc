@@ -44,6 +44,18 @@ double max_diff(const float* a, const nlohmann::json& b) {
   return worst;
 }
 
+// A fixture's reference.json and its model on the CPU device.
+nlohmann::json reference_of(const std::string& dir) {
+  auto text = read_file(dir + "/reference.json");
+  REQUIRE(text);
+  return nlohmann::json::parse(*text);
+}
+std::unique_ptr<Model> model_of(const std::string& dir) {
+  auto m = Model::load(dir, 0, 1);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
+  return std::move(*m);
+}
+
 }  // namespace
 
 TEST_CASE("reference: logits and greedy tokens match Hugging Face transformers") {
@@ -56,12 +68,9 @@ TEST_CASE("reference: logits and greedy tokens match Hugging Face transformers")
   }
   for (const auto& dir : dirs) {
     CAPTURE(dir);
-    auto text = read_file(dir + "/reference.json");
-    REQUIRE(text);
-    auto ref = nlohmann::json::parse(*text);
-    auto m = Model::load(dir, 0, 1);
-    REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
-    auto& model = **m;
+    auto ref = reference_of(dir);
+    auto m = model_of(dir);
+    auto& model = *m;
     const auto& c = model.config();
     CHECK(c.architecture == ref["architecture"].get<std::string>());
     const size_t V = static_cast<size_t>(c.vocab_size);
@@ -247,12 +256,9 @@ TEST_CASE("reference: an fp8 KV cache stays within its stated bound of transform
   int checked = 0;
   for (const auto& dir : dirs) {
     CAPTURE(dir);
-    auto text = read_file(dir + "/reference.json");
-    REQUIRE(text);
-    auto ref = nlohmann::json::parse(*text);
-    auto m = Model::load(dir, 0, 1);
-    REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.error().message));
-    auto& model = **m;
+    auto ref = reference_of(dir);
+    auto m = model_of(dir);
+    auto& model = *m;
     if (model.config().is_mla()) continue;  // a latent cache: KV_DTYPE=fp8 is refused there
     const size_t V = static_cast<size_t>(model.config().vocab_size);
     const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();

@@ -60,6 +60,16 @@ std::string one_tensor(const std::string& dtype, size_t bytes) {
   return out + h + std::string(bytes, '\0');
 }
 
+// A random-weight checkpoint of `family` (bf16) with a tokenizer.json, in d/model.
+std::string random_model(test::TempDir& d, engine::Family family) {
+  const std::string dir = d / "model";
+  REQUIRE(engine::write_random_checkpoint(dir,
+                                          {engine::small_config(family), engine::DType::bf16, 7, 1})
+              .ok());
+  d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+  return dir;
+}
+
 }  // namespace
 
 TEST_CASE("engine fit: a bf16 checkpoint of a family the engine runs is served, and says what") {
@@ -211,11 +221,7 @@ TEST_CASE(
   for (auto family : {engine::Family::deepseek_v3, engine::Family::gpt_oss}) {
     CAPTURE(engine::architecture_name(family));
     test::TempDir d("fit");
-    const std::string dir = d / "model";
-    REQUIRE(engine::write_random_checkpoint(
-                dir, {engine::small_config(family), engine::DType::bf16, 7, 1})
-                .ok());
-    d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+    const std::string dir = random_model(d, family);
     for (const char* device : {"", "DEVICE=cpu\n", "DEVICE=cuda\n"}) {
       CAPTURE(device);
       auto r = ring("MODEL_PATH=" + dir + "\nCONTEXT_LEN=256\n" + device);
@@ -233,11 +239,7 @@ TEST_CASE("engine fit: KV_DTYPE=fp16, and fp8 for latent attention, are refused 
   for (auto family : {engine::Family::qwen3, engine::Family::deepseek_v3}) {
     CAPTURE(engine::architecture_name(family));
     test::TempDir d("fit");
-    const std::string dir = d / "model";
-    REQUIRE(engine::write_random_checkpoint(
-                dir, {engine::small_config(family), engine::DType::bf16, 7, 1})
-                .ok());
-    d.write("model/tokenizer.json", R"({"version":"1.0","model":{"type":"BPE"}})");
+    const std::string dir = random_model(d, family);
     const bool mla = family == engine::Family::deepseek_v3;
     for (const char* kv : {"auto", "fp8", "fp16"}) {
       CAPTURE(kv);
