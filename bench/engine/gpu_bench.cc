@@ -257,6 +257,11 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
     if (given && stream_counts.empty())
       return make_error(Errc::usage, "gpubench --streams: an empty list (leave it out for none)");
   }
+  // --kv-dtype: the KV cache types the engine keeps on a GPU.
+  const std::string kv_dtype = get("kv-dtype", "auto");
+  if (kv_dtype != "auto" && kv_dtype != "bf16" && kv_dtype != "fp8" && kv_dtype != "fp32")
+    return make_error(Errc::usage,
+                      fmt::format("gpubench --kv-dtype {}: auto, bf16, fp8 or fp32", kv_dtype));
   nlohmann::json j;
   j["model"] = dir;
   const bool synthetic = num["synthetic"] == 1;
@@ -324,7 +329,7 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   o.kv_from_free_memory = true;
   o.mem_reserve = 2ull << 30;
   o.cuda_graphs = num["graphs"] == 1;
-  o.kv_dtype = get("kv-dtype", "auto");  // the engine refuses what it does not keep
+  o.kv_dtype = kv_dtype;
   auto eng = Engine::start(std::move(*model), std::make_shared<LocalCollective>(), o);
   if (!eng) return eng.error();
   j["kv_dtype"] = (*eng)->stats().kv_dtype;

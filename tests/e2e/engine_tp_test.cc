@@ -195,7 +195,8 @@ TEST_CASE(
       CHECK(rc1 != 0);
       CHECK(err0.find("rank 0 holds rows") != std::string::npos);
       CHECK(err0.find(".weight") != std::string::npos);
-      MESSAGE(name << ": not split over 2 ranks (its FP8 blocks would be cut), refused as it should be");
+      MESSAGE(name
+              << ": not split over 2 ranks (its FP8 blocks would be cut), refused as it should be");
       ++refused;
       continue;
     }
@@ -326,7 +327,8 @@ TEST_CASE("engine gpubench: a bad number is a usage error naming the option, bef
                             {"--max-tokens", "12x"},
                             {"--streams", "8,0"},
                             {"--streams", "8,,32"},
-                            {"--streams", "33"}}) {
+                            {"--streams", "33"},
+                            {"--kv-dtype", "fp16"}}) {
     CAPTURE(opt);
     CAPTURE(value);
     auto p = spawn({kTool, "gpubench", "--model", dir / "none", opt, value}, dir / "g.out",
