@@ -83,8 +83,14 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   (void)P;  // clusters need sm_90: attention_decode_short_max() is 0 there, never launched
 #else
-  dev::pdl_wait();  // programmatic launch: the kernel ahead has finished
-  dev::pdl_trigger();
+  // Programmatic launch: with history_ready, the table, the context and the rows before
+  // the query's own position are copied first and the wait comes before that last row and
+  // the query are read (below); else the wait comes first.
+  const bool early = P.b.history_ready;
+  if (!early) {
+    dev::pdl_wait();
+    dev::pdl_trigger();
+  }
   extern __shared__ __align__(16) unsigned char smem[];
   C* ks = reinterpret_cast<C*>(smem);
   C* vs = reinterpret_cast<C*>(smem + P.sm.v_off);
@@ -123,13 +129,23 @@ __global__ void __launch_bounds__(kThreads, 1) short_kernel(ShortParams P) {
   const C* vpool = static_cast<const C*>(b.kv.v) + static_cast<size_t>(kvh) * hd;
   constexpr int E = 16 / static_cast<int>(sizeof(C));  // elements per 16-byte copy
   const int per_row = hd / E;
-  for (int i = tid; i < n * per_row; i += kThreads) {
-    const int r = i / per_row, e = (i - r * per_row) * E;
+  const int own = ctx - 1;  // the query's position: its row comes from the kernel ahead
+  auto copy_row_piece = [&](int r, int e) {
     const int p = lo + r;
     const int tb = P.bs_shift >= 0 ? p >> P.bs_shift : p / bs;
     const size_t at = static_cast<size_t>(ent[tb] * bs + (p - tb * bs)) * row_elems + e;
     dev::cp_async16(ks + static_cast<size_t>(r) * hd + e, kpool + at);
     dev::cp_async16(vs + static_cast<size_t>(r) * hd + e, vpool + at);
+  };
+  for (int i = tid; i < n * per_row; i += kThreads) {
+    const int r = i / per_row;
+    if (early && lo + r == own) continue;
+    copy_row_piece(r, (i - r * per_row) * E);
+  }
+  if (early) {
+    dev::pdl_wait();
+    dev::pdl_trigger();
+    if (own >= lo && own < lo + n && tid < per_row) copy_row_piece(own - lo, tid * E);
   }
   dev::cp_async_commit();
 

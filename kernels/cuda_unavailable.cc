@@ -199,6 +199,9 @@ Status matmul_own_mma_cuda_device(const MatmulArgs* parts, int n_parts, void*, i
   for (int i = 0; i < n_parts; ++i) SPARK_TRY(matmul_check_args(parts[i]));
   return no_cuda("matmul_own_mma_cuda_device");
 }
+bool matmul_qkv_rope_head_norms(size_t, size_t) {
+  return false;
+}
 Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void*,
                                    OwnVariant) {
   for (int i = 0; i < 3; ++i) SPARK_TRY(matmul_check_args(parts[i]));

@@ -17,24 +17,18 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/matmul.h"
+#include "kernels/rope_epilogue.cuh"
 
 namespace spark::kernels {
 namespace {
 
+using dev::kClusters;
+using dev::RopeEpilogue;
+using dev::store_rope_head_norm;
+using dev::store_rope_t;
+
 // The products of one launch: block b of the grid computes rows of part[i] where
 // first_block[i] <= b < first_block[i + 1].
-// The q/k/v products' RoPE and KV write (matmul_qkv_rope_cuda_device); unused elsewhere.
-struct RopeEpilogue {
-  const int32_t* positions = nullptr;
-  const float* inv_freq = nullptr;
-  size_t head_dim = 0;
-  void* k_cache = nullptr;
-  void* v_cache = nullptr;
-  DType cache_dtype = DType::bf16;
-  long long cache_slots = 0;
-  const int32_t* slots = nullptr;
-  size_t kv_row = 0;  // cache row: n_kv_heads * head_dim elements
-};
 
 struct OwnGroup {
   MatmulArgs part[kMatmulMaxGroup];
@@ -99,37 +93,10 @@ constexpr int kGemvWarps = 8;
 // multiprocessor: four blocks of eight (the register file's 64 Ki / (58 x 256)).
 constexpr size_t kGemvResidentWarpsPerSm = 32;
 
-// The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
-// of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
-// rope_kernel computes it from the stored values; k's rotated and v's rows also go to the
-// cache slot, as its KV write converts them.
-template <int PART, typename T>
-__device__ __forceinline__ void store_rope_t(const MatmulArgs& p, const RopeEpilogue& rp, size_t m,
-                                             size_t n0, size_t i, float a0, float a1) {
-  const size_t n1 = n0 + rp.head_dim / 2;
-  if (p.bias) {
-    const dev::bf16* bias = static_cast<const dev::bf16*>(p.bias);
-    a0 += __bfloat162float(bias[n0]), a1 += __bfloat162float(bias[n1]);
-  }
-  T t0 = dev::from_f<T>(a0), t1 = dev::from_f<T>(a1);
-  if constexpr (PART < 2)
-    dev::rope_pair(dev::to_f(t0), dev::to_f(t1), static_cast<float>(rp.positions[m]),
-                   rp.inv_freq[i], &t0, &t1);
-  T* o = static_cast<T*>(p.out) + m * p.ldo;
-  o[n0] = t0, o[n1] = t1;
-  if constexpr (PART > 0) {
-    const int32_t slot = rp.slots[m];
-    if (slot < 0 || slot >= rp.cache_slots) return;
-    const size_t at = static_cast<size_t>(slot) * rp.kv_row;
-    void* cache = PART == 1 ? rp.k_cache : rp.v_cache;
-    dev::store_cache(cache, rp.cache_dtype, at + n0, dev::to_f(t0));
-    dev::store_cache(cache, rp.cache_dtype, at + n1, dev::to_f(t1));
-  }
-}
-
 // ROPE >= 0: the q/k/v part of that index with the RoPE epilogue. The warp's two units are
-// then the rotation pair (i, i + head_dim/2) of one head, not two adjacent rows.
-template <int M, int R, int U, int NW, int ROPE = -1, int NORM = 0>
+// then the rotation pair (i, i + head_dim/2) of one head, not two adjacent rows. QKN: with
+// the per-head norms first (store_rope_head_norm; a cluster launch).
+template <int M, int R, int U, int NW, int ROPE = -1, int NORM = 0, bool QKN = false>
 __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
                                            const RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -275,7 +242,15 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
   }
 
   // Lane r * M + m stores unit r's output for A row m.
-  if constexpr (ROPE >= 0) {
+  if constexpr (ROPE >= 0 && QKN) {
+    float a0[M], a1[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) a0[m] = acc[0][0][m], a1[m] = acc[1][0][m];
+    if (p.out_dtype == DType::bf16)
+      store_rope_head_norm<ROPE, M, dev::bf16>(p, rp, units[0], pair_i, uok[0], a0, a1);
+    else
+      store_rope_head_norm<ROPE, M, float>(p, rp, units[0], pair_i, uok[0], a0, a1);
+  } else if constexpr (ROPE >= 0) {
     // Lane m stores row m's pair: both units' sums are in every lane after the shuffles.
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -324,16 +299,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, R, U, NW>
 }
 
 // q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp.
-template <int M, int NORM>
+// QKN: the per-head norms first, launched in clusters of head_dim / 16 blocks.
+template <int M, int NORM, bool QKN = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, (gemv_min_blocks<M, 2, 4, 1>()))
     gemv_rope_kernel(OwnGroup G) {
-  const unsigned b = blockIdx.x;
-  if (b >= G.first_block[2])
-    gemv_block<M, 2, 4, 1, 2, NORM>(G.part[2], b - G.first_block[2], G.rope);
-  else if (b >= G.first_block[1])
-    gemv_block<M, 2, 4, 1, 1, NORM>(G.part[1], b - G.first_block[1], G.rope);
-  else
-    gemv_block<M, 2, 4, 1, 0, NORM>(G.part[0], b, G.rope);
+  if constexpr (QKN && !kClusters) {
+    (void)G;  // clusters need sm_90: matmul_qkv_rope_head_norms() is false there
+  } else {
+    const unsigned b = blockIdx.x;
+    if (b >= G.first_block[2])
+      gemv_block<M, 2, 4, 1, 2, NORM, QKN>(G.part[2], b - G.first_block[2], G.rope);
+    else if (b >= G.first_block[1])
+      gemv_block<M, 2, 4, 1, 1, NORM, QKN>(G.part[1], b - G.first_block[1], G.rope);
+    else
+      gemv_block<M, 2, 4, 1, 0, NORM, QKN>(G.part[0], b, G.rope);
+  }
 }
 
 // ---- the tensor-core form (m <= kMatmulOwnMaxRows) ---------------------------------------
@@ -833,6 +813,12 @@ Status matmul_own_cuda_device(const MatmulArgs& a, void* stream) {
   return matmul_own_group_cuda_device(&a, 1, stream);
 }
 
+bool matmul_qkv_rope_head_norms(size_t m, size_t head_dim) {
+  if (m < 1 || m > 2 || (head_dim != 32 && head_dim != 64 && head_dim != 128)) return false;
+  auto lim = cuda_device_limits();
+  return lim && lim->cluster_launch && cuda_hopper_paths(lim->cc_major, cuda_fallbacks());
+}
+
 Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream,
                                    OwnVariant variant) {
   auto bad = [](const std::string& why) {
@@ -869,19 +855,11 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   if (m > kMatmulQkvRopeMaxRows)
     return bad("at most " + std::to_string(kMatmulQkvRopeMaxRows) + " rows, not " +
                std::to_string(m));
-  if (rope.n_tokens != m) return bad("rope's n_tokens must be the products' m");
-  if (rope.q_norm || rope.k_norm) return bad("no per-head norms (run the separate kernels)");
-  if (!rope.k || !rope.k_cache || !rope.v_cache || !rope.slots || !rope.v)
-    return bad("needs the KV write (k, v, both caches and the slots)");
-  G.rope.positions = rope.positions;
-  G.rope.inv_freq = rope.inv_freq;
-  G.rope.head_dim = hd;
-  G.rope.k_cache = rope.k_cache;
-  G.rope.v_cache = rope.v_cache;
-  G.rope.cache_dtype = rope.cache_dtype;
-  G.rope.cache_slots = rope.cache_slots;
-  G.rope.slots = rope.slots;
-  G.rope.kv_row = widths[1];
+  const bool head_norms = rope.q_norm || rope.k_norm;
+  SPARK_TRY(
+      dev::rope_epilogue_for(rope, m, matmul_qkv_rope_head_norms(m, hd), "matmul q/k/v", &G.rope));
+  if (head_norms && variant == OwnVariant::mma)
+    return bad("per-head norms in the streaming form only");
   auto st = static_cast<cudaStream_t>(stream);
   // As the plain products choose (matmul_own_group_cuda_device): the streaming form at 1
   // and 2 rows and for a norm with its weight, the tensor-core form from 3 rows on.
@@ -903,6 +881,20 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   }
   G.first_block[3] = static_cast<unsigned>(blocks);
   const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;
+  if (head_norms) {
+    // A cluster per head: its hd / 16 blocks (every part's blocks are whole heads).
+    const unsigned cs = static_cast<unsigned>(hd / 16);
+    auto go = [&](auto norm) -> Status {
+      constexpr int N = decltype(norm)::value;
+      SPARK_CUDA_TRY(
+          m == 1 ? dev::launch_clusters(gemv_rope_kernel<1, N, true>, grid, threads, st, G, cs)
+                 : dev::launch_clusters(gemv_rope_kernel<2, N, true>, grid, threads, st, G, cs));
+      return Status::Ok();
+    };
+    return parts[0].norm_unit ? go(std::integral_constant<int, 2>{})
+           : parts[0].norm_w  ? go(std::integral_constant<int, 1>{})
+                              : go(std::integral_constant<int, 0>{});
+  }
   auto go = [&](auto norm) {
     constexpr int N = decltype(norm)::value;
     switch (m) {

@@ -93,12 +93,21 @@ const char* own_variant_name(OwnVariant v);
 /// Each warp computes the two rows of one rotation pair (i, i + head_dim/2) of a head and
 /// rotates them in registers; k's rotated rows and v's rows also go to their cache slots.
 /// parts 0, 1, 2 write rope's q, k and v (n = heads * head_dim, ldo = rope's stride);
-/// rope.n_tokens = m; the KV write is set; no per-head norms (those run the two kernels).
+/// rope.n_tokens = m; the KV write is set; whole heads rotate (no partial rotary). Per-head
+/// norms (rope.q_norm / k_norm, Qwen3) where matmul_qkv_rope_head_norms(m, head_dim): the
+/// launch is then a cluster of head_dim / 16 blocks per head, which meet in distributed
+/// shared memory to sum each head's squares in rope_kernel's order, so the bits are still
+/// those of the products and then rope_cuda_device with its norms.
 /// Up to kMatmulQkvRopeMaxRows rows: automatic runs the streaming form at 1-2 rows (and for
 /// a norm with its weight at 3-4), else the tensor-core form, whose warps hold eight pairs of
 /// one head's rows; `variant` forces gemv_r2_u4 or mma (the benchmark, the tests).
 Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope, void* stream,
                                    OwnVariant variant = OwnVariant::automatic);
+
+/// Whether matmul_qkv_rope_cuda_device takes per-head norms for m rows of head_dim: 1-2 rows
+/// (the streaming form), head_dim 32, 64 or 128, and a GPU with thread block clusters
+/// (sm_90 and later, the fallbacks not forced).
+bool matmul_qkv_rope_head_norms(size_t m, size_t head_dim);
 
 /// Most rows of matmul_qkv_rope_cuda_device (and of a norm inside the tensor-core form).
 inline constexpr size_t kMatmulQkvRopeMaxRows = 8;

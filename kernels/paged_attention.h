@@ -102,6 +102,13 @@ struct AttentionBatch {
   // head_dim 65-128 (other shapes: as 2); 2 = split-K at any context; 3 = the short-context
   // kernel at any batch size (Errc::usage past its bound).
   int decode_variant = 0;
+  // Decode: every cache row before each query's own position was written before the kernel
+  // ahead in the stream began (by an earlier step), and the block tables, seq_lens and
+  // query_start likewise; only the queries and their own rows come from the kernel ahead.
+  // The short-context kernel then copies those earlier rows before it waits for that
+  // kernel (programmatic launch), so at a short context its wait is followed by one trip
+  // to memory. The engine sets it for its decode steps; false waits first.
+  bool history_ready = false;
   // Prefill kernel, for the kernel benchmark and the tests: 0 = the engine's (the tiled
   // kernel, 64, 128 or 256 queries a block, or the skewed one, chosen from the grid's size
   // and the device's shared memory); 1 = the previous kernel; 2 / 3 / 4 = the tiled kernel with 64

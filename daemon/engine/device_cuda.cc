@@ -694,9 +694,13 @@ class CudaDevice final : public Device {
       return Device::linear_group_rope_kv_write(x, qkv, rows, in, heads, kv_heads, head_dim,
                                                 inv_freq, q_norm, k_norm, eps, kv);
     SPARK_TRY(product_input(x, rows, in, a, 3).status());
-    // Per-head norms and partial rotary (fewer frequencies than head_dim / 2) run the RoPE
-    // kernel after the products; the epilogue rotates whole heads only.
-    if (!q_norm.empty() || !k_norm.empty() ||
+    // Partial rotary (fewer frequencies than head_dim / 2) runs the RoPE kernel after the
+    // products, and so do per-head norms (Qwen3) where the epilogue cannot take them (more
+    // than 2 rows, a head_dim other than 32, 64 or 128, no clusters): the epilogue rotates
+    // whole heads only, and sums a head's squares across a cluster of blocks.
+    const bool head_norms = !q_norm.empty() || !k_norm.empty();
+    if ((head_norms && !kernels::matmul_qkv_rope_head_norms(static_cast<size_t>(rows),
+                                                            static_cast<size_t>(head_dim))) ||
         inv_freq.numel() * 2 != static_cast<size_t>(head_dim)) {
       SPARK_TRY(kernels::matmul_own_group_cuda_device(a, 3, stream_));
       return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
@@ -850,6 +854,9 @@ class CudaDevice final : public Device {
     b.workspace = attn_ws_.data();
     b.workspace_bytes = attn_ws_.bytes();
     if (short_cap_ >= 0 && max_seq_len_ > short_cap_) b.decode_variant = 2;  // split-K only
+    // A decode step's rows before each query were written by earlier steps; its own row by
+    // the RoPE/KV write just ahead.
+    b.history_ready = true;
     return kernels::attention_decode_cuda_device(b, stream_);
   }
 

@@ -645,6 +645,11 @@ TEST_CASE("gpu decode attention (split-K) over the paged cache: GQA, splits, win
                    1);  // window; a block size that is not a power of two
     attention_case(rng, true, kv_t, DType::bf16, 4, 2, 16, 16, {5, 257, 33}, {1, 1, 1}, 0, 1, false,
                    5000);
+    // Groups of 8 heads (Qwen3-MoE), the most registers a lane: splits of one batch and of
+    // several, and a long context in blocks of one position.
+    attention_case(rng, true, kv_t, DType::bf16, 32, 4, 128, 16, {1, 31, 33, 3000, 9000},
+                   {1, 1, 1, 1, 1}, 0, 1, false, 33792);
+    attention_case(rng, true, kv_t, DType::bf16, 16, 2, 128, 1, {20000}, {1}, 0, 1);
   }
   if (large_cases())  // a 32k context
     attention_case(rng, true, DType::bf16, DType::bf16, 8, 2, 128, 16, {32768}, {1}, 0, 1);
@@ -736,6 +741,92 @@ TEST_CASE("gpu decode attention (short contexts): the whole range in shared memo
   CHECK(st.message().find(std::to_string(S)) != std::string::npos);
   CHECK(attention_decode_cuda_device(b, nullptr).ok());  // split-K
   CHECK(cuda_synchronize().ok());
+}
+
+TEST_CASE(
+    "gpu decode attention (short contexts), history ready: the query's own row is read after "
+    "the wait") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode-short-history"));
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  if (attention_decode_short_max(128, DType::bf16) == 0) {
+    MESSAGE("skipped: no short-context kernel on this GPU (it needs clusters, sm_90)");
+    return;
+  }
+  // As a decode step runs it: the rows before each query's position are in the cache, its
+  // own row is poison until the KV write launched just ahead (programmatic launch, no
+  // synchronisation between the two) writes it; the kernel copies the earlier rows before
+  // it waits for that write and its own row after, so the result is the twin's.
+  struct Programmatic {
+    Programmatic() { set_programmatic_launch(true); }
+    ~Programmatic() { set_programmatic_launch(false); }
+  } programmatic;
+  for (auto kv_t : {DType::bf16, DType::e4m3}) {
+    const int nh = 32, nkv = 4, hd = 128, bs = 16;
+    const std::vector<int32_t> ctx{1, 37, 200, 512};
+    CAPTURE(std::string(dtype_name(kv_t)));
+    auto P = make_paged(rng, kv_t, bs, nkv, hd, ctx, DType::bf16);
+    const size_t row = static_cast<size_t>(nkv * hd);
+    std::vector<int32_t> own_slots;
+    std::vector<float> k_own, v_own, kpoison = P.kpool, vpoison = P.vpool;
+    for (size_t sq = 0; sq < ctx.size(); ++sq) {
+      const int p = ctx[sq] - 1;
+      const size_t slot = static_cast<size_t>(
+          P.tables[sq * static_cast<size_t>(P.max_blocks) + static_cast<size_t>(p / bs)] * bs +
+          p % bs);
+      own_slots.push_back(static_cast<int32_t>(slot));
+      for (size_t i = 0; i < row; ++i) {
+        k_own.push_back(P.kpool[slot * row + i]);
+        v_own.push_back(P.vpool[slot * row + i]);
+        kpoison[slot * row + i] = vpoison[slot * row + i] = NAN;
+      }
+    }
+    P.dk = to_dev(kpoison, kv_t), P.dv = to_dev(vpoison, kv_t);
+    auto dk_own = to_dev(k_own, DType::f32), dv_own = to_dev(v_own, DType::f32);
+    auto dslots = DeviceBuf<int32_t>::from(own_slots);
+    const size_t qrow = static_cast<size_t>(nh * hd);
+    auto q = as_stored(randoms(rng, ctx.size() * qrow, -2, 2), DType::bf16);
+    auto dq = to_dev(q, DType::bf16);
+    auto dout = poisoned(ctx.size() * qrow, DType::bf16);
+    AttentionBatch b;
+    b.q = dq.get(), b.q_stride = qrow, b.out = dout.get(), b.out_stride = qrow;
+    b.n_heads = nh, b.kv = P.dev(), b.block_tables = P.dtables.get();
+    b.max_blocks_per_seq = P.max_blocks, b.seq_lens = P.dlens.get();
+    b.n_seqs = static_cast<int>(ctx.size()), b.n_tokens = ctx.size(), b.max_query_len = 1;
+    b.max_seq_len = 512, b.scale = 1.f / std::sqrt(static_cast<float>(hd));
+    b.decode_variant = 3, b.history_ready = true;
+    const size_t need = attention_decode_workspace_bytes(b.n_seqs, nh, hd, b.max_seq_len);
+    auto ws = DeviceMemory::allocate(need);
+    REQUIRE(ws.ok());
+    std::vector<uint8_t> zeros(need, 0);
+    REQUIRE(ws->copy_from_host(zeros.data(), need).ok());
+    b.workspace = ws->get(), b.workspace_bytes = need;
+    REQUIRE(paged_kv_write_cuda_device(P.dev(), dslots.get(), own_slots.size(), DType::f32,
+                                       dk_own.get(), row, dv_own.get(), row, nullptr)
+                .ok());
+    REQUIRE(attention_decode_cuda_device(b, nullptr).ok());
+    REQUIRE(cuda_synchronize().ok());
+    auto got = from_dev(dout);
+    PagedKVLayer L{P.kpool.data(), P.vpool.data(), bs, nkv, hd};
+    float vmax = 0;
+    for (float v : P.vpool) vmax = std::max(vmax, std::fabs(v));
+    size_t bad = 0;
+    double max_err = 0;
+    for (size_t sq = 0; sq < ctx.size(); ++sq) {
+      const int32_t pos = ctx[sq] - 1;
+      std::vector<float> ref(qrow);
+      paged_attention_ref(L, P.tables.data() + sq * static_cast<size_t>(P.max_blocks), &pos, 1, nh,
+                          q.data() + sq * qrow, ref.data(), b.scale, 0, nullptr);
+      for (size_t e = 0; e < qrow; ++e) {
+        const double err = std::fabs(static_cast<double>(got[sq * qrow + e]) - ref[e]);
+        if (!(err <= bf16_ulp(ref[e]) + 2e-5 * vmax)) ++bad;
+        max_err = std::isnan(err) ? INFINITY : std::max(max_err, err);
+      }
+    }
+    MESSAGE("history ready, " << dtype_name(kv_t) << " cache: max err " << max_err);
+    CHECK(bad == 0);
+  }
 }
 
 namespace {
@@ -1530,6 +1621,124 @@ TEST_CASE("gpu own kernel: RMSNorm inside the products (both forms), against the
   REQUIRE(cuda_synchronize().ok());
 }
 
+TEST_CASE(
+    "gpu own kernel: q/k/v with the per-head norms (Qwen3), RoPE and the KV write in the "
+    "epilogue, bit for bit") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("qkv head norms"));
+  auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  const bool takes = matmul_qkv_rope_head_norms(1, 128);
+  CHECK(takes == (lim->cluster_launch && cuda_hopper_paths(lim->cc_major, false)));
+  CHECK_FALSE(matmul_qkv_rope_head_norms(3, 128));  // the tensor-core form's rows
+  CHECK_FALSE(matmul_qkv_rope_head_norms(1, 256));  // a cluster of 16 blocks
+  CHECK_FALSE(matmul_qkv_rope_head_norms(1, 96));
+  if (!takes) {
+    MESSAGE("skipped: no thread block clusters on this GPU (the engine runs the RoPE kernel)");
+    return;
+  }
+  // The reference: the q/k/v group in the streaming form, then rope with its per-head norms
+  // and the KV write. The fused launch must give its bits in q, k, v and both caches.
+  struct Case {
+    int nh, nkv, hd;
+    size_t k, m;
+  } cases[] = {{32, 4, 128, 2048, 1},  // Qwen3-30B-A3B
+               {32, 8, 128, 4096, 2},  // Qwen3-8B, two rows
+               {14, 2, 64, 896, 1},    // a cluster of 4 blocks
+               {4, 2, 32, 64, 2},      // a cluster of 2
+               {8, 8, 128, 64, 1}};
+  const int slots_n = 64;
+  for (const auto& c : cases)
+    for (auto t : kTypes)
+      for (int mode = 0; mode < 6; ++mode) {
+        // Input norm: none (0, 3), with its weight (1, 4), folded (2, 5); 3-5 with bias,
+        // programmatic launch and an fp8 cache; q_norm only in mode 4, k_norm only in 5.
+        const int in_norm = mode % 3;
+        const bool with_bias = mode >= 3, pdl = mode >= 3;
+        const bool qn = mode != 5, kn = mode != 4;
+        const DType ct = mode >= 3 ? DType::e4m3 : mode == 1 ? DType::f32 : DType::bf16;
+        CAPTURE(c.nh);
+        CAPTURE(c.hd);
+        CAPTURE(c.m);
+        CAPTURE(mode);
+        CAPTURE(std::string(dtype_name(t)));
+        const size_t width[3] = {static_cast<size_t>(c.nh * c.hd),
+                                 static_cast<size_t>(c.nkv * c.hd),
+                                 static_cast<size_t>(c.nkv * c.hd)};
+        auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
+        auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
+        auto dqn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t), t);
+        auto dkn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t), t);
+        std::vector<Dev> dw, db;
+        for (int i = 0; i < 3; ++i) {
+          dw.push_back(to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16),
+                              DType::bf16));
+          db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
+        }
+        std::vector<int32_t> pos(c.m), slot(c.m);
+        for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
+        for (size_t i = 0; i < c.m; ++i) slot[i] = static_cast<int32_t>(3 + 7 * i);
+        if (c.m > 1) slot[1] = -1;  // skipped
+        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
+        auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 1000000.0, {}));
+        struct Out {
+          Dev y[3], kc, vc;
+        };
+        auto fresh = [&] {
+          Out o;
+          for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], t);
+          o.kc = poisoned(slots_n * width[1], ct), o.vc = poisoned(slots_n * width[1], ct);
+          return o;
+        };
+        auto parts_for = [&](Out& o, MatmulArgs* a) {
+          for (int i = 0; i < 3; ++i) {
+            a[i] = MatmulArgs{};
+            a[i].a = da.get(), a[i].lda = c.k, a[i].w = dw[static_cast<size_t>(i)].get();
+            a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = t, a[i].ldo = width[i];
+            a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
+            a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
+            if (in_norm == 1) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
+            if (in_norm == 2) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
+          }
+        };
+        auto rope_for = [&](Out& o) {
+          RopeArgs r;
+          r.dtype = t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
+          r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
+          r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
+          r.q_norm = qn ? dqn.get() : nullptr, r.k_norm = kn ? dkn.get() : nullptr;
+          r.norm_eps = 1e-6f;
+          r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = ct;
+          r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
+          return r;
+        };
+        Out ref = fresh(), got = fresh();
+        MatmulArgs a[3];
+        parts_for(ref, a);
+        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, OwnVariant::gemv_r2_u4).ok());
+        REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
+        parts_for(got, a);
+        set_programmatic_launch(pdl);
+        auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
+        set_programmatic_launch(false);
+        REQUIRE_MESSAGE(st.ok(), st.message());
+        REQUIRE(cuda_synchronize().ok());
+        auto same = [](const Dev& x, const Dev& y) {
+          const auto u = from_dev(x), v = from_dev(y);
+          return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
+        };
+        CHECK(same(ref.y[0], got.y[0]));
+        CHECK(same(ref.y[1], got.y[1]));
+        CHECK(same(ref.y[2], got.y[2]));
+        CHECK(same(ref.kc, got.kc));
+        CHECK(same(ref.vc, got.vc));
+        size_t unwritten = 0;
+        for (int i = 0; i < 3; ++i)
+          for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
+        CHECK(unwritten == 0);
+      }
+}
+
 TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit for bit") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("qkv rope"));
@@ -1678,7 +1887,17 @@ TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit
   };
   RopeArgs normed = r;
   normed.q_norm = nw.get();
-  refused(a, normed, "per-head norms");
+  auto st_mma = matmul_qkv_rope_cuda_device(a, normed, nullptr, OwnVariant::mma);
+  REQUIRE_FALSE(st_mma.ok());
+  CHECK(st_mma.message().find("per-head norms") != std::string::npos);
+  MatmulArgs three[3] = {a[0], a[1], a[2]};
+  for (auto& x : three) x.m = 3;
+  RopeArgs normed3 = normed;
+  normed3.n_tokens = 3;
+  refused(three, normed3, "per-head norms need 1-2 rows");
+  RopeArgs partial = r;
+  partial.rotary_dim = 32;
+  refused(a, partial, "partial rotary");
   RopeArgs tokens = r;
   tokens.n_tokens = 1;
   refused(a, tokens, "n_tokens");
