@@ -1282,7 +1282,8 @@ int main(int argc, char** argv) {
   json ajs = json::array();
   if (want("decode") || want("prefill"))
     fmt::print("\n# {:<40} {:>10} {:>10} {:>8}\n", "attention", "us", "GB/s|TF/s", "%");
-  const int nh = 32, nkv = 8, hd = 128, bs = 16;
+  const int nh = 32, hd = 128, bs = 16;
+  int nkv = 8;  // Llama-3-8B's group of 4; 4 (a group of 8) for Qwen3-MoE's rows
   // Decode runs the split-K kernel the engine uses and the previous (partitioned) kernel on
   // the same inputs; `bound` > 0 sizes the launch for contexts up to it, as the engine's
   // captured decode graphs do (CONTEXT_LEN), while the real contexts are `ctx`.
@@ -1344,7 +1345,7 @@ int main(int argc, char** argv) {
                         : short_kernel ? "decode (short)"
                                        : "decode";
     std::string name =
-        fmt::format("{} seqs {} ctx {}{}", kname, n_seqs, ctx,
+        fmt::format("{}{} seqs {} ctx {}{}", kname, nkv == 8 ? "" : " G8", n_seqs, ctx,
                     bound ? fmt::format(" bound {}", bound) : fmt::format(" q {}", qlen));
     json j = {{"kernel", !decode && variant == 1 ? "attention_prefill_previous"
                          : !decode               ? "attention_prefill"
@@ -1355,6 +1356,7 @@ int main(int argc, char** argv) {
               {"ctx", ctx},
               {"bound", std::max(ctx, bound)},
               {"variant", variant},
+              {"kv_heads", nkv},
               {"q", qlen},
               {"us", t}};
     if (decode) {
@@ -1386,6 +1388,15 @@ int main(int argc, char** argv) {
     attention(true, d[0], d[1], 1, false, d[2], 1);
     attention(true, d[0], d[1], 1, true, d[2]);
   }
+  // Groups of 8 query heads (Qwen3-MoE: 32 heads, 4 KV heads), where a lane holds the most
+  // (q and the output of 8 heads: ~250 registers, 8 warps a multiprocessor).
+  nkv = 4;
+  const int g8_shapes[][3] = {{1, 4096, 0}, {1, 32768, 0}, {8, 4096, 0}, {1, 256, 33792}};
+  for (const auto& d : g8_shapes) {
+    if (!want("decode")) break;
+    attention(true, d[0], d[1], 1, false, d[2]);
+  }
+  nkv = 8;
   // The engine's short-context graphs (bound: what the short kernel takes here): the short
   // kernel (forced where the engine would take split-K: more than one wave of clusters),
   // and split-K at the same bound.
