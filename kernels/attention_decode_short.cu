@@ -263,21 +263,7 @@ template <typename Kernel>
 Status launch_cluster(Kernel* kernel, const ShortParams& P, dim3 grid, cudaStream_t st) {
   SPARK_TRY(
       detail::prepare_launch(kernel, "attention_decode (short contexts)", kThreads, P.sm.bytes));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = P.sm.bytes;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 2 : 1;
-  SPARK_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, P));
+  SPARK_CUDA_TRY(dev::launch_clusters(kernel, grid, dim3(kThreads), P.sm.bytes, st, kCluster, P));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -78,6 +78,27 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+/// As launch(), in clusters of `cs` blocks along x (grid.x a multiple of cs; sm_90 and later).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t st, unsigned cs, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cs;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch() ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 /// RoPE of one rotation pair (x0 at i, x1 at i + head_dim/2) at `pos` with the pair's
 /// inverse frequency, each result rounded to T: what rope_kernel and the q/k/v products'
 /// RoPE epilogue both compute (one function, so the two give the same bits).
@@ -324,12 +345,12 @@ __device__ __forceinline__ void store_cache(void* pool, DType dt, size_t at, flo
 
 /// Calls `body` with `C` bound to float, __nv_bfloat16 or __nv_fp8_e4m3 as the KV cache
 /// type `dt` says (the attention kernels and the KV writes; activations use the above).
-#define SPARK_DISPATCH_KV(dt, C, ...)                   \
-  do {                                                  \
-    if ((dt) == ::spark::kernels::DType::e4m3) {        \
-      using C = ::spark::kernels::dev::e4m3;            \
-      __VA_ARGS__;                                      \
-    } else {                                            \
-      SPARK_DISPATCH_DTYPE(dt, C, __VA_ARGS__);         \
-    }                                                   \
+#define SPARK_DISPATCH_KV(dt, C, ...)            \
+  do {                                           \
+    if ((dt) == ::spark::kernels::DType::e4m3) { \
+      using C = ::spark::kernels::dev::e4m3;     \
+      __VA_ARGS__;                               \
+    } else {                                     \
+      SPARK_DISPATCH_DTYPE(dt, C, __VA_ARGS__);  \
+    }                                            \
   } while (0)

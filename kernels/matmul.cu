@@ -886,9 +886,10 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     const unsigned cs = static_cast<unsigned>(hd / 16);
     auto go = [&](auto norm) -> Status {
       constexpr int N = decltype(norm)::value;
-      SPARK_CUDA_TRY(
-          m == 1 ? dev::launch_clusters(gemv_rope_kernel<1, N, true>, grid, threads, st, G, cs)
-                 : dev::launch_clusters(gemv_rope_kernel<2, N, true>, grid, threads, st, G, cs));
+      SPARK_CUDA_TRY(m == 1 ? dev::launch_clusters(gemv_rope_kernel<1, N, true>, dim3(grid),
+                                                   dim3(threads), 0, st, cs, G)
+                            : dev::launch_clusters(gemv_rope_kernel<2, N, true>, dim3(grid),
+                                                   dim3(threads), 0, st, cs, G));
       return Status::Ok();
     };
     return parts[0].norm_unit ? go(std::integral_constant<int, 2>{})

@@ -190,26 +190,4 @@ inline Status rope_epilogue_for(const RopeArgs& rope, size_t m, bool head_norms_
   return Status::Ok();
 }
 
-// Launches `kernel` (one argument) in clusters of `cs` blocks along x (grid a multiple of cs),
-// with programmatic launch when it is on.
-template <typename K, typename Arg>
-cudaError_t launch_clusters(K kernel, unsigned grid, unsigned threads, cudaStream_t st,
-                            const Arg& arg, unsigned cs) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, kernel, arg);
-}
-
 }  // namespace spark::kernels::dev

@@ -1621,6 +1621,120 @@ TEST_CASE("gpu own kernel: RMSNorm inside the products (both forms), against the
   REQUIRE(cuda_synchronize().ok());
 }
 
+namespace {
+
+// One case of the q/k/v products with RoPE and the KV write in their epilogue against the
+// reference: the q/k/v group in `form`, then rope (with its per-head norms where asked) and
+// its KV write. The epilogue must give their bits in q, k, v and both caches, written slots
+// and skipped ones (outside the pool) alike.
+struct QkvRopeCase {
+  int nh, nkv, hd;
+  size_t k, m;
+  DType t, ct;  // outputs, cache
+  bool bias = false, pdl = false;
+  int in_norm = 0;  // the input norm inside the products: 0 none, 1 with its weight, 2 folded
+  bool q_norm = false, k_norm = false;
+  OwnVariant form = OwnVariant::gemv_r2_u4;
+};
+
+void qkv_rope_case(std::mt19937& rng, const QkvRopeCase& c) {
+  CAPTURE(c.nh);
+  CAPTURE(c.hd);
+  CAPTURE(c.m);
+  CAPTURE(c.k);
+  CAPTURE(std::string(dtype_name(c.t)));
+  CAPTURE(std::string(dtype_name(c.ct)));
+  CAPTURE(c.bias);
+  CAPTURE(c.pdl);
+  CAPTURE(c.in_norm);
+  CAPTURE(c.q_norm);
+  CAPTURE(c.k_norm);
+  const int slots_n = 64;
+  const size_t width[3] = {static_cast<size_t>(c.nh * c.hd), static_cast<size_t>(c.nkv * c.hd),
+                           static_cast<size_t>(c.nkv * c.hd)};
+  auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
+  auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
+  auto dqn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t), c.t);
+  auto dkn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t), c.t);
+  std::vector<Dev> dw, db;
+  for (int i = 0; i < 3; ++i) {
+    dw.push_back(
+        to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16), DType::bf16));
+    db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
+  }
+  std::vector<int32_t> pos(c.m), slot(c.m);
+  for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
+  std::vector<int32_t> perm(slots_n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (size_t i = 0; i < c.m; ++i) slot[i] = perm[i];
+  if (c.m > 1) slot[1] = -1;
+  if (c.m > 2) slot[2] = slots_n;
+  auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
+  auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 500000.0, {}));
+  struct Out {
+    Dev y[3], kc, vc;
+  };
+  auto fresh = [&] {
+    Out o;
+    for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], c.t);
+    o.kc = poisoned(slots_n * width[1], c.ct), o.vc = poisoned(slots_n * width[1], c.ct);
+    return o;
+  };
+  auto parts_for = [&](Out& o, MatmulArgs* a) {
+    for (int i = 0; i < 3; ++i) {
+      a[i] = MatmulArgs{};
+      a[i].a = da.get(), a[i].lda = c.k, a[i].w = dw[static_cast<size_t>(i)].get();
+      a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = c.t, a[i].ldo = width[i];
+      a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
+      a[i].bias = c.bias ? db[static_cast<size_t>(i)].get() : nullptr;
+      if (c.in_norm == 1) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
+      if (c.in_norm == 2) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
+    }
+  };
+  auto rope_for = [&](Out& o) {
+    RopeArgs r;
+    r.dtype = c.t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
+    r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
+    r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
+    r.q_norm = c.q_norm ? dqn.get() : nullptr, r.k_norm = c.k_norm ? dkn.get() : nullptr;
+    r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = c.ct;
+    r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
+    return r;
+  };
+  Out ref = fresh(), got = fresh();
+  MatmulArgs a[3];
+  parts_for(ref, a);
+  REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, c.form).ok());
+  REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
+  parts_for(got, a);
+  set_programmatic_launch(c.pdl);
+  auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
+  set_programmatic_launch(false);
+  REQUIRE_MESSAGE(st.ok(), st.message());
+  REQUIRE(cuda_synchronize().ok());
+  auto same = [](const Dev& x, const Dev& y) {
+    const auto u = from_dev(x), v = from_dev(y);
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
+  };
+  CHECK(same(ref.y[0], got.y[0]));
+  CHECK(same(ref.y[1], got.y[1]));
+  CHECK(same(ref.y[2], got.y[2]));
+  CHECK(same(ref.kc, got.kc));
+  CHECK(same(ref.vc, got.vc));
+  // Every output written, and exactly the slots in the pool.
+  size_t unwritten = 0;
+  for (int i = 0; i < 3; ++i)
+    for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
+  CHECK(unwritten == 0);
+  size_t cached = 0, want = 0;
+  for (float v : from_dev(got.kc)) cached += std::isnan(v) ? 0 : 1;
+  for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? width[1] : 0;
+  CHECK(cached == want);
+}
+
+}  // namespace
+
 TEST_CASE(
     "gpu own kernel: q/k/v with the per-head norms (Qwen3), RoPE and the KV write in the "
     "epilogue, bit for bit") {
@@ -1637,225 +1751,70 @@ TEST_CASE(
     MESSAGE("skipped: no thread block clusters on this GPU (the engine runs the RoPE kernel)");
     return;
   }
-  // The reference: the q/k/v group in the streaming form, then rope with its per-head norms
-  // and the KV write. The fused launch must give its bits in q, k, v and both caches.
-  struct Case {
+  struct Shape {
     int nh, nkv, hd;
     size_t k, m;
-  } cases[] = {{32, 4, 128, 2048, 1},  // Qwen3-30B-A3B
-               {32, 8, 128, 4096, 2},  // Qwen3-8B, two rows
-               {14, 2, 64, 896, 1},    // a cluster of 4 blocks
-               {4, 2, 32, 64, 2},      // a cluster of 2
-               {8, 8, 128, 64, 1}};
-  const int slots_n = 64;
-  for (const auto& c : cases)
+  } shapes[] = {{32, 4, 128, 2048, 1},  // Qwen3-30B-A3B
+                {32, 8, 128, 4096, 2},  // Qwen3-8B, two rows
+                {14, 2, 64, 896, 1},    // a cluster of 4 blocks
+                {4, 2, 32, 64, 2},      // a cluster of 2
+                {8, 8, 128, 64, 1}};
+  for (const auto& sh : shapes)
     for (auto t : kTypes)
       for (int mode = 0; mode < 6; ++mode) {
-        // Input norm: none (0, 3), with its weight (1, 4), folded (2, 5); 3-5 with bias,
-        // programmatic launch and an fp8 cache; q_norm only in mode 4, k_norm only in 5.
-        const int in_norm = mode % 3;
-        const bool with_bias = mode >= 3, pdl = mode >= 3;
-        const bool qn = mode != 5, kn = mode != 4;
-        const DType ct = mode >= 3 ? DType::e4m3 : mode == 1 ? DType::f32 : DType::bf16;
-        CAPTURE(c.nh);
-        CAPTURE(c.hd);
-        CAPTURE(c.m);
-        CAPTURE(mode);
-        CAPTURE(std::string(dtype_name(t)));
-        const size_t width[3] = {static_cast<size_t>(c.nh * c.hd),
-                                 static_cast<size_t>(c.nkv * c.hd),
-                                 static_cast<size_t>(c.nkv * c.hd)};
-        auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
-        auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
-        auto dqn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t), t);
-        auto dkn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), t), t);
-        std::vector<Dev> dw, db;
-        for (int i = 0; i < 3; ++i) {
-          dw.push_back(to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16),
-                              DType::bf16));
-          db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
-        }
-        std::vector<int32_t> pos(c.m), slot(c.m);
-        for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
-        for (size_t i = 0; i < c.m; ++i) slot[i] = static_cast<int32_t>(3 + 7 * i);
-        if (c.m > 1) slot[1] = -1;  // skipped
-        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
-        auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 1000000.0, {}));
-        struct Out {
-          Dev y[3], kc, vc;
-        };
-        auto fresh = [&] {
-          Out o;
-          for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], t);
-          o.kc = poisoned(slots_n * width[1], ct), o.vc = poisoned(slots_n * width[1], ct);
-          return o;
-        };
-        auto parts_for = [&](Out& o, MatmulArgs* a) {
-          for (int i = 0; i < 3; ++i) {
-            a[i] = MatmulArgs{};
-            a[i].a = da.get(), a[i].lda = c.k, a[i].w = dw[static_cast<size_t>(i)].get();
-            a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = t, a[i].ldo = width[i];
-            a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
-            a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
-            if (in_norm == 1) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
-            if (in_norm == 2) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
-          }
-        };
-        auto rope_for = [&](Out& o) {
-          RopeArgs r;
-          r.dtype = t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
-          r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
-          r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
-          r.q_norm = qn ? dqn.get() : nullptr, r.k_norm = kn ? dkn.get() : nullptr;
-          r.norm_eps = 1e-6f;
-          r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = ct;
-          r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
-          return r;
-        };
-        Out ref = fresh(), got = fresh();
-        MatmulArgs a[3];
-        parts_for(ref, a);
-        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, OwnVariant::gemv_r2_u4).ok());
-        REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
-        parts_for(got, a);
-        set_programmatic_launch(pdl);
-        auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
-        set_programmatic_launch(false);
-        REQUIRE_MESSAGE(st.ok(), st.message());
-        REQUIRE(cuda_synchronize().ok());
-        auto same = [](const Dev& x, const Dev& y) {
-          const auto u = from_dev(x), v = from_dev(y);
-          return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
-        };
-        CHECK(same(ref.y[0], got.y[0]));
-        CHECK(same(ref.y[1], got.y[1]));
-        CHECK(same(ref.y[2], got.y[2]));
-        CHECK(same(ref.kc, got.kc));
-        CHECK(same(ref.vc, got.vc));
-        size_t unwritten = 0;
-        for (int i = 0; i < 3; ++i)
-          for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
-        CHECK(unwritten == 0);
+        // The input norm: none (0, 3), with its weight (1, 4), folded (2, 5); 3-5 with bias,
+        // programmatic launch and an fp8 cache; q_norm alone in mode 4, k_norm alone in 5.
+        QkvRopeCase c{sh.nh,
+                      sh.nkv,
+                      sh.hd,
+                      sh.k,
+                      sh.m,
+                      t,
+                      mode >= 3   ? DType::e4m3
+                      : mode == 1 ? DType::f32
+                                  : DType::bf16};
+        c.bias = c.pdl = mode >= 3;
+        c.in_norm = mode % 3;
+        c.q_norm = mode != 5, c.k_norm = mode != 4;
+        qkv_rope_case(rng, c);
       }
 }
 
 TEST_CASE("gpu own kernel: q/k/v with RoPE and the KV write in the epilogue, bit for bit") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("qkv rope"));
-  // The reference is the q/k/v group in the streaming form, then rope with its KV write:
-  // the epilogue must give their bits in the outputs and in both caches, written slots and
-  // skipped ones (outside the pool) alike.
-  struct Case {
+  struct Shape {
     int nh, nkv, hd;
     size_t k, m;
-  } cases[] = {{32, 8, 128, 4096, 1}, {14, 2, 64, 896, 2}, {4, 4, 128, 64, 2},
-               {2, 1, 256, 128, 1},   {3, 1, 512, 64, 3},  {8, 2, 16, 8, 4},
-               {32, 8, 128, 4096, 8}, {14, 2, 64, 896, 5}, {8, 2, 16, 40, 8}};
-  const int slots_n = 64;
-  for (const auto& c : cases)
+  } shapes[] = {{32, 8, 128, 4096, 1}, {14, 2, 64, 896, 2}, {4, 4, 128, 64, 2},
+                {2, 1, 256, 128, 1},   {3, 1, 512, 64, 3},  {8, 2, 16, 8, 4},
+                {32, 8, 128, 4096, 8}, {14, 2, 64, 896, 5}, {8, 2, 16, 40, 8}};
+  for (const auto& sh : shapes)
     for (auto t : kTypes)
       for (int mode = 0; mode < 8; ++mode) {
         // Modes 4 and 5: the input norm inside the products too (the reference group then
         // normalises as well); 6 and 7: the same norm with its weight folded (norm_unit).
-        const bool with_bias = mode & 1, f32_cache = mode & 2, pdl = mode == 3 || mode == 5,
-                   norm = mode == 4 || mode == 5, unit = mode >= 6;
-        if (norm && c.m > kMatmulGemvMaxRows) continue;  // the streaming form's alone
+        const bool norm = mode == 4 || mode == 5, unit = mode >= 6;
+        if (norm && sh.m > kMatmulGemvMaxRows) continue;  // the streaming form's alone
         // Modes 0 and 6 write an fp8 (e4m3) cache; the others bf16 (1, 4, 5) or fp32.
-        const DType ct = mode == 0 || mode == 6 ? DType::e4m3
-                         : f32_cache            ? DType::f32
-                                                : DType::bf16;
+        QkvRopeCase c{sh.nh,
+                      sh.nkv,
+                      sh.hd,
+                      sh.k,
+                      sh.m,
+                      t,
+                      mode == 0 || mode == 6 ? DType::e4m3
+                      : (mode & 2)           ? DType::f32
+                                             : DType::bf16};
+        c.bias = mode & 1;
+        c.pdl = mode == 3 || mode == 5;
+        c.in_norm = norm ? 1 : unit ? 2 : 0;
         // The reference group runs the form the epilogue's launch runs: the streaming form
         // at 1-2 rows and for a norm with its weight, else the tensor-core form, whose
         // automatic shape is the same for the group and for the RoPE launch (one tile is 16
         // weight rows in both).
-        const OwnVariant form = c.m <= 2 || norm ? OwnVariant::gemv_r2_u4 : OwnVariant::mma;
-        CAPTURE(norm);
-        CAPTURE(unit);
-        CAPTURE(c.nh);
-        CAPTURE(c.hd);
-        CAPTURE(c.m);
-        CAPTURE(std::string(dtype_name(t)));
-        CAPTURE(with_bias);
-        CAPTURE(f32_cache);
-        const size_t width[3] = {static_cast<size_t>(c.nh * c.hd),
-                                 static_cast<size_t>(c.nkv * c.hd),
-                                 static_cast<size_t>(c.nkv * c.hd)};
-        auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
-        auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
-        std::vector<Dev> dw, db;
-        for (int i = 0; i < 3; ++i) {
-          dw.push_back(to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16),
-                              DType::bf16));
-          db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
-        }
-        std::vector<int32_t> pos(c.m), slot(c.m);
-        for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
-        std::vector<int32_t> perm(slots_n);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (size_t i = 0; i < c.m; ++i) slot[i] = perm[i];
-        if (c.m > 1) slot[1] = -1;
-        if (c.m > 2) slot[2] = slots_n;
-        auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
-        auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 500000.0, {}));
-        struct Out {
-          Dev y[3], kc, vc;
-        };
-        auto fresh = [&] {
-          Out o;
-          for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], t);
-          o.kc = poisoned(slots_n * width[1], ct), o.vc = poisoned(slots_n * width[1], ct);
-          return o;
-        };
-        auto parts_for = [&](Out& o, MatmulArgs* a) {
-          for (int i = 0; i < 3; ++i) {
-            a[i] = MatmulArgs{};
-            a[i].a = da.get(), a[i].lda = c.k, a[i].w = dw[static_cast<size_t>(i)].get();
-            a[i].ldw = c.k, a[i].out = o.y[i].get(), a[i].out_dtype = t, a[i].ldo = width[i];
-            a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
-            a[i].bias = with_bias ? db[static_cast<size_t>(i)].get() : nullptr;
-            if (norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-5f;
-            if (unit) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
-          }
-        };
-        auto rope_for = [&](Out& o) {
-          RopeArgs r;
-          r.dtype = t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
-          r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
-          r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
-          r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = ct;
-          r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
-          return r;
-        };
-        Out ref = fresh(), got = fresh();
-        MatmulArgs a[3];
-        parts_for(ref, a);
-        REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, form).ok());
-        REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
-        parts_for(got, a);
-        set_programmatic_launch(pdl);
-        auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
-        set_programmatic_launch(false);
-        REQUIRE_MESSAGE(st.ok(), st.message());
-        REQUIRE(cuda_synchronize().ok());
-        auto same = [](const Dev& x, const Dev& y) {
-          const auto u = from_dev(x), v = from_dev(y);
-          return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
-        };
-        CHECK(same(ref.y[0], got.y[0]));
-        CHECK(same(ref.y[1], got.y[1]));
-        CHECK(same(ref.y[2], got.y[2]));
-        CHECK(same(ref.kc, got.kc));
-        CHECK(same(ref.vc, got.vc));
-        // Every output written, and exactly the slots in the pool.
-        size_t unwritten = 0;
-        for (int i = 0; i < 3; ++i)
-          for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
-        CHECK(unwritten == 0);
-        size_t cached = 0, want = 0;
-        for (float v : from_dev(got.kc)) cached += std::isnan(v) ? 0 : 1;
-        for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? width[1] : 0;
-        CHECK(cached == want);
+        c.form = sh.m <= 2 || norm ? OwnVariant::gemv_r2_u4 : OwnVariant::mma;
+        qkv_rope_case(rng, c);
       }
   // What the epilogue does not take is refused, naming it.
   auto da = DeviceBuf<bf16_bits>::from(std::vector<bf16_bits>(2 * 64, 0));
