@@ -60,25 +60,10 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-/// Launches `kernel` with programmatic dependent launch when programmatic_launch() is on
-/// (the kernel must call pdl_wait() before its first access of data), else as <<<>>> does.
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                   Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-/// As launch(), in clusters of `cs` blocks along x (grid.x a multiple of cs; sm_90 and later).
+/// Launches `kernel` in clusters of `cs` blocks along x (grid.x a multiple of cs; sm_90 and
+/// later), or without clusters for cs = 0, and with programmatic dependent launch when
+/// programmatic_launch() is on (the kernel must call pdl_wait() before its first access of
+/// data); else as <<<>>> does.
 template <typename... KArgs, typename... Args>
 cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                             cudaStream_t st, unsigned cs, Args&&... args) {
@@ -88,15 +73,29 @@ cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, siz
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cs;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  if (cs > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cs;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (programmatic_launch()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 2 : 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+/// launch_clusters without clusters.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                   Args&&... args) {
+  return launch_clusters(kernel, grid, block, smem, st, 0u, std::forward<Args>(args)...);
 }
 
 /// RoPE of one rotation pair (x0 at i, x1 at i + head_dim/2) at `pos` with the pair's
