@@ -489,21 +489,29 @@ class CudaDevice final : public Device {
   static constexpr size_t kFp8TileElems = size_t{16} << 20;
 
   // The decode kernel's arguments for y = x * w^T (+ b) over FP8 w.
+  // What the bf16 and the FP8 products' arguments share for y = x * w^T (+ b): the input,
+  // the output, the sizes and the bias (the weight is each one's own).
+  template <typename Args>
+  static void product_fields(const Buffer& x, const Buffer& b, const Buffer& y, int rows, int in,
+                             int out, Args* a) {
+    a->a = x.data();
+    a->lda = static_cast<size_t>(in);
+    a->out = y.data();
+    a->out_dtype = kdt(y.type());
+    a->ldo = static_cast<size_t>(out);
+    a->m = static_cast<size_t>(rows);
+    a->n = static_cast<size_t>(out);
+    a->k = static_cast<size_t>(in);
+    a->bias = b.empty() ? nullptr : b.data();
+  }
+
   static Result<kernels::Fp8MatmulArgs> fp8_args(const Buffer& x, const Buffer& w, const Buffer& b,
                                                  const Buffer& y, int rows, int in, int out) {
     auto fw = fp8_weight(w);
     if (!fw) return fw.error();
     kernels::Fp8MatmulArgs a;
-    a.a = x.data();
-    a.lda = static_cast<size_t>(in);
+    product_fields(x, b, y, rows, in, out, &a);
     a.w = *fw;
-    a.out = y.data();
-    a.out_dtype = kdt(y.type());
-    a.ldo = static_cast<size_t>(out);
-    a.m = static_cast<size_t>(rows);
-    a.n = static_cast<size_t>(out);
-    a.k = static_cast<size_t>(in);
-    a.bias = b.empty() ? nullptr : b.data();
     return a;
   }
   // Whether an FP8 decode product normalises its input itself (the norm's weight read in
@@ -560,17 +568,9 @@ class CudaDevice final : public Device {
   static kernels::MatmulArgs product(const Buffer& x, const Buffer& w, const Buffer& b,
                                      const Buffer& y, int rows, int in, int out) {
     kernels::MatmulArgs a;
-    a.a = x.data();
-    a.lda = static_cast<size_t>(in);
+    product_fields(x, b, y, rows, in, out, &a);
     a.w = w.data();
     a.ldw = static_cast<size_t>(in);
-    a.out = y.data();
-    a.out_dtype = kdt(y.type());
-    a.ldo = static_cast<size_t>(out);
-    a.m = static_cast<size_t>(rows);
-    a.n = static_cast<size_t>(out);
-    a.k = static_cast<size_t>(in);
-    a.bias = b.empty() ? nullptr : b.data();
     return a;
   }
 
