@@ -4,6 +4,9 @@
 #include "daemon/tokenizer/jinja/jinja.h"
 
 #include <doctest/doctest.h>
+#include <pthread.h>
+
+#include <optional>
 
 using namespace spark;
 using namespace spark::tok;
@@ -238,4 +241,40 @@ TEST_CASE("jinja: hostile nesting and runaway output fail cleanly, not by a cras
         std::string::npos);
   CHECK(render_error("{% set s = 'x' * 100000 %}{% for i in range(700) %}{{ s }}{% endfor %}")
             .message.find("MiB") != std::string::npos);
+}
+
+TEST_CASE("jinja: recursion on a small stack ends in a limit error before the stack does") {
+  // 250 levels of a macro whose call sits inside nested expressions take megabytes of stack
+  // in any build; the thread below has 512 KiB. Without the stack check this overflows.
+  const std::string src =
+      "{% macro f(n) %}{% if n > 0 %}{{ ((((f(n - 1) ~ '') ~ '') ~ '') ~ '') }}{% endif %}"
+      "{% endmacro %}{{ f(250) }}";
+  auto t = Template::parse(src, "t");
+  REQUIRE(t.ok());
+  struct Job {
+    const Template* t;
+    std::optional<Result<std::string>> r;
+  } job{&*t, std::nullopt};
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, size_t{512} << 10) == 0);
+  pthread_t th;
+  REQUIRE(pthread_create(
+              &th, &attr,
+              [](void* p) -> void* {
+                auto* j = static_cast<Job*>(p);
+                j->r.emplace(j->t->render(Json::object()));
+                return nullptr;
+              },
+              &job) == 0);
+  pthread_join(th, nullptr);
+  pthread_attr_destroy(&attr);
+  REQUIRE(job.r.has_value());
+  REQUIRE_FALSE(job.r->ok());
+  CHECK(job.r->error().code == Errc::unsupported);  // a limit, as the step budget
+  CHECK(job.r->error().message.find("too deep for the render's stack") != std::string::npos);
+  CHECK(job.r->error().message.find("line 1") != std::string::npos);
+  // The same template renders on this thread's (ordinary) stack at a depth that fits.
+  CHECK(render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) ~ 'x' }}{% endif %}{% endmacro %}"
+               "{{ f(3) }}") == "xxx");
 }

@@ -2,6 +2,7 @@
 // Jinja2's semantics (a missing key is Undefined; using an Undefined in arithmetic or
 // attribute access is an error; `set` inside a loop does not leak out of the iteration).
 #include <fmt/format.h>
+#include <pthread.h>
 #include <unicode/locid.h>
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
@@ -43,6 +44,35 @@ void charge(uint64_t n) {
         "stopping",
         0, RenderError::Why::stopped);
 }
+
+void check_stack(int line) {
+  const Budget* b = t_budget;
+  if (!b || !b->stack_floor) return;
+  // Stacks grow down on every target we build for.
+  if (static_cast<const char*>(__builtin_frame_address(0)) < b->stack_floor)
+    throw RenderError("the template recursed too deep for the render's stack", line,
+                      RenderError::Why::limit);
+}
+
+namespace {
+// The lowest address this thread's recursion may reach: a quarter of the stack (at least
+// 512 KiB, at most half) stays free for the level being entered and the expressions in it.
+// Computed once a thread (for the main thread glibc reads /proc/self/maps).
+const char* stack_floor_of_this_thread() {
+  thread_local const char* floor = [] {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return static_cast<const char*>(nullptr);
+    void* addr = nullptr;
+    size_t size = 0;
+    const bool ok = pthread_attr_getstack(&attr, &addr, &size) == 0 && addr && size;
+    pthread_attr_destroy(&attr);
+    if (!ok) return static_cast<const char*>(nullptr);
+    const size_t keep = std::min(std::max<size_t>(size / 4, size_t{512} << 10), size / 2);
+    return static_cast<const char*>(addr) + keep;
+  }();
+  return floor;
+}
+}  // namespace
 
 void check_text(size_t bytes) {
   if (bytes > kMaxText)
@@ -720,6 +750,7 @@ class Eval {
                 if (a.pos.size() != 1) fail(a.line, "loop() takes one iterable");
                 if (depth + 1 >= kMaxDepth)
                   fail(a.line, fmt::format("recursive loop deeper than {}", kMaxDepth));
+                check_stack(a.line);
                 std::string sub;
                 Flow f = Flow::normal;
                 exec_for(*np, outer, sub, f, &a.pos[0], depth + 1);
@@ -742,10 +773,10 @@ class Eval {
     return Value::callable([this, np, weak, keep](Args& a) {
       ScopeP home = weak.lock();
       if (!home) fail(a.line, fmt::format("macro '{}' called outside its scope", np->str));
-      if (++depth_ > kMaxDepth) {
-        --depth_;
+      if (depth_ + 1 > kMaxDepth)
         fail(a.line, fmt::format("macro '{}' recursed deeper than {}", np->str, kMaxDepth));
-      }
+      check_stack(a.line);
+      ++depth_;
       ScopeP s = child(home);
       const auto& params = np->names;
       if (a.pos.size() > params.size())
@@ -1800,6 +1831,7 @@ Result<std::string> Template::render(const Json& context, const RenderLimits& li
   budget.timeout_ms = limits.timeout.count();
   budget.deadline = std::chrono::steady_clock::now() + limits.timeout;
   budget.stop = limits.stop ? &limits.stop : nullptr;
+  budget.stack_floor = stack_floor_of_this_thread();
   struct Scoped {
     Budget* prev;
     explicit Scoped(Budget* b) : prev(t_budget) { t_budget = b; }

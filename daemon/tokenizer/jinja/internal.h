@@ -41,11 +41,17 @@ struct Budget {
   int64_t timeout_ms = 0;
   const std::function<bool()>* stop = nullptr;
   int line = 0;  // of the node being evaluated
+  /// The lowest stack address a recursion may reach (null: unknown); see check_stack.
+  const char* stack_floor = nullptr;
 };
 extern thread_local Budget* t_budget;
 /// Charges `n` steps to this thread's render (none outside a render); throws
 /// RenderError(limit) past the step budget or the deadline, RenderError(stopped) when told.
 void charge(uint64_t n);
+/// Before a macro call or a recursive loop goes one level deeper: throws RenderError(limit)
+/// when the thread's stack is nearly used up (a frame's size depends on the build, so a
+/// count of levels alone cannot keep every build inside its stack).
+void check_stack(int line);
 /// Before a string of `bytes` is built: fails past kMaxText, else charges its cost.
 void check_text(size_t bytes);
 /// Before a list of `n` items is built: fails past kMaxItems, else charges n.
