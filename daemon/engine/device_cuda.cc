@@ -488,7 +488,6 @@ class CudaDevice final : public Device {
   // the matrix.
   static constexpr size_t kFp8TileElems = size_t{16} << 20;
 
-  // The decode kernel's arguments for y = x * w^T (+ b) over FP8 w.
   // What the bf16 and the FP8 products' arguments share for y = x * w^T (+ b): the input,
   // the output, the sizes and the bias (the weight is each one's own).
   template <typename Args>
@@ -505,6 +504,7 @@ class CudaDevice final : public Device {
     a->bias = b.empty() ? nullptr : b.data();
   }
 
+  // The decode kernel's arguments for y = x * w^T (+ b) over FP8 w.
   static Result<kernels::Fp8MatmulArgs> fp8_args(const Buffer& x, const Buffer& w, const Buffer& b,
                                                  const Buffer& y, int rows, int in, int out) {
     auto fw = fp8_weight(w);
