@@ -100,7 +100,9 @@ struct AttentionBatch {
   // 1 = split-K with fewer rows per batch (4) under a register cap for 3 blocks per
   // multiprocessor (more warps in flight, fewer loads each), for groups of 3-4 heads of
   // head_dim 65-128 (other shapes: as 2); 2 = split-K at any context; 3 = the short-context
-  // kernel at any batch size (Errc::usage past its bound).
+  // kernel at any batch size (Errc::usage past its bound); 4 = split-K with the products on
+  // the tensor cores (bf16 caches of head_dim 64 or 128, else Errc::usage; P and an fp32
+  // q rounded to bf16, as in prefill).
   int decode_variant = 0;
   // Decode: every cache row before each query's own position was written before the kernel
   // ahead in the stream began (by an earlier step), and the block tables, seq_lens and

@@ -1342,6 +1342,7 @@ int main(int argc, char** argv) {
                         : partitioned  ? "decode (old)"
                         : variant == 1 ? "decode (U4x3)"
                         : variant == 2 ? "decode (split-K)"
+                        : variant == 4 ? "decode (tensor cores)"
                         : short_kernel ? "decode (short)"
                                        : "decode";
     std::string name =
@@ -1386,6 +1387,7 @@ int main(int argc, char** argv) {
     if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 1);
+    attention(true, d[0], d[1], 1, false, d[2], 4);  // split-K on the tensor cores
     attention(true, d[0], d[1], 1, true, d[2]);
   }
   // Groups of 8 query heads (Qwen3-MoE: 32 heads, 4 KV heads), where a lane holds the most
@@ -1395,6 +1397,7 @@ int main(int argc, char** argv) {
   for (const auto& d : g8_shapes) {
     if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
+    attention(true, d[0], d[1], 1, false, d[2], 4);
   }
   nkv = 8;
   // The engine's short-context graphs (bound: what the short kernel takes here): the short

@@ -572,13 +572,14 @@ void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, i
                           qf.data(), ref.data(), b.scale, window,
                           sinks.empty() || ref_without_sinks ? nullptr : sinks.data());
       for (size_t e = 0; e < qrow; ++e) {
-        // Decode: fp32 throughout, one rounding at the end. Prefill: P is rounded to bf16
+        // Decode: fp32 throughout, one rounding at the end. Prefill and decode on the tensor
+        // cores (variant 4): P is rounded to bf16
         // for the tensor cores (relative 2^-9 per weight, so 2^-8 * max|v| after the
         // normalisation), and an f32 cache or f32 q is rounded to bf16 as well (another
         // 2^-8 relative on scores of at most hd * 4 * scale, i.e. e^(2^-8 * 2 * sqrt(hd))
         // on the weights).
         double bound = (q_t == DType::bf16 ? bf16_ulp(ref[e]) : 0.0) + 2e-5 * vmax;
-        if (!decode) {
+        if (!decode || variant >= 4) {  // prefill, and decode on the tensor cores
           bound += 0x1p-8 * vmax;
           if (kv_t == DType::f32 || q_t == DType::f32)
             bound += (std::exp(0x1p-8 * 2 * 4 * std::sqrt(static_cast<double>(hd))) - 1) * 2 * vmax;
@@ -950,6 +951,61 @@ TEST_CASE("gpu attention sinks prefill: every kernel, window 128, chunked over a
   // The sinks matter: against the twin without them the kernel's rows are off.
   attention_case_run(rng, false, DType::bf16, DType::bf16, nh, 2, 64, 16, {300}, {300}, 128, 1000,
                      false, 0, 0, std::vector<float>(nh, 10.f), true);
+}
+
+// Split-K with the products on the tensor cores (decode_variant 4): positions in tiles of 16
+// with the group's heads as the mma's columns, dimensions permuted between the loads and
+// the fragments, P transposed in registers. Tile and chunk edges (15-17, 63-65 positions),
+// groups of 1, 4, 5, 8 and 12 (chunks of 8), head_dim 64 and 128, a window, block sizes of
+// 1 and 12, fp32 q and out, a graph's bound, sinks; the bound is prefill's (P in bf16).
+TEST_CASE("gpu decode attention (split-K on the tensor cores): against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode_tc"));
+  const auto B = DType::bf16;
+  auto tc = [&](int nh, int nkv, int hd, int bs, const std::vector<int32_t>& ctx, int window,
+                int bound, DType q_t = DType::bf16, const std::vector<float>& sinks = {}) {
+    attention_case_run(rng, true, B, q_t, nh, nkv, hd, bs, ctx, std::vector<int32_t>(ctx.size(), 1),
+                       window, 1, false, bound, 4, sinks);
+  };
+  tc(32, 4, 128, 16, {1, 15, 16, 17, 63, 64, 65, 129, 300}, 0, 0);  // Qwen3-MoE's group of 8
+  tc(32, 4, 128, 16, {1, 200, 4000, 9000}, 0, 33792);
+  tc(32, 8, 128, 16, {1, 65, 200, 4000}, 0, 33792);  // Llama 3's group of 4
+  tc(8, 8, 64, 16, {3, 777}, 0, 0);                  // one head a KV head
+  tc(10, 2, 128, 16, {777, 5}, 0, 0);                // group 5
+  tc(24, 2, 64, 16, {99, 1300}, 0, 0);               // group 12: chunks of 8 and 4
+  tc(8, 8, 128, 12, {2000, 50}, 700, 0);             // window; block size 12
+  tc(16, 2, 128, 1, {20000}, 0, 0);                  // block size 1
+  tc(8, 2, 64, 16, {100, 3}, 0, 0, DType::f32);      // fp32 q and out
+  tc(64, 8, 64, 16, {4500, 130, 2}, 128, 0, DType::bf16, gptoss_sinks(64));  // gpt-oss
+  tc(64, 8, 64, 16, {4097, 300}, 0, 33792, DType::bf16, gptoss_sinks(64));
+  if (large_cases()) tc(32, 4, 128, 16, {32768}, 0, 0);
+
+  // What it does not take is refused by name: other caches and head sizes.
+  for (auto [kv_t, hd] : {std::pair{DType::f32, 128}, std::pair{DType::bf16, 96}}) {
+    auto P = make_paged(rng, kv_t, 16, 2, hd, {40}, DType::bf16);
+    auto q = to_dev(std::vector<float>(static_cast<size_t>(8 * hd), 0.5f), DType::bf16);
+    auto out = poisoned(static_cast<size_t>(8 * hd), DType::bf16);
+    std::vector<int32_t> qs{0, 1};
+    auto dqs = DeviceBuf<int32_t>::from(qs);
+    AttentionBatch b;
+    b.q = q.get(), b.q_stride = static_cast<size_t>(8 * hd), b.out = out.get();
+    b.out_stride = static_cast<size_t>(8 * hd);
+    b.n_heads = 8, b.kv = P.dev(), b.block_tables = P.dtables.get();
+    b.max_blocks_per_seq = P.max_blocks, b.seq_lens = P.dlens.get(), b.query_start = dqs.get();
+    b.n_seqs = 1, b.n_tokens = 1, b.max_query_len = 1, b.max_seq_len = 40, b.scale = 0.1f;
+    b.decode_variant = 4;
+    const size_t need = attention_decode_workspace_bytes(1, 8, hd, 40);
+    auto ws = DeviceMemory::allocate(need);
+    REQUIRE(ws.ok());
+    std::vector<uint8_t> zeros(need, 0);
+    REQUIRE(ws->copy_from_host(zeros.data(), need).ok());
+    b.workspace = ws->get(), b.workspace_bytes = need;
+    auto st = attention_decode_cuda_device(b, nullptr);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error().code == Errc::usage);
+    CHECK(st.message().find("tensor cores") != std::string::npos);
+    CHECK(st.message().find(std::to_string(hd)) != std::string::npos);
+  }
 }
 
 // Split-K decode with sinks at long contexts: the sink joins the merged denominator once
