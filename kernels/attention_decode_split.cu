@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   split_finish<NS, G, HD>(P, o_s, m_s, l_s, seq, kvh, kvb, g0, gn, split, used, token);
 }
 
-// ---- the tensor-core form (bf16 caches, head_dim 64 or 128) ---------------------------
+// ---- the tensor-core form (bf16 caches, head_dim 32, 64 or 128) -----------------------
 // The same splits, plan and end as split_kernel; each warp takes tiles of 16 positions of
 // its split (tiles w, w + 4, ...; U of them a batch) and does a tile's arithmetic in mma.sync
 // m16n8k16 (bf16 in, fp32 accumulation), the group's heads (up to 8) as the 8 columns:
@@ -580,13 +580,15 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
                   static_cast<unsigned>(b.n_seqs));
   SPARK_TRY(cuda_check_launch("attention_decode", kThreads, 0));
   if (b.decode_variant == 4) {
-    if (b.kv.dtype != DType::bf16 || (b.kv.head_dim != 64 && b.kv.head_dim != 128))
+    if (!attention_decode_tc_fits(b.kv.dtype, b.kv.head_dim))
       return make_error(Errc::usage,
                         std::string("attention_decode (tensor cores): a bf16 cache of head_dim "
-                                    "64 or 128, not ") +
+                                    "32, 64 or 128, not ") +
                             dtype_name(b.kv.dtype) + " of head_dim " +
                             std::to_string(b.kv.head_dim));
-    if (b.kv.head_dim == 64)
+    if (b.kv.head_dim == 32)
+      SPARK_CUDA_TRY(dev::launch(split_tc_kernel<32, 2>, grid, dim3(kThreads), 0, st, P));
+    else if (b.kv.head_dim == 64)
       SPARK_CUDA_TRY(dev::launch(split_tc_kernel<64, 2>, grid, dim3(kThreads), 0, st, P));
     else
       SPARK_CUDA_TRY(dev::launch(split_tc_kernel<128, 2>, grid, dim3(kThreads), 0, st, P));

@@ -846,14 +846,22 @@ class CudaDevice final : public Device {
   }
 
   // Prefill and mixed steps run the prefill kernel; decode-only steps the short-context
-  // kernel or split-K, as their bounds choose. Every path honours b.sinks.
+  // kernel or split-K (on the tensor cores where it takes the shape), as their bounds
+  // choose. Every path honours b.sinks.
   Status run_attention(kernels::AttentionBatch b) {
     if (!step_.decode_only()) return kernels::attention_prefill_cuda_device(b, stream_);
     SPARK_TRY(grow_attn_ws(kernels::attention_decode_workspace_bytes(b.n_seqs, b.n_heads,
                                                                      b.kv.head_dim, max_seq_len_)));
     b.workspace = attn_ws_.data();
     b.workspace_bytes = attn_ws_.bytes();
-    if (short_cap_ >= 0 && max_seq_len_ > short_cap_) b.decode_variant = 2;  // split-K only
+    // Split-K on the tensor cores for groups of 4 heads and more where it takes the cache
+    // (their scores cost the register kernel most); else the register kernel.
+    const bool tc = kernels::attention_decode_tc_fits(b.kv.dtype, b.kv.head_dim) &&
+                    b.n_heads >= 4 * b.kv.n_kv_heads;
+    if (short_cap_ >= 0 && max_seq_len_ > short_cap_)
+      b.decode_variant = tc ? 4 : 2;  // split-K only
+    else if (tc && !kernels::attention_decode_short_takes(b))
+      b.decode_variant = 4;
     // A decode step's rows before each query were written by earlier steps; its own row by
     // the RoPE/KV write just ahead.
     b.history_ready = true;

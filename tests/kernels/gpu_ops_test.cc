@@ -956,7 +956,7 @@ TEST_CASE("gpu attention sinks prefill: every kernel, window 128, chunked over a
 // Split-K with the products on the tensor cores (decode_variant 4): positions in tiles of 16
 // with the group's heads as the mma's columns, dimensions permuted between the loads and
 // the fragments, P transposed in registers. Tile and chunk edges (15-17, 63-65 positions),
-// groups of 1, 4, 5, 8 and 12 (chunks of 8), head_dim 64 and 128, a window, block sizes of
+// groups of 1, 4, 5, 8 and 12 (chunks of 8), head_dim 32, 64 and 128, a window, block sizes of
 // 1 and 12, fp32 q and out, a graph's bound, sinks; the bound is prefill's (P in bf16).
 TEST_CASE("gpu decode attention (split-K on the tensor cores): against the twin") {
   if (test::skip_without_cuda()) return;
@@ -976,11 +976,14 @@ TEST_CASE("gpu decode attention (split-K on the tensor cores): against the twin"
   tc(8, 8, 128, 12, {2000, 50}, 700, 0);             // window; block size 12
   tc(16, 2, 128, 1, {20000}, 0, 0);                  // block size 1
   tc(8, 2, 64, 16, {100, 3}, 0, 0, DType::f32);      // fp32 q and out
+  tc(16, 4, 32, 16, {1, 40, 3000}, 0, 0);            // head_dim 32 (the engine's fixtures)
   tc(64, 8, 64, 16, {4500, 130, 2}, 128, 0, DType::bf16, gptoss_sinks(64));  // gpt-oss
   tc(64, 8, 64, 16, {4097, 300}, 0, 33792, DType::bf16, gptoss_sinks(64));
   if (large_cases()) tc(32, 4, 128, 16, {32768}, 0, 0);
 
   // What it does not take is refused by name: other caches and head sizes.
+  CHECK(attention_decode_tc_fits(DType::bf16, 128));
+  CHECK_FALSE(attention_decode_tc_fits(DType::e4m3, 128));
   for (auto [kv_t, hd] : {std::pair{DType::f32, 128}, std::pair{DType::bf16, 96}}) {
     auto P = make_paged(rng, kv_t, 16, 2, hd, {40}, DType::bf16);
     auto q = to_dev(std::vector<float>(static_cast<size_t>(8 * hd), 0.5f), DType::bf16);
