@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   split_finish<NS, G, HD>(P, o_s, m_s, l_s, seq, kvh, kvb, g0, gn, split, used, token);
 }
 
-// ---- the tensor-core form (bf16 caches, head_dim 32, 64 or 128) -----------------------
+// ---- the tensor-core form (bf16 and e4m3 caches, head_dim 32, 64 or 128) --------------
 // The same splits, plan and end as split_kernel; each warp takes tiles of 16 positions of
 // its split (tiles w, w + 4, ...; U of them a batch) and does a tile's arithmetic in mma.sync
 // m16n8k16 (bf16 in, fp32 accumulation), the group's heads (up to 8) as the 8 columns:
@@ -308,7 +308,8 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
 //     32t + 8(g / 2) + 2j + g % 2 after the transpose. No shared memory until the end; the
 //     accumulators belong to the lane's own two heads, so rescaling needs no exchange.
 // P is rounded to bf16 (relative 2^-9 a weight), as the prefill kernel does; q of an fp32
-// batch is rounded to bf16 too.
+// batch is rounded to bf16 too. An e4m3 cache's 8 bytes a lane are widened to bf16 pairs
+// (exactly) when used, so half the registers hold the rows in flight.
 constexpr int kTcWarps = kWarps;  // the block is split_kernel's 4 warps
 constexpr int kTcHeads = 8;       // heads as the mma's columns
 
@@ -323,7 +324,35 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int HD, int U>
+// A lane's 8 cache elements of a row as loaded (bf16: 16 bytes; e4m3: 8 bytes, half the
+// registers while in flight), and as 4 bf16 pairs (e4m3 values are bf16 values: exact).
+template <typename C>
+struct TcRaw;
+template <>
+struct TcRaw<dev::bf16> {
+  using T = uint4;
+};
+template <>
+struct TcRaw<dev::e4m3> {
+  using T = uint2;
+};
+__device__ __forceinline__ uint4 tc_zero(uint4) {
+  return make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ uint2 tc_zero(uint2) {
+  return make_uint2(0u, 0u);
+}
+__device__ __forceinline__ uint4 tc_pairs(const uint4& r) {
+  return r;
+}
+__device__ __forceinline__ uint4 tc_pairs(const uint2& r) {
+  float f[8];
+  dev::e4m3x8_to_f(r, f);
+  return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
+                    pack_bf16x2(f[6], f[7]));
+}
+
+template <typename C, int HD, int U>
 __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
   dev::pdl_wait();
   dev::pdl_trigger();
@@ -383,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
       qf[t][j] = pack_bf16x2(v0, v1);
     }
 
-  const dev::bf16* kpool = static_cast<const dev::bf16*>(b.kv.k);
-  const dev::bf16* vpool = static_cast<const dev::bf16*>(b.kv.v);
+  using Raw = typename TcRaw<C>::T;
+  const C* kpool = static_cast<const C*>(b.kv.k);
+  const C* vpool = static_cast<const C*>(b.kv.v);
   const int bs = b.kv.block_size;
   const size_t row_elems = static_cast<size_t>(b.kv.n_kv_heads) * HD;
   const size_t head_off = static_cast<size_t>(kvh) * HD + 8 * q;
@@ -414,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
   };
   fetch_batch(0);
   for (int it = 0; it * kTcWarps + warp < tiles; it += U) {
-    uint4 kr[U][2][NT], vr[U][2][NT];
+    Raw kr[U][2][NT], vr[U][2][NT];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -423,11 +453,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
         for (int t = 0; t < NT; ++t) {
           if (off[u][h] >= 0) {
             const size_t at = static_cast<size_t>(off[u][h]) * row_elems + head_off + 32 * t;
-            kr[u][h][t] = *reinterpret_cast<const uint4*>(kpool + at);
-            vr[u][h][t] = *reinterpret_cast<const uint4*>(vpool + at);
+            kr[u][h][t] = *reinterpret_cast<const Raw*>(kpool + at);
+            vr[u][h][t] = *reinterpret_cast<const Raw*>(vpool + at);
           } else {
-            kr[u][h][t] = make_uint4(0u, 0u, 0u, 0u);
-            vr[u][h][t] = make_uint4(0u, 0u, 0u, 0u);
+            kr[u][h][t] = tc_zero(Raw{});
+            vr[u][h][t] = tc_zero(Raw{});
           }
         }
     fetch_batch(it + U);  // the next batch's slots while these rows are in flight
@@ -439,8 +469,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint32_t* k0 = reinterpret_cast<const uint32_t*>(&kr[u][0][t]);
-        const uint32_t* k1 = reinterpret_cast<const uint32_t*>(&kr[u][1][t]);
+        const uint4 kp0 = tc_pairs(kr[u][0][t]), kp1 = tc_pairs(kr[u][1][t]);
+        const uint32_t* k0 = reinterpret_cast<const uint32_t*>(&kp0);
+        const uint32_t* k1 = reinterpret_cast<const uint32_t*>(&kp1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint32_t a[4] = {k0[2 * h], k1[2 * h], k0[2 * h + 1], k1[2 * h + 1]};
@@ -486,8 +517,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
       const uint32_t b1 = movmatrix_trans(pack_bf16x2(p[2], p[3]));
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&vr[u][0][t]);
-        const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&vr[u][1][t]);
+        const uint4 vp0 = tc_pairs(vr[u][0][t]), vp1 = tc_pairs(vr[u][1][t]);
+        const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&vp0);
+        const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&vp1);
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
           const uint32_t a[4] = {movmatrix_trans(v0[2 * w]), movmatrix_trans(v0[2 * w + 1]),
@@ -520,6 +552,19 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
     }
   __syncthreads();
   split_finish<kTcWarps, kTcHeads, HD>(P, o_s, m_s, l_s, seq, kvh, kvb, g0, gn, split, used, token);
+}
+
+template <typename C>
+Status launch_tc(const SplitParams& P, dim3 grid, cudaStream_t st) {
+  const int hd = P.b.kv.head_dim;
+  if (hd == 32)
+    SPARK_CUDA_TRY(dev::launch(split_tc_kernel<C, 32, 2>, grid, dim3(kThreads), 0, st, P));
+  else if (hd == 64)
+    SPARK_CUDA_TRY(dev::launch(split_tc_kernel<C, 64, 2>, grid, dim3(kThreads), 0, st, P));
+  else
+    SPARK_CUDA_TRY(dev::launch(split_tc_kernel<C, 128, 2>, grid, dim3(kThreads), 0, st, P));
+  SPARK_CUDA_TRY(cudaGetLastError());
+  return Status::Ok();
 }
 
 template <typename C, int HD>
@@ -582,17 +627,14 @@ Status attention_decode_cuda_device(const AttentionBatch& b, void* stream) {
   if (b.decode_variant == 4) {
     if (!attention_decode_tc_fits(b.kv.dtype, b.kv.head_dim))
       return make_error(Errc::usage,
-                        std::string("attention_decode (tensor cores): a bf16 cache of head_dim "
-                                    "32, 64 or 128, not ") +
+                        std::string("attention_decode (tensor cores): a bf16 or e4m3 cache of "
+                                    "head_dim 32, 64 or 128, not ") +
                             dtype_name(b.kv.dtype) + " of head_dim " +
                             std::to_string(b.kv.head_dim));
-    if (b.kv.head_dim == 32)
-      SPARK_CUDA_TRY(dev::launch(split_tc_kernel<32, 2>, grid, dim3(kThreads), 0, st, P));
-    else if (b.kv.head_dim == 64)
-      SPARK_CUDA_TRY(dev::launch(split_tc_kernel<64, 2>, grid, dim3(kThreads), 0, st, P));
+    if (b.kv.dtype == DType::bf16)
+      SPARK_TRY(launch_tc<dev::bf16>(P, grid, st));
     else
-      SPARK_CUDA_TRY(dev::launch(split_tc_kernel<128, 2>, grid, dim3(kThreads), 0, st, P));
-    SPARK_CUDA_TRY(cudaGetLastError());
+      SPARK_TRY(launch_tc<dev::e4m3>(P, grid, st));
     return Status::Ok();
   }
   SPARK_DISPATCH_KV(b.kv.dtype, C, SPARK_TRY(launch<C>(P, gmax, grid, st)));

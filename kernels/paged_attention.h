@@ -238,9 +238,10 @@ int attention_decode_short_bound(int n_seqs, int n_heads, int n_kv_heads, int he
 bool attention_decode_short_takes(const AttentionBatch& b);
 
 /// Whether split-K's tensor-core form (decode_variant 4) takes a cache of `kv_dtype` and
-/// `head_dim`: bf16, head_dim 32, 64 or 128.
+/// `head_dim`: bf16 or e4m3, head_dim 32, 64 or 128.
 inline bool attention_decode_tc_fits(DType kv_dtype, int head_dim) {
-  return kv_dtype == DType::bf16 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
+  return (kv_dtype == DType::bf16 || kv_dtype == DType::e4m3) &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 
 /// The longest context the short-context kernel takes for `head_dim` and a cache of

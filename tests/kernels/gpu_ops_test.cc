@@ -957,33 +957,39 @@ TEST_CASE("gpu attention sinks prefill: every kernel, window 128, chunked over a
 // with the group's heads as the mma's columns, dimensions permuted between the loads and
 // the fragments, P transposed in registers. Tile and chunk edges (15-17, 63-65 positions),
 // groups of 1, 4, 5, 8 and 12 (chunks of 8), head_dim 32, 64 and 128, a window, block sizes of
-// 1 and 12, fp32 q and out, a graph's bound, sinks; the bound is prefill's (P in bf16).
+// 1 and 12, fp32 q and out, a graph's bound, sinks, bf16 and e4m3 caches; the bound is
+// prefill's (P in bf16).
 TEST_CASE("gpu decode attention (split-K on the tensor cores): against the twin") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("decode_tc"));
-  const auto B = DType::bf16;
-  auto tc = [&](int nh, int nkv, int hd, int bs, const std::vector<int32_t>& ctx, int window,
-                int bound, DType q_t = DType::bf16, const std::vector<float>& sinks = {}) {
-    attention_case_run(rng, true, B, q_t, nh, nkv, hd, bs, ctx, std::vector<int32_t>(ctx.size(), 1),
-                       window, 1, false, bound, 4, sinks);
-  };
-  tc(32, 4, 128, 16, {1, 15, 16, 17, 63, 64, 65, 129, 300}, 0, 0);  // Qwen3-MoE's group of 8
-  tc(32, 4, 128, 16, {1, 200, 4000, 9000}, 0, 33792);
-  tc(32, 8, 128, 16, {1, 65, 200, 4000}, 0, 33792);  // Llama 3's group of 4
-  tc(8, 8, 64, 16, {3, 777}, 0, 0);                  // one head a KV head
-  tc(10, 2, 128, 16, {777, 5}, 0, 0);                // group 5
-  tc(24, 2, 64, 16, {99, 1300}, 0, 0);               // group 12: chunks of 8 and 4
-  tc(8, 8, 128, 12, {2000, 50}, 700, 0);             // window; block size 12
-  tc(16, 2, 128, 1, {20000}, 0, 0);                  // block size 1
-  tc(8, 2, 64, 16, {100, 3}, 0, 0, DType::f32);      // fp32 q and out
-  tc(16, 4, 32, 16, {1, 40, 3000}, 0, 0);            // head_dim 32 (the engine's fixtures)
-  tc(64, 8, 64, 16, {4500, 130, 2}, 128, 0, DType::bf16, gptoss_sinks(64));  // gpt-oss
-  tc(64, 8, 64, 16, {4097, 300}, 0, 33792, DType::bf16, gptoss_sinks(64));
-  if (large_cases()) tc(32, 4, 128, 16, {32768}, 0, 0);
+  for (auto kv_t : {DType::bf16, DType::e4m3}) {
+    auto tc = [&](int nh, int nkv, int hd, int bs, const std::vector<int32_t>& ctx, int window,
+                  int bound, DType q_t = DType::bf16, const std::vector<float>& sinks = {}) {
+      attention_case_run(rng, true, kv_t, q_t, nh, nkv, hd, bs, ctx,
+                         std::vector<int32_t>(ctx.size(), 1), window, 1, false, bound, 4, sinks);
+    };
+    tc(32, 4, 128, 16, {1, 15, 16, 17, 63, 64, 65, 129, 300}, 0, 0);  // Qwen3-MoE's group of 8
+    tc(32, 4, 128, 16, {1, 200, 4000, 9000}, 0, 33792);
+    tc(32, 8, 128, 16, {1, 65, 200, 4000}, 0, 33792);  // Llama 3's group of 4
+    tc(8, 8, 64, 16, {3, 777}, 0, 0);                  // one head a KV head
+    tc(10, 2, 128, 16, {777, 5}, 0, 0);                // group 5
+    tc(24, 2, 64, 16, {99, 1300}, 0, 0);               // group 12: chunks of 8 and 4
+    tc(8, 8, 128, 12, {2000, 50}, 700, 0);             // window; block size 12
+    tc(16, 2, 128, 1, {20000}, 0, 0);                  // block size 1
+    tc(8, 2, 64, 16, {100, 3}, 0, 0, DType::f32);      // fp32 q and out
+    tc(16, 4, 32, 16, {1, 40, 3000}, 0, 0);            // head_dim 32 (the engine's fixtures)
+    tc(64, 8, 64, 16, {4500, 130, 2}, 128, 0, DType::bf16, gptoss_sinks(64));  // gpt-oss
+    tc(64, 8, 64, 16, {4097, 300}, 0, 33792, DType::bf16, gptoss_sinks(64));
+  }
+  if (large_cases())
+    attention_case_run(rng, true, DType::bf16, DType::bf16, 32, 4, 128, 16, {32768}, {1}, 0, 1,
+                       false, 0, 4);
 
   // What it does not take is refused by name: other caches and head sizes.
   CHECK(attention_decode_tc_fits(DType::bf16, 128));
-  CHECK_FALSE(attention_decode_tc_fits(DType::e4m3, 128));
+  CHECK(attention_decode_tc_fits(DType::e4m3, 64));
+  CHECK_FALSE(attention_decode_tc_fits(DType::f32, 128));
+  CHECK_FALSE(attention_decode_tc_fits(DType::bf16, 256));
   for (auto [kv_t, hd] : {std::pair{DType::f32, 128}, std::pair{DType::bf16, 96}}) {
     auto P = make_paged(rng, kv_t, 16, 2, hd, {40}, DType::bf16);
     auto q = to_dev(std::vector<float>(static_cast<size_t>(8 * hd), 0.5f), DType::bf16);
