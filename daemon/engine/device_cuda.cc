@@ -597,12 +597,12 @@ class CudaDevice final : public Device {
 
   // FP8 parts at decode rows: one launch of the FP8 kernel for all of them, over x or (with
   // `norm`) over RMSNorm(x) computed inside. False where that does not apply.
-  Result<bool> fp8_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
-                         const PreNorm* norm) {
+  // The FP8 decode products' arguments of a group (false: not FP8 decode products).
+  Result<bool> fp8_group_args(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                              const PreNorm* norm, kernels::Fp8MatmulArgs* a) {
     if (n < 1 || static_cast<size_t>(n) > kernels::kFp8GemvMaxGroup ||
         static_cast<size_t>(rows) > kernels::kFp8GemvMaxRows)
       return false;
-    kernels::Fp8MatmulArgs a[kernels::kFp8GemvMaxGroup];
     for (int i = 0; i < n; ++i) {
       if (parts[i].w->type() != ElemType::fp8_e4m3) return false;
       auto r = fp8_args(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out);
@@ -610,6 +610,13 @@ class CudaDevice final : public Device {
       a[i] = *r;
       if (norm) a[i].norm_w = norm->w->data(), a[i].norm_eps = norm->eps;
     }
+    return true;
+  }
+  Result<bool> fp8_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                         const PreNorm* norm) {
+    kernels::Fp8MatmulArgs a[kernels::kFp8GemvMaxGroup];
+    auto f = fp8_group_args(x, parts, n, rows, in, norm, a);
+    if (!f || !*f) return f;
     SPARK_TRY(kernels::fp8_gemv_group_cuda_device(a, n, stream_));
     return true;
   }
@@ -679,14 +686,30 @@ class CudaDevice final : public Device {
     // Decode rows (up to 8): the input norm inside the products, and without per-head norms
     // RoPE and the KV write in their epilogue (two launches fewer per layer); otherwise the
     // norm's pass, the products, then rope_kv_write.
-    // FP8 q/k/v: one launch of the FP8 kernel (the norm inside it where it can be), then
-    // RoPE and the KV write.
+    // FP8 q/k/v: one launch of the FP8 kernel with the norm inside it, and RoPE and the KV
+    // write in its epilogue where it takes them as the bf16 one does (whole rotary; per-head
+    // norms at 1-2 rows); else RoPE and the KV write after it.
+    const bool head_norms = !q_norm.empty() || !k_norm.empty();
+    const bool epilogue_takes =
+        static_cast<size_t>(rows) <= kernels::kMatmulQkvRopeMaxRows &&
+        inv_freq.numel() * 2 == static_cast<size_t>(head_dim) &&
+        (!head_norms || kernels::matmul_qkv_rope_head_norms(static_cast<size_t>(rows),
+                                                            static_cast<size_t>(head_dim)));
     if (qkv[0].w->type() == ElemType::fp8_e4m3 && fp8_norm_in_product(x, rows)) {
-      auto f = fp8_group(*x.x, qkv, 3, rows, in, &x);
+      kernels::Fp8MatmulArgs a[3];
+      auto f = fp8_group_args(*x.x, qkv, 3, rows, in, &x, a);
       if (!f) return f.error();
-      if (*f)
+      if (*f && epilogue_takes)
+        return kernels::fp8_qkv_rope_cuda_device(
+            a,
+            rope_kv_args(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
+                         q_norm, k_norm, eps, kv),
+            stream_);
+      if (*f) {
+        SPARK_TRY(kernels::fp8_gemv_group_cuda_device(a, 3, stream_));
         return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                              q_norm, k_norm, eps, kv);
+      }
     }
     kernels::MatmulArgs a[3];
     if (static_cast<size_t>(rows) > kernels::kMatmulQkvRopeMaxRows ||
@@ -698,10 +721,7 @@ class CudaDevice final : public Device {
     // products, and so do per-head norms (Qwen3) where the epilogue cannot take them (more
     // than 2 rows, a head_dim other than 32, 64 or 128, no clusters): the epilogue rotates
     // whole heads only, and sums a head's squares across a cluster of blocks.
-    const bool head_norms = !q_norm.empty() || !k_norm.empty();
-    if ((head_norms && !kernels::matmul_qkv_rope_head_norms(static_cast<size_t>(rows),
-                                                            static_cast<size_t>(head_dim))) ||
-        inv_freq.numel() * 2 != static_cast<size_t>(head_dim)) {
+    if (!epilogue_takes) {
       SPARK_TRY(kernels::matmul_own_group_cuda_device(a, 3, stream_));
       return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                            q_norm, k_norm, eps, kv);
