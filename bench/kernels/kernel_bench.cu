@@ -1399,6 +1399,14 @@ int main(int argc, char** argv) {
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 4);
   }
+  // Batch 1 at short contexts with a group of 8 (the engine's short-context graph): the short
+  // kernel against split-K on the tensor cores at the same bound.
+  for (int sctx : {256, 1024}) {
+    const int sb = attention_decode_short_max(hd, DType::bf16);
+    if (!want("decode") || sb < sctx) break;
+    attention(true, 1, sctx, 1, false, sb, 3);
+    attention(true, 1, sctx, 1, false, sb, 4);
+  }
   nkv = 8;
   // The engine's short-context graphs (bound: what the short kernel takes here): the short
   // kernel (forced where the engine would take split-K: more than one wave of clusters),
