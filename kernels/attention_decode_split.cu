@@ -51,6 +51,43 @@ struct SplitParams {
   float* partials;    // [n_seqs][n_heads][cap][head_dim + 2]
 };
 
+// What a block of either split-K kernel works on: its sequence, KV head (block) and head
+// chunk, its split and the split's positions [lo, lo + n). False when it has none (the
+// block returns; a sequence without context, which the engine never sends, gets zeros from
+// its split 0). gmax: the most heads of a chunk the kernel holds.
+struct SplitWork {
+  int seq, kvb, kvh, split, g0, gn, used, lo, n;
+  size_t token;
+};
+__device__ __forceinline__ bool split_work(const SplitParams& P, int gmax, SplitWork& w) {
+  const AttentionBatch& b = P.b;
+  w.split = blockIdx.y, w.kvb = blockIdx.x, w.seq = blockIdx.z;
+  w.kvh = w.kvb / P.chunks;
+  const int ctx = b.seq_lens[w.seq];
+  const DecodeSplitPlan plan = attention_decode_plan(ctx, b.window, P.cap);
+  w.used = plan.used;
+  w.g0 = (w.kvb % P.chunks) * kGMax;
+  w.gn = min(gmax, P.group - w.g0);
+  w.token = b.query_start ? static_cast<size_t>(b.query_start[w.seq]) : static_cast<size_t>(w.seq);
+  if (w.used == 0) {
+    const int hd = b.kv.head_dim;
+    if (w.split == 0)
+      for (int i = static_cast<int>(threadIdx.x); i < w.gn * hd; i += kThreads) {
+        const size_t off =
+            w.token * b.out_stride + static_cast<size_t>((w.kvh * P.group + w.g0) * hd + i);
+        if (b.dtype == DType::bf16)
+          static_cast<dev::bf16*>(b.out)[off] = __float2bfloat16_rn(0.f);
+        else
+          static_cast<float*>(b.out)[off] = 0.f;
+      }
+    return false;
+  }
+  if (w.split >= w.used) return false;  // uniform over the block: nothing of this sequence
+  w.lo = plan.first + w.split * plan.chunk;
+  w.n = min(plan.chunk, ctx - w.lo);  // >= 1
+  return true;
+}
+
 // The end of a split, shared by both split-K kernels: the block's NS streams (o_s[j][g][d]
 // unnormalised, their maxima m_s[g][j] and sums l_s[g][j], written before a barrier) are
 // merged; with one used split the output is written, else this split's partials, and the
@@ -155,32 +192,13 @@ __global__ void __launch_bounds__(kThreads, MINB) split_kernel(SplitParams P) {
   // Splits on y, KV blocks on x: blocks are scheduled in linear order, so the splits that
   // hold work (the first `used`) of every KV block come first, and the ones past a short
   // context (which exit at once) are not ahead of them on a full first wave.
-  const int split = blockIdx.y, kvb = blockIdx.x, seq = blockIdx.z;
-  const int kvh = kvb / P.chunks, chunk = kvb % P.chunks;
-  const int ctx = b.seq_lens[seq];
-  const DecodeSplitPlan plan = attention_decode_plan(ctx, b.window, P.cap);
-  const int used = plan.used;
+  SplitWork W;
+  if (!split_work(P, min(kGMax, G), W)) return;
+  const int seq = W.seq, kvb = W.kvb, kvh = W.kvh, split = W.split, used = W.used;
+  const int g0 = W.g0, gn = W.gn, lo = W.lo, n = W.n;
+  const size_t token = W.token;
   const int hd = b.kv.head_dim;
-  const int g0 = chunk * kGMax;
-  const int gn = min(min(kGMax, G), P.group - g0);
-  const size_t token =
-      b.query_start ? static_cast<size_t>(b.query_start[seq]) : static_cast<size_t>(seq);
   const int tid = static_cast<int>(threadIdx.x);
-  if (used == 0) {  // no context (not produced by the engine): a defined output of zeros
-    if (split == 0)
-      for (int i = tid; i < gn * hd; i += kThreads) {
-        const size_t off =
-            token * b.out_stride + static_cast<size_t>((kvh * P.group + g0) * hd + i);
-        if (b.dtype == DType::bf16)
-          static_cast<dev::bf16*>(b.out)[off] = __float2bfloat16_rn(0.f);
-        else
-          static_cast<float*>(b.out)[off] = 0.f;
-      }
-    return;
-  }
-  if (split >= used) return;  // uniform over the block: nothing of this sequence here
-  const int lo = plan.first + split * plan.chunk;
-  const int n = min(plan.chunk, ctx - lo);  // >= 1
 
   const int lane = tid & 31, warp = tid >> 5;
   const int sub = lane / L, li = lane % L;
@@ -361,31 +379,12 @@ __global__ void __launch_bounds__(kThreads, 2) split_tc_kernel(SplitParams P) {
   __shared__ float m_s[kTcHeads][kTcWarps], l_s[kTcHeads][kTcWarps];
 
   const AttentionBatch& b = P.b;
-  const int split = blockIdx.y, kvb = blockIdx.x, seq = blockIdx.z;
-  const int kvh = kvb / P.chunks, chunk = kvb % P.chunks;
-  const int ctx = b.seq_lens[seq];
-  const DecodeSplitPlan plan = attention_decode_plan(ctx, b.window, P.cap);
-  const int used = plan.used;
-  const int g0 = chunk * kGMax;
-  const int gn = min(kGMax, P.group - g0);
-  const size_t token =
-      b.query_start ? static_cast<size_t>(b.query_start[seq]) : static_cast<size_t>(seq);
+  SplitWork W;
+  if (!split_work(P, kGMax, W)) return;
+  const int seq = W.seq, kvb = W.kvb, kvh = W.kvh, split = W.split, used = W.used;
+  const int g0 = W.g0, gn = W.gn, lo = W.lo, n = W.n;
+  const size_t token = W.token;
   const int tid = static_cast<int>(threadIdx.x);
-  if (used == 0) {  // no context: zeros, as split_kernel
-    if (split == 0)
-      for (int i = tid; i < gn * HD; i += kThreads) {
-        const size_t off =
-            token * b.out_stride + static_cast<size_t>((kvh * P.group + g0) * HD + i);
-        if (b.dtype == DType::bf16)
-          static_cast<dev::bf16*>(b.out)[off] = __float2bfloat16_rn(0.f);
-        else
-          static_cast<float*>(b.out)[off] = 0.f;
-      }
-    return;
-  }
-  if (split >= used) return;
-  const int lo = plan.first + split * plan.chunk;
-  const int n = min(plan.chunk, ctx - lo);  // >= 1
   const int tiles = (n + 15) / 16;
 
   const int lane = tid & 31, warp = tid >> 5;

@@ -425,11 +425,6 @@ Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope
   SPARK_TRY(rope_check_args(rope));
   const size_t m = parts[0].m;
   const size_t hd = static_cast<size_t>(rope.head_dim);
-  const size_t widths[3] = {static_cast<size_t>(rope.n_heads) * hd,
-                            static_cast<size_t>(rope.n_kv_heads) * hd,
-                            static_cast<size_t>(rope.n_kv_heads) * hd};
-  const void* outs[3] = {rope.q, rope.k, rope.v};
-  const size_t strides[3] = {rope.q_stride, rope.k_stride, rope.v_stride};
   Fp8RopeGroup G{};
   G.g.n = 3;
   for (int i = 0; i < 3; ++i) {
@@ -440,10 +435,8 @@ Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope
       return bad("the products share a, lda, m, k and the norm");
     if (a.swiglu || a.accumulate) return bad("plain products only");
     if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
-    if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
-      return bad("part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
-                 std::to_string(widths[i]) + " columns, stride " + std::to_string(strides[i]) +
-                 ")");
+    if (auto why = dev::qkv_part_mismatch(rope, i, a.n, a.out, a.ldo); !why.empty())
+      return bad(why);
     G.g.part[i] = a;
   }
   if (m == 0) return Status::Ok();
@@ -457,7 +450,7 @@ Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope
   size_t blocks = 0;
   for (int i = 0; i < 3; ++i) {
     G.g.first_block[i] = static_cast<unsigned>(blocks);
-    blocks += (widths[i] + kWarps * 2 - 1) / (kWarps * 2);
+    blocks += (parts[i].n + kWarps * 2 - 1) / (kWarps * 2);
   }
   if (blocks > 0x7fffffffu) return bad("n too large");
   SPARK_TRY(cuda_check_launch("fp8_gemv (q/k/v with RoPE)", kWarps * 32, 0));

@@ -154,6 +154,20 @@ __device__ __forceinline__ void store_rope_head_norm(const Args& p, const RopeEp
   cluster.sync();  // the other blocks read pairs_s until here
 }
 
+// Part i (0, 1, 2 = q, k, v) of the q/k/v products must write what the epilogue stores:
+// rope's q, k or v, n_heads or n_kv_heads x head_dim columns at rope's stride. Empty when it
+// does, else what it must write.
+inline std::string qkv_part_mismatch(const RopeArgs& rope, int i, size_t n, const void* out,
+                                     size_t ldo) {
+  const size_t hd = static_cast<size_t>(rope.head_dim);
+  const size_t width = static_cast<size_t>(i == 0 ? rope.n_heads : rope.n_kv_heads) * hd;
+  const void* want = i == 0 ? rope.q : i == 1 ? rope.k : rope.v;
+  const size_t stride = i == 0 ? rope.q_stride : i == 1 ? rope.k_stride : rope.v_stride;
+  if (n == width && out == want && ldo == stride) return {};
+  return "part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
+         std::to_string(width) + " columns, stride " + std::to_string(stride) + ")";
+}
+
 // The epilogue's arguments for `rope` over m rows (the products' checks are the caller's):
 // the KV write set, whole heads rotating, and per-head norms only where `head_norms_ok`.
 // `what` names the caller in errors.

@@ -23,6 +23,7 @@
 #include "kernels/matmul.h"
 #include "kernels/rope.h"
 #include "support/gpu.h"
+#include "support/gpu_qkv_rope.h"
 #include "support/gpu_values.h"
 
 using namespace spark;
@@ -376,7 +377,6 @@ struct Fp8RopeCase {
 };
 
 void fp8_rope_case(std::mt19937& rng, const Fp8RopeCase& c) {
-  using test::gpu::Dev;
   CAPTURE(c.nh);
   CAPTURE(c.hd);
   CAPTURE(c.m);
@@ -388,47 +388,21 @@ void fp8_rope_case(std::mt19937& rng, const Fp8RopeCase& c) {
   CAPTURE(c.in_norm);
   CAPTURE(c.q_norm);
   CAPTURE(c.k_norm);
-  const int slots_n = 64;
-  const size_t width[3] = {static_cast<size_t>(c.nh * c.hd), static_cast<size_t>(c.nkv * c.hd),
-                           static_cast<size_t>(c.nkv * c.hd)};
+  test::gpu::QkvRopeIo io(rng, c.nh, c.nkv, c.hd, c.m, c.t, c.ct);
+  const size_t* width = io.width;
   auto da = DeviceBuf<uint16_t>::from(random_bf16(rng, c.m * c.k, -2, 2));
   auto dnw = DeviceBuf<uint16_t>::from(random_bf16(rng, c.k, 0.5f, 1.5f));
-  auto dqn = test::gpu::to_dev(
-      test::gpu::as_stored(test::gpu::randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t),
-      c.t);
-  auto dkn = test::gpu::to_dev(
-      test::gpu::as_stored(test::gpu::randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t),
-      c.t);
   std::vector<HostFp8> hs;
   std::vector<DeviceBuf<uint8_t>> dq;
   std::vector<DeviceBuf<float>> ds;
   std::vector<DeviceBuf<uint16_t>> db;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 3; ++i) {  // q's scales per 128 rows, k's and v's per row
     hs.push_back(random_fp8(rng, width[i], c.k, i == 0 ? 7 : 0));
     dq.push_back(DeviceBuf<uint8_t>::from(hs.back().q));
     ds.push_back(DeviceBuf<float>::from(hs.back().scales));
     db.push_back(DeviceBuf<uint16_t>::from(random_bf16(rng, width[i], -1, 1)));
   }
-  std::vector<int32_t> pos(c.m), slot(c.m);
-  for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
-  std::vector<int32_t> perm(slots_n);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  for (size_t i = 0; i < c.m; ++i) slot[i] = perm[i];
-  if (c.m > 1) slot[1] = -1;       // a padding row: no cache write
-  if (c.m > 2) slot[2] = slots_n;  // past the pool: skipped
-  auto dpos = DeviceBuf<int32_t>::from(pos), dslot = DeviceBuf<int32_t>::from(slot);
-  auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 1000000.0, {}));
-  struct Out {
-    Dev y[3], kc, vc;
-  };
-  auto fresh = [&] {
-    Out o;
-    for (int i = 0; i < 3; ++i) o.y[i] = test::gpu::poisoned(c.m * width[i], c.t);
-    o.kc = test::gpu::poisoned(slots_n * width[1], c.ct);
-    o.vc = test::gpu::poisoned(slots_n * width[1], c.ct);
-    return o;
-  };
+  using Out = test::gpu::QkvRopeIo::Out;
   auto parts_for = [&](Out& o, Fp8MatmulArgs* a) {
     for (int i = 0; i < 3; ++i) {
       const auto u = static_cast<size_t>(i);
@@ -440,45 +414,18 @@ void fp8_rope_case(std::mt19937& rng, const Fp8RopeCase& c) {
       if (c.in_norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-6f;
     }
   };
-  auto rope_for = [&](Out& o) {
-    RopeArgs r;
-    r.dtype = c.t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
-    r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
-    r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
-    r.q_norm = c.q_norm ? dqn.get() : nullptr, r.k_norm = c.k_norm ? dkn.get() : nullptr;
-    r.norm_eps = 1e-6f;
-    r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = c.ct;
-    r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
-    return r;
-  };
-  Out ref = fresh(), got = fresh();
+  Out ref = io.fresh(), got = io.fresh();
   Fp8MatmulArgs a[3];
   parts_for(ref, a);
   REQUIRE(fp8_gemv_group_cuda_device(a, 3, nullptr).ok());
-  REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
+  REQUIRE(rope_cuda_device(io.rope_for(ref, c.q_norm, c.k_norm), nullptr).ok());
   parts_for(got, a);
   set_programmatic_launch(c.pdl);
-  auto st = fp8_qkv_rope_cuda_device(a, rope_for(got), nullptr);
+  auto st = fp8_qkv_rope_cuda_device(a, io.rope_for(got, c.q_norm, c.k_norm), nullptr);
   set_programmatic_launch(false);
   REQUIRE_MESSAGE(st.ok(), st.message());
   REQUIRE(cuda_synchronize().ok());
-  auto same = [](const Dev& x, const Dev& y) {
-    const auto u = test::gpu::from_dev(x), v = test::gpu::from_dev(y);
-    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
-  };
-  CHECK(same(ref.y[0], got.y[0]));
-  CHECK(same(ref.y[1], got.y[1]));
-  CHECK(same(ref.y[2], got.y[2]));
-  CHECK(same(ref.kc, got.kc));
-  CHECK(same(ref.vc, got.vc));
-  size_t unwritten = 0;
-  for (int i = 0; i < 3; ++i)
-    for (float v : test::gpu::from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
-  CHECK(unwritten == 0);
-  size_t cached = 0, want = 0;
-  for (float v : test::gpu::from_dev(got.kc)) cached += std::isnan(v) ? 0 : 1;
-  for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? width[1] : 0;
-  CHECK(cached == want);
+  io.check_same(ref, got);
 }
 
 }  // namespace
