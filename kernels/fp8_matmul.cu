@@ -98,10 +98,7 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
   size_t units[R];
   size_t pair_i = 0;
   if constexpr (ROPE >= 0) {
-    const size_t pair = u0 / 2, half = rp.head_dim / 2;
-    pair_i = pair % half;
-    units[0] = (pair / half) * rp.head_dim + pair_i;
-    units[1] = units[0] + half;
+    pair_i = dev::rope_pair_units(u0, rp.head_dim, units);
   } else {
 #pragma unroll
     for (int r = 0; r < R; ++r) units[r] = u0 + r;

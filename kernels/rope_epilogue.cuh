@@ -46,6 +46,17 @@ struct RopeEpilogue {
   float norm_eps = 0.f;
 };
 
+// The two units of a warp of the streaming q/k/v products with the RoPE epilogue: the warp's
+// first unit u0 (even) stands for rotation pair u0 / 2, whose rows are i and i + head_dim/2
+// of its head. Returns i; units[0], units[1] are the rows.
+__device__ __forceinline__ size_t rope_pair_units(size_t u0, size_t head_dim, size_t* units) {
+  const size_t pair = u0 / 2, half = head_dim / 2;
+  const size_t i = pair % half;
+  units[0] = (pair / half) * head_dim + i;
+  units[1] = units[0] + half;
+  return i;
+}
+
 // The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
 // of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
 // rope_kernel computes it from the stored values; k's rotated and v's rows also go to the

@@ -414,18 +414,12 @@ void fp8_rope_case(std::mt19937& rng, const Fp8RopeCase& c) {
       if (c.in_norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-6f;
     }
   };
-  Out ref = io.fresh(), got = io.fresh();
-  Fp8MatmulArgs a[3];
-  parts_for(ref, a);
-  REQUIRE(fp8_gemv_group_cuda_device(a, 3, nullptr).ok());
-  REQUIRE(rope_cuda_device(io.rope_for(ref, c.q_norm, c.k_norm), nullptr).ok());
-  parts_for(got, a);
-  set_programmatic_launch(c.pdl);
-  auto st = fp8_qkv_rope_cuda_device(a, io.rope_for(got, c.q_norm, c.k_norm), nullptr);
-  set_programmatic_launch(false);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  REQUIRE(cuda_synchronize().ok());
-  io.check_same(ref, got);
+  io.compare<Fp8MatmulArgs>(
+      c.pdl, c.q_norm, c.k_norm, parts_for,
+      [](const Fp8MatmulArgs* a) { return fp8_gemv_group_cuda_device(a, 3, nullptr); },
+      [](const Fp8MatmulArgs* a, const RopeArgs& r) {
+        return fp8_qkv_rope_cuda_device(a, r, nullptr);
+      });
 }
 
 }  // namespace

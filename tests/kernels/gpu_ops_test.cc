@@ -1737,18 +1737,12 @@ void qkv_rope_case(std::mt19937& rng, const QkvRopeCase& c) {
       if (c.in_norm == 2) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
     }
   };
-  Out ref = io.fresh(), got = io.fresh();
-  MatmulArgs a[3];
-  parts_for(ref, a);
-  REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, c.form).ok());
-  REQUIRE(rope_cuda_device(io.rope_for(ref, c.q_norm, c.k_norm), nullptr).ok());
-  parts_for(got, a);
-  set_programmatic_launch(c.pdl);
-  auto st = matmul_qkv_rope_cuda_device(a, io.rope_for(got, c.q_norm, c.k_norm), nullptr);
-  set_programmatic_launch(false);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  REQUIRE(cuda_synchronize().ok());
-  io.check_same(ref, got);
+  io.compare<MatmulArgs>(
+      c.pdl, c.q_norm, c.k_norm, parts_for,
+      [&](const MatmulArgs* a) { return matmul_own_group_cuda_device(a, 3, nullptr, c.form); },
+      [](const MatmulArgs* a, const RopeArgs& r) {
+        return matmul_qkv_rope_cuda_device(a, r, nullptr);
+      });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/launch.h"
 #include "kernels/rope.h"
 #include "support/gpu_values.h"
 
@@ -62,6 +63,25 @@ class QkvRopeIo {
     r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = ct_;
     r.cache_slots = kSlots, r.slots = dslot_.get(), r.v = o.y[2].get(), r.v_stride = width[2];
     return r;
+  }
+
+  // The products (fill's arguments, plain's launch) then the RoPE kernel into one set of
+  // outputs, the fused launch (under programmatic launch when pdl) into another, and
+  // check_same of the two.
+  template <typename Args, typename Fill, typename Plain, typename Fused>
+  void compare(bool pdl, bool q_norm, bool k_norm, Fill fill, Plain plain, Fused fused) const {
+    Out ref = fresh(), got = fresh();
+    Args a[3];
+    fill(ref, a);
+    REQUIRE(plain(a).ok());
+    REQUIRE(rope_cuda_device(rope_for(ref, q_norm, k_norm), nullptr).ok());
+    fill(got, a);
+    set_programmatic_launch(pdl);
+    auto st = fused(a, rope_for(got, q_norm, k_norm));
+    set_programmatic_launch(false);
+    REQUIRE_MESSAGE(st.ok(), st.message());
+    REQUIRE(cuda_synchronize().ok());
+    check_same(ref, got);
   }
 
   // got holds ref's bits in every output and cache row, every output was written, and the
