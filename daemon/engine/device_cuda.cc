@@ -132,8 +132,8 @@ class CudaDevice final : public Device {
     }
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
-    // the decode form up to 8 rows, with gpt-oss's MXFP4 experts on the fp32 kernels at one
-    // row and the tensor-core kernels from two; decode-mma takes the tensor-core kernels at
+    // the decode form up to 8 rows, with bf16 and gpt-oss's MXFP4 experts on the fp32 kernels
+    // at one row and the tensor-core kernels from two (to 32); decode-mma takes them at
     // every decode row count, decode-fp32 the fp32 ones.
     int moe_form = 0;
     if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
