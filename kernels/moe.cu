@@ -34,8 +34,8 @@
 // from the code's bits, exact, kernels/mxfp4.h), sums the block's products with x in fp32 and
 // multiplies that sum once by 2^14 * scale (a power of two, so only the order of the fp32
 // sums differs from widening value * scale first). From two rows (form 3: from one) gpt-oss's
-// experts and bf16 experts run on the tensor-core decode kernels further down instead
-// (mma.sync over the step's rows; MXFP4 widened to fp16 there).
+// experts, and bf16 experts from 5 to 8 rows, run on the tensor-core decode kernels further
+// down instead (mma.sync over the step's rows; MXFP4 widened to fp16 there).
 // Grouped: the weight tile is widened into shared memory as bf16 (value * scale, exact in
 // bf16) before the mma. The shared experts stay bf16.
 //
@@ -1714,16 +1714,23 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
   const int kind = a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
   const bool decode = a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows);
-  // The tensor-core decode kernels, from two rows up to kMmaMaxRows: their cost stays nearly
-  // flat in the rows while the fp32 kernels' grows, and past 8 rows they replace the grouped
-  // form's tiles. gpt-oss's MXFP4 experts (their act is fp16, exact for the clamped
-  // activation's range; no shared experts): 8 streams of gpt-oss-20b on an H100 1027 against
-  // 521 tokens/s, 32 streams 1468 against the grouped form's 1255; at one row the fp32 kernels
-  // are faster (421 against 392). bf16 experts (whole 32-column blocks, 16-byte aligned rows;
-  // shared experts too) likewise from two rows. Form 3 takes them at every row count up to
-  // kMmaMaxRows, form 4 never (nor form 1, the fp32 decode form, or 2, grouped). FP8 experts
-  // stay on the fp32 kernels and the grouped form.
-  const bool mma_rows = (a.form == 3 || (a.form == 0 && a.rows >= 2)) && a.rows <= kMmaMaxRows &&
+  // The tensor-core decode kernels (form 3: at every row count up to kMmaMaxRows; form 4
+  // never, nor forms 1 and 2). Their cost stays nearly flat in the rows while the fp32
+  // kernels' grows. Automatic (form 0), as measured on an H100:
+  //  - gpt-oss's MXFP4 experts (their act is fp16, exact for the clamped activation's range;
+  //    no shared experts) from two rows up to kMmaMaxRows, past 8 rows in place of the
+  //    grouped form: 8 streams of gpt-oss-20b 1027 against 521 tokens/s, 32 streams 1468
+  //    against the grouped form's 1255; at one row the fp32 kernels are faster (421 against
+  //    392).
+  //  - bf16 experts (whole 32-column blocks, 16-byte aligned rows; shared experts too) from 5
+  //    to 8 rows, where the fp32 kernels run their 8-row instantiation: Qwen3-30B-A3B's
+  //    experts at 8 rows take 242 us against 254 (5 and 8 streams: 438 and 573 against 394
+  //    and 534 tokens/s), at 4 rows 137 against 126, at 2 71 against 64; past 8 rows the
+  //    grouped form's tiles are faster (32 rows: 555 against 709 us; the down launch's column
+  //    tiles are mostly rows that did not choose the expert there).
+  //  - FP8 experts stay on the fp32 kernels and the grouped form.
+  const bool auto_rows = kind == kWBf16 ? a.rows >= 5 && a.rows <= kMoeDecodeMaxRows : a.rows >= 2;
+  const bool mma_rows = (a.form == 3 || (a.form == 0 && auto_rows)) && a.rows <= kMmaMaxRows &&
                         a.rows * a.top_k <= kDecMaxPairs;
   const bool mma_kind = kind == kWMx4
                             ? a.shared_inter == 0 && a.swiglu_limit > 0.f && a.swiglu_limit < 128.f

@@ -220,20 +220,20 @@ TEST_CASE("gpu moe experts: the tensor-core decode kernels over bf16 weights, 1 
   for (const auto& c : cases) check_experts(rng, c, 3);
 }
 
-// The automatic form (0) takes the fp32 decode kernels at one row and the tensor-core kernels
-// over bf16 weights from two rows up to 32 (past 8 rows instead of the grouped form). Which
-// kernels ran shows in the workspace they leave: the grouped form sorts the rows there, and
-// the fp32 and tensor-core kernels' activations (both bf16, by pair) come from the same
-// products summed in different orders, so thousands of them cannot all round alike.
-TEST_CASE(
-    "gpu moe experts: bf16 weights, the automatic form: fp32 kernels at one row, mma from two") {
+// The automatic form (0) takes the tensor-core kernels over bf16 weights from 5 rows to 8 and
+// the fp32 decode kernels below (up to 4 rows), the grouped form past 8. Which kernels ran
+// shows in the workspace they leave: the grouped form sorts the rows there, and the fp32 and
+// tensor-core kernels' activations (both bf16, by pair) come from the same products summed
+// in different orders, so thousands of them cannot all round alike.
+TEST_CASE("gpu moe experts: bf16 weights, the automatic form: mma from 5 rows to 8") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("moe experts bf16 automatic form"));
   const ExpertsCase cases[] = {
-      {1, 8, 1024, 384, 32, 0, 32, 0, false},   // batch 1
-      {2, 8, 1024, 384, 32, 0, 32, 0, false},   // two rows
-      {8, 8, 1024, 384, 32, 0, 32, 256, true},  // 8 rows, shared experts
-      {20, 8, 1024, 384, 32, 0, 32, 0, false},  // 20 rows: not the grouped form
+      {1, 8, 1024, 384, 32, 0, 32, 0, false},   // batch 1: fp32
+      {4, 8, 1024, 384, 32, 0, 32, 0, false},   // four rows: fp32
+      {5, 8, 1024, 384, 32, 0, 32, 0, false},   // five rows: mma
+      {8, 8, 1024, 384, 32, 0, 32, 256, true},  // 8 rows, shared experts: mma
+      {20, 8, 1024, 384, 32, 0, 32, 0, false},  // 20 rows: grouped
   };
   for (const auto& c : cases) {
     CAPTURE(c.rows);
@@ -245,10 +245,12 @@ TEST_CASE(
     check_experts(r0, c, 0, &automatic);
     rng = r0;
     REQUIRE(other != mma);
-    if (c.rows == 1)
+    if (c.rows >= 5 && c.rows <= kMoeDecodeMaxRows)
+      CHECK(automatic == mma);
+    else if (c.rows <= kMoeDecodeMaxRows)
       CHECK(automatic == other);
     else
-      CHECK(automatic == mma);
+      CHECK(automatic != mma);  // the grouped form (its atomics may place rows differently)
   }
 }
 
