@@ -254,6 +254,11 @@ Status fp8_gemv_group_cuda_device(const Fp8MatmulArgs* parts, int n, void*) {
   for (int i = 0; i < n; ++i) SPARK_TRY(fp8_matmul_check(parts[i]));
   return no_cuda("fp8_gemv_group_cuda_device");
 }
+Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope, void*) {
+  for (int i = 0; i < 3; ++i) SPARK_TRY(fp8_matmul_check(parts[i]));
+  SPARK_TRY(rope_check_args(rope));
+  return no_cuda("fp8_qkv_rope_cuda_device");
+}
 Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k, void* out,
                                   size_t ldo, void*) {
   SPARK_TRY(fp8_dequantize_check(w, row0, rows, k, out, ldo));

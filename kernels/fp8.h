@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "kernels/dtype.h"
+#include "kernels/rope.h"
 
 namespace spark::kernels {
 
@@ -71,6 +72,15 @@ Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream);
 /// Up to kFp8GemvMaxGroup decode products over the same input (a, lda, m, k and the norm
 /// equal; no swiglu) in one launch: the q, k and v projections of a step.
 Status fp8_gemv_group_cuda_device(const Fp8MatmulArgs* parts, int n, void* stream);
+
+/// The q, k and v decode products (parts 0, 1, 2: the same a, lda, m, k and norm; plain)
+/// with the RoPE epilogue of matmul_qkv_rope_cuda_device (kernels/matmul.h): each part must
+/// write rope's q, k, v (n_heads or n_kv_heads x head_dim columns, their strides); q and k
+/// are rotated in place of the plain store, and k's and v's rows go to the cache slots, bit
+/// for bit fp8_gemv_group_cuda_device followed by rope_cuda_device (with its KV write). Up to
+/// kMatmulQkvRopeMaxRows rows; whole rotary only; per-head norms (Qwen3) where
+/// matmul_qkv_rope_head_norms(m, head_dim).
+Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope, void* stream);
 
 /// out[n][k] (bf16, row stride ldo) = the dequantized weight rows [row0, row0 + rows) of
 /// `w` (k columns), rounded to bf16: the prefill's operand.

@@ -10,6 +10,8 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/fp8.h"
+#include "kernels/matmul.h"
+#include "kernels/rope_epilogue.cuh"
 
 namespace spark::kernels {
 namespace {
@@ -82,17 +84,32 @@ __device__ __forceinline__ void store_swiglu(const Fp8MatmulArgs& p, size_t m, s
 // norm_w: each lane multiplies its A values by norm_w's and sums their squares as it goes (a
 // warp covers the whole row, so after the shuffles every lane holds the row's sum) and the
 // sums are scaled by 1 / rms at the end; a uniform branch, so the plain loop is unchanged.
-template <int M, int R, int U, int NW>
-__device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t block) {
+// ROPE >= 0: part ROPE (0, 1, 2 = q, k, v) of the q/k/v products with the RoPE epilogue
+// (kernels/rope_epilogue.cuh): the warp's two units are the rotation pair (i, i + head_dim/2)
+// of one head, and QKN puts the per-head norms first (a cluster of head_dim / 16 blocks). A
+// unit's sum does not depend on which warp holds it, so the epilogue sees the bits the plain
+// product would store.
+template <int M, int R, int U, int NW, int ROPE = -1, bool QKN = false>
+__device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t block,
+                                               const dev::RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const size_t u0 = (block * kWarps + static_cast<size_t>(warp)) * R;
+  static_assert(ROPE < 0 || (R == 2 && NW == 1), "RoPE pairs take two units a warp");
+  size_t units[R];
+  size_t pair_i = 0;
+  if constexpr (ROPE >= 0) {
+    pair_i = dev::rope_pair_units(u0, rp.head_dim, units);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) units[r] = u0 + r;
+  }
   const uint4* wrow[R][NW];
   const float* srow[R][NW];
   bool ok[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    ok[r] = u0 + r < p.n;
-    const size_t unit = ok[r] ? u0 + r : 0;
+    ok[r] = units[r] < p.n;
+    const size_t unit = ok[r] ? units[r] : 0;
 #pragma unroll
     for (int j = 0; j < NW; ++j) {
       const size_t row = unit + static_cast<size_t>(j) * p.n;
@@ -200,16 +217,38 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
         for (int j = 0; j < NW; ++j) acc[r][j][m] *= inv;
     }
   }
+  if constexpr (ROPE >= 0 && QKN) {
+    float a0[M], a1[M];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) a0[m] = acc[0][0][m], a1[m] = acc[1][0][m];
+    if (p.out_dtype == DType::bf16)
+      dev::store_rope_head_norm<ROPE, M, dev::bf16>(p, rp, units[0], pair_i, ok[0], a0, a1);
+    else
+      dev::store_rope_head_norm<ROPE, M, float>(p, rp, units[0], pair_i, ok[0], a0, a1);
+  } else if constexpr (ROPE >= 0) {
+    // Lane m stores row m's pair: both units' sums are in every lane after the shuffles.
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      if (lane != r * M + m || !ok[r]) continue;
-      if constexpr (NW == 2)
-        store_swiglu(p, static_cast<size_t>(m), u0 + r, acc[r][0][m], acc[r][1][m]);
+      if (lane != m || !ok[0] || m >= static_cast<int>(p.m)) continue;
+      if (p.out_dtype == DType::bf16)
+        dev::store_rope_t<ROPE, dev::bf16>(p, rp, static_cast<size_t>(m), units[0], pair_i,
+                                           acc[0][0][m], acc[1][0][m]);
       else
-        store_product(p, static_cast<size_t>(m), u0 + r, acc[r][0][m]);
+        dev::store_rope_t<ROPE, float>(p, rp, static_cast<size_t>(m), units[0], pair_i,
+                                       acc[0][0][m], acc[1][0][m]);
     }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (lane != r * M + m || !ok[r]) continue;
+        if constexpr (NW == 2)
+          store_swiglu(p, static_cast<size_t>(m), units[r], acc[r][0][m], acc[r][1][m]);
+        else
+          store_product(p, static_cast<size_t>(m), units[r], acc[r][0][m]);
+      }
+  }
 }
 
 // Up to three products over the same A in one launch (the q, k and v projections of a decode
@@ -224,12 +263,36 @@ struct Fp8Group {
 template <int M, int R, int U, int NW>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8Group g) {
   const unsigned b = blockIdx.x;
+  const dev::RopeEpilogue none{};  // read by the RoPE forms only
   if (g.n > 2 && b >= g.first_block[2])
-    fp8_gemv_block<M, R, U, NW>(g.part[2], b - g.first_block[2]);
+    fp8_gemv_block<M, R, U, NW>(g.part[2], b - g.first_block[2], none);
   else if (g.n > 1 && b >= g.first_block[1])
-    fp8_gemv_block<M, R, U, NW>(g.part[1], b - g.first_block[1]);
+    fp8_gemv_block<M, R, U, NW>(g.part[1], b - g.first_block[1], none);
   else
-    fp8_gemv_block<M, R, U, NW>(g.part[0], b);
+    fp8_gemv_block<M, R, U, NW>(g.part[0], b, none);
+}
+
+// q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp and
+// four steps of each in flight. QKN: the per-head norms first, in clusters of head_dim / 16
+// blocks.
+struct Fp8RopeGroup {
+  Fp8Group g;
+  dev::RopeEpilogue rope;
+};
+
+template <int M, bool QKN>
+__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_rope_kernel(Fp8RopeGroup G) {
+  if constexpr (QKN && !dev::kClusters) {
+    (void)G;  // clusters need sm_90: matmul_qkv_rope_head_norms() is false there
+  } else {
+    const unsigned b = blockIdx.x;
+    if (b >= G.g.first_block[2])
+      fp8_gemv_block<M, 2, 4, 1, 2, QKN>(G.g.part[2], b - G.g.first_block[2], G.rope);
+    else if (b >= G.g.first_block[1])
+      fp8_gemv_block<M, 2, 4, 1, 1, QKN>(G.g.part[1], b - G.g.first_block[1], G.rope);
+    else
+      fp8_gemv_block<M, 2, 4, 1, 0, QKN>(G.g.part[0], b, G.rope);
+  }
 }
 
 // Plain products: two output columns a warp with four steps of each row in flight per lane,
@@ -349,6 +412,78 @@ Status fp8_gemv_group_cuda_device(const Fp8MatmulArgs* parts, int n, void* strea
       return launch_gemv<7>(g, one_row, st);
     default:
       return launch_gemv<8>(g, one_row, st);
+  }
+}
+
+Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope, void* stream) {
+  auto bad = [](const std::string& why) {
+    return make_error(Errc::usage, "fp8 matmul q/k/v with RoPE: " + why);
+  };
+  SPARK_TRY(rope_check_args(rope));
+  const size_t m = parts[0].m;
+  const size_t hd = static_cast<size_t>(rope.head_dim);
+  Fp8RopeGroup G{};
+  G.g.n = 3;
+  for (int i = 0; i < 3; ++i) {
+    const Fp8MatmulArgs& a = parts[i];
+    SPARK_TRY(fp8_matmul_check(a));
+    if (a.m != m || a.a != parts[0].a || a.lda != parts[0].lda || a.k != parts[0].k ||
+        a.norm_w != parts[0].norm_w || a.norm_eps != parts[0].norm_eps)
+      return bad("the products share a, lda, m, k and the norm");
+    if (a.swiglu || a.accumulate) return bad("plain products only");
+    if (a.out_dtype != rope.dtype) return bad("outputs of rope's dtype");
+    if (auto why = dev::qkv_part_mismatch(rope, i, a.n, a.out, a.ldo); !why.empty())
+      return bad(why);
+    G.g.part[i] = a;
+  }
+  if (m == 0) return Status::Ok();
+  if (m > kMatmulQkvRopeMaxRows)
+    return bad("at most " + std::to_string(kMatmulQkvRopeMaxRows) + " rows, not " +
+               std::to_string(m));
+  const bool head_norms = rope.q_norm || rope.k_norm;
+  SPARK_TRY(dev::rope_epilogue_for(rope, m, matmul_qkv_rope_head_norms(m, hd), "fp8 matmul q/k/v",
+                                   &G.rope));
+  // Two units a warp: a head's hd / 2 pairs over hd / 16 blocks of eight warps.
+  size_t blocks = 0;
+  for (int i = 0; i < 3; ++i) {
+    G.g.first_block[i] = static_cast<unsigned>(blocks);
+    blocks += (parts[i].n + kWarps * 2 - 1) / (kWarps * 2);
+  }
+  if (blocks > 0x7fffffffu) return bad("n too large");
+  SPARK_TRY(cuda_check_launch("fp8_gemv (q/k/v with RoPE)", kWarps * 32, 0));
+  auto st = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(blocks)), threads(kWarps * 32);
+  if (head_norms) {
+    // A cluster per head: its hd / 16 blocks (every part's blocks are whole heads).
+    const unsigned cs = static_cast<unsigned>(hd / 16);
+    SPARK_CUDA_TRY(
+        m == 1 ? dev::launch_clusters(fp8_gemv_rope_kernel<1, true>, grid, threads, 0, st, cs, G)
+               : dev::launch_clusters(fp8_gemv_rope_kernel<2, true>, grid, threads, 0, st, cs, G));
+    SPARK_CUDA_TRY(cudaGetLastError());
+    return Status::Ok();
+  }
+  auto go = [&](auto kernel) -> Status {
+    SPARK_CUDA_TRY(dev::launch(kernel, grid, threads, 0, st, G));
+    SPARK_CUDA_TRY(cudaGetLastError());
+    return Status::Ok();
+  };
+  switch (m) {
+    case 1:
+      return go(fp8_gemv_rope_kernel<1, false>);
+    case 2:
+      return go(fp8_gemv_rope_kernel<2, false>);
+    case 3:
+      return go(fp8_gemv_rope_kernel<3, false>);
+    case 4:
+      return go(fp8_gemv_rope_kernel<4, false>);
+    case 5:
+      return go(fp8_gemv_rope_kernel<5, false>);
+    case 6:
+      return go(fp8_gemv_rope_kernel<6, false>);
+    case 7:
+      return go(fp8_gemv_rope_kernel<7, false>);
+    default:
+      return go(fp8_gemv_rope_kernel<8, false>);
   }
 }
 

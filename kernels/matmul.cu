@@ -105,10 +105,7 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
   size_t units[R];
   size_t pair_i = 0;
   if constexpr (ROPE >= 0) {
-    const size_t pair = u0 / 2, half = rp.head_dim / 2;
-    pair_i = pair % half;
-    units[0] = (pair / half) * rp.head_dim + pair_i;
-    units[1] = units[0] + half;
+    pair_i = dev::rope_pair_units(u0, rp.head_dim, units);
   } else {
 #pragma unroll
     for (int r = 0; r < R; ++r) units[r] = u0 + r;
@@ -827,11 +824,6 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   SPARK_TRY(rope_check_args(rope));
   const size_t m = parts[0].m;
   const size_t hd = static_cast<size_t>(rope.head_dim);
-  const size_t widths[3] = {static_cast<size_t>(rope.n_heads) * hd,
-                            static_cast<size_t>(rope.n_kv_heads) * hd,
-                            static_cast<size_t>(rope.n_kv_heads) * hd};
-  const void* outs[3] = {rope.q, rope.k, rope.v};
-  const size_t strides[3] = {rope.q_stride, rope.k_stride, rope.v_stride};
   OwnGroup G{};
   G.n = 3;
   for (int i = 0; i < 3; ++i) {
@@ -845,10 +837,8 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
     if ((a.norm_w == nullptr) != (parts[0].norm_w == nullptr) || a.norm_unit != parts[0].norm_unit)
       return bad("the parts mix products with and without a norm, or folded and not");
     if (a.norm_w && !aligned16(a.norm_w)) return bad("norm_w must be 16-byte aligned");
-    if (a.n != widths[i] || a.out != outs[i] || a.ldo != strides[i])
-      return bad("part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
-                 std::to_string(widths[i]) + " columns, stride " + std::to_string(strides[i]) +
-                 ")");
+    if (auto why = dev::qkv_part_mismatch(rope, i, a.n, a.out, a.ldo); !why.empty())
+      return bad(why);
     G.part[i] = a;
   }
   if (m == 0) return Status::Ok();
@@ -877,7 +867,7 @@ Status matmul_qkv_rope_cuda_device(const MatmulArgs* parts, const RopeArgs& rope
   size_t blocks = 0;
   for (int i = 0; i < 3; ++i) {
     G.first_block[i] = static_cast<unsigned>(blocks);
-    blocks += (widths[i] + kGemvWarps * 2 - 1) / (kGemvWarps * 2);
+    blocks += (parts[i].n + kGemvWarps * 2 - 1) / (kGemvWarps * 2);
   }
   G.first_block[3] = static_cast<unsigned>(blocks);
   const unsigned grid = static_cast<unsigned>(blocks), threads = kGemvWarps * 32;

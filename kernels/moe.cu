@@ -33,8 +33,9 @@
 // block) and widens the e2m1 codes in registers two at a time to code * 2^-14 (an fp16 built
 // from the code's bits, exact, kernels/mxfp4.h), sums the block's products with x in fp32 and
 // multiplies that sum once by 2^14 * scale (a power of two, so only the order of the fp32
-// sums differs from widening value * scale first). Form 3 runs gpt-oss's experts on the
-// tensor-core decode kernels further down instead (fp16 widening, mma.sync).
+// sums differs from widening value * scale first). From two rows (form 3: from one) gpt-oss's
+// experts, and bf16 experts from 5 to 8 rows, run on the tensor-core decode kernels further
+// down instead (mma.sync over the step's rows; MXFP4 widened to fp16 there).
 // Grouped: the weight tile is widened into shared memory as bf16 (value * scale, exact in
 // bf16) before the mma. The shared experts stay bf16.
 //
@@ -48,8 +49,10 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/cuda_runtime.h"
 #include "kernels/device_common.cuh"
 #include "kernels/moe.h"
 #include "kernels/mxfp4.h"
@@ -877,7 +880,9 @@ constexpr int kMmaTiles = kMmaWarps / kMmaKSplit;
 constexpr int kMmaDownWarps = 8;  // down
 constexpr int kMmaUnroll = 8;     // scale blocks a lane's loads cover at once (a multiple of 4)
 constexpr int kMmaMaxRows = 32;   // the most step rows: 4 column tiles of 8 in down
-constexpr int kMmaPassRows = 16;  // gate/up: rows of x staged in shared memory at a time
+constexpr int kMmaPassRows = 16;  // gate/up: most rows of x staged in shared memory at a time
+// gate/up's static shared memory (under this; the dynamic part is its staged rows of x).
+constexpr size_t kMmaStaticSmem = 16 * 1024;
 
 // Where column c is stored in the B operand's fp16 rows: within each 8 columns, the order
 // 0 2 1 3 4 6 5 7 (registers (0, 2), (1, 3), (4, 6), (5, 7): mxfp4_e2m1x8_fp16's pairs).
@@ -961,32 +966,104 @@ __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* q
   }
 }
 
-// gate/up: block (32 intermediates, distinct expert blockIdx.y); warps 2t and 2t + 1 take
-// tile t's two halves of the columns. The rows that chose the expert are staged in shared
-// memory kMmaPassRows at a time (dynamic: min(rows, kMmaPassRows) x mma_xs_ld(hidden)
-// halves), each pass one or two column tiles of 8; more than kMmaPassRows rows (at most
-// kMmaMaxRows) take a second pass over the same weights, then mostly from L2.
+// bf16 experts on the same kernels: a lane reads 16 bytes (8 columns, 8q .. 8q + 7) of each
+// 32-column block of rows g and g + 8, and the mma's k index runs over the block's columns
+// in the order that makes the loaded words the operands' registers as they are: mma h
+// (h = 0, 1) takes columns 8q + 4h .. 8q + 4h + 3 of lane q as its k = 2q, 2q + 1 (the first
+// two) and 2q + 8, 2q + 9 (the last two). A's registers are then rows g and g + 8's words
+// 2h and 2h + 1, and B's are words 2h and 2h + 1 of the same 8 columns of x (or act), so x
+// and act stay bf16 in their natural column order, unscaled.
+constexpr int kMmaUnrollBf16 = 4;  // 32-column blocks a lane's loads cover at once
+
+// One 32-column block of a 16-row tile of bf16 weights: rows g and g + 8's 16 bytes (wa, wb)
+// times the B registers of each of NT column tiles (xv[t]), added into acc[t].
 template <int NT>
-__device__ __forceinline__ void gate_up_mma_pass(const MoeExpertsArgs& a, const __half* xs,
-                                                 int xs_ld, int pn, bool active, size_t gr,
-                                                 size_t ur, int kb0, int kb1, float (*acc)[4]) {
-  const unsigned lane = threadIdx.x & 31u;
-  const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
-  const __half* bx[NT];
+__device__ __forceinline__ void bf16_block_mma(const uint4& wa, const uint4& wb, const uint4* xv,
+                                               float (*acc)[4]) {
+  const uint32_t a0[4] = {wa.x, wb.x, wa.y, wb.y};
+  const uint32_t a1[4] = {wa.z, wb.z, wa.w, wb.w};
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
-    bx[t] = 8 * t + g < pn ? xs + static_cast<size_t>(8 * t + g) * xs_ld + 8 * q : nullptr;
-  if (active) {
-    const Mxfp4Weight& M = a.gate_up_mx4;
-    mx4_tile_mma<NT>(mx4_row(M, gr) + 4 * q, mx4_row(M, ur) + 4 * q, mx4_scale_row(M, gr),
-                     mx4_scale_row(M, ur), bx, kb0, kb1, acc);
+  for (int t = 0; t < NT; ++t) {
+    dev::mma_bf16_16816(acc[t], a0, xv[t].x, xv[t].y);
+    dev::mma_bf16_16816(acc[t], a1, xv[t].z, xv[t].w);
   }
 }
 
-// NTM: the most column tiles of a pass (1 for steps of up to 8 rows, 2 past them).
-template <int NTM>
+// Blocks [b0, b1) of a 16-row tile of bf16 weights: ra/rb the lane's 8 columns of rows g and
+// g + 8 (block 0), bx[t] the lane's 8 columns of tile t's B row (block 0; null: zeros).
+template <int NT>
+__device__ __forceinline__ void bf16_tile_mma(const bf16* ra, const bf16* rb, const bf16* const* bx,
+                                              int b0, int b1, float (*acc)[4]) {
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int b = b0; b < b1; b += kMmaUnrollBf16) {
+    uint4 wa[kMmaUnrollBf16], wb[kMmaUnrollBf16];
+#pragma unroll
+    for (int j = 0; j < kMmaUnrollBf16; ++j) {
+      const bool in = b + j < b1;
+      wa[j] = in ? *reinterpret_cast<const uint4*>(ra + 32 * (b + j)) : zero;
+      wb[j] = in ? *reinterpret_cast<const uint4*>(rb + 32 * (b + j)) : zero;
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaUnrollBf16; ++j) {
+      if (b + j >= b1) break;  // the same for every lane
+      uint4 xv[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        xv[t] = bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j)) : zero;
+      bf16_block_mma<NT>(wa[j], wb[j], xv, acc);
+    }
+  }
+}
+
+// gate/up: block (32 intermediates, distinct expert blockIdx.y; with bf16 shared experts the
+// last blockIdx.y, every row); warps 2t and 2t + 1 take tile t's two halves of the columns.
+// The rows that chose the expert are staged in shared memory pass_rows (16, or 8 where 16
+// rows of x do not fit a block's shared memory, as on GB10 at gpt-oss's widths) at a time
+// (dynamic: min(rows, pass_rows) x mma_xs_ld(hidden) halves), each pass one or two column
+// tiles of 8; more rows (at most kMmaMaxRows) take more passes over the same weights, then
+// mostly from L2.
+template <int NT, int kW>
+__device__ __forceinline__ void gate_up_mma_pass(const MoeExpertsArgs& a, const void* xs, int xs_ld,
+                                                 int pn, bool active, bool shared, size_t gr,
+                                                 size_t ur, int kb0, int kb1, float (*acc)[4]) {
+  const unsigned lane = threadIdx.x & 31u;
+  const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
+  if constexpr (kW == kWMx4) {
+    const __half* bx[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      bx[t] = 8 * t + g < pn
+                  ? static_cast<const __half*>(xs) + static_cast<size_t>(8 * t + g) * xs_ld + 8 * q
+                  : nullptr;
+    if (active) {
+      const Mxfp4Weight& M = a.gate_up_mx4;
+      mx4_tile_mma<NT>(mx4_row(M, gr) + 4 * q, mx4_row(M, ur) + 4 * q, mx4_scale_row(M, gr),
+                       mx4_scale_row(M, ur), bx, kb0, kb1, acc);
+    }
+  } else {
+    const bf16* bx[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      bx[t] = 8 * t + g < pn
+                  ? static_cast<const bf16*>(xs) + static_cast<size_t>(8 * t + g) * xs_ld + 8 * q
+                  : nullptr;
+    if (active) {
+      const size_t H = static_cast<size_t>(a.hidden);
+      const bf16* W = static_cast<const bf16*>(shared ? a.shared_gate_up : a.gate_up) +
+                      static_cast<size_t>(8 * q);
+      bf16_tile_mma<NT>(W + gr * H, W + ur * H, bx, kb0, kb1, acc);
+    }
+  }
+}
+
+// NTM: the most column tiles of a pass (1 for steps of up to 8 rows, 2 past them). kW: kWMx4
+// (x staged as fp16 times 2^e in mma_pos order, act fp16 likewise) or kWBf16 (x and act bf16
+// as they are).
+template <int NTM, int kW>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    moe_mx4_gate_up_mma(MoeExpertsArgs a, bf16* act, int act_stride) {
+    moe_gate_up_mma(MoeExpertsArgs a, bf16* act, int act_stride, int pass_rows) {
+  static_assert(kW == kWMx4 || kW == kWBf16, "the tensor-core decode kernels read MXFP4 or bf16");
+  constexpr bool kMx4 = kW == kWMx4;
   dev::pdl_wait();
   dev::pdl_trigger();
   extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -996,81 +1073,94 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ int s_n;
   __shared__ float s_part[kMmaWarps][32][4 * NTM];
   decode_list(a, &L);
+  // bf16 shared experts: the last blockIdx.y, every row (act rows rows * top_k + r).
+  const bool shared = !kMx4 && a.shared_inter > 0 && blockIdx.y == gridDim.y - 1;
   const int u = static_cast<int>(blockIdx.y);
-  if (u >= L.n) return;  // the whole block
+  if (!shared && u >= L.n) return;  // the whole block
   if (threadIdx.x == 0) {
     int n = 0;
-    // A row chooses an expert once (top-k), so at most rows <= kMmaMaxRows of them.
-    for (int p = 0; p < a.rows * a.top_k; ++p)
-      if (L.uid[p] == u && n < kMmaMaxRows) s_pair[n] = p, s_row[n] = p / a.top_k, ++n;
+    if (shared) {
+      for (int r = 0; r < a.rows && n < kMmaMaxRows; ++r)
+        s_pair[n] = a.rows * a.top_k + r, s_row[n] = r, ++n;
+    } else {
+      // A row chooses an expert once (top-k), so at most rows <= kMmaMaxRows of them.
+      for (int p = 0; p < a.rows * a.top_k; ++p)
+        if (L.uid[p] == u && n < kMmaMaxRows) s_pair[n] = p, s_row[n] = p / a.top_k, ++n;
+    }
     s_n = n;
   }
   if (threadIdx.x < kMmaMaxRows) s_max[threadIdx.x] = 0u;
   __syncthreads();
   const int nrows = s_n, H = a.hidden, xs_ld = mma_xs_ld(H), g8 = H / 8;
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-  const int inter = a.inter,
+  const int inter = shared ? a.shared_inter : a.inter,
             tile = static_cast<int>(blockIdx.x) * kMmaTiles + static_cast<int>(warp) / kMmaKSplit;
   const int part = static_cast<int>(warp) % kMmaKSplit, nb = H / kMxfp4BlockK;
   const int kb0 = part * nb / kMmaKSplit, kb1 = (part + 1) * nb / kMmaKSplit;
   const bool active = tile * 8 < inter;
-  const bool il = a.interleaved;
-  const size_t le = static_cast<size_t>(L.expert[u] - a.expert0);
+  const bool il = !shared && a.interleaved;
+  const size_t le = shared ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
   const size_t base = le * 2 * static_cast<size_t>(inter);
-  __half* xs = reinterpret_cast<__half*>(mma_smem);
   const bf16* x = static_cast<const bf16*>(a.x);
-  // Each row's largest magnitude (non-negative floats order as their bits; NaN is skipped
-  // here and carried by the product).
-  for (int k = static_cast<int>(threadIdx.x); k < nrows * g8; k += blockDim.x) {
-    float f[8];
-    dev::bf16x8_to_f(
-        *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[k / g8]) * H + (k % g8) * 8),
-        f);
-    float m = 0.f;
+  if constexpr (kMx4) {
+    // Each row's largest magnitude (non-negative floats order as their bits; NaN is skipped
+    // here and carried by the product).
+    for (int k = static_cast<int>(threadIdx.x); k < nrows * g8; k += blockDim.x) {
+      float f[8];
+      dev::bf16x8_to_f(*reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[k / g8]) * H +
+                                                       (k % g8) * 8),
+                       f);
+      float m = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
-    atomicMax(&s_max[k / g8], __float_as_uint(m));
-  }
-  __syncthreads();
-  if (threadIdx.x < static_cast<unsigned>(nrows)) {
-    const float m = __uint_as_float(s_max[threadIdx.x]);
-    int e = 0;
-    if (m > 0.f && m <= 3.4e38f) {
-      int p = 0;
-      (void)frexpf(m, &p);  // m in [2^(p-1), 2^p)
-      e = min(max(15 - p, -100), 100);
+      for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(f[i]));
+      atomicMax(&s_max[k / g8], __float_as_uint(m));
     }
-    s_e[threadIdx.x] = e;
+    __syncthreads();
+    if (threadIdx.x < static_cast<unsigned>(nrows)) {
+      const float m = __uint_as_float(s_max[threadIdx.x]);
+      int e = 0;
+      if (m > 0.f && m <= 3.4e38f) {
+        int p = 0;
+        (void)frexpf(m, &p);  // m in [2^(p-1), 2^p)
+        e = min(max(15 - p, -100), 100);
+      }
+      s_e[threadIdx.x] = e;
+    }
   }
   const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
   const int i = tile * 8 + g;
   const int ic = min(i, inter - 1);
   const size_t gr = base + static_cast<size_t>(gate_row(il, ic));
   const size_t ur = base + static_cast<size_t>(up_row(il, inter, ic));
-  __half* acth = reinterpret_cast<__half*>(act);
-  for (int p0 = 0; p0 < nrows; p0 += kMmaPassRows) {
-    const int pn = min(kMmaPassRows, nrows - p0);
+  for (int p0 = 0; p0 < nrows; p0 += pass_rows) {
+    const int pn = min(pass_rows, nrows - p0);
     __syncthreads();  // s_e written; the last pass's reads of xs and s_part done
     for (int k = static_cast<int>(threadIdx.x); k < pn * g8; k += blockDim.x) {
       const int t = k / g8, c = (k % g8) * 8;
-      float f[8];
-      dev::bf16x8_to_f(
-          *reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[p0 + t]) * H + c), f);
-      const float sc = exp2i(s_e[p0 + t]);
-      __align__(16) __half h[8];
+      const uint4* from =
+          reinterpret_cast<const uint4*>(x + static_cast<size_t>(s_row[p0 + t]) * H + c);
+      uint4* to = reinterpret_cast<uint4*>(reinterpret_cast<__half*>(mma_smem) +
+                                           static_cast<size_t>(t) * xs_ld + c);
+      if constexpr (kMx4) {
+        float f[8];
+        dev::bf16x8_to_f(*from, f);
+        const float sc = exp2i(s_e[p0 + t]);
+        __align__(16) __half h[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) h[mma_pos(j)] = __float2half_rn(f[j] * sc);
-      *reinterpret_cast<uint4*>(xs + static_cast<size_t>(t) * xs_ld + c) =
-          *reinterpret_cast<const uint4*>(h);
+        for (int j = 0; j < 8; ++j) h[mma_pos(j)] = __float2half_rn(f[j] * sc);
+        *to = *reinterpret_cast<const uint4*>(h);
+      } else {
+        *to = *from;
+      }
     }
     __syncthreads();
     float acc[NTM][4];
 #pragma unroll
     for (int t = 0; t < NTM; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
     if (NTM > 1 && pn > 8)
-      gate_up_mma_pass<NTM>(a, xs, xs_ld, pn, active, gr, ur, kb0, kb1, acc);
+      gate_up_mma_pass<NTM, kW>(a, mma_smem, xs_ld, pn, active, shared, gr, ur, kb0, kb1, acc);
     else
-      gate_up_mma_pass<1>(a, xs, xs_ld, pn, active, gr, ur, kb0, kb1, acc);
+      gate_up_mma_pass<1, kW>(a, mma_smem, xs_ld, pn, active, shared, gr, ur, kb0, kb1, acc);
     if (part > 0) {
 #pragma unroll
       for (int t = 0; t < NTM; ++t)
@@ -1090,82 +1180,123 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         for (int r = 0; r < 2; ++r) {
           const int n = 8 * t + 2 * q + r;  // the mma's column: the pass's row n
           if (n >= pn) continue;
-          const float f = exp2i(14 - s_e[p0 + n]);
-          const float v = gptoss_act(a, le, gate_row(il, i), up_row(il, inter, i), acc[t][r] * f,
-                                     acc[t][2 + r] * f);
-          acth[static_cast<size_t>(s_pair[p0 + n]) * static_cast<size_t>(act_stride) + mma_pos(i)] =
-              __float2half_rn(__bfloat162float(__float2bfloat16_rn(v)));
+          const float f = kMx4 ? exp2i(14 - s_e[p0 + n]) : 1.f;
+          const float gv = acc[t][r] * f, uv = acc[t][2 + r] * f;
+          const float v = shared ? silu_mul(gv, uv)
+                                 : gptoss_act(a, le, gate_row(il, i), up_row(il, inter, i), gv, uv);
+          const size_t at = static_cast<size_t>(s_pair[p0 + n]) * static_cast<size_t>(act_stride);
+          if constexpr (kMx4)
+            reinterpret_cast<__half*>(act)[at + mma_pos(i)] =
+                __float2half_rn(__bfloat162float(__float2bfloat16_rn(v)));
+          else
+            act[at + i] = __float2bfloat16_rn(v);
         }
     }
   }
 }
 
-// down: block (16 output rows); each distinct expert kMmaDownWarps / experts warps (at least
-// one), each a slice of its scale blocks; the mma's columns are the step's rows, NT tiles of
-// 8 (a row that did not choose the expert reads zeros; one kernel per NT, so a step of few
-// rows keeps the registers of one tile). act: fp16 in mma_pos order (gate/up's above).
-template <int NT>
+// down: block (16 output rows); each distinct expert (then the bf16 shared experts, weight 1,
+// every row) kMmaDownWarps / groups warps (at least one), each a slice of its 32-column
+// blocks; the mma's columns are the step's rows, NT tiles of 8 (a row that did not choose the
+// expert reads zeros; one kernel per NT, so a step of few rows keeps the registers of one
+// tile). act: fp16 in mma_pos order for MXFP4 (gate/up's above), bf16 as it is for bf16.
+template <int NT, int kW>
 __global__ void __launch_bounds__(kMmaDownWarps * 32)
-    moe_mx4_down_mma(MoeExpertsArgs a, const bf16* act, int act_stride) {
+    moe_down_mma(MoeExpertsArgs a, const bf16* act, int act_stride) {
+  static_assert(kW == kWMx4 || kW == kWBf16, "the tensor-core decode kernels read MXFP4 or bf16");
+  constexpr bool kMx4 = kW == kWMx4;
   dev::pdl_wait();
   dev::pdl_trigger();
   __shared__ DecodeList L;
   __shared__ float red[kMmaDownWarps][16][8 * NT];
   decode_list(a, &L);
-  const __half* acth = reinterpret_cast<const __half*>(act);
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
   const int H = a.hidden, h0 = static_cast<int>(blockIdx.x) * 16, K = a.top_k;
-  const int groups = L.n, nb = a.inter / kMxfp4BlockK;
+  const bool has_shared = !kMx4 && a.shared_inter > 0;
+  const int groups = L.n + (has_shared ? 1 : 0);
   const int wpg = groups > 0 && groups < kMmaDownWarps ? kMmaDownWarps / groups : 1;
   const int slice = static_cast<int>(warp) % wpg;
-  const Mxfp4Weight& M = a.down_mx4;
   const int ra = min(h0 + g, H - 1), rb = min(h0 + g + 8, H - 1);
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
   for (int u = static_cast<int>(warp) / wpg; u < groups; u += kMmaDownWarps / wpg) {
-    const size_t le = static_cast<size_t>(L.expert[u] - a.expert0);
+    const bool shared = has_shared && u == L.n;
+    const int inter = shared ? a.shared_inter : a.inter, nb = inter / kMxfp4BlockK;
+    const size_t le = shared ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
     // The pair of step row 8t + g (the B column this lane gives in tile t) and of rows
     // 8t + 2q, 8t + 2q + 1 (the C columns it holds) with this expert; -1: that row did not
-    // choose it.
+    // choose it. The shared experts' act rows follow the pairs.
     int pb[NT], pc[NT][2];
 #pragma unroll
     for (int t = 0; t < NT; ++t) pb[t] = pc[t][0] = pc[t][1] = -1;
-    for (int j = 0; j < K; ++j) {
+    if (shared) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const int rg = 8 * t + g;
-        if (rg < a.rows && L.uid[rg * K + j] == u) pb[t] = rg * K + j;
+        if (rg < a.rows) pb[t] = a.rows * K + rg;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int rc = 8 * t + 2 * q + r;
-          if (rc < a.rows && L.uid[rc * K + j] == u) pc[t][r] = rc * K + j;
+          if (rc < a.rows) pc[t][r] = a.rows * K + rc;
+        }
+      }
+    } else {
+      for (int j = 0; j < K; ++j) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int rg = 8 * t + g;
+          if (rg < a.rows && L.uid[rg * K + j] == u) pb[t] = rg * K + j;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int rc = 8 * t + 2 * q + r;
+            if (rc < a.rows && L.uid[rc * K + j] == u) pc[t][r] = rc * K + j;
+          }
         }
       }
     }
-    const __half* bx[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-      bx[t] = pb[t] >= 0
-                  ? acth + static_cast<size_t>(pb[t]) * static_cast<size_t>(act_stride) + 8 * q
-                  : nullptr;
-    const size_t rowa = le * static_cast<size_t>(H) + static_cast<size_t>(ra);
-    const size_t rowb = le * static_cast<size_t>(H) + static_cast<size_t>(rb);
     float part[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; ++t) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.f;
-    mx4_tile_mma<NT>(mx4_row(M, rowa) + 4 * q, mx4_row(M, rowb) + 4 * q, mx4_scale_row(M, rowa),
-                     mx4_scale_row(M, rowb), bx, slice * nb / wpg, (slice + 1) * nb / wpg, part);
+    const int kb0 = slice * nb / wpg, kb1 = (slice + 1) * nb / wpg;
+    if constexpr (kMx4) {
+      const __half* acth = reinterpret_cast<const __half*>(act);
+      const __half* bx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        bx[t] = pb[t] >= 0
+                    ? acth + static_cast<size_t>(pb[t]) * static_cast<size_t>(act_stride) + 8 * q
+                    : nullptr;
+      const Mxfp4Weight& M = a.down_mx4;
+      const size_t rowa = le * static_cast<size_t>(H) + static_cast<size_t>(ra);
+      const size_t rowb = le * static_cast<size_t>(H) + static_cast<size_t>(rb);
+      mx4_tile_mma<NT>(mx4_row(M, rowa) + 4 * q, mx4_row(M, rowb) + 4 * q, mx4_scale_row(M, rowa),
+                       mx4_scale_row(M, rowb), bx, kb0, kb1, part);
+    } else {
+      const bf16* bx[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        bx[t] = pb[t] >= 0
+                    ? act + static_cast<size_t>(pb[t]) * static_cast<size_t>(act_stride) + 8 * q
+                    : nullptr;
+      const size_t I = static_cast<size_t>(inter);
+      const bf16* W = shared ? static_cast<const bf16*>(a.shared_down)
+                             : static_cast<const bf16*>(a.down) + le * static_cast<size_t>(H) * I;
+      W += static_cast<size_t>(8 * q);
+      bf16_tile_mma<NT>(W + static_cast<size_t>(ra) * I, W + static_cast<size_t>(rb) * I, bx, kb0,
+                        kb1, part);
+    }
+    const float unscale = kMx4 ? kMxfp4Fp16Unscale : 1.f;
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (pc[t][r] < 0) continue;
-        const float wt = a.weights[pc[t][r]];
-        float ya = part[t][r] * kMxfp4Fp16Unscale, yb = part[t][2 + r] * kMxfp4Fp16Unscale;
+        const float wt = shared ? 1.f : a.weights[pc[t][r]];
+        float ya = part[t][r] * unscale, yb = part[t][2 + r] * unscale;
         // gpt-oss: the expert's down bias, before the router's weight (once: slice 0's).
-        if (a.down_bias && slice == 0) {
+        if (!shared && a.down_bias && slice == 0) {
           ya += down_bias_at(a, le, static_cast<size_t>(ra));
           yb += down_bias_at(a, le, static_cast<size_t>(rb));
         }
@@ -1193,7 +1324,6 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
     out[at] = __float2bfloat16_rn(prior + sum);
   }
 }
-
 // ---- grouped form ----------------------------------------------------------------------
 
 constexpr int kGBM = 64, kGBN = 64, kGBK = 32, kGThreads = 128;
@@ -1524,6 +1654,34 @@ auto down_decode_for(int rows) {
                      : moe_down_decode<kMoeDecodeMaxRows, kW>;
 }
 
+// Whether bf16 experts can take the tensor-core decode kernels: whole 32-column blocks and
+// 16-byte aligned rows (a lane's loads), the shared experts' too.
+bool bf16_mma_fits(const MoeExpertsArgs& a) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool shared_ok =
+      a.shared_inter == 0 ||
+      (a.shared_inter % kMxfp4BlockK == 0 && aligned(a.shared_gate_up) && aligned(a.shared_down));
+  return a.hidden % kMxfp4BlockK == 0 && a.inter % kMxfp4BlockK == 0 && aligned(a.x) &&
+         aligned(a.gate_up) && aligned(a.down) && shared_ok;
+}
+
+// gate/up's dynamic shared memory: min(rows, pass_rows) staged rows of x.
+size_t mma_dynamic_smem(const MoeExpertsArgs& a, int pass_rows) {
+  return static_cast<size_t>(std::min(a.rows, pass_rows)) *
+         static_cast<size_t>(mma_xs_ld(a.hidden)) * sizeof(__half);
+}
+
+// The rows gate/up stages a pass: kMmaPassRows, or 8 where those do not fit the device's
+// shared memory a block (GB10's 99 KiB at hidden 2880); 0 where neither does (the other
+// forms run).
+int mma_pass_rows(const MoeExpertsArgs& a) {
+  auto lim = cuda_device_limits(-1);
+  if (!lim.ok()) return 0;
+  for (const int pr : {kMmaPassRows, 8})
+    if (mma_dynamic_smem(a, pr) + kMmaStaticSmem <= lim->smem_per_block_optin) return pr;
+  return 0;
+}
+
 }  // namespace
 
 Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRouteArgs& a,
@@ -1556,41 +1714,59 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
   const int kind = a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
   const bool decode = a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows);
-  // gpt-oss's MXFP4 experts on the tensor-core decode kernels (their act is fp16, exact for the
-  // clamped activation's range) from two rows up to kMmaMaxRows: their cost stays nearly flat
-  // in the rows while the fp32 kernels' grows (8 streams of gpt-oss-20b on an H100: 1027
-  // against 521 tokens/s), and past 8 rows they replace the grouped form's tiles (32 streams:
-  // 1468 against 1255); at one row the fp32 kernels below are faster (421 against 392). Form 3
-  // takes them at every row count up to kMmaMaxRows, form 4 never (nor form 1, the fp32 decode
-  // form, or 2, grouped).
-  const bool mma_rows = (a.form == 3 || (a.form == 0 && a.rows >= 2)) && a.rows <= kMmaMaxRows &&
+  // The tensor-core decode kernels (form 3: at every row count up to kMmaMaxRows; form 4
+  // never, nor forms 1 and 2). Their cost stays nearly flat in the rows while the fp32
+  // kernels' grows. Automatic (form 0), as measured on an H100:
+  //  - gpt-oss's MXFP4 experts (their act is fp16, exact for the clamped activation's range;
+  //    no shared experts) from two rows up to kMmaMaxRows, past 8 rows in place of the
+  //    grouped form: 8 streams of gpt-oss-20b 1027 against 521 tokens/s, 32 streams 1468
+  //    against the grouped form's 1255; at one row the fp32 kernels are faster (421 against
+  //    392).
+  //  - bf16 experts (whole 32-column blocks, 16-byte aligned rows; shared experts too) from 5
+  //    to 8 rows, where the fp32 kernels run their 8-row instantiation: Qwen3-30B-A3B's
+  //    experts at 8 rows take 242 us against 254 (5 and 8 streams: 438 and 573 against 394
+  //    and 534 tokens/s), at 4 rows 137 against 126, at 2 71 against 64; past 8 rows the
+  //    grouped form's tiles are faster (32 rows: 555 against 709 us; the down launch's column
+  //    tiles are mostly rows that did not choose the expert there).
+  //  - FP8 experts stay on the fp32 kernels and the grouped form.
+  const bool auto_rows = kind == kWBf16 ? a.rows >= 5 && a.rows <= kMoeDecodeMaxRows : a.rows >= 2;
+  const bool mma_rows = (a.form == 3 || (a.form == 0 && auto_rows)) && a.rows <= kMmaMaxRows &&
                         a.rows * a.top_k <= kDecMaxPairs;
-  if (kind == kWMx4 && mma_rows && a.shared_inter == 0 && a.swiglu_limit > 0.f &&
-      a.swiglu_limit < 128.f) {
+  const bool mma_kind = kind == kWMx4
+                            ? a.shared_inter == 0 && a.swiglu_limit > 0.f && a.swiglu_limit < 128.f
+                            : kind == kWBf16 && bf16_mma_fits(a);
+  const int pass_rows = mma_rows && mma_kind ? mma_pass_rows(a) : 0;
+  if (pass_rows > 0) {
     const GroupedWs w = grouped_ws(a);
     const unsigned distinct = static_cast<unsigned>(std::min(a.rows * a.top_k, a.experts));
-    const size_t smem = static_cast<size_t>(std::min(a.rows, kMmaPassRows)) *
-                        static_cast<size_t>(mma_xs_ld(a.hidden)) * sizeof(__half);
-    // Past 48 KiB in all (its static arrays take under 16 KiB) the kernel's limit is raised.
-    auto gate_up = a.rows <= 8 ? moe_mx4_gate_up_mma<1> : moe_mx4_gate_up_mma<2>;
+    const bool has_shared = kind == kWBf16 && a.shared_inter > 0;
+    const size_t smem = mma_dynamic_smem(a, pass_rows);
+    auto pick = [&](auto one, auto two) { return a.rows > 8 && pass_rows > 8 ? two : one; };
+    auto gate_up = kind == kWMx4 ? pick(moe_gate_up_mma<1, kWMx4>, moe_gate_up_mma<2, kWMx4>)
+                                 : pick(moe_gate_up_mma<1, kWBf16>, moe_gate_up_mma<2, kWBf16>);
+    // Past 48 KiB in all the kernel's limit is raised (mma_pass_rows checked it fits).
     SPARK_TRY(
-        detail::prepare_launch(gate_up, "moe_mx4_gate_up_mma", kMmaWarps * 32, smem + 16 * 1024));
-    if (distinct > 0) {
-      const dim3 grid(static_cast<unsigned>((a.inter + 8 * kMmaTiles - 1) / (8 * kMmaTiles)),
-                      distinct);
-      SPARK_CUDA_TRY(
-          dev::launch(gate_up, grid, dim3(kMmaWarps * 32), smem, st, a, w.act, w.act_stride));
-      SPARK_CUDA_LAUNCHED("moe_mx4_gate_up_mma");
+        detail::prepare_launch(gate_up, "moe_gate_up_mma", kMmaWarps * 32, smem + kMmaStaticSmem));
+    const unsigned ys = distinct + (has_shared ? 1u : 0u);
+    if (ys > 0) {
+      const int imax = std::max(a.inter, has_shared ? a.shared_inter : 0);
+      const dim3 grid(static_cast<unsigned>((imax + 8 * kMmaTiles - 1) / (8 * kMmaTiles)), ys);
+      SPARK_CUDA_TRY(dev::launch(gate_up, grid, dim3(kMmaWarps * 32), smem, st, a, w.act,
+                                 w.act_stride, pass_rows));
+      SPARK_CUDA_LAUNCHED("moe_gate_up_mma");
     }
     const int tiles = (a.rows + 7) / 8;
-    auto down = tiles <= 1   ? moe_mx4_down_mma<1>
-                : tiles == 2 ? moe_mx4_down_mma<2>
-                : tiles == 3 ? moe_mx4_down_mma<3>
-                             : moe_mx4_down_mma<4>;
+    auto down_for = [&](auto k1, auto k2, auto k3, auto k4) {
+      return tiles <= 1 ? k1 : tiles == 2 ? k2 : tiles == 3 ? k3 : k4;
+    };
+    auto down = kind == kWMx4 ? down_for(moe_down_mma<1, kWMx4>, moe_down_mma<2, kWMx4>,
+                                         moe_down_mma<3, kWMx4>, moe_down_mma<4, kWMx4>)
+                              : down_for(moe_down_mma<1, kWBf16>, moe_down_mma<2, kWBf16>,
+                                         moe_down_mma<3, kWBf16>, moe_down_mma<4, kWBf16>);
     SPARK_CUDA_TRY(dev::launch(down, dim3(static_cast<unsigned>((a.hidden + 15) / 16)),
                                dim3(kMmaDownWarps * 32), 0, st, a, static_cast<const bf16*>(w.act),
                                w.act_stride));
-    SPARK_CUDA_LAUNCHED("moe_mx4_down_mma");
+    SPARK_CUDA_LAUNCHED("moe_down_mma");
     return Status::Ok();
   }
   if (decode) {

@@ -90,10 +90,12 @@ struct MoeExpertsArgs {
   size_t workspace_bytes = 0;
   /// 0: automatic (the decode form up to kMoeDecodeMaxRows rows, else grouped; gpt-oss's
   /// MXFP4 experts (clamped activation, no shared experts) on the fp32 decode kernels at one
-  /// row and the tensor-core decode kernels from two rows up to 32, grouped past them);
+  /// row and the tensor-core decode kernels from two rows up to 32, grouped past them; bf16
+  /// experts (whole 32-column blocks, 16-byte aligned rows) on the tensor-core kernels from 5
+  /// rows to kMoeDecodeMaxRows);
   /// 1: the decode form (fp32 kernels); 2: the grouped form (the tests run both on the same
-  /// rows); 3: automatic with gpt-oss's MXFP4 experts on the tensor-core kernels at one row
-  /// too; 4: automatic with them never on the tensor-core kernels.
+  /// rows); 3: automatic with those experts on the tensor-core kernels at one row too;
+  /// 4: automatic with them never on the tensor-core kernels.
   int form = 0;
   // FP8 experts (kernels/fp8.h's layout): when gate_up_fp8.q is set, the held experts'
   // weights are e4m3 with block scales and gate_up/down are not read. The scales index

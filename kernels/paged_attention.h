@@ -100,7 +100,9 @@ struct AttentionBatch {
   // 1 = split-K with fewer rows per batch (4) under a register cap for 3 blocks per
   // multiprocessor (more warps in flight, fewer loads each), for groups of 3-4 heads of
   // head_dim 65-128 (other shapes: as 2); 2 = split-K at any context; 3 = the short-context
-  // kernel at any batch size (Errc::usage past its bound).
+  // kernel at any batch size (Errc::usage past its bound); 4 = split-K with the products on
+  // the tensor cores (where attention_decode_tc_fits, else Errc::usage; P and an fp32 q
+  // rounded to bf16, as in prefill).
   int decode_variant = 0;
   // Decode: every cache row before each query's own position was written before the kernel
   // ahead in the stream began (by an earlier step), and the block tables, seq_lens and
@@ -234,6 +236,13 @@ int attention_decode_short_bound(int n_seqs, int n_heads, int n_kv_heads, int he
                                  DType kv_dtype);
 /// Whether attention_decode_cuda_device runs the short-context kernel for `b`.
 bool attention_decode_short_takes(const AttentionBatch& b);
+
+/// Whether split-K's tensor-core form (decode_variant 4) takes a cache of `kv_dtype` and
+/// `head_dim`: bf16 or e4m3, head_dim 32, 64 or 128.
+inline bool attention_decode_tc_fits(DType kv_dtype, int head_dim) {
+  return (kv_dtype == DType::bf16 || kv_dtype == DType::e4m3) &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
 
 /// The longest context the short-context kernel takes for `head_dim` and a cache of
 /// `kv_dtype` on the current device: what 8 blocks' shared memory holds, at most 1024

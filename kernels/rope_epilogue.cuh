@@ -46,6 +46,17 @@ struct RopeEpilogue {
   float norm_eps = 0.f;
 };
 
+// The two units of a warp of the streaming q/k/v products with the RoPE epilogue: the warp's
+// first unit u0 (even) stands for rotation pair u0 / 2, whose rows are i and i + head_dim/2
+// of its head. Returns i; units[0], units[1] are the rows.
+__device__ __forceinline__ size_t rope_pair_units(size_t u0, size_t head_dim, size_t* units) {
+  const size_t pair = u0 / 2, half = head_dim / 2;
+  const size_t i = pair % half;
+  units[0] = (pair / half) * head_dim + i;
+  units[1] = units[0] + half;
+  return i;
+}
+
 // The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
 // of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
 // rope_kernel computes it from the stored values; k's rotated and v's rows also go to the
@@ -152,6 +163,20 @@ __device__ __forceinline__ void store_rope_head_norm(const Args& p, const RopeEp
     }
   }
   cluster.sync();  // the other blocks read pairs_s until here
+}
+
+// Part i (0, 1, 2 = q, k, v) of the q/k/v products must write what the epilogue stores:
+// rope's q, k or v, n_heads or n_kv_heads x head_dim columns at rope's stride. Empty when it
+// does, else what it must write.
+inline std::string qkv_part_mismatch(const RopeArgs& rope, int i, size_t n, const void* out,
+                                     size_t ldo) {
+  const size_t hd = static_cast<size_t>(rope.head_dim);
+  const size_t width = static_cast<size_t>(i == 0 ? rope.n_heads : rope.n_kv_heads) * hd;
+  const void* want = i == 0 ? rope.q : i == 1 ? rope.k : rope.v;
+  const size_t stride = i == 0 ? rope.q_stride : i == 1 ? rope.k_stride : rope.v_stride;
+  if (n == width && out == want && ldo == stride) return {};
+  return "part " + std::to_string(i) + " must write rope's " + "qkv"[i] + " (" +
+         std::to_string(width) + " columns, stride " + std::to_string(stride) + ")";
 }
 
 // The epilogue's arguments for `rope` over m rows (the products' checks are the caller's):

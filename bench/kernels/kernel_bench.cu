@@ -738,6 +738,82 @@ int main(int argc, char** argv) {
                     static_cast<void*>(dns), gu16, dn16, gubias, dnbias})
       CK(cudaFree(p));
     out["moe"] = mjs;
+
+    // Qwen3-30B-A3B's bf16 experts (128 of hidden 2048, inter 768, top-8): the fp32 decode
+    // kernels up to 8 rows and the grouped form past them (form 4) against the tensor-core
+    // decode kernels (form 3), and the automatic form's choice; bytes: the distinct experts'.
+    constexpr int QH = 2048, QI = 768, QE = 128, QK = 8;
+    void* qgu = random_bf16(size_t{QE} * 2 * QI * QH, 211, 0.02f);
+    void* qdn = random_bf16(size_t{QE} * QH * QI, 212, 0.02f);
+    CK(cudaDeviceSynchronize());
+    fmt::print("\n# {:<25} {:>2} {:>5} | {:>8} {:>5} | {:>8} {:>5} | {:>8} {:>5} | {:>6}\n",
+               "moe experts (qwen3 bf16)", "m", "dist", "fp32 us", "%HBM", "mma us", "%HBM",
+               "auto us", "%HBM", "mma x");
+    json qjs = json::array();
+    for (int rows : {1, 2, 4, 8, 16, 32}) {
+      std::mt19937 rng(400u + static_cast<unsigned>(rows));
+      std::vector<int32_t> ids(static_cast<size_t>(kSets * rows * QK));
+      std::vector<float> wts(ids.size(), 1.f / QK);
+      std::vector<int32_t> all(QE);
+      double distinct = 0;
+      for (int set = 0; set < kSets; ++set) {
+        std::vector<char> seen(QE, 0);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < QE; ++e) all[static_cast<size_t>(e)] = e;
+          std::shuffle(all.begin(), all.end(), rng);
+          for (int j = 0; j < QK; ++j) {
+            const int32_t e = all[static_cast<size_t>(j)];
+            ids[static_cast<size_t>((set * rows + r) * QK + j)] = e;
+            distinct += !seen[static_cast<size_t>(e)];
+            seen[static_cast<size_t>(e)] = 1;
+          }
+        }
+      }
+      distinct /= kSets;
+      auto* dids = static_cast<int32_t*>(dalloc(ids.size() * sizeof(int32_t)));
+      auto* dw = static_cast<float*>(dalloc(wts.size() * sizeof(float)));
+      CK(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dw, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice));
+      void* x = random_bf16(static_cast<size_t>(rows) * QH, 213);
+      void* o = dalloc(static_cast<size_t>(rows) * QH * 2);
+      const size_t wsb = moe_experts_workspace_bytes(rows, QK, QH, QI, 0, QE);
+      void* wsp = dalloc(wsb);
+      MoeExpertsArgs a;
+      a.x = x, a.rows = rows, a.top_k = QK, a.hidden = QH, a.expert0 = 0, a.experts = QE;
+      a.inter = QI, a.out = o, a.workspace = wsp, a.workspace_bytes = wsb;
+      a.gate_up = qgu, a.down = qdn;
+      auto timed = [&](int form) {
+        MoeExpertsArgs b = a;
+        b.form = form;
+        return time_us(st, 20, [&](int i) {
+          const size_t set = static_cast<size_t>(i) % kSets;
+          b.ids = dids + set * static_cast<size_t>(rows * QK);
+          b.weights = dw + set * static_cast<size_t>(rows * QK);
+          ST(moe_experts_cuda_device(b, st));
+        });
+      };
+      const double t4 = timed(4), t3 = timed(3), t0 = timed(0);
+      const double bytes = distinct * 3.0 * QH * QI * 2 + 2.0 * rows * QH * 2;
+      auto frac = [&](double us) { return bytes / us / 1e3 / read_gbs; };
+      fmt::print(
+          "{:<27} {:>2} {:>5.1f} | {:>8.1f} {:>4.0f}% | {:>8.1f} {:>4.0f}% | {:>8.1f} {:>4.0f}% | "
+          "{:>5.2f}x\n",
+          rows <= kMoeDecodeMaxRows ? "fp32 decode / mma" : "grouped / mma", rows, distinct, t4,
+          100 * frac(t4), t3, 100 * frac(t3), t0, 100 * frac(t0), t4 / t3);
+      qjs.push_back({{"rows", rows},
+                     {"distinct_experts", distinct},
+                     {"bytes", bytes},
+                     {"other_form", rows <= kMoeDecodeMaxRows ? "decode-fp32" : "grouped"},
+                     {"other_us", t4},
+                     {"other_hbm_fraction", frac(t4)},
+                     {"mma_us", t3},
+                     {"mma_hbm_fraction", frac(t3)},
+                     {"auto_us", t0},
+                     {"auto_hbm_fraction", frac(t0)}});
+      for (void* p : {static_cast<void*>(dids), static_cast<void*>(dw), x, o, wsp}) CK(cudaFree(p));
+    }
+    for (void* p : {qgu, qdn}) CK(cudaFree(p));
+    out["moe_qwen3_bf16"] = qjs;
   }
 
   // ---- fused decode launches: the engine's choice against what it replaces ----
@@ -1342,6 +1418,7 @@ int main(int argc, char** argv) {
                         : partitioned  ? "decode (old)"
                         : variant == 1 ? "decode (U4x3)"
                         : variant == 2 ? "decode (split-K)"
+                        : variant == 4 ? "decode (tensor cores)"
                         : short_kernel ? "decode (short)"
                                        : "decode";
     std::string name =
@@ -1386,6 +1463,7 @@ int main(int argc, char** argv) {
     if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
     attention(true, d[0], d[1], 1, false, d[2], 1);
+    attention(true, d[0], d[1], 1, false, d[2], 4);  // split-K on the tensor cores
     attention(true, d[0], d[1], 1, true, d[2]);
   }
   // Groups of 8 query heads (Qwen3-MoE: 32 heads, 4 KV heads), where a lane holds the most
@@ -1395,6 +1473,15 @@ int main(int argc, char** argv) {
   for (const auto& d : g8_shapes) {
     if (!want("decode")) break;
     attention(true, d[0], d[1], 1, false, d[2]);
+    attention(true, d[0], d[1], 1, false, d[2], 4);
+  }
+  // Batch 1 at short contexts with a group of 8 (the engine's short-context graph): the short
+  // kernel against split-K on the tensor cores at the same bound.
+  for (int sctx : {256, 1024}) {
+    const int sb = attention_decode_short_max(hd, DType::bf16);
+    if (!want("decode") || sb < sctx) break;
+    attention(true, 1, sctx, 1, false, sb, 3);
+    attention(true, 1, sctx, 1, false, sb, 4);
   }
   nkv = 8;
   // The engine's short-context graphs (bound: what the short kernel takes here): the short

@@ -133,8 +133,9 @@ class CudaDevice final : public Device {
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
     // the decode form up to 8 rows, with gpt-oss's MXFP4 experts on the fp32 kernels at one
-    // row and the tensor-core kernels from two; decode-mma takes the tensor-core kernels at
-    // every decode row count, decode-fp32 the fp32 ones.
+    // row and the tensor-core kernels from two (to 32), bf16 experts on them from 5 rows to 8;
+    // decode-mma takes the tensor-core kernels at every row count up to 32, decode-fp32 the
+    // fp32 ones up to 8 rows.
     int moe_form = 0;
     if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
       if (std::string_view(v) == "grouped")
@@ -597,12 +598,12 @@ class CudaDevice final : public Device {
 
   // FP8 parts at decode rows: one launch of the FP8 kernel for all of them, over x or (with
   // `norm`) over RMSNorm(x) computed inside. False where that does not apply.
-  Result<bool> fp8_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
-                         const PreNorm* norm) {
+  // The FP8 decode products' arguments of a group (false: not FP8 decode products).
+  Result<bool> fp8_group_args(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                              const PreNorm* norm, kernels::Fp8MatmulArgs* a) {
     if (n < 1 || static_cast<size_t>(n) > kernels::kFp8GemvMaxGroup ||
         static_cast<size_t>(rows) > kernels::kFp8GemvMaxRows)
       return false;
-    kernels::Fp8MatmulArgs a[kernels::kFp8GemvMaxGroup];
     for (int i = 0; i < n; ++i) {
       if (parts[i].w->type() != ElemType::fp8_e4m3) return false;
       auto r = fp8_args(x, *parts[i].w, *parts[i].b, *parts[i].y, rows, in, parts[i].out);
@@ -610,6 +611,13 @@ class CudaDevice final : public Device {
       a[i] = *r;
       if (norm) a[i].norm_w = norm->w->data(), a[i].norm_eps = norm->eps;
     }
+    return true;
+  }
+  Result<bool> fp8_group(const Buffer& x, const LinearPart* parts, int n, int rows, int in,
+                         const PreNorm* norm) {
+    kernels::Fp8MatmulArgs a[kernels::kFp8GemvMaxGroup];
+    auto f = fp8_group_args(x, parts, n, rows, in, norm, a);
+    if (!f || !*f) return f;
     SPARK_TRY(kernels::fp8_gemv_group_cuda_device(a, n, stream_));
     return true;
   }
@@ -679,14 +687,30 @@ class CudaDevice final : public Device {
     // Decode rows (up to 8): the input norm inside the products, and without per-head norms
     // RoPE and the KV write in their epilogue (two launches fewer per layer); otherwise the
     // norm's pass, the products, then rope_kv_write.
-    // FP8 q/k/v: one launch of the FP8 kernel (the norm inside it where it can be), then
-    // RoPE and the KV write.
+    // FP8 q/k/v: one launch of the FP8 kernel with the norm inside it, and RoPE and the KV
+    // write in its epilogue where it takes them as the bf16 one does (whole rotary; per-head
+    // norms at 1-2 rows); else RoPE and the KV write after it.
+    const bool head_norms = !q_norm.empty() || !k_norm.empty();
+    const bool epilogue_takes =
+        static_cast<size_t>(rows) <= kernels::kMatmulQkvRopeMaxRows &&
+        inv_freq.numel() * 2 == static_cast<size_t>(head_dim) &&
+        (!head_norms || kernels::matmul_qkv_rope_head_norms(static_cast<size_t>(rows),
+                                                            static_cast<size_t>(head_dim)));
     if (qkv[0].w->type() == ElemType::fp8_e4m3 && fp8_norm_in_product(x, rows)) {
-      auto f = fp8_group(*x.x, qkv, 3, rows, in, &x);
+      kernels::Fp8MatmulArgs a[3];
+      auto f = fp8_group_args(*x.x, qkv, 3, rows, in, &x, a);
       if (!f) return f.error();
-      if (*f)
+      if (*f && epilogue_takes)
+        return kernels::fp8_qkv_rope_cuda_device(
+            a,
+            rope_kv_args(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
+                         q_norm, k_norm, eps, kv),
+            stream_);
+      if (*f) {
+        SPARK_TRY(kernels::fp8_gemv_group_cuda_device(a, 3, stream_));
         return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                              q_norm, k_norm, eps, kv);
+      }
     }
     kernels::MatmulArgs a[3];
     if (static_cast<size_t>(rows) > kernels::kMatmulQkvRopeMaxRows ||
@@ -698,10 +722,7 @@ class CudaDevice final : public Device {
     // products, and so do per-head norms (Qwen3) where the epilogue cannot take them (more
     // than 2 rows, a head_dim other than 32, 64 or 128, no clusters): the epilogue rotates
     // whole heads only, and sums a head's squares across a cluster of blocks.
-    const bool head_norms = !q_norm.empty() || !k_norm.empty();
-    if ((head_norms && !kernels::matmul_qkv_rope_head_norms(static_cast<size_t>(rows),
-                                                            static_cast<size_t>(head_dim))) ||
-        inv_freq.numel() * 2 != static_cast<size_t>(head_dim)) {
+    if (!epilogue_takes) {
       SPARK_TRY(kernels::matmul_own_group_cuda_device(a, 3, stream_));
       return rope_kv_write(*qkv[0].y, *qkv[1].y, *qkv[2].y, heads, kv_heads, head_dim, inv_freq,
                            q_norm, k_norm, eps, kv);
@@ -846,14 +867,22 @@ class CudaDevice final : public Device {
   }
 
   // Prefill and mixed steps run the prefill kernel; decode-only steps the short-context
-  // kernel or split-K, as their bounds choose. Every path honours b.sinks.
+  // kernel or split-K (on the tensor cores where it takes the shape), as their bounds
+  // choose. Every path honours b.sinks.
   Status run_attention(kernels::AttentionBatch b) {
     if (!step_.decode_only()) return kernels::attention_prefill_cuda_device(b, stream_);
     SPARK_TRY(grow_attn_ws(kernels::attention_decode_workspace_bytes(b.n_seqs, b.n_heads,
                                                                      b.kv.head_dim, max_seq_len_)));
     b.workspace = attn_ws_.data();
     b.workspace_bytes = attn_ws_.bytes();
-    if (short_cap_ >= 0 && max_seq_len_ > short_cap_) b.decode_variant = 2;  // split-K only
+    // Split-K on the tensor cores for groups of 4 heads and more where it takes the cache
+    // (their scores cost the register kernel most); else the register kernel.
+    const bool tc = kernels::attention_decode_tc_fits(b.kv.dtype, b.kv.head_dim) &&
+                    b.n_heads >= 4 * b.kv.n_kv_heads;
+    if (short_cap_ >= 0 && max_seq_len_ > short_cap_)
+      b.decode_variant = tc ? 4 : 2;  // split-K only
+    else if (tc && !kernels::attention_decode_short_takes(b))
+      b.decode_variant = 4;
     // A decode step's rows before each query were written by earlier steps; its own row by
     // the RoPE/KV write just ahead.
     b.history_ready = true;

@@ -3,11 +3,15 @@
 // types, bias, accumulate and SwiGLU (under programmatic launch too), in both of its shapes
 // (one output column a warp where the grid would be small or A has one row, two from 6000
 // columns and two rows on a device of up to 187 multiprocessors), three products in one
-// launch with RMSNorm inside, and the dequantization bit for bit.
+// launch with RMSNorm inside, the q/k/v products with RoPE, the per-head norms and the KV
+// write in their epilogue (bit for bit the products then the RoPE kernel), and the
+// dequantization bit for bit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,7 +20,10 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/fp8.h"
 #include "kernels/launch.h"
+#include "kernels/matmul.h"
+#include "kernels/rope.h"
 #include "support/gpu.h"
+#include "support/gpu_qkv_rope.h"
 #include "support/gpu_values.h"
 
 using namespace spark;
@@ -356,4 +363,151 @@ TEST_CASE("gpu fp8 dequantize: bit for bit the twin, rows from row0, both scale 
       }
       CHECK(bad == 0);
     }
+}
+
+namespace {
+
+// The q/k/v FP8 products with the RoPE epilogue against the products (one launch) followed
+// by the RoPE kernel with its KV write: every output and cache row bit for bit.
+struct Fp8RopeCase {
+  int nh, nkv, hd;
+  size_t k, m;
+  DType t, ct;  // output, cache
+  bool bias = false, pdl = false, in_norm = false, q_norm = false, k_norm = false;
+};
+
+void fp8_rope_case(std::mt19937& rng, const Fp8RopeCase& c) {
+  CAPTURE(c.nh);
+  CAPTURE(c.hd);
+  CAPTURE(c.m);
+  CAPTURE(c.k);
+  CAPTURE(std::string(dtype_name(c.t)));
+  CAPTURE(std::string(dtype_name(c.ct)));
+  CAPTURE(c.bias);
+  CAPTURE(c.pdl);
+  CAPTURE(c.in_norm);
+  CAPTURE(c.q_norm);
+  CAPTURE(c.k_norm);
+  test::gpu::QkvRopeIo io(rng, c.nh, c.nkv, c.hd, c.m, c.t, c.ct);
+  const size_t* width = io.width;
+  auto da = DeviceBuf<uint16_t>::from(random_bf16(rng, c.m * c.k, -2, 2));
+  auto dnw = DeviceBuf<uint16_t>::from(random_bf16(rng, c.k, 0.5f, 1.5f));
+  std::vector<HostFp8> hs;
+  std::vector<DeviceBuf<uint8_t>> dq;
+  std::vector<DeviceBuf<float>> ds;
+  std::vector<DeviceBuf<uint16_t>> db;
+  for (int i = 0; i < 3; ++i) {  // q's scales per 128 rows, k's and v's per row
+    hs.push_back(random_fp8(rng, width[i], c.k, i == 0 ? 7 : 0));
+    dq.push_back(DeviceBuf<uint8_t>::from(hs.back().q));
+    ds.push_back(DeviceBuf<float>::from(hs.back().scales));
+    db.push_back(DeviceBuf<uint16_t>::from(random_bf16(rng, width[i], -1, 1)));
+  }
+  using Out = test::gpu::QkvRopeIo::Out;
+  auto parts_for = [&](Out& o, Fp8MatmulArgs* a) {
+    for (int i = 0; i < 3; ++i) {
+      const auto u = static_cast<size_t>(i);
+      a[i] = Fp8MatmulArgs{};
+      a[i].a = da.get(), a[i].lda = c.k, a[i].w = weight_of(hs[u], dq[u].get(), ds[u].get());
+      a[i].out = o.y[i].get(), a[i].out_dtype = c.t, a[i].ldo = width[i];
+      a[i].m = c.m, a[i].n = width[i], a[i].k = c.k;
+      a[i].bias = c.bias ? db[u].get() : nullptr;
+      if (c.in_norm) a[i].norm_w = dnw.get(), a[i].norm_eps = 1e-6f;
+    }
+  };
+  io.compare<Fp8MatmulArgs>(
+      c.pdl, c.q_norm, c.k_norm, parts_for,
+      [](const Fp8MatmulArgs* a) { return fp8_gemv_group_cuda_device(a, 3, nullptr); },
+      [](const Fp8MatmulArgs* a, const RopeArgs& r) {
+        return fp8_qkv_rope_cuda_device(a, r, nullptr);
+      });
+}
+
+}  // namespace
+
+TEST_CASE(
+    "gpu fp8 gemv: q/k/v with RoPE, the per-head norms and the KV write in the epilogue, bit "
+    "for bit") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("fp8 qkv rope"));
+  const DType kOut[] = {DType::bf16, DType::f32};
+  // Llama-shaped heads at 1-8 rows (no per-head norms): input norm or not, bias,
+  // programmatic launch, the three cache types.
+  struct Shape {
+    int nh, nkv, hd;
+    size_t k;
+  };
+  for (const Shape& sh : {Shape{32, 8, 128, 1024}, Shape{12, 4, 64, 272}, Shape{4, 2, 32, 64}})
+    for (size_t m : {1, 2, 3, 8})
+      for (int mode = 0; mode < 3; ++mode) {
+        Fp8RopeCase c{sh.nh,
+                      sh.nkv,
+                      sh.hd,
+                      sh.k,
+                      m,
+                      kOut[mode % 2],
+                      mode == 0   ? DType::bf16
+                      : mode == 1 ? DType::f32
+                                  : DType::e4m3};
+        c.in_norm = mode != 1, c.bias = mode >= 1, c.pdl = mode == 2;
+        fp8_rope_case(rng, c);
+      }
+  // Qwen3's per-head norms (a cluster of head_dim / 16 blocks a head) at 1-2 rows.
+  if (!matmul_qkv_rope_head_norms(1, 128)) {
+    MESSAGE("per-head norms skipped: no thread block clusters on this GPU");
+  } else {
+    for (const Shape& sh : {Shape{32, 4, 128, 2048}, Shape{14, 2, 64, 896}, Shape{4, 2, 32, 64}})
+      for (size_t m : {1, 2})
+        for (int mode = 0; mode < 4; ++mode) {
+          Fp8RopeCase c{
+              sh.nh, sh.nkv, sh.hd, sh.k, m, kOut[mode % 2], mode == 3 ? DType::e4m3 : DType::bf16};
+          c.in_norm = true, c.bias = mode == 1, c.pdl = mode >= 2;
+          c.q_norm = mode != 3, c.k_norm = true;
+          fp8_rope_case(rng, c);
+        }
+  }
+  // What the epilogue does not take is refused by name: more rows than it holds, a part
+  // that does not write rope's k, per-head norms past two rows.
+  auto dq = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(64 * 64, 0x38));
+  auto ds = DeviceBuf<float>::from(std::vector<float>(4, 1.f));
+  auto da = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(9 * 64, 0x3f80));
+  test::gpu::Dev dy[3] = {test::gpu::poisoned(9 * 64, DType::bf16),
+                          test::gpu::poisoned(9 * 64, DType::bf16),
+                          test::gpu::poisoned(9 * 64, DType::bf16)};
+  auto dkc = test::gpu::poisoned(4 * 64, DType::bf16),
+       dvc = test::gpu::poisoned(4 * 64, DType::bf16);
+  auto dpos = DeviceBuf<int32_t>::from(std::vector<int32_t>(9, 3));
+  auto dsl = DeviceBuf<int32_t>::from(std::vector<int32_t>{0, 1, 2, 3, -1, -1, -1, -1, -1});
+  auto dinv = DeviceBuf<float>::from(rope_inv_freq(32, 10000.0, {}));
+  Fp8MatmulArgs a[3];
+  for (int i = 0; i < 3; ++i) {
+    Fp8MatmulArgs& p = a[i];
+    p.a = da.get(), p.lda = 64, p.w.q = dq.get(), p.w.ldq = 64, p.w.scales = ds.get();
+    p.w.scale_ld = 1, p.w.row_shift = 7, p.out = dy[i].get(), p.out_dtype = DType::bf16;
+    p.ldo = 64, p.m = 1, p.n = 64, p.k = 64;
+  }
+  RopeArgs r;
+  r.dtype = DType::bf16, r.q = dy[0].get(), r.q_stride = 64, r.n_heads = 2, r.head_dim = 32;
+  r.k = dy[1].get(), r.k_stride = 64, r.n_kv_heads = 2, r.v = dy[2].get(), r.v_stride = 64;
+  r.n_tokens = 1, r.positions = dpos.get(), r.inv_freq = dinv.get();
+  r.k_cache = dkc.get(), r.v_cache = dvc.get(), r.cache_dtype = DType::bf16, r.cache_slots = 4;
+  r.slots = dsl.get();
+  auto refused = [&](const char* what) {
+    Status s = fp8_qkv_rope_cuda_device(a, r, nullptr);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().code == Errc::usage);
+    CHECK(s.message().find(what) != std::string::npos);
+  };
+  for (auto& p : a) p.m = 9;
+  r.n_tokens = 9;
+  refused("at most 8 rows");
+  for (auto& p : a) p.m = 1;
+  r.n_tokens = 1;
+  a[1].n = 32;
+  refused("must write rope's k");
+  a[1].n = 64;
+  a[2].accumulate = true;
+  refused("plain products only");
+  a[2].accumulate = false;
+  CHECK(fp8_qkv_rope_cuda_device(a, r, nullptr).ok());
+  CHECK(cuda_synchronize().ok());
 }

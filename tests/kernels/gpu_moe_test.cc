@@ -103,8 +103,11 @@ struct ExpertsCase {
   bool accumulate;
 };
 
-// Runs one case through `form` (1 decode, 2 grouped) and checks it against the twin.
-void check_experts(std::mt19937& rng, const ExpertsCase& c, int form) {
+// Runs one case through `form` (1 decode, 2 grouped, 3 the tensor-core decode kernels where
+// they apply, 0 automatic) and checks it against the twin; `workspace`: the workspace the
+// kernels leave (zeroed before), which tells which of them ran.
+void check_experts(std::mt19937& rng, const ExpertsCase& c, int form,
+                   std::vector<uint8_t>* workspace = nullptr) {
   CAPTURE(c.rows);
   CAPTURE(c.hidden);
   CAPTURE(c.inter);
@@ -150,17 +153,17 @@ void check_experts(std::mt19937& rng, const ExpertsCase& c, int form) {
   auto dw = DeviceBuf<float>::from(w);
   const size_t ws_bytes =
       moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
-  auto dws = DeviceMemory::allocate(ws_bytes);
-  REQUIRE(dws.ok());
+  auto dws = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(ws_bytes, 0));
   MoeExpertsArgs g = h;
   g.x = dx.get(), g.ids = dids.get(), g.weights = dw.get(), g.gate_up = dgu.get();
   g.down = ddn.get(), g.shared_gate_up = S ? dsgu.get() : nullptr;
   g.shared_down = S ? dsdn.get() : nullptr, g.out = dout.get();
-  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  g.workspace = dws.get(), g.workspace_bytes = ws_bytes, g.form = form;
   auto s = moe_experts_cuda_device(g, nullptr);
   REQUIRE_MESSAGE(s.ok(), s.message());
   REQUIRE(cuda_synchronize().ok());
   auto got = from_dev(dout);
+  if (workspace) *workspace = dws.host();
   std::vector<double> row_mean(R, 0.0);
   for (size_t r = 0; r < R; ++r) {
     for (size_t i = 0; i < H; ++i)
@@ -190,6 +193,65 @@ TEST_CASE("gpu moe experts: the decode form against the twin") {
       {5, 2, 64, 16, 8, 0, 8, 0, false},            // a TP=2 share of the fixture's experts
   };
   for (const auto& c : cases) check_experts(rng, c, 1);
+}
+
+// The tensor-core decode kernels over bf16 weights (form 3) from one row up to 32: Qwen3's
+// widths and its TP=2 and TP=4 shares (inter 384, 192), a rank's slice of the experts, shared
+// experts (GLM's, one more group every row, two passes at 24 rows), one to four column tiles,
+// an expert chosen by more rows than a pass stages, a K of 10 blocks (odd halves per warp),
+// and an inter of 16 (not whole 32-column blocks: the fp32 kernels run).
+TEST_CASE("gpu moe experts: the tensor-core decode kernels over bf16 weights, 1 to 32 rows") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe experts bf16 mma"));
+  const ExpertsCase cases[] = {
+      {1, 8, 2048, 768, 128, 0, 64, 0, true},       // Qwen3-30B-A3B's widths, batch 1, residual
+      {2, 8, 2048, 384, 64, 0, 64, 0, false},       // a TP=2 share, two rows
+      {8, 8, 2048, 768, 64, 0, 64, 0, true},        // 8 streams
+      {12, 8, 2048, 192, 64, 0, 64, 0, false},      // a TP=4 share, two column tiles
+      {17, 4, 256, 96, 16, 4, 8, 0, false},         // three tiles, experts [4, 12) of 16
+      {32, 8, 2048, 768, 128, 64, 64, 0, true},     // 32 streams: four tiles, a rank's half
+      {32, 4, 512, 256, 8, 0, 8, 0, false},         // ~16 rows an expert: two passes
+      {5, 8, 4096, 1408, 128, 32, 32, 1408, true},  // GLM-4.5-Air, a shared expert
+      {24, 8, 1024, 256, 64, 0, 64, 512, false},    // shared experts, 24 rows
+      {6, 4, 320, 96, 8, 0, 8, 0, false},           // a 10-block K
+      {4, 2, 64, 32, 8, 0, 8, 0, false},            // the fixture's widths
+      {5, 2, 64, 16, 8, 0, 8, 0, false},            // inter 16: the fp32 kernels
+  };
+  for (const auto& c : cases) check_experts(rng, c, 3);
+}
+
+// The automatic form (0) takes the tensor-core kernels over bf16 weights from 5 rows to 8 and
+// the fp32 decode kernels below (up to 4 rows), the grouped form past 8. Which kernels ran
+// shows in the workspace they leave: the grouped form sorts the rows there, and the fp32 and
+// tensor-core kernels' activations (both bf16, by pair) come from the same products summed
+// in different orders, so thousands of them cannot all round alike.
+TEST_CASE("gpu moe experts: bf16 weights, the automatic form: mma from 5 rows to 8") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe experts bf16 automatic form"));
+  const ExpertsCase cases[] = {
+      {1, 8, 1024, 384, 32, 0, 32, 0, false},   // batch 1: fp32
+      {4, 8, 1024, 384, 32, 0, 32, 0, false},   // four rows: fp32
+      {5, 8, 1024, 384, 32, 0, 32, 0, false},   // five rows: mma
+      {8, 8, 1024, 384, 32, 0, 32, 256, true},  // 8 rows, shared experts: mma
+      {20, 8, 1024, 384, 32, 0, 32, 0, false},  // 20 rows: grouped
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.rows);
+    std::vector<uint8_t> other, mma, automatic;
+    const std::mt19937 start = rng;  // the same weights and rows for each form
+    std::mt19937 r1 = start, r3 = start, r0 = start;
+    check_experts(r1, c, c.rows <= kMoeDecodeMaxRows ? 1 : 2, &other);
+    check_experts(r3, c, 3, &mma);
+    check_experts(r0, c, 0, &automatic);
+    rng = r0;
+    REQUIRE(other != mma);
+    if (c.rows >= 5 && c.rows <= kMoeDecodeMaxRows)
+      CHECK(automatic == mma);
+    else if (c.rows <= kMoeDecodeMaxRows)
+      CHECK(automatic == other);
+    else
+      CHECK(automatic != mma);  // the grouped form (its atomics may place rows differently)
+  }
 }
 
 TEST_CASE("gpu moe experts: the grouped form (tokens sorted by expert) against the twin") {
@@ -484,8 +546,14 @@ TEST_CASE("gpu moe gptoss experts: the decode form against the twin") {
       {8, 4, 512, 256, 32, 0, 32, 64, true, true, false},   // 8 rows, plain shared experts
       {8, 4, 2880, 720, 32, 8, 8, 0, false, false, false},  // 8 of 32 experts, 8 streams
       {4, 4, 256, 128, 32, 0, 32, 0, true, true, true},     // FP8 weights
+      {20, 4, 512, 256, 32, 0, 32, 64, true, true, false},  // 20 rows: form 3 only
   };
-  for (const auto& c : cases) check_gptoss_experts(rng, c, 1);
+  // Form 3 puts the bf16 experts on the tensor-core kernels (biases, interleaved rows and the
+  // clamped activation in their epilogues; the shared experts plain).
+  for (const auto& c : cases) {
+    if (c.rows <= kMoeDecodeMaxRows) check_gptoss_experts(rng, c, 1);
+    if (!c.fp8) check_gptoss_experts(rng, c, 3);
+  }
 }
 
 TEST_CASE("gpu moe gptoss experts: the grouped form against the twin") {

@@ -30,6 +30,7 @@
 #include "kernels/sampler_core.h"
 #include "kernels/swiglu.h"
 #include "support/gpu.h"
+#include "support/gpu_qkv_rope.h"
 #include "support/gpu_values.h"
 #include "support/sampler_cases.h"
 
@@ -572,13 +573,14 @@ void attention_case_run(std::mt19937& rng, bool decode, DType kv_t, DType q_t, i
                           qf.data(), ref.data(), b.scale, window,
                           sinks.empty() || ref_without_sinks ? nullptr : sinks.data());
       for (size_t e = 0; e < qrow; ++e) {
-        // Decode: fp32 throughout, one rounding at the end. Prefill: P is rounded to bf16
+        // Decode: fp32 throughout, one rounding at the end. Prefill and decode on the tensor
+        // cores (variant 4): P is rounded to bf16
         // for the tensor cores (relative 2^-9 per weight, so 2^-8 * max|v| after the
         // normalisation), and an f32 cache or f32 q is rounded to bf16 as well (another
         // 2^-8 relative on scores of at most hd * 4 * scale, i.e. e^(2^-8 * 2 * sqrt(hd))
         // on the weights).
         double bound = (q_t == DType::bf16 ? bf16_ulp(ref[e]) : 0.0) + 2e-5 * vmax;
-        if (!decode) {
+        if (!decode || variant >= 4) {  // prefill, and decode on the tensor cores
           bound += 0x1p-8 * vmax;
           if (kv_t == DType::f32 || q_t == DType::f32)
             bound += (std::exp(0x1p-8 * 2 * 4 * std::sqrt(static_cast<double>(hd))) - 1) * 2 * vmax;
@@ -950,6 +952,70 @@ TEST_CASE("gpu attention sinks prefill: every kernel, window 128, chunked over a
   // The sinks matter: against the twin without them the kernel's rows are off.
   attention_case_run(rng, false, DType::bf16, DType::bf16, nh, 2, 64, 16, {300}, {300}, 128, 1000,
                      false, 0, 0, std::vector<float>(nh, 10.f), true);
+}
+
+// Split-K with the products on the tensor cores (decode_variant 4): positions in tiles of 16
+// with the group's heads as the mma's columns, dimensions permuted between the loads and
+// the fragments, P transposed in registers. Tile and chunk edges (15-17, 63-65 positions),
+// groups of 1, 4, 5, 8 and 12 (chunks of 8), head_dim 32, 64 and 128, a window, block sizes of
+// 1 and 12, fp32 q and out, a graph's bound, sinks, bf16 and e4m3 caches; the bound is
+// prefill's (P in bf16).
+TEST_CASE("gpu decode attention (split-K on the tensor cores): against the twin") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("decode_tc"));
+  for (auto kv_t : {DType::bf16, DType::e4m3}) {
+    auto tc = [&](int nh, int nkv, int hd, int bs, const std::vector<int32_t>& ctx, int window,
+                  int bound, DType q_t = DType::bf16, const std::vector<float>& sinks = {}) {
+      attention_case_run(rng, true, kv_t, q_t, nh, nkv, hd, bs, ctx,
+                         std::vector<int32_t>(ctx.size(), 1), window, 1, false, bound, 4, sinks);
+    };
+    tc(32, 4, 128, 16, {1, 15, 16, 17, 63, 64, 65, 129, 300}, 0, 0);  // Qwen3-MoE's group of 8
+    tc(32, 4, 128, 16, {1, 200, 4000, 9000}, 0, 33792);
+    tc(32, 8, 128, 16, {1, 65, 200, 4000}, 0, 33792);  // Llama 3's group of 4
+    tc(8, 8, 64, 16, {3, 777}, 0, 0);                  // one head a KV head
+    tc(10, 2, 128, 16, {777, 5}, 0, 0);                // group 5
+    tc(24, 2, 64, 16, {99, 1300}, 0, 0);               // group 12: chunks of 8 and 4
+    tc(8, 8, 128, 12, {2000, 50}, 700, 0);             // window; block size 12
+    tc(16, 2, 128, 1, {20000}, 0, 0);                  // block size 1
+    tc(8, 2, 64, 16, {100, 3}, 0, 0, DType::f32);      // fp32 q and out
+    tc(16, 4, 32, 16, {1, 40, 3000}, 0, 0);            // head_dim 32 (the engine's fixtures)
+    tc(64, 8, 64, 16, {4500, 130, 2}, 128, 0, DType::bf16, gptoss_sinks(64));  // gpt-oss
+    tc(64, 8, 64, 16, {4097, 300}, 0, 33792, DType::bf16, gptoss_sinks(64));
+  }
+  if (large_cases())
+    attention_case_run(rng, true, DType::bf16, DType::bf16, 32, 4, 128, 16, {32768}, {1}, 0, 1,
+                       false, 0, 4);
+
+  // What it does not take is refused by name: other caches and head sizes.
+  CHECK(attention_decode_tc_fits(DType::bf16, 128));
+  CHECK(attention_decode_tc_fits(DType::e4m3, 64));
+  CHECK_FALSE(attention_decode_tc_fits(DType::f32, 128));
+  CHECK_FALSE(attention_decode_tc_fits(DType::bf16, 256));
+  for (auto [kv_t, hd] : {std::pair{DType::f32, 128}, std::pair{DType::bf16, 96}}) {
+    auto P = make_paged(rng, kv_t, 16, 2, hd, {40}, DType::bf16);
+    auto q = to_dev(std::vector<float>(static_cast<size_t>(8 * hd), 0.5f), DType::bf16);
+    auto out = poisoned(static_cast<size_t>(8 * hd), DType::bf16);
+    std::vector<int32_t> qs{0, 1};
+    auto dqs = DeviceBuf<int32_t>::from(qs);
+    AttentionBatch b;
+    b.q = q.get(), b.q_stride = static_cast<size_t>(8 * hd), b.out = out.get();
+    b.out_stride = static_cast<size_t>(8 * hd);
+    b.n_heads = 8, b.kv = P.dev(), b.block_tables = P.dtables.get();
+    b.max_blocks_per_seq = P.max_blocks, b.seq_lens = P.dlens.get(), b.query_start = dqs.get();
+    b.n_seqs = 1, b.n_tokens = 1, b.max_query_len = 1, b.max_seq_len = 40, b.scale = 0.1f;
+    b.decode_variant = 4;
+    const size_t need = attention_decode_workspace_bytes(1, 8, hd, 40);
+    auto ws = DeviceMemory::allocate(need);
+    REQUIRE(ws.ok());
+    std::vector<uint8_t> zeros(need, 0);
+    REQUIRE(ws->copy_from_host(zeros.data(), need).ok());
+    b.workspace = ws->get(), b.workspace_bytes = need;
+    auto st = attention_decode_cuda_device(b, nullptr);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.error().code == Errc::usage);
+    CHECK(st.message().find("tensor cores") != std::string::npos);
+    CHECK(st.message().find(std::to_string(hd)) != std::string::npos);
+  }
 }
 
 // Split-K decode with sinks at long contexts: the sink joins the merged denominator once
@@ -1649,38 +1715,17 @@ void qkv_rope_case(std::mt19937& rng, const QkvRopeCase& c) {
   CAPTURE(c.in_norm);
   CAPTURE(c.q_norm);
   CAPTURE(c.k_norm);
-  const int slots_n = 64;
-  const size_t width[3] = {static_cast<size_t>(c.nh * c.hd), static_cast<size_t>(c.nkv * c.hd),
-                           static_cast<size_t>(c.nkv * c.hd)};
+  test::gpu::QkvRopeIo io(rng, c.nh, c.nkv, c.hd, c.m, c.t, c.ct);
+  const size_t* width = io.width;
   auto da = to_dev(as_stored(randoms(rng, c.m * c.k, -1, 1), DType::bf16), DType::bf16);
   auto dnw = to_dev(as_stored(randoms(rng, c.k, 0.5f, 1.5f), DType::bf16), DType::bf16);
-  auto dqn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t), c.t);
-  auto dkn = to_dev(as_stored(randoms(rng, static_cast<size_t>(c.hd), 0.5f, 1.5f), c.t), c.t);
   std::vector<Dev> dw, db;
   for (int i = 0; i < 3; ++i) {
     dw.push_back(
         to_dev(as_stored(randoms(rng, width[i] * c.k, -0.5f, 0.5f), DType::bf16), DType::bf16));
     db.push_back(to_dev(as_stored(randoms(rng, width[i], -1, 1), DType::bf16), DType::bf16));
   }
-  std::vector<int32_t> pos(c.m), slot(c.m);
-  for (auto& x : pos) x = std::uniform_int_distribution<int32_t>(0, 32767)(rng);
-  std::vector<int32_t> perm(slots_n);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  for (size_t i = 0; i < c.m; ++i) slot[i] = perm[i];
-  if (c.m > 1) slot[1] = -1;
-  if (c.m > 2) slot[2] = slots_n;
-  auto dpos = ints_to_dev(pos), dslot = ints_to_dev(slot);
-  auto dinv = DeviceBuf<float>::from(rope_inv_freq(c.hd, 500000.0, {}));
-  struct Out {
-    Dev y[3], kc, vc;
-  };
-  auto fresh = [&] {
-    Out o;
-    for (int i = 0; i < 3; ++i) o.y[i] = poisoned(c.m * width[i], c.t);
-    o.kc = poisoned(slots_n * width[1], c.ct), o.vc = poisoned(slots_n * width[1], c.ct);
-    return o;
-  };
+  using Out = test::gpu::QkvRopeIo::Out;
   auto parts_for = [&](Out& o, MatmulArgs* a) {
     for (int i = 0; i < 3; ++i) {
       a[i] = MatmulArgs{};
@@ -1692,45 +1737,12 @@ void qkv_rope_case(std::mt19937& rng, const QkvRopeCase& c) {
       if (c.in_norm == 2) a[i].norm_unit = true, a[i].norm_eps = 1e-5f;
     }
   };
-  auto rope_for = [&](Out& o) {
-    RopeArgs r;
-    r.dtype = c.t, r.q = o.y[0].get(), r.q_stride = width[0], r.n_heads = c.nh;
-    r.k = o.y[1].get(), r.k_stride = width[1], r.n_kv_heads = c.nkv, r.head_dim = c.hd;
-    r.n_tokens = c.m, r.positions = dpos.get(), r.inv_freq = dinv.get();
-    r.q_norm = c.q_norm ? dqn.get() : nullptr, r.k_norm = c.k_norm ? dkn.get() : nullptr;
-    r.k_cache = o.kc.get(), r.v_cache = o.vc.get(), r.cache_dtype = c.ct;
-    r.cache_slots = slots_n, r.slots = dslot.get(), r.v = o.y[2].get(), r.v_stride = width[2];
-    return r;
-  };
-  Out ref = fresh(), got = fresh();
-  MatmulArgs a[3];
-  parts_for(ref, a);
-  REQUIRE(matmul_own_group_cuda_device(a, 3, nullptr, c.form).ok());
-  REQUIRE(rope_cuda_device(rope_for(ref), nullptr).ok());
-  parts_for(got, a);
-  set_programmatic_launch(c.pdl);
-  auto st = matmul_qkv_rope_cuda_device(a, rope_for(got), nullptr);
-  set_programmatic_launch(false);
-  REQUIRE_MESSAGE(st.ok(), st.message());
-  REQUIRE(cuda_synchronize().ok());
-  auto same = [](const Dev& x, const Dev& y) {
-    const auto u = from_dev(x), v = from_dev(y);
-    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * 4) == 0;
-  };
-  CHECK(same(ref.y[0], got.y[0]));
-  CHECK(same(ref.y[1], got.y[1]));
-  CHECK(same(ref.y[2], got.y[2]));
-  CHECK(same(ref.kc, got.kc));
-  CHECK(same(ref.vc, got.vc));
-  // Every output written, and exactly the slots in the pool.
-  size_t unwritten = 0;
-  for (int i = 0; i < 3; ++i)
-    for (float v : from_dev(got.y[i])) unwritten += std::isnan(v) ? 1 : 0;
-  CHECK(unwritten == 0);
-  size_t cached = 0, want = 0;
-  for (float v : from_dev(got.kc)) cached += std::isnan(v) ? 0 : 1;
-  for (int32_t sl : slot) want += sl >= 0 && sl < slots_n ? width[1] : 0;
-  CHECK(cached == want);
+  io.compare<MatmulArgs>(
+      c.pdl, c.q_norm, c.k_norm, parts_for,
+      [&](const MatmulArgs* a) { return matmul_own_group_cuda_device(a, 3, nullptr, c.form); },
+      [](const MatmulArgs* a, const RopeArgs& r) {
+        return matmul_qkv_rope_cuda_device(a, r, nullptr);
+      });
 }
 
 }  // namespace
