@@ -237,6 +237,9 @@ Status moe_route_cuda_device(const float*, const float*, const MoeRouteArgs&, si
 Status moe_experts_cuda_device(const MoeExpertsArgs&, void*) {
   return no_cuda("moe_experts_cuda_device");
 }
+int moe_mma_pass_rows(const MoeExpertsArgs&) {
+  return 0;
+}
 
 Status row_sumsq_cuda_device(const void*, size_t, size_t, float*, void*) {
   return no_cuda("row_sumsq_cuda_device");

@@ -1671,18 +1671,21 @@ size_t mma_dynamic_smem(const MoeExpertsArgs& a, int pass_rows) {
          static_cast<size_t>(mma_xs_ld(a.hidden)) * sizeof(__half);
 }
 
+}  // namespace
+
 // The rows gate/up stages a pass: kMmaPassRows, or 8 where those do not fit the device's
-// shared memory a block (GB10's 99 KiB at hidden 2880); 0 where neither does (the other
-// forms run).
-int mma_pass_rows(const MoeExpertsArgs& a) {
+// shared memory a block (GB10's 99 KiB at hidden 2880) or moe_smem_cap(); 0 where neither
+// does (the other forms run).
+int moe_mma_pass_rows(const MoeExpertsArgs& a) {
   auto lim = cuda_device_limits(-1);
   if (!lim.ok()) return 0;
+  const size_t cap = moe_smem_cap();
+  const size_t most =
+      cap > 0 ? std::min(cap, lim->smem_per_block_optin) : lim->smem_per_block_optin;
   for (const int pr : {kMmaPassRows, 8})
-    if (mma_dynamic_smem(a, pr) + kMmaStaticSmem <= lim->smem_per_block_optin) return pr;
+    if (mma_dynamic_smem(a, pr) + kMmaStaticSmem <= most) return pr;
   return 0;
 }
-
-}  // namespace
 
 Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRouteArgs& a,
                              size_t rows, int32_t* ids, float* weights, void* stream) {
@@ -1735,7 +1738,7 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   const bool mma_kind = kind == kWMx4
                             ? a.shared_inter == 0 && a.swiglu_limit > 0.f && a.swiglu_limit < 128.f
                             : kind == kWBf16 && bf16_mma_fits(a);
-  const int pass_rows = mma_rows && mma_kind ? mma_pass_rows(a) : 0;
+  const int pass_rows = mma_rows && mma_kind ? moe_mma_pass_rows(a) : 0;
   if (pass_rows > 0) {
     const GroupedWs w = grouped_ws(a);
     const unsigned distinct = static_cast<unsigned>(std::min(a.rows * a.top_k, a.experts));
@@ -1744,7 +1747,7 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
     auto pick = [&](auto one, auto two) { return a.rows > 8 && pass_rows > 8 ? two : one; };
     auto gate_up = kind == kWMx4 ? pick(moe_gate_up_mma<1, kWMx4>, moe_gate_up_mma<2, kWMx4>)
                                  : pick(moe_gate_up_mma<1, kWBf16>, moe_gate_up_mma<2, kWBf16>);
-    // Past 48 KiB in all the kernel's limit is raised (mma_pass_rows checked it fits).
+    // Past 48 KiB in all the kernel's limit is raised (moe_mma_pass_rows checked it fits).
     SPARK_TRY(
         detail::prepare_launch(gate_up, "moe_gate_up_mma", kMmaWarps * 32, smem + kMmaStaticSmem));
     const unsigned ys = distinct + (has_shared ? 1u : 0u);

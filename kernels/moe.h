@@ -153,6 +153,18 @@ Status moe_experts_check(const MoeExpertsArgs& a);
 /// The expert products on `stream`: no host synchronisation, so a decode step stays one graph.
 Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream);
 
+/// The most shared memory a block the tensor-core decode kernels of moe_experts_cuda_device
+/// plan for (process-wide; 0, the default: the device's opt-in limit). Below 16 staged rows
+/// of x those kernels stage 8 a pass, and below 8 the other forms run, as on GB10 (99 KiB a
+/// block) at gpt-oss's hidden of 2880; the GPU tests set GB10's limit on a larger GPU to run
+/// that path.
+void set_moe_smem_cap(size_t bytes);
+size_t moe_smem_cap();
+
+/// The rows of x the tensor-core decode kernels' gate/up stages a pass for `a` on the current
+/// device under that cap: 16, 8, or 0 where 8 do not fit either (those kernels not taken).
+int moe_mma_pass_rows(const MoeExpertsArgs& a);
+
 /// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
 /// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
 /// FP8 weights (the *_fp8 fields set: host e4m3 bytes and host scales) are widened exactly

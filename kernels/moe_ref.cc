@@ -1,7 +1,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -359,6 +361,18 @@ Status moe_experts_check(const MoeExpertsArgs& a) {
   if (!a.workspace || a.workspace_bytes < need)
     return bad(fmt::format("workspace of {} bytes, {} needed", a.workspace_bytes, need));
   return Status::Ok();
+}
+
+// The CUDA kernels' shared-memory cap (moe.h); kept here, which every build compiles.
+namespace {
+std::atomic<size_t> g_moe_smem_cap{0};
+}  // namespace
+
+void set_moe_smem_cap(size_t bytes) {
+  g_moe_smem_cap.store(bytes);
+}
+size_t moe_smem_cap() {
+  return g_moe_smem_cap.load();
 }
 
 }  // namespace spark::kernels

@@ -755,6 +755,50 @@ TEST_CASE("gpu moe: MXFP4 experts, the automatic form: fp32 kernels at one row, 
   }
 }
 
+// GB10 has 99 KiB of shared memory a block: at gpt-oss's hidden (2880) 16 staged rows of x
+// do not fit, so the tensor-core decode kernels stage 8 a pass, and where 8 do not fit either
+// the other forms run. The cap set to GB10's limit (then to 32 KiB) on this GPU takes the same
+// paths: moe_mma_pass_rows says which, and the outputs stay within the twin's bound (a third
+// and a fourth pass of the same weights at 17-32 rows).
+TEST_CASE("gpu moe: the tensor-core decode kernels under GB10's shared memory: 8-row passes") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe mma smem cap"));
+  struct CapReset {
+    ~CapReset() { set_moe_smem_cap(0); }
+  } reset;
+  MoeExpertsArgs probe;
+  probe.rows = 32, probe.hidden = 2880;
+  set_moe_smem_cap(0);
+  const int uncapped = moe_mma_pass_rows(probe);
+  set_moe_smem_cap(99 * 1024);
+  REQUIRE(moe_mma_pass_rows(probe) == 8);
+  const Mx4ExpertsCase mx4[] = {
+      {12, 4, 2880, 1440, 32, 0, 32, 0, true, true},  // two passes of 8
+      {32, 4, 2880, 256, 8, 0, 8, 0, false, true},    // ~16 rows an expert: two or more passes
+  };
+  for (const auto& c : mx4) check_mx4_experts(rng, c, 3);
+  const ExpertsCase bf[] = {
+      {17, 8, 4096, 256, 16, 0, 16, 512, true},  // bf16 at GLM's hidden: 16 rows take 132 KiB
+      {32, 4, 4096, 128, 8, 0, 8, 0, false},     // every expert chosen by ~16 rows
+  };
+  probe.hidden = 4096;
+  CHECK(moe_mma_pass_rows(probe) == 8);
+  for (const auto& c : bf) check_experts(rng, c, 3);
+  // 32 KiB: not even 8 rows of 2880 fit; the fp32 kernels run, their workspace unchanged.
+  set_moe_smem_cap(32 * 1024);
+  probe.rows = 8, probe.hidden = 2880;
+  CHECK(moe_mma_pass_rows(probe) == 0);
+  const Mx4ExpertsCase small{8, 4, 2880, 1440, 16, 0, 16, 0, false, true};
+  std::vector<uint8_t> fp32, capped;
+  const std::mt19937 start = rng;
+  std::mt19937 r1 = start, r3 = start;
+  check_mx4_experts(r1, small, 1, &fp32);
+  check_mx4_experts(r3, small, 3, &capped);
+  CHECK(capped == fp32);
+  set_moe_smem_cap(0);
+  CHECK(moe_mma_pass_rows(probe) == uncapped);
+}
+
 TEST_CASE("gpu moe: MXFP4 experts, the grouped form against the twin over the packed weights") {
   if (test::skip_without_cuda()) return;
   std::mt19937 rng(test::fresh_seed("moe mxfp4 experts grouped"));
