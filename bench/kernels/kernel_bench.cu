@@ -127,6 +127,41 @@ __global__ void fill_scales(float* p, size_t n, uint32_t seed) {
   }
 }
 
+// `sets` routes of `rows` rows each choosing `k` distinct experts of `experts` at random
+// (ids [sets][rows][k], every weight `weight`) on the device, and the mean number of distinct
+// experts a set chooses.
+struct RouteSets {
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  double distinct = 0;
+};
+RouteSets route_sets(int sets, int rows, int experts, int k, float weight, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(sets * rows * k));
+  std::vector<float> wts(ids.size(), weight);
+  std::vector<int32_t> all(static_cast<size_t>(experts));
+  RouteSets r;
+  for (int set = 0; set < sets; ++set) {
+    std::vector<char> seen(static_cast<size_t>(experts), 0);
+    for (int row = 0; row < rows; ++row) {
+      for (int e = 0; e < experts; ++e) all[static_cast<size_t>(e)] = e;
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = all[static_cast<size_t>(j)];
+        ids[static_cast<size_t>((set * rows + row) * k + j)] = e;
+        r.distinct += !seen[static_cast<size_t>(e)];
+        seen[static_cast<size_t>(e)] = 1;
+      }
+    }
+  }
+  r.distinct /= sets;
+  r.ids = static_cast<int32_t*>(dalloc(ids.size() * sizeof(int32_t)));
+  r.weights = static_cast<float*>(dalloc(wts.size() * sizeof(float)));
+  CK(cudaMemcpy(r.ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(r.weights, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return r;
+}
+
 // Median time in microseconds of one call of `body(i)` (i = the rotation index), from
 // replays of a graph of `per_graph` calls.
 double time_us(cudaStream_t st, int per_graph, const std::function<void(int)>& body,
@@ -663,29 +698,10 @@ int main(int argc, char** argv) {
     json mjs = json::array();
     for (int rows : {1, 4, 8, 64}) {
       const int form = rows <= kMoeDecodeMaxRows ? 1 : 2;
-      std::mt19937 rng(300u + static_cast<unsigned>(rows));
-      std::vector<int32_t> ids(static_cast<size_t>(kSets * rows * K));
-      std::vector<float> wts(ids.size(), 0.25f);
-      std::vector<int32_t> all(E);
-      double distinct = 0;
-      for (int set = 0; set < kSets; ++set) {
-        std::vector<char> seen(E, 0);
-        for (int r = 0; r < rows; ++r) {
-          for (int e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
-          std::shuffle(all.begin(), all.end(), rng);
-          for (int j = 0; j < K; ++j) {
-            const int32_t e = all[static_cast<size_t>(j)];
-            ids[static_cast<size_t>((set * rows + r) * K + j)] = e;
-            distinct += !seen[static_cast<size_t>(e)];
-            seen[static_cast<size_t>(e)] = 1;
-          }
-        }
-      }
-      distinct /= kSets;
-      auto* dids = static_cast<int32_t*>(dalloc(ids.size() * sizeof(int32_t)));
-      auto* dw = static_cast<float*>(dalloc(wts.size() * sizeof(float)));
-      CK(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dw, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const RouteSets rs = route_sets(kSets, rows, E, K, 0.25f, 300u + static_cast<unsigned>(rows));
+      int32_t* dids = rs.ids;
+      float* dw = rs.weights;
+      const double distinct = rs.distinct;
       void* x = random_bf16(static_cast<size_t>(rows) * H, 209);
       void* o = dalloc(static_cast<size_t>(rows) * H * 2);
       const size_t wsb = moe_experts_workspace_bytes(rows, K, H, I, 0, E);
@@ -751,29 +767,11 @@ int main(int argc, char** argv) {
                "auto us", "%HBM", "mma x");
     json qjs = json::array();
     for (int rows : {1, 2, 4, 8, 16, 32}) {
-      std::mt19937 rng(400u + static_cast<unsigned>(rows));
-      std::vector<int32_t> ids(static_cast<size_t>(kSets * rows * QK));
-      std::vector<float> wts(ids.size(), 1.f / QK);
-      std::vector<int32_t> all(QE);
-      double distinct = 0;
-      for (int set = 0; set < kSets; ++set) {
-        std::vector<char> seen(QE, 0);
-        for (int r = 0; r < rows; ++r) {
-          for (int e = 0; e < QE; ++e) all[static_cast<size_t>(e)] = e;
-          std::shuffle(all.begin(), all.end(), rng);
-          for (int j = 0; j < QK; ++j) {
-            const int32_t e = all[static_cast<size_t>(j)];
-            ids[static_cast<size_t>((set * rows + r) * QK + j)] = e;
-            distinct += !seen[static_cast<size_t>(e)];
-            seen[static_cast<size_t>(e)] = 1;
-          }
-        }
-      }
-      distinct /= kSets;
-      auto* dids = static_cast<int32_t*>(dalloc(ids.size() * sizeof(int32_t)));
-      auto* dw = static_cast<float*>(dalloc(wts.size() * sizeof(float)));
-      CK(cudaMemcpy(dids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(dw, wts.data(), wts.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const RouteSets rs =
+          route_sets(kSets, rows, QE, QK, 1.f / QK, 400u + static_cast<unsigned>(rows));
+      int32_t* dids = rs.ids;
+      float* dw = rs.weights;
+      const double distinct = rs.distinct;
       void* x = random_bf16(static_cast<size_t>(rows) * QH, 213);
       void* o = dalloc(static_cast<size_t>(rows) * QH * 2);
       const size_t wsb = moe_experts_workspace_bytes(rows, QK, QH, QI, 0, QE);

@@ -178,6 +178,31 @@ void check_experts(std::mt19937& rng, const ExpertsCase& c, int form,
                           << ": max err " << err);
 }
 
+// Runs case c through the fp32 decode kernels (past 8 rows the grouped form), the
+// tensor-core decode kernels (form 3) and the automatic form (0) on the same weights and
+// rows, and checks which of them the automatic form took by the workspace it leaves: the
+// tensor-core kernels' where `mma`, else the other's (past 8 rows: not the tensor-core
+// kernels', the grouped form's atomics may place rows differently run to run).
+// check(rng, c, form, workspace) runs one form against the twin.
+template <class Case, class Check>
+void check_automatic_form(std::mt19937& rng, const Case& c, bool mma, Check check) {
+  CAPTURE(c.rows);
+  std::vector<uint8_t> other, tc, automatic;
+  const std::mt19937 start = rng;  // the same weights and rows for each form
+  std::mt19937 r1 = start, r3 = start, r0 = start;
+  check(r1, c, c.rows <= kMoeDecodeMaxRows ? 1 : 2, &other);
+  check(r3, c, 3, &tc);
+  check(r0, c, 0, &automatic);
+  rng = r0;
+  REQUIRE(other != tc);
+  if (mma)
+    CHECK(automatic == tc);
+  else if (c.rows <= kMoeDecodeMaxRows)
+    CHECK(automatic == other);
+  else
+    CHECK(automatic != tc);
+}
+
 }  // namespace
 
 TEST_CASE("gpu moe experts: the decode form against the twin") {
@@ -235,23 +260,10 @@ TEST_CASE("gpu moe experts: bf16 weights, the automatic form: mma from 5 rows to
       {8, 8, 1024, 384, 32, 0, 32, 256, true},  // 8 rows, shared experts: mma
       {20, 8, 1024, 384, 32, 0, 32, 0, false},  // 20 rows: grouped
   };
-  for (const auto& c : cases) {
-    CAPTURE(c.rows);
-    std::vector<uint8_t> other, mma, automatic;
-    const std::mt19937 start = rng;  // the same weights and rows for each form
-    std::mt19937 r1 = start, r3 = start, r0 = start;
-    check_experts(r1, c, c.rows <= kMoeDecodeMaxRows ? 1 : 2, &other);
-    check_experts(r3, c, 3, &mma);
-    check_experts(r0, c, 0, &automatic);
-    rng = r0;
-    REQUIRE(other != mma);
-    if (c.rows >= 5 && c.rows <= kMoeDecodeMaxRows)
-      CHECK(automatic == mma);
-    else if (c.rows <= kMoeDecodeMaxRows)
-      CHECK(automatic == other);
-    else
-      CHECK(automatic != mma);  // the grouped form (its atomics may place rows differently)
-  }
+  for (const auto& c : cases)
+    check_automatic_form(rng, c, c.rows >= 5 && c.rows <= kMoeDecodeMaxRows,
+                         [](std::mt19937& r, const ExpertsCase& e, int form,
+                            std::vector<uint8_t>* ws) { check_experts(r, e, form, ws); });
 }
 
 TEST_CASE("gpu moe experts: the grouped form (tokens sorted by expert) against the twin") {
@@ -738,21 +750,10 @@ TEST_CASE("gpu moe: MXFP4 experts, the automatic form: fp32 kernels at one row, 
       {8, 4, 2880, 1440, 16, 0, 16, 0, false, true},  // 8 rows
       {20, 4, 256, 96, 8, 0, 8, 0, true, true},       // 20 rows: not the grouped form
   };
-  for (const auto& c : cases) {
-    CAPTURE(c.rows);
-    std::vector<uint8_t> other, mma, automatic;
-    const std::mt19937 start = rng;  // the same weights and rows for each form
-    std::mt19937 r1 = start, r3 = start, r0 = start;
-    check_mx4_experts(r1, c, c.rows <= kMoeDecodeMaxRows ? 1 : 2, &other);
-    check_mx4_experts(r3, c, 3, &mma);
-    check_mx4_experts(r0, c, 0, &automatic);
-    rng = r0;
-    REQUIRE(other != mma);
-    if (c.rows == 1)
-      CHECK(automatic == other);
-    else
-      CHECK(automatic == mma);
-  }
+  for (const auto& c : cases)
+    check_automatic_form(rng, c, c.rows > 1,
+                         [](std::mt19937& r, const Mx4ExpertsCase& e, int form,
+                            std::vector<uint8_t>* ws) { check_mx4_experts(r, e, form, ws); });
 }
 
 // GB10 has 99 KiB of shared memory a block: at gpt-oss's hidden (2880) 16 staged rows of x
