@@ -96,13 +96,7 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
   const size_t u0 = (block * kWarps + static_cast<size_t>(warp)) * R;
   static_assert(ROPE < 0 || (R == 2 && NW == 1), "RoPE pairs take two units a warp");
   size_t units[R];
-  size_t pair_i = 0;
-  if constexpr (ROPE >= 0) {
-    pair_i = dev::rope_pair_units(u0, rp.head_dim, units);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) units[r] = u0 + r;
-  }
+  const size_t pair_i = dev::stream_units<R, ROPE>(u0, rp.head_dim, units);
   const uint4* wrow[R][NW];
   const float* srow[R][NW];
   bool ok[R];

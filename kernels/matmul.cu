@@ -103,13 +103,7 @@ __device__ __forceinline__ void gemv_block(const MatmulArgs& p, size_t blk,
   const size_t u0 = (blk * kGemvWarps + static_cast<size_t>(warp)) * R;
   static_assert(ROPE < 0 || (R == 2 && NW == 1), "RoPE pairs take two units a warp");
   size_t units[R];
-  size_t pair_i = 0;
-  if constexpr (ROPE >= 0) {
-    pair_i = dev::rope_pair_units(u0, rp.head_dim, units);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) units[r] = u0 + r;
-  }
+  const size_t pair_i = dev::stream_units<R, ROPE>(u0, rp.head_dim, units);
   const uint4* wrow[R][NW];
   bool uok[R];
 #pragma unroll

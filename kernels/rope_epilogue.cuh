@@ -57,6 +57,21 @@ __device__ __forceinline__ size_t rope_pair_units(size_t u0, size_t head_dim, si
   return i;
 }
 
+// The R units (output rows) a warp of the streaming products takes from its first unit u0:
+// u0 .. u0 + R - 1, or with the RoPE epilogue (ROPE >= 0, R = 2) a rotation pair's rows
+// (rope_pair_units). Returns the pair's i (0 without RoPE).
+template <int R, int ROPE>
+__device__ __forceinline__ size_t stream_units(size_t u0, size_t head_dim, size_t* units) {
+  static_assert(ROPE < 0 || R == 2, "RoPE pairs take two units a warp");
+  if constexpr (ROPE >= 0) {
+    return rope_pair_units(u0, head_dim, units);
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) units[r] = u0 + r;
+    return 0;
+  }
+}
+
 // The RoPE epilogue of the q/k/v products (PART 0, 1, 2 = q, k, v): the product's rounding
 // of output row m's rotation pair (n0, n1 = n0 + head_dim/2), then for q and k rope_pair, as
 // rope_kernel computes it from the stored values; k's rotated and v's rows also go to the
