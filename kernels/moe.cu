@@ -904,11 +904,11 @@ __device__ __forceinline__ float exp2i(int k) {
 }
 
 // One 32-column scale block of a 16-row tile: rows g and g + 8's words (wa, wb), widened once,
-// times the B registers of each of NT column tiles (xv[t]); each fp32 result times each row's
-// scale added into acc[t].
+// times the B registers of the first nt of NT column tiles (xv[t]; nt the same for the warp);
+// each fp32 result times each row's scale added into acc[t].
 template <int NT>
 __device__ __forceinline__ void mx4_block_mma(uint32_t wa, uint32_t wb, const uint4* xv, float sa,
-                                              float sb, float (*acc)[4]) {
+                                              float sb, float (*acc)[4], int nt) {
   uint32_t A[4], B[4];
   mxfp4_e2m1x8_fp16(wa, A);
   mxfp4_e2m1x8_fp16(wb, B);
@@ -916,6 +916,7 @@ __device__ __forceinline__ void mx4_block_mma(uint32_t wa, uint32_t wb, const ui
   const uint32_t a1[4] = {A[1], B[1], A[3], B[3]};
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     dev::mma_f16_16816(c, a0, xv[t].x, xv[t].y);
     dev::mma_f16_16816(c, a1, xv[t].z, xv[t].w);
@@ -927,12 +928,13 @@ __device__ __forceinline__ void mx4_block_mma(uint32_t wa, uint32_t wb, const ui
 }
 
 // Scale blocks [b0, b1) of a 16-row tile: qa/qb the lane's word of rows g and g + 8 (block 0),
-// sa/sb their scale rows, bx[t] the lane's B row of column tile t (fp16, block 0; null: zeros).
+// sa/sb their scale rows, bx[t] the lane's B row of column tile t (fp16, block 0; null: zeros);
+// only the first nt tiles (the same for the warp) are read and multiplied.
 template <int NT>
 __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* qb,
                                              const uint8_t* sa, const uint8_t* sb,
                                              const __half* const* bx, int b0, int b1,
-                                             float (*acc)[4]) {
+                                             float (*acc)[4], int nt = NT) {
   const unsigned lane = threadIdx.x & 31u, q = lane & 3u;
   for (int b = b0; b < b1; b += kMmaUnroll) {
     uint32_t wa[kMmaUnroll], wb[kMmaUnroll];
@@ -956,12 +958,12 @@ __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* q
       uint4 xv[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        xv[t] = bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j))
-                      : make_uint4(0u, 0u, 0u, 0u);
+        xv[t] = t < nt && bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j))
+                                : make_uint4(0u, 0u, 0u, 0u);
       const int src = static_cast<int>((lane & ~3u) | static_cast<unsigned>(j & 3));
       const float s_a = __shfl_sync(0xffffffffu, fa[j / 4], src);
       const float s_b = __shfl_sync(0xffffffffu, fb[j / 4], src);
-      mx4_block_mma<NT>(wa[j], wb[j], xv, s_a, s_b, acc);
+      mx4_block_mma<NT>(wa[j], wb[j], xv, s_a, s_b, acc, nt);
     }
   }
 }
@@ -976,24 +978,26 @@ __device__ __forceinline__ void mx4_tile_mma(const uint8_t* qa, const uint8_t* q
 constexpr int kMmaUnrollBf16 = 4;  // 32-column blocks a lane's loads cover at once
 
 // One 32-column block of a 16-row tile of bf16 weights: rows g and g + 8's 16 bytes (wa, wb)
-// times the B registers of each of NT column tiles (xv[t]), added into acc[t].
+// times the B registers of the first nt of NT column tiles (xv[t]), added into acc[t].
 template <int NT>
 __device__ __forceinline__ void bf16_block_mma(const uint4& wa, const uint4& wb, const uint4* xv,
-                                               float (*acc)[4]) {
+                                               float (*acc)[4], int nt) {
   const uint32_t a0[4] = {wa.x, wb.x, wa.y, wb.y};
   const uint32_t a1[4] = {wa.z, wb.z, wa.w, wb.w};
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
     dev::mma_bf16_16816(acc[t], a0, xv[t].x, xv[t].y);
     dev::mma_bf16_16816(acc[t], a1, xv[t].z, xv[t].w);
   }
 }
 
 // Blocks [b0, b1) of a 16-row tile of bf16 weights: ra/rb the lane's 8 columns of rows g and
-// g + 8 (block 0), bx[t] the lane's 8 columns of tile t's B row (block 0; null: zeros).
+// g + 8 (block 0), bx[t] the lane's 8 columns of tile t's B row (block 0; null: zeros); only
+// the first nt tiles (the same for the warp) are read and multiplied.
 template <int NT>
 __device__ __forceinline__ void bf16_tile_mma(const bf16* ra, const bf16* rb, const bf16* const* bx,
-                                              int b0, int b1, float (*acc)[4]) {
+                                              int b0, int b1, float (*acc)[4], int nt = NT) {
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int b = b0; b < b1; b += kMmaUnrollBf16) {
     uint4 wa[kMmaUnrollBf16], wb[kMmaUnrollBf16];
@@ -1009,8 +1013,8 @@ __device__ __forceinline__ void bf16_tile_mma(const bf16* ra, const bf16* rb, co
       uint4 xv[NT];
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        xv[t] = bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j)) : zero;
-      bf16_block_mma<NT>(wa[j], wb[j], xv, acc);
+        xv[t] = t < nt && bx[t] ? *reinterpret_cast<const uint4*>(bx[t] + 32 * (b + j)) : zero;
+      bf16_block_mma<NT>(wa[j], wb[j], xv, acc, nt);
     }
   }
 }
@@ -1197,9 +1201,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // down: block (16 output rows); each distinct expert (then the bf16 shared experts, weight 1,
 // every row) kMmaDownWarps / groups warps (at least one), each a slice of its 32-column
-// blocks; the mma's columns are the step's rows, NT tiles of 8 (a row that did not choose the
-// expert reads zeros; one kernel per NT, so a step of few rows keeps the registers of one
-// tile). act: fp16 in mma_pos order for MXFP4 (gate/up's above), bf16 as it is for bf16.
+// blocks. The mma's columns are the rows that chose the expert, in ascending row order, in
+// tiles of 8: an expert chosen by c rows runs ceil(c / 8) tiles (NT: the most any expert can
+// need, one kernel per NT so a step of few rows keeps the registers of one tile). Each warp
+// adds its experts' weighted results into its own rows of `red` in shared memory, experts in
+// ascending order, then the warps' sums are added in warp order: the same bits every run.
+// act: fp16 in mma_pos order for MXFP4 (gate/up's above), bf16 as it is for bf16.
 template <int NT, int kW>
 __global__ void __launch_bounds__(kMmaDownWarps * 32)
     moe_down_mma(MoeExpertsArgs a, const bf16* act, int act_stride) {
@@ -1208,52 +1215,58 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
   dev::pdl_wait();
   dev::pdl_trigger();
   __shared__ DecodeList L;
-  __shared__ float red[kMmaDownWarps][16][8 * NT];
+  __shared__ float red[kMmaDownWarps][16][kMmaMaxRows];
+  // The pairs that chose each distinct expert u: s_list[s_off[u] .. s_off[u] + s_cnt[u]), in
+  // ascending pair (so row) order.
+  __shared__ int s_cnt[kDecMaxPairs], s_off[kDecMaxPairs], s_list[kDecMaxPairs];
   decode_list(a, &L);
+  const int K = a.top_k, P = a.rows * K;
+  for (int u = static_cast<int>(threadIdx.x); u < L.n; u += blockDim.x) s_cnt[u] = 0;
+  __syncthreads();
+  for (int p = static_cast<int>(threadIdx.x); p < P; p += blockDim.x)
+    if (L.uid[p] >= 0) atomicAdd(&s_cnt[L.uid[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int u = 0, off = 0; u < L.n; ++u) s_off[u] = off, off += s_cnt[u];
+  __syncthreads();
+  for (int p = static_cast<int>(threadIdx.x); p < P; p += blockDim.x) {
+    const int u = L.uid[p];
+    if (u < 0) continue;
+    int rank = 0;
+    for (int p2 = 0; p2 < p; ++p2) rank += L.uid[p2] == u;
+    s_list[s_off[u] + rank] = p;
+  }
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+  for (int k = static_cast<int>(lane); k < 16 * kMmaMaxRows; k += 32)
+    red[warp][k / kMmaMaxRows][k % kMmaMaxRows] = 0.f;
+  __syncthreads();
   const int g = static_cast<int>(lane >> 2), q = static_cast<int>(lane & 3u);
-  const int H = a.hidden, h0 = static_cast<int>(blockIdx.x) * 16, K = a.top_k;
+  const int H = a.hidden, h0 = static_cast<int>(blockIdx.x) * 16;
   const bool has_shared = !kMx4 && a.shared_inter > 0;
   const int groups = L.n + (has_shared ? 1 : 0);
   const int wpg = groups > 0 && groups < kMmaDownWarps ? kMmaDownWarps / groups : 1;
   const int slice = static_cast<int>(warp) % wpg;
   const int ra = min(h0 + g, H - 1), rb = min(h0 + g + 8, H - 1);
-  float acc[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
   for (int u = static_cast<int>(warp) / wpg; u < groups; u += kMmaDownWarps / wpg) {
     const bool shared = has_shared && u == L.n;
     const int inter = shared ? a.shared_inter : a.inter, nb = inter / kMxfp4BlockK;
     const size_t le = shared ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
-    // The pair of step row 8t + g (the B column this lane gives in tile t) and of rows
-    // 8t + 2q, 8t + 2q + 1 (the C columns it holds) with this expert; -1: that row did not
-    // choose it. The shared experts' act rows follow the pairs.
-    int pb[NT], pc[NT][2];
+    // Column n of the expert's tiles: its n-th row (the shared experts: row n, whose act rows
+    // follow the pairs). pb[t]: the act row of column 8t + g (the B column this lane gives);
+    // pc[t][r], rc[t][r]: the pair (weight) and step row of columns 8t + 2q + r (the C
+    // columns it holds); -1 past the expert's rows.
+    const int cnt = shared ? a.rows : s_cnt[u], off = shared ? 0 : s_off[u];
+    const int nt = (cnt + 7) / 8;
+    int pb[NT], pc[NT][2], rc[NT][2];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) pb[t] = pc[t][0] = pc[t][1] = -1;
-    if (shared) {
+    for (int t = 0; t < NT; ++t) {
+      const int nbx = 8 * t + g;
+      pb[t] = nbx >= cnt ? -1 : shared ? a.rows * K + nbx : s_list[off + nbx];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int rg = 8 * t + g;
-        if (rg < a.rows) pb[t] = a.rows * K + rg;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int rc = 8 * t + 2 * q + r;
-          if (rc < a.rows) pc[t][r] = a.rows * K + rc;
-        }
-      }
-    } else {
-      for (int j = 0; j < K; ++j) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int rg = 8 * t + g;
-          if (rg < a.rows && L.uid[rg * K + j] == u) pb[t] = rg * K + j;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int rc = 8 * t + 2 * q + r;
-            if (rc < a.rows && L.uid[rc * K + j] == u) pc[t][r] = rc * K + j;
-          }
-        }
+      for (int r = 0; r < 2; ++r) {
+        const int n = 8 * t + 2 * q + r;
+        pc[t][r] = n >= cnt ? -1 : shared ? a.rows * K + n : s_list[off + n];
+        rc[t][r] = n >= cnt ? -1 : shared ? n : pc[t][r] / K;
       }
     }
     float part[NT][4];
@@ -1272,7 +1285,7 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
       const size_t rowa = le * static_cast<size_t>(H) + static_cast<size_t>(ra);
       const size_t rowb = le * static_cast<size_t>(H) + static_cast<size_t>(rb);
       mx4_tile_mma<NT>(mx4_row(M, rowa) + 4 * q, mx4_row(M, rowb) + 4 * q, mx4_scale_row(M, rowa),
-                       mx4_scale_row(M, rowb), bx, kb0, kb1, part);
+                       mx4_scale_row(M, rowb), bx, kb0, kb1, part, nt);
     } else {
       const bf16* bx[NT];
 #pragma unroll
@@ -1285,7 +1298,7 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
                              : static_cast<const bf16*>(a.down) + le * static_cast<size_t>(H) * I;
       W += static_cast<size_t>(8 * q);
       bf16_tile_mma<NT>(W + static_cast<size_t>(ra) * I, W + static_cast<size_t>(rb) * I, bx, kb0,
-                        kb1, part);
+                        kb1, part, nt);
     }
     const float unscale = kMx4 ? kMxfp4Fp16Unscale : 1.f;
 #pragma unroll
@@ -1300,17 +1313,12 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
           ya += down_bias_at(a, le, static_cast<size_t>(ra));
           yb += down_bias_at(a, le, static_cast<size_t>(rb));
         }
-        acc[t][r] += wt * ya;
-        acc[t][2 + r] += wt * yb;
+        red[warp][g][rc[t][r]] += wt * ya;
+        red[warp][g + 8][rc[t][r]] += wt * yb;
       }
+    // A row is a different column (so lane) of the next expert's tiles.
+    __syncwarp();
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      red[warp][g][8 * t + 2 * q + r] = acc[t][r];
-      red[warp][g + 8][8 * t + 2 * q + r] = acc[t][2 + r];
-    }
   __syncthreads();
   bf16* out = static_cast<bf16*>(a.out);
   for (int k = static_cast<int>(threadIdx.x); k < 16 * a.rows; k += blockDim.x) {
@@ -1324,6 +1332,7 @@ __global__ void __launch_bounds__(kMmaDownWarps * 32)
     out[at] = __float2bfloat16_rn(prior + sum);
   }
 }
+
 // ---- grouped form ----------------------------------------------------------------------
 
 constexpr int kGBM = 64, kGBN = 64, kGBK = 32, kGThreads = 128;
