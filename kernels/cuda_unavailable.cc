@@ -221,6 +221,10 @@ Status Matmul::run(const MatmulArgs& a, void*) {
   SPARK_TRY(matmul_check_args(a));
   return no_cuda("Matmul::run");
 }
+Status Matmul::run_fp8(const Fp8TcArgs& a, void*) {
+  SPARK_TRY(fp8_tc_check(a));
+  return no_cuda("Matmul::run_fp8");
+}
 MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
   const size_t nk = n * k;  // as in matmul.cu
   if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
@@ -261,6 +265,11 @@ Status fp8_qkv_rope_cuda_device(const Fp8MatmulArgs* parts, const RopeArgs& rope
   for (int i = 0; i < 3; ++i) SPARK_TRY(fp8_matmul_check(parts[i]));
   SPARK_TRY(rope_check_args(rope));
   return no_cuda("fp8_qkv_rope_cuda_device");
+}
+Status fp8_quantize_rows_cuda_device(const void* a, size_t lda, size_t m, size_t k,
+                                     const Fp8Rows& out, void*) {
+  SPARK_TRY(fp8_quantize_rows_check(a, lda, m, k, out));
+  return no_cuda("fp8_quantize_rows_cuda_device");
 }
 Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, size_t k, void* out,
                                   size_t ldo, void*) {

@@ -8,13 +8,22 @@
 //
 // Decode (up to kFp8GemvMaxRows rows): one pass over the weight's bytes, each value widened
 // in registers, products in fp32, each 128-column block's partial sum multiplied by its
-// scale, the row's sum in fp32, rounded once to the output type. Prefill: the weight
-// dequantized into a bf16 workspace (fp8_dequantize_cuda_device) and multiplied there by the
-// bf16 product (kernels/matmul.h); the difference from the exact product is bf16's rounding
-// of each dequantized weight (none where the scale is a power of two: e4m3's 4 significant
-// bits fit bf16's 8).
+// scale, the row's sum in fp32, rounded once to the output type. Prefill, two ways:
+//  - on the FP8 tensor cores (Hopper: cuBLASLt's block-scaled product, Matmul::run_fp8 in
+//    kernels/matmul.h): the activations quantized per row and 128 columns
+//    (fp8_quantize_rows_cuda_device), as the checkpoints' authors run them, the products of
+//    each 128-column block in fp32 times the two blocks' scales. Against the product of the
+//    quantized activations (exact) it differs by the output's rounding and the sums' (
+//    |out - yq| <= 2^-8 |yq| + 2^-9 sum_k |aq[k] w[n][k]|: cuBLASLt adds some shapes'
+//    partial sums in bf16); against
+//    the exact product, each activation's rounding adds at most 2^-4 |a[k]| + 2^-10 scale
+//    (half a unit in e4m3's last place, or in its subnormals) times |w[n][k]|.
+//  - the weight dequantized into a bf16 workspace (fp8_dequantize_cuda_device) and multiplied
+//    there by the bf16 product (kernels/matmul.h); the difference from the exact product is
+//    bf16's rounding of each dequantized weight (none where the scale is a power of two:
+//    e4m3's 4 significant bits fit bf16's 8).
 //
-// fp8_matmul_ref / fp8_dequantize_ref are the CPU twins.
+// fp8_matmul_ref / fp8_dequantize_ref / fp8_quantize_rows_ref are the CPU twins.
 #include <cstddef>
 #include <cstdint>
 
@@ -91,6 +100,46 @@ Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, 
 /// ldo >= k, scale_ld >= ceil(k / 128), row_shift 0 or 7).
 Status fp8_dequantize_check(const Fp8Weight& w, size_t row0, size_t rows, size_t k, const void* out,
                             size_t ldo);
+
+/// Activation rows quantized for the FP8 tensor cores: block kb (columns [128 kb, 128 kb +
+/// 128)) of row m has scale = amax / 448 (its largest |value| over e4m3's largest; 1 for a
+/// block of zeros) and codes e4m3(x / scale), rounded to nearest even (fp32 division, IEEE
+/// rounded); the scale is stored at scales[kb * scale_ld + m]: rows contiguous, as cuBLASLt
+/// reads a 128-element vector scale of the product's activation operand.
+struct Fp8Rows {
+  uint8_t* q = nullptr;  // [m][k] e4m3, row stride ldq bytes
+  size_t ldq = 0;
+  float* scales = nullptr;  // [ceil(k / 128)][scale_ld]
+  size_t scale_ld = 0;      // >= m
+};
+
+/// Checks fp8_quantize_rows' arguments (non-null pointers, lda and ldq >= k, scale_ld >= m,
+/// k a multiple of 8, a's rows 16-byte aligned).
+Status fp8_quantize_rows_check(const void* a, size_t lda, size_t m, size_t k, const Fp8Rows& out);
+
+/// Quantizes a ([m][k] bf16, row stride lda) into `out` on `stream`.
+Status fp8_quantize_rows_cuda_device(const void* a, size_t lda, size_t m, size_t k,
+                                     const Fp8Rows& out, void* stream);
+
+/// The twin of fp8_quantize_rows_cuda_device on host memory (a bf16 as uint16_t): the same
+/// codes and scales, bit for bit.
+void fp8_quantize_rows_ref(const uint16_t* a, size_t lda, size_t m, size_t k, const Fp8Rows& out);
+
+/// Rows the tensor-core FP8 product takes a multiple of (cuBLASLt finds no block-scaled
+/// algorithm otherwise: measured on an H100); the others run the decode kernel.
+inline constexpr size_t kFp8TcRowAlign = 4;
+
+/// The row stride, in scales, of a weight's 128 x 128 block scales that the tensor-core
+/// product reads: ceil(k / 128) rounded up to a multiple of 4 (cuBLASLt's layout; the loader
+/// keeps every FP8 matrix so, the padding zero).
+inline size_t fp8_tc_scale_ld(size_t k) {
+  return ((k + kFp8BlockK - 1) / kFp8BlockK + 3) / 4 * 4;
+}
+
+/// Whether weight `w` (k columns) is laid out as the tensor-core product reads it: 128 x 128
+/// blocks, scale_ld == fp8_tc_scale_ld(k), rows of k bytes (ldq == k), k a multiple of 16,
+/// q and scales 16-byte aligned.
+bool fp8_tc_weight_ok(const Fp8Weight& w, size_t k);
 
 /// The twin of fp8_gemv_cuda_device on host memory (a and bias bf16 as uint16_t, out of
 /// out_dtype): in double over exactly widened weights, rounded as the device rounds.

@@ -1,6 +1,6 @@
 // Products over FP8 weights kept as stored (kernels/fp8.h): the decode GEMV, which reads the
-// e4m3 bytes once and widens them in registers, and the dequantization into a bf16
-// workspace for prefill.
+// e4m3 bytes once and widens them in registers, the dequantization into a bf16 workspace
+// for prefill, and the activations' quantization for the tensor-core prefill.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -347,6 +347,45 @@ __global__ void fp8_dequantize_kernel(Fp8Weight w, size_t row0, size_t rows, siz
   dev::pdl_trigger();
 }
 
+// One warp a (row, 128-column block): lane l holds columns 4l .. 4l + 3 of the block (one
+// 8-byte load), the block's amax meets by xor shuffles, and each lane stores its 4 codes as
+// one word; lane 0 stores the scale. As fp8_quantize_rows_ref, bit for bit: the scale and
+// the quotients are IEEE-rounded fp32 divisions, the codes cvt.rn.satfinite.
+__global__ void fp8_quantize_rows_kernel(const uint16_t* a, size_t lda, size_t m, size_t k,
+                                         Fp8Rows out) {
+  dev::pdl_wait();  // a is written by the kernel ahead; q may still be read by the product
+  const size_t blocks = (k + kFp8BlockK - 1) / kFp8BlockK;
+  const size_t warp = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (warp < m * blocks) {
+    const size_t r = warp / blocks, kb = warp % blocks;
+    const size_t c = kb * kFp8BlockK + static_cast<size_t>(lane) * 4;
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+    if (c < k) {  // k is a multiple of 8: a lane's 4 columns are all in or all out
+      const uint2 v = *reinterpret_cast<const uint2*>(a + r * lda + c);
+      x[0] = __uint_as_float(v.x << 16), x[1] = __uint_as_float(v.x & 0xffff0000u);
+      x[2] = __uint_as_float(v.y << 16), x[3] = __uint_as_float(v.y & 0xffff0000u);
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+    if (c < k) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        word |= static_cast<uint32_t>(
+                    __nv_cvt_float_to_fp8(__fdiv_rn(x[i], scale), __NV_SATFINITE, __NV_E4M3))
+                << (8 * i);
+      *reinterpret_cast<uint32_t*>(out.q + r * out.ldq + c) = word;
+    }
+    if (lane == 0) out.scales[kb * out.scale_ld + r] = scale;
+  }
+  dev::pdl_trigger();
+}
+
 }  // namespace
 
 Status fp8_gemv_cuda_device(const Fp8MatmulArgs& a, void* stream) {
@@ -492,6 +531,21 @@ Status fp8_dequantize_cuda_device(const Fp8Weight& w, size_t row0, size_t rows, 
   SPARK_CUDA_TRY(dev::launch(fp8_dequantize_kernel, dim3(static_cast<unsigned>(grid)),
                              dim3(kThreads), 0, static_cast<cudaStream_t>(stream), w, row0, rows, k,
                              static_cast<uint16_t*>(out), ldo));
+  return Status::Ok();
+}
+
+Status fp8_quantize_rows_cuda_device(const void* a, size_t lda, size_t m, size_t k,
+                                     const Fp8Rows& out, void* stream) {
+  SPARK_TRY(fp8_quantize_rows_check(a, lda, m, k, out));
+  if (m == 0) return Status::Ok();
+  constexpr unsigned kThreads = 256;
+  SPARK_TRY(cuda_check_launch("fp8_quantize_rows", kThreads, 0));
+  const size_t warps = m * ((k + kFp8BlockK - 1) / kFp8BlockK);
+  const size_t grid = (warps + kThreads / 32 - 1) / (kThreads / 32);
+  if (grid > 0x7fffffffu) return make_error(Errc::usage, "fp8 quantize rows: too many rows");
+  SPARK_CUDA_TRY(dev::launch(fp8_quantize_rows_kernel, dim3(static_cast<unsigned>(grid)),
+                             dim3(kThreads), 0, static_cast<cudaStream_t>(stream),
+                             static_cast<const uint16_t*>(a), lda, m, k, out));
   return Status::Ok();
 }
 

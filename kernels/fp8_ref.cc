@@ -1,6 +1,7 @@
 // The FP8 products' CPU twins, the e4m3 decoder and the argument check both devices share.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
+#include "kernels/matmul.h"
 
 namespace spark::kernels {
 
@@ -154,6 +156,63 @@ void fp8_dequantize_ref(const Fp8Weight& w, size_t row0, size_t rows, size_t k, 
       const double lo = std::isfinite(hi) ? x - static_cast<double>(hi) : 0.0;
       out[r * ldo + c] = nearest_bf16(hi, (lo > 0) - (lo < 0));
     }
+}
+
+Status fp8_quantize_rows_check(const void* a, size_t lda, size_t m, size_t k, const Fp8Rows& out) {
+  auto bad = [](const std::string& msg) {
+    return make_error(Errc::usage, "fp8 quantize rows: " + msg);
+  };
+  if (k == 0 || k % 8 != 0) return bad(fmt::format("k {} must be a positive multiple of 8", k));
+  if (m == 0) return Status::Ok();
+  if (!a) return bad("null a pointer");
+  if (!out.q) return bad("null q pointer");
+  if (!out.scales) return bad("null scales pointer");
+  if (lda < k || lda % 8 != 0 || !aligned16(a))
+    return bad(fmt::format("a's rows must start on 16 bytes and hold k {} (lda {})", k, lda));
+  if (out.ldq < k || out.ldq % 4 != 0 || reinterpret_cast<uintptr_t>(out.q) % 4 != 0)
+    return bad(fmt::format("q's rows must start on 4 bytes and hold k {} (ldq {})", k, out.ldq));
+  if (out.scale_ld < m) return bad(fmt::format("scale_ld {} is under m {}", out.scale_ld, m));
+  return Status::Ok();
+}
+
+void fp8_quantize_rows_ref(const uint16_t* a, size_t lda, size_t m, size_t k, const Fp8Rows& out) {
+  for (size_t r = 0; r < m; ++r)
+    for (size_t kb = 0; kb < blocks_of(k); ++kb) {
+      const size_t c0 = kb * kFp8BlockK, c1 = std::min(k, c0 + kFp8BlockK);
+      float amax = 0.f;  // fmax skips a NaN, as the device's fmaxf does
+      for (size_t c = c0; c < c1; ++c)
+        amax = std::fmax(amax, std::fabs(bf16_to_float(a[r * lda + c])));
+      const float scale = amax > 0.f ? amax / 448.f : 1.f;
+      out.scales[kb * out.scale_ld + r] = scale;
+      for (size_t c = c0; c < c1; ++c)
+        out.q[r * out.ldq + c] = fp8_e4m3_code(bf16_to_float(a[r * lda + c]) / scale);
+    }
+}
+
+bool fp8_tc_weight_ok(const Fp8Weight& w, size_t k) {
+  return w.row_shift == 7 && k % 16 == 0 && w.ldq == k && w.scale_ld == fp8_tc_scale_ld(k) &&
+         aligned16(w.q) && aligned16(w.scales);
+}
+
+Status fp8_tc_check(const Fp8TcArgs& a) {
+  auto bad = [](const std::string& m) { return make_error(Errc::usage, "fp8 tc: " + m); };
+  if (a.n == 0 || a.k == 0) return bad(fmt::format("n {} and k {} must be > 0", a.n, a.k));
+  if (a.m % kFp8TcRowAlign != 0)
+    return bad(fmt::format("m {} must be a multiple of {}", a.m, kFp8TcRowAlign));
+  if (!fp8_tc_weight_ok(a.w, a.k))
+    return bad(
+        fmt::format("the weight is not laid out for the tensor cores (row_shift {}, ldq {}, "
+                    "scale_ld {} where k {} needs 7, {}, {}, 16-byte aligned)",
+                    a.w.row_shift, a.w.ldq, a.w.scale_ld, a.k, a.k, fp8_tc_scale_ld(a.k)));
+  if (a.m == 0) return Status::Ok();
+  if (!a.a || !a.a_scales || !a.out) return bad("null a, a_scales or out pointer");
+  if (a.lda < a.k || a.lda % 16 != 0 || !aligned16(a.a))
+    return bad(fmt::format("a's rows must start on 16 bytes and hold k {} (lda {})", a.k, a.lda));
+  if (!aligned16(a.a_scales)) return bad("a_scales must start on 16 bytes");
+  if (a.ldo < a.n || a.ldo % 8 != 0 || !aligned16(a.out))
+    return bad(fmt::format("out's rows must start on 16 bytes and hold n {} (ldo {})", a.n, a.ldo));
+  if (a.bias && !aligned16(a.bias)) return bad("bias must start on 16 bytes");
+  return Status::Ok();
 }
 
 }  // namespace spark::kernels

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "kernels/bias.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/device_common.cuh"
 #include "kernels/matmul.h"
@@ -927,10 +928,24 @@ struct Matmul::Impl {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t wl = nullptr, al = nullptr, ol = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    int heuristic_status = 0;  // what the heuristic answered where it found nothing
   };
   std::map<Key, Plan> plans;
+  // The FP8 tensor-core products' plans: m, n, k, lda, ldo, bias in the epilogue,
+  // accumulate. A plan with no descriptor records that cuBLASLt has no algorithm there.
+  using Fp8Key = std::tuple<size_t, size_t, size_t, size_t, size_t, bool, bool>;
+  std::map<Fp8Key, Plan> fp8_plans;
+
+  void destroy(Plan& p) {
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    if (p.wl) cublasLtMatrixLayoutDestroy(p.wl);
+    if (p.al) cublasLtMatrixLayoutDestroy(p.al);
+    if (p.ol) cublasLtMatrixLayoutDestroy(p.ol);
+    p = Plan{};
+  }
 
   ~Impl() {
+    for (auto& [k, p] : fp8_plans) destroy(p);
     for (auto& [k, p] : plans) {
       if (p.desc) cublasLtMatmulDescDestroy(p.desc);
       if (p.wl) cublasLtMatrixLayoutDestroy(p.wl);
@@ -1108,6 +1123,105 @@ Status Matmul::run(const MatmulArgs& a, void* stream) {
                             static_cast<const dev::bf16*>(a.bias), a.m, a.n);
     SPARK_CUDA_TRY(cudaGetLastError());
   }
+  return Status::Ok();
+}
+
+Status Matmul::run_fp8(const Fp8TcArgs& a, void* stream) {
+  SPARK_TRY(fp8_tc_check(a));
+  if (a.m == 0) return Status::Ok();
+  Impl& I = *impl_;
+  auto st = static_cast<cudaStream_t>(stream);
+  // The bias goes into the epilogue where cuBLASLt takes it there, else it is added after
+  // (rows of exactly n: bias_add_cuda_device's layout).
+  int heuristic_status = -1;  // -1: a descriptor or layout was refused before it
+  auto plan = [&](bool lt_bias) -> Impl::Plan* {
+    const Impl::Fp8Key key{a.m, a.n, a.k, a.lda, a.ldo, lt_bias, a.accumulate};
+    auto it = I.fp8_plans.find(key);
+    if (it != I.fp8_plans.end()) {
+      heuristic_status = it->second.heuristic_status;
+      return it->second.desc ? &it->second : nullptr;
+    }
+    Impl::Plan p;
+    bool ok = I.cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
+              CUBLAS_STATUS_SUCCESS;
+    // Column-major view, as run(): out^T (n x m) = W (k x n)^T * A^T (k x m); W takes the
+    // 128 x 128 block scales, A the 128-element vector ones.
+    const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    const int32_t w_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t n) {
+      ok = ok && I.cublasLtMatmulDescSetAttribute(p.desc, attr, v, n) == CUBLAS_STATUS_SUCCESS;
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof tr);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof nt);
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &w_mode, sizeof w_mode);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &a_mode, sizeof a_mode);
+    // The heuristic offers no block-scaled algorithm before the scale pointers are set
+    // (each call sets its own below).
+    const void* w_scales0 = a.w.scales;
+    const void* a_scales0 = a.a_scales;
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales0, sizeof w_scales0);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales0, sizeof a_scales0);
+    if (lt_bias) set(CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
+    ok = ok &&
+         I.cublasLtMatrixLayoutCreate(&p.wl, CUDA_R_8F_E4M3, a.k, a.n,
+                                      static_cast<int64_t>(a.w.ldq)) == CUBLAS_STATUS_SUCCESS &&
+         I.cublasLtMatrixLayoutCreate(&p.al, CUDA_R_8F_E4M3, a.k, a.m,
+                                      static_cast<int64_t>(a.lda)) == CUBLAS_STATUS_SUCCESS &&
+         I.cublasLtMatrixLayoutCreate(&p.ol, CUDA_R_16BF, a.n, a.m, static_cast<int64_t>(a.ldo)) ==
+             CUBLAS_STATUS_SUCCESS;
+    int found = 0;
+    if (ok) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      if (I.cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS) {
+        const size_t ws = I.workspace_bytes;
+        I.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                               sizeof ws);
+        cublasLtMatmulHeuristicResult_t res{};
+        const cublasStatus_t hs = I.cublasLtMatmulAlgoGetHeuristic(
+            I.handle, p.desc, p.wl, p.al, p.ol, p.ol, pref, 1, &res, &found);
+        if (hs != CUBLAS_STATUS_SUCCESS) found = 0;
+        heuristic_status = static_cast<int>(hs);
+        p.algo = res.algo;
+        I.cublasLtMatmulPreferenceDestroy(pref);
+      }
+    }
+    if (!ok || found == 0) {
+      I.destroy(p);
+      p.heuristic_status = heuristic_status;
+    }
+    it = I.fp8_plans.emplace(key, p).first;
+    return it->second.desc ? &it->second : nullptr;
+  };
+  const bool bias_after = a.bias && a.ldo == a.n;
+  Impl::Plan* p = plan(a.bias != nullptr);
+  bool lt_bias = a.bias != nullptr;
+  if (!p && bias_after) p = plan(false), lt_bias = false;
+  if (!p)
+    return make_error(Errc::unsupported, "cuBLASLt has no block-scaled FP8 algorithm for m " +
+                                             std::to_string(a.m) + " n " + std::to_string(a.n) +
+                                             " k " + std::to_string(a.k) +
+                                             " on this GPU (heuristic status " +
+                                             std::to_string(heuristic_status) + ")");
+  const void* w_scales = a.w.scales;
+  const void* a_scales = a.a_scales;
+  SPARK_LT_TRY(I.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &w_scales, sizeof w_scales),
+               "A_SCALE_POINTER");
+  SPARK_LT_TRY(I.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &a_scales, sizeof a_scales),
+               "B_SCALE_POINTER");
+  if (lt_bias)
+    SPARK_LT_TRY(I.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &a.bias, sizeof a.bias),
+                 "BIAS_POINTER");
+  const float alpha = 1.f, beta = a.accumulate ? 1.f : 0.f;
+  SPARK_LT_TRY(I.cublasLtMatmul(I.handle, p->desc, &alpha, a.w.q, p->wl, a.a, p->al, &beta, a.out,
+                                p->ol, a.out, p->ol, &p->algo, I.workspace, I.workspace_bytes, st),
+               "cublasLtMatmul (FP8)");
+  if (a.bias && !lt_bias)
+    SPARK_TRY(bias_add_cuda_device(DType::bf16, a.out, a.bias, a.m, a.n, stream));
   return Status::Ok();
 }
 

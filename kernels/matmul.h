@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/dtype.h"
+#include "kernels/fp8.h"
 #include "kernels/launch.h"
 #include "kernels/rope.h"
 
@@ -147,6 +148,26 @@ Status matmul_own_mma_cuda_device(const MatmulArgs* parts, int n_parts, void* st
 /// 4096 x 4096 shapes with three.
 bool matmul_group_prefers_own(size_t m, size_t total_nk);
 
+/// A product on the FP8 tensor cores: out[m][n] (bf16, row stride ldo) = sum over 128-column
+/// blocks kb of a_scales[kb * m + i] * w's block scale * sum_k a[i][k] * w.q[j][k] (+ bias[j])
+/// (+ out[i][j] when accumulating): rows quantized by fp8_quantize_rows_cuda_device (with
+/// scale_ld == m) against an FP8 weight kept as stored (kernels/fp8.h).
+struct Fp8TcArgs {
+  const uint8_t* a = nullptr;  // [m][k] e4m3, row stride lda bytes
+  size_t lda = 0;
+  const float* a_scales = nullptr;  // [ceil(k / 128)][m]
+  Fp8Weight w;                      // fp8_tc_weight_ok(w, k)
+  void* out = nullptr;              // [m][n] bf16, row stride ldo
+  size_t ldo = 0;
+  size_t m = 0, n = 0, k = 0;
+  const void* bias = nullptr;  // optional [n] bf16
+  bool accumulate = false;
+};
+
+/// Checks Fp8TcArgs (non-null pointers, strides >= widths, the weight's layout, m a
+/// multiple of kFp8TcRowAlign, 16-byte aligned operands).
+Status fp8_tc_check(const Fp8TcArgs& a);
+
 /// A cuBLASLt handle, its workspace and the algorithms chosen per shape, for the current
 /// device. Not thread-safe: one per engine thread. Products it runs can be captured in a
 /// CUDA graph once each shape has run once outside capture (the algorithm is chosen then).
@@ -161,6 +182,11 @@ class Matmul {
 
   /// Runs one product on `stream` with args.backend (automatic: choose()).
   Status run(const MatmulArgs& args, void* stream);
+  /// Runs an FP8 product on the tensor cores (cuBLASLt's block-scaled FP8: 128-element
+  /// vector scales for the rows, 128 x 128 block scales for the weight; Hopper). Where the
+  /// library has no algorithm for it (a GPU without them, a shape it does not take):
+  /// Errc::unsupported, remembered per shape, and the caller takes another path.
+  Status run_fp8(const Fp8TcArgs& args, void* stream);
   /// The backend automatic picks for this shape: the one measured faster on the H200
   /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of at most
   /// 64 Mi elements (up to 4096 x 14336), else cuBLASLt.

@@ -117,6 +117,72 @@ Result<double> measure_bf16_tflops() {
   return tf[tf.size() / 2];
 }
 
+// FP8 matrix-product peak through the product the engine's FP8 prefill runs (cuBLASLt's
+// block-scaled FP8 on rows quantized per 128 columns, 8192^3, random data); 0 where this GPU
+// has none (cuBLASLt's block-scaled FP8 is Hopper's).
+Result<double> measure_fp8_tflops() {
+  const size_t n = 8192, blocks = n / kernels::kFp8BlockK;
+  auto mm = kernels::Matmul::create();
+  if (!mm) return mm.error();
+  auto s = kernels::cuda_stream_create();
+  if (!s) return s.error();
+  std::vector<void*> bufs;
+  auto get = [&](size_t bytes) -> Result<void*> {
+    auto b = kernels::cuda_malloc(bytes);
+    if (b) bufs.push_back(*b);
+    return b;
+  };
+  auto release = [&] {
+    for (void* b : bufs) kernels::cuda_free(b);
+    kernels::cuda_stream_destroy(*s);
+  };
+  // Codes of both operands from one host pattern (never the NaN codes), scales near 1/448.
+  std::vector<uint8_t> codes(n * n);
+  uint32_t x = 777u;
+  for (auto& c : codes) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<uint8_t>(x >> 24);
+    if ((c & 0x7f) == 0x7f) c ^= 1;
+  }
+  std::vector<float> scales(n * blocks, 1.f / 448);
+  auto q = get(n * n), wq = get(n * n), qs = get(n * blocks * 4), ws = get(n * blocks * 4),
+       out = get(n * n * 2);
+  if (!q || !wq || !qs || !ws || !out) {
+    release();
+    return make_error(Errc::resource, "gpubench: no device memory for the FP8 peak's operands");
+  }
+  SPARK_TRY(kernels::cuda_memcpy_async(*q, codes.data(), n * n, *s));
+  SPARK_TRY(kernels::cuda_memcpy_async(*wq, codes.data(), n * n, *s));
+  SPARK_TRY(kernels::cuda_memcpy_async(*qs, scales.data(), n * blocks * 4, *s));
+  SPARK_TRY(kernels::cuda_memcpy_async(*ws, scales.data(), n * blocks * 4, *s));
+  SPARK_TRY(kernels::cuda_stream_synchronize(*s));
+  kernels::Fp8TcArgs a;
+  a.a = static_cast<const uint8_t*>(*q), a.lda = n, a.a_scales = static_cast<const float*>(*qs);
+  a.w.q = static_cast<const uint8_t*>(*wq), a.w.ldq = n;
+  a.w.scales = static_cast<const float*>(*ws), a.w.scale_ld = kernels::fp8_tc_scale_ld(n);
+  a.out = *out, a.ldo = n, a.m = a.n = a.k = n;
+  if (Status st = (*mm)->run_fp8(a, *s); !st.ok()) {
+    release();
+    if (st.error().code == Errc::unsupported) return 0.0;
+    return st.error();
+  }
+  auto e0 = kernels::cuda_event_create();
+  auto e1 = kernels::cuda_event_create();
+  if (!e0 || !e1) return make_error(Errc::internal, "cudaEventCreate failed");
+  std::vector<double> tf;
+  for (int i = 0; i < 8; ++i) {
+    SPARK_TRY(kernels::cuda_event_record(*e0, *s));
+    SPARK_TRY((*mm)->run_fp8(a, *s));
+    SPARK_TRY(kernels::cuda_event_record(*e1, *s));
+    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
+    if (!ms) return ms.error();
+    tf.push_back(2.0 * n * n * n / (*ms * 1e-3) / 1e12);
+  }
+  std::sort(tf.begin(), tf.end());
+  release();
+  return tf[tf.size() / 2];
+}
+
 // Sequential read rate of the checkpoint's files from a cold page cache (the loader's own
 // access pattern is sequential per tensor), then the cache dropped again.
 Result<double> measure_disk_gbps(const std::vector<std::string>& files) {
@@ -270,8 +336,11 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   if (!bw) return bw.error();
   auto peak = measure_bf16_tflops();
   if (!peak) return peak.error();
+  auto fp8_peak = measure_fp8_tflops();
+  if (!fp8_peak) return fp8_peak.error();
   j["hbm_read_gbps"] = *bw;
   j["bf16_matmul_tflops"] = *peak;
+  if (*fp8_peak > 0) j["fp8_matmul_tflops"] = *fp8_peak;
   // --synthetic 1: DIR holds config.json only; the weights are random on the device
   // (Model::synthetic), for shapes whose checkpoint would not fit the disk. Then there is no
   // load from disk to time.
@@ -466,6 +535,8 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
                   {"tok_s", n / s},
                   {"tflops", flops / s / 1e12},
                   {"vs_peak", flops / s / 1e12 / *peak}});
+    // An FP8 checkpoint's prefill also against the FP8 peak (its products' own ceiling).
+    if (cfg.weights.fp8() && *fp8_peak > 0) pf.back()["vs_fp8_peak"] = flops / s / 1e12 / *fp8_peak;
   }
   j["prefill"] = pf;
   (*eng)->stop();
@@ -478,6 +549,8 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
   std::printf("# gpubench %s on %s\n", dir.c_str(), load.device.c_str());
   std::printf("  %-34s %12.1f GB/s\n", "HBM read (read kernel)", *bw);
   std::printf("  %-34s %12.1f TFLOP/s\n", "bf16 matmul peak (cuBLASLt 8192^3)", *peak);
+  if (*fp8_peak > 0)
+    std::printf("  %-34s %12.1f TFLOP/s\n", "FP8 matmul peak (cuBLASLt 8192^3)", *fp8_peak);
   if (!synthetic) {
     std::printf("  %-34s %12.2f GB/s\n", "disk read (cold cache)", disk_gbps);
     std::printf("  %-34s %12.2f s (disk bound %.2f s, %.0f%%)\n", "time to READY", ready_s,
@@ -504,10 +577,14 @@ Result<int> run_gpu_bench(const std::map<std::string, std::string>& opt) {
                   r["distinct_experts_per_layer"].get<double>());
     std::printf("\n");
   }
-  for (const auto& r : pf)
-    std::printf("  prefill %6d tokens %19.0f tok/s (%.0f TFLOP/s, %.0f%% of peak)\n",
+  for (const auto& r : pf) {
+    std::printf("  prefill %6d tokens %19.0f tok/s (%.0f TFLOP/s, %.0f%% of peak",
                 r["tokens"].get<int>(), r["tok_s"].get<double>(), r["tflops"].get<double>(),
                 100 * r["vs_peak"].get<double>());
+    if (r.contains("vs_fp8_peak"))
+      std::printf(", %.0f%% of the FP8 peak", 100 * r["vs_fp8_peak"].get<double>());
+    std::printf(")\n");
+  }
   std::printf("%s\n", j.dump().c_str());
   return j["ok"].get<bool>() ? 0 : 1;
 }

@@ -12,7 +12,9 @@
 //
 // Usage: spark_kernel_bench [--json FILE] [--quick] [--only SECTION,...]
 // Sections: matmul, forms, fused, layer (batch 1), layer8 (8 rows), fp8 (the FP8 decode
-// product beside the bf16 own kernel), moe (MXFP4 experts beside bf16 ones), decode, prefill
+// product beside the bf16 own kernel), fp8prefill (the FP8 prefill product: on the FP8 tensor
+// cores beside the dequantized bf16 tiles, against the FP8 peak measured in the same run),
+// moe (MXFP4 experts beside bf16 ones), decode, prefill
 // (attention = both), mla (DeepSeek-V3's latent attention decode at batch 1), other, sampler;
 // the HBM read and the bf16 product peak are measured in every run, as every row is read
 // against them.
@@ -337,7 +339,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   const std::string sections =
-      ",matmul,forms,fused,layer,layer8,fp8,moe,decode,prefill,attention,mla,other,sampler,";
+      ",matmul,forms,fused,layer,layer8,fp8,fp8prefill,moe,decode,prefill,attention,mla,other,"
+      "sampler,";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -352,8 +355,8 @@ int main(int argc, char** argv) {
         if (sections.find("," + sec + ",") == std::string::npos) {
           std::fprintf(stderr,
                        "spark_kernel_bench: --only: unknown section '%s' (known: matmul, forms, "
-                       "fused, layer, layer8, fp8, moe, decode, prefill, attention, mla, "
-                       "other, sampler)\n",
+                       "fused, layer, layer8, fp8, fp8prefill, moe, decode, prefill, attention, "
+                       "mla, other, sampler)\n",
                        sec.c_str());
           return 2;
         }
@@ -666,6 +669,127 @@ int main(int argc, char** argv) {
       for (void* p : bw) CK(cudaFree(p));
     }
     out["fp8"] = f8js;
+  }
+
+  // ---- the FP8 prefill product, both ways the engine runs it (daemon/engine/device_cuda.cc
+  // fp8_product): the rows quantized per 128 columns and cuBLASLt's block-scaled FP8 product
+  // (the tensor cores; Hopper), beside the weight dequantized into bf16 tiles of 16 Mi
+  // elements and the bf16 product of each. Llama-3-8B's projections at 16 to 8192 rows, in
+  // TFLOP/s against the FP8 peak: the block-scaled product on 8192^3 in the same run.
+  if (want("fp8prefill")) {
+    auto fp8_weight_of = [&](size_t n, size_t k, uint32_t seed) {
+      Fp8Weight w;
+      const size_t ld = fp8_tc_scale_ld(k), srows = (n + 127) / 128;
+      auto* q = static_cast<uint8_t*>(dalloc(n * k));
+      auto* sc = static_cast<float*>(dalloc(srows * ld * 4));
+      fill_fp8<<<1024, 256>>>(q, n * k, seed);
+      fill_scales<<<64, 256>>>(sc, srows * ld, seed + 1);
+      CK(cudaGetLastError());
+      w.q = q, w.ldq = k, w.scales = sc, w.scale_ld = ld, w.row_shift = 7;
+      return w;
+    };
+    auto free_weight = [](const Fp8Weight& w) {
+      CK(cudaFree(const_cast<uint8_t*>(w.q)));
+      CK(cudaFree(const_cast<float*>(w.scales)));
+    };
+    constexpr size_t kTile = size_t{16} << 20;  // the engine's dequantized tile, elements
+    void* ws = dalloc(kTile * 2);
+    // One product of m rows the tensor-core way, in the engine's passes (as many rows as
+    // the 32 MiB workspace holds quantized): quantize, then the block-scaled product.
+    auto tc = [&](const void* a, const Fp8Weight& w, void* o, size_t m, size_t n, size_t k) {
+      const size_t blocks = (k + 127) / 128;
+      const size_t pass = std::min(m, (kTile * 2 - 256) / (k + 4 * blocks) / 4 * 4);
+      for (size_t r0 = 0; r0 < m; r0 += pass) {
+        const size_t mm_rows = std::min(pass, m - r0);
+        auto* q = static_cast<uint8_t*>(ws);
+        auto* sc = reinterpret_cast<float*>(q + (mm_rows * k + 255) / 256 * 256);
+        ST(fp8_quantize_rows_cuda_device(static_cast<const char*>(a) + r0 * k * 2, k, mm_rows, k,
+                                         Fp8Rows{q, k, sc, mm_rows}, st));
+        Fp8TcArgs t;
+        t.a = q, t.lda = k, t.a_scales = sc, t.w = w, t.out = static_cast<char*>(o) + r0 * n * 2;
+        t.ldo = n, t.m = mm_rows, t.n = n, t.k = k;
+        ST((*mm)->run_fp8(t, st));
+      }
+    };
+    // The dequantized way, tile by tile.
+    auto dq = [&](const void* a, const Fp8Weight& w, void* o, size_t m, size_t n, size_t k) {
+      const size_t tile = std::max<size_t>(1, std::min(n, kTile / k));
+      for (size_t n0 = 0; n0 < n; n0 += tile) {
+        const size_t nn = std::min(tile, n - n0);
+        ST(fp8_dequantize_cuda_device(w, n0, nn, k, ws, k, st));
+        MatmulArgs b;
+        b.a = a, b.lda = k, b.w = ws, b.ldw = k, b.out = static_cast<char*>(o) + n0 * 2;
+        b.ldo = n, b.m = m, b.n = nn, b.k = k, b.backend = MatmulBackend::cublaslt;
+        ST((*mm)->run(b, st));
+      }
+    };
+    double fp8_peak = 0;
+    {
+      const size_t n = 8192;
+      // The quantized rows of 8192^2 take 64 MiB + scales: its own workspace.
+      void* a = random_bf16(n * n, 301);
+      void* o = dalloc(n * n * 2);
+      auto* q = static_cast<uint8_t*>(dalloc(n * n));
+      auto* sc = static_cast<float*>(dalloc(n * (n / 128) * 4));
+      ST(fp8_quantize_rows_cuda_device(a, n, n, n, Fp8Rows{q, n, sc, n}, st));
+      Fp8Weight w = fp8_weight_of(n, n, 302);
+      Fp8TcArgs t;
+      t.a = q, t.lda = n, t.a_scales = sc, t.w = w, t.out = o, t.ldo = n, t.m = n, t.n = n, t.k = n;
+      const double us = time_us(st, 5, [&](int) { ST((*mm)->run_fp8(t, st)); });
+      fp8_peak = 2.0 * n * n * n / us / 1e6;
+      out["fp8_peak_TFLOPs"] = fp8_peak;
+      fmt::print(
+          "\n# FP8 matrix-product peak (cuBLASLt block-scaled FP8, 8192^3): {:.0f} TFLOP/s\n",
+          fp8_peak);
+      free_weight(w);
+      CK(cudaFree(a));
+      CK(cudaFree(o));
+      CK(cudaFree(q));
+      CK(cudaFree(sc));
+    }
+    struct Shape {
+      const char* name;
+      size_t n, k;
+    } pshapes[] = {{"llama q/o 4096x4096", 4096, 4096},
+                   {"llama gate_up 28672x4096", 28672, 4096},
+                   {"llama down 4096x14336", 4096, 14336}};
+    fmt::print("# {:<26} {:>5} | {:>9} {:>7} {:>5} | {:>9} {:>7} {:>5} | {:>6}\n",
+               "fp8 prefill (n x k)", "m", "tc us", "TFLOP/s", "%peak", "dequant us", "TFLOP/s",
+               "%peak", "dq/tc");
+    json pjs = json::array();
+    for (const auto& sh : pshapes) {
+      Fp8Weight w = fp8_weight_of(sh.n, sh.k, 310);
+      for (size_t m : {size_t{16}, size_t{128}, size_t{1024}, size_t{8192}}) {
+        void* a = random_bf16(m * sh.k, 311);
+        void* o = dalloc(m * sh.n * 2);
+        const int per = m >= 1024 ? 3 : 10;
+        const double t_tc = time_us(st, per, [&](int) { tc(a, w, o, m, sh.n, sh.k); });
+        const double t_dq = time_us(st, per, [&](int) { dq(a, w, o, m, sh.n, sh.k); });
+        const double flops = 2.0 * static_cast<double>(m * sh.n * sh.k);
+        const double f_tc = flops / t_tc / 1e6, f_dq = flops / t_dq / 1e6;
+        fmt::print(
+            "{:<28} {:>5} | {:>9.1f} {:>7.0f} {:>4.0f}% | {:>9.1f} {:>7.0f} {:>4.0f}% | "
+            "{:>5.2f}x\n",
+            sh.name, m, t_tc, f_tc, 100 * f_tc / fp8_peak, t_dq, f_dq, 100 * f_dq / fp8_peak,
+            t_dq / t_tc);
+        pjs.push_back({{"shape", sh.name},
+                       {"n", sh.n},
+                       {"k", sh.k},
+                       {"m", m},
+                       {"tc_us", t_tc},
+                       {"tc_TFLOPs", f_tc},
+                       {"tc_peak_fraction", f_tc / fp8_peak},
+                       {"dequant_us", t_dq},
+                       {"dequant_TFLOPs", f_dq},
+                       {"dequant_peak_fraction", f_dq / fp8_peak},
+                       {"dequant_over_tc", t_dq / t_tc}});
+        CK(cudaFree(a));
+        CK(cudaFree(o));
+      }
+      free_weight(w);
+    }
+    CK(cudaFree(ws));
+    out["fp8_prefill"] = pjs;
   }
 
   // ---- MoE expert products over MXFP4 experts (gpt-oss's, kept packed: e2m1 codes and e8m0

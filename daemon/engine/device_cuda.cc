@@ -150,6 +150,22 @@ class CudaDevice final : public Device {
                                       "or decode-fp32",
                                       v));
     }
+    // SPARK_CUDA_FP8_PREFILL picks how FP8 weights' products of more than decode rows run:
+    // auto (the default) on the FP8 tensor cores where cuBLASLt has them (Hopper), else
+    // through bf16 tiles of the dequantized weight; tensor-core requires the tensor cores (a
+    // product they cannot take fails, naming it); dequant takes the bf16 tiles everywhere.
+    int fp8_prefill = 0;
+    if (const char* v = std::getenv("SPARK_CUDA_FP8_PREFILL")) {
+      if (std::string_view(v) == "tensor-core")
+        fp8_prefill = 1;
+      else if (std::string_view(v) == "dequant")
+        fp8_prefill = 2;
+      else if (std::string_view(v) != "auto")
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_FP8_PREFILL={}: must be auto, tensor-core or "
+                                      "dequant",
+                                      v));
+    }
     // SPARK_CUDA_MLA_SCALAR=1 runs latent attention's scalar fp32 kernel where the tensor-core
     // one would run (a bf16 cache at DeepSeek-V3's widths), to compare the two or rule it out.
     bool mla_scalar = false;
@@ -201,6 +217,7 @@ class CudaDevice final : public Device {
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
     d->moe_form_ = moe_form;
+    d->fp8_prefill_ = fp8_prefill;
     d->mla_scalar_ = mla_scalar;
     return std::shared_ptr<Device>(d);
   }
@@ -525,9 +542,10 @@ class CudaDevice final : public Device {
 
   // y = x * w^T (+ b) (+ y with accumulate) over FP8 weights kept as stored: decode rows in
   // one pass over the FP8 bytes (kernels/fp8.h), with SwiGLU in its epilogue when asked
-  // (w then holds [gate | up], 2 * out rows); more rows through bf16 tiles of the
-  // dequantized weight and the bf16 product (the tile's rounding to bf16 is the bound on
-  // the difference from the exact product).
+  // (w then holds [gate | up], 2 * out rows); more rows on the FP8 tensor cores where they
+  // take the product (fp8_tc_product), else through bf16 tiles of the dequantized weight
+  // and the bf16 product (the tile's rounding to bf16 is the bound on the difference from
+  // the exact product).
   // With `norm`, the decode product runs over RMSNorm(x) computed inside. Launched as the
   // step's other kernels are, with programmatic launch where the step has it: both kernels
   // wait for the kernel ahead before they read what it writes or write what it reads.
@@ -545,6 +563,19 @@ class CudaDevice final : public Device {
     }
     if (swiglu)
       return make_error(Errc::internal, "cuda device: an FP8 SwiGLU product above decode rows");
+    if (fp8_prefill_ != 2) {
+      auto tc = fp8_tc_product(x, *fw, b, y, rows, in, out, accumulate);
+      if (!tc) return tc.error();
+      if (*tc) return Status::Ok();
+      if (fp8_prefill_ == 1)
+        return make_error(Errc::unsupported,
+                          fmt::format("SPARK_CUDA_FP8_PREFILL=tensor-core: the FP8 tensor cores "
+                                      "cannot take the product of {} rows over an FP8 weight of "
+                                      "{} x {} on {} (cuBLASLt's block-scaled FP8 runs on "
+                                      "Hopper; the weight's scales must be 128 x 128 blocks); "
+                                      "unset it to use the dequantized path",
+                                      rows, out, in, info_.name));
+    }
     const size_t K = static_cast<size_t>(in), N = static_cast<size_t>(out);
     const size_t tile = std::max<size_t>(1, std::min(N, kFp8TileElems / std::max<size_t>(K, 1)));
     if (fp8_ws_.numel() < tile * K) {
@@ -564,6 +595,64 @@ class CudaDevice final : public Device {
       SPARK_TRY(mm_->run(a, stream_));
     }
     return Status::Ok();
+  }
+
+  // y = x * w^T (+ b) (+ y) of more than decode rows on the FP8 tensor cores: x's rows
+  // quantized per 128 columns into fp8_ws_ (as many rows a pass as its 32 MiB hold, a
+  // multiple of kFp8TcRowAlign) and multiplied there by cuBLASLt's block-scaled FP8 product;
+  // the last rows short of that multiple (at most 3) by the decode kernel. False (nothing
+  // written) where the tensor cores cannot take it: the weight's or the buffers' layout, or
+  // no algorithm on this GPU.
+  Result<bool> fp8_tc_product(const Buffer& x, const kernels::Fp8Weight& w, const Buffer& b,
+                              const Buffer& y, int rows, int in, int out, bool accumulate) {
+    const size_t M = static_cast<size_t>(rows), K = static_cast<size_t>(in),
+                 N = static_cast<size_t>(out);
+    if (x.type() != ElemType::bf16 || y.type() != ElemType::bf16 ||
+        (!b.empty() && (b.type() != ElemType::bf16 || !aligned16(b))) ||
+        !kernels::fp8_tc_weight_ok(w, K) || N % 8 != 0 || !aligned16(x) || !aligned16(y))
+      return false;
+    const size_t tc_rows = M / kernels::kFp8TcRowAlign * kernels::kFp8TcRowAlign;
+    const size_t blocks = (K + kernels::kFp8BlockK - 1) / kernels::kFp8BlockK;
+    const size_t ws_bytes = kFp8TileElems * 2;
+    // Codes, then (from a 256-byte boundary) the scales of each pass's rows.
+    size_t pass = (ws_bytes - 256) / (K + 4 * blocks);
+    pass = std::min(tc_rows, pass / kernels::kFp8TcRowAlign * kernels::kFp8TcRowAlign);
+    if (pass == 0) return false;
+    if (fp8_ws_.numel() < kFp8TileElems) {
+      SPARK_TRY(kernels::cuda_stream_synchronize(stream_));
+      auto t = alloc(ElemType::bf16, kFp8TileElems);
+      if (!t) return t.error();
+      fp8_ws_ = *t;
+    }
+    auto* ws = static_cast<uint8_t*>(fp8_ws_.data());
+    for (size_t r0 = 0; r0 < tc_rows; r0 += pass) {
+      const size_t m = std::min(pass, tc_rows - r0);
+      kernels::Fp8Rows q;
+      q.q = ws, q.ldq = K;
+      q.scales = reinterpret_cast<float*>(ws + (m * K + 255) / 256 * 256), q.scale_ld = m;
+      SPARK_TRY(kernels::fp8_quantize_rows_cuda_device(
+          static_cast<const char*>(x.data()) + r0 * K * 2, K, m, K, q, stream_));
+      kernels::Fp8TcArgs a;
+      a.a = q.q, a.lda = K, a.a_scales = q.scales, a.w = w;
+      a.out = static_cast<char*>(y.data()) + r0 * N * 2, a.ldo = N;
+      a.m = m, a.n = N, a.k = K;
+      a.bias = b.empty() ? nullptr : b.data();
+      a.accumulate = accumulate;
+      Status st = mm_->run_fp8(a, stream_);
+      if (!st.ok() && st.error().code == Errc::unsupported && r0 == 0) return false;
+      SPARK_TRY(st);
+    }
+    if (tc_rows < M) {
+      kernels::Fp8MatmulArgs a;
+      product_fields(x, b, y, rows, in, out, &a);
+      a.w = w;
+      a.a = static_cast<const char*>(x.data()) + tc_rows * K * 2;
+      a.out = static_cast<char*>(y.data()) + tc_rows * N * 2;
+      a.m = M - tc_rows;
+      a.accumulate = accumulate;
+      SPARK_TRY(kernels::fp8_gemv_cuda_device(a, stream_));
+    }
+    return true;
   }
 
   static kernels::MatmulArgs product(const Buffer& x, const Buffer& w, const Buffer& b,
@@ -1372,7 +1461,7 @@ class CudaDevice final : public Device {
     return Status::Ok();
   }
 
-  Buffer fp8_ws_;  // an FP8 prefill product's dequantized weight tile (bf16)
+  Buffer fp8_ws_;  // an FP8 prefill product's dequantized weight tile (bf16) or quantized rows
 
   Status grow_moe_ws(size_t need) {
     if (moe_ws_.bytes() >= need) return Status::Ok();
@@ -1431,6 +1520,7 @@ class CudaDevice final : public Device {
   Buffer meta_dev_, meta_host_[2], attn_ws_, convert_, moe_ws_, ss_;
   Buffer mla_ws_;            // latent attention's latent queries and partials
   int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 auto, 2 grouped, 3 decode-mma, 4 decode-fp32
+  int fp8_prefill_ = 0;      // SPARK_CUDA_FP8_PREFILL: 0 auto, 1 tensor-core, 2 dequant
   bool mla_scalar_ = false;  // SPARK_CUDA_MLA_SCALAR: latent attention's scalar kernel only
   int meta_turn_ = 0;
   std::vector<float> widen_;

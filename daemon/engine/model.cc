@@ -409,9 +409,10 @@ Status load_fp8_kept(const Checkpoint& ck, const ShardRead& r, const WeightForma
   SPARK_TRY(check_fp8_scales(r, wf, src, sr0, sr1, scols, dir));
   const int64_t sc0 = r.slice.col0 / wf.block_k;
   const int64_t drow0 = static_cast<int64_t>(r.dst_offset) / f.cols;
+  const size_t blocks = static_cast<size_t>((f.cols + wf.block_k - 1) / wf.block_k);
   for (int64_t i = 0; i < r.rows; ++i) {  // each destination scale row from its source row
     const int64_t d = (drow0 + i) >> f.scale_row_shift, s = (r.slice.row0 + i) / wf.block_n - sr0;
-    for (size_t j = 0; j < f.scale_ld; ++j)
+    for (size_t j = 0; j < blocks; ++j)  // (the row's padding stays zero)
       scales[static_cast<size_t>(d) * f.scale_ld + j] =
           src[static_cast<size_t>(s * scols + sc0) + j];
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "daemon/engine/family.h"
+#include "kernels/fp8.h"
 
 namespace spark::engine {
 
@@ -127,7 +128,9 @@ void mark_fp8_dests(const ModelConfig& c, ShardPlan* p) {
     d.fp8 = true;
     const size_t rows = d.numel / static_cast<size_t>(d.cols);
     d.scale_rows = rows == 0 ? 0 : ((rows - 1) >> d.scale_row_shift) + 1;
-    d.scale_ld = static_cast<size_t>((d.cols + kBlock - 1) / kBlock);
+    // Each scale row padded to a multiple of 4 blocks (zeros): the FP8 tensor-core product
+    // (cuBLASLt's 128 x 128 block scales) reads the rows with that stride.
+    d.scale_ld = kernels::fp8_tc_scale_ld(static_cast<size_t>(d.cols));
   }
 }
 

@@ -100,7 +100,8 @@ struct ShardDest {
   /// An FP8 checkpoint's projection that the devices keep as stored (mark_fp8_dests): one
   /// byte a weight, rows of `cols`, and fp32 block scales of `scale_rows` x `scale_ld`, each
   /// scale row covering `1 << scale_row_shift` rows (7: the checkpoint's 128-row blocks; 0:
-  /// one per row, where the matrix's row segments do not start on block boundaries).
+  /// one per row, where the matrix's row segments do not start on block boundaries) and
+  /// ceil(cols / 128) blocks, padded with zeros to a multiple of 4 (kernels::fp8_tc_scale_ld).
   bool fp8 = false;
   /// MXFP4 experts (gpt-oss) that a device keeping MXFP4 holds packed as stored: half a byte
   /// a weight, rows of `cols`, and one e8m0 byte per 32 columns of each row (scale_rows =

@@ -41,12 +41,14 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string_view>
 
 #include "core/strings.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/model.h"
 #include "daemon/engine/random_checkpoint.h"
 #include "daemon/engine/sampler.h"
+#include "kernels/cuda_runtime.h"
 #include "kernels/dtype.h"
 #include "kernels/paged_attention.h"
 #include "support/fp8_config.h"
@@ -262,6 +264,22 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
     CHECK_MESSAGE(fine.ok(), (fine.ok() ? std::string() : fine.error().message));
   }
   unsetenv("SPARK_CUDA_MOE_FORM");
+  // The FP8 prefill's path: auto, tensor-core or dequant.
+  for (const char* value : {"tc", "tensor_core", "bf16", ""}) {
+    CAPTURE(value);
+    setenv("SPARK_CUDA_FP8_PREFILL", value, 1);
+    auto wrong = select_device("auto", 0, &why);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.error().message.find(std::string("SPARK_CUDA_FP8_PREFILL=") + value + ":") !=
+          std::string::npos);
+  }
+  for (const char* value : {"auto", "tensor-core", "dequant"}) {
+    CAPTURE(value);
+    setenv("SPARK_CUDA_FP8_PREFILL", value, 1);
+    auto fine = select_device("auto", 0, &why);
+    CHECK_MESSAGE(fine.ok(), (fine.ok() ? std::string() : fine.error().message));
+  }
+  unsetenv("SPARK_CUDA_FP8_PREFILL");
 }
 
 TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tokens agree") {
@@ -281,8 +299,6 @@ TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tok
       double scale = 1;
       for (const auto& row : ref["prompt_logits"])
         for (const auto& v : row) scale = std::max(scale, std::abs(v.get<double>()));
-      const double bound = kBf16LogitBound + (kv == "fp8" ? test::kFp8KvLogitBound * scale : 0.0);
-      const double router_tie = kv == "fp8" ? test::kFp8RouterTie : kRouterTie;
       auto d = make_cuda_device(0);
       REQUIRE(d.ok());
       LoadReport rep;
@@ -297,6 +313,12 @@ TEST_CASE("cuda engine: logits within the bf16 bound of transformers, greedy tok
       // into FP8 weights kept as stored.)
       const bool fp8 = model.describe()["weights"].get<std::string>().rfind("fp8", 0) == 0;
       CHECK(model.norms_folded() == (rep.bytes_in_place == 0 && !c.is_mla() && !fp8));
+      // FP8 weights' prompt runs on the FP8 tensor cores where the GPU has them, which round
+      // the activations to e4m3 as the fp8 cache rounds K and V: the same relative bound
+      // again, and the same near-tie excuse.
+      const double bound = kBf16LogitBound + (kv == "fp8" ? test::kFp8KvLogitBound * scale : 0.0) +
+                           (fp8 ? test::kFp8ActLogitBound * scale : 0.0);
+      const double router_tie = kv == "fp8" || fp8 ? test::kFp8RouterTie : kRouterTie;
       std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = ref["greedy_steps"].get<int>();
       const int bs = 16;
@@ -677,8 +699,12 @@ TEST_CASE("cuda engine: penalties drawn on the device pick the host sampler's to
 // CUDA graphs (whose tokens must be the eager steps'). Logits within the bf16 bound, and
 // only a near-tie (or a router near-tie) may pick another token. `on_gpu_model` checks each
 // CUDA model once loaded.
+// `rel_bound` widens the logit bound by that fraction of the step's largest |logit| (the
+// FP8 tensor cores' activation rounding), with `router_tie` the router margin under which a
+// moved route is excused.
 static void cuda_matches_cpu(const std::string& dir, const std::string& what,
-                             const std::function<void(Model&)>& on_gpu_model = {}) {
+                             const std::function<void(Model&)>& on_gpu_model = {},
+                             double rel_bound = 0, double router_tie = kRouterTie) {
   auto h = Model::load(dir, 0, 1);
   REQUIRE(h.ok());
   Model& cpu = **h;
@@ -758,14 +784,17 @@ static void cuda_matches_cpu(const std::string& dir, const std::string& what,
       for (const auto& mg : gpu.router_margins())
         margin_upto =
             std::min(margin_upto, static_cast<double>(mg.last_chosen - mg.first_unchosen));
-      if (!graphs && margin_upto < kRouterTie) excused[i] = true;
-      double diff = 0;
-      for (size_t k = 0; k < lg.size(); ++k)
+      if (!graphs && margin_upto < router_tie) excused[i] = true;
+      double diff = 0, largest = 0;
+      for (size_t k = 0; k < lg.size(); ++k) {
         diff = std::max(diff, std::abs(static_cast<double>(lg[k]) - want[i][k]));
+        largest = std::max(largest, std::abs(static_cast<double>(want[i][k])));
+      }
+      const double bound = kBf16LogitBound + rel_bound * largest;
       if (excused[i]) {
         MESSAGE("step " << i << ": logits " << diff << " apart after a router near-tie");
       } else {
-        CHECK(diff <= kBf16LogitBound);
+        CHECK(diff <= bound);
         worst = std::max(worst, diff);
       }
       if (i < 2) continue;
@@ -774,12 +803,13 @@ static void cuda_matches_cpu(const std::string& dir, const std::string& what,
         tokens.push_back(gt);
         // Only a bf16 near-tie of the CPU's logits (or a router tie) may pick another token.
         if (gt != ct && !excused[i])
-          CHECK_MESSAGE(top2_gap_of(want[i].data() + k * V) < 2 * kBf16LogitBound,
+          CHECK_MESSAGE(top2_gap_of(want[i].data() + k * V) < 2 * bound,
                         "step " << i << " sequence " << k << ": greedy " << gt << " vs " << ct);
       }
     }
     MESSAGE(what << " on CUDA" << (graphs ? " (graphs)" : "") << " vs the CPU: max |logit diff| "
-                 << worst << " (bound " << kBf16LogitBound << ")");
+                 << worst << " (bound " << kBf16LogitBound << " + " << rel_bound
+                 << " of the largest |logit|)");
     if (graphs) {
       CHECK(gpu.graph_captures() >= 1);
       CHECK(gpu.graph_replays() >= 1);
@@ -882,15 +912,36 @@ TEST_CASE("cuda engine: FP8 weights kept as stored give the CPU device's logits 
   for (Family f : {Family::qwen3, Family::qwen3_moe}) {
     const std::string name = architecture_name(f);
     CAPTURE(name);
-    // Every projection whole 128-blocks; prefill chunks above the decode kernel's 8 rows
-    // run the dequantized tiles, decode steps the FP8 kernel (dense) or the FP8 experts.
+    // Every projection whole 128-blocks; decode steps run the FP8 kernel (dense) or the FP8
+    // experts, the 15-row prefill chunk the dequantized tiles (SPARK_CUDA_FP8_PREFILL=dequant:
+    // the bf16 bound) or the FP8 tensor cores (12 rows, the last 3 on the decode kernel;
+    // required, so a product they did not take fails the step), whose activations' rounding
+    // to e4m3 adds test::kFp8ActLogitBound of the step's largest |logit| and may move a
+    // router choice at a margin under test::kFp8RouterTie.
     const auto c = test::fp8_config(f);
     test::TempDir dir;
     RandomCheckpointSpec spec{c, DType::bf16, 7, 1};
     spec.fp8 = true;
     REQUIRE(write_random_checkpoint(dir.path(), spec).ok());
-    cuda_matches_cpu(dir.path(), name + " FP8",
-                     [](Model& m) { CHECK(m.describe()["weights"] == "fp8+bf16"); });
+    auto lim = kernels::cuda_device_limits(0);
+    REQUIRE(lim.ok());
+    for (const char* mode : {"dequant", "tensor-core"}) {
+      CAPTURE(mode);
+      if (std::string_view(mode) == "tensor-core" && lim->cc_major != 9) {
+        MESSAGE(
+            "the FP8 tensor-core prefill is Hopper's (cuBLASLt's block-scaled FP8): not "
+            "on sm_"
+            << lim->cc_major << lim->cc_minor);
+        continue;
+      }
+      setenv("SPARK_CUDA_FP8_PREFILL", mode, 1);
+      const bool tc = std::string_view(mode) == "tensor-core";
+      cuda_matches_cpu(
+          dir.path(), name + " FP8 (" + mode + ")",
+          [](Model& m) { CHECK(m.describe()["weights"] == "fp8+bf16"); },
+          tc ? test::kFp8ActLogitBound : 0.0, tc ? test::kFp8RouterTie : kRouterTie);
+    }
+    unsetenv("SPARK_CUDA_FP8_PREFILL");
   }
 }
 

@@ -342,3 +342,114 @@ TEST_CASE("fp8 matmul and dequantize checks: each bad argument named") {
   CHECK(dq_err(w, 0, out, 32).find("k must be > 0") != std::string::npos);
   CHECK(dq_err(w, 32, out, 32).empty());
 }
+
+// The activations' quantization for the FP8 tensor cores (fp8_quantize_rows_ref): each
+// 128-column block's scale is its amax / 448, its largest value lands on 448 exactly, every
+// code is the nearest e4m3 (ties to even) of value / scale, a block of zeros scales by 1,
+// and the scales go rows-contiguous (kb * scale_ld + row) with nothing else written.
+TEST_CASE("fp8 quantize rows twin: amax / 448 a block, nearest codes, rows-contiguous scales") {
+  std::mt19937 rng(11);
+  const size_t m = 5, k = 200, lda = 208, ldq = 212, scale_ld = 7;  // a partial last block
+  auto a = random_bf16(rng, m * lda, -3.f, 3.f);
+  for (size_t c = 128; c < 200; ++c) a[2 * lda + c] = float_to_bf16(0.f);  // row 2, block 1
+  a[4 * lda + 5] = float_to_bf16(-1e-30f);  // a value far below the block's subnormals
+  std::vector<uint8_t> q(m * ldq, 0xee);
+  std::vector<float> sc(2 * scale_ld, -7.f);
+  Fp8Rows out{q.data(), ldq, sc.data(), scale_ld};
+  REQUIRE(fp8_quantize_rows_check(a.data(), lda, m, k, out).ok());
+  fp8_quantize_rows_ref(a.data(), lda, m, k, out);
+  size_t bad = 0;
+  for (size_t r = 0; r < m; ++r) {
+    for (size_t kb = 0; kb < 2; ++kb) {
+      const size_t c0 = kb * 128, c1 = std::min(k, c0 + 128);
+      float amax = 0;
+      for (size_t c = c0; c < c1; ++c)
+        amax = std::max(amax, std::fabs(bf16_to_float(a[r * lda + c])));
+      const float s = sc[kb * scale_ld + r];
+      CAPTURE(r);
+      CAPTURE(kb);
+      if (amax == 0) {
+        CHECK(s == 1.f);
+      } else {
+        CHECK(s == amax / 448.f);
+      }
+      bool top = amax == 0;
+      for (size_t c = c0; c < c1; ++c) {
+        const float x = bf16_to_float(a[r * lda + c]);
+        const uint8_t code = q[r * ldq + c];
+        const double v = fp8_e4m3_value(code), t = static_cast<double>(x / s);
+        // The nearest: no other code is closer (the neighbours of the code's magnitude).
+        for (int d : {-1, 1}) {
+          const int nb = (code & 0x7f) + d;
+          if (nb < 0 || nb > 0x7e) continue;
+          const double other = fp8_e4m3_value(static_cast<uint8_t>((code & 0x80) | nb));
+          bad += std::fabs(other - t) < std::fabs(v - t);
+        }
+        top = top || (std::fabs(x) == amax && fp8_e4m3_value(code) == std::copysign(448.0, x));
+      }
+      CHECK(top);
+    }
+    for (size_t c = k; c < ldq; ++c) bad += q[r * ldq + c] != 0xee;
+  }
+  CHECK(bad == 0);
+  for (size_t i = 0; i < sc.size(); ++i)
+    if (i % scale_ld >= m) CHECK(sc[i] == -7.f);
+  // A value far below the block's smallest subnormal rounds to zero, keeping its sign.
+  CHECK((q[4 * ldq + 5] & 0x7f) == 0);
+  // A tie between two codes goes to the even one: amax 448 makes the scale 1, and 8.5 lies
+  // halfway between 8 (0x50) and 9 (0x51).
+  std::vector<uint16_t> tie(8, float_to_bf16(0.f));
+  tie[0] = float_to_bf16(448.f), tie[1] = float_to_bf16(8.5f), tie[2] = float_to_bf16(9.5f);
+  std::vector<uint8_t> tq(8);
+  float ts = 0;
+  fp8_quantize_rows_ref(tie.data(), 8, 1, 8, Fp8Rows{tq.data(), 8, &ts, 1});
+  CHECK(ts == 1.f);
+  CHECK(tq[1] == 0x50);  // 8.5 -> 8
+  CHECK(tq[2] == 0x52);  // 9.5 -> 10
+
+  // The checks name what is wrong, and the device entry refuses the same way.
+  struct Bad {
+    const char* name;
+    size_t lda, m, k, ldq, scale_ld;
+    int a_off;
+  } bads[] = {{"k 12", 208, 2, 12, 212, 7, 0},
+              {"(lda 200)", 200, 2, 208, 212, 7, 0},
+              {"(ldq 210)", 208, 2, 200, 210, 7, 0},
+              {"scale_ld 7 is under m 8", 208, 8, 200, 212, 7, 0},
+              {"(lda 208)", 208, 2, 200, 212, 7, 1}};
+  for (const Bad& b : bads) {
+    CAPTURE(b.name);
+    Fp8Rows o{q.data(), b.ldq, sc.data(), b.scale_ld};
+    Status s = fp8_quantize_rows_check(a.data() + b.a_off, b.lda, b.m, b.k, o);
+    REQUIRE(!s.ok());
+    CHECK(s.error().code == Errc::usage);
+    CHECK(s.message().find(b.name) != std::string::npos);
+    CHECK(
+        fp8_quantize_rows_cuda_device(a.data() + b.a_off, b.lda, b.m, b.k, o, nullptr).message() ==
+        s.message());
+  }
+}
+
+// The weight layout the tensor-core product reads: 128 x 128 blocks with each scale row
+// padded to a multiple of 4 blocks, rows of exactly k bytes.
+TEST_CASE("fp8 tensor-core layout: scale rows padded to 4 blocks, 128-row blocks, packed rows") {
+  CHECK(fp8_tc_scale_ld(128) == 4);
+  CHECK(fp8_tc_scale_ld(384) == 4);
+  CHECK(fp8_tc_scale_ld(640) == 8);
+  CHECK(fp8_tc_scale_ld(4096) == 32);
+  CHECK(fp8_tc_scale_ld(4097) == 36);
+  alignas(16) static uint8_t q[640 * 2] = {};
+  alignas(16) static float scales[16] = {};
+  Fp8Weight w;
+  w.q = q, w.ldq = 640, w.scales = scales, w.scale_ld = 8, w.row_shift = 7;
+  CHECK(fp8_tc_weight_ok(w, 640));
+  Fp8Weight v = w;
+  v.scale_ld = 5;  // ceil(640 / 128): the checkpoint's stride, not the padded one
+  CHECK_FALSE(fp8_tc_weight_ok(v, 640));
+  v = w, v.row_shift = 0;
+  CHECK_FALSE(fp8_tc_weight_ok(v, 640));
+  v = w, v.ldq = 656;
+  CHECK_FALSE(fp8_tc_weight_ok(v, 640));
+  v = w, v.q = q + 8;
+  CHECK_FALSE(fp8_tc_weight_ok(v, 640));
+}

@@ -511,3 +511,138 @@ TEST_CASE(
   CHECK(fp8_qkv_rope_cuda_device(a, r, nullptr).ok());
   CHECK(cuda_synchronize().ok());
 }
+
+// The FP8 tensor-core prefill product (Hopper: cuBLASLt's block-scaled FP8): the rows'
+// quantization bit for bit its twin, then the product of the quantized rows and the FP8
+// weight within the stated bound of the exact product of the quantized values (the output's
+// rounding and the sums': 2^-8 |yq| + 2^-9 sum |aq w|; with 2^-11 for the sums' term,
+// 132 x 768 x 384 with accumulate measured 2.3 times that bound) and, adding each
+// activation's rounding (2^-4 |a| + 2^-10 scale, times |w|), of the exact product of the
+// bf16 rows: over
+// row counts on and off cuBLASLt's tile sizes, widths with a partial scale block padded to
+// four, per-row magnitudes 2^-2 .. 2^2, a block of zeros, bias and accumulate.
+TEST_CASE("gpu fp8 tensor cores: the rows' codes bit for bit, the product within its bounds") {
+  if (test::skip_without_cuda()) return;
+  auto lim = cuda_device_limits(0);
+  REQUIRE(lim.ok());
+  auto mm = Matmul::create();
+  REQUIRE_MESSAGE(mm.ok(), (mm.ok() ? std::string() : mm.error().message));
+  std::mt19937 rng(test::fresh_seed("fp8 tensor cores"));
+  struct Shape {
+    size_t m, n, k;
+    bool bias, accumulate;
+  } shapes[] = {{8, 384, 640, false, false},    {20, 256, 256, true, false},
+                {132, 768, 384, false, true},   {48, 1024, 4096, true, true},
+                {256, 512, 1536, false, false}, {12, 128, 128, false, false}};
+  size_t ran = 0;
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.m);
+    CAPTURE(sh.n);
+    CAPTURE(sh.k);
+    CAPTURE(sh.bias);
+    CAPTURE(sh.accumulate);
+    const size_t m = sh.m, n = sh.n, k = sh.k, blocks = (k + 127) / 128;
+    // The weight as the loader keeps it for these products: rows of k bytes, 128 x 128
+    // blocks, each scale row padded to fp8_tc_scale_ld(k) (the padding poisoned: never read).
+    HostFp8 h = random_fp8(rng, n, k, 7);
+    {
+      HostFp8 p;
+      p.ldq = k, p.scale_ld = fp8_tc_scale_ld(k), p.row_shift = 7;
+      p.q.resize(n * k);
+      for (size_t r = 0; r < n; ++r) std::memcpy(&p.q[r * k], &h.q[r * h.ldq], k);
+      p.scales.assign(((n - 1) / 128 + 1) * p.scale_ld, std::nanf(""));
+      for (size_t r = 0; r < (n - 1) / 128 + 1; ++r)
+        for (size_t b = 0; b < blocks; ++b)
+          p.scales[r * p.scale_ld + b] = h.scales[r * h.scale_ld + b];
+      h = std::move(p);
+    }
+    auto a = random_bf16(rng, m * k, -2.f, 2.f);
+    for (size_t r = 0; r < m; ++r)
+      for (size_t c = 0; c < k; ++c)
+        a[r * k + c] =
+            float_to_bf16(std::ldexp(bf16_to_float(a[r * k + c]), static_cast<int>(r % 5) - 2));
+    for (size_t c = 0; c < std::min<size_t>(k, 128); ++c) a[(m / 2) * k + c] = float_to_bf16(0.f);
+    auto bias = random_bf16(rng, n, -1.f, 1.f);
+    auto out0 = random_bf16(rng, m * n, -4.f, 4.f);
+    // The quantization, bit for bit.
+    std::vector<uint8_t> rq(m * k);
+    std::vector<float> rs(blocks * m);
+    fp8_quantize_rows_ref(a.data(), k, m, k, Fp8Rows{rq.data(), k, rs.data(), m});
+    auto da = DeviceBuf<uint16_t>::from(a);
+    auto dq = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(m * k, 0xee));
+    auto dsc = DeviceBuf<float>::from(std::vector<float>(blocks * m, -1.f));
+    REQUIRE(fp8_quantize_rows_cuda_device(da.get(), k, m, k, Fp8Rows{dq.get(), k, dsc.get(), m},
+                                          nullptr)
+                .ok());
+    REQUIRE(cuda_synchronize().ok());
+    CHECK(dq.host() == rq);
+    CHECK(dsc.host() == rs);
+    // The product.
+    auto wq = DeviceBuf<uint8_t>::from(h.q);
+    auto ws = DeviceBuf<float>::from(h.scales);
+    auto db = DeviceBuf<uint16_t>::from(bias);
+    auto dout = DeviceBuf<uint16_t>::from(out0);
+    Fp8TcArgs p;
+    p.a = dq.get(), p.lda = k, p.a_scales = dsc.get(), p.w = weight_of(h, wq.get(), ws.get());
+    p.out = dout.get(), p.ldo = n, p.m = m, p.n = n, p.k = k;
+    p.bias = sh.bias ? db.get() : nullptr, p.accumulate = sh.accumulate;
+    Status s = mm.value()->run_fp8(p, nullptr);
+    if (lim->cc_major != 9) {  // cuBLASLt's block-scaled FP8 is Hopper's
+      CHECK(s.error().code == Errc::unsupported);
+      continue;
+    }
+    REQUIRE_MESSAGE(s.ok(), s.message());
+    REQUIRE(cuda_synchronize().ok());
+    ++ran;
+    auto got = dout.host();
+    size_t bad_q = 0, bad_x = 0;
+    double worst_q = 0;  // the largest |out - yq| over its bound
+    for (size_t i = 0; i < m; ++i)
+      for (size_t j = 0; j < n; ++j) {
+        double yq = 0, y = 0, abs_q = 0, act = 0;
+        for (size_t b = 0; b < blocks; ++b) {
+          const double sa = rs[b * m + i], sw = h.scales[(j / 128) * h.scale_ld + b];
+          double pq = 0, aq = 0, px = 0, pa = 0;
+          for (size_t c = b * 128; c < std::min(k, b * 128 + 128); ++c) {
+            const double wc = fp8_e4m3_value(h.q[j * k + c]);
+            const double xq = fp8_e4m3_value(rq[i * k + c]), x = bf16_to_float(a[i * k + c]);
+            pq += xq * wc, aq += std::fabs(xq * wc);
+            px += x * wc, pa += (0x1p-4 * std::fabs(x) + 0x1p-10 * sa) * std::fabs(wc);
+          }
+          yq += pq * sa * sw, abs_q += aq * sa * sw, y += px * sw, act += pa * sw;
+        }
+        const double add = (sh.bias ? bf16_to_float(bias[j]) : 0.0) +
+                           (sh.accumulate ? bf16_to_float(out0[i * n + j]) : 0.0);
+        yq += add, y += add;
+        const double g = bf16_to_float(got[i * n + j]);
+        const double bound_q = 0x1p-8 * std::fabs(yq) + 0x1p-9 * abs_q;
+        worst_q = std::max(worst_q, std::fabs(g - yq) / bound_q);
+        bad_q += !(std::fabs(g - yq) <= bound_q);
+        bad_x += !(std::fabs(g - y) <= 0x1p-8 * std::fabs(y) + 0x1p-9 * abs_q + act);
+      }
+    MESSAGE("m " << m << " n " << n << " k " << k << ": |out - yq| at most " << worst_q
+                 << " of its bound");
+    CHECK(bad_q == 0);
+    CHECK(bad_x == 0);
+  }
+  if (lim->cc_major == 9) CHECK(ran == std::size(shapes));
+  // Rows not a multiple of kFp8TcRowAlign, and a weight with the checkpoint's unpadded scale
+  // stride, are refused before anything runs, naming why.
+  HostFp8 h = random_fp8(rng, 128, 640, 7);
+  Fp8TcArgs p;
+  auto dq = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(6 * 640));
+  auto dsc = DeviceBuf<float>::from(std::vector<float>(5 * 8));
+  auto dout = DeviceBuf<uint16_t>::from(std::vector<uint16_t>(8 * 128));
+  p.a = dq.get(), p.lda = 640, p.a_scales = dsc.get(), p.out = dout.get(), p.ldo = 128;
+  p.m = 6, p.n = 128, p.k = 640;
+  p.w = weight_of(h, dq.get(), dsc.get());
+  p.w.ldq = 640, p.w.scale_ld = 8;
+  Status six = mm.value()->run_fp8(p, nullptr);
+  REQUIRE_FALSE(six.ok());
+  CHECK(six.error().code == Errc::usage);
+  CHECK(six.message().find("m 6 must be a multiple of 4") != std::string::npos);
+  p.m = 8, p.w.scale_ld = 5;
+  Status ld = mm.value()->run_fp8(p, nullptr);
+  REQUIRE_FALSE(ld.ok());
+  CHECK(ld.message().find("scale_ld 5 where k 640 needs 7, 640, 8") != std::string::npos);
+}

@@ -13,7 +13,12 @@
 // a few positions). Such a move must be at a near-tie: the router's margin between its last
 // chosen and first unchosen expert, in the same run with a full-precision cache, under
 // kFp8RouterTie (softmax probabilities or sigmoid scores).
+//
+// The FP8 tensor-core prefill rounds the activations entering each FP8 product to e4m3 (per
+// row and 128 columns, scaled by the block's amax / 448): the same 2^-4 of each value, so
+// the same bound holds for it, kFp8ActLogitBound, and the same near-tie excuse.
 namespace spark::test {
 inline constexpr double kFp8KvLogitBound = 0.05;
+inline constexpr double kFp8ActLogitBound = 0.05;
 inline constexpr double kFp8RouterTie = 0.05;
 }  // namespace spark::test
