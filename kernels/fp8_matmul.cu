@@ -266,6 +266,22 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8Group g) {
     fp8_gemv_block<M, R, U, NW>(g.part[0], b, none);
 }
 
+// The [gate | up] pairs at one row of A, held to two blocks a multiprocessor (128 registers):
+// left to itself the compiler gives them 153, so one block (8 warps) an SM, and they read
+// gate/up at half the plain product's rate; capped they spill 132 bytes, outside the loop.
+// (Only this form: an explicit bound on the others moves them to up to 255 registers with
+// spills, and forms that measured well are left as they are.)
+__global__ void __launch_bounds__(kWarps * 32, 2) fp8_gemv_swiglu1_kernel(Fp8Group g) {
+  const unsigned b = blockIdx.x;
+  const dev::RopeEpilogue none{};
+  if (g.n > 2 && b >= g.first_block[2])
+    fp8_gemv_block<1, 1, 4, 2>(g.part[2], b - g.first_block[2], none);
+  else if (g.n > 1 && b >= g.first_block[1])
+    fp8_gemv_block<1, 1, 4, 2>(g.part[1], b - g.first_block[1], none);
+  else
+    fp8_gemv_block<1, 1, 4, 2>(g.part[0], b, none);
+}
+
 // q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp and
 // four steps of each in flight. QKN: the per-head norms first, in clusters of head_dim / 16
 // blocks.
@@ -306,7 +322,8 @@ Status launch_gemv(Fp8Group g, bool one_row, cudaStream_t st) {
         dev::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), 0, st, g));
     return Status::Ok();
   };
-  if (g.part[0].swiglu) return go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
+  if (g.part[0].swiglu)
+    return M == 1 ? go(fp8_gemv_swiglu1_kernel, kWarps) : go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
   // (From two rows on, eight steps in flight take 170-190 registers at sm_90, one block a
   // multiprocessor; four take about 130.)
   if (one_row) return go(fp8_gemv_kernel < M, 1, M == 1 ? 8 : 4, 1 >, kWarps);
