@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,34 @@ Result<double> measure_read_gbps() {
   return gbps[gbps.size() / 2];
 }
 
+// The median rate of 8 timed runs of `run`, an n^3 product on `stream`.
+Result<double> median_tflops(size_t n, void* stream, const std::function<Status()>& run) {
+  auto e0 = kernels::cuda_event_create();
+  auto e1 = kernels::cuda_event_create();
+  if (!e0 || !e1) {
+    if (e0) kernels::cuda_event_destroy(*e0);
+    if (e1) kernels::cuda_event_destroy(*e1);
+    return make_error(Errc::internal, "cudaEventCreate failed");
+  }
+  std::vector<double> tf;
+  Status failed = Status::Ok();
+  for (int i = 0; i < 8 && failed.ok(); ++i) {
+    if (!(failed = kernels::cuda_event_record(*e0, stream)).ok() || !(failed = run()).ok() ||
+        !(failed = kernels::cuda_event_record(*e1, stream)).ok())
+      break;
+    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
+    if (!ms)
+      failed = ms.error();
+    else
+      tf.push_back(2.0 * n * n * n / (*ms * 1e-3) / 1e12);
+  }
+  kernels::cuda_event_destroy(*e0);
+  kernels::cuda_event_destroy(*e1);
+  if (!failed.ok()) return failed.error();
+  std::sort(tf.begin(), tf.end());
+  return tf[tf.size() / 2];
+}
+
 // BF16 matrix-product peak through the same cuBLASLt the engine uses (8192^3, random data).
 Result<double> measure_bf16_tflops() {
   const size_t n = 8192;
@@ -99,22 +128,10 @@ Result<double> measure_bf16_tflops() {
   m.m = m.n = m.k = n;
   m.backend = kernels::MatmulBackend::cublaslt;
   SPARK_TRY((*mm)->run(m, *s));
-  auto e0 = kernels::cuda_event_create();
-  auto e1 = kernels::cuda_event_create();
-  if (!e0 || !e1) return make_error(Errc::internal, "cudaEventCreate failed");
-  std::vector<double> tf;
-  for (int i = 0; i < 8; ++i) {
-    SPARK_TRY(kernels::cuda_event_record(*e0, *s));
-    SPARK_TRY((*mm)->run(m, *s));
-    SPARK_TRY(kernels::cuda_event_record(*e1, *s));
-    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
-    if (!ms) return ms.error();
-    tf.push_back(2.0 * n * n * n / (*ms * 1e-3) / 1e12);
-  }
-  std::sort(tf.begin(), tf.end());
+  auto tf = median_tflops(n, *s, [&] { return (*mm)->run(m, *s); });
   for (void* b : bufs) kernels::cuda_free(b);
   kernels::cuda_stream_destroy(*s);
-  return tf[tf.size() / 2];
+  return tf;
 }
 
 // FP8 matrix-product peak through the product the engine's FP8 prefill runs (cuBLASLt's
@@ -166,21 +183,9 @@ Result<double> measure_fp8_tflops() {
     if (st.error().code == Errc::unsupported) return 0.0;
     return st.error();
   }
-  auto e0 = kernels::cuda_event_create();
-  auto e1 = kernels::cuda_event_create();
-  if (!e0 || !e1) return make_error(Errc::internal, "cudaEventCreate failed");
-  std::vector<double> tf;
-  for (int i = 0; i < 8; ++i) {
-    SPARK_TRY(kernels::cuda_event_record(*e0, *s));
-    SPARK_TRY((*mm)->run_fp8(a, *s));
-    SPARK_TRY(kernels::cuda_event_record(*e1, *s));
-    auto ms = kernels::cuda_event_elapsed_ms(*e0, *e1);
-    if (!ms) return ms.error();
-    tf.push_back(2.0 * n * n * n / (*ms * 1e-3) / 1e12);
-  }
-  std::sort(tf.begin(), tf.end());
+  auto tf = median_tflops(n, *s, [&] { return (*mm)->run_fp8(a, *s); });
   release();
-  return tf[tf.size() / 2];
+  return tf;
 }
 
 // Sequential read rate of the checkpoint's files from a cold page cache (the loader's own
