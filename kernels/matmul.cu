@@ -946,12 +946,7 @@ struct Matmul::Impl {
 
   ~Impl() {
     for (auto& [k, p] : fp8_plans) destroy(p);
-    for (auto& [k, p] : plans) {
-      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
-      if (p.wl) cublasLtMatrixLayoutDestroy(p.wl);
-      if (p.al) cublasLtMatrixLayoutDestroy(p.al);
-      if (p.ol) cublasLtMatrixLayoutDestroy(p.ol);
-    }
+    for (auto& [k, p] : plans) destroy(p);
     if (handle) cublasLtDestroy(handle);
     if (workspace) cudaFree(workspace);
     // The library stays loaded: cuBLASLt registers exit-time hooks of its own.
@@ -1096,9 +1091,7 @@ Status Matmul::run(const MatmulArgs& a, void* stream) {
                                                          pref, 1, &res, &found);
     I.cublasLtMatmulPreferenceDestroy(pref);
     if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
-      if (p.desc) I.cublasLtMatmulDescDestroy(p.desc);
-      I.cublasLtMatrixLayoutDestroy(p.wl), I.cublasLtMatrixLayoutDestroy(p.al),
-          I.cublasLtMatrixLayoutDestroy(p.ol);
+      I.destroy(p);
       return make_error(Errc::unsupported, "cuBLASLt has no algorithm for m " +
                                                std::to_string(a.m) + " n " + std::to_string(a.n) +
                                                " k " + std::to_string(a.k) + " (status " +

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <initializer_list>
 #include <string_view>
 #include <utility>
 
@@ -45,6 +46,22 @@ kernels::DType kdt(ElemType t) {
 }
 
 // The own matrix kernel's 16-byte loads need 16-byte aligned operands.
+// The value of environment variable `name` among `choices` (the first one's where it is
+// unset); another value is Errc::config naming the variable, the value and the choices.
+Result<int> env_choice(const char* name,
+                       std::initializer_list<std::pair<std::string_view, int>> choices) {
+  const char* v = std::getenv(name);
+  if (!v) return choices.begin()->second;
+  std::string list;
+  size_t i = 0;
+  for (const auto& [word, value] : choices) {
+    if (word == v) return value;
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(word);
+    ++i;
+  }
+  return make_error(Errc::config, fmt::format("{}={}: must be {}", name, v, list));
+}
+
 bool aligned16(const Buffer& b) {
   return reinterpret_cast<uintptr_t>(b.data()) % 16 == 0;
 }
@@ -136,36 +153,17 @@ class CudaDevice final : public Device {
     // row and the tensor-core kernels from two (to 32), bf16 experts on them from 5 rows to 8;
     // decode-mma takes the tensor-core kernels at every row count up to 32, decode-fp32 the
     // fp32 ones up to 8 rows.
-    int moe_form = 0;
-    if (const char* v = std::getenv("SPARK_CUDA_MOE_FORM")) {
-      if (std::string_view(v) == "grouped")
-        moe_form = 2;
-      else if (std::string_view(v) == "decode-mma")
-        moe_form = 3;
-      else if (std::string_view(v) == "decode-fp32")
-        moe_form = 4;
-      else if (std::string_view(v) != "auto")
-        return make_error(Errc::config,
-                          fmt::format("SPARK_CUDA_MOE_FORM={}: must be auto, grouped, decode-mma "
-                                      "or decode-fp32",
-                                      v));
-    }
+    auto moe_form =
+        env_choice("SPARK_CUDA_MOE_FORM",
+                   {{"auto", 0}, {"grouped", 2}, {"decode-mma", 3}, {"decode-fp32", 4}});
+    if (!moe_form) return moe_form.error();
     // SPARK_CUDA_FP8_PREFILL picks how FP8 weights' products of more than decode rows run:
     // auto (the default) on the FP8 tensor cores where cuBLASLt has them (Hopper), else
     // through bf16 tiles of the dequantized weight; tensor-core requires the tensor cores (a
     // product they cannot take fails, naming it); dequant takes the bf16 tiles everywhere.
-    int fp8_prefill = 0;
-    if (const char* v = std::getenv("SPARK_CUDA_FP8_PREFILL")) {
-      if (std::string_view(v) == "tensor-core")
-        fp8_prefill = 1;
-      else if (std::string_view(v) == "dequant")
-        fp8_prefill = 2;
-      else if (std::string_view(v) != "auto")
-        return make_error(Errc::config,
-                          fmt::format("SPARK_CUDA_FP8_PREFILL={}: must be auto, tensor-core or "
-                                      "dequant",
-                                      v));
-    }
+    auto fp8_prefill =
+        env_choice("SPARK_CUDA_FP8_PREFILL", {{"auto", 0}, {"tensor-core", 1}, {"dequant", 2}});
+    if (!fp8_prefill) return fp8_prefill.error();
     // SPARK_CUDA_MLA_SCALAR=1 runs latent attention's scalar fp32 kernel where the tensor-core
     // one would run (a bf16 cache at DeepSeek-V3's widths), to compare the two or rule it out.
     bool mla_scalar = false;
@@ -216,8 +214,8 @@ class CudaDevice final : public Device {
     d->norm_in_products_ = norm_in_products;
     d->fold_norms_ = opts.fold_norms;
     d->short_cap_ = short_cap;
-    d->moe_form_ = moe_form;
-    d->fp8_prefill_ = fp8_prefill;
+    d->moe_form_ = *moe_form;
+    d->fp8_prefill_ = *fp8_prefill;
     d->mla_scalar_ = mla_scalar;
     return std::shared_ptr<Device>(d);
   }
