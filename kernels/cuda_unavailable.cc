@@ -244,6 +244,9 @@ Status moe_experts_cuda_device(const MoeExpertsArgs&, void*) {
 int moe_mma_pass_rows(const MoeExpertsArgs&) {
   return 0;
 }
+int moe_experts_kernels(const MoeExpertsArgs&) {
+  return 0;
+}
 
 Status row_sumsq_cuda_device(const void*, size_t, size_t, float*, void*) {
   return no_cuda("row_sumsq_cuda_device");

@@ -242,22 +242,27 @@ struct DecodeList {
   int uid[kDecMaxPairs];
 };
 
-__device__ void decode_list(const MoeExpertsArgs& a, DecodeList* L) {
+__device__ void decode_list(const MoeExpertsArgs& a, DecodeList* L, bool l2 = false) {
   const int P = a.rows * a.top_k;
-  __shared__ int s_first[kDecMaxPairs];
+  __shared__ int s_ids[kDecMaxPairs];
+  __shared__ bool s_first[kDecMaxPairs];
+  // The ids once into shared memory (through L2 when read ahead of the wait: L2 is where the
+  // routing kernel's writes are coherent).
+  for (int p = threadIdx.x; p < P; p += blockDim.x) s_ids[p] = l2 ? __ldcg(a.ids + p) : a.ids[p];
+  __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int e = a.ids[p];
+    const int e = s_ids[p];
     const bool held = e >= a.expert0 && e < a.expert0 + a.experts;
     bool first = held;
-    for (int q = 0; q < p && first; ++q) first = a.ids[q] != e;
+    for (int q = 0; q < p && first; ++q) first = s_ids[q] != e;
     s_first[p] = first;
   }
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int e = a.ids[p];
+    const int e = s_ids[p];
     const bool held = e >= a.expert0 && e < a.expert0 + a.experts;
     int rank = 0;
-    for (int q = 0; q < P; ++q) rank += s_first[q] && a.ids[q] < e;
+    for (int q = 0; q < P; ++q) rank += s_first[q] && s_ids[q] < e;
     L->uid[p] = held ? rank : -1;
     if (s_first[p]) L->expert[rank] = e;
   }
@@ -623,16 +628,62 @@ __global__ void __launch_bounds__(kDecWarps * 32)
 // depend on timing. Written once (or added into out).
 constexpr int kDownRows = 4;
 
+// Rows [h0, h0 + kDownRows) of every chosen expert's down matrix (and the shared experts')
+// asked into L2, one bulk prefetch a group by one thread each: the rows are contiguous in
+// every weight format (bf16 rows, FP8 and MXFP4 rows of their row strides). Skipped where a
+// range is not 16-byte aligned (the instruction's rule) or before sm_90.
+template <int kW>
+__device__ __forceinline__ void down_prefetch_l2(const MoeExpertsArgs& a, const DecodeList& L,
+                                                 int h0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int groups = L.n + (a.shared_inter > 0 ? 1 : 0);
+  const int u = static_cast<int>(threadIdx.x);
+  if (u >= groups || h0 >= a.hidden) return;
+  const bool sh = u == L.n;
+  const size_t H = static_cast<size_t>(a.hidden);
+  const size_t rows = static_cast<size_t>(min(kDownRows, a.hidden - h0));
+  const size_t le = sh ? 0 : static_cast<size_t>(L.expert[u] - a.expert0);
+  const int inter = sh ? a.shared_inter : a.inter;
+  const uint8_t* p = nullptr;
+  size_t bytes = 0;
+  const Fp8Weight F = sh ? a.shared_down_fp8 : a.down_fp8;
+  if (kW == kWMx4 && !sh && a.down_mx4.blocks) {
+    p = mx4_row(a.down_mx4, le * H + static_cast<size_t>(h0));
+    bytes = rows * a.down_mx4.ldb;
+  } else if (kW == kWFp8 && F.q) {
+    p = fp8_row(F, le * H + static_cast<size_t>(h0));
+    bytes = rows * F.ldq;
+  } else {
+    const bf16* W = sh ? static_cast<const bf16*>(a.shared_down)
+                       : static_cast<const bf16*>(a.down) + le * H * static_cast<size_t>(inter);
+    p = reinterpret_cast<const uint8_t*>(W + static_cast<size_t>(h0) * static_cast<size_t>(inter));
+    bytes = rows * static_cast<size_t>(inter) * sizeof(bf16);
+  }
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || bytes % 16 != 0 || bytes >= (size_t{1} << 31))
+    return;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p),
+               "r"(static_cast<uint32_t>(bytes))
+               : "memory");
+#else
+  (void)a, (void)L, (void)h0;
+#endif
+}
+
 template <int kR, int kW>
 __global__ void __launch_bounds__(kDecWarps * 32)
     moe_down_decode(MoeExpertsArgs a, const bf16* act, int act_stride) {
-  dev::pdl_wait();
-  dev::pdl_trigger();
   __shared__ DecodeList L;
   __shared__ float red[kDecWarps][kR][kDownRows];
-  decode_list(a, &L);
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   const int h0 = static_cast<int>(blockIdx.x) * kDownRows;
+  // Ahead of the wait: the step's expert list and the block's rows of each chosen expert
+  // asked into L2, so they stream in while gate/up finishes. Neither depends on gate/up (the
+  // kernel ahead, always): the ids were written by the routing kernel, which had finished
+  // when gate/up passed its own wait, before any of its blocks let this launch start.
+  decode_list(a, &L, true);
+  down_prefetch_l2<kW>(a, L, h0);
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
   if (h0 >= a.hidden) return;  // the whole block
   const int P = a.rows * a.top_k;
   const size_t H = static_cast<size_t>(a.hidden);
@@ -1717,18 +1768,21 @@ Status moe_route_cuda_device(const float* logits, const float* bias, const MoeRo
   return go(moe_route_kernel<32>);
 }
 
-Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
-  SPARK_TRY(moe_experts_check(a));
-  if (a.rows == 0) return Status::Ok();
-  auto st = static_cast<cudaStream_t>(stream);
-  // Any FP8 or MXFP4 weights: the instantiations that read them (the bf16 ones stay as they
-  // were; moe_experts_check refuses FP8 beside MXFP4).
+namespace {
+
+// The weights' kind of `a`'s routed experts (FP8 or MXFP4: the instantiations that read them;
+// the bf16 ones stay as they were; moe_experts_check refuses FP8 beside MXFP4).
+int weights_kind(const MoeExpertsArgs& a) {
   const bool fp8 = a.gate_up_fp8.q != nullptr || a.shared_gate_up_fp8.q != nullptr;
-  const int kind = a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
-  const bool decode = a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows);
-  // The tensor-core decode kernels (form 3: at every row count up to kMmaMaxRows; form 4
-  // never, nor forms 1 and 2). Their cost stays nearly flat in the rows while the fp32
-  // kernels' grows. Automatic (form 0), as measured on an H100:
+  return a.gate_up_mx4.blocks ? kWMx4 : fp8 ? kWFp8 : kWBf16;
+}
+
+// The rows gate/up of the tensor-core decode kernels stages a pass for `a`, 0 where those
+// kernels are not taken: form 3 at every row count up to kMmaMaxRows; forms 1, 2 and 4
+// never. Their cost stays nearly flat in the rows while the fp32 kernels' grows. Automatic
+// (form 0), as measured on an H100:
+int mma_pass_rows_for(const MoeExpertsArgs& a) {
+  const int kind = weights_kind(a);
   //  - gpt-oss's MXFP4 experts (their act is fp16, exact for the clamped activation's range;
   //    no shared experts) from two rows up to kMmaMaxRows, past 8 rows in place of the
   //    grouped form: 8 streams of gpt-oss-20b 1027 against 521 tokens/s, 32 streams 1468
@@ -1747,7 +1801,23 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   const bool mma_kind = kind == kWMx4
                             ? a.shared_inter == 0 && a.swiglu_limit > 0.f && a.swiglu_limit < 128.f
                             : kind == kWBf16 && bf16_mma_fits(a);
-  const int pass_rows = mma_rows && mma_kind ? moe_mma_pass_rows(a) : 0;
+  return mma_rows && mma_kind ? moe_mma_pass_rows(a) : 0;
+}
+
+}  // namespace
+
+int moe_experts_kernels(const MoeExpertsArgs& a) {
+  if (mma_pass_rows_for(a) > 0) return 3;
+  return a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows) ? 1 : 2;
+}
+
+Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
+  SPARK_TRY(moe_experts_check(a));
+  if (a.rows == 0) return Status::Ok();
+  auto st = static_cast<cudaStream_t>(stream);
+  const int kind = weights_kind(a);
+  const int pass_rows = mma_pass_rows_for(a);
+  const bool decode = moe_experts_kernels(a) == 1;
   if (pass_rows > 0) {
     const GroupedWs w = grouped_ws(a);
     const unsigned distinct = static_cast<unsigned>(std::min(a.rows * a.top_k, a.experts));

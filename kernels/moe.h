@@ -165,6 +165,11 @@ size_t moe_smem_cap();
 /// device under that cap: 16, 8, or 0 where 8 do not fit either (those kernels not taken).
 int moe_mma_pass_rows(const MoeExpertsArgs& a);
 
+/// The kernels moe_experts_cuda_device runs for `a` (its `form` and rows) on the current
+/// device: 1 the fp32 decode kernels, 2 the grouped form, 3 the tensor-core decode kernels.
+/// The launch takes this answer, so a test of the automatic form's rule asks it.
+int moe_experts_kernels(const MoeExpertsArgs& a);
+
 /// The reference of moe_experts_cuda_device on host floats (the same fields, host pointers to
 /// float arrays; out is float): in double, act rounded to bf16, the result rounded to bf16.
 /// FP8 weights (the *_fp8 fields set: host e4m3 bytes and host scales) are widened exactly
