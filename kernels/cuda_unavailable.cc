@@ -225,11 +225,6 @@ Status Matmul::run_fp8(const Fp8TcArgs& a, void*) {
   SPARK_TRY(fp8_tc_check(a));
   return no_cuda("Matmul::run_fp8");
 }
-MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
-  const size_t nk = n * k;  // as in matmul.cu
-  if (m <= 8 && nk >= (size_t{8} << 20) && nk <= (size_t{16} << 20)) return MatmulBackend::own;
-  return MatmulBackend::cublaslt;
-}
 const std::string& Matmul::library_path() const {
   return impl_->path;
 }

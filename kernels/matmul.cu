@@ -1015,22 +1015,6 @@ Result<std::unique_ptr<Matmul>> Matmul::create(size_t workspace_bytes) {
   return std::unique_ptr<Matmul>(new Matmul(std::move(impl)));
 }
 
-MatmulBackend Matmul::choose(size_t m, size_t n, size_t k) const {
-  // Measured on the H200 (bench/kernels, bench/results/kernel_bench-*): at 1 and 2 rows the
-  // own kernel's streaming form reads every shape as fast as cuBLASLt or faster (4096 x 4096
-  // 10.7 us against 13.5, 1024 x 4096 5.0 against 7.0, gate_up/down/lm_head within 1-2%, at
-  // 85-98% of HBM), and it takes SwiGLU into its epilogue. From 3 to 8 rows the tensor-core
-  // form wins on 1024 x 4096 (5.3 us against 7.0) and 4096 x 4096 (11.5 against 12.5); on
-  // 4096 x 14336 it is within 3% alone (32.6 against 31.8) and faster in a layer's chain,
-  // where it streams its weight while the kernel ahead ends (down added into the residual:
-  // 134.0 us a layer against 136.2 with cuBLASLt's). cuBLASLt keeps the larger weights there
-  // (gate_up without SwiGLU, lm_head), m = 32 and every prefill.
-  const size_t nk = n * k;
-  if (m <= 2) return MatmulBackend::own;
-  if (m <= 8 && nk <= (size_t{64} << 20)) return MatmulBackend::own;
-  return MatmulBackend::cublaslt;
-}
-
 Status Matmul::run(const MatmulArgs& a, void* stream) {
   SPARK_TRY(matmul_check_args(a));
   if (a.m == 0) return Status::Ok();

@@ -189,8 +189,9 @@ class Matmul {
   Status run_fp8(const Fp8TcArgs& args, void* stream);
   /// The backend automatic picks for this shape: the one measured faster on the H200
   /// (bench/kernels): own for m <= 2 on any weight and for m <= 8 on weights of at most
-  /// 64 Mi elements (up to 4096 x 14336), else cuBLASLt.
-  MatmulBackend choose(size_t m, size_t n, size_t k) const;
+  /// 64 Mi elements (up to 4096 x 14336), else cuBLASLt. (A rule of the shape alone, defined
+  /// once for every build: matmul_ref.cc.)
+  static MatmulBackend choose(size_t m, size_t n, size_t k);
   /// Where the library was loaded from, e.g. "/usr/local/cuda/lib64/libcublasLt.so.13".
   const std::string& library_path() const;
 

@@ -1515,17 +1515,6 @@ TEST_CASE("gpu matrix products: cuBLASLt and the own decode kernel against the t
           };
           check_products(got, ref, sh.m * sh.n, bound);
         }
-  // The measured choice: own at 1-2 rows and up to 4096 x 14336 up to 8, cuBLASLt elsewhere.
-  CHECK((*mm)->choose(1, 4096, 4096) == MatmulBackend::own);
-  CHECK((*mm)->choose(8, 4096, 4096) == MatmulBackend::own);
-  CHECK((*mm)->choose(8, 1024, 4096) == MatmulBackend::own);
-  CHECK((*mm)->choose(8, 4096, 14336) == MatmulBackend::own);
-  CHECK((*mm)->choose(9, 4096, 14336) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(8, 128256, 4096) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(32, 4096, 4096) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(1, 28672, 4096) == MatmulBackend::own);
-  CHECK((*mm)->choose(4, 28672, 4096) == MatmulBackend::cublaslt);
-  CHECK((*mm)->choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
 }
 
 TEST_CASE("gpu own kernel: RMSNorm inside the products (both forms), against the twin") {

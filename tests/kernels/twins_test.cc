@@ -318,6 +318,22 @@ TEST_CASE("twins: embedding zeros for bad ids, add_rmsnorm rounds the sum, KV sl
   CHECK(vp[6] == 3.f);
 }
 
+// The automatic backend's rule is the shape's alone, the same in every build (a build
+// without CUDA reports it too): the own kernel at 1-2 rows, and up to 4096 x 14336 up to 8
+// rows; cuBLASLt elsewhere.
+TEST_CASE("matmul: the automatic backend as measured: own at 1-2 rows, up to 64 Mi weights at 8") {
+  CHECK(Matmul::choose(1, 4096, 4096) == MatmulBackend::own);
+  CHECK(Matmul::choose(8, 4096, 4096) == MatmulBackend::own);
+  CHECK(Matmul::choose(8, 1024, 4096) == MatmulBackend::own);
+  CHECK(Matmul::choose(8, 4096, 14336) == MatmulBackend::own);
+  CHECK(Matmul::choose(9, 4096, 14336) == MatmulBackend::cublaslt);
+  CHECK(Matmul::choose(8, 128256, 4096) == MatmulBackend::cublaslt);
+  CHECK(Matmul::choose(32, 4096, 4096) == MatmulBackend::cublaslt);
+  CHECK(Matmul::choose(1, 28672, 4096) == MatmulBackend::own);
+  CHECK(Matmul::choose(4, 28672, 4096) == MatmulBackend::cublaslt);
+  CHECK(Matmul::choose(1024, 4096, 4096) == MatmulBackend::cublaslt);
+}
+
 TEST_CASE("twins: attention and matmul argument checks name what is wrong") {
   AttentionBatch b;
   b.kv.head_dim = 20;
