@@ -244,7 +244,8 @@ int cmd_plan(Context& ctx, const std::vector<std::string>& args) {
         (estimate ? estimate->basis : std::string()), model);
   const std::string from = estimate ? "the estimate from config.json" : "estimated from the files";
   o << (in.engine_weights
-            ? "# weights per rank: the native engine's shard plan, as a GPU holds them (bf16)\n"
+            ? "# weights per rank: the native engine's shard plan, as a GPU holds them "
+              "(matrices as stored: bf16, or FP8 and MXFP4 with their scales)\n"
         : in.engine_weights_why.empty()
             ? fmt::format("# weights per rank: {} (ENGINE=exec)\n", from)
             : fmt::format("# weights per rank: {}; the native engine refuses this model: {}\n",

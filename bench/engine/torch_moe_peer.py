@@ -25,6 +25,11 @@ GPU) and each step gathers the chosen experts' bytes and widens them to bf16 wit
 scales before the products; the other matrices are bf16 (the peer has no block-scaled FP8
 product), so it reads more bytes a token than the engine, which keeps them FP8.
 
+Dense configs (no experts: Llama, Qwen3, and their FP8 checkpoints' shapes) run every layer's
+gated MLP in bf16: for an FP8 shape that is what a user without FP8 kernels runs, the weights
+dequantized to bf16 at load. The q/k norms are Qwen3's and MiniMax-M2's (and GLM's where
+use_qk_norm says so).
+
   torch_moe_peer.py CONFIG.json [--layers N] [--prompt 128] [--tokens 256] [--json-out FILE]
 """
 import argparse
@@ -52,7 +57,8 @@ glm = arch == "Glm4MoeForCausalLM"
 gptoss = arch == "GptOssForCausalLM"
 ds = arch == "DeepseekV3ForCausalLM"
 E = c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts")
-K = c["num_experts_per_tok"]
+K = c.get("num_experts_per_tok", 0)
+dense = not E  # no experts: every layer a gated MLP
 EI = c.get("moe_intermediate_size") or c["intermediate_size"]
 I = c["intermediate_size"]
 WINDOW = c.get("sliding_window") or 0
@@ -60,7 +66,8 @@ LAYER_TYPES = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "f
                                        for i in range(c["num_hidden_layers"])]
 LIMIT = c.get("swiglu_limit", 7.0)
 SI = EI * c.get("n_shared_experts", 0) if glm or ds else 0
-dense_layers = (set(range(c.get("first_k_dense_replace", 0))) if glm or ds
+dense_layers = (set(range(L)) if dense
+                else set(range(c.get("first_k_dense_replace", 0))) if glm or ds
                 else set(c.get("mlp_only_layers", [])))
 if ds:
     R, NOPE, PE, VD = c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
@@ -72,7 +79,7 @@ if ds:
         MS = 0.1 * rs["mscale_all_dim"] * math.log(rs["factor"]) + 1.0
     DS_SCALE = (NOPE + PE) ** -0.5 * MS * MS
 ROT = int(HD * c.get("partial_rotary_factor", 1.0))
-qk_norm = (not glm and not gptoss) or c.get("use_qk_norm", False)
+qk_norm = arch.startswith(("Qwen3", "MiniMax")) or c.get("use_qk_norm", False)
 bias = c.get("attention_bias", False)
 scaling = c.get("routed_scaling_factor", 1.0)
 dev, dt = "cuda", torch.bfloat16
@@ -186,7 +193,7 @@ inv = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, ROT, 2, device=dev
 ang = torch.arange(S, device=dev).float()[:, None] * inv[None, :]
 cos, sin = torch.cat([ang.cos()] * 2, -1).to(dt), torch.cat([ang.sin()] * 2, -1).to(dt)
 grouped = hasattr(torch, "_grouped_mm")
-arangeE = torch.arange(E, device=dev)
+arangeE = torch.arange(E or 1, device=dev)
 
 
 def rms(x, wt):
@@ -373,12 +380,14 @@ with torch.no_grad():
     e1.record()
     torch.cuda.synchronize()
     ms = e0.elapsed_time(e1)
-res = {"peer": "pytorch static KV cache + CUDA graph, experts by "
-               + ("gathering the chosen experts' packed MXFP4 and widening them to bf16" if gptoss
-                  else "gathering the chosen experts' FP8 and widening them to bf16 (latent "
-                       "attention absorbed, other matrices bf16)" if ds
-                  else "torch._grouped_mm" if grouped
-                  else "gathering the chosen experts' weights"),
+res = {"peer": "pytorch static KV cache + CUDA graph, "
+               + ("dense, every matrix bf16 (an FP8 checkpoint dequantized at load)" if dense
+                  else "experts by gathering the chosen experts' packed MXFP4 and widening them "
+                       "to bf16" if gptoss
+                  else "experts by gathering the chosen experts' FP8 and widening them to bf16 "
+                       "(latent attention absorbed, other matrices bf16)" if ds
+                  else "experts by torch._grouped_mm" if grouped
+                  else "experts by gathering the chosen experts' weights"),
        "torch": torch.__version__, "device": torch.cuda.get_device_name(), "config": a.config,
        "layers": L, "tokens": a.tokens, "tok_s": a.tokens / (ms / 1e3)}
 print(json.dumps(res))
