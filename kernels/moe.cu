@@ -1804,11 +1804,16 @@ int mma_pass_rows_for(const MoeExpertsArgs& a) {
   return mma_rows && mma_kind ? moe_mma_pass_rows(a) : 0;
 }
 
+// moe_experts_kernels' answer, given mma_pass_rows_for(a).
+int kernels_for(const MoeExpertsArgs& a, int pass_rows) {
+  if (pass_rows > 0) return 3;
+  return a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows) ? 1 : 2;
+}
+
 }  // namespace
 
 int moe_experts_kernels(const MoeExpertsArgs& a) {
-  if (mma_pass_rows_for(a) > 0) return 3;
-  return a.form == 1 || ((a.form == 0 || a.form >= 3) && a.rows <= kMoeDecodeMaxRows) ? 1 : 2;
+  return kernels_for(a, mma_pass_rows_for(a));
 }
 
 Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
@@ -1817,7 +1822,7 @@ Status moe_experts_cuda_device(const MoeExpertsArgs& a, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   const int kind = weights_kind(a);
   const int pass_rows = mma_pass_rows_for(a);
-  const bool decode = moe_experts_kernels(a) == 1;
+  const bool decode = kernels_for(a, pass_rows) == 1;
   if (pass_rows > 0) {
     const GroupedWs w = grouped_ws(a);
     const unsigned distinct = static_cast<unsigned>(std::min(a.rows * a.top_k, a.experts));

@@ -188,10 +188,12 @@ void check_experts(std::mt19937& rng, const ExpertsCase& c, int form, Ran* ran =
 // workspaces the kernels leave agree with it: the automatic form's is the tensor-core
 // kernels' where `mma`, else the other's (past 8 rows: not the tensor-core kernels', the
 // grouped form's atomics may place rows differently run to run). (The fp32 and tensor-core
-// kernels may leave the same bf16 act bits, so their workspaces are not told apart.)
+// kernels may leave the same bf16 act bits, so their workspaces are told apart only where
+// `distinct_ws`: MXFP4's, whose tensor-core act is fp16 in the mma's column order.)
 // check(rng, c, form, ran) runs one form against the twin.
 template <class Case, class Check>
-void check_automatic_form(std::mt19937& rng, const Case& c, bool mma, Check check) {
+void check_automatic_form(std::mt19937& rng, const Case& c, bool mma, bool distinct_ws,
+                          Check check) {
   CAPTURE(c.rows);
   Ran other, tc, automatic;
   const std::mt19937 start = rng;  // the same weights and rows for each form
@@ -204,6 +206,7 @@ void check_automatic_form(std::mt19937& rng, const Case& c, bool mma, Check chec
   CHECK(other.kernels == (decode_rows ? 1 : 2));
   CHECK(tc.kernels == 3);
   CHECK(automatic.kernels == (mma ? 3 : decode_rows ? 1 : 2));
+  if (distinct_ws) CHECK(other.ws != tc.ws);  // the launches followed those answers
   if (mma)
     CHECK(automatic.ws == tc.ws);
   else if (decode_rows)
@@ -271,7 +274,7 @@ TEST_CASE("gpu moe experts: bf16 weights, the automatic form: mma from 5 rows to
       {20, 8, 1024, 384, 32, 0, 32, 0, false},  // 20 rows: grouped
   };
   for (const auto& c : cases)
-    check_automatic_form(rng, c, c.rows >= 5 && c.rows <= kMoeDecodeMaxRows,
+    check_automatic_form(rng, c, c.rows >= 5 && c.rows <= kMoeDecodeMaxRows, false,
                          [](std::mt19937& r, const ExpertsCase& e, int form, Ran* ran) {
                            check_experts(r, e, form, ran);
                          });
@@ -762,7 +765,7 @@ TEST_CASE("gpu moe: MXFP4 experts, the automatic form: fp32 kernels at one row, 
       {20, 4, 256, 96, 8, 0, 8, 0, true, true},       // 20 rows: not the grouped form
   };
   for (const auto& c : cases)
-    check_automatic_form(rng, c, c.rows > 1,
+    check_automatic_form(rng, c, c.rows > 1, true,
                          [](std::mt19937& r, const Mx4ExpertsCase& e, int form, Ran* ran) {
                            check_mx4_experts(r, e, form, ran);
                          });
