@@ -365,8 +365,11 @@ TEST_CASE("stage: chain mode feeds the first target only; each forwards what the
   CHECK(rep->ok);
   CHECK(rep->bytes_read == m.total_bytes());
   REQUIRE(rep->targets.size() == 3);
-  // The source sent one copy (plus the resent chunk), to t1 only.
-  CHECK(rep->targets[0].bytes_sent == m.total_bytes() + kChunk);
+  // The source sent one copy (plus the resent chunk), to t1 only. Which chunk is the third
+  // sent depends on how the parallel streams interleave, and a file's last chunk is shorter
+  // than kChunk, so the resent bytes are at most one chunk, not exactly one.
+  CHECK(rep->targets[0].bytes_sent > m.total_bytes());
+  CHECK(rep->targets[0].bytes_sent <= m.total_bytes() + kChunk);
   CHECK(rep->targets[0].chunks_resent == 1);
   // t1 forwarded everything to t2 (t3 needs it all); t2 forwarded everything to t3.
   CHECK(rep->targets[1].bytes_sent == m.total_bytes());
