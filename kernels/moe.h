@@ -90,9 +90,10 @@ struct MoeExpertsArgs {
   size_t workspace_bytes = 0;
   /// 0: automatic (the decode form up to kMoeDecodeMaxRows rows, else grouped; gpt-oss's
   /// MXFP4 experts (clamped activation, no shared experts) on the fp32 decode kernels at one
-  /// row and the tensor-core decode kernels from two rows up to 32, grouped past them; bf16
-  /// experts (whole 32-column blocks, 16-byte aligned rows) on the tensor-core kernels from 5
-  /// rows to kMoeDecodeMaxRows);
+  /// row and the tensor-core decode kernels from two rows up to 32, grouped past them; FP8
+  /// experts (every routed and shared matrix FP8, whole 32-column blocks, 8-byte aligned
+  /// rows) likewise; bf16 experts (whole 32-column blocks, 16-byte aligned rows) on the
+  /// tensor-core kernels from 5 rows to kMoeDecodeMaxRows);
   /// 1: the decode form (fp32 kernels); 2: the grouped form (the tests run both on the same
   /// rows); 3: automatic with those experts on the tensor-core kernels at one row too;
   /// 4: automatic with them never on the tensor-core kernels.

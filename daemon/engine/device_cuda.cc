@@ -150,7 +150,8 @@ class CudaDevice final : public Device {
     // SPARK_CUDA_MOE_FORM=grouped runs the MoE experts' grouped form at every row count (the
     // decode form's rows too), to compare the two or rule one out; auto (the default) takes
     // the decode form up to 8 rows, with gpt-oss's MXFP4 experts on the fp32 kernels at one
-    // row and the tensor-core kernels from two (to 32), bf16 experts on them from 5 rows to 8;
+    // row and the tensor-core kernels from two (to 32), FP8 experts likewise, bf16 experts on
+    // them from 5 rows to 8;
     // decode-mma takes the tensor-core kernels at every row count up to 32, decode-fp32 the
     // fp32 ones up to 8 rows.
     auto moe_form =

@@ -305,8 +305,11 @@ struct Fp8ExpertsCase {
   bool shared_fp8;  // else bf16 shared experts
 };
 
-// Runs one case with FP8 experts through `form` (1 decode, 2 grouped) against the twin.
-void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
+// Runs one case with FP8 experts through `form` (1 decode, 2 grouped, 3 the tensor-core decode
+// kernels where they apply, 0 automatic) against the twin: over the FP8 weights where the
+// kernels that ran read them (the decode and tensor-core kernels), over the grouped form's
+// bf16 weights (value x scale rounded) where it ran; `ran`: what it left.
+void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form, Ran* ran = nullptr) {
   CAPTURE(c.rows);
   CAPTURE(c.top_k);
   CAPTURE(c.hidden);
@@ -341,28 +344,6 @@ void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
     for (size_t j = 0; j < K; ++j) ids[r * K + j] = all[j], w[r * K + j] = wdist(rng);
   }
   std::vector<float> ref = prior;
-  MoeExpertsArgs h;
-  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
-  h.hidden = c.hidden, h.expert0 = c.expert0, h.experts = c.held, h.inter = c.inter;
-  h.out = ref.data(), h.accumulate = c.accumulate, h.shared_inter = c.shared;
-  if (c.shared_fp8) {
-    h.shared_gate_up_fp8 = sgu.weight(), h.shared_down_fp8 = sdn.weight();
-  } else {
-    h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
-  }
-  // The grouped form's weights: value x scale rounded to bf16.
-  const auto gu_b = as_stored(gu.widened(), DType::bf16);
-  const auto dn_b = as_stored(dn.widened(), DType::bf16);
-  if (form == 1) {
-    h.gate_up_fp8 = gu.weight(), h.down_fp8 = dn.weight();
-  } else {
-    h.gate_up = gu_b.data(), h.down = dn_b.data();
-    if (c.shared_fp8) {
-      h.shared_gate_up_fp8 = h.shared_down_fp8 = Fp8Weight{};
-      h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
-    }
-  }
-  moe_experts_ref(h);
 
   auto dx = to_dev(x, DType::bf16);
   auto dgu = DeviceBuf<uint8_t>::from(gu.q), ddn = DeviceBuf<uint8_t>::from(dn.q);
@@ -375,8 +356,7 @@ void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
   auto dw = DeviceBuf<float>::from(w);
   const size_t ws_bytes =
       moe_experts_workspace_bytes(c.rows, c.top_k, c.hidden, c.inter, c.shared, c.held);
-  auto dws = DeviceMemory::allocate(ws_bytes);
-  REQUIRE(dws.ok());
+  auto dws = DeviceBuf<uint8_t>::from(std::vector<uint8_t>(ws_bytes, 0));
   auto on_dev = [](const test::Fp8Host& f, const DeviceBuf<uint8_t>& q,
                    const DeviceBuf<float>& sc) {
     Fp8Weight d = f.weight();
@@ -393,11 +373,36 @@ void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
   } else if (S) {
     g.shared_gate_up = dsgu_b.get(), g.shared_down = dsdn_b.get();
   }
-  g.workspace = dws->get(), g.workspace_bytes = ws_bytes, g.form = form;
+  g.workspace = dws.get(), g.workspace_bytes = ws_bytes, g.form = form;
+  const int kernels = moe_experts_kernels(g);
+  CHECK(kernels == (form == 1 ? 1 : form == 2 ? 2 : kernels));
+  MoeExpertsArgs h;
+  h.x = x.data(), h.ids = ids.data(), h.weights = w.data(), h.rows = c.rows, h.top_k = c.top_k;
+  h.hidden = c.hidden, h.expert0 = c.expert0, h.experts = c.held, h.inter = c.inter;
+  h.out = ref.data(), h.accumulate = c.accumulate, h.shared_inter = c.shared;
+  if (c.shared_fp8) {
+    h.shared_gate_up_fp8 = sgu.weight(), h.shared_down_fp8 = sdn.weight();
+  } else {
+    h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
+  }
+  // The grouped form's weights: value x scale rounded to bf16.
+  const auto gu_b = as_stored(gu.widened(), DType::bf16);
+  const auto dn_b = as_stored(dn.widened(), DType::bf16);
+  if (kernels != 2) {
+    h.gate_up_fp8 = gu.weight(), h.down_fp8 = dn.weight();
+  } else {
+    h.gate_up = gu_b.data(), h.down = dn_b.data();
+    if (c.shared_fp8) {
+      h.shared_gate_up_fp8 = h.shared_down_fp8 = Fp8Weight{};
+      h.shared_gate_up = sgu_b.data(), h.shared_down = sdn_b.data();
+    }
+  }
+  moe_experts_ref(h);
   auto s = moe_experts_cuda_device(g, nullptr);
   REQUIRE_MESSAGE(s.ok(), s.message());
   REQUIRE(cuda_synchronize().ok());
   auto got = from_dev(dout);
+  if (ran) ran->ws = dws.host(), ran->kernels = kernels;
   std::vector<double> row_mean(R, 0.0);
   for (size_t r = 0; r < R; ++r) {
     for (size_t i = 0; i < H; ++i)
@@ -407,10 +412,10 @@ void check_fp8_experts(std::mt19937& rng, const Fp8ExpertsCase& c, int form) {
   double err = 0;
   auto bound = [&](size_t i) { return 2 * bf16_ulp(ref[i]) + 0.01 * row_mean[i / H] + 1e-6; };
   CHECK(outside(got, ref, bound, &err) == 0);
-  MESSAGE("fp8 experts form " << form << " rows " << c.rows << " k " << c.top_k << " H " << c.hidden
-                              << " I " << c.inter << " E " << c.held << "/" << c.experts
-                              << " shared " << c.shared << " row_shift " << c.row_shift
-                              << ": max err " << err);
+  MESSAGE("fp8 experts form " << form << " (kernels " << kernels << ") rows " << c.rows << " k "
+                              << c.top_k << " H " << c.hidden << " I " << c.inter << " E " << c.held
+                              << "/" << c.experts << " shared " << c.shared << " row_shift "
+                              << c.row_shift << ": max err " << err);
 }
 
 }  // namespace
@@ -443,6 +448,59 @@ TEST_CASE("gpu moe fp8 experts: the grouped form against the twin over its bf16 
       {128, 8, 1024, 384, 64, 0, 64, 0, false, 7, true},    // wider rows
   };
   for (const auto& c : cases) check_fp8_experts(rng, c, 2);
+}
+
+// The tensor-core decode kernels over FP8 weights (form 3) from one row up to 32, against the
+// twin over the FP8 weights: Qwen3-30B-A3B's widths and a TP=2 share (16 experts: the twin's
+// random weights are made on the CPU), one to four column tiles, two passes, FP8 shared
+// experts (at GLM's inter), a scale row per row, scale blocks cut by
+// the end of a row (320 = 2.5 blocks, 96) and by the warps' slices; where the shared experts
+// are bf16 or a row is not whole 32-column blocks the fp32 kernels run (the launch says so).
+TEST_CASE("gpu moe fp8 experts: the tensor-core decode kernels, 1 to 32 rows") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe fp8 experts mma"));
+  struct MmaCase {
+    Fp8ExpertsCase c;
+    int kernels;
+  };
+  const MmaCase cases[] = {
+      {{1, 8, 2048, 768, 16, 0, 16, 0, true, 7, true}, 3},      // Qwen3-30B-A3B, batch 1
+      {{2, 8, 2048, 384, 16, 0, 16, 0, false, 7, true}, 3},     // a TP=2 share, two rows
+      {{8, 8, 2048, 768, 16, 0, 16, 0, true, 7, true}, 3},      // 8 streams
+      {{12, 8, 1024, 192, 64, 0, 64, 0, false, 0, true}, 3},    // two tiles, a row's scales
+      {{17, 4, 256, 96, 16, 4, 8, 0, false, 7, true}, 3},       // three tiles, a rank's half
+      {{32, 4, 512, 256, 8, 0, 8, 0, true, 7, true}, 3},        // two passes, four tiles
+      {{5, 8, 1024, 1408, 16, 4, 4, 1408, true, 7, true}, 3},   // GLM's inter, FP8 shared
+      {{24, 8, 1024, 256, 64, 0, 64, 512, false, 7, true}, 3},  // shared experts, 24 rows
+      {{6, 4, 320, 96, 8, 0, 8, 0, false, 0, true}, 3},         // 2.5 scale blocks a row
+      {{8, 2, 256, 128, 32, 8, 16, 128, true, 7, false}, 1},    // bf16 shared: fp32 kernels
+      {{4, 8, 200, 72, 16, 0, 16, 72, true, 0, true}, 1},       // partial 32-column blocks
+  };
+  for (const auto& m : cases) {
+    Ran ran;
+    check_fp8_experts(rng, m.c, 3, &ran);
+    CHECK(ran.kernels == m.kernels);
+  }
+}
+
+// The automatic form (0) over FP8 weights takes the tensor-core kernels from two rows up to
+// 32 (past 8 rows instead of the grouped form) and the fp32 kernels at one row. The launch's
+// answer and the workspaces agree (both kernels' act is bf16, so the workspaces are not used
+// to tell those two apart).
+TEST_CASE("gpu moe fp8 experts: the automatic form: mma from two rows to 32") {
+  if (test::skip_without_cuda()) return;
+  std::mt19937 rng(test::fresh_seed("moe fp8 experts automatic form"));
+  const Fp8ExpertsCase cases[] = {
+      {1, 8, 2048, 768, 16, 0, 16, 0, true, 7, true},    // batch 1
+      {2, 8, 1024, 384, 32, 0, 32, 0, false, 7, true},   // two rows
+      {8, 8, 1024, 384, 32, 0, 32, 256, true, 7, true},  // 8 rows, FP8 shared experts
+      {20, 8, 1024, 384, 32, 0, 32, 0, false, 7, true},  // 20 rows: not the grouped form
+  };
+  for (const auto& c : cases)
+    check_automatic_form(rng, c, c.rows >= 2, false,
+                         [](std::mt19937& r, const Fp8ExpertsCase& e, int form, Ran* ran) {
+                           check_fp8_experts(r, e, form, ran);
+                         });
 }
 
 namespace {
