@@ -1862,19 +1862,15 @@ bool bf16_mma_fits(const MoeExpertsArgs& a) {
 }
 
 // Whether FP8 experts can take the tensor-core decode kernels: every routed matrix FP8, the
-// shared experts' too where there are any, whole 32-column blocks, 8-byte aligned rows (a
-// lane's loads of the codes) and x 16-byte aligned.
+// shared experts' too where there are any, and whole 32-column blocks. (A lane's 8-byte loads
+// of the codes and x's 16-byte rows are aligned already: moe_experts_check requires q and ldq
+// multiples of 8 bytes and x 16-byte aligned.)
 bool fp8_mma_fits(const MoeExpertsArgs& a) {
-  auto rows_ok = [](const Fp8Weight& w) {
-    return w.q != nullptr && w.scales != nullptr && reinterpret_cast<uintptr_t>(w.q) % 8 == 0 &&
-           w.ldq % 8 == 0;
-  };
   const bool shared_ok =
-      a.shared_inter == 0 || (a.shared_inter % kMxfp4BlockK == 0 && rows_ok(a.shared_gate_up_fp8) &&
-                              rows_ok(a.shared_down_fp8));
+      a.shared_inter == 0 || (a.shared_inter % kMxfp4BlockK == 0 &&
+                              a.shared_gate_up_fp8.q != nullptr && a.shared_down_fp8.q != nullptr);
   return a.hidden % kMxfp4BlockK == 0 && a.inter % kMxfp4BlockK == 0 &&
-         reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && rows_ok(a.gate_up_fp8) &&
-         rows_ok(a.down_fp8) && shared_ok;
+         a.gate_up_fp8.q != nullptr && a.down_fp8.q != nullptr && shared_ok;
 }
 
 // gate/up's dynamic shared memory: min(rows, pass_rows) staged rows of x.
