@@ -33,9 +33,11 @@ constexpr int kFewTokens = 4;  // fewer tokens than this: the products a token p
 constexpr int kHeadGroup = 4;  // heads per attention block
 constexpr int kTile = 16;      // cache rows per attention tile
 constexpr size_t kSmemLimit = 48 * 1024;
-constexpr int kMaxSplits = 64;  // context ranges per token the output's combine takes
+// Ranges the output product combines itself; past them the combine is a launch of its own.
+constexpr int kOutCombine = 32;
 static_assert(kTokGroup <= kThreads / 32, "the combine's weights take a warp per token");
-static_assert(kMaxSplits % 32 == 0, "the combine's weights take a lane per range");
+static_assert(kMlaMaxSplits % 32 == 0, "the combine's weights take a lane per range");
+static_assert(kOutCombine % 32 == 0 && kOutCombine <= kMlaMaxSplits);
 
 struct Dims {
   int heads, nope, rope, v_dim, latent, width, splits;
@@ -65,7 +67,8 @@ template <int TG>
 __global__ void __launch_bounds__(kThreads)
     mla_q_kernel(bf16* __restrict__ q, const bf16* __restrict__ kv_b,
                  const float* __restrict__ inv_freq, const int32_t* __restrict__ pos,
-                 size_t n_tokens, Dims d, bool interleave, float factor, float* __restrict__ qlat) {
+                 size_t n_tokens, Dims d, bool interleave, float factor, float* __restrict__ qlat,
+                 bf16* __restrict__ qlat16) {
   dev::pdl_wait();
   dev::pdl_trigger();
   extern __shared__ float sm[];  // [TG][nope + rope], then [8 warps][TG][kQCols]
@@ -94,6 +97,7 @@ __global__ void __launch_bounds__(kThreads)
         const float v = sm[k * qk + d.nope + i];
         dst[i] = __float2bfloat16_rn(v);
         ql[i] = v;
+        if (qlat16) qlat16[row * static_cast<size_t>(d.width) + d.latent + i] = dst[i];
       }
     }
   }
@@ -142,7 +146,9 @@ __global__ void __launch_bounds__(kThreads)
     if (gc >= d.latent) continue;
     float v = 0.f;
     for (int w = 0; w < kThreads / 32; ++w) v += red[(w * TG + k) * kQCols + c];
-    qlat[((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + gc] = v;
+    const size_t at = ((t0 + k) * d.heads + h) * static_cast<size_t>(d.width) + gc;
+    qlat[at] = v;
+    if (qlat16) qlat16[at] = __float2bfloat16_rn(v);
   }
 }
 
@@ -185,13 +191,14 @@ __global__ void mla_kv_kernel(bf16* __restrict__ kv_a, const bf16* __restrict__ 
 
 // The positions [*j0, *j1) of range s of a token's n_ctx ones: the context shared out evenly
 // over `splits` ranges (not the bound's max_seq_len, so that a short context in a graph
-// captured for long ones still spreads over every range), each rounded up to whole tiles of
-// `tile` rows (one range: all of them).
+// captured for long ones still spreads over the ranges), each at least kMlaMinRange positions
+// and rounded up to whole tiles of `tile` rows (one range: all of them). Ranges past the
+// context are empty (j0 == j1).
 __device__ __forceinline__ void context_range(int n_ctx, int s, int splits, int tile, int* j0,
                                               int* j1) {
   *j0 = 0, *j1 = n_ctx;
   if (splits > 1) {
-    int len = (n_ctx + splits - 1) / splits;
+    int len = max((n_ctx + splits - 1) / splits, kMlaMinRange);
     len = (len + tile - 1) / tile * tile;
     *j0 = min(s * len, n_ctx);
     *j1 = min(*j0 + len, n_ctx);
@@ -233,6 +240,15 @@ __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __res
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
   int j0, j1;
   context_range(pos[t] + 1, s, d.splits, kTile, &j0, &j1);
+  const size_t P = static_cast<size_t>(L) + kMlaPartHead;
+  if (j0 >= j1) {  // an empty range: its maximum and sum alone (the combine passes over it)
+    for (int hh = threadIdx.x; hh < hn; hh += blockDim.x) {
+      float* o = part + ((static_cast<size_t>(t) * d.heads + h0 + hh) * d.splits + s) * P;
+      o[0] = -INFINITY;
+      o[1] = 0.f;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < hn * W; i += blockDim.x)
     qsm[i] = qlat[(static_cast<size_t>(t) * d.heads + h0) * W + i];
   for (int i = threadIdx.x; i < hn * L; i += blockDim.x) osm[i] = 0.f;
@@ -284,14 +300,13 @@ __global__ void mla_attend_kernel(const float* __restrict__ qlat, const C* __res
     }
     __syncthreads();
   }
-  const size_t P = static_cast<size_t>(L) + 2;
   for (int hh = 0; hh < hn; ++hh) {
     float* o = part + ((static_cast<size_t>(t) * d.heads + h0 + hh) * d.splits + s) * P;
     if (threadIdx.x == 0) {
       o[0] = ml[hh];
       o[1] = ml[kHeadGroup + hh];
     }
-    for (int c = threadIdx.x; c < L; c += blockDim.x) o[2 + c] = osm[hh * L + c];
+    for (int c = threadIdx.x; c < L; c += blockDim.x) o[kMlaPartHead + c] = osm[hh * L + c];
   }
 }
 
@@ -323,7 +338,7 @@ size_t attend_tc_smem(int mt, int W) {
 // shape's are zero queries whose partials are not written.
 template <int MT>
 __global__ void __launch_bounds__(64 * MT)
-    mla_attend_tc_kernel(const float* __restrict__ qlat, const bf16* __restrict__ cache,
+    mla_attend_tc_kernel(const bf16* __restrict__ qlat16, const bf16* __restrict__ cache,
                          const int32_t* __restrict__ tables, int table_w, int block_size,
                          const int32_t* __restrict__ pos, const int32_t* __restrict__ qs,
                          int n_seqs, float scale, Dims d, float* __restrict__ part) {
@@ -343,6 +358,15 @@ __global__ void __launch_bounds__(64 * MT)
   const int32_t* table = tables + static_cast<size_t>(seq) * table_w;
   int j0, j1;
   context_range(pos[t] + 1, s, d.splits, BN, &j0, &j1);
+  const size_t PW = static_cast<size_t>(L) + kMlaPartHead;
+  if (j0 >= j1) {  // an empty range: its maximum and sum alone (the combine passes over it)
+    for (int hh = threadIdx.x; hh < hn; hh += NT) {
+      float* out = part + ((static_cast<size_t>(t) * d.heads + h0 + hh) * d.splits + s) * PW;
+      out[0] = -INFINITY;
+      out[1] = 0.f;
+    }
+    return;
+  }
   const int chunks = W / 8;  // 16-byte pieces of a row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // A warp per row at a time (its slot looked up once, not per piece: the index arithmetic
@@ -361,31 +385,19 @@ __global__ void __launch_bounds__(64 * MT)
     }
     dev::cp_async_commit();
   };
-  if (j0 < j1) issue_tile(j0, 0);
-  // The heads' latent queries (rows of W floats, one after another), rounded to bf16: float4
-  // reads, eight in flight per thread before any is stored. (An element per step, each read
-  // waited for in turn, made this prologue most of a range's time at 4k positions.)
+  issue_tile(j0, 0);
+  // The heads' latent queries, as mla_q_kernel rounded them to bf16, by cp.async behind the
+  // first tile (the loop's first wait takes both); heads past the shape's zero-filled. (They
+  // were read as fp32 and rounded here: twice the bytes, and at 64 heads a range's reads of
+  // them were as many as four tiles' of cache rows.)
   {
-    const float4* qsrc =
-        reinterpret_cast<const float4*>(qlat + (static_cast<size_t>(t) * d.heads + h0) * W);
-    const int W4 = W / 4, n4 = HG * W4, live4 = hn * W4;
-    for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * NT) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * NT;
-        v[u] = i < live4 ? __ldg(qsrc + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * NT;
-        if (i >= n4) break;
-        // Element 4 i is row hh's column 4 i - hh W, at hh P + that = 4 i + 8 hh.
-        auto* dst = reinterpret_cast<__nv_bfloat162*>(q_s + 4 * i + 8 * (i / W4));
-        dst[0] = __floats2bfloat162_rn(v[u].x, v[u].y);
-        dst[1] = __floats2bfloat162_rn(v[u].z, v[u].w);
-      }
+    const bf16* qsrc = qlat16 + (static_cast<size_t>(t) * d.heads + h0) * W;
+    for (int i = threadIdx.x; i < HG * chunks; i += NT) {
+      const int hh = i / chunks, c = i - hh * chunks;
+      const bool ok = hh < hn;
+      dev::cp_async16(q_s + hh * P + c * 8, ok ? qsrc + hh * W + c * 8 : qsrc, ok);
     }
+    dev::cp_async_commit();
   }
 
   const int mt = warp % MT, hf = warp / MT;
@@ -517,7 +529,6 @@ __global__ void __launch_bounds__(64 * MT)
     red[hf * HG + mt * 16 + g + 8] = lB;
   }
   __syncthreads();
-  const size_t PW = static_cast<size_t>(L) + 2;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int hh = mt * 16 + g + 8 * half;
@@ -527,11 +538,13 @@ __global__ void __launch_bounds__(64 * MT)
       out[0] = half == 0 ? mA : mB;
       out[1] = red[hh] + red[HG + hh];
     }
-    // (A range's partial row is 514 floats: each pair below starts 8-byte aligned.)
+    // (A range's partial row is 516 floats, its context from the fifth: each pair below
+    // starts 8-byte aligned.)
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
       const int c = hf * (L / 2) + j * 8 + tg * 2;
-      *reinterpret_cast<float2*>(out + 2 + c) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
+      *reinterpret_cast<float2*>(out + kMlaPartHead + c) =
+          make_float2(o[j][2 * half], o[j][2 * half + 1]);
     }
   }
 }
@@ -540,62 +553,138 @@ __global__ void __launch_bounds__(64 * MT)
 constexpr int kOutRows = 64;
 static_assert(kOutRows % (kThreads / 32) == 0, "the output's rows are shared out evenly by warp");
 
-// Block (head, group of TG tokens, kOutRows value rows): the ranges' partials combined
-// into the latent context (each of the head's blocks combines them: the partials are L2-hot
-// and small beside W_UV), then out = ctx W_UV^T over the block's rows: a warp per row at a
-// time, each lane 8 columns (16 bytes) of it per step, the group's tokens together. The
-// combine's weights come first, a warp per token and a lane per range (the ranges' maxima
-// and sums read at once, not one dependent load after another), then each column's sum over
-// the ranges with its loads unrolled.
+// A warp's weights of a head's ranges (partials pr, P floats apart), a lane per range (the
+// ranges' maxima and sums read at once, not one dependent load after another): w[s] =
+// exp(m_s - M) with M the largest maximum, 0 for an empty range (sum 0; every token has a
+// row, so not every range is). Returns sum_s w[s] l_s, on every lane.
+template <int MAXS>
+__device__ __forceinline__ float range_weights(const float* pr, size_t P, int splits, float* w) {
+  const int lane = threadIdx.x & 31;
+  float m[MAXS / 32], l[MAXS / 32];
+  float M = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < MAXS / 32; ++j) {
+    const int s = lane + 32 * j;
+    m[j] = s < splits ? pr[s * P] : -INFINITY;
+    l[j] = s < splits ? pr[s * P + 1] : 0.f;
+    if (l[j] > 0.f) M = fmaxf(M, m[j]);
+  }
+  M = dev::warp_max(M);
+  float den = 0.f;
+#pragma unroll
+  for (int j = 0; j < MAXS / 32; ++j) {
+    const int s = lane + 32 * j;
+    const float e = l[j] > 0.f ? expf(m[j] - M) : 0.f;
+    den += e * l[j];
+    if (s < splits) w[s] = e;
+  }
+  return dev::warp_sum(den);
+}
+
+// Latent columns per block of the ranges' own combine (over kOutCombine ranges).
+constexpr int kCombineCols = 128;
+static_assert(kCombineCols == 32 * 4, "a lane per four columns");
+
+// Block (token, head, slice of kCombineCols latent columns), 8 warps: the ranges' weights (warp
+// 0), then warp w sums ranges w, w + 8, ... over the slice (four columns a lane, 16-byte loads),
+// passing over the empty ones, and the warps' sums meet in shared memory in order, over the
+// weights' sum. The latent context goes to ctx ([token][head][latent], over the latent queries,
+// which the attention has finished reading). Each head's partials are read once, spread over
+// latent / kCombineCols blocks (a block per head reading them all took microseconds at 16
+// heads of 256 ranges).
+__global__ void __launch_bounds__(kThreads)
+    mla_combine_kernel(const float* __restrict__ part, Dims d, float* __restrict__ ctx) {
+  dev::pdl_wait();
+  dev::pdl_trigger();
+  constexpr int NW = kThreads / 32;
+  __shared__ float wsm[kMlaMaxSplits];
+  __shared__ float dsm;
+  __shared__ float4 red[NW][32];
+  const size_t t = blockIdx.x;
+  const int h = blockIdx.y, L = d.latent;
+  const size_t P = static_cast<size_t>(L) + kMlaPartHead;
+  const float* pr = part + (t * d.heads + h) * d.splits * P;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    const float den = range_weights<kMlaMaxSplits>(pr, P, d.splits, wsm);
+    if (lane == 0) dsm = den;
+  }
+  __syncthreads();
+  const int c = static_cast<int>(blockIdx.z) * kCombineCols + lane * 4;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c < L) {
+#pragma unroll 4
+    for (int s = warp; s < d.splits; s += NW) {
+      const float w = wsm[s];
+      if (w == 0.f) continue;  // empty (its context was never written) or weightless
+      const float4 v = *reinterpret_cast<const float4*>(pr + s * P + kMlaPartHead + c);
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+  }
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < L) {
+    float4 sum = red[0][lane];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) {
+      const float4 v = red[w][lane];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float den = dsm;
+    *reinterpret_cast<float4*>(ctx + (t * d.heads + h) * L + c) =
+        make_float4(sum.x / den, sum.y / den, sum.z / den, sum.w / den);
+  }
+}
+
+// Block (head, group of TG tokens, kOutRows value rows): the latent context, either combined
+// here from at most kOutCombine ranges' partials (each of the head's blocks combines them: the
+// partials are L2-hot and small beside W_UV; the weights first, a warp per token, then each
+// column's sum over the ranges with its loads unrolled) or, where `ctx` is given, as
+// mla_combine_kernel wrote it; then out = ctx W_UV^T over the block's rows: a warp per row at
+// a time, each lane 8 columns (16 bytes) of it per step, the group's tokens together.
 template <int TG>
 __global__ void __launch_bounds__(kThreads)
-    mla_out_kernel(const float* __restrict__ part, const bf16* __restrict__ kv_b, size_t n_tokens,
-                   Dims d, bf16* __restrict__ out) {
+    mla_out_kernel(const float* __restrict__ part, const float* __restrict__ ctx,
+                   const bf16* __restrict__ kv_b, size_t n_tokens, Dims d, bf16* __restrict__ out) {
   dev::pdl_wait();
   dev::pdl_trigger();
   extern __shared__ __align__(16) float out_sm[];  // [TG][latent]
-  __shared__ float wsm[TG][kMaxSplits];            // exp(m_s - M) of each range, 0 if empty
+  __shared__ float wsm[TG][kOutCombine];           // exp(m_s - M) of each range, 0 if empty
   __shared__ float dsm[TG];                        // the weights' sum with the ranges' sums
   const int h = blockIdx.x, L = d.latent;
   const size_t t0 = static_cast<size_t>(blockIdx.y) * TG;
   const int nt = static_cast<int>(min(static_cast<size_t>(TG), n_tokens - t0));
-  const size_t P = static_cast<size_t>(L) + 2;
-  {
-    const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
-    if (k < nt) {
-      const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P;
-      float m[kMaxSplits / 32], l[kMaxSplits / 32];
-      float M = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kMaxSplits / 32; ++j) {
-        const int s = lane + 32 * j;
-        m[j] = s < d.splits ? pr[s * P] : -INFINITY;
-        l[j] = s < d.splits ? pr[s * P + 1] : 0.f;
-        if (l[j] > 0.f) M = fmaxf(M, m[j]);
+  if (ctx != nullptr) {
+    for (int k = 0; k < nt; ++k)
+      for (int c = threadIdx.x; c < L; c += blockDim.x)
+        out_sm[k * L + c] = ctx[((t0 + k) * d.heads + h) * L + c];
+  } else {
+    const size_t P = static_cast<size_t>(L) + kMlaPartHead;
+    {
+      const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+      if (k < nt) {
+        const float den = range_weights<kOutCombine>(part + ((t0 + k) * d.heads + h) * d.splits * P,
+                                                     P, d.splits, wsm[k]);
+        if (lane == 0) dsm[k] = den;
       }
-      // (A range with no rows has sum 0 and is left out; every token has one row.)
-      M = dev::warp_max(M);
-      float den = 0.f;
-#pragma unroll
-      for (int j = 0; j < kMaxSplits / 32; ++j) {
-        const int s = lane + 32 * j;
-        const float e = l[j] > 0.f ? expf(m[j] - M) : 0.f;
-        den += e * l[j];
-        if (s < d.splits) wsm[k][s] = e;
-      }
-      den = dev::warp_sum(den);
-      if (lane == 0) dsm[k] = den;
     }
-  }
-  __syncthreads();
-  for (int k = 0; k < nt; ++k) {
-    const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P + 2;
-    const float den = dsm[k];
-    for (int c = threadIdx.x; c < L; c += blockDim.x) {
-      float acc = 0.f;
+    __syncthreads();
+    for (int k = 0; k < nt; ++k) {
+      const float* pr = part + ((t0 + k) * d.heads + h) * d.splits * P + kMlaPartHead;
+      const float den = dsm[k];
+      for (int c = threadIdx.x; c < L; c += blockDim.x) {
+        float acc = 0.f;
 #pragma unroll 8
-      for (int s = 0; s < d.splits; ++s) acc = fmaf(wsm[k][s], pr[s * P + c], acc);
-      out_sm[k * L + c] = acc / den;
+        for (int s = 0; s < d.splits; ++s) {
+          const float w = wsm[k][s];
+          // An empty range's context was never written (its weight is 0).
+          if (w != 0.f) acc = fmaf(w, pr[s * P + c], acc);
+        }
+        out_sm[k * L + c] = acc / den;
+      }
     }
   }
   for (int k = nt; k < TG; ++k)
@@ -656,7 +745,7 @@ size_t attend_smem(const Dims& d, DType cache) {
 }
 
 template <int MT>
-Status launch_attend_tc(const MlaCudaArgs& a, const Dims& d, const float* qlat, float* part,
+Status launch_attend_tc(const MlaCudaArgs& a, const Dims& d, const bf16* qlat16, float* part,
                         cudaStream_t st) {
   const size_t smem = attend_tc_smem(MT, d.width);
   auto* k = mla_attend_tc_kernel<MT>;
@@ -664,7 +753,7 @@ Status launch_attend_tc(const MlaCudaArgs& a, const Dims& d, const float* qlat, 
   const unsigned groups = static_cast<unsigned>((a.s.heads + 16 * MT - 1) / (16 * MT));
   SPARK_CUDA_TRY(dev::launch(
       k, dim3(static_cast<unsigned>(a.n_tokens), groups, static_cast<unsigned>(a.splits)),
-      dim3(64 * MT), smem, st, qlat, static_cast<const bf16*>(a.kv.k), a.block_tables,
+      dim3(64 * MT), smem, st, qlat16, static_cast<const bf16*>(a.kv.k), a.block_tables,
       a.max_blocks_per_seq, a.kv.block_size, a.positions, a.query_start, a.n_seqs, a.s.scale, d,
       part));
   return Status::Ok();
@@ -717,7 +806,7 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   if (!a.q || !a.kv_a || !a.kv_norm || !a.kv_b || !a.inv_freq || !a.out || !a.block_tables ||
       !a.positions || !a.slots || !a.query_start || a.n_seqs <= 0 || a.max_blocks_per_seq <= 0)
     return make_error(Errc::usage, "mla: a null pointer or empty batch among the arguments");
-  if (a.splits < 1 || a.splits > kMaxSplits || a.max_seq_len <= 0 ||
+  if (a.splits < 1 || a.splits > kMlaMaxSplits || a.max_seq_len <= 0 ||
       a.n_tokens > 65535u * kTokGroup)
     return make_error(Errc::usage, fmt::format("mla: {} splits, max_seq_len {}, {} tokens",
                                                a.splits, a.max_seq_len, a.n_tokens));
@@ -744,7 +833,16 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
                                   s.latent, s.rope, s.nope, kSmemLimit));
   auto st = static_cast<cudaStream_t>(stream);
   float* qlat = static_cast<float*>(a.workspace);
-  float* part = qlat + a.n_tokens * static_cast<size_t>(s.heads) * W;
+  // The partials 16-byte aligned after the latent queries (mla_workspace_bytes rounds them).
+  const size_t qrows = a.n_tokens * static_cast<size_t>(s.heads) * W;
+  float* part = qlat + (qrows + 3) / 4 * 4;
+  // The tensor-core attention's bf16 copy of the latent queries after the partials (at a
+  // multiple of 16 bytes: the partials' rows are whole 16 bytes).
+  bf16* qlat16 =
+      tc_tiles > 0
+          ? reinterpret_cast<bf16*>(part + a.n_tokens * static_cast<size_t>(s.heads) * a.splits *
+                                               (static_cast<size_t>(s.latent) + kMlaPartHead))
+          : nullptr;
   auto* q = static_cast<bf16*>(a.q);
   const auto* kv_b = static_cast<const bf16*>(a.kv_b);
   // A step of few tokens (batch-1 decode) takes the products a token per block: a group of
@@ -753,16 +851,15 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   const int tg = a.n_tokens < kFewTokens ? 1 : kTokGroup;
   const unsigned tok_groups = static_cast<unsigned>((a.n_tokens + tg - 1) / tg);
   const unsigned q_slices = static_cast<unsigned>((s.latent + kQCols - 1) / kQCols);
-  const unsigned out_slices = static_cast<unsigned>((s.v_dim + kOutRows - 1) / kOutRows);
   const dim3 q_grid(static_cast<unsigned>(s.heads), tok_groups, q_slices);
   if (tg == 1)
     SPARK_CUDA_TRY(dev::launch(mla_q_kernel<1>, q_grid, dim3(kThreads), q_smem_of(1, s), st, q,
                                kv_b, a.inv_freq, a.positions, a.n_tokens, d, s.interleave,
-                               s.rope_factor, qlat));
+                               s.rope_factor, qlat, qlat16));
   else
     SPARK_CUDA_TRY(dev::launch(mla_q_kernel<kTokGroup>, q_grid, dim3(kThreads), q_smem, st, q, kv_b,
                                a.inv_freq, a.positions, a.n_tokens, d, s.interleave, s.rope_factor,
-                               qlat));
+                               qlat, qlat16));
   const long long pool_slots = static_cast<long long>(a.kv.num_blocks) * a.kv.block_size;
   const unsigned kv_blocks = static_cast<unsigned>(std::min<size_t>(a.n_tokens, 65535));
   const unsigned head_groups = static_cast<unsigned>((s.heads + kHeadGroup - 1) / kHeadGroup);
@@ -773,11 +870,11 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
                                  a.eps, a.inv_freq, a.positions, a.slots, pool_slots, a.n_tokens, d,
                                  s.interleave, s.rope_factor, static_cast<C*>(a.kv.k))));
   if (tc_tiles == 4)
-    SPARK_TRY(launch_attend_tc<4>(a, d, qlat, part, st));
+    SPARK_TRY(launch_attend_tc<4>(a, d, qlat16, part, st));
   else if (tc_tiles == 2)
-    SPARK_TRY(launch_attend_tc<2>(a, d, qlat, part, st));
+    SPARK_TRY(launch_attend_tc<2>(a, d, qlat16, part, st));
   else if (tc_tiles == 1)
-    SPARK_TRY(launch_attend_tc<1>(a, d, qlat, part, st));
+    SPARK_TRY(launch_attend_tc<1>(a, d, qlat16, part, st));
   else
     SPARK_DISPATCH_DTYPE(
         a.kv.dtype, C,
@@ -787,14 +884,26 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
             dim3(kThreads), at_smem, st, static_cast<const float*>(qlat),
             static_cast<const C*>(a.kv.k), a.block_tables, a.max_blocks_per_seq, a.kv.block_size,
             a.positions, a.query_start, a.n_seqs, s.scale, d, part)));
-  const dim3 out_grid(static_cast<unsigned>(s.heads), tok_groups, out_slices);
+  // Over kOutCombine ranges the combine is its own launch; its contexts go over the latent
+  // queries (the attention has read them by then: each launch waits for the one before).
+  const float* ctx = nullptr;
+  if (a.splits > kOutCombine) {
+    SPARK_CUDA_TRY(
+        dev::launch(mla_combine_kernel,
+                    dim3(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(s.heads),
+                         static_cast<unsigned>((s.latent + kCombineCols - 1) / kCombineCols)),
+                    dim3(kThreads), 0, st, static_cast<const float*>(part), d, qlat));
+    ctx = qlat;
+  }
+  const dim3 out_grid(static_cast<unsigned>(s.heads), tok_groups,
+                      static_cast<unsigned>((s.v_dim + kOutRows - 1) / kOutRows));
   if (tg == 1)
     SPARK_CUDA_TRY(dev::launch(
         mla_out_kernel<1>, out_grid, dim3(kThreads), static_cast<size_t>(s.latent) * sizeof(float),
-        st, static_cast<const float*>(part), kv_b, a.n_tokens, d, static_cast<bf16*>(a.out)));
+        st, static_cast<const float*>(part), ctx, kv_b, a.n_tokens, d, static_cast<bf16*>(a.out)));
   else
     SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup>, out_grid, dim3(kThreads), out_smem, st,
-                               static_cast<const float*>(part), kv_b, a.n_tokens, d,
+                               static_cast<const float*>(part), ctx, kv_b, a.n_tokens, d,
                                static_cast<bf16*>(a.out)));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();

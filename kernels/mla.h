@@ -47,10 +47,12 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 /// bf16 (q's q_pe and kv_a rotated and normalised in place), the cache bf16 or f32 (kv.k,
 /// n_kv_heads 1, head_dim latent + rope, no V), inv_freq float. Token t's row goes to slot
 /// slots[t] (< 0 or outside the pool: not written), then every token attends over its
-/// chunk's cache positions 0 .. positions[t]. Three launches and a fourth: q_nope into the
-/// latent space (fp32, in the workspace), the rows written, the attention over `splits`
-/// ranges of the context (each a group of heads reading each cache row once), and the
-/// ranges combined and taken out through W_UV. fp32 accumulation throughout. The attention
+/// chunk's cache positions 0 .. positions[t]. Four launches (five over 32 ranges): q_nope into
+/// the latent space (fp32, in the workspace), the rows written, the attention over `splits`
+/// ranges of the context (each a group of heads reading each cache row once), and the ranges
+/// combined and taken out through W_UV (over 32 ranges the combine is a launch of its own,
+/// spread over slices of the latent, so that no block reads every range's partial of a head).
+/// fp32 accumulation throughout. The attention
 /// runs on the tensor cores (mma.sync, bf16 products, fp32 sums; the latent query and the
 /// softmax weights rounded to bf16 for them) for a bf16 cache of latent 512 and a rope of a
 /// multiple of 16, groups of up to 64 heads; otherwise (an f32 cache, other widths, or
@@ -79,16 +81,32 @@ struct MlaCudaArgs {
   bool scalar_attention = false;  // the scalar attention kernel where the tensor-core one fits
 };
 
+/// Context ranges a token's attention may take (MlaCudaArgs::splits) and what they are made of.
+/// A range's partial is kMlaPartHead floats (the running maximum, the sum, two of padding, so
+/// that the latent context after them is 16-byte aligned) and then the latent's. At run time a
+/// token's context is shared out over the ranges, each at least kMlaMinRange positions (one
+/// tile of the tensor-core attention), so a short context in a graph captured for long ones
+/// leaves the last ranges empty (their maximum and sum alone written, the combine passing
+/// over them).
+constexpr int kMlaMaxSplits = 256;
+constexpr int kMlaMinRange = 32;
+constexpr int kMlaPartHead = 4;
+
 /// Context ranges per token: one for prefill (many tokens keep the GPU busy); for a decode
-/// step of n_tokens, one per 128 positions of max_seq_len (four tiles of rows), at most 32,
-/// and at most 256 / n_tokens (a batch keeps the GPU busy with fewer, and its ranges'
-/// partials, 2 KiB a head and range, stay bounded). A batch-1 decode over 4k positions thus
-/// spreads its 128 heads' attention over 32 ranges: with 8, most SMs idled.
-int mla_splits(int max_seq_len, bool decode, size_t n_tokens = 1);
+/// step of n_tokens, enough that the attention's blocks (a token's heads in groups of up to 64,
+/// each group a block per range) fill the device's sm_count multiprocessors (twice over at 16
+/// heads or fewer, where a block is two warps and two fit a multiprocessor), at most one per
+/// 128 positions of max_seq_len and kMlaMaxSplits. A batch-1 decode of 128 heads thus
+/// takes 66 ranges on a 132-SM H100 (132 blocks), 16 heads 256 (two blocks a multiprocessor);
+/// a batch of 8 tokens of 128 heads 9.
+int mla_splits(int max_seq_len, bool decode, size_t n_tokens, int heads, int sm_count);
 /// The workspace every step of up to n_tokens tokens (decode: of any count up to it) needs.
-size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode);
-/// Workspace of mla_cuda_device: each token's heads' latent queries and each range's
-/// partial (max, sum, latent context), fp32.
+size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode,
+                             int sm_count);
+/// Workspace of mla_cuda_device: each token's heads' latent queries (rounded up to a multiple
+/// of 4 floats; over 32 ranges the combined latent contexts go over them) and each range's
+/// partial (kMlaPartHead + latent floats), fp32, then the latent queries again in bf16 (what
+/// the tensor-core attention reads).
 size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits);
 /// Checks the arguments (shapes, pointers, workspace, shared memory) and launches.
 Status mla_cuda_device(const MlaCudaArgs& a, void* stream);

@@ -104,25 +104,35 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 
 namespace spark::kernels {
 
-int mla_splits(int max_seq_len, bool decode, size_t n_tokens) {
+int mla_splits(int max_seq_len, bool decode, size_t n_tokens, int heads, int sm_count) {
   if (!decode || max_seq_len <= 128) return 1;
-  const int by_batch = static_cast<int>(std::max<size_t>(1, 256 / std::max<size_t>(n_tokens, 1)));
-  return std::max(1, std::min({32, (max_seq_len + 127) / 128, by_batch}));
+  const size_t groups = heads > 32 ? static_cast<size_t>((heads + 63) / 64) : 1;
+  const size_t per_sm = heads <= 16 ? 2 : 1;
+  const size_t blocks = static_cast<size_t>(std::max(sm_count, 1)) * per_sm;
+  const size_t per_token = groups * std::max<size_t>(n_tokens, 1);
+  const size_t want = (blocks + per_token - 1) / per_token;
+  const size_t by_len = static_cast<size_t>((max_seq_len + 127) / 128);
+  return static_cast<int>(
+      std::max<size_t>(1, std::min({want, by_len, static_cast<size_t>(kMlaMaxSplits)})));
 }
 
-size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode) {
+size_t mla_workspace_reserve(size_t n_tokens, const MlaShape& s, int max_seq_len, bool decode,
+                             int sm_count) {
   size_t most = 0;
   for (size_t n = decode ? 1 : n_tokens; n <= n_tokens; ++n)
-    most = std::max(most, mla_workspace_bytes(n, s, mla_splits(max_seq_len, decode, n)));
+    most = std::max(
+        most, mla_workspace_bytes(n, s, mla_splits(max_seq_len, decode, n, s.heads, sm_count)));
   return most;
 }
 
 size_t mla_workspace_bytes(size_t n_tokens, const MlaShape& s, int splits) {
   const size_t rows = n_tokens * static_cast<size_t>(std::max(s.heads, 0));
-  const size_t q = rows * static_cast<size_t>(std::max(s.latent + s.rope, 0));
+  const size_t q = (rows * static_cast<size_t>(std::max(s.latent + s.rope, 0)) + 3) / 4 * 4;
   const size_t part = rows * static_cast<size_t>(std::max(splits, 1)) *
-                      static_cast<size_t>(std::max(s.latent + 2, 0));
-  return (q + part) * sizeof(float);
+                      static_cast<size_t>(std::max(s.latent + kMlaPartHead, 0));
+  // The tensor-core attention's bf16 copy of the latent queries after them.
+  const size_t q16 = rows * static_cast<size_t>(std::max(s.latent + s.rope, 0)) * 2;
+  return (q + part) * sizeof(float) + q16;
 }
 
 }  // namespace spark::kernels

@@ -1714,14 +1714,21 @@ int main(int argc, char** argv) {
         m.positions = dints, m.slots = dints + 1, m.query_start = dints + 2;
         m.n_seqs = 1, m.n_tokens = 1;
         m.max_seq_len = bound;
-        m.splits = mla_splits(m.max_seq_len, true);
-        m.workspace_bytes = mla_workspace_bytes(m.n_tokens, s, m.splits);
+        const int chosen = mla_splits(m.max_seq_len, true, 1, heads, lim->sm_count);
+        // The earlier choice, one range per 128 positions of the bound up to 32, beside it.
+        const int earlier = std::min(32, (bound + 127) / 128);
+        m.workspace_bytes = mla_workspace_bytes(m.n_tokens, s, std::max(chosen, earlier));
         void* ws = dalloc(m.workspace_bytes);
         m.workspace = ws;
-        // Each shape on the tensor-core attention (where mla_cuda_device takes it) and on the
-        // scalar one (MlaCudaArgs::scalar_attention), side by side.
-        for (const bool scalar : {false, true}) {
+        // Each shape on the tensor-core attention (where mla_cuda_device takes it) at
+        // mla_splits' ranges and at the earlier 32, and on the scalar one
+        // (MlaCudaArgs::scalar_attention), side by side.
+        std::vector<std::pair<bool, int>> variants = {{false, chosen}};
+        if (earlier != chosen) variants.push_back({false, earlier});
+        variants.push_back({true, chosen});
+        for (const auto& [scalar, splits] : variants) {
           m.scalar_attention = scalar;
+          m.splits = splits;
           ST(mla_cuda_device(m, st));  // a bad argument fails here, before any capture
           CK(cudaStreamSynchronize(st));
           const double t = time_us(st, 20, [&](int i) {
@@ -1734,14 +1741,18 @@ int main(int argc, char** argv) {
                                s.latent * 2.0 + static_cast<double>(heads) * s.v_dim * 2;
           const double gbs = bytes / t / 1e3;
           fmt::print("{:<44} {:>7} {:>8.1f} {:>9.1f} {:>8.0f} {:>5.0f}% {:>6.0f}%\n",
-                     fmt::format("mla{} ctx {}{} heads {}", scalar ? " scalar" : "", ctx,
-                                 bound != ctx ? fmt::format(" bound {}", bound) : "", heads),
+                     fmt::format("mla{} ctx {}{} heads {}",
+                                 scalar             ? " scalar"
+                                 : splits != chosen ? " earlier"
+                                                    : "",
+                                 ctx, bound != ctx ? fmt::format(" bound {}", bound) : "", heads),
                      m.splits, bytes / 1e6, t, gbs, 100 * gbs / read_gbs,
                      100 * cache_bytes / t / 1e3 / read_gbs);
           lajs.push_back({{"context", ctx},
                           {"bound", bound},
                           {"heads", heads},
                           {"attention", scalar ? "scalar" : "default"},
+                          {"splits_rule", splits == chosen ? "mla_splits" : "earlier (32)"},
                           {"splits", m.splits},
                           {"us", t},
                           {"bytes", bytes},

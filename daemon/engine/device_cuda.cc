@@ -177,6 +177,18 @@ class CudaDevice final : public Device {
                                       v));
       mla_scalar = std::string_view(v) == "1";
     }
+    // SPARK_CUDA_MLA_SPLITS=N: latent attention's decode over at most N ranges of the context
+    // (1 to kMlaMaxSplits), where mla_splits would take more, to compare the two.
+    int mla_split_cap = 0;
+    if (const char* v = std::getenv("SPARK_CUDA_MLA_SPLITS")) {
+      auto n = parse_i64(v);
+      if (!n || *n < 1 || *n > kernels::kMlaMaxSplits)
+        return make_error(Errc::config,
+                          fmt::format("SPARK_CUDA_MLA_SPLITS={}: not a count of context ranges "
+                                      "from 1 to {}",
+                                      v, kernels::kMlaMaxSplits));
+      mla_split_cap = static_cast<int>(*n);
+    }
     SPARK_TRY(kernels::cuda_device_count().status());
     SPARK_TRY(kernels::cuda_select_device(ordinal));
     auto lim = kernels::cuda_device_limits(ordinal);
@@ -218,6 +230,7 @@ class CudaDevice final : public Device {
     d->moe_form_ = *moe_form;
     d->fp8_prefill_ = *fp8_prefill;
     d->mla_scalar_ = mla_scalar;
+    d->mla_split_cap_ = mla_split_cap;
     return std::shared_ptr<Device>(d);
   }
 
@@ -1007,7 +1020,10 @@ class CudaDevice final : public Device {
     m.n_seqs = step_.chunks_n();
     m.n_tokens = step_.tokens.size();
     m.max_seq_len = std::max(max_seq_len_, 1);
-    m.splits = kernels::mla_splits(m.max_seq_len, step_.decode_only(), m.n_tokens);
+    m.splits = kernels::mla_splits(m.max_seq_len, step_.decode_only(), m.n_tokens, m.s.heads,
+                                   lim_.sm_count);
+    // (The cap only lowers the ranges, so the reserve below still covers the workspace.)
+    if (mla_split_cap_ > 0) m.splits = std::min(m.splits, mla_split_cap_);
     SPARK_TRY(grow_mla_ws(kernels::mla_workspace_bytes(m.n_tokens, m.s, m.splits)));
     m.workspace = mla_ws_.data();
     m.workspace_bytes = mla_ws_.bytes();
@@ -1020,8 +1036,9 @@ class CudaDevice final : public Device {
     const size_t T = static_cast<size_t>(std::max(tokens, 0)),
                  S = static_cast<size_t>(std::max(seqs, 0));
     // Prefill runs one range per token; decode steps split their contexts.
-    return grow_mla_ws(std::max(kernels::mla_workspace_reserve(T, s, max_seq_len, false),
-                                kernels::mla_workspace_reserve(S, s, max_seq_len, true)));
+    return grow_mla_ws(
+        std::max(kernels::mla_workspace_reserve(T, s, max_seq_len, false, lim_.sm_count),
+                 kernels::mla_workspace_reserve(S, s, max_seq_len, true, lim_.sm_count)));
   }
 
   // gpt-oss: each head's learned sink joins the softmax's denominator, on every path
@@ -1521,6 +1538,7 @@ class CudaDevice final : public Device {
   int moe_form_ = 0;         // SPARK_CUDA_MOE_FORM: 0 auto, 2 grouped, 3 decode-mma, 4 decode-fp32
   int fp8_prefill_ = 0;      // SPARK_CUDA_FP8_PREFILL: 0 auto, 1 tensor-core, 2 dequant
   bool mla_scalar_ = false;  // SPARK_CUDA_MLA_SCALAR: latent attention's scalar kernel only
+  int mla_split_cap_ = 0;    // SPARK_CUDA_MLA_SPLITS: latent attention's most ranges, 0 none
   int meta_turn_ = 0;
   std::vector<float> widen_;
   int max_query_len_ = 0, max_seq_len_ = 0;

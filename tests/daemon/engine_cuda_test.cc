@@ -233,6 +233,17 @@ TEST_CASE("cuda engine: DEVICE=cpu|auto|cuda choose as documented") {
   setenv("SPARK_CUDA_SHORT_ATTENTION", "-3", 1);
   CHECK(select_device("auto", 0, &why).error().code == Errc::config);
   unsetenv("SPARK_CUDA_SHORT_ATTENTION");
+  // Latent attention's cap on its decode ranges: a count from 1 to 256.
+  for (const char* value : {"many", "0", "257", "-1"}) {
+    CAPTURE(value);
+    setenv("SPARK_CUDA_MLA_SPLITS", value, 1);
+    auto wrong = select_device("auto", 0, &why);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(wrong.error().code == Errc::config);
+    CHECK(wrong.error().message.find(std::string("SPARK_CUDA_MLA_SPLITS=") + value + ":") !=
+          std::string::npos);
+  }
+  unsetenv("SPARK_CUDA_MLA_SPLITS");
   // The on/off switches take 0 or 1 only: "off" or "no" is not silently on.
   for (const char* var : {"SPARK_CUDA_PDL", "SPARK_CUDA_NORM_IN_PRODUCT", "SPARK_CUDA_FALLBACKS",
                           "SPARK_CUDA_MLA_SCALAR"}) {

@@ -129,7 +129,9 @@ void run_case(const MlaCase& c, std::mt19937& rng) {
   a.n_seqs = nseq;
   a.n_tokens = T;
   a.max_seq_len = max_ctx;
-  a.splits = c.splits > 0 ? c.splits : mla_splits(max_ctx, decode, T);
+  const auto lim = cuda_device_limits();
+  REQUIRE(lim.ok());
+  a.splits = c.splits > 0 ? c.splits : mla_splits(max_ctx, decode, T, c.heads, lim->sm_count);
   if (max_ctx > 4096 && decode) CHECK(a.splits > 1);  // the split path is what this case covers
   Dev ws = poisoned(mla_workspace_bytes(T, s, a.splits) / 4, DType::f32);
   a.workspace = ws.get();
@@ -229,6 +231,14 @@ TEST_CASE("gpu mla: decode over 4k+ contexts takes the split ranges and their co
   run_case({8, 128, 64, 128, 512, true, 16, {4100, 700}, {1, 1}}, rng);
   run_case({8, 128, 64, 128, 512, true, 16, {4100, 700}, {1, 1}, 0, true}, rng);
   run_case({6, 32, 16, 32, 64, false, 32, {5000, 3, 4097}, {1, 1, 1}}, rng);
+  // Over 32 ranges the combine is its own launch, and a context shorter than the ranges leaves
+  // the last ones empty (partials never written, in a poisoned workspace): the tensor cores'
+  // attention at 256 ranges over contexts of 5000, 3 and 300; the scalar one at 40 and 64;
+  // a rope of 6 (latent queries of 38 floats, the partials after them rounded to 16 bytes).
+  run_case({16, 128, 64, 128, 512, true, 16, {5000, 3, 300}, {1, 1, 1}, 256}, rng);
+  run_case({8, 128, 64, 128, 512, true, 16, {4100, 700}, {1, 1}, 40, true}, rng);
+  run_case({6, 32, 16, 32, 64, false, 32, {5000, 3, 4097}, {1, 1, 1}, 64}, rng);
+  run_case({3, 16, 6, 16, 32, true, 16, {4500, 131}, {1, 1}, 48}, rng);
 }
 
 TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
@@ -245,31 +255,48 @@ TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
 }
 
 TEST_CASE(
-    "mla splits and workspace: one range for prefill, one per 128 decode positions, 32 at most, "
-    "fewer for a batch") {
-  CHECK(mla_splits(100000, false) == 1);
-  CHECK(mla_splits(1, true) == 1);
-  CHECK(mla_splits(128, true) == 1);
-  CHECK(mla_splits(129, true) == 2);
-  CHECK(mla_splits(1000, true) == 8);
-  CHECK(mla_splits(4096, true) == 32);
-  CHECK(mla_splits(1 << 20, true) == 32);
-  CHECK(mla_splits(1 << 20, true, 8) == 32);
-  CHECK(mla_splits(1 << 20, true, 32) == 8);
-  CHECK(mla_splits(1 << 20, true, 512) == 1);
-  CHECK(mla_splits(1000, true, 64) == 4);
+    "mla splits and workspace: one range for prefill; decode ranges that fill the "
+    "multiprocessors, one per 128 positions at most, fewer for a batch") {
+  CHECK(mla_splits(100000, false, 1, 128, 132) == 1);
+  CHECK(mla_splits(1, true, 1, 128, 132) == 1);
+  CHECK(mla_splits(128, true, 1, 16, 132) == 1);
+  CHECK(mla_splits(129, true, 1, 16, 132) == 2);
+  CHECK(mla_splits(1000, true, 1, 16, 132) == 8);
+  CHECK(mla_splits(4096, true, 1, 128, 132) == 32);
+  // Batch 1 of 128 heads: two blocks of 64 heads a range, 132 blocks on 132 SMs.
+  CHECK(mla_splits(1 << 20, true, 1, 128, 132) == 66);
+  // 16 heads: a block of two warps a range, two a multiprocessor (264), at most 256 ranges.
+  CHECK(mla_splits(1 << 20, true, 1, 16, 132) == 256);
+  CHECK(mla_splits(1 << 20, true, 1, 32, 132) == 132);
+  CHECK(mla_splits(1 << 20, true, 1, 200, 132) == 33);
+  CHECK(mla_splits(1 << 20, true, 1, 128, 48) == 24);
+  CHECK(mla_splits(1 << 20, true, 8, 128, 132) == 9);
+  CHECK(mla_splits(1 << 20, true, 32, 128, 132) == 3);
+  CHECK(mla_splits(1 << 20, true, 512, 128, 132) == 1);
+  CHECK(mla_splits(1000, true, 2, 16, 132) == 8);
+  CHECK(mla_splits(4096, true, 16, 16, 132) == 17);
   MlaShape s;
   s.heads = 16, s.latent = 512, s.rope = 64;
-  // Per token and head: the latent query and q_pe (576 floats), and per range max, sum and
-  // the latent context (514 floats).
-  CHECK(mla_workspace_bytes(3, s, 1) == 3 * 16 * (576 + 514) * sizeof(float));
-  CHECK(mla_workspace_bytes(3, s, 4) == 3 * 16 * (576 + 4 * 514) * sizeof(float));
+  // Per token and head: the latent query and q_pe (576 floats), per range max, sum, two of
+  // padding and the latent context (516 floats), and the latent query again in bf16.
+  CHECK(mla_workspace_bytes(3, s, 1) == 3 * 16 * ((576 + 516) * sizeof(float) + 576 * 2));
+  CHECK(mla_workspace_bytes(3, s, 4) == 3 * 16 * ((576 + 4 * 516) * sizeof(float) + 576 * 2));
   CHECK(mla_workspace_bytes(0, s, 4) == 0);
-  // The reserve covers every decode step up to its tokens, each with its own ranges (here the
-  // most is 32 tokens of 8 ranges; 8 tokens of 32 need less).
-  const size_t r = mla_workspace_reserve(32, s, 1 << 20, true);
-  CHECK(r == mla_workspace_bytes(32, s, 8));
-  for (size_t n = 1; n <= 32; ++n)
-    CHECK(r >= mla_workspace_bytes(n, s, mla_splits(1 << 20, true, n)));
-  CHECK(mla_workspace_reserve(100, s, 1 << 20, false) == mla_workspace_bytes(100, s, 1));
+  {
+    // The latent queries rounded up to whole 16 bytes: 3 heads of 38 floats take 116.
+    MlaShape o;
+    o.heads = 3, o.latent = 32, o.rope = 6;
+    CHECK(mla_workspace_bytes(1, o, 2) == (116 + 3 * 2 * 36) * sizeof(float) + 3 * 38 * 2);
+  }
+  // The reserve covers every decode step up to its tokens, each with its own ranges.
+  const size_t r = mla_workspace_reserve(32, s, 1 << 20, true, 132);
+  size_t most = 0;
+  for (size_t n = 1; n <= 32; ++n) {
+    const size_t b = mla_workspace_bytes(n, s, mla_splits(1 << 20, true, n, 16, 132));
+    CHECK(r >= b);
+    most = std::max(most, b);
+  }
+  CHECK(r == most);
+  CHECK(r > mla_workspace_bytes(1, s, 256));
+  CHECK(mla_workspace_reserve(100, s, 1 << 20, false, 132) == mla_workspace_bytes(100, s, 1));
 }
