@@ -369,17 +369,21 @@ __global__ void __launch_bounds__(64 * MT)
   }
   const int chunks = W / 8;  // 16-byte pieces of a row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // A warp per row at a time (its slot looked up once, not per piece: the index arithmetic
-  // of a piece per thread was most of the kernel's instructions), the lanes its pieces.
+  // A warp per row at a time, the lanes its pieces (the index arithmetic of a piece per thread
+  // was most of the kernel's instructions). The tile's slots are looked up once a warp, lane l
+  // row jt + l, and shuffled to the row's warp: looked up a row at a time, each of a warp's
+  // rows waited for its table read before its copies went out (16 in turn a tile at 16 heads).
+  static_assert(BN == 32, "a lane per row of the tile looks up its slot");
   auto issue_tile = [&](int jt, int buf) {
     bf16* dst = kv_s + buf * BN * P;
+    const int pl = jt + lane;
+    long long mine = -1;
+    if (pl < j1)
+      mine = static_cast<long long>(table[pl / block_size]) * block_size + pl % block_size;
     for (int r = warp; r < BN; r += NT / 32) {
-      const int p = jt + r;
-      const bool ok = p < j1;
-      const bf16* row = cache;
-      if (ok)
-        row = cache + (static_cast<size_t>(table[p / block_size]) * block_size + p % block_size) *
-                          static_cast<size_t>(W);
+      const long long slot = __shfl_sync(0xffffffffu, mine, r);
+      const bool ok = slot >= 0;
+      const bf16* row = ok ? cache + static_cast<size_t>(slot) * W : cache;
       for (int c = lane; c < chunks; c += 32)
         dev::cp_async16(dst + r * P + c * 8, ok ? row + c * 8 : cache, ok);
     }
@@ -549,9 +553,12 @@ __global__ void __launch_bounds__(64 * MT)
   }
 }
 
-// Value rows per block of the output product.
-constexpr int kOutRows = 64;
-static_assert(kOutRows % (kThreads / 32) == 0, "the output's rows are shared out evenly by warp");
+// Value rows per block of the output product: where it combines the ranges itself, 64 (each
+// block repeats the combine); given the combined contexts, 16 (more blocks: at 16 heads 64 rows
+// a block left 32 blocks to read W_UV).
+constexpr int kOutRows = 64, kOutRowsCombined = 16;
+static_assert(kOutRows % (kThreads / 32) == 0 && kOutRowsCombined % (kThreads / 32) == 0,
+              "the output's rows are shared out evenly by warp");
 
 // A warp's weights of a head's ranges (partials pr, P floats apart), a lane per range (the
 // ranges' maxima and sums read at once, not one dependent load after another): w[s] =
@@ -639,13 +646,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Block (head, group of TG tokens, kOutRows value rows): the latent context, either combined
+// Block (head, group of TG tokens, ROWS value rows): the latent context, either combined
 // here from at most kOutCombine ranges' partials (each of the head's blocks combines them: the
 // partials are L2-hot and small beside W_UV; the weights first, a warp per token, then each
 // column's sum over the ranges with its loads unrolled) or, where `ctx` is given, as
 // mla_combine_kernel wrote it; then out = ctx W_UV^T over the block's rows: a warp per row at
 // a time, each lane 8 columns (16 bytes) of it per step, the group's tokens together.
-template <int TG>
+template <int TG, int ROWS>
 __global__ void __launch_bounds__(kThreads)
     mla_out_kernel(const float* __restrict__ part, const float* __restrict__ ctx,
                    const bf16* __restrict__ kv_b, size_t n_tokens, Dims d, bf16* __restrict__ out) {
@@ -694,11 +701,11 @@ __global__ void __launch_bounds__(kThreads)
   // Warp w takes rows v0 + w, v0 + w + 8, ..., RF of them at a time: all their 16 bytes at a
   // column step are read before any is used (a row at a time left one load in flight per
   // lane). A group of tokens keeps two rows in flight: its accumulators are TG times more.
-  constexpr int NW = kThreads / 32, RPW = kOutRows / NW, RF = TG == 1 ? RPW : 2;
+  constexpr int NW = kThreads / 32, RPW = ROWS / NW, RF = TG == 1 ? RPW : 2;
   static_assert(RPW % RF == 0, "whole batches of rows per warp");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int rb = 0; rb < RPW; rb += RF) {
-    const int v0 = static_cast<int>(blockIdx.z) * kOutRows + warp + rb * NW;
+    const int v0 = static_cast<int>(blockIdx.z) * ROWS + warp + rb * NW;
     float acc[RF][TG] = {};
     for (int c = lane * 8; c < L; c += 256) {
       uint4 wr[RF];
@@ -895,16 +902,24 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
                     dim3(kThreads), 0, st, static_cast<const float*>(part), d, qlat));
     ctx = qlat;
   }
+  const int rows = ctx ? kOutRowsCombined : kOutRows;
   const dim3 out_grid(static_cast<unsigned>(s.heads), tok_groups,
-                      static_cast<unsigned>((s.v_dim + kOutRows - 1) / kOutRows));
-  if (tg == 1)
-    SPARK_CUDA_TRY(dev::launch(
-        mla_out_kernel<1>, out_grid, dim3(kThreads), static_cast<size_t>(s.latent) * sizeof(float),
-        st, static_cast<const float*>(part), ctx, kv_b, a.n_tokens, d, static_cast<bf16*>(a.out)));
+                      static_cast<unsigned>((s.v_dim + rows - 1) / rows));
+  const size_t out1_smem = static_cast<size_t>(s.latent) * sizeof(float);
+  const auto* pc = static_cast<const float*>(part);
+  auto* o = static_cast<bf16*>(a.out);
+  if (tg == 1 && ctx)
+    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<1, kOutRowsCombined>, out_grid, dim3(kThreads),
+                               out1_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
+  else if (tg == 1)
+    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<1, kOutRows>, out_grid, dim3(kThreads), out1_smem, st,
+                               pc, ctx, kv_b, a.n_tokens, d, o));
+  else if (ctx)
+    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup, kOutRowsCombined>, out_grid,
+                               dim3(kThreads), out_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
   else
-    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup>, out_grid, dim3(kThreads), out_smem, st,
-                               static_cast<const float*>(part), ctx, kv_b, a.n_tokens, d,
-                               static_cast<bf16*>(a.out)));
+    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup, kOutRows>, out_grid, dim3(kThreads),
+                               out_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }

@@ -96,7 +96,7 @@ constexpr int kMlaPartHead = 4;
 /// step of n_tokens, enough that the attention's blocks (a token's heads in groups of up to 64,
 /// each group a block per range) fill the device's sm_count multiprocessors (twice over at 16
 /// heads or fewer, where a block is two warps and two fit a multiprocessor), at most one per
-/// 128 positions of max_seq_len and kMlaMaxSplits. A batch-1 decode of 128 heads thus
+/// kMlaMinRange positions of max_seq_len and kMlaMaxSplits. A batch-1 decode of 128 heads thus
 /// takes 66 ranges on a 132-SM H100 (132 blocks), 16 heads 256 (two blocks a multiprocessor);
 /// a batch of 8 tokens of 128 heads 9.
 int mla_splits(int max_seq_len, bool decode, size_t n_tokens, int heads, int sm_count);

@@ -105,13 +105,13 @@ void mla_attention_ref(const PagedKVLayer& kv, const int32_t* block_table, const
 namespace spark::kernels {
 
 int mla_splits(int max_seq_len, bool decode, size_t n_tokens, int heads, int sm_count) {
-  if (!decode || max_seq_len <= 128) return 1;
+  if (!decode || max_seq_len <= kMlaMinRange) return 1;
   const size_t groups = heads > 32 ? static_cast<size_t>((heads + 63) / 64) : 1;
   const size_t per_sm = heads <= 16 ? 2 : 1;
   const size_t blocks = static_cast<size_t>(std::max(sm_count, 1)) * per_sm;
   const size_t per_token = groups * std::max<size_t>(n_tokens, 1);
   const size_t want = (blocks + per_token - 1) / per_token;
-  const size_t by_len = static_cast<size_t>((max_seq_len + 127) / 128);
+  const size_t by_len = static_cast<size_t>((max_seq_len + kMlaMinRange - 1) / kMlaMinRange);
   return static_cast<int>(
       std::max<size_t>(1, std::min({want, by_len, static_cast<size_t>(kMlaMaxSplits)})));
 }

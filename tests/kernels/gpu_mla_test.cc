@@ -239,6 +239,8 @@ TEST_CASE("gpu mla: decode over 4k+ contexts takes the split ranges and their co
   run_case({8, 128, 64, 128, 512, true, 16, {4100, 700}, {1, 1}, 40, true}, rng);
   run_case({6, 32, 16, 32, 64, false, 32, {5000, 3, 4097}, {1, 1, 1}, 64}, rng);
   run_case({3, 16, 6, 16, 32, true, 16, {4500, 131}, {1, 1}, 48}, rng);
+  // Four decoding tokens (the products a group of tokens per block) over 40 ranges.
+  run_case({16, 128, 64, 128, 512, true, 16, {5000, 40, 2100, 700}, {1, 1, 1, 1}, 40}, rng);
 }
 
 TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
@@ -256,13 +258,14 @@ TEST_CASE("gpu mla: prefill chunks over cached prefixes, causal per row") {
 
 TEST_CASE(
     "mla splits and workspace: one range for prefill; decode ranges that fill the "
-    "multiprocessors, one per 128 positions at most, fewer for a batch") {
+    "multiprocessors, one per 32 positions at most, fewer for a batch") {
   CHECK(mla_splits(100000, false, 1, 128, 132) == 1);
   CHECK(mla_splits(1, true, 1, 128, 132) == 1);
-  CHECK(mla_splits(128, true, 1, 16, 132) == 1);
-  CHECK(mla_splits(129, true, 1, 16, 132) == 2);
-  CHECK(mla_splits(1000, true, 1, 16, 132) == 8);
-  CHECK(mla_splits(4096, true, 1, 128, 132) == 32);
+  CHECK(mla_splits(32, true, 1, 16, 132) == 1);
+  CHECK(mla_splits(33, true, 1, 16, 132) == 2);
+  CHECK(mla_splits(129, true, 1, 16, 132) == 5);
+  CHECK(mla_splits(1000, true, 1, 16, 132) == 32);
+  CHECK(mla_splits(4096, true, 1, 128, 132) == 66);
   // Batch 1 of 128 heads: two blocks of 64 heads a range, 132 blocks on 132 SMs.
   CHECK(mla_splits(1 << 20, true, 1, 128, 132) == 66);
   // 16 heads: a block of two warps a range, two a multiprocessor (264), at most 256 ranges.
@@ -273,8 +276,9 @@ TEST_CASE(
   CHECK(mla_splits(1 << 20, true, 8, 128, 132) == 9);
   CHECK(mla_splits(1 << 20, true, 32, 128, 132) == 3);
   CHECK(mla_splits(1 << 20, true, 512, 128, 132) == 1);
-  CHECK(mla_splits(1000, true, 2, 16, 132) == 8);
-  CHECK(mla_splits(4096, true, 16, 16, 132) == 17);
+  CHECK(mla_splits(1000, true, 2, 16, 132) == 32);
+  CHECK(mla_splits(1000, true, 8, 16, 132) == 32);
+  CHECK(mla_splits(1000, true, 16, 16, 132) == 17);
   MlaShape s;
   s.heads = 16, s.latent = 512, s.rope = 64;
   // Per token and head: the latent query and q_pe (576 floats), per range max, sum, two of
