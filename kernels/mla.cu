@@ -1,10 +1,11 @@
 // Multi-head latent attention (DeepSeek-V3) on the GPU, over a paged latent cache of rows of
-// latent + rope values. Four launches per layer: the heads' q_nope go into the latent space
-// through kv_b_proj's key rows (with q_pe rotated), each token's kv_a row is normalised,
-// rotated and written to the cache, the heads attend over ranges of the context (a block
-// per token, group of heads and range, each cache row read once for the group), and the
-// ranges' partials are combined and taken out through kv_b_proj's value rows. The CPU twin
-// is mla_ref.cc; fp32 accumulation everywhere.
+// latent + rope values. Four launches per layer (five past kOutCombine ranges): the heads'
+// q_nope go into the latent space through kv_b_proj's key rows (with q_pe rotated), each
+// token's kv_a row is normalised, rotated and written to the cache, the heads attend over
+// ranges of the context (a block per token, group of heads and range, each cache row read
+// once for the group; as many ranges as fill the GPU, mla_splits), and the ranges' partials
+// are combined (past kOutCombine ranges by a launch of their own) and taken out through
+// kv_b_proj's value rows. The CPU twin is mla_ref.cc; fp32 accumulation everywhere.
 //
 // The attention has two kernels writing the same partials. For a bf16 cache of latent 512
 // (DeepSeek-V3's 576-value rows) the tensor-core one: groups of up to 64 heads are the M
