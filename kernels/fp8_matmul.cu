@@ -23,11 +23,15 @@ namespace {
 // e4m3 values) at l * 16 + 512 * s of each row for steps s, so one load instruction of a
 // warp covers 512 contiguous bytes of a row, four 128-column scale blocks; U steps of every
 // row and their scales are in flight per lane before the first is used, the first U loaded
-// before pdl_wait() (no kernel of a step writes a weight). Each 16 values are widened
-// exactly (e4m3 -> half -> float; one cvt a pair from sm_89 on), their products with A's 16
-// (bf16, read through L1, shared by the block's warps) summed in fp32 and that partial sum
-// multiplied by its block's scale into the row's fp32 sum; the warp's sums meet by xor
-// shuffles and lane r * M + m stores unit r's output for A row m.
+// before pdl_wait() (no kernel of a step writes a weight). At one row of A (RING) each slot
+// is loaded again (step s + U) as soon as its step is widened, so U steps stay in flight
+// while the others are summed; the other forms load the next U steps after summing these
+// (at one row that left the loads idle for the widening and the sums: the one-row products
+// read at 56-57% of HBM against 65-72% with the slots reloaded, H100, kernel bench). Each
+// 16 values are widened exactly (e4m3 -> half -> float; one cvt a pair from sm_89 on), their
+// products with A's 16 (bf16, read through L1, shared by the block's warps) summed in fp32
+// and that partial sum multiplied by its block's scale into the row's fp32 sum; the warp's
+// sums meet by xor shuffles and lane r * M + m stores unit r's output for A row m.
 constexpr int kWarps = 8;
 
 // 16 e4m3 values (byte e of the load is value e) widened exactly to float.
@@ -89,7 +93,7 @@ __device__ __forceinline__ void store_swiglu(const Fp8MatmulArgs& p, size_t m, s
 // of one head, and QKN puts the per-head norms first (a cluster of head_dim / 16 blocks). A
 // unit's sum does not depend on which warp holds it, so the epilogue sees the bits the plain
 // product would store.
-template <int M, int R, int U, int NW, int ROPE = -1, bool QKN = false>
+template <int M, int R, int U, int NW, int ROPE = -1, bool QKN = false, bool RING = false>
 __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t block,
                                                const dev::RopeEpilogue& rp) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -148,6 +152,18 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
   float ss[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) ss[m] = 0.f;
+  // RING: slot u is loaded again (step s0 + U + u) as soon as it is widened.
+  auto load_slot = [&](int u, size_t s) {
+    const size_t i = s * 32 + lane;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NW; ++j) {
+        const bool in = i < kv && ok[r];
+        wv[u][r][j] = in ? __ldcs(wrow[r][j] + i) : zero;
+        sc[u][r][j] = in ? __ldg(srow[r][j] + i / 8) : 0.f;
+      }
+  };
   load_w(0);
   dev::pdl_wait();
   for (size_t s0 = 0;;) {
@@ -156,10 +172,15 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
       const size_t i = (s0 + u) * 32 + lane;
       const bool in = i < kv;
       float wf[R][NW][16];
+      float scu[R][NW];
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int j = 0; j < NW; ++j) e4m3x16_to_f(wv[u][r][j], wf[r][j]);
+        for (int j = 0; j < NW; ++j) {
+          e4m3x16_to_f(wv[u][r][j], wf[r][j]);
+          scu[r][j] = sc[u][r][j];
+        }
+      if constexpr (RING) load_slot(u, s0 + U + u);
       float nf[16];
       if (norm) {
         dev::bf16x8_to_f(in ? __ldg(nrow + 2 * i) : zero, nf);
@@ -186,13 +207,13 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
             float s = 0.f;
 #pragma unroll
             for (int e = 0; e < 16; ++e) s = fmaf(wf[r][j][e], af[e], s);
-            acc[r][j][m] = fmaf(s, sc[u][r][j], acc[r][j][m]);
+            acc[r][j][m] = fmaf(s, scu[r][j], acc[r][j][m]);
           }
       }
     }
     s0 += U;
     if (s0 >= steps) break;
-    load_w(s0);
+    if constexpr (!RING) load_w(s0);
   }
   dev::pdl_trigger();
 #pragma unroll
@@ -254,62 +275,66 @@ struct Fp8Group {
   int n;
 };
 
-template <int M, int R, int U, int NW>
-__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(Fp8Group g) {
+template <int M, int R, int U, int NW, bool RING = false>
+__global__ void __launch_bounds__(kWarps * 32, RING ? 2 : 1) fp8_gemv_kernel(Fp8Group g) {
   const unsigned b = blockIdx.x;
   const dev::RopeEpilogue none{};  // read by the RoPE forms only
   if (g.n > 2 && b >= g.first_block[2])
-    fp8_gemv_block<M, R, U, NW>(g.part[2], b - g.first_block[2], none);
+    fp8_gemv_block<M, R, U, NW, -1, false, RING>(g.part[2], b - g.first_block[2], none);
   else if (g.n > 1 && b >= g.first_block[1])
-    fp8_gemv_block<M, R, U, NW>(g.part[1], b - g.first_block[1], none);
+    fp8_gemv_block<M, R, U, NW, -1, false, RING>(g.part[1], b - g.first_block[1], none);
   else
-    fp8_gemv_block<M, R, U, NW>(g.part[0], b, none);
+    fp8_gemv_block<M, R, U, NW, -1, false, RING>(g.part[0], b, none);
 }
 
 // The [gate | up] pairs at one row of A, held to two blocks a multiprocessor (128 registers):
 // left to itself the compiler gives them 153, so one block (8 warps) an SM, and they read
-// gate/up at half the plain product's rate; capped they spill 132 bytes, outside the loop.
-// (Only this form: an explicit bound on the others moves them to up to 255 registers with
+// gate/up at half the plain product's rate. Their slots reloaded as used, three steps of
+// each row (four spill 568 bytes at that bound; three 156, outside the loop). (The one-row
+// forms only: an explicit bound on the others moves them to up to 255 registers with
 // spills, and forms that measured well are left as they are.)
 __global__ void __launch_bounds__(kWarps * 32, 2) fp8_gemv_swiglu1_kernel(Fp8Group g) {
+  constexpr bool RING = true;
   const unsigned b = blockIdx.x;
   const dev::RopeEpilogue none{};
   if (g.n > 2 && b >= g.first_block[2])
-    fp8_gemv_block<1, 1, 4, 2>(g.part[2], b - g.first_block[2], none);
+    fp8_gemv_block<1, 1, 3, 2, -1, false, RING>(g.part[2], b - g.first_block[2], none);
   else if (g.n > 1 && b >= g.first_block[1])
-    fp8_gemv_block<1, 1, 4, 2>(g.part[1], b - g.first_block[1], none);
+    fp8_gemv_block<1, 1, 3, 2, -1, false, RING>(g.part[1], b - g.first_block[1], none);
   else
-    fp8_gemv_block<1, 1, 4, 2>(g.part[0], b, none);
+    fp8_gemv_block<1, 1, 3, 2, -1, false, RING>(g.part[0], b, none);
 }
 
 // q, k and v (parts 0, 1, 2) with the RoPE epilogue, two units (a rotation pair) a warp and
-// four steps of each in flight. QKN: the per-head norms first, in clusters of head_dim / 16
-// blocks.
+// four steps of each in flight (reloaded as used at one row). QKN: the per-head norms first, in
+// clusters of head_dim / 16 blocks.
 struct Fp8RopeGroup {
   Fp8Group g;
   dev::RopeEpilogue rope;
 };
 
 template <int M, bool QKN>
-__global__ void __launch_bounds__(kWarps * 32) fp8_gemv_rope_kernel(Fp8RopeGroup G) {
+__global__ void __launch_bounds__(kWarps * 32, M == 1 ? 2 : 1)
+    fp8_gemv_rope_kernel(Fp8RopeGroup G) {
+  constexpr bool RING = M == 1;  // 128 registers at one row with the slots reloaded
   if constexpr (QKN && !dev::kClusters) {
     (void)G;  // clusters need sm_90: matmul_qkv_rope_head_norms() is false there
   } else {
     const unsigned b = blockIdx.x;
     if (b >= G.g.first_block[2])
-      fp8_gemv_block<M, 2, 4, 1, 2, QKN>(G.g.part[2], b - G.g.first_block[2], G.rope);
+      fp8_gemv_block<M, 2, 4, 1, 2, QKN, RING>(G.g.part[2], b - G.g.first_block[2], G.rope);
     else if (b >= G.g.first_block[1])
-      fp8_gemv_block<M, 2, 4, 1, 1, QKN>(G.g.part[1], b - G.g.first_block[1], G.rope);
+      fp8_gemv_block<M, 2, 4, 1, 1, QKN, RING>(G.g.part[1], b - G.g.first_block[1], G.rope);
     else
-      fp8_gemv_block<M, 2, 4, 1, 0, QKN>(G.g.part[0], b, G.rope);
+      fp8_gemv_block<M, 2, 4, 1, 0, QKN, RING>(G.g.part[0], b, G.rope);
   }
 }
 
 // Plain products: two output columns a warp with four steps of each row in flight per lane,
 // or, where that would leave fewer than two blocks a multiprocessor (1024 rows: 64 blocks on
 // 132) and always at one row of A, one column with eight steps at one row of A (four from
-// two rows on); with swiglu one [gate | up] pair with four steps of each. A's 16 values loaded once
-// feed every weight row of the warp.
+// two rows on); with swiglu one [gate | up] pair with four steps of each (three at one row).
+// A's 16 values loaded once feed every weight row of the warp.
 template <int M>
 Status launch_gemv(Fp8Group g, bool one_row, cudaStream_t st) {
   auto go = [&](auto kernel, size_t units_per_block) -> Status {
@@ -322,12 +347,17 @@ Status launch_gemv(Fp8Group g, bool one_row, cudaStream_t st) {
         dev::launch(kernel, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32), 0, st, g));
     return Status::Ok();
   };
-  if (g.part[0].swiglu)
-    return M == 1 ? go(fp8_gemv_swiglu1_kernel, kWarps) : go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
-  // (From two rows on, eight steps in flight take 170-190 registers at sm_90, one block a
-  // multiprocessor; four take about 130.)
-  if (one_row) return go(fp8_gemv_kernel < M, 1, M == 1 ? 8 : 4, 1 >, kWarps);
-  return go(fp8_gemv_kernel<M, 2, 4, 1>, 2 * kWarps);
+  if constexpr (M == 1) {
+    (void)one_row;
+    if (g.part[0].swiglu) return go(fp8_gemv_swiglu1_kernel, kWarps);
+    return go(fp8_gemv_kernel<1, 1, 8, 1, true>, kWarps);
+  } else {
+    if (g.part[0].swiglu) return go(fp8_gemv_kernel<M, 1, 4, 2>, kWarps);
+    // (From two rows on, eight steps in flight take 170-190 registers at sm_90, one block a
+    // multiprocessor; four take about 130.)
+    if (one_row) return go(fp8_gemv_kernel<M, 1, 4, 1>, kWarps);
+    return go(fp8_gemv_kernel<M, 2, 4, 1>, 2 * kWarps);
+  }
 }
 
 // ---- dequantization ----------------------------------------------------------------------
