@@ -133,26 +133,7 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
 
   uint4 wv[U][R][NW];
   float sc[U][R][NW];
-  auto load_w = [&](size_t s0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const size_t i = (s0 + u) * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-          const bool in = i < kv && ok[r];
-          wv[u][r][j] = in ? __ldcs(wrow[r][j] + i) : zero;
-          sc[u][r][j] = in ? __ldg(srow[r][j] + i / 8) : 0.f;
-        }
-    }
-  };
-  const uint4* nrow = static_cast<const uint4*>(p.norm_w);
-  const bool norm = nrow != nullptr;
-  float ss[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) ss[m] = 0.f;
-  // RING: slot u is loaded again (step s0 + U + u) as soon as it is widened.
+  // Slot u <- step s of every row (zeros past the row); load_w(s0): steps s0 .. s0 + U - 1.
   auto load_slot = [&](int u, size_t s) {
     const size_t i = s * 32 + lane;
 #pragma unroll
@@ -164,6 +145,15 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
         sc[u][r][j] = in ? __ldg(srow[r][j] + i / 8) : 0.f;
       }
   };
+  auto load_w = [&](size_t s0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) load_slot(u, s0 + static_cast<size_t>(u));
+  };
+  const uint4* nrow = static_cast<const uint4*>(p.norm_w);
+  const bool norm = nrow != nullptr;
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) ss[m] = 0.f;
   load_w(0);
   dev::pdl_wait();
   for (size_t s0 = 0;;) {
@@ -180,7 +170,7 @@ __device__ __forceinline__ void fp8_gemv_block(const Fp8MatmulArgs& p, size_t bl
           e4m3x16_to_f(wv[u][r][j], wf[r][j]);
           scu[r][j] = sc[u][r][j];
         }
-      if constexpr (RING) load_slot(u, s0 + U + u);
+      if constexpr (RING) load_slot(u, s0 + U + u);  // reloaded as soon as widened
       float nf[16];
       if (norm) {
         dev::bf16x8_to_f(in ? __ldg(nrow + 2 * i) : zero, nf);
