@@ -280,9 +280,9 @@ __global__ void __launch_bounds__(kWarps * 32, RING ? 2 : 1) fp8_gemv_kernel(Fp8
 // The [gate | up] pairs at one row of A, held to two blocks a multiprocessor (128 registers):
 // left to itself the compiler gives them 153, so one block (8 warps) an SM, and they read
 // gate/up at half the plain product's rate. Their slots reloaded as used, three steps of
-// each row (four spill 568 bytes at that bound; three 156, outside the loop). (The one-row
-// forms only: an explicit bound on the others moves them to up to 255 registers with
-// spills, and forms that measured well are left as they are.)
+// each row (at that bound four spill 568 bytes, three 156; four without the reloads spilled
+// 132). (The one-row forms only: an explicit bound on the others moves them to up to 255
+// registers with spills, and forms that measured well are left as they are.)
 __global__ void __launch_bounds__(kWarps * 32, 2) fp8_gemv_swiglu1_kernel(Fp8Group g) {
   constexpr bool RING = true;
   const unsigned b = blockIdx.x;
