@@ -907,20 +907,16 @@ Status mla_cuda_device(const MlaCudaArgs& a, void* stream) {
   const dim3 out_grid(static_cast<unsigned>(s.heads), tok_groups,
                       static_cast<unsigned>((s.v_dim + rows - 1) / rows));
   const size_t out1_smem = static_cast<size_t>(s.latent) * sizeof(float);
-  const auto* pc = static_cast<const float*>(part);
-  auto* o = static_cast<bf16*>(a.out);
-  if (tg == 1 && ctx)
-    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<1, kOutRowsCombined>, out_grid, dim3(kThreads),
-                               out1_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
-  else if (tg == 1)
-    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<1, kOutRows>, out_grid, dim3(kThreads), out1_smem, st,
-                               pc, ctx, kv_b, a.n_tokens, d, o));
-  else if (ctx)
-    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup, kOutRowsCombined>, out_grid,
-                               dim3(kThreads), out_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
+  auto out = [&](auto kernel, size_t smem) {
+    return dev::launch(kernel, out_grid, dim3(kThreads), smem, st, static_cast<const float*>(part),
+                       ctx, kv_b, a.n_tokens, d, static_cast<bf16*>(a.out));
+  };
+  if (tg == 1)
+    SPARK_CUDA_TRY(ctx ? out(mla_out_kernel<1, kOutRowsCombined>, out1_smem)
+                       : out(mla_out_kernel<1, kOutRows>, out1_smem));
   else
-    SPARK_CUDA_TRY(dev::launch(mla_out_kernel<kTokGroup, kOutRows>, out_grid, dim3(kThreads),
-                               out_smem, st, pc, ctx, kv_b, a.n_tokens, d, o));
+    SPARK_CUDA_TRY(ctx ? out(mla_out_kernel<kTokGroup, kOutRowsCombined>, out_smem)
+                       : out(mla_out_kernel<kTokGroup, kOutRows>, out_smem));
   SPARK_CUDA_TRY(cudaGetLastError());
   return Status::Ok();
 }
