@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <initializer_list>
+#include <map>
 #include <string_view>
 #include <utility>
 

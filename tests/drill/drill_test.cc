@@ -315,7 +315,10 @@ TEST_CASE("drill: damaged config.json values are refused with the key, never a c
   const std::vector<std::pair<std::string, json>> bad = {
       {"hidden_size", 1000000000},    {"vocab_size", 1000000000}, {"head_dim", 1000000000},
       {"max_position_embeddings", 0}, {"rms_norm_eps", -1},       {"rope_theta", 0}};
-  for (const auto& [key, value] : bad) {
+  for (const auto& entry : bad) {
+    // Named references, not a structured binding: the checks' lambdas capture them.
+    const std::string& key = entry.first;
+    const json& value = entry.second;
     CAPTURE(key);
     test::TempDir d("drill-model");
     fs::copy(s.dir / "model", d / "model", fs::copy_options::recursive);
@@ -371,7 +374,9 @@ TEST_CASE(
     return std::make_pair(std::move(*r), o.token);
   };
   auto send = [&](const Manifest& man, const std::string& dir) {
-    auto [rx, token] = receiver(dir);
+    auto made = receiver(dir);
+    auto& rx = made.first;
+    auto& token = made.second;
     std::thread th([&rx] { (void)rx->run(); });
     stage::SendOptions so;
     so.streams = 2;
@@ -474,12 +479,15 @@ TEST_CASE("drill: hostile cluster files and key files are refused by config chec
       {"API_KEY_FILE=" + key("open.key", "k\n", 0644) + "\n", "mode 0644"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
-    const auto& [line, what] = cases[i];
+    const std::string& line = cases[i].first;
+    const std::string& what = cases[i].second;
     CAPTURE(what);
     const std::string file = d / ("ring" + std::to_string(i) + ".env");
     std::ofstream(file, std::ios::binary) << "NODE0_SSH=local\n" << line;
-    auto [st, out] =
+    const auto ran =
         test::run_capture({SPARKCTL_BIN, "--config", file, "config", "check"}, {}, 30s);
+    const int st = ran.first;
+    const std::string& out = ran.second;
     REQUIRE(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 3);  // exit_code(Errc::config)
     CHECK_MESSAGE(out.find(file + ":2") != std::string::npos, out);
@@ -507,10 +515,12 @@ TEST_CASE("drill: evict as a user who cannot read everything says so instead of 
   fs::copy(SPARKCTL_BIN, d / "sparkctl");  // a path nobody can reach
   ::chmod((d / "sparkctl").c_str(), 0755);
   const auto before = tree(d / "model");
-  auto [st, out] =
+  const auto ran =
       test::run_capture({"/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                          d / "sparkctl", "--json", "evict", "--local", d / "model"},
                         {}, 60s);
+  const int st = ran.first;
+  const std::string& out = ran.second;
   REQUIRE(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) != 0);
   auto j = json::parse(out.substr(0, out.rfind('}') + 1), nullptr, false);
@@ -524,8 +534,10 @@ TEST_CASE("drill: evict as a user who cannot read everything says so instead of 
     CHECK(f["reason"].get<std::string>().find("residency unknown") != std::string::npos);
   }
   // As root the same evict succeeds and measures.
-  auto [st2, out2] =
+  const auto ran2 =
       test::run_capture({SPARKCTL_BIN, "--json", "evict", "--local", d / "model"}, {}, 60s);
+  const int st2 = ran2.first;
+  const std::string& out2 = ran2.second;
   REQUIRE(WIFEXITED(st2));
   CHECK_MESSAGE(WEXITSTATUS(st2) == 0, out2);
   CHECK(tree(d / "model") == before);  // evict reads nothing into and writes nothing to it
